@@ -1,0 +1,1 @@
+"""calibration: what measures (device identity, timer, problem space, optuna search, results)."""

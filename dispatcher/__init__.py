@@ -1,0 +1,1 @@
+"""dispatcher: what decides at run time (lookup, memory fit, fallback, explain, patching, CLI)."""

@@ -1,0 +1,180 @@
+"""Building blocks shared by the portable kernels: scores of a block of query rows against a
+block of keys, masking, partial softmax, and the online-softmax merge.
+
+Layout: query heads are grouped by the key/value head they read (GQA without repeating K/V).
+A block of ``Lc`` query positions becomes ``R = G * Lc`` rows per key/value head:
+``rows [B, Hkv, R, E]``; scores ``[B, Hkv, R, Sc]`` are viewed as ``[B, Hkv, G, Lc, Sc]`` to mask.
+Softmax statistics accumulate in fp32 (fp64 for fp64 inputs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.problem import Problem
+
+NEG_INF = float("-inf")
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for half-precision inputs, the input dtype otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def accumulation_itemsize(problem: Problem) -> int:
+    return 8 if problem.dtype == "float64" else 4
+
+
+def query_rows(query: torch.Tensor, rows: slice, problem: Problem, scale: float) -> torch.Tensor:
+    """``query [B, Hq, L, E]`` positions `rows`, scaled -> ``[B, Hkv, G * Lc, E]`` (a new tensor)."""
+    block = query[:, :, rows] * scale
+    return block.view(problem.batch, problem.kv_heads, -1, problem.head_dim)
+
+
+def block_scores(rows: torch.Tensor, key_block: torch.Tensor) -> torch.Tensor:
+    """``rows [B, Hkv, R, E] @ key_block [B, Hkv, Sc, E]^T`` -> fp32 scores ``[B, Hkv, R, Sc]``."""
+    scores = torch.matmul(rows, key_block.transpose(-1, -2))
+    return scores.to(accumulation_dtype(scores.dtype))
+
+
+def causal_blocked(rows: slice, cols: slice, device: torch.device) -> torch.Tensor | None:
+    """``[Lc, Sc]`` bool, True where key position > query position (top-left causal); None when
+    nothing in the block is blocked."""
+    if cols.stop - 1 <= rows.start:
+        return None
+    q_pos = torch.arange(rows.start, rows.stop, device=device)
+    k_pos = torch.arange(cols.start, cols.stop, device=device)
+    return k_pos[None, :] > q_pos[:, None]
+
+
+def fully_blocked_by_causality(rows: slice, cols: slice) -> bool:
+    """Every key in `cols` lies after every query in `rows`."""
+    return cols.start > rows.stop - 1
+
+
+def prepare_mask(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, bool]:
+    """Mask -> (tensor to apply, is_blocking_bool). Bool masks are inverted once (True = blocked)."""
+    if mask is None:
+        return None, False
+    if mask.dtype == torch.bool:
+        return mask.logical_not(), True
+    return mask, False
+
+
+def mask_scores_(
+    scores: torch.Tensor,
+    mask: torch.Tensor | None,
+    mask_blocks: bool,
+    causal: bool,
+    rows: slice,
+    cols: slice,
+    problem: Problem,
+) -> None:
+    """Apply the attention mask and causality to ``scores [B, Hkv, G*Lc, Sc]`` in place.
+
+    mask: ``[B|1, Hq|1, L|1, S|1]``; bool with True = blocked (see `prepare_mask`) or float (added).
+    """
+    scores5 = scores.view(problem.batch, problem.kv_heads, problem.gqa_ratio, -1, scores.shape[-1])
+    if mask is not None:
+        block = mask
+        if block.shape[2] > 1:
+            block = block[:, :, rows]
+        if block.shape[3] > 1:
+            block = block[:, :, :, cols]
+        if block.shape[1] > 1:
+            block = block.unflatten(1, (problem.kv_heads, problem.gqa_ratio))
+        else:
+            block = block.unsqueeze(2)
+        if mask_blocks:
+            scores5.masked_fill_(block, NEG_INF)
+        else:
+            scores5.add_(block)
+    if causal:
+        blocked = causal_blocked(rows, cols, scores.device)
+        if blocked is not None:
+            scores5.masked_fill_(blocked, NEG_INF)
+
+
+def softmax_partials(
+    scores: torch.Tensor, value_block: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unnormalised softmax of one block and its product with the values.
+
+    scores: ``[B, Hkv, R, Sc]`` fp32, consumed (overwritten with probabilities).
+    value_block: ``[B, Hkv, Sc, Ev]``.
+
+    Returns
+    -------
+    row_max ``[B, Hkv, R, 1]`` (-inf for rows with every key blocked), row_sum ``[B, Hkv, R, 1]``,
+    out ``[B, Hkv, R, Ev]`` (fp32; the unnormalised ``exp(scores - max) @ V``).
+    """
+    row_max = scores.amax(dim=-1, keepdim=True)
+    safe_max = row_max.masked_fill(row_max == NEG_INF, 0.0)
+    probs = scores.sub_(safe_max).exp_()
+    row_sum = probs.sum(dim=-1, keepdim=True)
+    out = torch.matmul(probs.to(value_block.dtype), value_block)
+    return row_max, row_sum, out.to(probs.dtype)
+
+
+def normalise(out: torch.Tensor, row_sum: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``out / row_sum`` with rows whose every key was blocked set to zero (SDPA semantics)."""
+    return out.div_(row_sum.masked_fill(row_sum == 0, 1.0)).to(dtype)
+
+
+class OnlineSoftmax:
+    """Merges per-block softmax partials (flash-attention's online softmax).
+
+    State per row: running max ``m``, running sum ``l`` and unnormalised output ``acc``.
+    """
+
+    def __init__(self) -> None:
+        self.row_max: torch.Tensor | None = None
+        self.row_sum: torch.Tensor | None = None
+        self.out: torch.Tensor | None = None
+
+    def update(self, row_max: torch.Tensor, row_sum: torch.Tensor, out: torch.Tensor) -> None:
+        if self.row_max is None:
+            self.row_max, self.row_sum, self.out = row_max, row_sum, out
+            return
+        new_max = torch.maximum(self.row_max, row_max)
+        safe_max = new_max.masked_fill(new_max == NEG_INF, 0.0)
+        old_weight = (self.row_max - safe_max).exp_()
+        new_weight = (row_max - safe_max).exp_()
+        self.row_sum = self.row_sum.mul_(old_weight).add_(row_sum.mul_(new_weight))
+        self.out = self.out.mul_(old_weight).add_(out.mul_(new_weight))
+        self.row_max = new_max
+
+    def result(self, dtype: torch.dtype) -> torch.Tensor:
+        """``[B, Hkv, R, Ev]`` normalised output in `dtype`."""
+        if self.out is None:
+            raise RuntimeError("OnlineSoftmax.result() called before any update()")
+        return normalise(self.out, self.row_sum, dtype)
+
+
+def scatter_rows(out: torch.Tensor, block: torch.Tensor, rows: slice, problem: Problem) -> None:
+    """Write ``block [B, Hkv, G*Lc, Ev]`` into ``out [B, Hq, L, Ev]`` at query positions `rows`."""
+    grouped = out.view(problem.batch, problem.kv_heads, problem.gqa_ratio, problem.q_len, -1)
+    grouped[:, :, :, rows] = block.view(problem.batch, problem.kv_heads, problem.gqa_ratio, -1, block.shape[-1])
+
+
+def block_workspace_bytes(problem: Problem, q_rows: int, kv_cols: int) -> int:
+    """Peak extra bytes of one (query block x key block) step, for `q_rows` query positions and
+    `kv_cols` keys, counted tensor by tensor from `query_rows` .. `softmax_partials`:
+
+    - scaled query rows: ``B*Hq*Lc*E`` elements in the input dtype;
+    - scores in the input dtype, their fp32 copy and the probabilities cast back for the PV
+      product (two of the three alive at once; we count all three);
+    - the inverted bool / causal block mask: 1 byte per (row, col) and per mask head;
+    - partial output in the input dtype and fp32, plus the running accumulator (fp32);
+    - row statistics (max, safe max, sum, weights): 6 fp32 values per row.
+    """
+    item, acc = problem.itemsize, accumulation_itemsize(problem)
+    rows = problem.batch * problem.q_heads * q_rows
+    score_elem = acc + (2 * item if item != acc else 0)
+    mask_elem = 1 if problem.causal or problem.mask_kind != "none" else 0
+    return (
+        rows * problem.head_dim * item
+        + rows * kv_cols * (score_elem + mask_elem)
+        + rows * problem.value_dim * (item + 2 * acc)
+        + rows * 6 * acc
+    )

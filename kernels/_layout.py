@@ -1,0 +1,231 @@
+"""SDPA input validation and the canonical 4-D views every kernel computes on.
+
+Canonical form: query ``[B, Hq, L, E]``, key ``[B, Hkv, S, E]``, value ``[B, Hkv, S, Ev]``,
+mask ``[B or 1, Hq or 1, L or 1, S or 1]``, where ``B`` folds every leading dimension before the
+heads dimension. Views are free; a copy happens only where inputs broadcast against each other
+or leading dimensions cannot be merged (both accounted for in `canonicalisation_bytes`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from kernels.problem import DTYPE_NAMES, Problem
+
+
+class CanonicalInputs(NamedTuple):
+    """Inputs in canonical 4-D form plus the shape the output must be given back in."""
+
+    query: torch.Tensor  # [B, Hq, L, E]
+    key: torch.Tensor  # [B, Hkv, S, E]
+    value: torch.Tensor  # [B, Hkv, S, Ev]
+    mask: torch.Tensor | None  # [B|1, Hq|1, L|1, S|1], bool or float
+    out_shape: tuple[int, ...]  # [..., Hq, L, Ev] as SDPA returns it
+
+
+def _check_tensors(query: object, key: object, value: object) -> None:
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if query.dim() < 2 or key.dim() < 2 or value.dim() < 2:
+        raise RuntimeError(
+            "Expected query, key and value to be at least 2-D ([..., L, E]), got "
+            f"query.dim()={query.dim()}, key.dim()={key.dim()}, value.dim()={value.dim()}"
+        )
+    if not (query.dtype == key.dtype == value.dtype):
+        raise RuntimeError(
+            "Expected query, key and value to have the same dtype, got "
+            f"query.dtype={query.dtype}, key.dtype={key.dtype}, value.dtype={value.dtype}; "
+            "cast them to one dtype first"
+        )
+    if query.dtype not in DTYPE_NAMES:
+        raise RuntimeError(
+            f"query dtype {query.dtype} is not supported: attention needs float16, bfloat16, "
+            "float32 or float64 inputs"
+        )
+    if not (query.device == key.device == value.device):
+        raise RuntimeError(
+            "Expected query, key and value on the same device, got "
+            f"query.device={query.device}, key.device={key.device}, value.device={value.device}"
+        )
+    if key.shape[-1] != query.shape[-1]:
+        raise RuntimeError(
+            f"key's head dim (last dimension, {key.shape[-1]}) must equal query's ({query.shape[-1]})"
+        )
+    if value.shape[-2] != key.shape[-2]:
+        raise RuntimeError(
+            f"value's sequence length (dimension -2, {value.shape[-2]}) must equal key's "
+            f"({key.shape[-2]})"
+        )
+
+
+def _broadcast(shapes: dict[str, tuple[int, ...]], what: str, hint: str = "") -> tuple[int, ...]:
+    try:
+        return tuple(torch.broadcast_shapes(*shapes.values()))
+    except RuntimeError:
+        listed = ", ".join(f"{name} {list(shape)}" for name, shape in shapes.items())
+        raise RuntimeError(f"{what} do not broadcast: {listed}{hint}") from None
+
+
+def _lead_shapes(query, key, value, enable_gqa):
+    """Return (batch_shape, q_heads, kv_heads, broadcast_inputs)."""
+    if enable_gqa:
+        if min(query.dim(), key.dim(), value.dim()) < 3:
+            raise RuntimeError(
+                "enable_gqa=True needs a heads dimension: query, key and value must be at least "
+                "3-D ([..., H, L, E])"
+            )
+        hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
+        if hq % hk or hq % hv:
+            raise RuntimeError(
+                "Number of heads in key and value must divide the number of heads in query "
+                f"(enable_gqa=True): query has {hq}, key {hk}, value {hv}"
+            )
+        shapes = {"query": query.shape[:-3], "key": key.shape[:-3], "value": value.shape[:-3]}
+        batch_shape = _broadcast(shapes, "batch dimensions (before heads) of query, key and value")
+        broadcast = any(s != batch_shape for s in shapes.values()) or hk != hv
+        return batch_shape, hq, (hk if hk == hv else hq), broadcast
+    shapes = {"query": query.shape[:-2], "key": key.shape[:-2], "value": value.shape[:-2]}
+    hint = ""
+    if min(query.dim(), key.dim(), value.dim()) >= 3 and query.shape[-3] != key.shape[-3]:
+        hint = "; for grouped-query attention (fewer key/value heads) pass enable_gqa=True"
+    lead = _broadcast(shapes, "leading dimensions of query, key and value", hint)
+    broadcast = any(s != lead for s in shapes.values())
+    heads = lead[-1] if lead else 1
+    return lead[:-1], heads, heads, broadcast
+
+
+def _mask_shape(attn_mask, query, batch_shape, heads, q_len, kv_len) -> tuple[str, tuple[int, ...]]:
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype == torch.bool:
+        kind = "bool"
+    elif attn_mask.dtype in (query.dtype, torch.float32):
+        kind = "float"
+    else:
+        raise RuntimeError(
+            f"Expected attn_mask dtype to be bool, float32 or the query's dtype ({query.dtype}), "
+            f"got {attn_mask.dtype}"
+        )
+    if attn_mask.device != query.device:
+        raise RuntimeError(
+            f"attn_mask is on {attn_mask.device} but query is on {query.device}; move it there"
+        )
+    full = (*batch_shape, heads, q_len, kv_len)
+    try:
+        fits = tuple(torch.broadcast_shapes(attn_mask.shape, full)) == full
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise RuntimeError(
+            f"attn_mask of shape {list(attn_mask.shape)} is not broadcastable to the attention "
+            f"shape [..., H, L, S] = {list(full)}"
+        )
+    padded = (1,) * (len(full) - attn_mask.dim()) + tuple(attn_mask.shape)
+    mask_batch = padded[: len(batch_shape)]
+    batch = math.prod(batch_shape)
+    mask_b = 1 if all(d == 1 for d in mask_batch) else batch
+    return kind, (mask_b, *padded[len(batch_shape):])
+
+
+def describe_inputs(cls, query, key, value, attn_mask, is_causal, enable_gqa) -> Problem:
+    """Validate SDPA inputs (SDPA's exception types) and build their `Problem`."""
+    _check_tensors(query, key, value)
+    batch_shape, q_heads, kv_heads, broadcast = _lead_shapes(query, key, value, enable_gqa)
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    mask_kind, mask_shape = "none", ()
+    if attn_mask is not None:
+        mask_kind, mask_shape = _mask_shape(attn_mask, query, batch_shape, q_heads, q_len, kv_len)
+    strided = not (query.is_contiguous() and key.is_contiguous() and value.is_contiguous())
+    return cls(
+        batch=math.prod(batch_shape),
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        q_len=q_len,
+        kv_len=kv_len,
+        head_dim=query.shape[-1],
+        value_dim=value.shape[-1],
+        dtype=DTYPE_NAMES[query.dtype],
+        causal=bool(is_causal),
+        mask_kind=mask_kind,
+        mask_shape=mask_shape,
+        device_type=query.device.type,
+        strided=strided,
+        broadcast_inputs=broadcast,
+    )
+
+
+def canonicalisation_bytes(problem: Problem) -> int:
+    """Upper bound of the extra bytes `canonicalise` may allocate for this problem.
+
+    Broadcast inputs are materialised (query, key and value at the query's layout); a strided
+    input whose leading dimensions cannot be merged by a view is copied once.
+    """
+    extra = problem.mask_bytes if problem.mask_shape and problem.mask_shape[0] > 1 else 0
+    if problem.broadcast_inputs:
+        g = problem.gqa_ratio
+        extra += problem.q_bytes + problem.kv_bytes * g
+    elif problem.strided:
+        extra += problem.q_bytes + problem.kv_bytes
+    return extra
+
+
+def _to_4d(tensor: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
+    return tensor.reshape(batch, heads, tensor.shape[-2], tensor.shape[-1])
+
+
+def canonicalise(query, key, value, attn_mask, problem: Problem, enable_gqa: bool) -> CanonicalInputs:
+    """Canonical 4-D views of validated inputs (see module docstring)."""
+    B, Hq, Hkv = problem.batch, problem.q_heads, problem.kv_heads
+    if query.dim() == 4 and not problem.broadcast_inputs:
+        q4, k4, v4 = query, key, value
+        out_shape = (*query.shape[:-1], problem.value_dim)
+    else:
+        if problem.broadcast_inputs:
+            query, key, value = _materialise_broadcast(query, key, value, problem, enable_gqa)
+        q4 = _to_4d(query, B, Hq)
+        k4 = _to_4d(key, B, Hkv)
+        v4 = _to_4d(value, B, Hkv)
+        lead = query.shape[:-2]
+        out_shape = (*lead, problem.q_len, problem.value_dim)
+    mask4 = None
+    if attn_mask is not None:
+        mask4 = _mask_to_4d(attn_mask, problem, tuple(out_shape[:-3]))
+    return CanonicalInputs(q4, k4, v4, mask4, tuple(out_shape))
+
+
+def _materialise_broadcast(query, key, value, problem: Problem, enable_gqa: bool):
+    if enable_gqa:
+        batch_shape = torch.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+        hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
+        if hk != hv:
+            key = key.repeat_interleave(hq // hk, dim=-3)
+            value = value.repeat_interleave(hq // hv, dim=-3)
+        query = query.expand(*batch_shape, *query.shape[-3:])
+        key = key.expand(*batch_shape, *key.shape[-3:])
+        value = value.expand(*batch_shape, *value.shape[-3:])
+    else:
+        lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+        query = query.expand(*lead, *query.shape[-2:])
+        key = key.expand(*lead, *key.shape[-2:])
+        value = value.expand(*lead, *value.shape[-2:])
+    if query.dim() == 2:
+        return query, key, value
+    return query.contiguous(), key.contiguous(), value.contiguous()
+
+
+def _mask_to_4d(attn_mask: torch.Tensor, problem: Problem, batch_shape: tuple[int, ...]) -> torch.Tensor:
+    """``[..., L|1, S|1]`` mask -> ``[B|1, H|1, L|1, S|1]`` (a view unless batch dims broadcast partially)."""
+    mask_b = problem.mask_shape[0]
+    if attn_mask.dim() == 4 and attn_mask.shape[0] == mask_b:
+        return attn_mask
+    n_full = len(batch_shape) + 3
+    padded = attn_mask.reshape((1,) * (n_full - attn_mask.dim()) + tuple(attn_mask.shape))
+    tail = tuple(padded.shape[len(batch_shape):])
+    lead = tuple(padded.shape[: len(batch_shape)])
+    if mask_b == 1 or lead == tuple(batch_shape):
+        return padded.reshape(mask_b, *tail)
+    return padded.expand(*batch_shape, *tail).reshape(mask_b, *tail)

@@ -1,0 +1,149 @@
+"""The kernel protocol every attention implementation follows.
+
+A kernel declares what it can do (`reasons`), how much extra memory it needs (`workspace_bytes`,
+which never allocates) and computes exactly what `F.scaled_dot_product_attention` computes.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+from kernels._layout import canonicalisation_bytes, canonicalise
+from kernels.problem import Problem
+from kernels.tolerances import TOLERANCES, Tolerance
+
+
+class UnsupportedProblemError(RuntimeError):
+    """A kernel was asked to run a problem it declared it cannot run."""
+
+
+def format_params(params: dict[str, object]) -> str:
+    """``{"q": 256, "kv": 1024}`` -> ``"[q=256,kv=1024]"`` (``""`` when there are none)."""
+    if not params:
+        return ""
+    return "[" + ",".join(f"{key}={value}" for key, value in params.items()) + "]"
+
+
+class Kernel(ABC):
+    """One attention implementation in one parameterisation.
+
+    Subclasses set `family`, implement `_forward` on canonical 4-D tensors (or `run` on whole
+    inputs), `workspace_bytes`, and extend `_own_reasons`.
+    """
+
+    family: ClassVar[str]
+    supports_backward: ClassVar[bool] = False
+    """True when autograd through the kernel gives SDPA's gradients (training may use it)."""
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def params(self) -> dict[str, object]:
+        """Tunable parameters, in the order they appear in the name."""
+        return {}
+
+    @property
+    def name(self) -> str:
+        return self.family + format_params(self.params)
+
+    def __repr__(self) -> str:
+        return f"kernel_from_name({self.name!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Kernel) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    # ------------------------------------------------------------------ capabilities
+    def reasons(self, problem: Problem) -> list[str]:
+        """Why this kernel cannot run `problem`; empty when it can. Never raises."""
+        return self._own_reasons(problem)
+
+    def _own_reasons(self, problem: Problem) -> list[str]:
+        return []
+
+    def supports(self, problem: Problem) -> bool:
+        return not self.reasons(problem)
+
+    @abstractmethod
+    def workspace_bytes(self, problem: Problem) -> int:
+        """Upper bound of the extra peak memory of one call, output included; never allocates."""
+
+    def tolerance(self, problem: Problem) -> Tolerance:
+        """The error against a float64 reference this kernel must stay within."""
+        return TOLERANCES[problem.dtype]
+
+    # ------------------------------------------------------------------ running
+    def __call__(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        """`F.scaled_dot_product_attention` without dropout.
+
+        Parameters
+        ----------
+        query: ``[..., Hq, L, E]``; key: ``[..., Hkv, S, E]``; value: ``[..., Hkv, S, Ev]``
+        attn_mask: bool (True = attend) or float (added), broadcastable to ``[..., Hq, L, S]``
+
+        Returns
+        -------
+        ``[..., Hq, L, Ev]`` in the query's dtype.
+        """
+        problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
+        why = self.reasons(problem)
+        if why:
+            raise UnsupportedProblemError(
+                f"kernel {self.name} cannot run {problem}: " + "; ".join(why)
+            )
+        return self.run(query, key, value, attn_mask, scale, enable_gqa, problem)
+
+    def run(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        scale: float | None,
+        enable_gqa: bool,
+        problem: Problem,
+    ) -> torch.Tensor:
+        """Run on inputs already validated as `problem` (the dispatcher's path: no checks)."""
+        inputs = canonicalise(query, key, value, attn_mask, problem, enable_gqa)
+        if scale is None:
+            scale = 1.0 / math.sqrt(problem.head_dim)
+        if problem.q_len == 0:
+            return query.new_empty(inputs.out_shape)
+        out = self._forward(inputs.query, inputs.key, inputs.value, inputs.mask, problem, scale)
+        return out.reshape(inputs.out_shape)
+
+    def _forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        problem: Problem,
+        scale: float,
+    ) -> torch.Tensor:
+        """Canonical inputs (``[B, Hq, L, E]``, ``[B, Hkv, S, E]``, ``[B, Hkv, S, Ev]``, mask
+        ``[B|1, Hq|1, L|1, S|1]`` or None) -> output ``[B, Hq, L, Ev]`` in the input dtype.
+
+        Kernels that work on whole inputs override `run` instead."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither _forward nor run")
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def input_copy_bytes(problem: Problem) -> int:
+        """Bytes canonicalisation may copy (shared by every kernel's workspace bound)."""
+        return canonicalisation_bytes(problem)

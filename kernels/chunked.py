@@ -1,0 +1,80 @@
+"""`chunked[q=Qc,kv=Kc]`: query chunks times key/value chunks merged with an online softmax.
+
+Peak extra memory is O(Qc x Kc) per head whatever the sequence lengths, so a 32k x 32k problem
+runs where the math path would need the whole score matrix. Causal blocks that lie entirely above
+the diagonal are skipped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._blocks import (
+    OnlineSoftmax,
+    block_scores,
+    block_workspace_bytes,
+    fully_blocked_by_causality,
+    mask_scores_,
+    prepare_mask,
+    query_rows,
+    scatter_rows,
+    softmax_partials,
+)
+from kernels.base import Kernel
+from kernels.problem import Problem
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+class ChunkedKernel(Kernel):
+    """Flash-attention's tiling in plain PyTorch ops.
+
+    Parameters
+    ----------
+    q_chunk: query positions per block (``q=`` in the name).
+    kv_chunk: key positions per block (``kv=``); a block at least as long as the keys means one
+        pass with no online-softmax merge.
+    """
+
+    family = "chunked"
+    PARAM_SPACE = {"q": [64, 128, 256, 512, 1024, 2048, 4096], "kv": [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]}
+
+    def __init__(self, q: int = 512, kv: int = 4096) -> None:
+        self.q_chunk = _positive_int("q (query chunk)", q)
+        self.kv_chunk = _positive_int("kv (key/value chunk)", kv)
+
+    @property
+    def params(self) -> dict[str, object]:
+        return {"q": self.q_chunk, "kv": self.kv_chunk}
+
+    def workspace_bytes(self, problem: Problem) -> int:
+        q_rows = min(self.q_chunk, problem.q_len)
+        kv_cols = min(self.kv_chunk, problem.kv_len)
+        return (
+            problem.out_bytes
+            + self.input_copy_bytes(problem)
+            + (problem.mask_bytes if problem.mask_kind == "bool" else 0)
+            + block_workspace_bytes(problem, q_rows, kv_cols)
+        )
+
+    def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
+        L, S = problem.q_len, problem.kv_len
+        out = query.new_empty(problem.batch, problem.q_heads, L, problem.value_dim)
+        mask, mask_blocks = prepare_mask(mask)
+        for q_start in range(0, L, self.q_chunk):
+            rows = slice(q_start, min(L, q_start + self.q_chunk))
+            q_block = query_rows(query, rows, problem, scale)
+            state = OnlineSoftmax()
+            for kv_start in range(0, S, self.kv_chunk):
+                cols = slice(kv_start, min(S, kv_start + self.kv_chunk))
+                if problem.causal and fully_blocked_by_causality(rows, cols):
+                    break
+                scores = block_scores(q_block, key[:, :, cols])
+                mask_scores_(scores, mask, mask_blocks, problem.causal, rows, cols, problem)
+                state.update(*softmax_partials(scores, value[:, :, cols]))
+            scatter_rows(out, state.result(query.dtype), rows, problem)
+        return out

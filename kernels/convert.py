@@ -1,0 +1,115 @@
+"""`convert[SRC->DST]+<kernel>` and `convert[contiguous]+<kernel>`: change the inputs' dtype or
+layout, run a faster kernel, convert the output back.
+
+Lossless conversions (fp16/bf16 -> fp32, strided -> contiguous) are always allowed. Lossy ones
+(fp32 -> bf16/fp16, fp16 <-> bf16) only under an `AccuracyPolicy` that names them; calibration
+records their measured error so the dispatcher can hold them to a tolerance.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.accuracy import LOSSLESS, AccuracyPolicy, format_conversion, is_lossless
+from kernels.base import Kernel
+from kernels.problem import DTYPES_BY_NAME, Problem
+from kernels.tolerances import TOLERANCES, Tolerance, looser
+
+CONTIGUOUS = "contiguous"
+
+
+class ConvertKernel(Kernel):
+    """Convert, run `inner`, convert back.
+
+    Parameters
+    ----------
+    inner: the kernel that runs on the converted inputs.
+    source, target: dtype names (``"float32"``, ``"bfloat16"``, ...) for a dtype conversion;
+        both None for a layout conversion to contiguous tensors.
+    policy: which lossy conversions are acceptable (default: none).
+    """
+
+    family = "convert"
+
+    def __init__(
+        self,
+        inner: Kernel,
+        source: str | None = None,
+        target: str | None = None,
+        *,
+        policy: AccuracyPolicy = LOSSLESS,
+    ) -> None:
+        if isinstance(inner, ConvertKernel):
+            raise ValueError("convert kernels do not nest: give one conversion and a plain kernel")
+        if (source is None) != (target is None):
+            raise ValueError("give both source and target dtypes, or neither for a layout conversion")
+        if source is not None and (source not in DTYPES_BY_NAME or target not in DTYPES_BY_NAME):
+            raise ValueError(f"unknown dtype in conversion {source!r} -> {target!r}; use {sorted(DTYPES_BY_NAME)}")
+        if source is not None and source == target:
+            raise ValueError(f"conversion {source} -> {target} converts nothing")
+        self.inner = inner
+        self.source = source
+        self.target = target
+        self.policy = policy
+
+    @property
+    def conversion(self) -> str:
+        return CONTIGUOUS if self.source is None else format_conversion(self.source, self.target)
+
+    @property
+    def name(self) -> str:
+        return f"convert[{self.conversion}]+{self.inner.name}"
+
+    @property
+    def params(self) -> dict[str, object]:
+        return dict(self.inner.params)
+
+    @property
+    def lossy(self) -> bool:
+        return self.source is not None and not is_lossless(self.source, self.target)
+
+    def converted(self, problem: Problem) -> Problem:
+        """The problem `inner` sees."""
+        if self.source is None:
+            return problem.with_layout(strided=False)
+        return problem.with_dtype(self.target)
+
+    def _own_reasons(self, problem: Problem) -> list[str]:
+        if self.source is None:
+            if not problem.strided:
+                return ["inputs are already contiguous: a layout conversion has nothing to do"]
+        else:
+            if problem.dtype != self.source:
+                return [f"converts {self.source} inputs, these are {problem.dtype}"]
+            if not self.policy.allows(self.source, self.target):
+                return [
+                    f"{self.conversion} is lossy and the accuracy policy ({self.policy.describe()}) does not "
+                    f"allow it; pass AccuracyPolicy.allowing({self.conversion!r}) to accept its error"
+                ]
+        return [f"after {self.conversion}: {why}" for why in self.inner.reasons(self.converted(problem))]
+
+    def workspace_bytes(self, problem: Problem) -> int:
+        """Converted copies of Q, K, V (and a float mask), the inner kernel's workspace (which
+        includes its output) and the output converted back."""
+        inner_problem = self.converted(problem)
+        ratio = inner_problem.itemsize / problem.itemsize
+        copies = int((problem.q_bytes + problem.kv_bytes) * ratio)
+        if problem.mask_kind == "float" and self.target is not None:
+            copies += problem.mask_bytes
+        return copies + self.inner.workspace_bytes(inner_problem) + problem.out_bytes
+
+    def tolerance(self, problem: Problem) -> Tolerance:
+        own = TOLERANCES[problem.dtype]
+        return looser(own, TOLERANCES[self.target]) if self.target is not None else own
+
+    def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
+        inner_problem = self.converted(problem)
+        if self.source is None:
+            query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+        else:
+            dtype = DTYPES_BY_NAME[self.target]
+            query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+            if attn_mask is not None and attn_mask.dtype not in (torch.bool, torch.float32, dtype):
+                attn_mask = attn_mask.to(dtype)
+        out = self.inner.run(query, key, value, attn_mask, scale, enable_gqa, inner_problem)
+        return out.to(DTYPES_BY_NAME[problem.dtype])

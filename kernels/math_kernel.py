@@ -1,0 +1,44 @@
+"""`math`: the reference path. Builds the whole ``[B, Hq, L, S]`` score matrix, fp32 softmax.
+
+Fast when the score matrix is small; its memory grows with ``L * S``, which is what runs gfx906
+cards out of memory on long sequences.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._blocks import (
+    block_scores,
+    block_workspace_bytes,
+    mask_scores_,
+    normalise,
+    prepare_mask,
+    query_rows,
+    softmax_partials,
+)
+from kernels.base import Kernel
+from kernels.problem import Problem
+
+
+class MathKernel(Kernel):
+    """Full score matrix in one block; GQA by grouping query heads (K/V never repeated)."""
+
+    family = "math"
+
+    def workspace_bytes(self, problem: Problem) -> int:
+        return (
+            problem.out_bytes
+            + self.input_copy_bytes(problem)
+            + (problem.mask_bytes if problem.mask_kind == "bool" else 0)
+            + block_workspace_bytes(problem, problem.q_len, problem.kv_len)
+        )
+
+    def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
+        rows, cols = slice(0, problem.q_len), slice(0, problem.kv_len)
+        mask, mask_blocks = prepare_mask(mask)
+        scores = block_scores(query_rows(query, rows, problem, scale), key)
+        mask_scores_(scores, mask, mask_blocks, problem.causal, rows, cols, problem)
+        _, row_sum, out = softmax_partials(scores, value)
+        out = normalise(out, row_sum, query.dtype)
+        return out.view(problem.batch, problem.q_heads, problem.q_len, problem.value_dim)

@@ -1,0 +1,180 @@
+"""The attention problem: one `F.scaled_dot_product_attention` call, reduced to the numbers that
+decide which kernel is fastest and how much memory it needs.
+
+A `Problem` is built once per call (`Problem.from_tensors`). Building it validates the inputs with
+SDPA's rules and raises SDPA's exception types, with messages that name the bad argument.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+}
+DTYPES_BY_NAME: dict[str, torch.dtype] = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+SHORT_DTYPE_NAMES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
+ITEMSIZE: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+MASK_KINDS = ("none", "bool", "float")
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One attention call in canonical 4-D form.
+
+    The query is viewed as ``[batch, q_heads, q_len, head_dim]``, key as
+    ``[batch, kv_heads, kv_len, head_dim]`` and value as ``[batch, kv_heads, kv_len, value_dim]``;
+    every leading dimension before the heads dimension is folded into ``batch``.
+
+    Attributes
+    ----------
+    mask_shape:
+        The attention mask's canonical 4-D shape ``(B or 1, H or 1, L or 1, S or 1)``, ``()`` when
+        there is no mask.
+    strided:
+        Some input is not contiguous in its canonical 4-D view (e.g. a ``[B, L, H, D]`` tensor
+        transposed to ``[B, H, L, D]``, as transformers passes them); kernels may copy it.
+    broadcast_inputs:
+        Query, key and value leading dimensions differ and broadcast (or key and value have
+        different head counts under GQA): canonicalisation materialises them at one layout.
+    """
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    value_dim: int
+    dtype: str = "float16"
+    causal: bool = False
+    mask_kind: str = "none"
+    mask_shape: tuple[int, ...] = ()
+    device_type: str = "cpu"
+    strided: bool = False
+    broadcast_inputs: bool = False
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "q_heads", "kv_heads", "head_dim", "value_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Problem.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("q_len", "kv_len"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Problem.{name} must be >= 0, got {getattr(self, name)}")
+        if self.q_heads % self.kv_heads:
+            raise ValueError(
+                f"Problem.q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})"
+            )
+        if self.dtype not in ITEMSIZE:
+            raise ValueError(f"Problem.dtype must be one of {sorted(ITEMSIZE)}, got {self.dtype!r}")
+        if self.mask_kind not in MASK_KINDS:
+            raise ValueError(f"Problem.mask_kind must be one of {MASK_KINDS}, got {self.mask_kind!r}")
+        if (self.mask_kind == "none") != (self.mask_shape == ()):
+            raise ValueError("Problem.mask_shape must be () exactly when mask_kind is 'none'")
+        if self.mask_shape and len(self.mask_shape) != 4:
+            raise ValueError(f"Problem.mask_shape must have 4 dims, got {self.mask_shape}")
+        object.__setattr__(self, "_hash", hash(self.key()))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def key(self) -> tuple:
+        """All fields as a tuple (hashable, cheap to compare)."""
+        return (
+            self.batch, self.q_heads, self.kv_heads, self.q_len, self.kv_len, self.head_dim,
+            self.value_dim, self.dtype, self.causal, self.mask_kind, self.mask_shape,
+            self.device_type, self.strided, self.broadcast_inputs,
+        )
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def gqa_ratio(self) -> int:
+        """Query heads per key/value head (1 without GQA)."""
+        return self.q_heads // self.kv_heads
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype]
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES_BY_NAME[self.dtype]
+
+    @property
+    def q_bytes(self) -> int:
+        return self.batch * self.q_heads * self.q_len * self.head_dim * self.itemsize
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of key plus value."""
+        return self.batch * self.kv_heads * self.kv_len * (self.head_dim + self.value_dim) * self.itemsize
+
+    @property
+    def out_bytes(self) -> int:
+        return self.batch * self.q_heads * self.q_len * self.value_dim * self.itemsize
+
+    @property
+    def score_elements(self) -> int:
+        """Elements of the full ``[B, Hq, L, S]`` score matrix."""
+        return self.batch * self.q_heads * self.q_len * self.kv_len
+
+    @property
+    def mask_bytes(self) -> int:
+        if not self.mask_shape:
+            return 0
+        return math.prod(self.mask_shape) * (1 if self.mask_kind == "bool" else 4)
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds of QK^T and PV counted as 2 FLOPs each (causal masking not subtracted)."""
+        return 2 * self.batch * self.q_heads * self.q_len * self.kv_len * (self.head_dim + self.value_dim)
+
+    @property
+    def io_bytes(self) -> int:
+        """The fewest bytes any kernel must move: read Q, K, V (and mask), write the output."""
+        return self.q_bytes + self.kv_bytes + self.out_bytes + self.mask_bytes
+
+    def with_dtype(self, dtype: str) -> Problem:
+        """The same problem with inputs of another dtype (what a conversion kernel hands on)."""
+        return replace(self, dtype=dtype)
+
+    def with_layout(self, *, strided: bool) -> Problem:
+        return replace(self, strided=strided)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_tensors(
+        cls,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        enable_gqa: bool = False,
+    ) -> Problem:
+        """Validate SDPA inputs and describe them.
+
+        Parameters
+        ----------
+        query: ``[..., L, E]``; key: ``[..., S, E]``; value: ``[..., S, Ev]``. With
+            ``enable_gqa`` the heads dimension (-3) of key/value may divide the query's.
+        attn_mask: bool (True = attend) or float (added to scores), broadcastable to
+            ``[..., L, S]``.
+
+        Raises
+        ------
+        RuntimeError
+            Where `F.scaled_dot_product_attention` raises RuntimeError (shapes, dtypes, devices).
+        TypeError
+            For arguments that are not tensors.
+        """
+        from kernels._layout import describe_inputs
+
+        return describe_inputs(cls, query, key, value, attn_mask, is_causal, enable_gqa)

@@ -1,0 +1,107 @@
+"""Kernel names <-> kernel objects, and the default set of variants.
+
+Grammar: ``family`` | ``family[key=value,...]`` | ``convert[CONVERSION]+<plain kernel name>``,
+e.g. ``chunked[q=256,kv=4096]``, ``small_q[splits=16]``, ``convert[fp32->bf16]+sdpa_flash``,
+``convert[contiguous]+chunked[q=512,kv=4096]``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kernels.accuracy import LOSSLESS, AccuracyPolicy, parse_conversion
+from kernels.base import Kernel
+from kernels.chunked import ChunkedKernel
+from kernels.convert import CONTIGUOUS, ConvertKernel
+from kernels.math_kernel import MathKernel
+from kernels.sdpa_backends import SDPA_BACKEND_KERNELS
+from kernels.small_q import SmallQKernel
+
+PLAIN_FAMILIES: dict[str, type[Kernel]] = {
+    cls.family: cls for cls in (MathKernel, ChunkedKernel, SmallQKernel, *SDPA_BACKEND_KERNELS)
+}
+FAMILIES = (*PLAIN_FAMILIES, ConvertKernel.family)
+MAX_NAME_LENGTH = 200
+
+_PLAIN = re.compile(r"^(?P<family>[a-z_]+)(?:\[(?P<params>[a-z0-9_=,]*)\])?$")
+_CONVERT = re.compile(r"^convert\[(?P<conversion>[a-z0-9\->]+)\]\+(?P<inner>.+)$")
+
+
+def _parse_params(text: str, name: str) -> dict[str, int]:
+    params: dict[str, int] = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not value.isdigit():
+            raise ValueError(f"kernel name {name!r}: parameter {item!r} is not of the form key=<integer>")
+        params[key] = int(value)
+    return params
+
+
+def _plain_from_name(name: str) -> Kernel:
+    match = _PLAIN.match(name)
+    if not match or match["family"] not in PLAIN_FAMILIES:
+        raise ValueError(f"unknown kernel {name!r}: known families are {', '.join(FAMILIES)}")
+    cls = PLAIN_FAMILIES[match["family"]]
+    params = _parse_params(match["params"] or "", name)
+    try:
+        return cls(**params)
+    except TypeError:
+        allowed = ", ".join(getattr(cls, "PARAM_SPACE", {})) or "none"
+        raise ValueError(f"kernel name {name!r}: {cls.family} takes parameters: {allowed}") from None
+
+
+def kernel_from_name(name: str, *, policy: AccuracyPolicy = LOSSLESS) -> Kernel:
+    """Build any kernel variant from its name (the inverse of ``kernel.name``).
+
+    Raises ValueError for names that are not ours (so a table naming a foreign kernel is rejected).
+    """
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
+        raise ValueError(f"kernel name must be a non-empty string of at most {MAX_NAME_LENGTH} characters, got {name!r}")
+    match = _CONVERT.match(name)
+    if match is None:
+        kernel = _plain_from_name(name)
+    else:
+        inner = _plain_from_name(match["inner"])
+        if match["conversion"] == CONTIGUOUS:
+            kernel = ConvertKernel(inner, policy=policy)
+        else:
+            kernel = ConvertKernel(inner, *parse_conversion(match["conversion"]), policy=policy)
+    if kernel.name != name:
+        raise ValueError(f"kernel name {name!r} is not canonical; write it as {kernel.name!r}")
+    return kernel
+
+
+# Default parameterisations: a spread over each family's parameter space so an uncalibrated
+# dispatcher has small, medium and large blocks to choose from; calibration tunes them further.
+DEFAULT_CHUNKED = (ChunkedKernel(q=128, kv=1024), ChunkedKernel(q=512, kv=4096), ChunkedKernel(q=2048, kv=16384))
+DEFAULT_SMALL_Q = (SmallQKernel(splits=1), SmallQKernel(splits=8), SmallQKernel(splits=32))
+# What a conversion hands its inputs to: the fused backends and one portable kernel of each kind.
+CONVERT_INNER = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "chunked[q=512,kv=4096]", "small_q[splits=8]")
+CONVERSIONS = ("fp16->fp32", "bf16->fp32", "bf16->fp16", "fp16->bf16", "fp32->bf16", "fp32->fp16", CONTIGUOUS)
+
+
+def all_kernels(*, policy: AccuracyPolicy = LOSSLESS) -> list[Kernel]:
+    """Every kernel variant in its default parameterisations (supported here or not)."""
+    kernels: list[Kernel] = [MathKernel(), *DEFAULT_CHUNKED, *DEFAULT_SMALL_Q]
+    kernels += [cls() for cls in SDPA_BACKEND_KERNELS]
+    for conversion in CONVERSIONS:
+        for inner in CONVERT_INNER:
+            kernels.append(kernel_from_name(f"convert[{conversion}]+{inner}", policy=policy))
+    return kernels
+
+
+def portable_kernels(*, policy: AccuracyPolicy = LOSSLESS) -> list[Kernel]:
+    """What a card without fused SDPA backends has (gfx906): math, chunked, small_q, convert."""
+    return [k for k in all_kernels(policy=policy) if not _uses_fused_backend(k)]
+
+
+def _uses_fused_backend(kernel: Kernel) -> bool:
+    inner = kernel.inner if isinstance(kernel, ConvertKernel) else kernel
+    return inner.family.startswith("sdpa_")
+
+
+def param_space(family: str) -> dict[str, list[int]]:
+    """Tunable parameters of a family and their candidate values (for optuna)."""
+    if family not in PLAIN_FAMILIES:
+        raise ValueError(f"unknown kernel family {family!r}: known families are {', '.join(PLAIN_FAMILIES)}")
+    return dict(getattr(PLAIN_FAMILIES[family], "PARAM_SPACE", {}))

@@ -1,0 +1,300 @@
+"""`sdpa_flash`, `sdpa_efficient`, `sdpa_cudnn`, `sdpa_math`, `sdpa_default`: PyTorch's own
+attention backends as candidates.
+
+A forced backend is called through its ATen operator, not by entering `sdpa_kernel` on every call
+(that context manager costs tens of microseconds per call: shared/reference/h200-probe.md).
+Calling the operator skips SDPA's input preparation, so this module does it: GQA (native when the
+backend supports it, else by folding query heads into rows or repeating K/V), masks as aligned
+additive biases, causality merged into the bias when both are given, and fully masked rows zeroed.
+Whether a backend works on this build and device is probed once per (device, dtype, feature) with
+tiny inputs checked against the float64 reference.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from kernels.base import Kernel
+from kernels.problem import Problem
+from kernels.sdpa_probe import probe_backend
+
+# PyTorch's SDPA itself; `F.scaled_dot_product_attention` may be patched by the dispatcher.
+pytorch_sdpa = torch._C._nn.scaled_dot_product_attention
+TORCH_HAS_ENABLE_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+
+# Memory-efficient attention reads its bias with 16-element aligned rows (PyTorch pads it the
+# same way in `preprocess_mask`, aten/src/ATen/native/transformers/attention.cpp).
+BIAS_ALIGNMENT = 16
+# The head-dim limit of PyTorch's fused flash / cuDNN kernels (sdp_utils.cpp checks).
+FUSED_MAX_HEAD_DIM = 256
+FUSED_HEAD_DIM_MULTIPLE = 8
+
+
+def additive_bias(
+    mask: torch.Tensor | None, causal: bool, dtype: torch.dtype, L: int, S: int, align: int = 1
+) -> torch.Tensor | None:
+    """``[B|1, H|1, L|1, S|1]`` mask (+ causality) -> additive float bias ``[B|1, H|1, L, S]`` in
+    `dtype`, rows padded to a multiple of `align` elements (then sliced back to S)."""
+    if mask is None and not causal:
+        return None
+    shape = (mask.shape[0], mask.shape[1]) if mask is not None else (1, 1)
+    padded_s = -(-S // align) * align
+    bias = torch.zeros(*shape, L, padded_s, dtype=dtype, device=(mask.device if mask is not None else None))[..., :S]
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            bias.masked_fill_(~mask, float("-inf"))
+        else:
+            bias.add_(mask.to(dtype))
+    if causal:
+        blocked = torch.ones(L, S, dtype=torch.bool, device=bias.device).triu_(1)
+        bias.masked_fill_(blocked, float("-inf"))
+    return bias
+
+
+def zero_fully_masked_rows_(out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Set rows of ``out [B, H, L, Ev]`` whose every key is blocked in ``bias`` to zero."""
+    dead = (bias == float("-inf")).all(dim=-1, keepdim=True)  # [B|1, H|1, L, 1]
+    return out.masked_fill_(dead, 0.0) if dead.any() else out
+
+
+class SdpaBackendKernel(Kernel):
+    """One PyTorch SDPA backend, called directly."""
+
+    backend: ClassVar[str]
+    supports_backward = True
+    devices: ClassVar[dict[str, tuple[str, ...]]] = {}  # device type -> dtypes the backend takes
+
+    @property
+    def name(self) -> str:
+        return self.family
+
+    # ------------------------------------------------------------------ capabilities
+    def _own_reasons(self, problem: Problem) -> list[str]:
+        dtypes = self.devices.get(problem.device_type)
+        if dtypes is None:
+            return [f"PyTorch has no {self.backend} attention backend for {problem.device_type} devices"]
+        reasons = []
+        if problem.dtype not in dtypes:
+            reasons.append(f"{self.backend} takes {'/'.join(dtypes)} on {problem.device_type}, not {problem.dtype}")
+        reasons += self._shape_reasons(problem)
+        if not self._takes_mask(problem) and problem.mask_kind != "none":
+            reasons.append(f"{self.backend} takes no attention mask")
+        if reasons:
+            return reasons
+        for feature in self._features(problem):
+            failure = probe_backend(self, problem.device_type, problem.dtype, feature)
+            if failure:
+                reasons.append(failure)
+        return reasons
+
+    def _shape_reasons(self, problem: Problem) -> list[str]:
+        reasons = []
+        if problem.head_dim != problem.value_dim:
+            reasons.append(f"{self.backend} needs value head dim == query head dim ({problem.value_dim} != {problem.head_dim})")
+        if problem.head_dim > FUSED_MAX_HEAD_DIM:
+            reasons.append(f"{self.backend} takes head dims up to {FUSED_MAX_HEAD_DIM}, not {problem.head_dim}")
+        if problem.head_dim % FUSED_HEAD_DIM_MULTIPLE:
+            reasons.append(f"{self.backend} needs a head dim that is a multiple of {FUSED_HEAD_DIM_MULTIPLE}, not {problem.head_dim}")
+        return reasons
+
+    def _takes_mask(self, problem: Problem) -> bool:
+        return True
+
+    def _features(self, problem: Problem) -> list[str]:
+        """The probes this problem relies on: 'base', and 'causal_square' / 'causal_rect'
+        (L == S / L != S, where a kernel may align the diagonal bottom-right) or 'mask'."""
+        features = ["base"]
+        if self._bias_needed(problem):
+            features.append("mask")
+        elif problem.causal:
+            features.append("causal_square" if problem.q_len == problem.kv_len else "causal_rect")
+        return features
+
+    def _bias_needed(self, problem: Problem) -> bool:
+        """Masks, and causality combined with a mask, travel as an additive bias."""
+        return problem.mask_kind != "none"
+
+    def native_gqa(self, device_type: str, dtype: str) -> bool:
+        return probe_backend(self, device_type, dtype, "gqa") is None
+
+    def _gqa_mode(self, problem: Problem) -> str:
+        """'none' | 'native' | 'fold' (query heads become rows) | 'repeat' (K/V copied per group)."""
+        if problem.gqa_ratio == 1:
+            return "none"
+        if self.native_gqa(problem.device_type, problem.dtype):
+            return "native"
+        if not problem.causal and problem.mask_kind == "none":
+            return "fold"
+        return "repeat"
+
+    def workspace_bytes(self, problem: Problem) -> int:
+        """Output, the softmax log-sum-exp (fp32 per row), a bias (mask in the input dtype, rows
+        aligned), K/V repeated per group when GQA can be neither native nor folded, and copies of
+        strided inputs."""
+        extra = problem.out_bytes + self.input_copy_bytes(problem)
+        extra += problem.batch * problem.q_heads * problem.q_len * 4
+        if self._bias_needed(problem):
+            b, h = (problem.mask_shape[:2] if problem.mask_shape else (1, 1))
+            padded_s = -(-problem.kv_len // BIAS_ALIGNMENT) * BIAS_ALIGNMENT
+            extra += b * h * problem.q_len * padded_s * problem.itemsize + problem.q_len * problem.kv_len
+        if problem.strided:
+            extra += problem.q_bytes + problem.kv_bytes
+        if problem.gqa_ratio > 1 and self._gqa_mode(problem) == "repeat":
+            extra += problem.kv_bytes * problem.gqa_ratio
+        return extra
+
+    # ------------------------------------------------------------------ running
+    def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
+        causal = problem.causal
+        bias = None
+        if self._bias_needed(problem):
+            bias = additive_bias(mask, causal, query.dtype, problem.q_len, problem.kv_len, BIAS_ALIGNMENT)
+            causal = False
+        query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
+        mode = self._gqa_mode(problem)
+        if mode == "fold":
+            rows = query.reshape(problem.batch, problem.kv_heads, -1, problem.head_dim)
+            out = self._call_op(rows, key, value, None, False, scale)
+            return out.view(problem.batch, problem.q_heads, problem.q_len, problem.value_dim)
+        if mode == "repeat":
+            key = key.repeat_interleave(problem.gqa_ratio, dim=1)
+            value = value.repeat_interleave(problem.gqa_ratio, dim=1)
+        if bias is not None:
+            bias = bias.expand(problem.batch, problem.q_heads, problem.q_len, problem.kv_len)
+        out = self._call_op(query, key, value, bias, causal, scale)
+        if bias is not None:
+            out = zero_fully_masked_rows_(out, bias)
+        return out
+
+    def _call_op(self, query, key, value, bias, causal: bool, scale: float) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class SdpaFlashKernel(SdpaBackendKernel):
+    """FlashAttention-2 (CUDA/ROCm builds that ship it; PyTorch's fused CPU kernel on CPU)."""
+
+    family = "sdpa_flash"
+    backend = "flash"
+    devices = {"cuda": ("float16", "bfloat16"), "cpu": ("float32", "bfloat16", "float16", "float64")}
+
+    def _takes_mask(self, problem: Problem) -> bool:
+        return problem.device_type == "cpu"
+
+    def _shape_reasons(self, problem: Problem) -> list[str]:
+        if problem.device_type == "cpu" and problem.head_dim == problem.value_dim:
+            return []
+        return super()._shape_reasons(problem)
+
+    def _call_op(self, query, key, value, bias, causal, scale):
+        if query.device.type == "cpu":
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                query, key, value, 0.0, causal, attn_mask=bias, scale=scale
+            )[0]
+        if bias is not None:
+            raise RuntimeError("sdpa_flash on CUDA takes no attention mask")
+        return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, causal, False, scale=scale)[0]
+
+
+class SdpaEfficientKernel(SdpaBackendKernel):
+    """Memory-efficient attention (xformers' CUTLASS kernel inside PyTorch)."""
+
+    family = "sdpa_efficient"
+    backend = "efficient"
+    devices = {"cuda": ("float16", "bfloat16", "float32")}
+
+    def _shape_reasons(self, problem: Problem) -> list[str]:
+        reasons = []
+        if problem.head_dim % FUSED_HEAD_DIM_MULTIPLE or problem.value_dim % FUSED_HEAD_DIM_MULTIPLE:
+            reasons.append(f"efficient needs head dims that are multiples of {FUSED_HEAD_DIM_MULTIPLE}")
+        return reasons
+
+    def _call_op(self, query, key, value, bias, causal, scale):
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, bias, False, 0.0, causal, scale=scale
+        )[0]
+
+
+class SdpaCudnnKernel(SdpaBackendKernel):
+    """cuDNN's fused attention (NVIDIA only)."""
+
+    family = "sdpa_cudnn"
+    backend = "cudnn"
+    devices = {"cuda": ("float16", "bfloat16")}
+
+    def _call_op(self, query, key, value, bias, causal, scale):
+        return torch.ops.aten._scaled_dot_product_cudnn_attention(
+            query, key, value, bias, False, 0.0, causal, False, scale=scale
+        )[0]
+
+
+class SdpaMathKernel(SdpaBackendKernel):
+    """PyTorch's math backend (runs everywhere; upcasts half inputs on some builds)."""
+
+    family = "sdpa_math"
+    backend = "math"
+
+    def _own_reasons(self, problem: Problem) -> list[str]:
+        return [failure for failure in [probe_backend(self, problem.device_type, problem.dtype, "base")] if failure]
+
+    def _gqa_mode(self, problem: Problem) -> str:
+        return "none" if problem.gqa_ratio == 1 else "native"
+
+    def workspace_bytes(self, problem: Problem) -> int:
+        """The math backend materialises scores, their softmax and (for half inputs, upcast to
+        fp32 on CUDA builds) fp32 copies of Q, K and V: counted at 12 bytes per score element."""
+        upcast = 2 * (problem.q_bytes + problem.kv_bytes) if problem.itemsize == 2 else 0
+        return (
+            problem.out_bytes * 3
+            + self.input_copy_bytes(problem)
+            + upcast
+            + problem.kv_bytes * (problem.gqa_ratio - 1) * 2
+            + problem.score_elements * 12
+            + problem.mask_bytes * 4
+        )
+
+    def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
+        # The operator takes masks as additive biases (public SDPA converts bool masks first).
+        bias = additive_bias(mask, problem.causal, query.dtype, problem.q_len, problem.kv_len) if mask is not None else None
+        causal = problem.causal and bias is None
+        kwargs = {"enable_gqa": True} if problem.gqa_ratio > 1 else {}
+        out = torch.ops.aten._scaled_dot_product_attention_math(query, key, value, bias, 0.0, causal, None, scale=scale, **kwargs)[0]
+        return zero_fully_masked_rows_(out, bias) if bias is not None else out
+
+
+class SdpaDefaultKernel(SdpaBackendKernel):
+    """`F.scaled_dot_product_attention` as PyTorch dispatches it by itself (the baseline)."""
+
+    family = "sdpa_default"
+    backend = "default"
+
+    def _own_reasons(self, problem: Problem) -> list[str]:
+        if problem.gqa_ratio > 1 and not TORCH_HAS_ENABLE_GQA:
+            return ["PyTorch < 2.5 has no enable_gqa in scaled_dot_product_attention"]
+        return []
+
+    def workspace_bytes(self, problem: Problem) -> int:
+        """Unknown in general (PyTorch picks the backend): bounded by the math backend's."""
+        return SdpaMathKernel().workspace_bytes(problem)
+
+    def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
+        causal = problem.causal
+        if mask is not None and causal:
+            mask = combine_mask_and_causal(mask, problem.q_len, problem.kv_len)
+            causal = False
+        kwargs = {"enable_gqa": True} if problem.gqa_ratio > 1 else {}
+        return pytorch_sdpa(query, key, value, attn_mask=mask, is_causal=causal, scale=scale, **kwargs)
+
+
+def combine_mask_and_causal(mask: torch.Tensor, L: int, S: int) -> torch.Tensor:
+    """One mask meaning both `mask` and top-left causality (PyTorch's math backend refuses the
+    pair; its fused CPU path combines them, which is the semantics we keep)."""
+    blocked = torch.ones(L, S, dtype=torch.bool, device=mask.device).triu_(1)
+    if mask.dtype == torch.bool:
+        return mask & ~blocked
+    return mask.masked_fill(blocked, float("-inf"))
+
+
+SDPA_BACKEND_KERNELS = (SdpaFlashKernel, SdpaEfficientKernel, SdpaCudnnKernel, SdpaMathKernel, SdpaDefaultKernel)
+

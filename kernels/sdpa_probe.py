@@ -1,0 +1,95 @@
+"""Probe once whether a PyTorch SDPA backend works on this build and device.
+
+A probe runs a tiny problem through the backend and checks it against the float64 reference;
+the answer (None = works, else a readable reason) is cached per (backend, device type, dtype,
+feature) for the life of the process. PyTorch has shipped backends that returned wrong results
+silently, so a probe that runs but disagrees counts as a failure.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import torch
+
+from kernels.problem import DTYPES_BY_NAME, Problem
+from kernels.reference import reference_attention, relative_errors
+from kernels.tolerances import TOLERANCES
+
+if TYPE_CHECKING:
+    from kernels.sdpa_backends import SdpaBackendKernel
+
+# Small enough to cost microseconds, large enough to exercise tiling: L != S so that a kernel
+# aligning the causal diagonal bottom-right is caught, head dim 64 (every fused kernel takes it).
+PROBE_HEADS, PROBE_Q_LEN, PROBE_KV_LEN, PROBE_HEAD_DIM = 4, 24, 40, 64
+FEATURES = ("base", "gqa", "causal_square", "causal_rect", "mask")
+
+_results: dict[tuple[str, str, str, str], str | None] = {}
+_lock = threading.Lock()
+
+
+def probe_backend(kernel: SdpaBackendKernel, device_type: str, dtype: str, feature: str) -> str | None:
+    """None when `kernel` computes `feature` correctly on this device type, else why not."""
+    key = (kernel.family, device_type, dtype, feature)
+    try:
+        return _results[key]
+    except KeyError:
+        pass
+    with _lock:
+        if key not in _results:
+            _results[key] = _run_probe(kernel, device_type, dtype, feature)
+    return _results[key]
+
+
+def clear_probe_cache() -> None:
+    """Forget every probe result (tests; after changing PyTorch backend flags)."""
+    with _lock:
+        _results.clear()
+
+
+def _probe_inputs(device: torch.device, dtype: torch.dtype, feature: str):
+    generator = torch.Generator().manual_seed(1234)
+    kv_heads = PROBE_HEADS // 2 if feature == "gqa" else PROBE_HEADS
+    q_len = PROBE_KV_LEN if feature == "causal_square" else PROBE_Q_LEN
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
+    query = randn(1, PROBE_HEADS, q_len, PROBE_HEAD_DIM)
+    key = randn(1, kv_heads, PROBE_KV_LEN, PROBE_HEAD_DIM)
+    value = randn(1, kv_heads, PROBE_KV_LEN, PROBE_HEAD_DIM)
+    mask = None
+    if feature == "mask":
+        mask = torch.rand(q_len, PROBE_KV_LEN, generator=generator) > 0.3
+        mask[1] = False  # one fully masked row
+        mask = mask.to(device)
+    return query, key, value, mask
+
+
+def _run_probe(kernel: SdpaBackendKernel, device_type: str, dtype: str, feature: str) -> str | None:
+    if device_type == "cuda" and not torch.cuda.is_available():
+        return "CUDA is not available in this process"
+    device = torch.device(device_type)
+    where = f"{device_type} {dtype}"
+    try:
+        query, key, value, mask = _probe_inputs(device, DTYPES_BY_NAME[dtype], feature)
+        causal = feature.startswith("causal")
+        gqa = feature == "gqa"
+        with torch.no_grad():
+            if gqa:  # does the operator itself take fewer K/V heads?
+                out = kernel._call_op(query, key, value, None, False, PROBE_HEAD_DIM**-0.5)
+            else:
+                problem = Problem.from_tensors(query, key, value, mask, causal)
+                out = kernel.run(query, key, value, mask, None, False, problem)
+        reference = reference_attention(query, key, value, mask, causal, enable_gqa=gqa)
+    except Exception as error:  # noqa: BLE001 - any failure means "not available"
+        message = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
+        return f"{kernel.family} failed its {feature} probe on {where}: {type(error).__name__}: {message}"
+    rel_l2, rel_max = relative_errors(out, reference)
+    if not TOLERANCES[dtype].accepts(rel_l2, rel_max):
+        return (
+            f"{kernel.family} gave wrong results in its {feature} probe on {where} "
+            f"(relative error {rel_l2:.1e})"
+        )
+    return None

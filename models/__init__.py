@@ -1,0 +1,1 @@
+"""models: what is learned (Problem features, cost model, analytic priors, threshold tables)."""
