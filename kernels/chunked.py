@@ -76,5 +76,6 @@ class ChunkedKernel(Kernel):
                 scores = block_scores(q_block, key[:, :, cols])
                 mask_scores_(scores, mask, mask_blocks, problem.causal, rows, cols, problem)
                 state.update(*softmax_partials(scores, value[:, :, cols]))
+                del scores  # free this block before the next one is allocated
             scatter_rows(out, state.result(query.dtype), rows, problem)
         return out

@@ -141,6 +141,51 @@ class Problem:
         """The fewest bytes any kernel must move: read Q, K, V (and mask), write the output."""
         return self.q_bytes + self.kv_bytes + self.out_bytes + self.mask_bytes
 
+    def to_dict(self) -> dict:
+        """JSON-ready dict (inverse: `Problem.from_dict`)."""
+        return {
+            "batch": self.batch, "q_heads": self.q_heads, "kv_heads": self.kv_heads,
+            "q_len": self.q_len, "kv_len": self.kv_len, "head_dim": self.head_dim,
+            "value_dim": self.value_dim, "dtype": self.dtype, "causal": self.causal,
+            "mask_kind": self.mask_kind, "mask_shape": list(self.mask_shape),
+            "device_type": self.device_type, "strided": self.strided,
+            "broadcast_inputs": self.broadcast_inputs,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Problem:
+        """Build from `to_dict` output; raises ValueError naming the bad field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a problem must be a JSON object, got {type(data).__name__}")
+        ints = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "value_dim")
+        bools = ("causal", "strided", "broadcast_inputs")
+        strs = ("dtype", "mask_kind", "device_type")
+        known = set(ints) | set(bools) | set(strs) | {"mask_shape"}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown problem fields {sorted(unknown)}")
+        kwargs: dict = {}
+        for name in ints:
+            value = data.get(name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"problem field {name!r} must be an integer, got {value!r}")
+            kwargs[name] = value
+        for name in bools:
+            value = data.get(name, False)
+            if not isinstance(value, bool):
+                raise ValueError(f"problem field {name!r} must be true or false, got {value!r}")
+            kwargs[name] = value
+        for name in strs:
+            value = data.get(name, "cpu" if name == "device_type" else None)
+            if not isinstance(value, str):
+                raise ValueError(f"problem field {name!r} must be a string, got {value!r}")
+            kwargs[name] = value
+        shape = data.get("mask_shape", [])
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape):
+            raise ValueError(f"problem field 'mask_shape' must be a list of positive integers, got {shape!r}")
+        kwargs["mask_shape"] = tuple(shape)
+        return cls(**kwargs)
+
     def with_dtype(self, dtype: str) -> Problem:
         """The same problem with inputs of another dtype (what a conversion kernel hands on)."""
         return replace(self, dtype=dtype)

@@ -138,7 +138,10 @@ class SdpaBackendKernel(Kernel):
         if self._bias_needed(problem):
             b, h = (problem.mask_shape[:2] if problem.mask_shape else (1, 1))
             padded_s = -(-problem.kv_len // BIAS_ALIGNMENT) * BIAS_ALIGNMENT
-            extra += b * h * problem.q_len * padded_s * problem.itemsize + problem.q_len * problem.kv_len
+            bias_elements = b * h * problem.q_len
+            extra += bias_elements * padded_s * problem.itemsize  # the bias itself
+            extra += bias_elements * problem.kv_len  # the fully-masked-row test (bool)
+            extra += problem.mask_bytes + problem.q_len * problem.kv_len  # inverted mask, causal block
         if problem.strided:
             extra += problem.q_bytes + problem.kv_bytes
         if problem.gqa_ratio > 1 and self._gqa_mode(problem) == "repeat":
@@ -161,9 +164,10 @@ class SdpaBackendKernel(Kernel):
         if mode == "repeat":
             key = key.repeat_interleave(problem.gqa_ratio, dim=1)
             value = value.repeat_interleave(problem.gqa_ratio, dim=1)
+        full_bias = None
         if bias is not None:
-            bias = bias.expand(problem.batch, problem.q_heads, problem.q_len, problem.kv_len)
-        out = self._call_op(query, key, value, bias, causal, scale)
+            full_bias = bias.expand(problem.batch, problem.q_heads, problem.q_len, problem.kv_len)
+        out = self._call_op(query, key, value, full_bias, causal, scale)
         if bias is not None:
             out = zero_fully_masked_rows_(out, bias)
         return out
