@@ -1,0 +1,38 @@
+"""`attn-dispatch` command line: one module per command under `dispatcher/commands/`.
+
+Each command module exposes ``register(subparsers)``, which adds its parser and sets
+``run=<function(args) -> int>`` as the parser default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMAND_MODULES = ("kernels",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attn-dispatch",
+        description="Adaptive attention dispatcher: calibrate a card, inspect and share its tables.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"dispatcher.commands.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

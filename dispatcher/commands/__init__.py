@@ -1,0 +1,1 @@
+"""One module per `attn-dispatch` command; see `dispatcher.cli`."""

@@ -1,0 +1,33 @@
+"""`attn-dispatch kernels`: every kernel, whether it runs here, and its time on a few shapes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from calibration.kernel_bench import SELF_CHECK_SHAPES, run_kernel_table
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "kernels",
+        help="list every kernel, whether it supports this device, and its time on a few shapes",
+        description="Self-check every kernel against the float64 reference and time it on a few "
+        "small shapes on this device.",
+    )
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    table, records = run_kernel_table(device, SELF_CHECK_SHAPES)
+    print(table)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(records, handle, indent=1)
+    failed = [r for r in records if r["status"] in ("inaccurate", "failed")]
+    return 1 if failed else 0
