@@ -27,7 +27,9 @@ def accumulation_itemsize(problem: Problem) -> int:
 
 def query_rows(query: torch.Tensor, rows: slice, problem: Problem, scale: float) -> torch.Tensor:
     """``query [B, Hq, L, E]`` positions `rows`, scaled -> ``[B, Hkv, G * Lc, E]`` (a new tensor)."""
-    block = query[:, :, rows] * scale
+    source = query[:, :, rows]
+    block = torch.empty(source.shape, dtype=source.dtype, device=source.device)  # contiguous
+    torch.mul(source, scale, out=block)
     return block.view(problem.batch, problem.kv_heads, -1, problem.head_dim)
 
 

@@ -1,0 +1,110 @@
+"""Every kernel against the float64 reference: random (hypothesis) and named cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from kernels import reference_attention, relative_errors
+from tests.kernels.cases import Case, cases
+from tests.kernels.contract import (
+    EVERY_KERNEL,
+    basic_problems,
+    check_against_reference,
+    dtypes_for,
+    every_kernel,
+    problem_of,
+    runnable_kernel,
+    runs_here,
+)
+
+
+@pytest.mark.parametrize("kernel", [k for k in EVERY_KERNEL if not runs_here(k)], ids=lambda k: k.name)
+def test_kernels_unavailable_here_say_why(kernel):
+    for problem in basic_problems(kernel):
+        reasons = kernel.reasons(problem)
+        assert reasons and all(isinstance(r, str) and len(r) > 10 for r in reasons)
+
+
+@runnable_kernel
+@given(data=st.data())
+def test_random_problems_match_reference(kernel, data):
+    case = data.draw(cases(dtypes=dtypes_for(kernel)))
+    assume(check_against_reference(kernel, case, skip_unsupported=False))
+
+
+NAMED_CASES = {
+    "causal_lq_gt_lk": Case(q_len=13, kv_len=5, causal=True),
+    "causal_lq_lt_lk": Case(q_len=5, kv_len=13, causal=True),
+    "causal_square": Case(q_len=33, kv_len=33, causal=True),
+    "decode": Case(q_len=1, kv_len=67),
+    "gqa_4": Case(gqa_ratio=4, q_len=9, kv_len=21),
+    "gqa_8_causal": Case(gqa_ratio=8, q_len=17, kv_len=17, causal=True),
+    "head_dim_80": Case(head_dim=80, q_len=7, kv_len=9),
+    "head_dim_256": Case(head_dim=256, q_len=7, kv_len=9),
+    "value_dim_differs": Case(head_dim=64, value_dim=32),
+    "odd_lengths": Case(q_len=31, kv_len=97),
+    "strided_transformers_layout": Case(lead=(2,), strided=True, q_len=11, kv_len=19),
+    "no_batch_dim": Case(lead=(), q_len=6, kv_len=10),
+    "two_batch_dims": Case(lead=(2, 3), q_len=4, kv_len=6),
+    "bool_mask_full": Case(mask="bool", mask_dims=(True, True, True, True)),
+    "bool_mask_rows_only": Case(mask="bool", mask_dims=(False, False, True, False)),
+    "bool_mask_keys_only": Case(mask="bool", mask_dims=(False, False, False, True), mask_rank=2),
+    "float_mask_per_head": Case(mask="float", mask_dims=(False, True, True, True), mask_rank=3),
+    "float_mask_per_batch": Case(lead=(2,), mask="float", mask_dims=(True, False, True, True)),
+    "fully_masked_rows_bool": Case(mask="bool", fully_masked_rows=True, q_len=6, kv_len=9),
+    "fully_masked_rows_float": Case(mask="float", fully_masked_rows=True, q_len=6, kv_len=9),
+    "mask_and_causal": Case(mask="bool", causal=True, q_len=8, kv_len=12),
+    "gqa_with_mask_per_head": Case(gqa_ratio=4, mask="bool", mask_dims=(True, True, True, True), lead=(2,)),
+    "custom_scale": Case(scale=0.01),
+    "fp16": Case(dtype="float16", q_len=20, kv_len=40),
+    "bf16": Case(dtype="bfloat16", q_len=20, kv_len=40),
+}
+
+
+@every_kernel
+@pytest.mark.parametrize("name", list(NAMED_CASES))
+def test_named_case(kernel, name):
+    case = NAMED_CASES[name]
+    source = getattr(kernel, "source", None)
+    if source and case.dtype != source:
+        case = Case(**{**case.__dict__, "dtype": source})
+    check_against_reference(kernel, case)
+
+
+@every_kernel
+def test_two_dim_inputs(kernel):
+    """[L, E] inputs (no heads dimension), as SDPA accepts them."""
+    check_against_reference(kernel, Case(lead=(), kv_heads=1, q_len=5, kv_len=8, extra={"two_dim": True}))
+
+
+@every_kernel
+def test_empty_query(kernel):
+    case = Case(q_len=0, kv_len=5)
+    inputs = case.build()
+    problem_reasons = kernel.reasons(problem_of(inputs))
+    if problem_reasons:
+        pytest.skip("; ".join(problem_reasons))
+    out = kernel(inputs.pop("query"), inputs.pop("key"), inputs.pop("value"), **inputs)
+    assert out.shape == (1, 2, 0, 64)
+
+
+@pytest.mark.parametrize("case", [Case(mask="bool", causal=True), Case(gqa_ratio=4), Case(mask="float", lead=(2,))], ids=str)
+def test_reference_matches_pytorch_math_backend(case):
+    """The float64 reference is PyTorch's math backend (so every kernel agrees with it too)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    inputs = case.build()
+    inputs = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in inputs.items()}
+    if inputs["attn_mask"] is not None and inputs["is_causal"]:
+        # The math backend refuses the pair; the reference combines them, like the fused CPU path.
+        causal = torch.ones(case.q_len, case.kv_len, dtype=torch.bool).tril()
+        inputs["attn_mask"] = inputs["attn_mask"] & causal
+        inputs["is_causal"] = False
+    with sdpa_kernel(SDPBackend.MATH):
+        expected = F.scaled_dot_product_attention(**inputs)
+    ref = reference_attention(**inputs)
+    assert relative_errors(ref, expected)[0] < 1e-12
