@@ -1,1 +1,32 @@
-"""dispatcher: what decides at run time (lookup, memory fit, fallback, explain, patching, CLI)."""
+"""dispatcher: what decides at run time (lookup, memory fit, fallback, explain, patching, CLI).
+
+Public API
+----------
+attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+    enable_gqa=False)
+    `F.scaled_dot_product_attention`, run by the fastest kernel that fits in memory.
+explain(...) -> Decision
+    The decision for those arguments: kernel, predicted times, why each other kernel was dropped.
+stats() -> dict[str, int]; reset()
+patched(), install(), uninstall()
+    Route every `F.scaled_dot_product_attention` call through a dispatcher.
+register_transformers()
+    ``attn_implementation="attn_dispatch"`` in Hugging Face transformers.
+Dispatcher(*, kernels, policy, memory_budget, home)
+    A dispatcher of your own (kernel set, accuracy policy, memory budget, table directory).
+"""
+
+from dispatcher.api import attention, default_dispatcher, explain, reset, stats
+from dispatcher.core import Dispatcher
+from dispatcher.decision import Candidate, Decision, RankingSource
+from dispatcher.errors import NoKernelError
+from dispatcher.hf import register_transformers
+from dispatcher.memory import free_bytes, parse_memory_size
+from dispatcher.patching import install, is_installed, patched, uninstall
+from dispatcher.ranking import TableWarning
+
+__all__ = [
+    "attention", "explain", "stats", "reset", "default_dispatcher", "Dispatcher", "Decision",
+    "Candidate", "RankingSource", "NoKernelError", "register_transformers", "free_bytes",
+    "parse_memory_size", "install", "uninstall", "patched", "is_installed", "TableWarning",
+]

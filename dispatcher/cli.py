@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = ("kernels",)
+COMMAND_MODULES = ("kernels", "explain")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,51 @@
+"""Logging of decisions: each new decision once (INFO when ``ATTN_DISPATCH_LOG=1``, else DEBUG),
+and every run-time fallback as a WARNING (a fallback is never silent)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from dispatcher.decision import Decision
+
+LOG_ENV = "ATTN_DISPATCH_LOG"
+TRUE_VALUES = ("1", "true", "yes", "on")
+logger = logging.getLogger("attn_dispatch")
+_TOP_CANDIDATES = 3  # candidates shown in the one-line log of a decision (explain shows them all)
+
+
+def enabled() -> bool:
+    """``ATTN_DISPATCH_LOG`` is set to 1 / true / yes / on."""
+    return os.environ.get(LOG_ENV, "").strip().lower() in TRUE_VALUES
+
+
+def _ensure_handler() -> None:
+    """Give the logger a stderr handler at INFO when nothing would print its records."""
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        logger.addHandler(handler)
+
+
+def new_decision(decision: Decision) -> None:
+    """Log a decision the first time it is made."""
+    level = logging.DEBUG
+    if enabled():
+        _ensure_handler()
+        level = logging.INFO
+    if not logger.isEnabledFor(level):
+        return
+    others = ", ".join(c.name for c in decision.candidates[1:_TOP_CANDIDATES + 1]) or "none"
+    logger.log(level, "%s; next: %s; %d kernels dropped", decision.summary(), others, len(decision.dropped))
+    logger.debug("%s", decision)
+
+
+def fallback(failed: str, error: BaseException, decision: Decision) -> None:
+    """Kernel `failed` raised `error` at run time and `decision` replaced it."""
+    lines = str(error).strip().splitlines()
+    logger.warning(
+        "%s raised %s: %s; falling back to %s (remembered for problems of this size)",
+        failed, type(error).__name__, lines[0][:200] if lines else "", decision.kernel,
+    )

@@ -1,0 +1,82 @@
+"""The cached decision of one exact call shape (what the warm path reads) and its cache key."""
+
+from __future__ import annotations
+
+import torch
+
+from dispatcher.decision import Decision
+from dispatcher.planning import Ranked
+from kernels import Kernel, Problem
+
+
+class Plan:
+    """A decision ready to run: the kernel, the validated problem, and what it was chosen from.
+
+    Attributes
+    ----------
+    recheck: re-check free memory before each call (see `planning.RECHECK_FRACTION`).
+    count: the chosen kernel's call counter (a one-element list shared by every plan that
+        chose the kernel, so `Dispatcher.stats` sums them without a lookup per call).
+    """
+
+    __slots__ = ("problem", "device", "kernel", "recheck", "ranked", "decision", "count")
+
+    def __init__(
+        self,
+        problem: Problem,
+        device: torch.device,
+        kernel: Kernel,
+        recheck: bool,
+        ranked: Ranked,
+        decision: Decision,
+        count: list[int],
+    ) -> None:
+        self.problem = problem
+        self.device = device
+        self.kernel = kernel
+        self.recheck = recheck
+        self.ranked = ranked
+        self.decision = decision
+        self.count = count
+
+
+def cache_key(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    enable_gqa: bool,
+) -> tuple:
+    """Everything `Problem.from_tensors` validates and reads, from tensor attributes only: shapes,
+    dtypes, devices and contiguity of every input, the mask's shape, dtype and device, and the
+    flags. Two calls with equal keys have the same `Problem` and the same validity.
+
+    Raises AttributeError for inputs that are not tensors (the caller validates those).
+    """
+    mask = None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device)
+    return (
+        query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
+        query.device, key.device, value.device,
+        query.is_contiguous(), key.is_contiguous(), value.is_contiguous(),
+        mask, is_causal, enable_gqa,
+    )
+
+
+MAX_MESSAGE = 200
+"""Characters of a failure's message kept in `explain` (a CUDA OOM message runs to a paragraph)."""
+
+
+def failure_message(error: BaseException) -> str:
+    """``"RuntimeError: first line of the message"``."""
+    text = str(error).strip().splitlines()
+    first = text[0][:MAX_MESSAGE] if text else ""
+    return f"{type(error).__name__}: {first}"
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """An allocation failure (CUDA/ROCm `OutOfMemoryError`, or a CPU allocator's RuntimeError)."""
+    out_of_memory = getattr(torch, "OutOfMemoryError", None)
+    if out_of_memory is not None and isinstance(error, out_of_memory):
+        return True
+    return isinstance(error, (RuntimeError, MemoryError)) and "out of memory" in str(error).lower()

@@ -1,0 +1,19 @@
+"""The module-level dispatcher behind `dispatcher.attention`, `explain`, `stats` and `reset`."""
+
+from __future__ import annotations
+
+from dispatcher.core import Dispatcher
+
+_DEFAULT = Dispatcher()
+
+
+def default_dispatcher() -> Dispatcher:
+    """The dispatcher `dispatcher.attention` and `patched()` use by default (all kernels,
+    lossless, budget from ``ATTN_DISPATCH_MEMORY_BUDGET``)."""
+    return _DEFAULT
+
+
+attention = _DEFAULT.attention
+explain = _DEFAULT.explain
+stats = _DEFAULT.stats
+reset = _DEFAULT.reset

@@ -1,0 +1,74 @@
+"""`attn-dispatch explain`: which kernel the dispatcher runs for a problem shape, and why."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from kernels import AccuracyPolicy, Problem
+from kernels.accuracy import LONG_DTYPE_NAMES
+from kernels.problem import MASK_KINDS
+
+DTYPE_CHOICES = ("float16", "bfloat16", "float32", "float64", *LONG_DTYPE_NAMES)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="show the kernel chosen for a problem shape, every candidate's predicted time and why others were dropped",
+        description="Decide, without running anything, which kernel attention of this shape would use on "
+        "this device: the chosen kernel, predicted time of every candidate, the reason each other kernel "
+        "was dropped, and which table (or prior) served the decision.",
+    )
+    parser.add_argument("--lq", type=int, required=True, help="query length (1 for decode)")
+    parser.add_argument("--lk", type=int, default=None, help="key/value length (default: --lq)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=32, help="query heads")
+    parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA; default: --heads)")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--value-dim", type=int, default=None, help="value head dim (default: --head-dim)")
+    parser.add_argument("--dtype", default="float16", choices=DTYPE_CHOICES)
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--mask", default="none", choices=MASK_KINDS, help="attention mask kind, shape [B, 1, Lq, Lk]")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--memory-budget", default=None, help="workspace cap, e.g. 16GiB (default: ATTN_DISPATCH_MEMORY_BUDGET)")
+    parser.add_argument("--kernels", default="all", choices=("all", "portable"), help="kernel set")
+    parser.add_argument("--allow-lossy", action="append", default=[], metavar="CONVERSION",
+                        help="accept a lossy conversion, e.g. fp32->bf16 (repeatable; 'any' for all)")
+    parser.add_argument("--json", action="store_true", help="print the decision as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dispatcher.core import Dispatcher
+
+    try:
+        problem = problem_from_args(args)
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        policy = AccuracyPolicy.allowing(*args.allow_lossy) if args.allow_lossy else AccuracyPolicy()
+        dispatcher = Dispatcher(kernels=args.kernels, policy=policy, memory_budget=args.memory_budget)
+        decision = dispatcher.decide(problem, device=device)
+    except (ValueError, RuntimeError) as error:
+        print(f"attn-dispatch explain: error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(decision.to_dict(), indent=1) if args.json else decision)
+    return 0
+
+
+def problem_from_args(args: argparse.Namespace) -> Problem:
+    """The `Problem` the arguments describe (ValueError naming the bad option otherwise)."""
+    device_type = torch.device(args.device).type if args.device else ("cuda" if torch.cuda.is_available() else "cpu")
+    kv_len = args.lq if args.lk is None else args.lk
+    kv_heads = args.heads if args.kv_heads is None else args.kv_heads
+    if kv_heads < 1 or args.heads % kv_heads:
+        raise ValueError(f"--kv-heads ({kv_heads}) must divide --heads ({args.heads})")
+    dtype = LONG_DTYPE_NAMES.get(args.dtype, args.dtype)
+    mask_shape = () if args.mask == "none" else (args.batch, 1, args.lq, kv_len)
+    return Problem(
+        batch=args.batch, q_heads=args.heads, kv_heads=kv_heads, q_len=args.lq, kv_len=kv_len,
+        head_dim=args.head_dim, value_dim=args.value_dim or args.head_dim, dtype=dtype, causal=args.causal,
+        mask_kind=args.mask, mask_shape=mask_shape, device_type=device_type,
+    )

@@ -1,0 +1,315 @@
+"""`Dispatcher`: per device, the fastest kernel that fits, decided once per problem shape and
+cached; a kernel that fails at run time is replaced by the next one and remembered.
+
+Warm path (a shape seen before): one key tuple from tensor attributes, one dict lookup, the
+kernel's `run` (no validation: a hit means these shapes, dtypes, devices and layouts were
+validated when the decision was made).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+
+from dispatcher import _log
+from dispatcher._plan import Plan, cache_key, failure_message, is_out_of_memory
+from dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
+from dispatcher.errors import NoKernelError
+from dispatcher.memory import budget_from_env, free_bytes, parse_memory_size, release_cached_memory
+from dispatcher.planning import failure_bucket, fit_options, memory_limit, rank_options
+from dispatcher.ranking import DeviceRanking, resolve_ranking
+from kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem, all_kernels, kernel_from_name, portable_kernels
+from kernels.sdpa_backends import SdpaDefaultKernel, pytorch_sdpa
+
+_grad_enabled = torch.is_grad_enabled
+KERNEL_SETS = ("all", "portable")
+
+
+class _DeviceState:
+    """What one device has: its ranker and the failures remembered per problem bucket."""
+
+    def __init__(self, ranking: DeviceRanking) -> None:
+        self.ranking = ranking
+        self.failures: dict[tuple, dict[str, str]] = {}
+
+
+class Dispatcher:
+    """Runs each attention call with the fastest kernel that fits in memory on its device.
+
+    Parameters
+    ----------
+    kernels: ``"all"`` (every kernel variant, default), ``"portable"`` (no fused PyTorch backends,
+        as on gfx906), or a sequence of kernels / kernel names (used as given). ``sdpa_default``
+        (PyTorch's own choice) is added to the two named sets as the last-resort fallback.
+    policy: lossy conversions allowed (default lossless only), e.g.
+        ``AccuracyPolicy.allowing("fp32->bf16")``.
+    memory_budget: most workspace one call may use: bytes or a size such as ``"16GiB"``; default
+        ``ATTN_DISPATCH_MEMORY_BUDGET`` (read when a decision is made), else no budget.
+    home: directory holding threshold tables (default: ``ATTN_DISPATCH_HOME`` or the user cache).
+    """
+
+    def __init__(
+        self,
+        *,
+        kernels: str | Sequence[Kernel | str] = "all",
+        policy: AccuracyPolicy = LOSSLESS,
+        memory_budget: int | str | None = None,
+        home: str | None = None,
+    ) -> None:
+        if not isinstance(policy, AccuracyPolicy):
+            raise TypeError(f"policy must be an AccuracyPolicy (e.g. AccuracyPolicy.allowing('fp32->bf16')), got {policy!r}")
+        self.policy = policy
+        self._kernels = _kernel_set(kernels, policy)
+        self._budget = None if memory_budget is None else parse_memory_size(memory_budget, name="memory_budget")
+        self.home = home
+        self._plans: dict[tuple, Plan] = {}
+        self._devices: dict[torch.device, _DeviceState] = {}
+        self._counts: dict[str, list[int]] = {}
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ configuration
+    @property
+    def kernels(self) -> list[Kernel]:
+        """The kernel set this dispatcher chooses from."""
+        return list(self._kernels.values())
+
+    @property
+    def memory_budget(self) -> int | None:
+        """Workspace cap in bytes: the argument, else ``ATTN_DISPATCH_MEMORY_BUDGET``, else None."""
+        return self._budget if self._budget is not None else budget_from_env()
+
+    # ------------------------------------------------------------------ the call
+    def attention(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        *,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        """`torch.nn.functional.scaled_dot_product_attention`, run by the fastest kernel that fits.
+
+        Parameters
+        ----------
+        query: ``[..., Hq, L, E]``; key: ``[..., Hkv, S, E]``; value: ``[..., Hkv, S, Ev]``.
+        attn_mask: bool (True = attend) or float (added), broadcastable to ``[..., Hq, L, S]``.
+        dropout_p, is_causal, scale, enable_gqa: as in SDPA. Dropout, or inputs requiring grad
+            with grad enabled, go to PyTorch's SDPA unless the chosen kernel supports backward.
+
+        Returns
+        -------
+        ``[..., Hq, L, Ev]`` in the query's dtype.
+        """
+        try:
+            key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
+            training = dropout_p != 0.0 or (
+                _grad_enabled()
+                and (query.requires_grad or key.requires_grad or value.requires_grad
+                     or (attn_mask is not None and attn_mask.requires_grad))
+            )
+        except AttributeError:  # not tensors: validation raises SDPA's TypeError
+            Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
+            raise
+        if training:
+            return self._training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_)
+        plan = self._plans.get(key_)
+        if plan is None or plan.recheck:
+            plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+        plan.count[0] += 1
+        try:
+            return plan.kernel.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+        except Exception as error:  # noqa: BLE001 - any kernel failure falls back to the next kernel
+            return self._recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa)
+
+    __call__ = attention
+
+    def _training(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_):
+        if dropout_p == 0.0 and not (attn_mask is not None and attn_mask.requires_grad):
+            plan = self._plans.get(key_)
+            if plan is None or plan.recheck:
+                plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+            if plan.kernel.supports_backward:
+                plan.count[0] += 1
+                try:
+                    return plan.kernel.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+                except Exception as error:  # noqa: BLE001
+                    return self._recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa)
+        self._count_cell(f"{TRAINING_KERNEL} (training)")[0] += 1
+        gqa = {"enable_gqa": True} if enable_gqa else {}
+        return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
+
+    # ------------------------------------------------------------------ deciding
+    def _plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa) -> Plan:
+        """Cold path (or a decision whose memory must be re-checked)."""
+        plan = self._plans.get(key_)
+        if plan is not None and plan.recheck:
+            refreshed = self._recheck(plan)
+            if refreshed is not None:
+                return refreshed
+        problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
+        with self._lock:
+            plan = self._plans.get(key_)
+            if plan is None or plan.recheck:
+                plan = self._new_plan(problem, query.device)
+                self._plans[key_] = plan
+                _log.new_decision(plan.decision)
+        return plan
+
+    def _recheck(self, plan: Plan) -> Plan | None:
+        """The plan itself when its kernel is still the first option that fits free memory now;
+        None when the decision must be redone."""
+        limit = memory_limit(free_bytes(plan.device), self.memory_budget)
+        for option in plan.ranked.options:
+            if limit is None or option.workspace_bytes <= limit:
+                return plan if option.kernel is plan.kernel else None
+        return None
+
+    def _state(self, device: torch.device) -> _DeviceState:
+        state = self._devices.get(device)
+        if state is None:
+            with self._lock:
+                state = self._devices.get(device)
+                if state is None:
+                    state = self._devices[device] = _DeviceState(resolve_ranking(device, home=self.home))
+        return state
+
+    def _new_plan(self, problem: Problem, device: torch.device) -> Plan:
+        state = self._state(device)
+        failed = state.failures.get(failure_bucket(problem), {})
+        ranked = rank_options(problem, self._kernels, state.ranking, failed, policy=self.policy)
+        free, budget = free_bytes(device), self.memory_budget
+        fit = fit_options(ranked, free=free, budget=budget, ranking=state.ranking, failed=failed)
+        if not fit.options:
+            raise NoKernelError(problem, str(device), ranked.dropped + fit.dropped)
+        decision = Decision(
+            kernel=fit.options[0].kernel.name, params=dict(fit.options[0].kernel.params), problem=problem,
+            device=str(device), source=state.ranking.source,
+            candidates=tuple(option.candidate() for option in fit.options),
+            dropped=fit.dropped + ranked.dropped, free_bytes=free, budget_bytes=budget, notes=fit.notes,
+        )
+        chosen = fit.options[0]
+        return Plan(problem, device, chosen.kernel, fit.recheck, ranked, decision, self._count_cell(chosen.kernel.name))
+
+    def _count_cell(self, name: str) -> list[int]:
+        cell = self._counts.get(name)
+        if cell is None:
+            with self._lock:
+                cell = self._counts.setdefault(name, [0])
+        return cell
+
+    # ------------------------------------------------------------------ failing
+    def _recover(self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:
+        """`plan`'s kernel raised: remember it for the bucket, run the next candidate (repeatedly)."""
+        _check_scale(scale)
+        while True:
+            plan.count[0] -= 1  # count calls that returned, not attempts
+            failed = plan.kernel.name
+            self._remember_failure(plan, error)
+            try:
+                with self._lock:
+                    self._plans.pop(key_, None)
+                    plan = self._new_plan(plan.problem, plan.device)
+                    self._plans[key_] = plan
+            except NoKernelError as no_kernel:
+                self._forget_out_of_memory(plan)
+                raise no_kernel from error
+            _log.fallback(failed, error, plan.decision)
+            plan.count[0] += 1
+            try:
+                return plan.kernel.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+            except Exception as next_error:  # noqa: BLE001
+                error = next_error
+
+    def _remember_failure(self, plan: Plan, error: BaseException) -> None:
+        if is_out_of_memory(error):
+            release_cached_memory(plan.device)
+        with self._lock:
+            failures = self._state(plan.device).failures.setdefault(failure_bucket(plan.problem), {})
+            failures[plan.kernel.name] = failure_message(error)
+
+    def _forget_out_of_memory(self, plan: Plan) -> None:
+        """Out-of-memory failures are transient: when nothing is left to try, forget them for the
+        bucket so the next call tries again instead of failing at once."""
+        with self._lock:
+            failures = self._state(plan.device).failures.get(failure_bucket(plan.problem), {})
+            for name in [n for n, why in failures.items() if why.startswith("OutOfMemoryError")]:
+                del failures[name]
+
+    # ------------------------------------------------------------------ explaining
+    def explain(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        *,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Decision:
+        """The decision `attention` makes (or made) for these arguments, without running it."""
+        key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
+        plan = self._plans.get(key_)
+        if plan is None or plan.recheck:
+            plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+        training = dropout_p != 0.0 or (
+            _grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, attn_mask))
+        )
+        if training and (dropout_p != 0.0 or not plan.kernel.supports_backward):
+            note = f"training: dropout_p={dropout_p} or inputs require grad; {plan.kernel.name} has no backward"
+            return replace(plan.decision, kernel=TRAINING_KERNEL, params={}, route=ROUTE_TRAINING,
+                           notes=(*plan.decision.notes, note))
+        return plan.decision
+
+    def decide(self, problem: Problem, *, device: torch.device | str) -> Decision:
+        """The decision for a `Problem` on `device` without tensors (``attn-dispatch explain``);
+        not cached and not logged."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return self._new_plan(problem, device).decision
+
+    def stats(self) -> dict[str, int]:
+        """Calls per kernel name since the last `reset` (training calls that went to PyTorch's SDPA
+        count as ``"pytorch_sdpa (training)"``). Approximate under concurrent calls."""
+        return {name: cell[0] for name, cell in self._counts.items() if cell[0]}
+
+    def reset(self) -> None:
+        """Forget every decision, table, remembered failure and count (after recalibrating, or
+        after changing ``ATTN_DISPATCH_MEMORY_BUDGET`` / ``ATTN_DISPATCH_HOME``)."""
+        with self._lock:
+            self._plans.clear()
+            self._devices.clear()
+            self._counts.clear()
+
+
+def _kernel_set(kernels: str | Sequence[Kernel | str], policy: AccuracyPolicy) -> dict[str, Kernel]:
+    if isinstance(kernels, str):
+        if kernels not in KERNEL_SETS:
+            raise ValueError(f"kernels={kernels!r}: pass 'all', 'portable' or a list of kernels / kernel names")
+        chosen = all_kernels(policy=policy) if kernels == "all" else portable_kernels(policy=policy)
+        chosen.append(SdpaDefaultKernel())
+    else:
+        chosen = [kernel_from_name(k, policy=policy) if isinstance(k, str) else k for k in kernels]
+        for kernel in chosen:
+            if not isinstance(kernel, Kernel):
+                raise TypeError(f"kernels must hold Kernel objects or kernel names, got {kernel!r}")
+    by_name: dict[str, Kernel] = {}
+    for kernel in chosen:
+        by_name.setdefault(kernel.name, kernel)
+    return by_name
+
+
+def _check_scale(scale: object) -> None:
+    """SDPA's own check of `scale` (the cache key does not see it): raise before a bad argument
+    is blamed on the kernels."""
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scaled_dot_product_attention(): argument 'scale' must be float or None, not {type(scale).__name__}")

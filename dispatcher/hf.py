@@ -1,0 +1,111 @@
+"""Hugging Face transformers integration: ``attn_implementation="attn_dispatch"``.
+
+`register_transformers()` adds our attention function to transformers' `AttentionInterface` (and
+SDPA's mask builder under the same name to its `AttentionMaskInterface`, so models build the
+same boolean masks as for ``"sdpa"``). transformers is imported only when you call it.
+
+The function mirrors transformers' ``sdpa_attention_forward`` (integrations/sdpa_attention.py,
+transformers 5.x): the same causal rules, static-cache slicing and position-bias masks, but GQA is
+always passed as ``enable_gqa`` (our kernels group query heads without repeating K/V).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from dispatcher.core import Dispatcher
+
+IMPLEMENTATION_NAME = "attn_dispatch"
+logger = logging.getLogger("attn_dispatch")
+_warned_output_attentions = False
+
+
+def make_attention_function(dispatcher: Dispatcher | None = None):
+    """A transformers attention function calling `dispatcher` (default: the module's)."""
+
+    def attn_dispatch_forward(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        is_causal: bool | None = None,
+        position_bias: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        """query ``[B, Hq, L, E]``, key/value ``[B, Hkv, S, E]``, mask ``[B, 1, L, S]`` (bool or
+        float) or None -> (output ``[B, L, Hq, Ev]`` contiguous, None)."""
+        if kwargs.get("softcap") is not None:
+            raise ValueError(
+                "attn_implementation='attn_dispatch' does not support `softcap`; use 'eager' or "
+                "'flex_attention' for models that need it"
+            )
+        _warn_output_attentions(kwargs)
+        q_length, kv_length = query.shape[2], key.shape[2]
+        is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        is_causal = bool(q_length > 1 and attention_mask is None and is_causal)
+        if is_causal and kv_length > q_length:  # prefill into an empty static cache
+            key, value = key[:, :, :q_length], value[:, :, :q_length]
+            if position_bias is not None:
+                position_bias = position_bias[:, :, :, :q_length]
+        if position_bias is not None:
+            from transformers.integrations.sdpa_attention import create_position_bias_mask
+
+            attention_mask = create_position_bias_mask(position_bias, attention_mask, is_causal, query, key)
+            is_causal = False
+        run = dispatcher.attention if dispatcher is not None else _default_attention()
+        out = run(
+            query, key, value, attention_mask, dropout, is_causal,
+            scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
+        )
+        return out.transpose(1, 2).contiguous(), None
+
+    return attn_dispatch_forward
+
+
+def _default_attention():
+    from dispatcher.api import default_dispatcher
+
+    return default_dispatcher().attention
+
+
+def _warn_output_attentions(kwargs: dict) -> None:
+    global _warned_output_attentions
+    if kwargs.get("output_attentions", False) and not _warned_output_attentions:
+        _warned_output_attentions = True
+        logger.warning("attn_dispatch does not return attention weights (output_attentions=True); use 'eager'")
+
+
+def register_transformers(name: str = IMPLEMENTATION_NAME, *, dispatcher: Dispatcher | None = None) -> str:
+    """Register ``attn_implementation=name`` with transformers; returns `name`.
+
+    Example
+    -------
+    >>> import dispatcher
+    >>> dispatcher.register_transformers()
+    >>> model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="attn_dispatch")
+
+    Raises
+    ------
+    ImportError
+        When transformers (>= 4.48, which has `AttentionInterface`) is not installed.
+    """
+    try:
+        from transformers import AttentionInterface
+    except ImportError as error:
+        raise ImportError(
+            "register_transformers() needs transformers >= 4.48 (AttentionInterface): pip install -U transformers"
+        ) from error
+    AttentionInterface.register(name, make_attention_function(dispatcher))
+    try:
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:  # older transformers build masks from the implementation name itself
+        return name
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name

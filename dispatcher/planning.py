@@ -1,0 +1,199 @@
+"""From a problem to an ordered list of kernels that can run it and fit in memory.
+
+Two steps, so the memory step can be redone cheaply when free memory changes:
+`rank_options` (what can run, fastest first: the ranker's order, then supported kernels it did
+not rank) and `fit_options` (drop what does not fit in free memory or the budget; where nothing
+fits, a chunked kernel with smaller chunks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from dispatcher.decision import Candidate
+from dispatcher.memory import format_bytes
+from dispatcher.ranking import FALLBACK_FIRST, DeviceRanking
+from kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
+
+MIN_CHUNK = 16
+"""Smallest query or key block `shrink_chunked` goes down to: below 16 rows a block's matmul no
+longer fills even a CPU SIMD tile and the Python loop over blocks dominates; by then the block
+workspace is a few percent of the output, so halving further frees almost nothing."""
+
+RECHECK_FRACTION = 0.25
+"""A decision whose workspace is above this fraction of the memory free when it was made is
+re-checked against free memory on every call: other allocations between calls (activations,
+a growing KV cache) can plausibly take that much. Below it, the decision stands until `reset`.
+A quarter is a judgement call, not a measurement: it keeps the re-check (tens of microseconds)
+off every small problem, and small problems are where per-call overhead matters."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """A kernel that can run the problem, with its predicted time and workspace."""
+
+    kernel: Kernel
+    predicted_s: float | None
+    workspace_bytes: int
+
+    def candidate(self) -> Candidate:
+        return Candidate(self.kernel.name, self.predicted_s, self.workspace_bytes)
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """The problem's runnable kernels, fastest first, and why every other kernel cannot run."""
+
+    problem: Problem
+    options: tuple[Option, ...]
+    dropped: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The options that fit in memory now (try order) and those dropped for memory."""
+
+    options: tuple[Option, ...]
+    dropped: tuple[tuple[str, str], ...]
+    notes: tuple[str, ...]
+    recheck: bool
+
+
+def rank_options(
+    problem: Problem,
+    kernels: Mapping[str, Kernel],
+    ranking: DeviceRanking,
+    failed: Mapping[str, str],
+    *,
+    policy: AccuracyPolicy,
+) -> Ranked:
+    """Order the kernels for `problem`: the ranker's order, then supported kernels it did not
+    rank (``sdpa_default`` first among them, so PyTorch's own choice is always a fallback).
+
+    Parameters
+    ----------
+    kernels: the dispatcher's kernel set by name.
+    failed: kernel name -> why it failed at run time in this problem's bucket (dropped).
+    """
+    kernel_list = list(kernels.values())
+    ranked = ranking.rank(problem, kernel_list)
+    options: list[Option] = []
+    dropped: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for name, predicted in ranked:
+        if name in seen:
+            continue
+        seen.add(name)
+        kernel = kernels.get(name)
+        if kernel is None:
+            try:
+                kernel = kernel_from_name(name, policy=policy)
+            except ValueError as error:
+                dropped.append((name, f"named by the ranker but not a kernel of this version: {error}"))
+                continue
+        _consider(kernel, predicted, problem, failed, options, dropped)
+    unranked = [kernel for name, kernel in kernels.items() if name not in seen]
+    unranked.sort(key=lambda kernel: kernel.name != FALLBACK_FIRST)
+    for kernel in unranked:
+        _consider(kernel, None, problem, failed, options, dropped)
+    return Ranked(problem, tuple(options), tuple(dropped))
+
+
+def _consider(kernel, predicted, problem, failed, options, dropped) -> None:
+    why = kernel.reasons(problem)
+    if why:
+        dropped.append((kernel.name, "; ".join(why)))
+    elif kernel.name in failed:
+        dropped.append((kernel.name, f"failed at run time on a problem of this size: {failed[kernel.name]}"))
+    else:
+        options.append(Option(kernel, predicted, int(kernel.workspace_bytes(problem))))
+
+
+def memory_limit(free: int | None, budget: int | None) -> int | None:
+    """The most workspace one call may use: the smaller of free memory and the budget."""
+    limits = [value for value in (free, budget) if value is not None]
+    return min(limits) if limits else None
+
+
+def over_limit_reason(workspace: int, free: int | None, budget: int | None) -> str | None:
+    """Why `workspace` bytes do not fit (None when they do)."""
+    if budget is not None and workspace > budget:
+        return f"needs {format_bytes(workspace)} of workspace, over the memory budget of {format_bytes(budget)}"
+    if free is not None and workspace > free:
+        return f"needs {format_bytes(workspace)} of workspace, only {format_bytes(free)} free on the device"
+    return None
+
+
+def needs_recheck(workspace: int, free: int | None) -> bool:
+    """Re-check free memory on every call for this decision? (see `RECHECK_FRACTION`)"""
+    return free is not None and workspace > RECHECK_FRACTION * free
+
+
+def fit_options(
+    ranked: Ranked, *, free: int | None, budget: int | None, ranking: DeviceRanking, failed: Mapping[str, str]
+) -> Fit:
+    """Keep the options whose workspace fits; where none does, shrink a chunked kernel until one
+    does. `recheck` is set when free memory (not the budget) decided something: the chosen
+    kernel's workspace is a large part of it, or a faster option was dropped for it."""
+    fitting: list[Option] = []
+    dropped: list[tuple[str, str]] = []
+    dropped_for_free_memory = False
+    for option in ranked.options:
+        why = over_limit_reason(option.workspace_bytes, free, budget)
+        if why is None:
+            fitting.append(option)
+        else:
+            dropped.append((option.kernel.name, why))
+            dropped_for_free_memory |= not fitting and (budget is None or option.workspace_bytes <= budget)
+    notes: list[str] = []
+    if not fitting:
+        shrunk = shrink_chunked(ranked.problem, memory_limit(free, budget), failed)
+        if shrunk is not None:
+            predicted = dict(ranking.rank(ranked.problem, [shrunk])).get(shrunk.name)
+            fitting.append(Option(shrunk, predicted, int(shrunk.workspace_bytes(ranked.problem))))
+            notes.append(f"no ranked kernel fits in memory: {shrunk.name} uses smaller chunks to fit")
+    recheck = dropped_for_free_memory or (bool(fitting) and needs_recheck(fitting[0].workspace_bytes, free))
+    return Fit(tuple(fitting), tuple(dropped), tuple(notes), recheck)
+
+
+def shrink_chunked(problem: Problem, limit: int | None, failed: Mapping[str, str]) -> ChunkedKernel | None:
+    """The largest-chunked `ChunkedKernel` whose workspace fits `limit`, halving the larger of the
+    query and key chunks from the kernel's defaults (clipped to the problem) down to `MIN_CHUNK`.
+    None when even the smallest does not fit (the output alone may not)."""
+    if limit is None:
+        return None
+    default = ChunkedKernel()
+    q = max(MIN_CHUNK, min(default.q_chunk, _next_power_of_two(problem.q_len)))
+    kv = max(MIN_CHUNK, min(default.kv_chunk, _next_power_of_two(problem.kv_len)))
+    while True:
+        kernel = ChunkedKernel(q=q, kv=kv)
+        if (
+            kernel.name not in failed
+            and not kernel.reasons(problem)
+            and kernel.workspace_bytes(problem) <= limit
+        ):
+            return kernel
+        if q <= MIN_CHUNK and kv <= MIN_CHUNK:
+            return None
+        if kv >= q and kv > MIN_CHUNK:
+            kv //= 2
+        else:
+            q //= 2
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def failure_bucket(problem: Problem) -> tuple:
+    """The bucket a run-time failure is remembered for: the problem with batch and lengths rounded
+    up to powers of two (the granularity of the threshold tables' length buckets), and the mask
+    reduced to which of its dimensions broadcast."""
+    return (
+        _next_power_of_two(problem.batch), problem.q_heads, problem.kv_heads,
+        _next_power_of_two(problem.q_len), _next_power_of_two(problem.kv_len), problem.head_dim,
+        problem.value_dim, problem.dtype, problem.causal, problem.mask_kind,
+        tuple(size > 1 for size in problem.mask_shape), problem.device_type, problem.strided,
+        problem.broadcast_inputs,
+    )

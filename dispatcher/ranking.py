@@ -1,0 +1,142 @@
+"""Which ranker orders the kernels on a device: its threshold table, else its analytic prior.
+
+Resolved once per device. An attention call never fails because of a table: a corrupt, foreign
+or failing table gives a `TableWarning` and the prior serves instead; if even the prior cannot
+rank, PyTorch's own choice (``sdpa_default``) goes first and the other kernels follow.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from dispatcher.decision import RankingSource
+from kernels import Kernel, Problem
+
+FALLBACK_FIRST = "sdpa_default"
+"""With nothing to rank by, PyTorch's own choice goes first: it is what the user had before."""
+
+
+class TableWarning(UserWarning):
+    """A table could not be used (corrupt, foreign, stale, failing); the dispatcher fell back."""
+
+
+class Ranker(Protocol):
+    def rank(self, problem: Problem, kernels: list[Kernel]) -> list[tuple[str, float]]: ...
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, TableWarning, stacklevel=4)
+
+
+class DeviceRanking:
+    """The ranker of one device, with the prior kept as a fallback.
+
+    Parameters
+    ----------
+    table: the device's threshold table (None when lookup found none).
+    prior: the device's analytic prior ranker (None when no spec could be built).
+    source: where the table (or prior) came from, for `explain`.
+    """
+
+    def __init__(self, *, table: Ranker | None, prior: Ranker | None, source: RankingSource, prior_source: RankingSource) -> None:
+        self.table = table
+        self.prior = prior
+        self.source = source
+        self._prior_source = prior_source
+        self._lock = threading.Lock()
+
+    def rank(self, problem: Problem, kernels: list[Kernel]) -> list[tuple[str, float | None]]:
+        """Supported kernel names with predicted seconds, fastest first (seconds None when only
+        the fallback order is known). Never raises."""
+        if self.table is not None:
+            try:
+                return _checked(self.table.rank(problem, kernels))
+            except Exception as error:  # noqa: BLE001 - a table must never fail a call
+                self._drop_table(error)
+        if self.prior is not None:
+            try:
+                return _checked(self.prior.rank(problem, kernels))
+            except Exception as error:  # noqa: BLE001 - nor must the prior
+                _warn(f"the analytic prior failed ({type(error).__name__}: {error}); kernels are tried in "
+                      f"their default order, {FALLBACK_FIRST} first")
+                self.prior = None
+        return fallback_order(problem, kernels)
+
+    def _drop_table(self, error: Exception) -> None:
+        with self._lock:
+            if self.table is None:
+                return
+            _warn(f"threshold table {self.source.path or ''} failed to rank ({type(error).__name__}: {error}); "
+                  f"using the analytic prior instead")
+            self.table = None
+            self.source = self._prior_source
+
+
+def _checked(ranked: object) -> list[tuple[str, float | None]]:
+    """Validate a ranker's answer (a list of (name, seconds)); raise ValueError otherwise."""
+    if not isinstance(ranked, (list, tuple)):
+        raise ValueError(f"rank() returned {type(ranked).__name__}, not a list of (kernel name, seconds)")
+    out = []
+    for item in ranked:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)):
+            raise ValueError(f"rank() returned {item!r}, not a (kernel name, seconds) pair")
+        seconds = item[1]
+        out.append((item[0], float(seconds) if seconds is not None else None))
+    return out
+
+
+def fallback_order(problem: Problem, kernels: Sequence[Kernel]) -> list[tuple[str, float | None]]:
+    """Supported kernels in the given order, ``sdpa_default`` first, without predictions."""
+    names = [kernel.name for kernel in kernels if not kernel.reasons(problem)]
+    names.sort(key=lambda name: name != FALLBACK_FIRST)
+    return [(name, None) for name in names]
+
+
+def resolve_ranking(device: torch.device, *, home: str | Path | None = None) -> DeviceRanking:
+    """Detect the device, look its table up, build its prior. Never raises: every failure becomes a
+    `TableWarning` and the next source down serves."""
+    none_source = RankingSource("none", f"no table and no prior: kernel order, {FALLBACK_FIRST} first")
+    try:
+        from models.identity import DeviceIdentity
+
+        identity = DeviceIdentity.detect(device)
+    except Exception as error:  # noqa: BLE001 - detection must never fail a call
+        _warn(f"could not identify {device} ({type(error).__name__}: {error}); no table or prior is used")
+        return DeviceRanking(table=None, prior=None, source=none_source, prior_source=none_source)
+    key = str(getattr(identity, "key", identity))
+    prior, prior_source = _prior(identity, key, none_source)
+    try:
+        from models.sharing import lookup_table
+
+        lookup = lookup_table(identity, home=home)
+    except Exception as error:  # noqa: BLE001 - lookup never raises by contract; be safe anyway
+        _warn(f"table lookup for {key} failed ({type(error).__name__}: {error}); using the analytic prior")
+        return DeviceRanking(table=None, prior=prior, source=prior_source, prior_source=prior_source)
+    notes = tuple(str(w) for w in getattr(lookup, "warnings", ()) or ())
+    for note in notes:
+        _warn(note)
+    if lookup.table is None or lookup.level == "prior":
+        source = RankingSource(prior_source.level, prior_source.description, None, key, notes)
+        return DeviceRanking(table=None, prior=prior, source=source, prior_source=prior_source)
+    path = str(lookup.path) if lookup.path is not None else None
+    source = RankingSource(lookup.level, f"threshold table ({lookup.level} match)", path, key, notes)
+    return DeviceRanking(table=lookup.table, prior=prior, source=source, prior_source=prior_source)
+
+
+def _prior(identity: object, key: str, none_source: RankingSource) -> tuple[Ranker | None, RankingSource]:
+    try:
+        from models.priors import PriorRanker, spec_for
+
+        spec = spec_for(identity)
+        prior = PriorRanker(spec)
+    except Exception as error:  # noqa: BLE001 - a missing spec must not fail a call
+        _warn(f"no analytic prior for {key} ({type(error).__name__}: {error})")
+        return None, none_source
+    name = getattr(spec, "name", None) or key
+    return prior, RankingSource("prior", f"analytic prior ({name})", None, key)
