@@ -87,6 +87,8 @@ class SdpaBackendKernel(Kernel):
             failure = probe_backend(self, problem.device_type, problem.dtype, feature)
             if failure:
                 reasons.append(failure)
+        if not reasons and problem.gqa_ratio > 1:
+            self._gqa_mode(problem)  # probe native GQA now, not inside the first timed call
         return reasons
 
     def _shape_reasons(self, problem: Problem) -> list[str]:
@@ -116,7 +118,14 @@ class SdpaBackendKernel(Kernel):
         """Masks, and causality combined with a mask, travel as an additive bias."""
         return problem.mask_kind != "none"
 
+    # Only FlashAttention checks K/V head counts itself (its `mha_fwd` takes num_heads_k dividing
+    # num_heads); other operators are never handed fewer K/V heads, so a probe cannot read out of
+    # bounds on the device.
+    may_take_fewer_kv_heads: ClassVar[bool] = False
+
     def native_gqa(self, device_type: str, dtype: str) -> bool:
+        if not self.may_take_fewer_kv_heads:
+            return False
         return probe_backend(self, device_type, dtype, "gqa") is None
 
     def _gqa_mode(self, problem: Problem) -> str:
@@ -181,6 +190,7 @@ class SdpaFlashKernel(SdpaBackendKernel):
 
     family = "sdpa_flash"
     backend = "flash"
+    may_take_fewer_kv_heads = True
     devices = {"cuda": ("float16", "bfloat16"), "cpu": ("float32", "bfloat16", "float16", "float64")}
 
     def _takes_mask(self, problem: Problem) -> bool:

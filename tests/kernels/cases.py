@@ -62,7 +62,7 @@ class Case:
         if self.mask != "none":
             full = (*self.lead, self.q_heads, self.q_len, self.kv_len)
             spans = (any(self.mask_dims[:1]),) * len(self.lead) + tuple(self.mask_dims[1:])
-            shape = tuple(size if span else 1 for size, span in zip(full, spans))
+            shape = tuple(size if span else 1 for size, span in zip(full, spans, strict=True))
             shape = shape[len(shape) - min(self.mask_rank, len(shape)):]
             if self.mask == "bool":
                 mask = torch.rand(shape, generator=generator) < 0.8
