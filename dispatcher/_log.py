@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 
+from dispatcher._plan import failure_message
 from dispatcher.decision import Decision
 
 LOG_ENV = "ATTN_DISPATCH_LOG"
@@ -42,10 +43,9 @@ def new_decision(decision: Decision) -> None:
     logger.debug("%s", decision)
 
 
-def fallback(failed: str, error: BaseException, decision: Decision) -> None:
-    """Kernel `failed` raised `error` at run time and `decision` replaced it."""
-    lines = str(error).strip().splitlines()
+def fallback(failed: str, error: BaseException, replacement: str) -> None:
+    """Kernel `failed` raised `error` at run time and kernel `replacement` runs instead."""
     logger.warning(
-        "%s raised %s: %s; falling back to %s (remembered for problems of this size)",
-        failed, type(error).__name__, lines[0][:200] if lines else "", decision.kernel,
+        "%s raised %s; falling back to %s (remembered for problems of this size)",
+        failed, failure_message(error), replacement,
     )

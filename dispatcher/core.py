@@ -26,6 +26,8 @@ from kernels.sdpa_backends import SdpaDefaultKernel, pytorch_sdpa
 
 _grad_enabled = torch.is_grad_enabled
 KERNEL_SETS = ("all", "portable")
+TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
+"""`stats` key of calls that went to PyTorch's SDPA on the training route."""
 
 
 class _DeviceState:
@@ -140,8 +142,13 @@ class Dispatcher:
                 try:
                     return plan.kernel.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
                 except Exception as error:  # noqa: BLE001
-                    return self._recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa)
-        self._count_cell(f"{TRAINING_KERNEL} (training)")[0] += 1
+                    return self._recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa,
+                                         training=True)
+        return self._pytorch_training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    def _pytorch_training(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        """PyTorch's own SDPA, arguments unchanged (autograd and dropout as PyTorch does them)."""
+        self._count_cell(TRAINING_COUNT)[0] += 1
         gqa = {"enable_gqa": True} if enable_gqa else {}
         return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
 
@@ -205,8 +212,11 @@ class Dispatcher:
         return cell
 
     # ------------------------------------------------------------------ failing
-    def _recover(self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:
-        """`plan`'s kernel raised: remember it for the bucket, run the next candidate (repeatedly)."""
+    def _recover(
+        self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa, *, training=False
+    ) -> torch.Tensor:
+        """`plan`'s kernel raised: remember it for the bucket, run the next candidate (repeatedly).
+        On the training route a next candidate without backward hands over to PyTorch's SDPA."""
         _check_scale(scale)
         while True:
             plan.count[0] -= 1  # count calls that returned, not attempts
@@ -220,7 +230,10 @@ class Dispatcher:
             except NoKernelError as no_kernel:
                 self._forget_out_of_memory(plan)
                 raise no_kernel from error
-            _log.fallback(failed, error, plan.decision)
+            if training and not plan.kernel.supports_backward:
+                _log.fallback(failed, error, TRAINING_KERNEL)
+                return self._pytorch_training(query, key, value, attn_mask, 0.0, plan.problem.causal, scale, enable_gqa)
+            _log.fallback(failed, error, plan.kernel.name)
             plan.count[0] += 1
             try:
                 return plan.kernel.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
@@ -279,7 +292,7 @@ class Dispatcher:
 
     def stats(self) -> dict[str, int]:
         """Calls per kernel name since the last `reset` (training calls that went to PyTorch's SDPA
-        count as ``"pytorch_sdpa (training)"``). Approximate under concurrent calls."""
+        count as `TRAINING_COUNT`, ``"pytorch_sdpa (training)"``). Approximate under concurrent calls."""
         return {name: cell[0] for name, cell in self._counts.items() if cell[0]}
 
     def reset(self) -> None:

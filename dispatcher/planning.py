@@ -147,7 +147,7 @@ def fit_options(
             dropped.append((option.kernel.name, why))
             dropped_for_free_memory |= not fitting and (budget is None or option.workspace_bytes <= budget)
     notes: list[str] = []
-    if not fitting:
+    if not fitting and dropped:  # something runs but nothing fits: smaller chunks fit in less
         shrunk = shrink_chunked(ranked.problem, memory_limit(free, budget), failed)
         if shrunk is not None:
             predicted = dict(ranking.rank(ranked.problem, [shrunk])).get(shrunk.name)

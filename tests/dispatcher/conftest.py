@@ -1,0 +1,29 @@
+"""Every dispatcher test runs with its own table directory, no budget, no log switch, a reset
+default dispatcher and nothing installed."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import dispatcher
+from dispatcher import patching
+
+settings.register_profile(
+    "dispatcher-ci", max_examples=10, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTN_DISPATCH_HOME", str(tmp_path / "attn-dispatch-home"))
+    monkeypatch.delenv("ATTN_DISPATCH_MEMORY_BUDGET", raising=False)
+    monkeypatch.delenv("ATTN_DISPATCH_LOG", raising=False)
+    dispatcher.reset()
+    yield
+    dispatcher.reset()
+    leaked = patching.is_installed()
+    while patching.is_installed():
+        patching.uninstall()
+    assert not leaked, "a test left F.scaled_dot_product_attention patched"

@@ -1,0 +1,75 @@
+"""Test doubles: a ranker with a fixed order, and kernels that fail on purpose."""
+
+from __future__ import annotations
+
+import torch
+
+from dispatcher import core
+from dispatcher.decision import RankingSource
+from dispatcher.ranking import DeviceRanking
+from kernels import Kernel, MathKernel, Problem, TOLERANCES, reference_attention, relative_errors
+
+TEST_SOURCE = RankingSource("exact", "test table (fixed order)", "<test>", "test-device")
+PRIOR_SOURCE = RankingSource("prior", "test prior", None, "test-device")
+
+
+class FixedRanker:
+    """Ranks the supported kernels among `order` in that order (1 us, 2 us, ...)."""
+
+    def __init__(self, order: list[str]) -> None:
+        self.order = order
+        self.calls = 0
+
+    def rank(self, problem: Problem, kernels: list[Kernel]) -> list[tuple[str, float]]:
+        self.calls += 1
+        return [(name, 1e-6 * (i + 1)) for i, name in enumerate(self.order)]
+
+
+class BrokenRanker:
+    """A table whose `rank` raises (a corrupt file that passed loading)."""
+
+    def rank(self, problem, kernels):
+        raise KeyError("bucket missing from table")
+
+
+def use_ranking(monkeypatch, table, prior=None) -> None:
+    """Make every new device state of every dispatcher rank with `table` (then `prior`)."""
+
+    def resolve(device, *, home=None):
+        return DeviceRanking(table=table, prior=prior, source=TEST_SOURCE, prior_source=PRIOR_SOURCE)
+
+    monkeypatch.setattr(core, "resolve_ranking", resolve)
+
+
+class FailingKernel(MathKernel):
+    """The math kernel's capabilities, but `run` raises `error` (and counts its attempts)."""
+
+    family = "failing"
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error if error is not None else RuntimeError("injected failure: unsupported case")
+        self.attempts = 0
+
+    def run(self, query, key, value, attn_mask, scale, enable_gqa, problem):
+        self.attempts += 1
+        raise self.error
+
+
+def assert_matches_reference(out: torch.Tensor, inputs: dict) -> None:
+    """`out` is SDPA's answer for `inputs` within the dtype's tolerance."""
+    reference = reference_attention(**inputs)
+    assert out.shape == reference.shape and out.dtype == inputs["query"].dtype
+    rel_l2, rel_max = relative_errors(out, reference)
+    tolerance = TOLERANCES[str(inputs["query"].dtype).removeprefix("torch.")]
+    assert tolerance.accepts(rel_l2, rel_max), f"relative error {rel_l2:.2e} / {rel_max:.2e} over {tolerance}"
+
+
+def qkv(batch=1, heads=4, kv_heads=2, q_len=8, kv_len=8, dim=16, dtype=torch.float32, seed=0) -> dict:
+    """Random SDPA inputs (GQA when kv_heads < heads)."""
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "query": torch.randn(batch, heads, q_len, dim, generator=generator, dtype=dtype),
+        "key": torch.randn(batch, kv_heads, kv_len, dim, generator=generator, dtype=dtype),
+        "value": torch.randn(batch, kv_heads, kv_len, dim, generator=generator, dtype=dtype),
+        "enable_gqa": heads != kv_heads,
+    }

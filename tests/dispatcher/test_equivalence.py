@@ -1,0 +1,110 @@
+"""`dispatcher.attention` is a drop-in for `F.scaled_dot_product_attention`: same outputs on the
+kernel contract cases, same exception types for bad inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+
+import dispatcher
+from dispatcher import Dispatcher
+from kernels.sdpa_backends import pytorch_sdpa
+from tests.dispatcher.helpers import assert_matches_reference, qkv
+from tests.kernels.cases import Case, cases
+from tests.kernels.test_contract import NAMED_CASES
+
+CASES = {
+    **NAMED_CASES,
+    "gqa_8_fp16_mask": Case(gqa_ratio=8, dtype="float16", mask="bool", q_len=3, kv_len=29),
+    "gqa_4_bf16_causal_rect": Case(gqa_ratio=4, dtype="bfloat16", causal=True, q_len=6, kv_len=17),
+    "leading_dims_strided_float_mask": Case(lead=(2, 2), strided=True, mask="float", mask_rank=2, q_len=5, kv_len=9),
+    "empty_query": Case(q_len=0, kv_len=5),
+}
+KERNEL_SETS = {"all": Dispatcher(), "portable": Dispatcher(kernels="portable")}
+
+
+def _split(inputs: dict):
+    return inputs.pop("query"), inputs.pop("key"), inputs.pop("value"), inputs
+
+
+@pytest.mark.parametrize("kernel_set", list(KERNEL_SETS))
+@pytest.mark.parametrize("name", list(CASES))
+def test_named_case_matches_sdpa(name, kernel_set):
+    inputs = CASES[name].build()
+    query, key, value, flags = _split(dict(inputs))
+    run = KERNEL_SETS[kernel_set].attention
+    out = run(query, key, value, **flags)
+    expected = pytorch_sdpa(query, key, value, **flags)
+    assert out.shape == expected.shape and out.dtype == expected.dtype and out.device == expected.device
+    if out.numel():
+        assert_matches_reference(out, inputs)
+    again = run(query, key, value, **flags)  # warm path: the cached decision
+    assert torch.equal(again, out)
+
+
+@settings(settings.get_profile("dispatcher-ci"))
+@given(case=cases())
+def test_random_cases_match_reference(case):
+    inputs = case.build()
+    query, key, value, flags = _split(dict(inputs))
+    assert_matches_reference(dispatcher.attention(query, key, value, **flags), inputs)
+
+
+def test_positional_arguments_and_keyword_only_scale():
+    inputs = qkv(heads=2, kv_heads=2)
+    q, k, v = inputs["query"], inputs["key"], inputs["value"]
+    mask = torch.rand(8, 8) > 0.2
+    out = dispatcher.attention(q, k, v, mask, 0.0, False, scale=0.3)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, mask, 0.0, False, scale=0.3))
+    with pytest.raises(TypeError):
+        dispatcher.attention(q, k, v, None, 0.0, False, 0.3)  # scale is keyword-only, as in SDPA
+
+
+BAD_INPUTS = {
+    "dtype_mismatch": lambda q, k, v: ((q, k.double(), v), {}),
+    "head_dim_mismatch": lambda q, k, v: ((q, k[..., :8], v), {}),
+    "kv_len_mismatch": lambda q, k, v: ((q, k, v[..., :3, :]), {}),
+    "heads_without_gqa": lambda q, k, v: ((q, torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1)), {}),
+    "gqa_heads_do_not_divide": lambda q, k, v: ((torch.cat([q, q[:, :1]], 1), k, v), {"enable_gqa": True}),
+    "mask_wrong_shape": lambda q, k, v: ((q, k, v), {"attn_mask": torch.ones(3, 5, dtype=torch.bool)}),
+    "mask_int_dtype": lambda q, k, v: ((q, k, v), {"attn_mask": torch.ones(8, 8, dtype=torch.int32)}),
+    "integer_inputs": lambda q, k, v: ((q.long(), k.long(), v.long()), {}),
+    "query_not_a_tensor": lambda q, k, v: ((q.tolist(), k, v), {}),
+    "mask_not_a_tensor": lambda q, k, v: ((q, k, v), {"attn_mask": [[True]]}),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_inputs_raise_sdpa_exception_types(name):
+    inputs = qkv(heads=2, kv_heads=2)
+    args, kwargs = BAD_INPUTS[name](inputs["query"], inputs["key"], inputs["value"])
+    try:
+        F.scaled_dot_product_attention(*args, **kwargs)
+        expected = RuntimeError  # PyTorch's CPU path accepts some bad shapes; we still refuse them
+    except Exception as error:  # noqa: BLE001
+        expected = type(error)
+    with pytest.raises(Exception) as ours:
+        dispatcher.attention(*args, **kwargs)
+    assert isinstance(ours.value, expected), (
+        f"SDPA raises {expected.__name__}, the dispatcher {type(ours.value).__name__}: {ours.value}"
+    )
+
+
+def test_bad_scale_is_not_blamed_on_the_kernels():
+    inputs = qkv()
+    with pytest.raises(TypeError, match="scale"):
+        dispatcher.attention(inputs["query"], inputs["key"], inputs["value"], scale="0.1", enable_gqa=True)
+    out = dispatcher.attention(inputs["query"], inputs["key"], inputs["value"], enable_gqa=True)
+    assert torch.isfinite(out).all()  # nothing was remembered as failed for the bucket
+    assert not any("failed" in why for _, why in dispatcher.explain(**inputs).dropped)
+
+
+def test_inference_mode():
+    inputs = qkv()
+    with torch.inference_mode():
+        out = dispatcher.attention(**inputs)
+        out_again = dispatcher.attention(**inputs)
+    assert out.is_inference() and torch.equal(out, out_again)
+    assert_matches_reference(out, inputs)

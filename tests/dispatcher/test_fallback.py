@@ -1,0 +1,83 @@
+"""A kernel that raises at run time is replaced by the next candidate, remembered for its bucket,
+and reported; only when nothing can run does the call raise, listing every kernel's reason."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from dispatcher import Dispatcher, NoKernelError
+from kernels import MathKernel
+from tests.dispatcher.helpers import FailingKernel, FixedRanker, assert_matches_reference, qkv, use_ranking
+
+
+def test_failing_kernel_falls_back_and_is_remembered(monkeypatch, caplog):
+    use_ranking(monkeypatch, FixedRanker(["failing", "math"]))
+    failing = FailingKernel()
+    ours = Dispatcher(kernels=[failing, MathKernel()])
+    inputs = qkv()
+    assert ours.explain(**inputs).kernel == "failing"
+    with caplog.at_level(logging.WARNING, logger="attn_dispatch"):
+        out = ours.attention(**inputs)
+    assert_matches_reference(out, inputs)
+    assert failing.attempts == 1
+    assert any("failing raised RuntimeError: injected" in r.getMessage() and "math" in r.getMessage() for r in caplog.records)
+    decision = ours.explain(**inputs)
+    assert decision.kernel == "math"
+    assert "failed at run time" in decision.reason_dropped("failing")
+    assert "injected failure" in decision.reason_dropped("failing")
+    ours.attention(**inputs)
+    longer = qkv(q_len=7, kv_len=6)  # another shape in the same power-of-two bucket
+    assert_matches_reference(ours.attention(**longer), longer)
+    assert failing.attempts == 1  # remembered: never tried again for this bucket
+    assert ours.stats() == {"math": 3}
+
+
+def test_failure_is_remembered_per_bucket_only(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["failing", "math"]))
+    failing = FailingKernel()
+    ours = Dispatcher(kernels=[failing, MathKernel()])
+    ours.attention(**qkv(q_len=8, kv_len=8))
+    ours.attention(**qkv(q_len=64, kv_len=64))  # another bucket: tried (and failing) again
+    assert failing.attempts == 2
+
+
+def test_every_kernel_failing_raises_with_every_reason(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["failing"]))
+    ours = Dispatcher(kernels=[FailingKernel()])
+    with pytest.raises(NoKernelError, match="failing: failed at run time") as raised:
+        ours.attention(**qkv())
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert "q_heads=4" in str(raised.value)
+
+
+def test_out_of_memory_everywhere_is_not_remembered_forever(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["failing"]))
+    failing = FailingKernel(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB"))
+    ours = Dispatcher(kernels=[failing])
+    for attempt in (1, 2):
+        with pytest.raises(NoKernelError):
+            ours.attention(**qkv())
+        assert failing.attempts == attempt  # tried again: memory may have been freed meanwhile
+
+
+def test_out_of_memory_falls_back_to_the_next_kernel(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["failing", "math"]))
+    ours = Dispatcher(kernels=[FailingKernel(torch.OutOfMemoryError("out of memory")), MathKernel()])
+    inputs = qkv()
+    assert_matches_reference(ours.attention(**inputs), inputs)
+    assert "OutOfMemoryError" in ours.explain(**inputs).reason_dropped("failing")
+
+
+def test_failure_on_the_training_route_with_backward_kernel(monkeypatch):
+    class FailingWithBackward(FailingKernel):
+        supports_backward = True
+
+    use_ranking(monkeypatch, FixedRanker(["failing", "math"]))
+    ours = Dispatcher(kernels=[FailingWithBackward(), MathKernel()])
+    inputs = qkv()
+    inputs["query"].requires_grad_(True)
+    out = ours.attention(**inputs)
+    assert_matches_reference(out.detach(), inputs)

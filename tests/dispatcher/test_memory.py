@@ -1,0 +1,148 @@
+"""Memory fit: free memory and budgets drop kernels whose workspace does not fit; a chunked
+kernel with smaller chunks is built where nothing else fits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dispatcher
+from dispatcher import Dispatcher, NoKernelError, core, parse_memory_size
+from dispatcher.memory import format_bytes, free_bytes
+from dispatcher.planning import RECHECK_FRACTION
+from kernels import ChunkedKernel, MathKernel, Problem, all_kernels
+from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("16GiB", 16 * 2**30), ("512MiB", 512 * MIB), ("16GB", 16 * 10**9), ("1.5G", int(1.5 * 2**30)),
+     ("1048576", 2**20), (" 2 kib ", 2048), (4096, 4096), ("0", 0)],
+)
+def test_parse_memory_size(text, expected):
+    assert parse_memory_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["16 gigs", "-1GiB", "GiB", "", "nan", True, [1], -5])
+def test_parse_memory_size_rejects_with_a_clear_message(text):
+    with pytest.raises(ValueError, match="memory_budget"):
+        parse_memory_size(text)
+
+
+def test_bad_budget_in_environment_names_the_variable(monkeypatch):
+    monkeypatch.setenv("ATTN_DISPATCH_MEMORY_BUDGET", "lots")
+    with pytest.raises(ValueError, match="ATTN_DISPATCH_MEMORY_BUDGET"):
+        dispatcher.attention(**qkv())
+
+
+def test_free_memory_on_cpu_is_known():
+    assert free_bytes(torch.device("cpu")) > 0
+    assert format_bytes(3 * MIB // 2) == "1.5 MiB"
+
+
+def _prefill(**overrides) -> dict:
+    return qkv(batch=1, heads=4, kv_heads=4, q_len=256, kv_len=256, dim=32, **overrides)
+
+
+def _problem(inputs: dict) -> Problem:
+    return Problem.from_tensors(inputs["query"], inputs["key"], inputs["value"], None, False, inputs["enable_gqa"])
+
+
+def test_budget_below_math_workspace_picks_chunked(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["math", "small_q[splits=8]", "chunked[q=128,kv=1024]"]))
+    inputs = _prefill()
+    problem = _problem(inputs)
+    math_bytes = MathKernel().workspace_bytes(problem)
+    chunked_bytes = ChunkedKernel(q=128, kv=1024).workspace_bytes(problem)
+    assert chunked_bytes < math_bytes
+    budget = (math_bytes + chunked_bytes) // 2
+    ours = Dispatcher(kernels="portable", memory_budget=budget)
+    decision = ours.explain(**inputs)
+    assert decision.kernel == "chunked[q=128,kv=1024]"
+    assert "budget" in decision.reason_dropped("math") and format_bytes(budget) in decision.reason_dropped("math")
+    assert "budget" in str(decision)
+    assert_matches_reference(ours.attention(**inputs), inputs)
+    assert ours.stats() == {"chunked[q=128,kv=1024]": 1}
+
+
+def test_budget_from_environment(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["math", "chunked[q=128,kv=1024]"]))
+    inputs = _prefill()
+    math_bytes = MathKernel().workspace_bytes(_problem(inputs))
+    monkeypatch.setenv("ATTN_DISPATCH_MEMORY_BUDGET", str(math_bytes - 1))
+    ours = Dispatcher(kernels="portable")
+    assert ours.memory_budget == math_bytes - 1
+    assert ours.explain(**inputs).kernel == "chunked[q=128,kv=1024]"
+
+
+def test_with_the_real_ranker_a_tight_budget_still_avoids_math():
+    inputs = _prefill()
+    problem = _problem(inputs)
+    budget = MathKernel().workspace_bytes(problem) - 1
+    ours = Dispatcher(kernels="portable", memory_budget=budget)
+    decision = ours.explain(**inputs)
+    workspace = {c.name: c.workspace_bytes for c in decision.candidates}
+    assert workspace[decision.kernel] <= budget and "math" not in workspace
+    assert_matches_reference(ours.attention(**inputs), inputs)
+
+
+def test_nothing_fits_builds_smaller_chunks(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["math"]))
+    inputs = _prefill()
+    problem = _problem(inputs)
+    portable = Dispatcher(kernels="portable").kernels
+    smallest_default = min(k.workspace_bytes(problem) for k in portable if not k.reasons(problem))
+    tiny = ChunkedKernel(q=16, kv=32).workspace_bytes(problem)
+    ours = Dispatcher(kernels="portable", memory_budget=(smallest_default + tiny) // 2)
+    decision = ours.explain(**inputs)
+    assert decision.kernel.startswith("chunked[") and decision.kernel not in {k.name for k in all_kernels()}
+    assert any("smaller chunks" in note for note in decision.notes)
+    assert_matches_reference(ours.attention(**inputs), inputs)
+
+
+def test_budget_below_the_output_raises_listing_every_kernel():
+    inputs = _prefill()
+    ours = Dispatcher(kernels="portable", memory_budget=1024)
+    with pytest.raises(NoKernelError) as raised:
+        ours.attention(**inputs)
+    message = str(raised.value)
+    assert "q_len=256" in message and "budget" in message
+    for kernel in ours.kernels:
+        assert kernel.name in message
+
+
+def test_large_workspace_is_rechecked_against_free_memory(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["math", "chunked[q=128,kv=1024]"]))
+    inputs = _prefill()
+    math_bytes = MathKernel().workspace_bytes(_problem(inputs))
+    free = {"bytes": int(math_bytes / RECHECK_FRACTION) - 1}  # math is just over the fraction
+    monkeypatch.setattr(core, "free_bytes", lambda device: free["bytes"])
+    ours = Dispatcher(kernels="portable")
+    ours.attention(**inputs)
+    assert ours.stats() == {"math": 1}
+    free["bytes"] = math_bytes - 1  # something else took memory between calls
+    out = ours.attention(**inputs)
+    assert ours.stats() == {"math": 1, "chunked[q=128,kv=1024]": 1}
+    assert "free on the device" in ours.explain(**inputs).reason_dropped("math")
+    assert_matches_reference(out, inputs)
+    free["bytes"] = 10 * math_bytes  # memory came back: the faster kernel again
+    ours.attention(**inputs)
+    assert ours.stats()["math"] == 2
+
+
+def test_small_workspace_is_not_rechecked(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["math"]))
+    calls = {"n": 0}
+
+    def counting_free(device):
+        calls["n"] += 1
+        return 2**40
+
+    monkeypatch.setattr(core, "free_bytes", counting_free)
+    ours = Dispatcher(kernels="portable")
+    inputs = qkv()
+    for _ in range(5):
+        ours.attention(**inputs)
+    assert calls["n"] == 1  # measured once, when the decision was made

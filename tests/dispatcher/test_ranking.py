@@ -1,0 +1,72 @@
+"""Where predicted times come from: tables, the prior, and what happens when they fail."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from dispatcher import Dispatcher, TableWarning
+from dispatcher.ranking import resolve_ranking
+from kernels import MathKernel
+from tests.dispatcher.helpers import BrokenRanker, FixedRanker, assert_matches_reference, qkv, use_ranking
+
+
+def test_table_order_is_followed_and_explained(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["chunked[q=128,kv=1024]", "math"]))
+    ours = Dispatcher(kernels="portable")
+    decision = ours.explain(**qkv())
+    assert decision.kernel == "chunked[q=128,kv=1024]" and decision.params == {"q": 128, "kv": 1024}
+    assert [c.name for c in decision.candidates[:2]] == ["chunked[q=128,kv=1024]", "math"]
+    assert decision.predicted_s == pytest.approx(1e-6)
+    assert decision.source.level == "exact" and decision.source.path == "<test>"
+    text = str(decision)
+    assert "chunked[q=128,kv=1024]" in text and "1 us" in text and "lookup level: exact" in text
+    assert decision.to_dict()["candidates"][0]["predicted_s"] == pytest.approx(1e-6)
+
+
+def test_sdpa_default_is_always_a_fallback_candidate(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["math"]))  # a table that never mentions sdpa_default
+    decision = Dispatcher(kernels="portable").explain(**qkv())
+    names = [c.name for c in decision.candidates]
+    assert names[0] == "math" and "sdpa_default" in names
+    assert names.index("sdpa_default") == 1  # first of the kernels the table did not rank
+
+
+def test_kernel_variant_named_only_by_the_table_is_built(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["chunked[q=64,kv=256]", "no_such_kernel[x=1]", "math"]))
+    ours = Dispatcher(kernels=[MathKernel()])
+    inputs = qkv()
+    decision = ours.explain(**inputs)
+    assert decision.kernel == "chunked[q=64,kv=256]"
+    assert "not a kernel of this version" in decision.reason_dropped("no_such_kernel[x=1]")
+    assert_matches_reference(ours.attention(**inputs), inputs)
+
+
+def test_broken_table_warns_and_the_prior_serves(monkeypatch):
+    use_ranking(monkeypatch, BrokenRanker(), prior=FixedRanker(["math"]))
+    ours = Dispatcher(kernels="portable")
+    inputs = qkv()
+    with pytest.warns(TableWarning, match="failed to rank"):
+        out = ours.attention(**inputs)
+    assert_matches_reference(out, inputs)
+    decision = ours.explain(**inputs)
+    assert decision.kernel == "math" and decision.source.level == "prior"
+
+
+def test_broken_table_and_prior_still_answer(monkeypatch):
+    use_ranking(monkeypatch, BrokenRanker(), prior=BrokenRanker())
+    ours = Dispatcher(kernels="portable")
+    inputs = qkv()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TableWarning)
+        out = ours.attention(**inputs)
+    assert_matches_reference(out, inputs)
+    assert ours.explain(**inputs).kernel == "sdpa_default"
+
+
+def test_real_resolution_never_raises(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TableWarning)
+        ranking = resolve_ranking(__import__("torch").device("cpu"), home=tmp_path)
+    assert ranking.source.level in ("exact", "model", "family", "prior", "none")
