@@ -94,7 +94,7 @@ def test_training_goes_to_pytorch_sdpa_with_matching_grads(monkeypatch):
     use_ranking(monkeypatch, FixedRanker(["math"]))  # math has no backward
     inputs = qkv()
     ours = {name: t.clone().requires_grad_(True) for name, t in inputs.items() if name != "enable_gqa"}
-    theirs = {name: t.clone().requires_grad_(True) for name, t in ours.items()}
+    theirs = {name: t.detach().clone().requires_grad_(True) for name, t in ours.items()}
     grad_out = torch.randn(1, 4, 8, 16)
     with patched(Dispatcher(kernels="portable")) as active:
         F.scaled_dot_product_attention(**ours, enable_gqa=True).backward(grad_out)
