@@ -74,3 +74,43 @@ def rotation_count(problem: Problem, device: torch.device, memory_cap_bytes: int
     if memory_cap_bytes is not None:
         wanted = min(wanted, max(1, memory_cap_bytes // one_set))
     return int(max(1, min(MAX_INPUT_SETS, wanted)))
+
+
+class InputCache:
+    """Input sets (and the numerics gate's references) of the one problem measured last.
+
+    A sweep measures every kernel of a problem in a row: random inputs and the float64 reference
+    are built once per problem instead of once per kernel. Asking for another problem, device or
+    seed frees the previous one first.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._sets: list[AttentionInputs] = []
+        self._references: list | None = None
+
+    def _select(self, problem: Problem, device: torch.device, seed: int) -> None:
+        key = (problem, str(device), seed)
+        if key != self._key:
+            self.clear()
+            self._key = key
+
+    def input_sets(self, problem: Problem, device: torch.device, seed: int, count: int) -> list[AttentionInputs]:
+        """`count` input sets for `problem` (set ``i`` drawn with seed ``seed + i``)."""
+        self._select(problem, device, seed)
+        while len(self._sets) < count:
+            self._sets.append(make_inputs(problem, device, seed + len(self._sets)))
+        return self._sets[:count]
+
+    def references(self, problem: Problem, device: torch.device, seed: int) -> list:
+        """The gate's float64 reference slices for input set 0 (see `calibration.numerics`)."""
+        from calibration.numerics import reference_slices
+
+        first = self.input_sets(problem, device, seed, 1)[0]
+        if self._references is None:
+            self._references = reference_slices(first)
+        return self._references
+
+    def clear(self) -> None:
+        """Drop every tensor held (call before emptying the allocator after an OOM)."""
+        self._key, self._sets, self._references = None, [], None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from calibration.measure import measure
-from calibration.timer import TimerSettings
+from calibration.timer import DEFAULT, TimerSettings
 from kernels.accuracy import AccuracyPolicy
 from kernels.base import Kernel
 from kernels.problem import Problem
@@ -75,7 +75,7 @@ def run_kernel_table(
     shapes: Iterable[NamedShape],
     kernels: Sequence[Kernel] | None = None,
     *,
-    settings: TimerSettings = TimerSettings(),
+    settings: TimerSettings = DEFAULT,
     memory_budget: int | None = None,
     progress=None,
 ) -> tuple[str, list[dict]]:

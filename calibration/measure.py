@@ -5,45 +5,62 @@ other error as failed, and the allocator is emptied afterwards."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
-from calibration.inputs import AttentionInputs, make_inputs, rotation_count
+from calibration.inputs import AttentionInputs, InputCache, rotation_count
+from calibration.numerics import gate_errors
 from calibration.peak_memory import measure_peak_bytes
-from calibration.timer import TimerSettings, time_repetitions
+from calibration.timer import DEFAULT, TimerSettings, time_repetitions
 from kernels.base import Kernel
 from kernels.problem import Problem
-from kernels.reference import reference_attention, relative_errors
 from models.measurement import Measurement
 
-# The numerics gate compares this many leading query rows of the first batch element: enough to
-# catch a wrong kernel (every kernel treats rows alike, and a prefix keeps top-left causality),
-# small enough that the float64 reference of a 128k-deep problem costs milliseconds.
-GATE_ROWS = 64
+# Longest reason kept in a record (the first line of an exception message, truncated).
+REASON_CHARS = 200
+# How CPU allocators (and some HIP builds) word an out-of-memory error that is not an
+# torch.OutOfMemoryError.
+OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+# One timed repetition, no warm-up: used when the first (untimed) call already spent the budget.
+SINGLE_SHOT = TimerSettings(warmup=0, min_reps=1, max_reps=1, target_relative_iqr=float("inf"), budget_s=0.0)
 
 
 def _run(kernel: Kernel, inputs: AttentionInputs, problem: Problem) -> torch.Tensor:
     return kernel.run(inputs.query, inputs.key, inputs.value, inputs.attn_mask, None, inputs.enable_gqa, problem)
 
 
-def gate_error(kernel: Kernel, inputs: AttentionInputs, out: torch.Tensor) -> float:
-    """Relative L2 error of `out` on the first batch element's leading query rows."""
-    rows = min(GATE_ROWS, inputs.query.shape[-2])
-    mask = inputs.attn_mask
-    if mask is not None:
-        mask = mask[:1]
-        if mask.shape[-2] > 1:
-            mask = mask[..., :rows, :]
-    reference = reference_attention(
-        inputs.query[:1, :, :rows], inputs.key[:1], inputs.value[:1], mask, inputs.is_causal,
-        enable_gqa=inputs.enable_gqa,
-    )
-    return relative_errors(out[:1, :, :rows], reference)[0]
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:REASON_CHARS] if text else ""
 
 
-def _empty_cache(device: torch.device) -> None:
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch.OutOfMemoryError, or a RuntimeError an allocator raised for lack of memory."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in OOM_MESSAGES)
+
+
+def empty_cache(device: torch.device) -> None:
+    """Give cached blocks back so the next point starts from an empty allocator."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def _timing(kernel, problem, input_sets, device, settings, first_call_s, should_stop):
+    """Time the kernel; a kernel whose first call alone spent the per-point budget is timed once
+    more without warm-up (unless that shows the first call was a cold start)."""
+    count = len(input_sets)
+
+    def run(i: int) -> object:
+        return _run(kernel, input_sets[i % count], problem)
+
+    if first_call_s > settings.budget_s:
+        timing = time_repetitions(run, device, SINGLE_SHOT)
+        if timing.median_s > settings.budget_s / 2:
+            return timing
+    return time_repetitions(run, device, settings, should_stop=should_stop)
 
 
 def measure(
@@ -51,55 +68,83 @@ def measure(
     problem: Problem,
     device: torch.device | str,
     *,
-    settings: TimerSettings = TimerSettings(),
+    settings: TimerSettings = DEFAULT,
     memory_budget: int | None = None,
     check_numerics: bool = True,
     measure_peak: bool = True,
     device_key: str = "",
     seed: int = 0,
+    cache: InputCache | None = None,
+    should_stop: Callable[[list[float]], bool] | None = None,
+    extra: dict | None = None,
 ) -> Measurement:
-    """Time `kernel` on random inputs for `problem`; see module docstring."""
+    """Time `kernel` on random inputs for `problem`; see module docstring.
+
+    Parameters
+    ----------
+    memory_budget: bytes the point may use (inputs + workspace); over it the point is infeasible
+        without running.
+    cache: reuse input sets and gate references across the kernels of one problem.
+    should_stop: passed to `time_repetitions` (an optuna pruner's hook).
+    extra: copied into ``Measurement.extra`` (e.g. the sweep phase, the trial number).
+    """
     device = torch.device(device)
     base = {"problem": problem, "kernel": kernel.name, "device_key": device_key, "timestamp": time.time()}
-    reasons = kernel.reasons(problem)
+    info = dict(extra or {})
+    try:
+        reasons = kernel.reasons(problem)
+        workspace = None if reasons else kernel.workspace_bytes(problem)
+    except Exception as failure:  # noqa: BLE001 - a broken kernel is a data point, not a crash
+        return Measurement(**base, status="failed", reason=f"{type(failure).__name__}: {_first_line(failure)}", extra=info)
     if reasons:
-        return Measurement(**base, status="unsupported", reason="; ".join(reasons))
-    workspace = kernel.workspace_bytes(problem)
+        return Measurement(**base, status="unsupported", reason="; ".join(reasons), extra=info)
+    info["workspace_bytes"] = workspace
     inputs_bytes = problem.q_bytes + problem.kv_bytes + problem.mask_bytes
     if memory_budget is not None and workspace + inputs_bytes > memory_budget:
         return Measurement(
-            **base, status="infeasible",
+            **base, status="infeasible", extra=info,
             reason=f"inputs ({inputs_bytes} B) + workspace ({workspace} B) exceed the memory budget ({memory_budget} B)",
         )
-    input_sets: list[AttentionInputs] = []
+    own_cache = cache is None
+    cache = InputCache() if cache is None else cache
     try:
         cap = None if memory_budget is None else max(memory_budget - workspace, inputs_bytes)
         count = rotation_count(problem, device, cap)
-        input_sets = [make_inputs(problem, device, seed + i) for i in range(count)]
+        input_sets = cache.input_sets(problem, device, seed, count)
         with torch.inference_mode():
+            references = cache.references(problem, device, seed) if check_numerics else None
+            began = time.perf_counter()
             if measure_peak:
                 peak, out = measure_peak_bytes(lambda: _run(kernel, input_sets[0], problem), device)
             else:
                 peak, out = None, _run(kernel, input_sets[0], problem)
-            error = gate_error(kernel, input_sets[0], out) if check_numerics else None
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            first_call_s = time.perf_counter() - began
+            errors = gate_errors(out, references) if references is not None else None
             del out
-            timing = time_repetitions(lambda i: _run(kernel, input_sets[i % count], problem), device, settings)
-    except torch.OutOfMemoryError as oom:
-        input_sets.clear()
-        _empty_cache(device)
-        return Measurement(**base, status="infeasible", reason=f"out of memory: {str(oom).splitlines()[0][:200]}")
+            timing = _timing(kernel, problem, input_sets, device, settings, first_call_s, should_stop)
     except Exception as failure:  # noqa: BLE001 - a failing kernel is a data point, not a crash
-        input_sets.clear()
-        _empty_cache(device)
-        message = str(failure).strip().splitlines()[0][:200] if str(failure).strip() else ""
-        return Measurement(**base, status="failed", reason=f"{type(failure).__name__}: {message}")
+        cache.clear()
+        empty_cache(device)
+        if is_out_of_memory(failure):
+            return Measurement(**base, status="infeasible", reason=f"out of memory: {_first_line(failure)}", extra=info)
+        return Measurement(**base, status="failed", reason=f"{type(failure).__name__}: {_first_line(failure)}", extra=info)
     finally:
-        input_sets.clear()
-    status, reason = "ok", ""
-    if error is not None and not kernel.tolerance(problem).accepts(error, 0.0):
-        status = "inaccurate"
-        reason = f"relative error {error:.2e} exceeds the {problem.dtype} tolerance {kernel.tolerance(problem).relative_l2:.0e}"
+        if own_cache:
+            cache.clear()
+    info.update(input_sets=count, stopped=timing.stopped)
+    status, reason, rel_error = "ok", "", None
+    if errors is not None:
+        rel_error, info["rel_max_error"] = errors
+        tolerance = kernel.tolerance(problem)
+        if not tolerance.accepts(*errors):
+            status = "inaccurate"
+            reason = (
+                f"error {errors[0]:.2e} (relative L2) / {errors[1]:.2e} (relative max) exceeds the "
+                f"{problem.dtype} tolerance {tolerance.relative_l2:.0e} / {tolerance.relative_max:.0e}"
+            )
     return Measurement(
         **base, median_s=timing.median_s, iqr_s=timing.iqr_s, reps=timing.reps, peak_bytes=peak,
-        rel_error=error, status=status, reason=reason,
+        rel_error=rel_error, status=status, reason=reason, extra=info,
     )

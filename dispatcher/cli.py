@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = ("kernels", "explain")
+COMMAND_MODULES = ("kernels", "explain", "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:

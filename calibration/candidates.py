@@ -1,0 +1,123 @@
+"""Which kernels a problem's sweep times, in which order, and which it records without timing.
+
+Triton's autotuner idea: a model prunes candidates before the stopwatch runs. A kernel whose
+`reasons` refuse the problem is recorded as unsupported; one whose inputs + workspace exceed the
+memory budget as infeasible; one the analytic prior calls hopeless (far slower than the fastest
+candidate and slower than the whole per-point budget) as infeasible with that reason. The rest are
+timed cheapest first, so a run cut short by its budget has decided the most problems.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from kernels.accuracy import AccuracyPolicy
+from kernels.base import Kernel
+from kernels.problem import Problem
+from kernels.registry import all_kernels, kernel_from_name, portable_kernels
+from models.cards import CardSpec
+from models.measurement import Measurement
+from models.priors import prior_seconds
+
+KERNEL_SETS = ("all", "portable")
+# A kernel predicted this many times slower than the problem's fastest candidate, and slower than
+# the per-point budget, is not timed: it can never be chosen, and it would eat the run (the math
+# path at 32k x 32k takes ~200 ms on an H200 and seconds on a gfx906 card).
+HOPELESS_FACTOR = 50.0
+
+
+def kernel_set(spec: str, *, policy: AccuracyPolicy) -> list[Kernel]:
+    """``"all"``, ``"portable"`` (math, chunked, small_q, convert: what gfx906 has) or a
+    comma-separated list of kernel names.
+
+    Raises
+    ------
+    ValueError: naming the unknown kernel.
+    """
+    if spec == "all":
+        return all_kernels(policy=policy)
+    if spec == "portable":
+        return portable_kernels(policy=policy)
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    if not names:
+        raise ValueError(f"--kernels must be 'all', 'portable' or kernel names, got {spec!r}")
+    return [kernel_from_name(name, policy=policy) for name in names]
+
+
+class CostEstimator:
+    """Predicted seconds of (problem, kernel) from a card's spec sheet (the analytic prior).
+
+    Kernels the prior does not know (a test's own kernel) get no prediction (nan): they are
+    timed, and sorted last.
+    """
+
+    def __init__(self, spec: CardSpec) -> None:
+        self.spec = spec
+
+    def seconds(self, problem: Problem, kernel: Kernel) -> float:
+        try:
+            return float(prior_seconds(problem, kernel, self.spec))
+        except (ValueError, KeyError, ZeroDivisionError, AttributeError):
+            return math.nan
+
+    def fastest(self, problem: Problem, kernels: list[Kernel]) -> float:
+        """The smallest prediction among `kernels` that support `problem` (inf if none)."""
+        times = [self.seconds(problem, k) for k in kernels if not k.reasons(problem)]
+        finite = [t for t in times if math.isfinite(t)]
+        return min(finite, default=math.inf)
+
+
+@dataclass
+class Triage:
+    """A problem's kernels split into those to time (cheapest predicted first) and records of
+    those decided without timing."""
+
+    to_time: list[Kernel]
+    decided: list[Measurement]
+    predicted: dict[str, float]
+
+
+def triage(
+    problem: Problem,
+    kernels: list[Kernel],
+    *,
+    estimator: CostEstimator,
+    memory_budget: int | None,
+    point_budget_s: float,
+    device_key: str,
+) -> Triage:
+    """Split `kernels` for `problem`; see module docstring."""
+    base = {"problem": problem, "device_key": device_key, "timestamp": time.time()}
+    inputs = problem.q_bytes + problem.kv_bytes + problem.mask_bytes
+    supported, decided = [], []
+    for kernel in kernels:
+        reasons = kernel.reasons(problem)
+        if reasons:
+            decided.append(Measurement(**base, kernel=kernel.name, status="unsupported", reason="; ".join(reasons)))
+            continue
+        workspace = kernel.workspace_bytes(problem)
+        if memory_budget is not None and inputs + workspace > memory_budget:
+            decided.append(Measurement(
+                **base, kernel=kernel.name, status="infeasible", extra={"workspace_bytes": workspace},
+                reason=f"inputs ({inputs} B) + workspace ({workspace} B) exceed the memory budget ({memory_budget} B)",
+            ))
+            continue
+        supported.append(kernel)
+    predicted = {k.name: estimator.seconds(problem, k) for k in supported}
+    finite = [t for t in predicted.values() if math.isfinite(t)]
+    fastest = min(finite, default=math.inf)
+    to_time = []
+    for kernel in supported:
+        guess = predicted[kernel.name]
+        if math.isfinite(guess) and guess > point_budget_s and guess > HOPELESS_FACTOR * fastest:
+            decided.append(Measurement(
+                **base, kernel=kernel.name, status="infeasible", extra={"predicted_s": guess, "skipped": "hopeless"},
+                reason=f"not timed: predicted {guess:.3g} s per call, over {HOPELESS_FACTOR:.0f}x the fastest "
+                f"candidate ({fastest:.3g} s) and over the per-point budget ({point_budget_s:g} s)",
+            ))
+        else:
+            to_time.append(kernel)
+    to_time.sort(key=lambda k: (not math.isfinite(predicted[k.name]), predicted[k.name] if math.isfinite(predicted[k.name]) else 0.0))
+    return Triage(to_time, decided, predicted)

@@ -1,0 +1,148 @@
+"""What one calibration is: its options (JSON, handed to every worker) and its id.
+
+The id hashes everything that can invalidate a timing or change the sample (Triton's autotuner
+cache key): the device fingerprint and software stack (`DeviceIdentity.key`), the attn-dispatch
+version, the kernel set and accuracy policy, the memory budget, the timer settings, the profile
+and the seed. Workers with the same id share claims, studies and results; a changed option starts
+a fresh calibration instead of mixing incompatible timings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from importlib import metadata
+
+from calibration.timer import DEFAULT, QUICK, TimerSettings
+from models.identity import DeviceIdentity
+
+# Hex digits of the option hash in a calibration id.
+CONFIG_HASH_HEX = 12
+PACKAGE = "attn-dispatch"
+# Default wall-time budgets for measuring: --quick must finish in under 3 minutes on a 2-core CPU
+# (fit and start-up included), a full run in under 10 minutes on an H200.
+QUICK_BUDGET_S = 120.0
+FULL_BUDGET_S = 480.0
+# Optuna trials per tuned (problem, family) study, the sweep's defaults included.
+QUICK_TUNE_TRIALS = 5
+FULL_TUNE_TRIALS = 10
+# Crossover refinement: rounds after the sweep, and new problems per round as a share of the sweep.
+REFINE_ROUNDS = 1
+REFINE_SHARE = 0.25
+
+
+def package_version() -> str:
+    try:
+        return metadata.version(PACKAGE)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """Options of one calibration (CLI flags, minus the output and display options).
+
+    Attributes
+    ----------
+    devices: torch devices, one worker each ("cpu", "cuda:0", ...).
+    quick: the small profile and the QUICK timer settings.
+    budget_s: wall time for measuring (fitting comes after); workers stop claiming work after it.
+    storage: optuna storage URL or journal path (None: a journal in the cache directory).
+    results: the JSON Lines results file (None: next to the default journal).
+    kernels: "all", "portable" or comma-separated kernel names.
+    memory_budget: bytes a point may use (None: the card's memory; on CPU half the RAM).
+    allow_lossy: lossy conversions the accuracy policy accepts ("fp32->bf16", "any").
+    problems: override the profile's sweep size.
+    tune_trials: optuna trials per tuned study (None: by profile).
+    refine_rounds: crossover refinement rounds after the sweep.
+    seed: the sample's and the samplers' seed.
+    """
+
+    devices: tuple[str, ...] = ("cpu",)
+    quick: bool = False
+    budget_s: float | None = None
+    storage: str | None = None
+    results: str | None = None
+    kernels: str = "all"
+    memory_budget: int | None = None
+    allow_lossy: tuple[str, ...] = ()
+    problems: int | None = None
+    tune_trials: int | None = None
+    refine_rounds: int = REFINE_ROUNDS
+    seed: int = 0
+    threads: int | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if not self.devices:
+            raise ValueError("CalibrationConfig.devices must name at least one device")
+        if self.budget_s is not None and not (self.budget_s > 0 and math.isfinite(self.budget_s)):
+            raise ValueError(f"the budget must be a positive number of seconds, got {self.budget_s}")
+        if self.memory_budget is not None and self.memory_budget <= 0:
+            raise ValueError(f"the memory budget must be positive, got {self.memory_budget} bytes")
+        if self.problems is not None and self.problems < 1:
+            raise ValueError(f"--problems must be at least 1, got {self.problems}")
+
+    @property
+    def timer(self) -> TimerSettings:
+        return QUICK if self.quick else DEFAULT
+
+    @property
+    def effective_budget_s(self) -> float:
+        if self.budget_s is not None:
+            return self.budget_s
+        return QUICK_BUDGET_S if self.quick else FULL_BUDGET_S
+
+    @property
+    def effective_tune_trials(self) -> int:
+        if self.tune_trials is not None:
+            return self.tune_trials
+        return QUICK_TUNE_TRIALS if self.quick else FULL_TUNE_TRIALS
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CalibrationConfig:
+        known = {f.name for f in fields(cls)}
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known}
+        return cls(**values)
+
+    def calibration_id(self, identity: DeviceIdentity) -> str:
+        """``attn-dispatch|<device key>|<option hash>`` (see module docstring)."""
+        options = {
+            "version": package_version(), "kernels": self.kernels, "memory_budget": self.memory_budget,
+            "allow_lossy": sorted(self.allow_lossy), "quick": self.quick, "timer": self.timer.to_dict(),
+            "problems": self.problems, "seed": self.seed, "tune_trials": self.effective_tune_trials,
+            "refine_rounds": self.refine_rounds, "threads": self.threads,
+        }
+        digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:CONFIG_HASH_HEX]
+        return f"{PACKAGE}|{identity.key}|{digest}"
+
+
+# Size suffixes accepted by --memory-budget (binary and decimal, case-insensitive).
+SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """``"16GiB"`` -> 17179869184, ``"16GB"`` -> 16000000000, ``"1024"`` -> 1024.
+
+    Raises
+    ------
+    ValueError: naming the text and the accepted units.
+    """
+    cleaned = text.strip().lower().replace(" ", "")
+    number = cleaned.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = cleaned[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = math.nan
+    if unit not in SIZE_UNITS or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"cannot read {text!r} as a memory size: write e.g. 16GiB, 16GB or a byte count")
+    return int(value * SIZE_UNITS[unit])

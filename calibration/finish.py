@@ -1,0 +1,93 @@
+"""The end of a calibration: gather every measurement (this host's results store and the shared
+storage), apply the class-level numerics gate, fit the cost model, build the threshold table and
+write it where the dispatcher looks (and to ``--out``).
+
+If the models package offers no fit (an older checkout), the measurements stay in the results
+store and the summary says so: nothing measured is lost, and the table can be built later.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from calibration.gate import apply_numerics_gate, describe_class
+from calibration.results import unit_key
+from models.identity import DeviceIdentity
+from models.measurement import Measurement
+from models.paths import tables_dir
+
+# Share of problems held out to evaluate the model (the models package's default).
+HOLDOUT_FRACTION = 0.2
+
+
+@dataclass
+class FitOutcome:
+    """What the fit produced; `table_paths` is empty when no table was written."""
+
+    table_paths: list[Path] = field(default_factory=list)
+    quality: str = ""
+    excluded: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+def merge(*sources: list[Measurement]) -> list[Measurement]:
+    """One measurement per unit (problem, kernel), the first source winning."""
+    seen: set[str] = set()
+    out = []
+    for source in sources:
+        for m in source:
+            key = unit_key(m.problem, m.kernel)
+            if key not in seen:
+                seen.add(key)
+                out.append(m)
+    return out
+
+
+def lookup_path(identity: DeviceIdentity) -> Path:
+    """Where the dispatcher's lookup finds this card's table: `models.sharing` decides when it
+    offers `local_table_path`; else ``<tables>/<card model>/<device key>.json``."""
+    try:
+        from models.sharing import local_table_path  # type: ignore[attr-defined]
+    except ImportError:
+        from models._card_names import slug
+
+        return tables_dir() / slug(identity.model_key) / f"{identity.key}.json"
+    return Path(local_table_path(identity))
+
+
+def fit_and_write(
+    measurements: list[Measurement],
+    identity: DeviceIdentity,
+    *,
+    out: str | os.PathLike | None,
+    seed: int,
+    wall_s: float,
+) -> FitOutcome:
+    """Gate, fit, build and write the table (see module docstring)."""
+    gated, excluded = apply_numerics_gate(measurements)
+    outcome = FitOutcome(excluded=[
+        f"{kernel} unusable for {describe_class(key)}: {m.reason}"
+        for key, kernels in sorted(excluded.items()) for kernel, m in sorted(kernels.items())
+    ])
+    kernel_names = sorted({m.kernel for m in gated if m.ok})
+    if not kernel_names:
+        outcome.note = "no kernel gave a usable timing: no table was built"
+        return outcome
+    try:
+        from models.fit import fit_and_build
+        from models.table_io import save_table
+    except ImportError as missing:  # FALLBACK: models' fit is not available in this checkout
+        outcome.note = f"table step skipped ({missing}); the measurements are kept in the results store"
+        return outcome
+    table, _, quality = fit_and_build(
+        gated, identity, kernel_names=kernel_names, holdout_fraction=HOLDOUT_FRACTION, seed=seed,
+        calibration_wall_s=wall_s,
+    )
+    outcome.quality = quality.summary() if quality is not None else "not evaluated (too few problems)"
+    targets = [lookup_path(identity)]
+    if out is not None and Path(out).resolve() != targets[0].resolve():
+        targets.append(Path(out))
+    outcome.table_paths = [save_table(table, path) for path in targets]
+    return outcome

@@ -1,0 +1,127 @@
+"""One `attn-dispatch calibrate` run: workers (in-process for one device, one process per device
+otherwise), then gather, gate, fit and write the table, and summarise.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from calibration.config import CalibrationConfig
+from calibration.finish import FitOutcome, fit_and_write, merge
+from calibration.launch import launch_workers
+from calibration.paths import default_results, default_storage
+from calibration.progress import Progress, StoragePoller
+from calibration.recorder import storage_measurements
+from calibration.results import ResultsStore
+from calibration.storage import describe_storage, open_storage
+from calibration.worker import Worker, WorkerReport
+from kernels.base import Kernel
+from models.identity import DeviceIdentity
+from models.measurement import Measurement
+
+
+@dataclass
+class CalibrationSummary:
+    """What a calibration did (printed at the end of `attn-dispatch calibrate`)."""
+
+    calibration_id: str
+    identity: DeviceIdentity
+    devices: tuple[str, ...]
+    results_path: Path
+    storage: str
+    wall_s: float = 0.0
+    measuring_s: float = 0.0
+    resumed_points: int = 0
+    reports: list[WorkerReport] = field(default_factory=list)
+    measurements: list[Measurement] = field(default_factory=list)
+    fit: FitOutcome = field(default_factory=FitOutcome)
+
+    @property
+    def statuses(self) -> Counter:
+        return Counter(m.status for m in self.measurements)
+
+    @property
+    def timed_now(self) -> int:
+        return sum(r.timed for r in self.reports)
+
+    def lines(self) -> list[str]:
+        s = self.statuses
+        problems = len({m.problem for m in self.measurements})
+        timed = sum(n for status, n in s.items() if status != "unsupported")
+        oom = sum(1 for m in self.measurements if m.status == "infeasible" and m.reason.startswith("out of memory"))
+        stopped = ", ".join(sorted({r.stopped for r in self.reports})) or "-"
+        out = [
+            f"calibrated {self.identity.model_key} on {', '.join(self.devices)} in {self.wall_s:.1f} s "
+            f"(measuring {self.measuring_s:.1f} s; workers stopped: {stopped})",
+            f"points: {timed} measured on {problems} problems ({self.timed_now} timed now, {self.resumed_points} resumed); "
+            f"{s['ok']} ok, {s['infeasible']} infeasible ({oom} out of memory, the rest over the memory budget or "
+            f"predicted hopeless), {s['inaccurate']} inaccurate, {s['failed']} failed; "
+            f"{s['unsupported']} unsupported kernel/problem pairs skipped",
+        ]
+        out += [f"numerics gate: {line}" for line in self.fit.excluded]
+        if self.fit.table_paths:
+            out.append("table: " + ", ".join(str(p) for p in self.fit.table_paths))
+        if self.fit.quality:
+            out.append(f"held-out quality: {self.fit.quality}")
+        if self.fit.note:
+            out.append(f"note: {self.fit.note}")
+        out.append(f"results: {self.results_path}")
+        out.append(f"storage: {self.storage}  (calibration {self.calibration_id})")
+        return out
+
+
+def calibrate(
+    config: CalibrationConfig,
+    *,
+    out: str | os.PathLike | None = None,
+    show_progress: bool = True,
+    kernels: list[Kernel] | None = None,
+    fit: bool = True,
+) -> CalibrationSummary:
+    """Run a calibration to its end (see module docstring).
+
+    Parameters
+    ----------
+    out: also write the table here (it always goes where the dispatcher looks).
+    kernels: override the kernel set (tests; single device only).
+    fit: False stops after measuring (the measurements stay in the results store).
+    """
+    started = time.time()
+    identity = DeviceIdentity.detect(config.devices[0])
+    calibration_id = config.calibration_id(identity)
+    deadline = started + config.effective_budget_s
+    store = ResultsStore(config.results or default_results(calibration_id))
+    journal = default_storage(calibration_id)
+    summary = CalibrationSummary(
+        calibration_id, identity, config.devices, store.path,
+        describe_storage(config.storage, default_journal=journal),
+    )
+    summary.resumed_points = sum(1 for r in store.read() if r.get("run") == calibration_id)
+    progress = Progress(enabled=show_progress, resumed_points=summary.resumed_points)
+    try:
+        if len(config.devices) == 1:
+            worker = Worker(
+                config, device=config.devices[0], calibration_id=calibration_id, deadline=deadline,
+                kernels=kernels, on_record=progress.record, on_plan=progress.plan, on_problem=progress.problem,
+            )
+            summary.reports = [worker.run()]
+        else:
+            if kernels is not None:
+                raise ValueError("a kernel override works with one device only (workers build their own kernels)")
+            storage = open_storage(config.storage, default_journal=journal)
+            stages = ["sweep"] + [f"refine{i}" for i in range(1, config.refine_rounds + 1)]
+            poller = StoragePoller(progress, ResultsStore(store.path), storage, calibration_id, stages=stages)
+            summary.reports = launch_workers(config, calibration_id=calibration_id, deadline=deadline, poll=poller)
+    finally:
+        progress.close()
+    summary.measuring_s = time.time() - started
+    storage = open_storage(config.storage, default_journal=journal)
+    summary.measurements = merge(store.measurements(run=calibration_id), storage_measurements(storage, calibration_id))
+    if fit:
+        summary.fit = fit_and_write(summary.measurements, identity, out=out, seed=config.seed, wall_s=summary.measuring_s)
+    summary.wall_s = time.time() - started
+    return summary

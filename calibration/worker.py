@@ -1,0 +1,235 @@
+"""One calibration worker: one device, claiming problems of the agreed plan through the shared
+storage until the plan is done or the deadline passes, then the crossover refinement rounds.
+
+Run in-process for a single device, or as ``python -m calibration.worker`` (one process per GPU,
+see `calibration.launch`): every worker of a calibration follows the same plan and claims
+problems atomically, so none is measured twice, and a killed worker's problem is taken over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from calibration.candidates import CostEstimator, kernel_set
+from calibration.claims import ClaimBoard, Owner
+from calibration.config import REFINE_SHARE, CalibrationConfig
+from calibration.paths import default_results, default_storage
+from calibration.plan import agree_on, build_sweep
+from calibration.problem_run import DeadlineReached, ProblemContext, run_problem
+from calibration.recorder import Recorder, storage_measurements
+from calibration.refine import crossover_problems
+from calibration.results import ResultsStore, problem_id
+from calibration.space import fit_problem, profile_for
+from calibration.storage import open_storage
+from kernels.accuracy import AccuracyPolicy
+from kernels.base import Kernel
+from kernels.problem import Problem
+from models.cards import spec_for
+from models.identity import DeviceIdentity
+
+# A CPU calibration may use this share of system RAM: beyond it Linux's OOM killer, not an
+# exception, answers an allocation, and the worker would die instead of recording "infeasible".
+CPU_MEMORY_SHARE = 0.5
+# How often a worker waiting for its peers (before a refinement round) looks again.
+WAIT_POLL_S = 1.0
+
+
+@dataclass
+class WorkerReport:
+    worker: str
+    device: str
+    problems: int = 0
+    timed: int = 0
+    stopped: str = "done"  # "done" | "deadline" | "interrupted"
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def effective_memory_budget(config: CalibrationConfig, identity: DeviceIdentity) -> int | None:
+    """Bytes a point may use: the user's budget, else the card's memory, else half the RAM."""
+    if config.memory_budget is not None:
+        return config.memory_budget
+    if identity.device_type == "cpu":
+        return int(CPU_MEMORY_SHARE * identity.memory_bytes) if identity.memory_bytes else None
+    return identity.memory_bytes or None
+
+
+def prepare_device(device: torch.device, config: CalibrationConfig, identity: DeviceIdentity) -> None:
+    """Threads, current device, and the memory cap that emulates a smaller card."""
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        if config.memory_budget is not None and identity.memory_bytes:
+            torch.cuda.set_per_process_memory_fraction(min(1.0, config.memory_budget / identity.memory_bytes), device)
+
+
+class Worker:
+    """See module docstring.
+
+    Parameters
+    ----------
+    kernels: overrides the config's kernel set (tests inject broken kernels).
+    on_record: called with each record written; on_plan with the number of problems a plan
+        added; on_problem when this worker finishes a problem (progress displays).
+    """
+
+    def __init__(
+        self,
+        config: CalibrationConfig,
+        *,
+        device: str,
+        calibration_id: str,
+        deadline: float,
+        worker: str = "worker0",
+        kernels: list[Kernel] | None = None,
+        on_record: Callable[[dict], None] | None = None,
+        on_plan: Callable[[int], None] = lambda added: None,
+        on_problem: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.config = config
+        self.on_plan, self.on_problem = on_plan, on_problem
+        self.device = torch.device(device)
+        self.identity = DeviceIdentity.detect(self.device)
+        self.calibration_id = calibration_id
+        if self.identity.key not in calibration_id:
+            raise ValueError(
+                f"device {device} is {self.identity.key}, but calibration {calibration_id} is for another "
+                "card or software stack: calibrate different cards separately"
+            )
+        self.deadline = deadline
+        self.name = worker
+        prepare_device(self.device, config, self.identity)
+        self.policy = AccuracyPolicy.allowing(*config.allow_lossy) if config.allow_lossy else AccuracyPolicy()
+        self.kernels = kernels if kernels is not None else kernel_set(config.kernels, policy=self.policy)
+        self.memory_budget = effective_memory_budget(config, self.identity)
+        spec = spec_for(self.identity)
+        self.estimator = CostEstimator(spec.with_memory(self.memory_budget) if self.memory_budget else spec)
+        self.storage = open_storage(config.storage, default_journal=default_storage(calibration_id))
+        store = ResultsStore(config.results or default_results(calibration_id))
+        self.recorder = Recorder(store, self.storage, calibration_id, worker, on_record=on_record)
+        self.board = ClaimBoard(self.storage, calibration_id, Owner.current(worker))
+        self.report = WorkerReport(worker, str(self.device))
+        self._current: str | None = None
+        self.context = ProblemContext(
+            device=self.device, kernels=self.kernels, estimator=self.estimator, settings=config.timer,
+            memory_budget=self.memory_budget, device_key=self.identity.key, recorder=self.recorder,
+            calibration_id=calibration_id, tune_trials=config.effective_tune_trials, seed=config.seed,
+            heartbeat=self._heartbeat,
+        )
+
+    def _heartbeat(self) -> None:
+        if self._current is not None:
+            self.board.heartbeat(self._current)
+
+    def _fit(self, problem: Problem) -> Problem:
+        profile = profile_for(self.device.type, quick=self.config.quick)
+        return fit_problem(
+            problem, memory_bytes=self.memory_budget or self.identity.memory_bytes,
+            fraction=profile.input_memory_fraction, max_fastest_s=profile.max_fastest_s,
+            fastest_s=lambda p: self.estimator.fastest(p, self.kernels),
+        )
+
+    def sweep_plan(self) -> list[Problem]:
+        profile = profile_for(self.device.type, quick=self.config.quick)
+        problems = build_sweep(
+            profile, kernels=self.kernels, estimator=self.estimator, device_type=self.device.type,
+            memory_bytes=self.memory_budget or self.identity.memory_bytes,
+            point_budget_s=self.config.timer.budget_s, seed=self.config.seed, count=self.config.problems,
+        )
+        return agree_on(self.storage, self.calibration_id, "sweep", problems)
+
+    def run(self) -> WorkerReport:
+        """Sweep, then refinement rounds; stops cleanly at the deadline."""
+        started = time.time()
+        try:
+            done = self.sweep_plan()
+            self.on_plan(len(done))
+            self._process(done, phase="sweep")
+            for round_index in range(1, self.config.refine_rounds + 1):
+                if not self._wait_for(done):
+                    break
+                count = max(1, int(REFINE_SHARE * len(done)))
+                found = crossover_problems(storage_measurements(self.storage, self.calibration_id), count=count)
+                fresh = [p for p in dict.fromkeys(self._fit(p) for p in found) if p not in set(done)]
+                new = agree_on(self.storage, self.calibration_id, f"refine{round_index}", fresh)
+                self.on_plan(len(new))
+                self._process(new, phase=f"refine{round_index}")
+                done = done + new
+        except DeadlineReached:
+            self.report.stopped = "deadline"
+        except (KeyboardInterrupt, SystemExit):
+            self.report.stopped = "interrupted"
+            raise
+        finally:
+            self.report.seconds = time.time() - started
+        return self.report
+
+    def _process(self, problems: list[Problem], *, phase: str) -> None:
+        for problem in problems:
+            if time.time() > self.deadline:
+                raise DeadlineReached
+            self._try(problem, phase)
+
+    def _try(self, problem: Problem, phase: str) -> bool:
+        key = problem_id(problem)
+        if not self.board.try_claim(key):
+            return False
+        self._current = key
+        try:
+            self.report.timed += run_problem(problem, self.context, deadline=self.deadline, phase=phase)
+        except BaseException:
+            self.board.release(key)  # finished points stay recorded; a later claimer does the rest
+            raise
+        finally:
+            self._current = None
+        self.board.finish(key)
+        self.report.problems += 1
+        self.on_problem()
+        return True
+
+    def _wait_for(self, problems: list[Problem]) -> bool:
+        """Until every problem is done (taking over stale claims); False at the deadline."""
+        while time.time() <= self.deadline:
+            pending = [p for p in problems if not self.board.state(problem_id(p)).done]
+            if not pending:
+                return True
+            for problem in pending:
+                self._try(problem, "sweep")
+            time.sleep(WAIT_POLL_S)
+        return False
+
+
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m calibration.worker --config JSON --device D --calibration-id ID --deadline T``."""
+    parser = argparse.ArgumentParser(prog="python -m calibration.worker")
+    parser.add_argument("--config", required=True, help="CalibrationConfig as JSON")
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--calibration-id", required=True)
+    parser.add_argument("--deadline", type=float, required=True, help="epoch seconds")
+    parser.add_argument("--worker", default="worker0")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    config = replace(CalibrationConfig.from_dict(json.loads(args.config)), devices=(args.device,))
+    worker = Worker(config, device=args.device, calibration_id=args.calibration_id, deadline=args.deadline, worker=args.worker)
+    report = worker.run()
+    print(json.dumps(report.to_dict()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""`attn-dispatch calibrate`: measure every kernel on this card, tune their parameters, fit the cost
+model and write the card's threshold table (see `calibration`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+# Seconds per minute, for --budget-minutes.
+SECONDS_PER_MINUTE = 60.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="measure every kernel on this card and write its threshold table",
+        description="Time every kernel over a seeded sweep of problem shapes on this card, tune chunk "
+        "sizes and splits with optuna, fit the cost model and write the card's threshold table. "
+        "Resumable: a killed run continues where it stopped (same options, same journal). "
+        "Files live under $ATTN_DISPATCH_HOME (default: the user cache directory).",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    where.add_argument("--devices", default=None, metavar="LIST",
+                       help="comma-separated devices, one worker process each (e.g. cuda:0,cuda:1)")
+    parser.add_argument("--quick", action="store_true", help="a small sweep with fewer repetitions (minutes)")
+    parser.add_argument("--budget-minutes", type=float, default=None, metavar="N",
+                        help="wall time for measuring (default: 2 with --quick, 8 otherwise); the fit comes after")
+    parser.add_argument("--storage", default=None, metavar="URL",
+                        help="optuna storage shared by workers and hosts: sqlite:///..., postgresql://... or a "
+                        "journal file path (default: a journal in the cache directory)")
+    parser.add_argument("--out", default=None, metavar="PATH", help="also write the threshold table here")
+    parser.add_argument("--results", default=None, metavar="PATH", help="results file (JSON Lines; default: cache directory)")
+    parser.add_argument("--kernels", default="all", metavar="SET",
+                        help="'all' (default), 'portable' (math, chunked, small_q, convert: what gfx906 has) or kernel names")
+    parser.add_argument("--memory-budget", default=None, metavar="SIZE",
+                        help="emulate a smaller card, e.g. 16GiB: points over it are infeasible")
+    parser.add_argument("--allow-lossy", action="append", default=[], metavar="CONVERSION",
+                        help="measure a lossy conversion (e.g. fp32->bf16) and record its error; 'any' for all")
+    parser.add_argument("--problems", type=int, default=None, metavar="N", help="problems in the sweep (default: by profile)")
+    parser.add_argument("--tune-trials", type=int, default=None, metavar="N", help="optuna trials per tuned kernel family and problem")
+    parser.add_argument("--refine-rounds", type=int, default=None, metavar="N", help="crossover refinement rounds after the sweep")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the problem sample and the samplers")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (CPU calibration)")
+    parser.add_argument("--measure-only", action="store_true", help="stop after measuring (no fit, no table)")
+    parser.add_argument("--summary-json", default=None, metavar="PATH", help="also write the summary as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run)
+
+
+def _config(args: argparse.Namespace):
+    from calibration.config import REFINE_ROUNDS, CalibrationConfig, parse_bytes
+
+    if args.devices:
+        devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
+    else:
+        devices = (args.device or ("cuda" if torch.cuda.is_available() else "cpu"),)
+    return CalibrationConfig(
+        devices=devices, quick=args.quick,
+        budget_s=None if args.budget_minutes is None else args.budget_minutes * SECONDS_PER_MINUTE,
+        storage=args.storage, results=args.results, kernels=args.kernels,
+        memory_budget=None if args.memory_budget is None else parse_bytes(args.memory_budget),
+        allow_lossy=tuple(args.allow_lossy), problems=args.problems, tune_trials=args.tune_trials,
+        refine_rounds=REFINE_ROUNDS if args.refine_rounds is None else args.refine_rounds,
+        seed=args.seed, threads=args.threads,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from calibration.session import calibrate
+
+    try:
+        config = _config(args)
+        summary = calibrate(config, out=args.out, show_progress=not args.quiet, fit=not args.measure_only)
+    except ValueError as error:
+        print(f"attn-dispatch calibrate: error: {error}", file=sys.stderr)
+        return 2
+    for line in summary.lines():
+        print(line)
+    if args.summary_json:
+        statuses = dict(summary.statuses)
+        with open(args.summary_json, "w") as handle:
+            json.dump({
+                "calibration_id": summary.calibration_id, "identity": summary.identity.to_dict(),
+                "devices": list(summary.devices), "wall_s": summary.wall_s, "measuring_s": summary.measuring_s,
+                "statuses": statuses, "problems": len({m.problem for m in summary.measurements}),
+                "timed_now": summary.timed_now, "resumed_points": summary.resumed_points,
+                "workers": [r.to_dict() for r in summary.reports],
+                "tables": [str(p) for p in summary.fit.table_paths], "quality": summary.fit.quality,
+                "excluded": summary.fit.excluded, "note": summary.fit.note,
+            }, handle, indent=1)
+    return 0
