@@ -1,1 +1,43 @@
-"""models: what is learned (Problem features, cost model, analytic priors, threshold tables)."""
+"""models: what is learned (Problem features, cost model, analytic priors, threshold tables).
+
+Public API
+----------
+Identity and paths: `DeviceIdentity`, `home`, `tables_dir`, `models_dir`, `journals_dir`.
+Priors: `CardSpec`, `spec_for`, `prior_seconds`, `roofline_seconds`, `PriorRanker`, `Ranker`.
+Learning: `feature_matrix`, `FEATURE_NAMES`, `CostModel`, `training_set`, `holdout_quality`,
+`Quality`, `ChoiceQuality`, `save_model`, `load_model`, `ModelVersionError`, `fit_and_build`.
+Tables: `ThresholdTable`, `build_table`, `TableError`, `load_table`, `loads_table`, `save_table`,
+`class_key`, `bucket_of`.
+Sharing: `export_table`, `import_table`, `store_table`, `merge_tables`, `lookup_table`,
+`TableLookup`, `TableWarning`.
+"""
+
+from models.buckets import ClassKey, bucket_of, class_key, length_bucket
+from models.cards import CardSpec, spec_for
+from models.cost_model import CostModel
+from models.dataset import TrainingSet, training_set
+from models.features import FEATURE_NAMES, feature_matrix
+from models.fit import fit_and_build
+from models.identity import DeviceIdentity
+from models.measurement import Measurement
+from models.merge import card_scale, merge_tables
+from models.paths import home, journals_dir, models_dir, tables_dir
+from models.persist import ModelVersionError, load_model, save_model
+from models.priors import PriorRanker, prior_seconds, roofline_seconds
+from models.quality import ChoiceQuality, Quality, holdout_quality
+from models.ranking import Ranker
+from models.sharing import TableLookup, TableWarning, export_table, import_table, lookup_table, store_table
+from models.table import ThresholdTable
+from models.table_build import build_table
+from models.table_io import load_table, loads_table, save_table
+from models.table_schema import TableError
+
+__all__ = [
+    "ClassKey", "bucket_of", "class_key", "length_bucket", "CardSpec", "spec_for", "CostModel",
+    "TrainingSet", "training_set", "FEATURE_NAMES", "feature_matrix", "fit_and_build", "DeviceIdentity",
+    "Measurement", "card_scale", "merge_tables", "home", "journals_dir", "models_dir", "tables_dir",
+    "ModelVersionError", "load_model", "save_model", "PriorRanker", "prior_seconds", "roofline_seconds",
+    "ChoiceQuality", "Quality", "holdout_quality", "Ranker", "TableLookup", "TableWarning", "export_table",
+    "import_table", "lookup_table", "store_table", "ThresholdTable", "build_table", "load_table",
+    "loads_table", "save_table", "TableError",
+]

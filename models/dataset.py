@@ -1,0 +1,97 @@
+"""From measurements to a training set: feature rows, log-second targets and problem groups."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels.problem import Problem
+from models.cards import CardSpec
+from models.features import feature_matrix
+from models.measurement import Measurement
+
+
+@dataclass(frozen=True)
+class TrainingSet:
+    """Timed (problem, kernel) points ready for the cost model.
+
+    Attributes
+    ----------
+    problems, kernels: the pair of each row.
+    X: ``float64 [n, n_features]`` feature rows; y: ``float64 [n]`` natural-log median seconds.
+    groups: ``int64 [n]`` problem index of each row (held-out splits keep a problem whole).
+    median_error: ``float64 [n]`` relative standard error of each median time (from its IQR and
+        repetitions: `median_standard_error`), the measurement noise.
+    """
+
+    problems: tuple[Problem, ...]
+    kernels: tuple[str, ...]
+    X: np.ndarray
+    y: np.ndarray
+    groups: np.ndarray
+    median_error: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+    @property
+    def n_problems(self) -> int:
+        return len(set(self.groups.tolist()))
+
+    def subset(self, rows: np.ndarray) -> TrainingSet:
+        return TrainingSet(
+            tuple(self.problems[i] for i in rows), tuple(self.kernels[i] for i in rows),
+            self.X[rows], self.y[rows], self.groups[rows], self.median_error[rows],
+        )
+
+
+# The median of n samples has standard error ~1.2533 sigma / sqrt(n) (normal samples), and
+# sigma ~ IQR / 1.349: so ~0.93 IQR / sqrt(n).
+MEDIAN_SE_PER_IQR = 1.2533 / 1.349
+
+
+def median_standard_error(median_s: float, iqr_s: float, reps: int) -> float:
+    """Relative standard error of a median time."""
+    if median_s <= 0 or reps < 1:
+        return 0.0
+    return MEDIAN_SE_PER_IQR * (iqr_s / median_s) / math.sqrt(reps)
+
+
+def usable(measurements: Iterable[Measurement]) -> list[Measurement]:
+    """The points a cost model can learn from: status ok, finite positive time."""
+    return [m for m in measurements if m.ok and m.median_s > 0]
+
+
+def training_set(measurements: Iterable[Measurement], spec: CardSpec) -> TrainingSet:
+    """Feature rows of the usable points; repeated (problem, kernel) points are merged (median).
+
+    Raises
+    ------
+    ValueError
+        When no point is usable (nothing was timed successfully).
+    """
+    times: dict[tuple[Problem, str], list[Measurement]] = defaultdict(list)
+    for point in usable(measurements):
+        times[(point.problem, point.kernel)].append(point)
+    if not times:
+        raise ValueError(
+            "no usable measurements (status 'ok' with a finite time): run `attn-dispatch calibrate` "
+            "and check its log for kernels that failed"
+        )
+    group_of: dict[Problem, int] = {}
+    problems, kernels, y, noise = [], [], [], []
+    for (problem, kernel), points in times.items():
+        medians = sorted(p.median_s for p in points)
+        median = medians[len(medians) // 2]
+        group_of.setdefault(problem, len(group_of))
+        problems.append(problem)
+        kernels.append(kernel)
+        y.append(math.log(median))
+        noise.append(min(median_standard_error(p.median_s, p.iqr_s, p.reps) for p in points))
+    X = feature_matrix(problems, kernels, spec)
+    groups = np.array([group_of[p] for p in problems], dtype=np.int64)
+    return TrainingSet(tuple(problems), tuple(kernels), X, np.array(y), groups, np.array(noise))

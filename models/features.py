@@ -1,0 +1,109 @@
+"""Feature rows of (problem, kernel) pairs for the cost model.
+
+One row per pair: the kernel's family and parameters, the problem's shape (log2 sizes), dtype,
+causality and mask kind, and analytic terms (FLOPs, bytes, roofline and prior times). Times are
+natural logs of seconds, like the cost model's target; sizes are log2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from kernels.chunked import ChunkedKernel
+from kernels.convert import ConvertKernel
+from kernels.problem import ITEMSIZE, MASK_KINDS, Problem
+from kernels.registry import PLAIN_FAMILIES
+from kernels.small_q import SmallQKernel, effective_splits
+from models._blocks_cost import visited_fraction
+from models.cards import CardSpec
+from models.priors import prior_seconds, roofline_seconds, score_bytes_per_element
+from models.ranking import kernel_named
+
+_FAMILIES = tuple(PLAIN_FAMILIES)
+_DTYPES = tuple(ITEMSIZE)
+TINY_SECONDS = 1e-9  # floor for logs of analytic times (a nanosecond)
+
+FEATURE_NAMES: tuple[str, ...] = (
+    *(f"family={family}" for family in _FAMILIES),
+    "convert_dtype", "convert_layout", "log2_convert_size_ratio",
+    "log2_q_chunk", "log2_kv_chunk", "log2_splits", "log2_blocks_visited", "visited_fraction",
+    "log2_block_score_bytes",
+    "log2_q_len", "log2_kv_len", "log2_head_dim", "log2_value_dim", "log2_batch", "log2_q_heads",
+    "log2_gqa_ratio", "log2_rows_per_kv_head",
+    *(f"dtype={dtype}" for dtype in _DTYPES),
+    "causal", *(f"mask={kind}" for kind in MASK_KINDS if kind != "none"), "strided", "broadcast_inputs",
+    "log_flops", "log_io_bytes", "log_score_bytes", "log_workspace_bytes", "log_roofline_s", "log_prior_s",
+)
+PRIOR_COLUMN = FEATURE_NAMES.index("log_prior_s")
+"""Column of the log prior time (the cost model's residual baseline)."""
+
+
+def _log2(value: float) -> float:
+    return math.log2(max(value, 1.0))
+
+
+def _kernel_params(kernel, problem: Problem) -> tuple[float, float, float, float, float]:
+    """(log2 q chunk, log2 kv chunk, log2 effective splits, log2 blocks visited, visited fraction)
+    with chunks clipped to the problem's lengths (a 4096 chunk on 100 keys is one 100-key block)."""
+    L, S = problem.q_len, problem.kv_len
+    if isinstance(kernel, ChunkedKernel):
+        q_block, kv_block = max(1, min(kernel.q_chunk, L)), max(1, min(kernel.kv_chunk, S))
+        fraction, visited, _ = visited_fraction(L, S, q_block, kv_block, problem.causal)
+        return _log2(q_block), _log2(kv_block), 0.0, _log2(visited), fraction
+    if isinstance(kernel, SmallQKernel):
+        return _log2(L), _log2(S), _log2(effective_splits(kernel.splits, S)), 0.0, 1.0
+    return _log2(L), _log2(S), 0.0, 0.0, 1.0
+
+
+def feature_row(problem: Problem, kernel_name: str, spec: CardSpec) -> list[float]:
+    """The features of one (problem, kernel) pair, in `FEATURE_NAMES` order."""
+    kernel = kernel_named(kernel_name)
+    inner, run_problem = kernel, problem
+    convert_dtype = convert_layout = 0.0
+    ratio = 0.0
+    if isinstance(kernel, ConvertKernel):
+        inner, run_problem = kernel.inner, kernel.converted(problem)
+        convert_layout = 1.0 if kernel.source is None else 0.0
+        convert_dtype = 1.0 - convert_layout
+        ratio = math.log2(run_problem.itemsize / problem.itemsize)
+    row = [1.0 if inner.family == family else 0.0 for family in _FAMILIES]
+    row += [convert_dtype, convert_layout, ratio]
+    params = _kernel_params(inner, run_problem)
+    row += list(params)
+    # One block's fp32 scores (the working set that decides whether it stays in cache).
+    row.append(params[0] + params[1] + _log2(run_problem.batch * run_problem.q_heads * 4))
+    row += [
+        _log2(problem.q_len), _log2(problem.kv_len), _log2(problem.head_dim), _log2(problem.value_dim),
+        _log2(problem.batch), _log2(problem.q_heads), _log2(problem.gqa_ratio),
+        _log2(problem.gqa_ratio * problem.q_len),
+    ]
+    row += [1.0 if problem.dtype == dtype else 0.0 for dtype in _DTYPES]
+    row += [float(problem.causal)] + [1.0 if problem.mask_kind == kind else 0.0 for kind in MASK_KINDS if kind != "none"]
+    row += [float(problem.strided), float(problem.broadcast_inputs)]
+    score_bytes = problem.score_elements * score_bytes_per_element(problem)
+    row += [
+        math.log(max(problem.flops, 1)), math.log(max(problem.io_bytes, 1)), math.log(max(score_bytes, 1)),
+        math.log(max(kernel.workspace_bytes(problem), 1)),
+        math.log(max(roofline_seconds(problem, spec), TINY_SECONDS)),
+        math.log(max(prior_seconds(problem, kernel, spec), TINY_SECONDS)),
+    ]
+    return row
+
+
+def feature_matrix(problems: Sequence[Problem], kernel_names: Sequence[str], spec: CardSpec) -> np.ndarray:
+    """Features of paired rows: ``problems[i]`` run by ``kernel_names[i]``.
+
+    Returns
+    -------
+    ``float64 [n, len(FEATURE_NAMES)]``.
+    """
+    if len(problems) != len(kernel_names):
+        raise ValueError(
+            f"feature_matrix needs one kernel name per problem: got {len(problems)} problems and "
+            f"{len(kernel_names)} kernel names; pair them row by row"
+        )
+    rows = [feature_row(problem, name, spec) for problem, name in zip(problems, kernel_names, strict=True)]
+    return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES))

@@ -1,0 +1,97 @@
+"""From measurements to a table in one call (what `attn-dispatch calibrate` runs at its end).
+
+Evaluate on a held-out split of problems (the model's choices and the table's), refit on every
+point, build the table and record the held-out quality in it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+from sklearn.base import clone
+
+from models.cards import CardSpec, spec_for
+from models.cost_model import CostModel
+from models.dataset import TrainingSet, training_set
+from models.identity import DeviceIdentity
+from models.measurement import Measurement
+from models.quality import Quality, choice_quality, holdout_quality, split_by_problem
+from models.ranking import kernel_named
+from models.table import ThresholdTable
+from models.table_build import CANDIDATES_PER_CELL, build_table
+
+# Fewer measured problems than this and a held-out split says nothing: the table is built
+# without a quality section (and says so in its notes).
+MIN_PROBLEMS_FOR_HOLDOUT = 5
+
+
+def table_choices(table: ThresholdTable, data: TrainingSet) -> np.ndarray:
+    """For each row of `data`: its kernel's rank position in the table's ranking of its problem
+    among the kernels measured for that problem (0 = the table's first choice)."""
+    names_by_group: dict[int, list[str]] = defaultdict(list)
+    for group, name in zip(data.groups.tolist(), data.kernels, strict=True):
+        names_by_group[group].append(name)
+    order: dict[tuple[int, str], int] = {}
+    for index, group in enumerate(data.groups.tolist()):
+        if (group, data.kernels[index]) in order:
+            continue
+        ranking = table.rank(data.problems[index], [kernel_named(n) for n in names_by_group[group]])
+        for position, (name, _) in enumerate(ranking):
+            order[(group, name)] = position
+    return np.array([order.get((g, n), len(order)) for g, n in zip(data.groups.tolist(), data.kernels, strict=True)], dtype=float)
+
+
+def fit_and_build(
+    measurements: Sequence[Measurement],
+    identity: DeviceIdentity,
+    *,
+    kernel_names: Sequence[str],
+    holdout_fraction: float = 0.2,
+    seed: int = 0,
+    spec: CardSpec | None = None,
+    model: CostModel | None = None,
+    candidates: int = CANDIDATES_PER_CELL,
+    calibration_wall_s: float | None = None,
+) -> tuple[ThresholdTable, CostModel, Quality | None]:
+    """Fit the cost model, evaluate it on held-out problems, and build the card's table.
+
+    Parameters
+    ----------
+    measurements: everything calibration measured on this card (any status).
+    identity: the card (`DeviceIdentity.detect`).
+    kernel_names: the kernels the table may recommend (those calibrated).
+    holdout_fraction, seed: the problem-grouped held-out split.
+    spec: the card's spec sheet (default `spec_for(identity)`).
+    model: an unfitted `CostModel` with non-default settings (default `CostModel()`).
+
+    Returns
+    -------
+    (table, cost model refitted on every usable point, held-out quality or None when fewer than
+    `MIN_PROBLEMS_FOR_HOLDOUT` problems were measured).
+    """
+    spec = spec if spec is not None else spec_for(identity)
+    template = model if model is not None else CostModel()
+    data = training_set(measurements, spec)
+    quality, notes = None, []
+    if data.n_problems >= MIN_PROBLEMS_FOR_HOLDOUT:
+        quality = holdout_quality(data, template, holdout_fraction=holdout_fraction, seed=seed)
+        train, test = split_by_problem(data, holdout_fraction=holdout_fraction, seed=seed)
+        train_model = clone(template).fit(data.X[train], data.y[train])
+        train_problems = set(data.subset(train).problems)
+        train_points = [m for m in measurements if m.problem in train_problems]
+        train_table = build_table(train_model, spec, identity, train_points, kernel_names, candidates=candidates)
+        held_out = data.subset(test)
+        quality = replace(quality, table=choice_quality(
+            held_out.groups, np.exp(held_out.y), table_choices(train_table, held_out), held_out.median_error
+        ))
+    else:
+        notes.append(f"only {data.n_problems} problems measured: no held-out quality (needs {MIN_PROBLEMS_FOR_HOLDOUT})")
+    final = clone(template).fit(data.X, data.y)
+    table = build_table(
+        final, spec, identity, measurements, kernel_names, quality=quality.to_dict() if quality else None,
+        candidates=candidates, calibration_wall_s=calibration_wall_s, notes=notes,
+    )
+    return table, final, quality

@@ -1,0 +1,143 @@
+"""Pooling the tables of several cards of one model (or one family) into one.
+
+Per bucket, each kernel's times from every card are carried to a common representative problem
+(the prior's ratio) and to the first card's speed (`card_scale`), then pooled: the ranking is by
+the median across cards, and the spread (fastest and slowest card) is kept.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime, timezone
+
+from kernels.problem import Problem
+from models.cards import CardSpec
+from models.priors import prior_seconds
+from models.ranking import kernel_named
+from models.table import Cell, Provenance, TableClass, ThresholdTable
+from models.table_schema import TableError
+from models.thresholds import thresholds_for
+from models.versions import software_versions
+
+# A card's attention time scales with both its matrix rate and its bandwidth (the unfused
+# kernels gfx906 runs are partly each): the scale is their geometric mean (weight 1/2 each).
+COMPUTE_WEIGHT = 0.5
+
+
+def card_scale(source: CardSpec, target: CardSpec) -> float:
+    """Factor turning `source`'s times into `target`'s: (rate ratio)^w x (bandwidth ratio)^(1-w),
+    with the fp16 matrix rate standing for CU count x clock."""
+    compute = source.flops("float16") / target.flops("float16")
+    memory = source.bandwidth / target.bandwidth
+    return compute**COMPUTE_WEIGHT * memory ** (1 - COMPUTE_WEIGHT)
+
+
+def _check_mergeable(tables: Sequence[ThresholdTable]) -> None:
+    if not tables:
+        raise ValueError("merge_tables needs at least one table")
+    families = {i.family_key for t in tables for i in t.provenance.identities}
+    if len(families) > 1:
+        models = sorted({f"{t.identity.model_key} ({t.identity.family_key})" for t in tables})
+        raise TableError(
+            f"cannot merge tables of {', '.join(models)}: tables pool only within one card model or one "
+            "family (e.g. gfx906: MI50, MI60, Radeon VII); merge each family separately"
+        )
+    steps = {t.work_step for t in tables}
+    if len(steps) > 1:
+        raise TableError(f"cannot merge tables built with different work_step values {sorted(steps)}; rebuild them alike")
+
+
+def _carry(seconds: float, name: str, source: Problem, target: Problem, spec: CardSpec, scale: float) -> float:
+    kernel = kernel_named(name)
+    ratio = prior_seconds(target, kernel, spec) / prior_seconds(source, kernel, spec)
+    return seconds * scale * (ratio if math.isfinite(ratio) and ratio > 0 else 1.0)
+
+
+def _pool(samples: dict[str, list[float]], limit: int) -> tuple[tuple, dict]:
+    ranked = sorted(((n, statistics.median(v)) for n, v in samples.items()), key=lambda e: (e[1], e[0]))[:limit]
+    spread = {n: (min(samples[n]), max(samples[n])) for n, _ in ranked if len(samples[n]) > 1}
+    return tuple((n, float(f"{s:.4g}")) for n, s in ranked), spread
+
+
+def _merge_class(key, parts: list[tuple[TableClass, float]], spec: CardSpec, device_type: str, limit: int) -> TableClass:
+    base = parts[0][0]
+    ranking: dict = defaultdict(lambda: defaultdict(list))
+    measured: dict = defaultdict(lambda: defaultdict(list))
+    excluded: dict = defaultdict(dict)
+    for table_class, scale in parts:
+        for bucket, cell in table_class.cells.items():
+            source = table_class.problem_at(bucket, device_type)
+            target = base.problem_at(bucket, device_type)
+            for entries, pooled in ((cell.ranking, ranking), (cell.measured, measured)):
+                for name, seconds in entries:
+                    pooled[bucket][name].append(_carry(seconds, name, source, target, spec, scale))
+            excluded[bucket].update(dict(cell.excluded))
+    cells = {}
+    for bucket, samples in ranking.items():
+        ranked, spread = _pool(samples, limit)
+        cells[bucket] = Cell(
+            ranking=ranked, measured=_pool(measured[bucket], limit * 4)[0] if bucket in measured else (),
+            spread=spread, excluded=tuple(sorted(excluded[bucket].items())),
+        )
+    return TableClass(key=key, template=base.template, cells=cells, thresholds=thresholds_for(cells))
+
+
+def _merged_quality(tables: Sequence[ThresholdTable]) -> dict:
+    """The worst card's quality per metric (accuracies: min; slowdowns: max; counts: sum)."""
+    quality: dict = {}
+    keys = set.intersection(*(set(t.quality) for t in tables)) if tables else set()
+    for key in sorted(keys):
+        values = [t.quality[key] for t in tables]
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(numbers) != len(values):
+            quality[key] = values[0]
+        elif key.startswith("n_"):
+            quality[key] = sum(numbers)
+        elif "slowdown" in key:
+            quality[key] = max(numbers)
+        elif "accuracy" in key or "within" in key or "spearman" in key:
+            quality[key] = min(numbers)
+        else:
+            quality[key] = numbers[0]
+    quality["description"] = f"merged from {len(tables)} tables: the worst card's quality per metric"
+    return quality
+
+
+def merge_tables(tables: Sequence[ThresholdTable]) -> ThresholdTable:
+    """Pool tables of one card model or family (see module docstring).
+
+    Raises
+    ------
+    TableError
+        For tables of different families, or built with different work-size buckets.
+    """
+    tables = list(tables)
+    _check_mergeable(tables)
+    first = tables[0]
+    spec, device_type = first.spec, first.identity.device_type
+    limit = max(len(c.ranking) for t in tables for tc in t.classes.values() for c in tc.cells.values())
+    by_class: dict = defaultdict(list)
+    for table in tables:
+        scale = card_scale(table.spec, spec)
+        for key, table_class in table.classes.items():
+            by_class[key].append((table_class, scale))
+    classes = {key: _merge_class(key, parts, spec, device_type, limit) for key, parts in sorted(by_class.items())}
+    seen = {first.identity.key}
+    merged_from = []
+    for identity in (i for t in tables for i in t.provenance.identities):
+        if identity.key not in seen:
+            seen.add(identity.key)
+            merged_from.append(identity)
+    walls = [t.provenance.calibration_wall_s for t in tables]
+    provenance = Provenance(
+        identity=first.identity, created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        points_measured=sum(t.provenance.points_measured for t in tables),
+        calibration_wall_s=None if None in walls else sum(walls), software=software_versions(),
+        merged_from=tuple(merged_from),
+        notes=(f"merged from {len(tables)} tables of {len(seen)} cards; times carried to {first.identity.model_key}",),
+    )
+    return replace(first, provenance=provenance, quality=_merged_quality(tables), classes=classes)

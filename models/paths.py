@@ -1,0 +1,55 @@
+"""Where attn-dispatch keeps its per-user files: threshold tables, fitted cost models and
+calibration journals.
+
+The root is ``$ATTN_DISPATCH_HOME`` when set, else the platform's per-user cache directory
+(``platformdirs.user_cache_dir("attn-dispatch")``, e.g. ``~/.cache/attn-dispatch`` on Linux).
+Directories are created on demand.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+HOME_ENV = "ATTN_DISPATCH_HOME"
+APP_NAME = "attn-dispatch"
+
+
+def home(override: str | os.PathLike | None = None) -> Path:
+    """The root directory (created if missing).
+
+    Parameters
+    ----------
+    override: use this directory instead of the environment / platform default (tests).
+    """
+    if override is not None:
+        root = Path(override)
+    elif os.environ.get(HOME_ENV):
+        root = Path(os.environ[HOME_ENV])
+    else:
+        root = Path(platformdirs.user_cache_dir(APP_NAME))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _sub(name: str, override: str | os.PathLike | None) -> Path:
+    path = home(override) / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def tables_dir(override: str | os.PathLike | None = None) -> Path:
+    """Threshold tables (JSON), one sub-directory per card model."""
+    return _sub("tables", override)
+
+
+def models_dir(override: str | os.PathLike | None = None) -> Path:
+    """Fitted cost models (joblib, local only: never shared, never loaded from elsewhere)."""
+    return _sub("models", override)
+
+
+def journals_dir(override: str | os.PathLike | None = None) -> Path:
+    """Calibration journals (JSON lines of measurements, optuna journals)."""
+    return _sub("journals", override)

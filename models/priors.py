@@ -1,0 +1,250 @@
+"""The analytic prior: how long a kernel should take on a card, from its spec sheet alone.
+
+A roofline per kernel family: matrix products at the card's matrix rate (derated by occupancy
+when there are fewer output tiles than compute units), passes over the score matrix at its
+bandwidth, and a launch cost per eager op. A card nobody calibrated gets its decisions from here;
+the cost model learns the residual. Every constant is a named heuristic with its source.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from kernels.base import Kernel
+from kernels.chunked import ChunkedKernel
+from kernels.convert import ConvertKernel
+from kernels.problem import Problem
+from kernels.small_q import SmallQKernel, effective_splits
+from models._blocks_cost import visited_fraction
+from models.cards import CardSpec
+from models.ranking import supported
+
+# Achievable fractions of the datasheet peaks: 788 of 989 TFLOP/s bf16 and 4.3 of 4.8 TB/s
+# measured through PyTorch on this workplace's H200 (.library/device/KINDS.md).
+MATMUL_EFFICIENCY = 0.8
+BANDWIDTH_EFFICIENCY = 0.9
+# Output tile of a typical GPU matrix-product kernel (cuBLAS / rocBLAS macro tiles are 64-256).
+MATMUL_TILE = 128
+# Query rows per block of a fused attention kernel (FlashAttention-2 uses 64-128).
+FUSED_Q_TILE = 128
+# Softmax arithmetic per score element: max, subtract, exp (~4 FLOPs), sum. A rough count.
+SOFTMAX_FLOPS_PER_ELEMENT = 8
+# Fraction of the matrix peak fused kernels reach, from the H200 probe's non-causal 32768^2,
+# D=64 fp16 case (h200-probe.md, 32 heads): cuDNN 10.0 ms = 0.89 of peak, flash 14.6 ms = 0.61,
+# efficient 32.6 ms = 0.27. Its causal 16384^2 prefill ran at ~0.6 of those: causal load imbalance.
+FUSED_EFFICIENCY = {"sdpa_cudnn": 0.85, "sdpa_flash": 0.6, "sdpa_efficient": 0.27}
+FUSED_CAUSAL_EFFICIENCY = 0.6
+# Fused kernels that split the keys across compute units for few query rows (flash-decoding):
+# the H200 probe's decode at 131072 keys ran flash at 0.55 ms, efficient at 4.3 ms.
+FUSED_SPLITS_KEYS = {"sdpa_cudnn": True, "sdpa_flash": True, "sdpa_efficient": False}
+FUSED_LAUNCHES = 3  # the kernel, the log-sum-exp buffer, the output allocation
+# `sdpa_default` vs the backend it picks: the H200 probe found it ran at cuDNN's speed on 530 of
+# 580 shapes; the extra is its Python-side dispatch (~one launch).
+DEFAULT_EXTRA_LAUNCHES = 1
+# Eager op counts of the portable kernels (from kernels/_blocks.py, kernels/math_kernel.py,
+# kernels/chunked.py, kernels/small_q.py): per key block (scores, softmax, online merge), per
+# query block (scale the rows, normalise, scatter), and per call.
+MATH_OPS = 14
+SMALL_Q_OPS = 16
+CHUNKED_OPS_PER_BLOCK = 11
+CHUNKED_MERGE_OPS = 12
+CHUNKED_OPS_PER_Q_BLOCK = 7
+MASK_OPS = 2
+SDPA_MATH_OPS = 6
+CONVERT_OPS = 4  # Q, K, V converted, the output converted back
+
+
+def _acc_itemsize(problem: Problem) -> int:
+    return 8 if problem.dtype == "float64" else 4
+
+
+def _masked(problem: Problem) -> bool:
+    return problem.causal or problem.mask_kind != "none"
+
+
+def score_bytes_per_element(problem: Problem) -> int:
+    """Bytes moved per score element by the portable kernels (kernels/_blocks.py): the product
+    writes scores, fp32 conversion, mask, max, subtract, exp, sum, conversion back, and the
+    value product reads them."""
+    item, acc = problem.itemsize, _acc_itemsize(problem)
+    total = 2 * item + 6 * acc
+    if item != acc:
+        total += 2 * (item + acc)
+    if _masked(problem):
+        total += 2 * acc + (1 if problem.mask_kind == "bool" else 4 if problem.mask_kind == "float" else 0)
+    return total
+
+
+def roofline_seconds(problem: Problem, spec: CardSpec) -> float:
+    """The plain roofline: max(FLOPs / peak, fewest bytes / bandwidth); no efficiencies."""
+    return max(problem.flops / spec.flops(problem.dtype), problem.io_bytes / spec.bandwidth)
+
+
+class _Rates:
+    """A card's achievable rates for one problem's dtype."""
+
+    def __init__(self, problem: Problem, spec: CardSpec) -> None:
+        self.matmul = spec.flops(problem.dtype) * MATMUL_EFFICIENCY
+        self.bandwidth = spec.bandwidth * BANDWIDTH_EFFICIENCY
+        self.vector = spec.vector_flops
+        self.units = max(spec.compute_units, 1)
+        self.launch = spec.launch_overhead_s
+
+    def occupancy(self, tiles: float) -> float:
+        return min(1.0, max(tiles, 1.0) / self.units)
+
+    def product(self, flops: float, operand_bytes: float, tiles: float) -> float:
+        """One (batched) matrix product, derated when it has fewer tiles than compute units."""
+        return max(flops / self.matmul, operand_bytes / self.bandwidth) / self.occupancy(tiles)
+
+
+def _tiles(*extents: float) -> float:
+    return math.prod(max(1.0, math.ceil(extent / MATMUL_TILE)) for extent in extents)
+
+
+def _unfused_seconds(
+    problem: Problem, spec: CardSpec, *, q_block: int, kv_block: int, splits: int = 1,
+    ops_per_block: float, ops_per_q_block: float, ops_fixed: float, merge_bytes: float = 0.0,
+) -> float:
+    """Portable kernels: blocks of ``q_block x kv_block`` scores per head, products in the input
+    dtype, softmax in fp32 (see `score_bytes_per_element`)."""
+    rates = _Rates(problem, spec)
+    L, S = problem.q_len, problem.kv_len
+    q_block, kv_block = max(1, min(q_block, L)), max(1, min(kv_block, S))
+    fraction, visited, n_q = visited_fraction(L, S, q_block, kv_block, problem.causal)
+    elements = problem.score_elements * fraction
+    heads_kv, rows = problem.batch * problem.kv_heads, problem.gqa_ratio * q_block
+    item = problem.itemsize
+    key_bytes = visited * heads_kv * kv_block * problem.head_dim * item
+    value_bytes = visited * heads_kv * kv_block * problem.value_dim * item
+    chunk = kv_block / splits
+    qk = rates.product(2 * elements * problem.head_dim, key_bytes, heads_kv * splits * _tiles(rows, chunk))
+    pv = rates.product(2 * elements * problem.value_dim, value_bytes, heads_kv * splits * _tiles(rows, problem.value_dim))
+    softmax = max(
+        elements * score_bytes_per_element(problem) / rates.bandwidth,
+        elements * SOFTMAX_FLOPS_PER_ELEMENT / rates.vector,
+    )
+    stream = (problem.q_bytes + problem.out_bytes + merge_bytes + 2 * Kernel.input_copy_bytes(problem)) / rates.bandwidth
+    mask_ops = MASK_OPS if _masked(problem) else 0
+    ops = visited * (ops_per_block + mask_ops) + n_q * ops_per_q_block + ops_fixed
+    return qk + pv + softmax + stream + ops * rates.launch
+
+
+def math_seconds(problem: Problem, spec: CardSpec) -> float:
+    return _unfused_seconds(problem, spec, q_block=problem.q_len, kv_block=problem.kv_len,
+                            ops_per_block=0, ops_per_q_block=0, ops_fixed=MATH_OPS)
+
+
+def chunked_seconds(problem: Problem, kernel: ChunkedKernel, spec: CardSpec) -> float:
+    """Blocks skipped above the causal diagonal; an online-softmax merge per extra key block."""
+    q_block = max(1, min(kernel.q_chunk, problem.q_len))
+    kv_block = max(1, min(kernel.kv_chunk, problem.kv_len))
+    _, visited, n_q = visited_fraction(problem.q_len, problem.kv_len, q_block, kv_block, problem.causal)
+    merges = max(0.0, visited - n_q)
+    acc = _acc_itemsize(problem)
+    merge_bytes = merges * problem.batch * problem.q_heads * q_block * (problem.value_dim + 2) * acc * 4
+    return _unfused_seconds(
+        problem, spec, q_block=q_block, kv_block=kv_block,
+        ops_per_block=CHUNKED_OPS_PER_BLOCK + CHUNKED_MERGE_OPS * merges / max(visited, 1.0),
+        ops_per_q_block=CHUNKED_OPS_PER_Q_BLOCK, ops_fixed=0, merge_bytes=merge_bytes,
+    )
+
+
+def small_q_seconds(problem: Problem, kernel: SmallQKernel, spec: CardSpec) -> float:
+    """One pass over all keys, the value product split ``P`` ways (more parallel tiles), plus the
+    per-split partial outputs written and summed."""
+    splits = effective_splits(kernel.splits, problem.kv_len)
+    rows = problem.batch * problem.q_heads * problem.q_len
+    partial_bytes = 2 * splits * rows * problem.value_dim * problem.itemsize
+    return _unfused_seconds(problem, spec, q_block=problem.q_len, kv_block=problem.kv_len, splits=splits,
+                            ops_per_block=0, ops_per_q_block=0, ops_fixed=SMALL_Q_OPS, merge_bytes=partial_bytes)
+
+
+def sdpa_math_seconds(problem: Problem, spec: CardSpec) -> float:
+    """PyTorch's math backend: scores, one fused softmax, the value product; half inputs are
+    upcast to fp32 first on GPU builds (kernels/sdpa_backends.py `SdpaMathKernel`)."""
+    rates = _Rates(problem, spec)
+    acc = _acc_itemsize(problem)
+    elements = problem.score_elements
+    heads, L, S = problem.batch * problem.q_heads, max(problem.q_len, 1), max(problem.kv_len, 1)
+    upcast = 2 * (problem.q_bytes + problem.kv_bytes) * acc / problem.itemsize if problem.itemsize < acc else 0
+    qk = rates.product(2 * elements * problem.head_dim, problem.kv_bytes, heads * _tiles(L, S))
+    pv = rates.product(2 * elements * problem.value_dim, problem.kv_bytes, heads * _tiles(L, problem.value_dim))
+    passes = 4 + (2 if _masked(problem) else 0)
+    softmax = max(elements * passes * acc / rates.bandwidth, elements * SOFTMAX_FLOPS_PER_ELEMENT / rates.vector)
+    stream = (upcast + problem.io_bytes) / rates.bandwidth
+    return qk + pv + softmax + stream + (SDPA_MATH_OPS + (MASK_OPS if _masked(problem) else 0)) * rates.launch
+
+
+def fused_seconds(problem: Problem, family: str, spec: CardSpec) -> float:
+    """A fused kernel: no score traffic; FLOPs at a family efficiency, causal blocks skipped."""
+    rates = _Rates(problem, spec)
+    efficiency = FUSED_EFFICIENCY[family] * (FUSED_CAUSAL_EFFICIENCY if problem.causal else 1.0)
+    fraction, _, _ = visited_fraction(problem.q_len, problem.kv_len, FUSED_Q_TILE, FUSED_Q_TILE, problem.causal)
+    tiles = problem.batch * problem.q_heads * math.ceil(max(problem.q_len, 1) / FUSED_Q_TILE)
+    if FUSED_SPLITS_KEYS[family]:
+        tiles *= math.ceil(max(problem.kv_len, 1) / FUSED_Q_TILE)
+    bias = problem.batch * problem.q_heads * problem.q_len * problem.kv_len * problem.itemsize if problem.mask_kind != "none" else 0
+    compute = problem.flops * fraction / (rates.matmul * efficiency)
+    memory = (problem.io_bytes + 2 * bias + 2 * Kernel.input_copy_bytes(problem)) / rates.bandwidth
+    return max(compute, memory) / rates.occupancy(tiles) + FUSED_LAUNCHES * rates.launch
+
+
+def default_backend(problem: Problem, spec: CardSpec) -> str:
+    """The family `sdpa_default` is expected to run: cuDNN (half) or efficient (fp32) on a card
+    with fused kernels, flash on CPU, the math backend elsewhere (gfx906)."""
+    if problem.device_type == "cpu":
+        return "sdpa_flash"
+    if not spec.fused_attention or problem.dtype == "float64":
+        return "sdpa_math"
+    return "sdpa_cudnn" if problem.itemsize == 2 else "sdpa_efficient"
+
+
+def prior_seconds(problem: Problem, kernel: Kernel, spec: CardSpec) -> float:
+    """Predicted seconds of `kernel` on `problem` from `spec` alone (support is not checked)."""
+    if isinstance(kernel, ConvertKernel):
+        inner = kernel.converted(problem)
+        if kernel.source is None:
+            copy = 2 * (problem.q_bytes + problem.kv_bytes)
+        else:
+            copy = (problem.q_bytes + problem.kv_bytes) * (1 + inner.itemsize / problem.itemsize)
+            copy += problem.out_bytes * (1 + inner.itemsize / problem.itemsize)
+        rates = _Rates(problem, spec)
+        return copy / rates.bandwidth + CONVERT_OPS * rates.launch + prior_seconds(inner, kernel.inner, spec)
+    family = kernel.family
+    if family == "math":
+        return math_seconds(problem, spec)
+    if isinstance(kernel, ChunkedKernel):
+        return chunked_seconds(problem, kernel, spec)
+    if isinstance(kernel, SmallQKernel):
+        return small_q_seconds(problem, kernel, spec)
+    if family == "sdpa_math":
+        return sdpa_math_seconds(problem, spec)
+    if family == "sdpa_default":
+        backend = default_backend(problem, spec)
+        seconds = sdpa_math_seconds(problem, spec) if backend == "sdpa_math" else fused_seconds(problem, backend, spec)
+        return seconds + DEFAULT_EXTRA_LAUNCHES * spec.launch_overhead_s
+    if family in FUSED_EFFICIENCY:
+        return fused_seconds(problem, family, spec)
+    raise ValueError(f"no prior for kernel family {family!r} (kernel {kernel.name}); add one to models/priors.py")
+
+
+class PriorRanker:
+    """Ranks kernels by `prior_seconds` on one card (the ranker of an uncalibrated card).
+
+    Parameters
+    ----------
+    spec: the card's spec sheet (`models.cards.spec_for`).
+    """
+
+    def __init__(self, spec: CardSpec) -> None:
+        self.spec = spec
+
+    def __repr__(self) -> str:
+        return f"PriorRanker({self.spec.name!r})"
+
+    def rank(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
+        """Supported kernels' names and prior seconds, fastest first (ties by name)."""
+        scored = [(k.name, prior_seconds(problem, k, self.spec)) for k in supported(problem, kernels)]
+        return sorted(scored, key=lambda item: (item[1], item[0]))

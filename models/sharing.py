@@ -1,0 +1,155 @@
+"""Sharing tables between owners: export, import, and the lookup the dispatcher runs at start-up.
+
+Lookup order: exact card and software stack -> same card model, other stack (warns: stale) ->
+same family (gfx906 tables serve MI50, MI60 and Radeon VII, times scaled by the cards' rates) ->
+the analytic prior. The user's tables (``tables_dir()/<model>/*.json``) come before the bundled
+ones (``models/tables/*.json``). A corrupt or foreign file is skipped with a warning: an attention
+call never fails because of a table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from models._card_names import slug
+from models.cards import spec_for
+from models.identity import DeviceIdentity
+from models.merge import card_scale
+from models.paths import tables_dir
+from models.priors import PriorRanker
+from models.ranking import Ranker
+from models.table import ThresholdTable
+from models.table_io import dumps_table, load_table, save_table
+
+BUNDLED_TABLES_DIR = Path(__file__).resolve().parent / "tables"
+LEVELS = ("exact", "model", "family", "prior")
+
+
+class TableWarning(UserWarning):
+    """A table was skipped, is stale, or stands in for another card."""
+
+
+@dataclass(frozen=True)
+class TableLookup:
+    """What `lookup_table` found for a device.
+
+    Attributes
+    ----------
+    table: the table to use (scaled for this card at the family level), None at the prior level.
+    level: "exact", "model", "family" or "prior".
+    path: the file it came from (None at the prior level).
+    warnings: stale stack, family stand-in, skipped files (each also issued as a `TableWarning`).
+    identity: the device looked up.
+    """
+
+    table: ThresholdTable | None
+    level: str
+    path: Path | None
+    identity: DeviceIdentity
+    warnings: tuple[str, ...] = field(default=())
+
+    def ranker(self) -> Ranker:
+        """The table, or the analytic prior of this device's card when there is none."""
+        return self.table if self.table is not None else PriorRanker(spec_for(self.identity))
+
+
+def export_table(table: ThresholdTable, path: str | os.PathLike) -> Path:
+    """Write one self-contained, validated JSON file to share."""
+    return save_table(table, path)
+
+
+def _stored_name(table: ThresholdTable) -> str:
+    if table.provenance.merged_from:
+        digest = hashlib.sha256(dumps_table(table).encode()).hexdigest()[:12]
+        return f"merged-{digest}.json"
+    return f"{table.identity.key}.json"
+
+
+def store_table(table: ThresholdTable, *, home: str | os.PathLike | None = None) -> Path:
+    """Keep `table` where lookups find it: ``tables_dir()/<model key>/<card key>.json``."""
+    return save_table(table, tables_dir(home) / slug(table.identity.model_key, max_length=80) / _stored_name(table))
+
+
+def import_table(path: str | os.PathLike, *, home: str | os.PathLike | None = None) -> Path:
+    """Validate a shared table file and store it under its card model; returns the stored path.
+
+    Raises `models.table_schema.TableError` for anything that is not a valid table.
+    """
+    return store_table(load_table(path), home=home)
+
+
+def _level(table: ThresholdTable, identity: DeviceIdentity) -> str | None:
+    cards = table.provenance.identities
+    if any(card.key == identity.key for card in cards):
+        return "exact"
+    if any(card.model_key == identity.model_key for card in cards):
+        return "model"
+    # Family stand-ins are for GPUs of one architecture; two CPU models differ too much.
+    if identity.device_type != "cpu" and any(card.family_key == identity.family_key for card in cards):
+        return "family"
+    return None
+
+
+def _candidate_files(home: str | os.PathLike | None) -> list[tuple[Path, bool]]:
+    """(path, bundled) of every table file, the user's first."""
+    files: list[tuple[Path, bool]] = []
+    for root, bundled in ((tables_dir(home), False), (BUNDLED_TABLES_DIR, True)):
+        pattern = "*.json" if bundled else "*/*.json"
+        try:
+            files += [(path, bundled) for path in sorted(root.glob(pattern)) if path.is_file()]
+        except OSError:
+            continue
+    return files
+
+
+def lookup_table(
+    identity: DeviceIdentity, *, home: str | os.PathLike | None = None, include_bundled: bool = True
+) -> TableLookup:
+    """The best table for `identity` (see module docstring). Never raises for a bad table file."""
+    notes: list[str] = []
+    found: list[tuple[tuple, Path, ThresholdTable, str]] = []
+    for path, bundled in _candidate_files(home):
+        if bundled and not include_bundled:
+            continue
+        try:
+            table = load_table(path)
+        except Exception as error:  # noqa: BLE001 - a bad file must never break inference
+            notes.append(f"skipped table {path}: {error}")
+            continue
+        level = _level(table, identity)
+        if level is not None:
+            rank = (LEVELS.index(level), bundled, _negated(table.provenance.created), -table.provenance.points_measured)
+            found.append((rank, path, table, level))
+    if not found:
+        return _finish(TableLookup(None, "prior", None, identity, tuple(notes)))
+    _, path, table, level = min(found, key=lambda item: (item[0], str(item[1])))
+    if level == "model":
+        notes.append(
+            f"table {path} was calibrated on {table.identity.software_key}, this process runs "
+            f"{identity.software_key}: its decisions may be stale; run `attn-dispatch check` or calibrate again"
+        )
+    elif level == "family":
+        spec = spec_for(identity)
+        factor = card_scale(table.spec, spec)
+        note = (
+            f"no table for {identity.model_key}: using the {table.identity.model_key} table of the same "
+            f"family ({identity.family_key}) with times scaled by {factor:.3f} (unmeasured on this card)"
+        )
+        table = table.scaled(factor, spec=spec, note=note)
+        notes.append(note)
+    return _finish(TableLookup(table, level, path, identity, tuple(notes)))
+
+
+def _negated(created: str) -> tuple[int, ...]:
+    """Sort key putting later ISO timestamps first."""
+    return tuple(-ord(ch) for ch in created)
+
+
+def _finish(result: TableLookup) -> TableLookup:
+    for message in result.warnings:
+        warnings.warn(message, TableWarning, stacklevel=3)
+    return result

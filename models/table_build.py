@@ -1,0 +1,142 @@
+"""Build a threshold table from a fitted cost model and the measurements it was fitted on."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+from kernels.problem import Problem
+from models.buckets import WORK_STEP, ClassKey, bucket_of, class_key
+from models.cards import CardSpec
+from models.cost_model import CostModel
+from models.features import feature_matrix
+from models.identity import DeviceIdentity
+from models.measurement import Measurement
+from models.ranking import kernel_named
+from models.table import Cell, Provenance, TableClass, Template, ThresholdTable
+from models.thresholds import thresholds_for
+from models.versions import software_versions
+
+# Candidates kept per bucket: the winner and enough runners-up for the dispatcher to fall back
+# on when the winner does not fit in memory or fails (the prior ranks the rest).
+CANDIDATES_PER_CELL = 4
+# Measured statuses that bar a kernel from a bucket (it ran and was wrong, or it raised).
+EXCLUDING_STATUSES = ("inaccurate", "failed")
+SIGNIFICANT_DIGITS = 4  # predicted times are estimates: 4 significant digits is plenty
+
+
+def _round(seconds: float) -> float:
+    return float(f"{seconds:.{SIGNIFICANT_DIGITS}g}")
+
+
+def _template(problems: list[Problem]) -> Template:
+    """The most common batch / head layout of the class's measured problems."""
+    layout = Counter((p.batch, p.q_heads, p.kv_heads, p.value_dim) for p in problems).most_common(1)[0][0]
+    return Template(*layout)
+
+
+def _grid(problems: list[Problem]) -> list[tuple[int, int]]:
+    buckets = [bucket_of(p) for p in problems]
+    q_range = range(min(b[0] for b in buckets), max(b[0] for b in buckets) + 1)
+    kv_range = range(min(b[1] for b in buckets), max(b[1] for b in buckets) + 1)
+    return [(q, kv) for q in q_range for kv in kv_range]
+
+
+def _measured_cells(points: list[Measurement]) -> tuple[dict, dict]:
+    """(bucket -> kernel -> median measured seconds, bucket -> kernel -> excluding status)."""
+    times: dict = defaultdict(lambda: defaultdict(list))
+    excluded: dict = defaultdict(dict)
+    for m in points:
+        bucket = bucket_of(m.problem)
+        if m.ok:
+            times[bucket][m.kernel].append(m.median_s)
+        elif m.status in EXCLUDING_STATUSES:
+            excluded[bucket][m.kernel] = m.status
+    medians = {b: {k: statistics.median(v) for k, v in per.items()} for b, per in times.items()}
+    return medians, excluded
+
+
+def _build_class(
+    key: ClassKey, points: list[Measurement], model: CostModel, spec: CardSpec, kernel_names: Sequence[str],
+    device_type: str, candidates: int,
+) -> TableClass:
+    problems = [m.problem for m in points]
+    shell = TableClass(key=key, template=_template(problems), cells={})
+    measured, excluded = _measured_cells(points)
+    rows: list[tuple[tuple[int, int], str, Problem]] = []
+    for bucket in _grid(problems):
+        problem = shell.problem_at(bucket, device_type)
+        for name in kernel_names:
+            if name not in excluded.get(bucket, {}) and not kernel_named(name).reasons(problem):
+                rows.append((bucket, name, problem))
+    seconds = model.predict_seconds(feature_matrix([r[2] for r in rows], [r[1] for r in rows], spec)) if rows else []
+    ranked: dict = defaultdict(list)
+    for (bucket, name, _), predicted in zip(rows, seconds, strict=True):
+        ranked[bucket].append((name, _round(float(predicted))))
+    cells = {}
+    for bucket, entries in ranked.items():
+        entries.sort(key=lambda item: (item[1], item[0]))
+        cells[bucket] = Cell(
+            ranking=tuple(entries[:candidates]),
+            measured=tuple(sorted(((n, _round(s)) for n, s in measured.get(bucket, {}).items()), key=lambda e: e[1])),
+            excluded=tuple(sorted(excluded.get(bucket, {}).items())),
+        )
+    if not cells:
+        raise ValueError(
+            f"no kernel of {list(kernel_names)[:5]}... supports class {key.describe()}; pass the kernel names "
+            "that were calibrated"
+        )
+    return TableClass(key=key, template=shell.template, cells=cells, thresholds=thresholds_for(cells))
+
+
+def build_table(
+    cost_model: CostModel,
+    spec: CardSpec,
+    identity: DeviceIdentity,
+    measurements: Sequence[Measurement],
+    kernel_names: Sequence[str],
+    *,
+    quality: dict | None = None,
+    candidates: int = CANDIDATES_PER_CELL,
+    work_step: int = WORK_STEP,
+    calibration_wall_s: float | None = None,
+    notes: Sequence[str] = (),
+) -> ThresholdTable:
+    """A decision map for every problem class that was measured.
+
+    Parameters
+    ----------
+    cost_model: fitted on features built with `spec`.
+    measurements: what calibration measured (any status); classes and bucket ranges come from
+        their problems, measured times and exclusions (inaccurate / failed) from their results.
+    kernel_names: the kernels the table may recommend (those calibrated).
+    quality: the model's held-out quality (`models.quality.Quality.to_dict`).
+    """
+    if not measurements:
+        raise ValueError("build_table needs the measurements calibration made; got none (run `attn-dispatch calibrate`)")
+    if candidates < 1:
+        raise ValueError(f"candidates must be >= 1, got {candidates}")
+    for name in kernel_names:
+        kernel_named(name)  # ValueError for names that are not ours
+    by_class: dict[ClassKey, list[Measurement]] = defaultdict(list)
+    for m in measurements:
+        by_class[class_key(m.problem, work_step=work_step)].append(m)
+    classes = {
+        key: _build_class(key, points, cost_model, spec, kernel_names, identity.device_type, candidates)
+        for key, points in sorted(by_class.items())
+    }
+    provenance = Provenance(
+        identity=identity, created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        points_measured=len(measurements), calibration_wall_s=calibration_wall_s,
+        software=software_versions(), notes=tuple(notes),
+    )
+    return ThresholdTable(provenance=provenance, spec=spec, quality=dict(quality or {}), classes=classes,
+                          work_step=work_step)
+
+
+def predicted_best(table: ThresholdTable, problems: Sequence[Problem], names_per_problem: Sequence[Sequence[str]]) -> list[str]:
+    """The table's first choice for each problem among the given kernel names (evaluation)."""
+    return [table.rank(p, [kernel_named(n) for n in names])[0][0] for p, names in zip(problems, names_per_problem, strict=True)]
+

@@ -1,0 +1,155 @@
+"""Reading and writing threshold-table files: bounded, UTF-8 JSON only, atomic.
+
+Loading reads at most `MAX_TABLE_BYTES`, refuses anything that is not UTF-8 JSON (a pickle
+payload is named as such), refuses NaN / Infinity and duplicate keys, and validates the result
+(`models.table_schema`). Nothing is ever unpickled or evaluated. Writing validates first, then
+writes a temporary file in the target directory and renames it over the target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from models.cards import CardSpec
+from models.table import TABLE_KIND, Cell, ThresholdTable
+from models.table_schema import FIX, TableError, table_from_dict
+
+# Real tables are tens to hundreds of KiB (one class is ~100 cells x 4 candidates); a file
+# larger than this is not a table.
+MAX_TABLE_BYTES = 8 * 2**20
+# Pickle streams start with the PROTO opcode (0x80) for protocols 2-5; protocol 0/1 streams
+# start with an opcode letter ('(' , ']', '}', 'c') that is never valid JSON start either.
+_PICKLE_PROTO = b"\x80"
+
+
+def _reject_constant(name: str) -> float:
+    raise TableError(f"threshold table holds the non-JSON number {name}; times must be finite numbers; {FIX}")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        duplicate = next(key for key in keys if keys.count(key) > 1)
+        raise TableError(f"threshold table repeats the key {duplicate!r} in one object; {FIX}")
+    return dict(pairs)
+
+
+def loads_table(raw: bytes, *, source: str = "<bytes>") -> ThresholdTable:
+    """Parse and validate the bytes of a table file; raises `TableError` naming `source`."""
+    if len(raw) > MAX_TABLE_BYTES:
+        raise TableError(f"{source}: {len(raw)} bytes is over the {MAX_TABLE_BYTES}-byte cap for threshold tables; it is not a table")
+    if raw.startswith(_PICKLE_PROTO):
+        raise TableError(f"{source}: this is a pickle payload, not a JSON table; tables are never unpickled; {FIX}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise TableError(f"{source}: not UTF-8 text (byte {error.start}); threshold tables are UTF-8 JSON; {FIX}") from None
+    if not text.strip():
+        raise TableError(f"{source}: the file is empty; {FIX}")
+    try:
+        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as error:
+        where = "truncated" if error.pos >= len(text.rstrip()) else "malformed"
+        raise TableError(
+            f"{source}: {where} JSON ({error.msg} at line {error.lineno} column {error.colno}); {FIX}"
+        ) from None
+    except RecursionError:
+        raise TableError(f"{source}: JSON nested too deeply to be a table; {FIX}") from None
+    try:
+        return table_from_dict(data)
+    except TableError as error:
+        raise TableError(f"{source}: {error}") from None
+
+
+def load_table(path: str | os.PathLike) -> ThresholdTable:
+    """Read a table file (at most `MAX_TABLE_BYTES` are read)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_TABLE_BYTES + 1)
+    except OSError as error:
+        raise TableError(f"{path}: cannot read the table ({error.strerror})") from None
+    return loads_table(raw, source=str(path))
+
+
+def dumps_table(table: ThresholdTable) -> str:
+    """Validated JSON text of `table` (NaN / Infinity refused)."""
+    data = table_to_dict(table)
+    table_from_dict(data)  # what we write must load
+    text = json.dumps(data, indent=1, allow_nan=False, ensure_ascii=False) + "\n"
+    if len(text.encode()) > MAX_TABLE_BYTES:
+        raise TableError(
+            f"this table serialises to {len(text.encode())} bytes, over the {MAX_TABLE_BYTES}-byte cap; "
+            "build it with fewer classes or candidates"
+        )
+    return text
+
+
+def save_table(table: ThresholdTable, path: str | os.PathLike) -> Path:
+    """Write `table` to `path` atomically (temporary file in the same directory, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = dumps_table(table)
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+
+def _spec_dict(spec: CardSpec) -> dict:
+    return {
+        "name": spec.name, "matrix_flops": dict(spec.matrix_flops), "vector_flops": spec.vector_flops,
+        "bandwidth": spec.bandwidth, "memory_bytes": spec.memory_bytes, "compute_units": spec.compute_units,
+        "launch_overhead_s": spec.launch_overhead_s, "fused_attention": spec.fused_attention,
+        "source": spec.source, "estimated": spec.estimated,
+    }
+
+
+def _cell_dict(bucket: tuple[int, int], cell: Cell) -> dict:
+    out: dict = {"q": bucket[0], "kv": bucket[1], "ranking": [[n, s] for n, s in cell.ranking]}
+    if cell.measured:
+        out["measured"] = [[n, s] for n, s in cell.measured]
+    if cell.spread:
+        out["spread"] = {n: [lo, hi] for n, (lo, hi) in cell.spread.items()}
+    if cell.excluded:
+        out["excluded"] = [[n, why] for n, why in cell.excluded]
+    return out
+
+
+def table_to_dict(table: ThresholdTable) -> dict:
+    """The JSON-ready form (inverse of `table_from_dict`)."""
+    p = table.provenance
+    classes = []
+    for key in sorted(table.classes):
+        c = table.classes[key]
+        classes.append({
+            "dtype": key.dtype, "head_dim": key.head_dim, "causal": key.causal, "gqa_ratio": key.gqa_ratio,
+            "mask_kind": key.mask_kind, "work_log2": key.work_log2,
+            "template": {"batch": c.template.batch, "q_heads": c.template.q_heads,
+                         "kv_heads": c.template.kv_heads, "value_dim": c.template.value_dim},
+            "cells": [_cell_dict(b, c.cells[b]) for b in sorted(c.cells)],
+            "thresholds": [{"kernel": t.kernel, "q_log2": list(t.q_log2), "kv_log2": list(t.kv_log2),
+                            "cells_won": t.cells_won, "cells_in_box": t.cells_in_box, "text": t.text}
+                           for t in c.thresholds],
+        })
+    return {
+        "format_version": table.format_version, "kind": TABLE_KIND,
+        "provenance": {
+            "identity": p.identity.to_dict(), "created": p.created, "points_measured": p.points_measured,
+            "calibration_wall_s": p.calibration_wall_s, "software": dict(p.software),
+            "merged_from": [i.to_dict() for i in p.merged_from], "notes": list(p.notes),
+        },
+        "spec": _spec_dict(table.spec), "quality": dict(table.quality), "work_step": table.work_step,
+        "classes": classes,
+    }

@@ -1,0 +1,48 @@
+"""Readable crossover thresholds of one class: where each kernel wins, in words.
+
+Bucket ``b`` holds lengths in ``(2^(b-1), 2^b]``, so a kernel that wins buckets 0..3 of Lq and
+11..17 of Lk reads "small_q[splits=8] when Lq <= 8 and Lk > 1024" (bounds at the edge of the
+table's grid are left open: beyond the grid the nearest bucket decides).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from models.table import Cell, Threshold
+
+
+def _range_text(symbol: str, low: int, high: int, grid_low: int, grid_high: int) -> str:
+    parts = []
+    if low > grid_low:
+        parts.append(f"{symbol} > {2 ** (low - 1) if low > 0 else 0}")
+    if high < grid_high:
+        parts.append(f"{symbol} <= {2 ** high}")
+    return " and ".join(parts)
+
+
+def thresholds_for(cells: dict[tuple[int, int], Cell]) -> tuple[Threshold, ...]:
+    """One `Threshold` per winning kernel, most buckets first."""
+    won: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for bucket, cell in cells.items():
+        if cell.ranking:
+            won[cell.ranking[0][0]].append(bucket)
+    q_all = [b[0] for b in cells]
+    kv_all = [b[1] for b in cells]
+    result = []
+    for kernel, buckets in won.items():
+        q_low, q_high = min(b[0] for b in buckets), max(b[0] for b in buckets)
+        kv_low, kv_high = min(b[1] for b in buckets), max(b[1] for b in buckets)
+        in_box = sum(1 for q, kv in cells if q_low <= q <= q_high and kv_low <= kv <= kv_high)
+        conditions = [
+            text for text in (
+                _range_text("Lq", q_low, q_high, min(q_all), max(q_all)),
+                _range_text("Lk", kv_low, kv_high, min(kv_all), max(kv_all)),
+            ) if text
+        ]
+        text = f"{kernel} when {' and '.join(conditions)}" if conditions else f"{kernel} everywhere in this class"
+        if in_box > len(buckets):
+            text += f" ({len(buckets)} of {in_box} buckets)"
+        result.append(Threshold(kernel, (q_low, q_high), (kv_low, kv_high), len(buckets), in_box, text))
+    result.sort(key=lambda t: (-t.cells_won, t.kernel))
+    return tuple(result)
