@@ -2,7 +2,8 @@
 
 Peak extra memory is O(Qc x Kc) per head whatever the sequence lengths, so a 32k x 32k problem
 runs where the math path would need the whole score matrix. Causal blocks that lie entirely above
-the diagonal are skipped.
+the diagonal are skipped. When one key block covers every key, each query block is a single pass
+with PyTorch's fused softmax (no online merge).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kernels._blocks import (
     scatter_rows,
     softmax_partials,
 )
+from kernels._single_pass import single_pass_attention, single_pass_workspace_bytes
 from kernels.base import Kernel
 from kernels.problem import Problem
 
@@ -53,21 +55,29 @@ class ChunkedKernel(Kernel):
 
     def workspace_bytes(self, problem: Problem) -> int:
         q_rows = min(self.q_chunk, problem.q_len)
-        kv_cols = min(self.kv_chunk, problem.kv_len)
+        if self.kv_chunk >= problem.kv_len:
+            block = single_pass_workspace_bytes(problem, q_rows, splits=1)
+        else:
+            block = block_workspace_bytes(problem, q_rows, self.kv_chunk)
         return (
             problem.out_bytes
             + self.input_copy_bytes(problem)
             + (problem.mask_bytes if problem.mask_kind == "bool" else 0)
-            + block_workspace_bytes(problem, q_rows, kv_cols)
+            + block
         )
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
         L, S = problem.q_len, problem.kv_len
         out = query.new_empty(problem.batch, problem.q_heads, L, problem.value_dim)
         mask, mask_blocks = prepare_mask(mask)
+        one_kv_block = self.kv_chunk >= S
         for q_start in range(0, L, self.q_chunk):
             rows = slice(q_start, min(L, q_start + self.q_chunk))
             q_block = query_rows(query, rows, problem, scale)
+            if one_kv_block:  # no online merge needed: PyTorch's fused softmax, one pass
+                block = single_pass_attention(q_block, key, value, mask, mask_blocks, rows, problem)
+                scatter_rows(out, block, rows, problem)
+                continue
             state = OnlineSoftmax()
             for kv_start in range(0, S, self.kv_chunk):
                 cols = slice(kv_start, min(S, kv_start + self.kv_chunk))

@@ -18,7 +18,7 @@ import torch
 
 from kernels.base import Kernel
 from kernels.problem import Problem
-from kernels.sdpa_probe import probe_backend
+from kernels.sdpa_probe import cached_default_backend_choice, default_backend_choice, probe_backend
 
 # PyTorch's SDPA itself; `F.scaled_dot_product_attention` may be patched by the dispatcher.
 pytorch_sdpa = torch._C._nn.scaled_dot_product_attention
@@ -153,8 +153,11 @@ class SdpaBackendKernel(Kernel):
             extra += problem.mask_bytes + problem.q_len * problem.kv_len  # inverted mask, causal block
         if problem.strided:
             extra += problem.q_bytes + problem.kv_bytes
-        if problem.gqa_ratio > 1 and self._gqa_mode(problem) == "repeat":
+        mode = self._gqa_mode(problem) if problem.gqa_ratio > 1 else "none"
+        if mode == "repeat":
             extra += problem.kv_bytes * problem.gqa_ratio
+        elif mode == "fold":
+            extra += problem.q_bytes + problem.out_bytes  # folded rows and the reshaped output
         return extra
 
     # ------------------------------------------------------------------ running
@@ -168,8 +171,8 @@ class SdpaBackendKernel(Kernel):
         mode = self._gqa_mode(problem)
         if mode == "fold":
             rows = query.reshape(problem.batch, problem.kv_heads, -1, problem.head_dim)
-            out = self._call_op(rows, key, value, None, False, scale)
-            return out.view(problem.batch, problem.q_heads, problem.q_len, problem.value_dim)
+            out = self._call_op(rows, key, value, None, False, scale)  # may come back [B, R, H, Ev]-strided
+            return out.reshape(problem.batch, problem.q_heads, problem.q_len, problem.value_dim)
         if mode == "repeat":
             key = key.repeat_interleave(problem.gqa_ratio, dim=1)
             value = value.repeat_interleave(problem.gqa_ratio, dim=1)
@@ -286,11 +289,19 @@ class SdpaDefaultKernel(SdpaBackendKernel):
     def _own_reasons(self, problem: Problem) -> list[str]:
         if problem.gqa_ratio > 1 and not TORCH_HAS_ENABLE_GQA:
             return ["PyTorch < 2.5 has no enable_gqa in scaled_dot_product_attention"]
+        default_backend_choice(problem)  # ask PyTorch now which backend it would take
         return []
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """Unknown in general (PyTorch picks the backend): bounded by the math backend's."""
-        return SdpaMathKernel().workspace_bytes(problem)
+        """The workspace of the backend PyTorch picks for problems of this kind (asked once, see
+        `default_backend_choice`); the math backend's until that is known. PyTorch repeats K/V
+        for GQA on backends without native support."""
+        family = cached_default_backend_choice(problem) or "sdpa_math"
+        chosen = FORCED_BACKENDS[family]()
+        extra = chosen.workspace_bytes(problem)
+        if family in ("sdpa_efficient", "sdpa_cudnn") and problem.gqa_ratio > 1:
+            extra += problem.kv_bytes * problem.gqa_ratio
+        return extra
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
         causal = problem.causal
@@ -311,4 +322,5 @@ def combine_mask_and_causal(mask: torch.Tensor, L: int, S: int) -> torch.Tensor:
 
 
 SDPA_BACKEND_KERNELS = (SdpaFlashKernel, SdpaEfficientKernel, SdpaCudnnKernel, SdpaMathKernel, SdpaDefaultKernel)
+FORCED_BACKENDS = {cls.family: cls for cls in SDPA_BACKEND_KERNELS if cls is not SdpaDefaultKernel}
 

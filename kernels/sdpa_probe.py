@@ -93,3 +93,47 @@ def _run_probe(kernel: SdpaBackendKernel, device_type: str, dtype: str, feature:
             f"(relative error {rel_l2:.1e})"
         )
     return None
+
+
+# PyTorch's SDPBackend enum values (torch.nn.attention.SDPBackend): what `_fused_sdp_choice` returns.
+SDP_BACKEND_FAMILIES = {0: "sdpa_math", 1: "sdpa_flash", 2: "sdpa_efficient", 3: "sdpa_cudnn"}
+_choices: dict[tuple, str] = {}
+
+
+def default_backend_choice(problem: Problem) -> str:
+    """The backend family `F.scaled_dot_product_attention` picks for problems like this one,
+    asked of PyTorch once (tiny inputs with the same dtype, head dims, mask kind, causality and
+    GQA); "sdpa_math" when it cannot be asked. Cached per kind of problem."""
+    key = (problem.device_type, problem.dtype, problem.head_dim, problem.value_dim, problem.causal,
+           problem.mask_kind, problem.gqa_ratio > 1, problem.q_len == 1)
+    if key not in _choices:
+        _choices[key] = _ask_pytorch(problem)
+    return _choices[key]
+
+
+def cached_default_backend_choice(problem: Problem) -> str | None:
+    """`default_backend_choice` if already asked, else None (never runs anything)."""
+    return _choices.get((problem.device_type, problem.dtype, problem.head_dim, problem.value_dim,
+                         problem.causal, problem.mask_kind, problem.gqa_ratio > 1, problem.q_len == 1))
+
+
+def _ask_pytorch(problem: Problem) -> str:
+    if problem.device_type == "cuda" and not torch.cuda.is_available():
+        return "sdpa_math"
+    device, dtype = torch.device(problem.device_type), DTYPES_BY_NAME[problem.dtype]
+    q_len, kv_len, kv_heads = (1 if problem.q_len == 1 else 16), 32, 1
+    q_heads = kv_heads * problem.gqa_ratio
+    try:
+        query = torch.randn(1, q_heads, q_len, problem.head_dim).to(device, dtype)
+        key = torch.randn(1, kv_heads, kv_len, problem.head_dim).to(device, dtype)
+        value = torch.randn(1, kv_heads, kv_len, problem.value_dim).to(device, dtype)
+        mask = None
+        if problem.mask_kind == "bool":
+            mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
+        elif problem.mask_kind == "float":
+            mask = torch.zeros(q_len, kv_len, dtype=dtype, device=device)
+        kwargs = {"enable_gqa": True} if problem.gqa_ratio > 1 else {}
+        choice = torch._fused_sdp_choice(query, key, value, mask, 0.0, problem.causal and mask is None, **kwargs)
+    except Exception:  # noqa: BLE001 - an old or unusual build: assume the worst case
+        return "sdpa_math"
+    return SDP_BACKEND_FAMILIES.get(int(choice), "sdpa_math")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -9,6 +11,8 @@ from kernels import AccuracyPolicy, Kernel, Problem, all_kernels, reference_atte
 from tests.kernels.cases import Case
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
+# The device the contract runs on: cpu in CI; set ATTN_DISPATCH_TEST_DEVICE=cuda on a GPU machine.
+TEST_DEVICE = os.environ.get("ATTN_DISPATCH_TEST_DEVICE", "cpu")
 EVERY_KERNEL = all_kernels(policy=AccuracyPolicy.allowing("any"))
 every_kernel = pytest.mark.parametrize("kernel", EVERY_KERNEL, ids=lambda kernel: kernel.name)
 
@@ -19,7 +23,7 @@ def dtypes_for(kernel: Kernel) -> tuple[str, ...]:
     return (source,) if source else SUPPORTED_DTYPES
 
 
-def basic_problems(kernel: Kernel, device_type: str = "cpu") -> list[Problem]:
+def basic_problems(kernel: Kernel, device_type: str = TEST_DEVICE) -> list[Problem]:
     """Plain problems in every dtype (and layout) the kernel might take."""
     return [
         Problem(1, 4, 2, 8, 16, 64, 64, dtype, device_type=device_type, strided=strided)
@@ -28,7 +32,7 @@ def basic_problems(kernel: Kernel, device_type: str = "cpu") -> list[Problem]:
     ]
 
 
-def runs_here(kernel: Kernel, device_type: str = "cpu") -> bool:
+def runs_here(kernel: Kernel, device_type: str = TEST_DEVICE) -> bool:
     return any(not kernel.reasons(problem) for problem in basic_problems(kernel, device_type))
 
 
@@ -45,7 +49,7 @@ def problem_of(inputs: dict) -> Problem:
 def check_against_reference(kernel: Kernel, case: Case, *, skip_unsupported: bool = True) -> bool:
     """Run `kernel` on `case` and compare with the float64 reference. Returns False (or skips)
     when the kernel declares the problem unsupported."""
-    inputs = case.build()
+    inputs = case.build(TEST_DEVICE)
     problem = problem_of(inputs)
     reasons = kernel.reasons(problem)
     if reasons:

@@ -12,6 +12,7 @@ from kernels import reference_attention, relative_errors
 from tests.kernels.cases import Case, cases
 from tests.kernels.contract import (
     EVERY_KERNEL,
+    TEST_DEVICE,
     basic_problems,
     check_against_reference,
     dtypes_for,
@@ -84,7 +85,7 @@ def test_two_dim_inputs(kernel):
 @every_kernel
 def test_empty_query(kernel):
     case = Case(q_len=0, kv_len=5)
-    inputs = case.build()
+    inputs = case.build(TEST_DEVICE)
     problem_reasons = kernel.reasons(problem_of(inputs))
     if problem_reasons:
         pytest.skip("; ".join(problem_reasons))
