@@ -1,1 +1,15 @@
-"""calibration: what measures (device identity, timer, problem space, optuna search, results)."""
+"""calibration: what measures (device identity, timer, problem space, optuna search, results).
+
+Public entry points:
+
+- `calibrate(config)` (`calibration.session`): a whole `attn-dispatch calibrate` run.
+- `CalibrationConfig` (`calibration.config`): its options and id.
+- `measure(kernel, problem, device, ...)` (`calibration.measure`): one trusted point; never raises
+  for a kernel's failure.
+- `time_repetitions`, `TimerSettings`, `QUICK` (`calibration.timer`), `make_inputs`
+  (`calibration.inputs`), `measure_peak_bytes` (`calibration.peak_memory`).
+- `ResultsStore` (`calibration.results`), `sample_problems` (`calibration.space`),
+  `apply_numerics_gate` (`calibration.gate`), `DeviceIdentity` (`calibration.identity`).
+
+Submodules are imported lazily by their users; this package imports nothing heavy itself.
+"""

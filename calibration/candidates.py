@@ -28,6 +28,21 @@ KERNEL_SETS = ("all", "portable")
 HOPELESS_FACTOR = 50.0
 
 
+def split_names(text: str) -> list[str]:
+    """Split a comma-separated list of kernel names, keeping commas inside brackets:
+    ``"math,chunked[q=128,kv=1024]"`` -> ``["math", "chunked[q=128,kv=1024]"]``."""
+    names, depth, current = [], 0, []
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            names.append("".join(current).strip())
+            current = []
+        else:
+            current.append(char)
+    names.append("".join(current).strip())
+    return [name for name in names if name]
+
+
 def kernel_set(spec: str, *, policy: AccuracyPolicy) -> list[Kernel]:
     """``"all"``, ``"portable"`` (math, chunked, small_q, convert: what gfx906 has) or a
     comma-separated list of kernel names.
@@ -40,7 +55,7 @@ def kernel_set(spec: str, *, policy: AccuracyPolicy) -> list[Kernel]:
         return all_kernels(policy=policy)
     if spec == "portable":
         return portable_kernels(policy=policy)
-    names = [name.strip() for name in spec.split(",") if name.strip()]
+    names = split_names(spec)
     if not names:
         raise ValueError(f"--kernels must be 'all', 'portable' or kernel names, got {spec!r}")
     return [kernel_from_name(name, policy=policy) for name in names]

@@ -23,7 +23,7 @@ CONFIG_HASH_HEX = 12
 PACKAGE = "attn-dispatch"
 # Default wall-time budgets for measuring: --quick must finish in under 3 minutes on a 2-core CPU
 # (fit and start-up included), a full run in under 10 minutes on an H200.
-QUICK_BUDGET_S = 120.0
+QUICK_BUDGET_S = 100.0
 FULL_BUDGET_S = 480.0
 # Optuna trials per tuned (problem, family) study, the sweep's defaults included.
 QUICK_TUNE_TRIALS = 5

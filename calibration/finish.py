@@ -14,12 +14,15 @@ from pathlib import Path
 
 from calibration.gate import apply_numerics_gate, describe_class
 from calibration.results import unit_key
+from kernels.accuracy import AccuracyPolicy
+from kernels.registry import kernel_from_name
 from models.identity import DeviceIdentity
 from models.measurement import Measurement
 from models.paths import tables_dir
 
 # Share of problems held out to evaluate the model (the models package's default).
 HOLDOUT_FRACTION = 0.2
+ANY_LOSSY = AccuracyPolicy.allowing("any")
 
 
 @dataclass
@@ -43,6 +46,14 @@ def merge(*sources: list[Measurement]) -> list[Measurement]:
                 seen.add(key)
                 out.append(m)
     return out
+
+
+def known_kernel(name: str) -> bool:
+    try:
+        kernel_from_name(name, policy=ANY_LOSSY)
+    except ValueError:
+        return False
+    return True
 
 
 def lookup_path(identity: DeviceIdentity) -> Path:
@@ -71,15 +82,19 @@ def fit_and_write(
         f"{kernel} unusable for {describe_class(key)}: {m.reason}"
         for key, kernels in sorted(excluded.items()) for kernel, m in sorted(kernels.items())
     ])
+    foreign = sorted({m.kernel for m in gated if not known_kernel(m.kernel)})
+    if foreign:  # a table may only name kernels the registry can build (a test's own kernels)
+        gated = [m for m in gated if known_kernel(m.kernel)]
+        outcome.note = f"left out of the fit (not registry kernels): {', '.join(foreign)}. "
     kernel_names = sorted({m.kernel for m in gated if m.ok})
     if not kernel_names:
-        outcome.note = "no kernel gave a usable timing: no table was built"
+        outcome.note += "no kernel gave a usable timing: no table was built"
         return outcome
     try:
         from models.fit import fit_and_build
         from models.table_io import save_table
     except ImportError as missing:  # FALLBACK: models' fit is not available in this checkout
-        outcome.note = f"table step skipped ({missing}); the measurements are kept in the results store"
+        outcome.note += f"table step skipped ({missing}); the measurements are kept in the results store"
         return outcome
     table, _, quality = fit_and_build(
         gated, identity, kernel_names=kernel_names, holdout_fraction=HOLDOUT_FRACTION, seed=seed,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -36,12 +37,22 @@ def unit_key(problem: Problem, kernel: str) -> str:
     return f"{problem_id(problem)}|{kernel}"
 
 
+def _finite(value: object) -> object:
+    """JSON has no inf or nan: non-finite floats in free-form fields become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 def measurement_record(measurement: Measurement, *, run: str, worker: str) -> dict:
     """The JSON line stored for `measurement`."""
-    return {
-        **measurement.to_dict(), "run": run, "worker": worker,
-        "unit": unit_key(measurement.problem, measurement.kernel),
-    }
+    record = measurement.to_dict()
+    record["extra"] = _finite(record.get("extra") or {})
+    return {**record, "run": run, "worker": worker, "unit": unit_key(measurement.problem, measurement.kernel)}
 
 
 @contextmanager

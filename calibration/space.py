@@ -24,8 +24,10 @@ from kernels.problem import Problem
 # video latents commonly pad to multiples of 8); shorter ones (decode, speculative decoding) stay exact.
 LENGTH_MULTIPLE = 8
 EXACT_BELOW = 64
-# Shrinking stops at these sizes (a problem this small always fits).
-MIN_SHRINK_LENGTH = 16
+# The shortest KV length sampled (and where shrinking stops): below 16 keys every kernel costs its
+# launch overhead alone, and no model keeps a KV cache that short.
+MIN_KV_LEN = 16
+MIN_SHRINK_LENGTH = MIN_KV_LEN
 # Scrambled Halton dimensions, in order (`_point` reads them by index).
 DIMENSIONS = ("scenario", "q_len", "kv_len", "head_dim", "dtype", "heads", "gqa", "causal", "mask", "batch", "layout")
 
@@ -122,18 +124,18 @@ def _share(shares: tuple[float, ...], u: float) -> int:
     return len(shares) - 1
 
 
-def _length(u: float, top: int) -> int:
-    """Log-uniform length in [1, top]."""
-    value = int(round(2 ** (u * math.log2(top))))
+def _length(u: float, top: int, bottom: int = 1) -> int:
+    """Log-uniform length in [bottom, top]."""
+    value = int(round(2 ** (math.log2(bottom) + u * math.log2(top / bottom))))
     if value > EXACT_BELOW:
         value = int(round(value / LENGTH_MULTIPLE)) * LENGTH_MULTIPLE
-    return max(1, min(top, value))
+    return max(bottom, min(top, value))
 
 
 def _point(u: np.ndarray, profile: SpaceProfile, device_type: str) -> Problem:
     self_attention = bool(u[0] < profile.self_share)
-    q_len = _length(u[1], profile.max_q_len)
-    kv_len = q_len if self_attention else _length(u[2], profile.max_kv_len)
+    q_len = _length(u[1], profile.max_q_len, MIN_KV_LEN if self_attention else 1)
+    kv_len = q_len if self_attention else _length(u[2], profile.max_kv_len, MIN_KV_LEN)
     head_dim = _pick(profile.head_dims, u[3])
     q_heads = _pick(profile.q_heads, u[5])
     ratio = min(_pick(profile.gqa_ratios, u[6]), q_heads)

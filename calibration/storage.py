@@ -16,12 +16,15 @@ from pathlib import Path
 import optuna
 from optuna.exceptions import DuplicatedStudyError
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 SEPARATOR = "|"
-JOURNAL_SUFFIX = ".journal"
+# A journal lock left by a killed worker is broken after this many seconds without change
+# (optuna's default is 30 s). Every holder keeps the lock for one append + fsync (milliseconds),
+# so 10 s never breaks a live lock and a resumed run waits at most 10 s.
+JOURNAL_LOCK_GRACE_S = 10
 
 
 def quiet_optuna() -> None:
@@ -51,7 +54,8 @@ def open_storage(storage: str | os.PathLike | None, *, default_journal: str | os
             raise ValueError(f"cannot open optuna storage {text!r}: {error}") from error
     path = Path(text)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(path)))
+    lock = JournalFileSymlinkLock(str(path), grace_period=JOURNAL_LOCK_GRACE_S)
+    return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
 
 
 def describe_storage(storage: str | os.PathLike | None, *, default_journal: str | os.PathLike) -> str:

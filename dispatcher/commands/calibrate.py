@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="comma-separated devices, one worker process each (e.g. cuda:0,cuda:1)")
     parser.add_argument("--quick", action="store_true", help="a small sweep with fewer repetitions (minutes)")
     parser.add_argument("--budget-minutes", type=float, default=None, metavar="N",
-                        help="wall time for measuring (default: 2 with --quick, 8 otherwise); the fit comes after")
+                        help="wall time for measuring (default: 100 s with --quick, 8 min otherwise); the fit comes after")
     parser.add_argument("--storage", default=None, metavar="URL",
                         help="optuna storage shared by workers and hosts: sqlite:///..., postgresql://... or a "
                         "journal file path (default: a journal in the cache directory)")
