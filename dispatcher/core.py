@@ -109,12 +109,18 @@ class Dispatcher:
         -------
         ``[..., Hq, L, Ev]`` in the query's dtype.
         """
-        try:
-            key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
+        try:  # `cache_key`, inlined: this is the warm path
+            key_ = (
+                query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
+                query.device, key.device, value.device,
+                query.is_contiguous(), key.is_contiguous(), value.is_contiguous(),
+                None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device),
+                is_causal, enable_gqa,
+            )
             training = dropout_p != 0.0 or (
-                _grad_enabled()
-                and (query.requires_grad or key.requires_grad or value.requires_grad
-                     or (attn_mask is not None and attn_mask.requires_grad))
+                (query.requires_grad or key.requires_grad or value.requires_grad
+                 or (attn_mask is not None and attn_mask.requires_grad))
+                and _grad_enabled()
             )
         except AttributeError:  # not tensors: validation raises SDPA's TypeError
             Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)

@@ -17,13 +17,12 @@ import torch
 
 from dispatcher.decision import RankingSource
 from kernels import Kernel, Problem
+from models.sharing import TableWarning  # one warning class for every table problem
+
+__all__ = ["DeviceRanking", "TableWarning", "fallback_order", "resolve_ranking"]
 
 FALLBACK_FIRST = "sdpa_default"
 """With nothing to rank by, PyTorch's own choice goes first: it is what the user had before."""
-
-
-class TableWarning(UserWarning):
-    """A table could not be used (corrupt, foreign, stale, failing); the dispatcher fell back."""
 
 
 class Ranker(Protocol):
@@ -114,7 +113,7 @@ def resolve_ranking(device: torch.device, *, home: str | Path | None = None) -> 
     try:
         from models.sharing import lookup_table
 
-        lookup = lookup_table(identity, home=home)
+        lookup = lookup_table(identity, home=home, warn=False)
     except Exception as error:  # noqa: BLE001 - lookup never raises by contract; be safe anyway
         _warn(f"table lookup for {key} failed ({type(error).__name__}: {error}); using the analytic prior")
         return DeviceRanking(table=None, prior=prior, source=prior_source, prior_source=prior_source)

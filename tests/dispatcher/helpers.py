@@ -7,7 +7,7 @@ import torch
 from dispatcher import core
 from dispatcher.decision import RankingSource
 from dispatcher.ranking import DeviceRanking
-from kernels import Kernel, MathKernel, Problem, TOLERANCES, reference_attention, relative_errors
+from kernels import TOLERANCES, Kernel, MathKernel, Problem, reference_attention, relative_errors
 
 TEST_SOURCE = RankingSource("exact", "test table (fixed order)", "<test>", "test-device")
 PRIOR_SOURCE = RankingSource("prior", "test prior", None, "test-device")

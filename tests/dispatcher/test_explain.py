@@ -73,6 +73,7 @@ def test_cli_explain_errors(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.filterwarnings("ignore:could not identify meta")
 def test_several_devices_keep_separate_state():
     """cpu and meta tensors in one process: each device gets its own ranking and decisions."""
     ours = Dispatcher(kernels=["math", "sdpa_default"])

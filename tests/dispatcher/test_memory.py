@@ -92,10 +92,10 @@ def test_nothing_fits_builds_smaller_chunks(monkeypatch):
     use_ranking(monkeypatch, FixedRanker(["math"]))
     inputs = _prefill()
     problem = _problem(inputs)
-    portable = Dispatcher(kernels="portable").kernels
-    smallest_default = min(k.workspace_bytes(problem) for k in portable if not k.reasons(problem))
+    kernel_set = ["math", "chunked[q=128,kv=1024]", "small_q[splits=8]"]
+    smallest = min(k.workspace_bytes(problem) for k in Dispatcher(kernels=kernel_set).kernels)
     tiny = ChunkedKernel(q=16, kv=32).workspace_bytes(problem)
-    ours = Dispatcher(kernels="portable", memory_budget=(smallest_default + tiny) // 2)
+    ours = Dispatcher(kernels=kernel_set, memory_budget=(smallest + tiny) // 2)
     decision = ours.explain(**inputs)
     assert decision.kernel.startswith("chunked[") and decision.kernel not in {k.name for k in all_kernels()}
     assert any("smaller chunks" in note for note in decision.notes)

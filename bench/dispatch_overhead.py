@@ -1,0 +1,137 @@
+"""Per-call overhead of `Dispatcher.attention` over calling the kernel it chose directly.
+
+For each shape: warm the dispatcher, look up the kernel and `Problem` it chose, then time rounds
+of calls of (a) ``dispatcher.attention(...)``, (b) ``kernel.run(...)`` (no validation, what the
+dispatcher itself calls) and (c) ``kernel(...)`` (validating), interleaved so drift hits all three
+alike. Reports the median per-call time of each and the median extra of (a) over (b) and (c).
+On CUDA it reports host time (enqueue, what the dispatcher adds) and synchronised time.
+
+Usage (from the repository root, as a module so bench/ does not shadow packages):
+    python -m bench.dispatch_overhead [--device cpu|cuda] [--rounds 200] [--calls 50] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from dispatcher import Dispatcher
+from dispatcher._plan import cache_key
+
+# (name, batch, q heads, kv heads, q len, kv len, head dim, dtype, mask, strided)
+CPU_SHAPES = [
+    ("decode gqa4 Lk=128 fp32", 1, 8, 2, 1, 128, 64, torch.float32, None, False),
+    ("tiny prefill 16x16 fp32", 1, 4, 4, 16, 16, 32, torch.float32, None, False),
+    ("tiny prefill causal bool-mask", 1, 4, 4, 16, 16, 32, torch.float32, "bool", False),
+    ("transformers layout (strided)", 2, 4, 4, 8, 8, 32, torch.float32, None, True),
+]
+CUDA_SHAPES = [
+    ("H200 decode gqa4 Lk=4096 bf16", 1, 32, 8, 1, 4096, 128, torch.bfloat16, None, False),
+    ("H200 decode gqa4 Lk=32768 bf16", 1, 32, 8, 1, 32768, 128, torch.bfloat16, None, False),
+    ("H200 decode batch 8 Lk=4096 fp16", 8, 32, 8, 1, 4096, 128, torch.float16, None, False),
+]
+
+
+def make_inputs(shape, device):
+    _, batch, hq, hkv, lq, lk, dim, dtype, mask, strided = shape
+    generator = torch.Generator().manual_seed(0)
+
+    def tensor(heads, length):
+        if strided:
+            return torch.randn(batch, length, heads, dim, generator=generator).to(device, dtype).transpose(1, 2)
+        return torch.randn(batch, heads, length, dim, generator=generator).to(device, dtype)
+
+    q, k, v = tensor(hq, lq), tensor(hkv, lk), tensor(hkv, lk)
+    attn_mask = (torch.rand(lq, lk, generator=generator) > 0.1).to(device) if mask == "bool" else None
+    return q, k, v, attn_mask, hq != hkv
+
+
+def time_round(call, calls: int, sync) -> tuple[float, float]:
+    """(host seconds per call, synchronised seconds per call) over `calls` calls."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    host = time.perf_counter()
+    sync()
+    end = time.perf_counter()
+    return (host - start) / calls, (end - start) / calls
+
+
+def bench_shape(shape, device, rounds: int, calls: int) -> dict:
+    q, k, v, mask, gqa = make_inputs(shape, device)
+    ours = Dispatcher()
+    ours.attention(q, k, v, mask, enable_gqa=gqa)
+    plan = ours._plans[cache_key(q, k, v, mask, False, gqa)]
+    kernel, problem = plan.kernel, plan.problem
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    methods = {
+        "dispatcher.attention": lambda: ours.attention(q, k, v, mask, enable_gqa=gqa),
+        "kernel.run": lambda: kernel.run(q, k, v, mask, None, gqa, problem),
+        "kernel(...)": lambda: kernel(q, k, v, attn_mask=mask, enable_gqa=gqa),
+    }
+    for call in methods.values():  # warm-up
+        time_round(call, calls, sync)
+    samples = {name: [] for name in methods}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for name, call in methods.items():
+                samples[name].append(time_round(call, calls, sync))
+    result = {"shape": shape[0], "kernel": kernel.name, "calls_per_round": calls, "rounds": rounds}
+    for index, clock in ((0, "host"), (1, "sync")):
+        med = {name: statistics.median(s[index] for s in values) * 1e6 for name, values in samples.items()}
+        extra_run = statistics.median((a[index] - b[index]) * 1e6 for a, b in
+                                      zip(samples["dispatcher.attention"], samples["kernel.run"], strict=True))
+        extra_call = statistics.median((a[index] - b[index]) * 1e6 for a, b in
+                                       zip(samples["dispatcher.attention"], samples["kernel(...)"], strict=True))
+        result[clock] = {"median_us": med, "extra_us_vs_run": extra_run, "extra_us_vs_call": extra_call}
+    return result
+
+
+def conditions(device: torch.device) -> dict:
+    info = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": str(device),
+        "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+        "cpu_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+    }
+    try:
+        with open("/proc/cpuinfo") as handle:
+            info["cpu"] = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
+    except (OSError, StopIteration):
+        info["cpu"] = platform.processor()
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    shapes = CUDA_SHAPES if device.type == "cuda" else CPU_SHAPES
+    results = {"conditions": conditions(device), "shapes": [bench_shape(s, device, args.rounds, args.calls) for s in shapes]}
+    for r in results["shapes"]:
+        host = r["host"]
+        print(f"{r['shape']:<36} {r['kernel']:<24} dispatcher {host['median_us']['dispatcher.attention']:8.2f} us  "
+              f"run {host['median_us']['kernel.run']:8.2f} us  call {host['median_us']['kernel(...)']:8.2f} us  "
+              f"extra vs run {host['extra_us_vs_run']:+6.2f} us  vs call {host['extra_us_vs_call']:+6.2f} us")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"dispatch_overhead_{device.type}.json"
+    path.write_text(json.dumps(results, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
