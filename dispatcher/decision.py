@@ -133,7 +133,7 @@ class Decision:
         if self.dropped:
             lines.append("  dropped:")
             for reason, names in _group_by_reason(self.dropped):
-                lines.append(f"    {', '.join(names)}: {reason}")
+                lines.append(f"    {_compact(names)}: {reason}")
         for note in (*self.notes, *self.source.warnings):
             lines.append(f"  note: {note}")
         return "\n".join(lines)
@@ -155,3 +155,19 @@ def _group_by_reason(dropped: tuple[tuple[str, str], ...]) -> list[tuple[str, li
     for name, reason in dropped:
         groups.setdefault(reason, []).append(name)
     return list(groups.items())
+
+
+def _compact(names: list[str]) -> str:
+    """``["convert[x]+a", "convert[x]+b", "math"]`` -> ``"convert[x]+{a, b}, math"``."""
+    by_prefix: dict[str, list[str]] = {}
+    for name in names:
+        prefix, plus, inner = name.partition("]+")
+        key, rest = (prefix + plus, inner) if plus else (name, "")
+        by_prefix.setdefault(key, []).append(rest)
+    parts = []
+    for key, inners in by_prefix.items():
+        if len(inners) == 1:
+            parts.append(key + inners[0])
+        else:
+            parts.append(key + "{" + ", ".join(inners) + "}")
+    return ", ".join(parts)
