@@ -19,7 +19,14 @@ from pathlib import Path
 
 from optuna.storages import BaseStorage
 
-from calibration.storage import add_record_trial, ensure_study, find_study, record_trials, study_name
+from calibration.storage import (
+    StudyIds,
+    add_record_trial,
+    ensure_study,
+    find_study,
+    record_trials,
+    study_name,
+)
 
 # A claim whose owner has written nothing for this long is presumed dead (another host's crash).
 # The longest silence of a live worker is one point: a few per-point budgets (seconds) plus one
@@ -116,9 +123,10 @@ class ClaimBoard:
         self.owner = owner
         self.lease_s = lease_s
         self._held: dict[str, tuple[int, int, float]] = {}  # key -> (study id, generation, last beat)
+        self._ids = StudyIds(storage)
 
     def _study(self, key: str) -> int:
-        return ensure_study(self.storage, study_name(self.calibration_id, "claim", key))
+        return self._ids(study_name(self.calibration_id, "claim", key))
 
     def _records(self, study_id: int) -> list[dict]:
         return [t.user_attrs for t in record_trials(self.storage, study_id)]

@@ -56,16 +56,17 @@ def known_kernel(name: str) -> bool:
     return True
 
 
-def lookup_path(identity: DeviceIdentity) -> Path:
-    """Where the dispatcher's lookup finds this card's table: `models.sharing` decides when it
-    offers `local_table_path`; else ``<tables>/<card model>/<device key>.json``."""
+def store_for_lookup(table, identity: DeviceIdentity) -> Path:
+    """Keep `table` where the dispatcher's lookup finds it (`models.sharing.store_table`; an older
+    models package without it: ``<tables>/<card model>/<device key>.json``, the same place)."""
     try:
-        from models.sharing import local_table_path  # type: ignore[attr-defined]
+        from models.sharing import store_table
     except ImportError:
         from models._card_names import slug
+        from models.table_io import save_table
 
-        return tables_dir() / slug(identity.model_key) / f"{identity.key}.json"
-    return Path(local_table_path(identity))
+        return save_table(table, tables_dir() / slug(identity.model_key) / f"{identity.key}.json")
+    return Path(store_table(table))
 
 
 def fit_and_write(
@@ -101,8 +102,7 @@ def fit_and_write(
         calibration_wall_s=wall_s,
     )
     outcome.quality = quality.summary() if quality is not None else "not evaluated (too few problems)"
-    targets = [lookup_path(identity)]
-    if out is not None and Path(out).resolve() != targets[0].resolve():
-        targets.append(Path(out))
-    outcome.table_paths = [save_table(table, path) for path in targets]
+    outcome.table_paths = [store_for_lookup(table, identity)]
+    if out is not None and Path(out).resolve() != outcome.table_paths[0].resolve():
+        outcome.table_paths.append(save_table(table, out))
     return outcome

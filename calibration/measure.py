@@ -4,8 +4,10 @@ other error as failed, and the allocator is emptied afterwards."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -48,18 +50,20 @@ def empty_cache(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _timing(kernel, problem, input_sets, device, settings, first_call_s, should_stop):
-    """Time the kernel; a kernel whose first call alone spent the per-point budget is timed once
-    more without warm-up (unless that shows the first call was a cold start)."""
+def _timing(kernel, problem, input_sets, device, settings, first_call_s, should_stop, single_shot_above_s):
+    """Time the kernel. A kernel whose first call alone spent the per-point budget, or took longer
+    than `single_shot_above_s` (a clear loser), is timed once more without warm-up (unless that
+    shows the first call was a cold start)."""
     count = len(input_sets)
 
     def run(i: int) -> object:
         return _run(kernel, input_sets[i % count], problem)
 
-    if first_call_s > settings.budget_s:
+    limit = min(settings.budget_s, single_shot_above_s if single_shot_above_s is not None else math.inf)
+    if first_call_s > limit:
         timing = time_repetitions(run, device, SINGLE_SHOT)
-        if timing.median_s > settings.budget_s / 2:
-            return timing
+        if timing.median_s > limit / 2:
+            return replace(timing, stopped="budget" if first_call_s > settings.budget_s else "early")
     return time_repetitions(run, device, settings, should_stop=should_stop)
 
 
@@ -76,6 +80,7 @@ def measure(
     seed: int = 0,
     cache: InputCache | None = None,
     should_stop: Callable[[list[float]], bool] | None = None,
+    single_shot_above_s: float | None = None,
     extra: dict | None = None,
 ) -> Measurement:
     """Time `kernel` on random inputs for `problem`; see module docstring.
@@ -86,6 +91,8 @@ def measure(
         without running.
     cache: reuse input sets and gate references across the kernels of one problem.
     should_stop: passed to `time_repetitions` (an optuna pruner's hook).
+    single_shot_above_s: a kernel whose first call takes longer is timed once (``stopped ==
+        "early"``): a clear loser needs no precise number.
     extra: copied into ``Measurement.extra`` (e.g. the sweep phase, the trial number).
     """
     device = torch.device(device)
@@ -123,7 +130,7 @@ def measure(
             first_call_s = time.perf_counter() - began
             errors = gate_errors(out, references) if references is not None else None
             del out
-            timing = _timing(kernel, problem, input_sets, device, settings, first_call_s, should_stop)
+            timing = _timing(kernel, problem, input_sets, device, settings, first_call_s, should_stop, single_shot_above_s)
     except Exception as failure:  # noqa: BLE001 - a failing kernel is a data point, not a crash
         cache.clear()
         empty_cache(device)

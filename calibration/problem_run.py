@@ -20,10 +20,15 @@ from calibration.recorder import Recorder
 from calibration.results import problem_id
 from calibration.storage import study_name
 from calibration.timer import TimerSettings
-from calibration.tuning import TUNABLE_FAMILIES, TUNE_WITHIN, tune_family
+from calibration.tuning import PRUNE_RATIO, TUNABLE_FAMILIES, TUNE_WITHIN, tune_family
 from kernels.base import Kernel
 from kernels.problem import Problem
 from models.measurement import Measurement
+
+# A kernel whose first (untimed) call takes this many times the problem's best time so far is a
+# clear loser: one timed call records it (cheapest-predicted kernels run first, so the best is
+# usually known early). The same ratio as optuna's pruning of tuning trials.
+LOSER_FACTOR = PRUNE_RATIO
 
 
 @dataclass
@@ -76,9 +81,11 @@ def run_problem(problem: Problem, context: ProblemContext, *, deadline: float, p
         if time.time() > deadline:
             raise DeadlineReached
         extra = {"phase": phase, "predicted_s": plan.predicted.get(kernel.name), **(extra or {})}
+        best = _best(known)
         point = measure(
             kernel, problem, context.device, settings=context.settings, memory_budget=context.memory_budget,
             device_key=context.device_key, seed=context.seed, cache=cache, should_stop=should_stop, extra=extra,
+            single_shot_above_s=LOSER_FACTOR * best if math.isfinite(best) else None,
         )
         if point.status == "infeasible":
             empty_cache(context.device)
@@ -94,6 +101,7 @@ def run_problem(problem: Problem, context: ProblemContext, *, deadline: float, p
         _tune(problem, context, known, timed_measure)
     finally:
         cache.clear()
+        recorder.flush(problem)
     return timed
 
 

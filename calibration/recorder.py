@@ -1,10 +1,13 @@
 """Where a worker's measurements go: the local results store (JSON Lines, fsync per point) and
-the shared optuna storage (one record trial per point in the problem's "points" study), so workers
+the shared optuna storage (the problem's "points" study, one record trial per batch), so workers
 on other hosts see them and a resumed run never measures a finished point again.
 
-Order of writes: results store first (local durability), then storage; a point that reached the
-results store but not the storage (a kill in between) is copied to the storage when its problem
-is next claimed (`sync_problem`).
+Each point reaches the results store as soon as it is measured (a crash loses at most the point in
+flight); the storage gets a problem's points in one write when the problem ends or is given up
+(one journal append instead of one per point). Points in the results store but not in the storage
+(a kill in between) are copied there when their problem is next claimed (`sync_problem`). Points
+decided without timing (unsupported, over the budget) go to the results store only: any worker
+recomputes them from the kernels' declarations.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Callable
 from optuna.storages import BaseStorage
 
 from calibration.results import ResultsStore, measurement_record, problem_id, unit_key
-from calibration.storage import add_record_trial, ensure_study, find_study, record_trials, study_name
+from calibration.storage import StudyIds, add_record_trial, find_study, record_trials, study_name
 from kernels.problem import Problem
 from models.measurement import Measurement
 
@@ -47,10 +50,12 @@ class Recorder:
         self.worker = worker
         self.on_record = on_record
         self._local: dict[str, dict] = {}  # unit -> record, from the results store
+        self._pending: dict[Problem, list[dict]] = {}  # timed records not yet in the storage
+        self._ids = StudyIds(storage)
         self.written = 0
 
     def _points_study(self, problem: Problem) -> int:
-        return ensure_study(self.storage, study_name(self.calibration_id, POINTS, problem_id(problem)))
+        return self._ids(study_name(self.calibration_id, POINTS, problem_id(problem)))
 
     def refresh(self) -> None:
         """Read records appended to the results store since the last refresh."""
@@ -80,18 +85,16 @@ class Recorder:
             r for unit, r in self._local.items()
             if unit.startswith(prefix) and unit not in in_storage and r.get("status") not in ("unsupported",)
         ]
-        study_id = self._points_study(problem) if missing else None
-        for record in missing:
-            add_record_trial(self.storage, study_id, {"measurement": record}, _value(record))
+        if missing:
+            add_record_trial(self.storage, self._points_study(problem), {"measurements": missing})
         return len(missing)
 
-    def record(self, measurement: Measurement, *, to_storage: bool = True) -> dict:
-        """Append one point to the results store (fsync) and, unless told not to, the storage."""
+    def record(self, measurement: Measurement) -> dict:
+        """Append one point to the results store (fsync); the storage gets it at `flush`."""
         record = measurement_record(measurement, run=self.calibration_id, worker=self.worker)
         self.store.append([record])
         self._local.setdefault(record["unit"], record)
-        if to_storage:
-            add_record_trial(self.storage, self._points_study(measurement.problem), {"measurement": record}, _value(record))
+        self._pending.setdefault(measurement.problem, []).append(record)
         self.written += 1
         if self.on_record is not None:
             self.on_record(record)
@@ -110,8 +113,15 @@ class Recorder:
         self.written += len(records)
 
 
-def _value(record: dict) -> float | None:
-    return record["median_s"] if record.get("status") == "ok" and record.get("median_s") is not None else None
+    def flush(self, problem: Problem) -> None:
+        """Write `problem`'s timed points not yet in the storage (one storage write)."""
+        records = self._pending.pop(problem, [])
+        if records:
+            add_record_trial(self.storage, self._points_study(problem), {"measurements": records})
+
+
+def _records(attrs: dict) -> list[dict]:
+    return list(attrs.get("measurements", ())) + ([attrs["measurement"]] if "measurement" in attrs else [])
 
 
 def storage_records(storage: BaseStorage, calibration_id: str, problem: Problem) -> list[dict]:
@@ -119,7 +129,7 @@ def storage_records(storage: BaseStorage, calibration_id: str, problem: Problem)
     study_id = find_study(storage, study_name(calibration_id, POINTS, problem_id(problem)))
     if study_id is None:
         return []
-    return [t.user_attrs["measurement"] for t in record_trials(storage, study_id) if "measurement" in t.user_attrs]
+    return [record for t in record_trials(storage, study_id) for record in _records(t.user_attrs)]
 
 
 def storage_measurements(storage: BaseStorage, calibration_id: str) -> list[Measurement]:
@@ -129,6 +139,5 @@ def storage_measurements(storage: BaseStorage, calibration_id: str) -> list[Meas
     for study in storage.get_all_studies():
         if study.study_name.startswith(prefix):
             for trial in record_trials(storage, study._study_id):
-                if "measurement" in trial.user_attrs:
-                    out.append(Measurement.from_dict(trial.user_attrs["measurement"]))
+                out += [Measurement.from_dict(record) for record in _records(trial.user_attrs)]
     return out

@@ -72,11 +72,28 @@ def study_name(calibration_id: str, *parts: str) -> str:
 
 
 def ensure_study(storage: BaseStorage, name: str) -> int:
-    """The id of study `name`, created (minimising) if it does not exist yet."""
+    """The id of study `name`, created (minimising) if it does not exist yet. Looks before it
+    writes: creating an existing study would still append a log line to a journal."""
+    existing = find_study(storage, name)
+    if existing is not None:
+        return existing
     try:
         return storage.create_new_study([StudyDirection.MINIMIZE], name)
     except DuplicatedStudyError:
         return storage.get_study_id_from_name(name)
+
+
+class StudyIds:
+    """`ensure_study` with the ids remembered (a study is never deleted during a calibration)."""
+
+    def __init__(self, storage: BaseStorage) -> None:
+        self.storage = storage
+        self._ids: dict[str, int] = {}
+
+    def __call__(self, name: str) -> int:
+        if name not in self._ids:
+            self._ids[name] = ensure_study(self.storage, name)
+        return self._ids[name]
 
 
 def find_study(storage: BaseStorage, name: str) -> int | None:
