@@ -26,7 +26,15 @@ from models.persist import ModelVersionError, load_model, save_model
 from models.priors import PriorRanker, prior_seconds, roofline_seconds
 from models.quality import ChoiceQuality, Quality, holdout_quality
 from models.ranking import Ranker
-from models.sharing import TableLookup, TableWarning, export_table, import_table, lookup_table, store_table
+from models.sharing import (
+    TableLookup,
+    TableWarning,
+    export_table,
+    import_table,
+    local_table_path,
+    lookup_table,
+    store_table,
+)
 from models.table import ThresholdTable
 from models.table_build import build_table
 from models.table_io import load_table, loads_table, save_table
@@ -38,6 +46,6 @@ __all__ = [
     "Measurement", "card_scale", "merge_tables", "home", "journals_dir", "models_dir", "tables_dir",
     "ModelVersionError", "load_model", "save_model", "PriorRanker", "prior_seconds", "roofline_seconds",
     "ChoiceQuality", "Quality", "holdout_quality", "Ranker", "TableLookup", "TableWarning", "export_table",
-    "import_table", "lookup_table", "store_table", "ThresholdTable", "build_table", "load_table",
+    "import_table", "local_table_path", "lookup_table", "store_table", "ThresholdTable", "build_table", "load_table",
     "loads_table", "save_table", "TableError",
 ]

@@ -1,9 +1,12 @@
 """Problem classes and log2 length buckets: the keys of a threshold table's decision map.
 
-A problem's class is what changes which kernel wins at a given size (dtype, head dim, causality,
-GQA ratio, mask kind, and a coarse work size ``log2(batch * q_heads)``); within a class, a
-bucket is ``(ceil(log2 Lq), ceil(log2 Lk))``: bucket ``b`` holds lengths in ``(2^(b-1), 2^b]``
-and is represented by the length ``2^b``. The dispatcher caches decisions per (class, bucket).
+A problem's class is what changes which kernel wins at a given size: always its dtype, causality
+and mask kind, and, as a table chooses (``class_fields``), its head dim, GQA ratio and a coarse
+work size ``log2(batch * q_heads)``. A field a table does not split on is 0 ("any") in its keys;
+the table then carries times from its representative problem to the actual one by the prior's
+ratio. Within a class, a bucket is ``(ceil(log2 Lq), ceil(log2 Lk))``: bucket ``b`` holds lengths
+in ``(2^(b-1), 2^b]`` and is represented by the length ``2^b``. The dispatcher caches decisions
+per (class, bucket).
 """
 
 from __future__ import annotations
@@ -13,9 +16,14 @@ from dataclasses import dataclass
 
 from kernels.problem import Problem
 
-# Work-size buckets are this many powers of two wide (2: 1, 4, 16, 64, ... rows x heads). Decode
-# and small-Q choices depend on how many (batch x head) rows there are to spread over compute
-# units; a factor of 4 between buckets keeps the table small (tests/models/test_table.py).
+OPTIONAL_FIELDS = ("head_dim", "gqa_ratio", "work")
+# Which optional fields tables split on by default: none. A calibration sweep samples ~100-160
+# problems over ~1000 (dtype, causal, mask, head dim, GQA, work) combinations, so finer classes
+# hold one measured problem each; held-out table evaluation (tests/models/test_fit.py) found the
+# coarse classes with prior-ratio transfer as good, and tables 10-50x smaller.
+DEFAULT_CLASS_FIELDS: tuple[str, ...] = ()
+# Work-size buckets are this many powers of two wide when "work" is a class field (2: 1, 4, 16,
+# 64, ... rows x heads).
 WORK_STEP = 2
 
 
@@ -33,30 +41,54 @@ def work_bucket(problem: Problem, *, step: int = WORK_STEP) -> int:
 
 @dataclass(frozen=True, order=True)
 class ClassKey:
-    """What a table's decision map is split by."""
+    """What a table's decision map is split by (0 in an optional field: any value)."""
 
     dtype: str
-    head_dim: int
     causal: bool
-    gqa_ratio: int
     mask_kind: str
-    work_log2: int
+    head_dim: int = 0
+    gqa_ratio: int = 0
+    work_log2: int = 0
 
     def describe(self) -> str:
+        parts = [self.dtype, "causal" if self.causal else "non-causal", f"mask {self.mask_kind}"]
+        if self.head_dim:
+            parts.append(f"head dim {self.head_dim}")
+        if self.gqa_ratio:
+            parts.append(f"GQA {self.gqa_ratio}")
+        if self.work_log2:
+            parts.append(f"batch x heads ~2^{self.work_log2}")
+        return ", ".join(parts)
+
+    def base(self) -> tuple[str, bool, str]:
+        """The fields every table splits on."""
+        return (self.dtype, self.causal, self.mask_kind)
+
+    def distance(self, other: ClassKey) -> float:
+        """How far apart two classes of one base are (log2 head dim, log2 GQA, work buckets)."""
         return (
-            f"{self.dtype}, head dim {self.head_dim}, {'causal' if self.causal else 'non-causal'}, "
-            f"GQA {self.gqa_ratio}, mask {self.mask_kind}, batch x heads ~2^{self.work_log2}"
+            abs(math.log2(max(self.head_dim, 1)) - math.log2(max(other.head_dim, 1)))
+            + abs(math.log2(max(self.gqa_ratio, 1)) - math.log2(max(other.gqa_ratio, 1)))
+            + abs(self.work_log2 - other.work_log2) / max(WORK_STEP, 1)
         )
 
-    def base(self) -> tuple:
-        """Everything but the work bucket (classes that may stand in for each other)."""
-        return (self.dtype, self.head_dim, self.causal, self.gqa_ratio, self.mask_kind)
+
+def check_class_fields(fields: tuple[str, ...]) -> tuple[str, ...]:
+    unknown = set(fields) - set(OPTIONAL_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown class fields {sorted(unknown)}: choose among {OPTIONAL_FIELDS}")
+    return tuple(f for f in OPTIONAL_FIELDS if f in fields)
 
 
-def class_key(problem: Problem, *, work_step: int = WORK_STEP) -> ClassKey:
+def class_key(
+    problem: Problem, *, fields: tuple[str, ...] = DEFAULT_CLASS_FIELDS, work_step: int = WORK_STEP
+) -> ClassKey:
+    """The class of `problem` in a table that splits on `fields`."""
     return ClassKey(
-        problem.dtype, problem.head_dim, problem.causal, problem.gqa_ratio, problem.mask_kind,
-        work_bucket(problem, step=work_step),
+        problem.dtype, problem.causal, problem.mask_kind,
+        head_dim=problem.head_dim if "head_dim" in fields else 0,
+        gqa_ratio=problem.gqa_ratio if "gqa_ratio" in fields else 0,
+        work_log2=work_bucket(problem, step=work_step) if "work" in fields else 0,
     )
 
 

@@ -14,6 +14,11 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.ensemble import HistGradientBoostingRegressor
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_array, check_X_y
+
+try:  # scikit-learn >= 1.6 validates n_features_in_ and its message for us
+    from sklearn.utils.validation import validate_data
+except ImportError:  # pragma: no cover - older scikit-learn
+    validate_data = None
 from threadpoolctl import threadpool_limits
 
 from models.features import FEATURE_NAMES, PRIOR_COLUMN
@@ -43,6 +48,7 @@ class CostModel(RegressorMixin, BaseEstimator):
     ----------
     estimator_: the fitted `HistGradientBoostingRegressor`.
     n_features_in_: number of feature columns seen in `fit`.
+    n_iter_: boosting iterations run.
     feature_names_: `models.features.FEATURE_NAMES` when ``X`` had that many columns, else None.
     """
 
@@ -79,8 +85,11 @@ class CostModel(RegressorMixin, BaseEstimator):
 
     def fit(self, X, y, sample_weight=None) -> CostModel:
         """Fit on feature rows ``X [n, d]`` and natural-log seconds ``y [n]``."""
-        X, y = check_X_y(X, y, dtype=np.float64, y_numeric=True)
-        self.n_features_in_ = X.shape[1]
+        if validate_data is not None:
+            X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
+        else:
+            X, y = check_X_y(X, y, dtype=np.float64, y_numeric=True)
+            self.n_features_in_ = X.shape[1]
         self.feature_names_ = FEATURE_NAMES if X.shape[1] == len(FEATURE_NAMES) else None
         self.estimator_ = HistGradientBoostingRegressor(
             max_iter=self.max_iter, learning_rate=self.learning_rate, max_leaf_nodes=self.max_leaf_nodes,
@@ -89,13 +98,17 @@ class CostModel(RegressorMixin, BaseEstimator):
         )
         with threadpool_limits(limits=FIT_THREADS):
             self.estimator_.fit(X, y - self._baseline(X), sample_weight=sample_weight)
+        self.n_iter_ = self.estimator_.n_iter_
         return self
 
     def predict(self, X) -> np.ndarray:
         """Natural-log seconds ``[n]``."""
         if not hasattr(self, "estimator_"):
             raise NotFittedError(NOT_FITTED_MESSAGE)
-        X = check_array(X, dtype=np.float64)
+        if validate_data is not None:
+            X = validate_data(self, X, dtype=np.float64, reset=False)
+        else:
+            X = check_array(X, dtype=np.float64)
         if X.shape[1] != self.n_features_in_:
             raise ValueError(
                 f"X has {X.shape[1]} features but this CostModel was fitted with {self.n_features_in_}; "

@@ -2,7 +2,8 @@
 
 Per bucket, each kernel's times from every card are carried to a common representative problem
 (the prior's ratio) and to the first card's speed (`card_scale`), then pooled: the ranking is by
-the median across cards, and the spread (fastest and slowest card) is kept.
+the median across cards, and the spread (fastest and slowest card) is kept. Each card's embedded
+cost model is kept too, scaled the same way; the merged table ranks by their median.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import datetime, timezone
 
 from kernels.problem import Problem
 from models.cards import CardSpec
+from models.forest_schema import MAX_MODELS
 from models.priors import prior_seconds
 from models.ranking import kernel_named
 from models.table import Cell, Provenance, TableClass, ThresholdTable
@@ -46,9 +48,12 @@ def _check_mergeable(tables: Sequence[ThresholdTable]) -> None:
             f"cannot merge tables of {', '.join(models)}: tables pool only within one card model or one "
             "family (e.g. gfx906: MI50, MI60, Radeon VII); merge each family separately"
         )
-    steps = {t.work_step for t in tables}
-    if len(steps) > 1:
-        raise TableError(f"cannot merge tables built with different work_step values {sorted(steps)}; rebuild them alike")
+    layouts = {(t.class_fields, t.work_step) for t in tables}
+    if len(layouts) > 1:
+        raise TableError(
+            f"cannot merge tables split into different classes {sorted(layouts)} (class_fields, work_step); "
+            "rebuild them with the same settings"
+        )
 
 
 def _carry(seconds: float, name: str, source: Problem, target: Problem, spec: CardSpec, scale: float) -> float:
@@ -121,10 +126,14 @@ def merge_tables(tables: Sequence[ThresholdTable]) -> ThresholdTable:
     spec, device_type = first.spec, first.identity.device_type
     limit = max(len(c.ranking) for t in tables for tc in t.classes.values() for c in tc.cells.values())
     by_class: dict = defaultdict(list)
+    models = []
     for table in tables:
         scale = card_scale(table.spec, spec)
+        models += [model.scaled(scale) for model in table.models]
         for key, table_class in table.classes.items():
             by_class[key].append((table_class, scale))
+    if len(models) > MAX_MODELS:
+        raise TableError(f"merging {len(models)} cost models is over the {MAX_MODELS}-model cap of one table; merge fewer tables")
     classes = {key: _merge_class(key, parts, spec, device_type, limit) for key, parts in sorted(by_class.items())}
     seen = {first.identity.key}
     merged_from = []
@@ -140,4 +149,4 @@ def merge_tables(tables: Sequence[ThresholdTable]) -> ThresholdTable:
         merged_from=tuple(merged_from),
         notes=(f"merged from {len(tables)} tables of {len(seen)} cards; times carried to {first.identity.model_key}",),
     )
-    return replace(first, provenance=provenance, quality=_merged_quality(tables), classes=classes)
+    return replace(first, provenance=provenance, quality=_merged_quality(tables), classes=classes, models=tuple(models))

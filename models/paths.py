@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import platformdirs
-
 HOME_ENV = "ATTN_DISPATCH_HOME"
 APP_NAME = "attn-dispatch"
 
@@ -29,6 +27,8 @@ def home(override: str | os.PathLike | None = None) -> Path:
     elif os.environ.get(HOME_ENV):
         root = Path(os.environ[HOME_ENV])
     else:
+        import platformdirs  # imported here: a process that sets ATTN_DISPATCH_HOME never needs it
+
         root = Path(platformdirs.user_cache_dir(APP_NAME))
     root.mkdir(parents=True, exist_ok=True)
     return root

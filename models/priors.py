@@ -17,7 +17,9 @@ from kernels.convert import ConvertKernel
 from kernels.problem import Problem
 from kernels.small_q import SmallQKernel, effective_splits
 from models._blocks_cost import visited_fraction
-from models.cards import CardSpec
+from models.cards import CardSpec, spec_for
+
+__all__ = ["PriorRanker", "prior_seconds", "roofline_seconds", "spec_for", "score_bytes_per_element"]
 from models.ranking import supported
 
 # Achievable fractions of the datasheet peaks: 788 of 989 TFLOP/s bf16 and 4.3 of 4.8 TB/s

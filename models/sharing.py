@@ -63,15 +63,20 @@ def export_table(table: ThresholdTable, path: str | os.PathLike) -> Path:
 
 
 def _stored_name(table: ThresholdTable) -> str:
-    if table.provenance.merged_from:
-        digest = hashlib.sha256(dumps_table(table).encode()).hexdigest()[:12]
-        return f"merged-{digest}.json"
-    return f"{table.identity.key}.json"
+    digest = hashlib.sha256(dumps_table(table).encode()).hexdigest()[:12]
+    return f"merged-{digest}.json"
+
+
+def local_table_path(identity: DeviceIdentity, *, home: str | os.PathLike | None = None) -> Path:
+    """Where this card's own table lives: ``tables_dir()/<model key>/<card key>.json``."""
+    return tables_dir(home) / slug(identity.model_key) / f"{identity.key}.json"
 
 
 def store_table(table: ThresholdTable, *, home: str | os.PathLike | None = None) -> Path:
-    """Keep `table` where lookups find it: ``tables_dir()/<model key>/<card key>.json``."""
-    return save_table(table, tables_dir(home) / slug(table.identity.model_key, max_length=80) / _stored_name(table))
+    """Keep `table` where lookups find it (`local_table_path`; merged tables by content hash)."""
+    if not table.provenance.merged_from:
+        return save_table(table, local_table_path(table.identity, home=home))
+    return save_table(table, tables_dir(home) / slug(table.identity.model_key) / _stored_name(table))
 
 
 def import_table(path: str | os.PathLike, *, home: str | os.PathLike | None = None) -> Path:
@@ -107,9 +112,16 @@ def _candidate_files(home: str | os.PathLike | None) -> list[tuple[Path, bool]]:
 
 
 def lookup_table(
-    identity: DeviceIdentity, *, home: str | os.PathLike | None = None, include_bundled: bool = True
+    identity: DeviceIdentity, *, home: str | os.PathLike | None = None, include_bundled: bool = True,
+    warn: bool = True,
 ) -> TableLookup:
-    """The best table for `identity` (see module docstring). Never raises for a bad table file."""
+    """The best table for `identity` (see module docstring). Never raises for a bad table file.
+
+    Parameters
+    ----------
+    include_bundled: search the tables shipped in ``models/tables`` too (after the user's).
+    warn: also issue each of the result's warnings as a `TableWarning` (False: only return them).
+    """
     notes: list[str] = []
     found: list[tuple[tuple, Path, ThresholdTable, str]] = []
     for path, bundled in _candidate_files(home):
@@ -125,7 +137,7 @@ def lookup_table(
             rank = (LEVELS.index(level), bundled, _negated(table.provenance.created), -table.provenance.points_measured)
             found.append((rank, path, table, level))
     if not found:
-        return _finish(TableLookup(None, "prior", None, identity, tuple(notes)))
+        return _finish(TableLookup(None, "prior", None, identity, tuple(notes)), warn)
     _, path, table, level = min(found, key=lambda item: (item[0], str(item[1])))
     if level == "model":
         notes.append(
@@ -141,7 +153,7 @@ def lookup_table(
         )
         table = table.scaled(factor, spec=spec, note=note)
         notes.append(note)
-    return _finish(TableLookup(table, level, path, identity, tuple(notes)))
+    return _finish(TableLookup(table, level, path, identity, tuple(notes)), warn)
 
 
 def _negated(created: str) -> tuple[int, ...]:
@@ -149,7 +161,7 @@ def _negated(created: str) -> tuple[int, ...]:
     return tuple(-ord(ch) for ch in created)
 
 
-def _finish(result: TableLookup) -> TableLookup:
-    for message in result.warnings:
+def _finish(result: TableLookup, warn: bool) -> TableLookup:
+    for message in result.warnings if warn else ():
         warnings.warn(message, TableWarning, stacklevel=3)
     return result

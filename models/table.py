@@ -13,12 +13,16 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from kernels.base import Kernel
 from kernels.problem import Problem
-from models.buckets import WORK_STEP, ClassKey, bucket_of, class_key
+from models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP, ClassKey, bucket_of, class_key
 from models.cards import CardSpec
+from models.forest import EmbeddedModel
 from models.identity import DeviceIdentity
 from models.priors import PriorRanker, prior_seconds
+from models.ranking import supported
 
 FORMAT_VERSION = 1
 TABLE_KIND = "attn-dispatch threshold table"
@@ -49,11 +53,13 @@ class Threshold:
 
 @dataclass(frozen=True)
 class Template:
-    """The batch / head counts the cells' predictions were made for (lengths vary per cell)."""
+    """The batch, heads and head dims the cells' predictions were made for (lengths vary per
+    cell): the most common layout among the class's measured problems."""
 
     batch: int
     q_heads: int
     kv_heads: int
+    head_dim: int
     value_dim: int
 
 
@@ -68,7 +74,7 @@ class TableClass:
         """The problem a cell's predictions describe."""
         k, t = self.key, self.template
         return Problem(
-            t.batch, t.q_heads, t.kv_heads, 2 ** bucket[0], 2 ** bucket[1], k.head_dim, t.value_dim,
+            t.batch, t.q_heads, t.kv_heads, 2 ** bucket[0], 2 ** bucket[1], t.head_dim, t.value_dim,
             k.dtype, k.causal, k.mask_kind, (1, 1, 2 ** bucket[0], 2 ** bucket[1]) if k.mask_kind != "none" else (),
             device_type,
         )
@@ -107,15 +113,27 @@ class ThresholdTable:
     spec: the card spec whose prior ranks kernels the table does not list.
     quality: the cost model's held-out quality (`models.quality.Quality.to_dict`).
     classes: decision maps by class.
-    work_step: width of the work-size buckets the classes were built with.
+    models: the cost model(s) the table was built from, as JSON-safe trees (one per card of a
+        merged table); when present and compatible, `rank` uses them for the exact problem.
+    class_fields: the optional class fields the table splits on (`models.buckets`).
+    work_step: width of the work-size buckets (when "work" is a class field).
     """
 
     provenance: Provenance
     spec: CardSpec
     quality: dict[str, float | int | str | None]
     classes: dict[ClassKey, TableClass]
+    models: tuple[EmbeddedModel, ...] = ()
+    class_fields: tuple[str, ...] = DEFAULT_CLASS_FIELDS
     work_step: int = WORK_STEP
     format_version: int = FORMAT_VERSION
+
+    def __repr__(self) -> str:
+        cells = sum(len(c.cells) for c in self.classes.values())
+        return (
+            f"ThresholdTable({self.identity.model_key!r}, {len(self.classes)} classes, {cells} buckets, "
+            f"{len(self.models)} embedded models, created {self.provenance.created})"
+        )
 
     @property
     def identity(self) -> DeviceIdentity:
@@ -123,20 +141,42 @@ class ThresholdTable:
 
     # ------------------------------------------------------------------ ranking
     def find_class(self, problem: Problem) -> TableClass | None:
-        """The problem's class, else the same class at the nearest work size, else None."""
-        key = class_key(problem, work_step=self.work_step)
+        """The problem's class, else the nearest class of the same dtype, causality and mask kind
+        (`ClassKey.distance`), else None."""
+        key = class_key(problem, fields=self.class_fields, work_step=self.work_step)
         if key in self.classes:
             return self.classes[key]
         same = [k for k in self.classes if k.base() == key.base()]
         if not same:
             return None
-        return self.classes[min(same, key=lambda k: (abs(k.work_log2 - key.work_log2), k.work_log2))]
+        return self.classes[min(same, key=lambda k: (k.distance(key), k))]
+
+    @property
+    def usable_models(self) -> tuple[EmbeddedModel, ...]:
+        """The embedded models this attn-dispatch can evaluate (same feature definitions)."""
+        return tuple(model for model in self.models if model.compatible)
 
     def rank(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
-        """Supported kernels of `kernels` with predicted seconds: the table's candidates for the
-        problem's bucket first (fastest first, times carried from the bucket's representative
-        problem to this one by the prior's ratio), then every other supported kernel ranked by
-        the prior. Classes the table lacks are ranked by the prior alone."""
+        """Supported kernels of `kernels` with predicted seconds, fastest first.
+
+        With embedded models: every supported kernel predicted for this exact problem (the median
+        over the cards of a merged table). Without: the decision map, see `rank_by_map`.
+        """
+        kernels = list(kernels)
+        models = self.usable_models
+        if not models:
+            return self.rank_by_map(problem, kernels)
+        names = [kernel.name for kernel in supported(problem, kernels)]
+        if not names:
+            return []
+        seconds = np.median([m.predict_seconds([problem] * len(names), names) for m in models], axis=0)
+        return sorted(zip(names, (float(s) for s in seconds), strict=True), key=lambda item: (item[1], item[0]))
+
+    def rank_by_map(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
+        """The decision map's ranking: the candidates of the problem's bucket (the nearest one in
+        its class) first, fastest first, their times carried from the bucket's representative
+        problem to this one by the prior's ratio; then every other supported kernel ranked by the
+        prior. Classes the table lacks are ranked by the prior alone."""
         kernels = list(kernels)
         prior = PriorRanker(self.spec)
         table_class = self.find_class(problem)
@@ -177,7 +217,8 @@ class ThresholdTable:
             for key, table_class in self.classes.items()
         }
         provenance = replace(self.provenance, notes=(*self.provenance.notes, note))
-        return replace(self, classes=classes, spec=spec, provenance=provenance)
+        models = tuple(model.scaled(factor) for model in self.models)
+        return replace(self, classes=classes, spec=spec, provenance=provenance, models=models)
 
     def to_dict(self) -> dict:
         from models.table_io import table_to_dict

@@ -7,11 +7,14 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
+import numpy as np
+
 from kernels.problem import Problem
-from models.buckets import WORK_STEP, ClassKey, bucket_of, class_key
+from models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP, ClassKey, bucket_of, check_class_fields, class_key
 from models.cards import CardSpec
 from models.cost_model import CostModel
 from models.features import feature_matrix
+from models.forest import embed
 from models.identity import DeviceIdentity
 from models.measurement import Measurement
 from models.ranking import kernel_named
@@ -25,6 +28,10 @@ CANDIDATES_PER_CELL = 4
 # Measured statuses that bar a kernel from a bucket (it ran and was wrong, or it raised).
 EXCLUDING_STATUSES = ("inaccurate", "failed")
 SIGNIFICANT_DIGITS = 4  # predicted times are estimates: 4 significant digits is plenty
+# Causal classes cover buckets within this many octaves of the diagonal (causal attention is
+# self-attention: Lq = Lk, or Lq a little shorter in chunked prefill); elsewhere the nearest
+# bucket decides.
+CAUSAL_BAND = 1
 
 
 def _round(seconds: float) -> float:
@@ -33,15 +40,18 @@ def _round(seconds: float) -> float:
 
 def _template(problems: list[Problem]) -> Template:
     """The most common batch / head layout of the class's measured problems."""
-    layout = Counter((p.batch, p.q_heads, p.kv_heads, p.value_dim) for p in problems).most_common(1)[0][0]
-    return Template(*layout)
+    layout = Counter((p.batch, p.q_heads, p.kv_heads, p.head_dim, p.value_dim) for p in problems)
+    return Template(*layout.most_common(1)[0][0])
 
 
-def _grid(problems: list[Problem]) -> list[tuple[int, int]]:
+def _grid(problems: Sequence[Problem], causal: bool) -> list[tuple[int, int]]:
+    """Every bucket in the range of all measured lengths (the cost model fills those a class was
+    not measured at); causal classes only near the diagonal."""
     buckets = [bucket_of(p) for p in problems]
     q_range = range(min(b[0] for b in buckets), max(b[0] for b in buckets) + 1)
     kv_range = range(min(b[1] for b in buckets), max(b[1] for b in buckets) + 1)
-    return [(q, kv) for q in q_range for kv in kv_range]
+    grid = [(q, kv) for q in q_range for kv in kv_range if not causal or abs(q - kv) <= CAUSAL_BAND]
+    return grid or [(q, kv) for q in q_range for kv in kv_range]
 
 
 def _measured_cells(points: list[Measurement]) -> tuple[dict, dict]:
@@ -59,19 +69,19 @@ def _measured_cells(points: list[Measurement]) -> tuple[dict, dict]:
 
 
 def _build_class(
-    key: ClassKey, points: list[Measurement], model: CostModel, spec: CardSpec, kernel_names: Sequence[str],
-    device_type: str, candidates: int,
-) -> TableClass:
-    problems = [m.problem for m in points]
-    shell = TableClass(key=key, template=_template(problems), cells={})
+    key: ClassKey, points: list[Measurement], grid: list[tuple[int, int]], model: CostModel, spec: CardSpec,
+    kernel_names: Sequence[str], device_type: str, candidates: int,
+) -> tuple[TableClass, np.ndarray]:
+    shell = TableClass(key=key, template=_template([m.problem for m in points]), cells={})
     measured, excluded = _measured_cells(points)
     rows: list[tuple[tuple[int, int], str, Problem]] = []
-    for bucket in _grid(problems):
+    for bucket in grid:
         problem = shell.problem_at(bucket, device_type)
         for name in kernel_names:
             if name not in excluded.get(bucket, {}) and not kernel_named(name).reasons(problem):
                 rows.append((bucket, name, problem))
-    seconds = model.predict_seconds(feature_matrix([r[2] for r in rows], [r[1] for r in rows], spec)) if rows else []
+    X = feature_matrix([r[2] for r in rows], [r[1] for r in rows], spec)
+    seconds = model.predict_seconds(X) if rows else []
     ranked: dict = defaultdict(list)
     for (bucket, name, _), predicted in zip(rows, seconds, strict=True):
         ranked[bucket].append((name, _round(float(predicted))))
@@ -88,7 +98,7 @@ def _build_class(
             f"no kernel of {list(kernel_names)[:5]}... supports class {key.describe()}; pass the kernel names "
             "that were calibrated"
         )
-    return TableClass(key=key, template=shell.template, cells=cells, thresholds=thresholds_for(cells))
+    return TableClass(key=key, template=shell.template, cells=cells, thresholds=thresholds_for(cells)), X
 
 
 def build_table(
@@ -100,9 +110,11 @@ def build_table(
     *,
     quality: dict | None = None,
     candidates: int = CANDIDATES_PER_CELL,
+    class_fields: Sequence[str] = DEFAULT_CLASS_FIELDS,
     work_step: int = WORK_STEP,
     calibration_wall_s: float | None = None,
     notes: Sequence[str] = (),
+    embed_model: bool = True,
 ) -> ThresholdTable:
     """A decision map for every problem class that was measured.
 
@@ -113,6 +125,9 @@ def build_table(
         their problems, measured times and exclusions (inaccurate / failed) from their results.
     kernel_names: the kernels the table may recommend (those calibrated).
     quality: the model's held-out quality (`models.quality.Quality.to_dict`).
+    class_fields, work_step: how finely classes are split (`models.buckets`).
+    embed_model: carry the cost model's trees in the table (JSON) so `rank` predicts each exact
+        problem; False leaves only the decision map.
     """
     if not measurements:
         raise ValueError("build_table needs the measurements calibration made; got none (run `attn-dispatch calibrate`)")
@@ -120,20 +135,27 @@ def build_table(
         raise ValueError(f"candidates must be >= 1, got {candidates}")
     for name in kernel_names:
         kernel_named(name)  # ValueError for names that are not ours
+    fields = check_class_fields(tuple(class_fields))
     by_class: dict[ClassKey, list[Measurement]] = defaultdict(list)
     for m in measurements:
-        by_class[class_key(m.problem, work_step=work_step)].append(m)
-    classes = {
-        key: _build_class(key, points, cost_model, spec, kernel_names, identity.device_type, candidates)
+        by_class[class_key(m.problem, fields=fields, work_step=work_step)].append(m)
+    problems = [m.problem for m in measurements]
+    built = {
+        key: _build_class(key, points, _grid(problems, key.causal), cost_model, spec, kernel_names,
+                          identity.device_type, candidates)
         for key, points in sorted(by_class.items())
     }
+    classes = {key: table_class for key, (table_class, _) in built.items()}
+    embedded = embed(cost_model, spec, np.vstack([X for _, X in built.values()])) if embed_model else None
+    if embed_model and embedded is None:
+        notes = (*notes, "the cost model could not be embedded (its export did not reproduce it): ranking by the decision map")
     provenance = Provenance(
         identity=identity, created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         points_measured=len(measurements), calibration_wall_s=calibration_wall_s,
         software=software_versions(), notes=tuple(notes),
     )
     return ThresholdTable(provenance=provenance, spec=spec, quality=dict(quality or {}), classes=classes,
-                          work_step=work_step)
+                          models=(embedded,) if embedded else (), class_fields=fields, work_step=work_step)
 
 
 def predicted_best(table: ThresholdTable, problems: Sequence[Problem], names_per_problem: Sequence[Sequence[str]]) -> list[str]:

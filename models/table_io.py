@@ -13,7 +13,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from models.cards import CardSpec
+from models._json_checks import _spec_dict
+from models.forest_schema import models_to_dict
 from models.table import TABLE_KIND, Cell, ThresholdTable
 from models.table_schema import FIX, TableError, table_from_dict
 
@@ -107,15 +108,6 @@ def save_table(table: ThresholdTable, path: str | os.PathLike) -> Path:
 
 
 
-def _spec_dict(spec: CardSpec) -> dict:
-    return {
-        "name": spec.name, "matrix_flops": dict(spec.matrix_flops), "vector_flops": spec.vector_flops,
-        "bandwidth": spec.bandwidth, "memory_bytes": spec.memory_bytes, "compute_units": spec.compute_units,
-        "launch_overhead_s": spec.launch_overhead_s, "fused_attention": spec.fused_attention,
-        "source": spec.source, "estimated": spec.estimated,
-    }
-
-
 def _cell_dict(bucket: tuple[int, int], cell: Cell) -> dict:
     out: dict = {"q": bucket[0], "kv": bucket[1], "ranking": [[n, s] for n, s in cell.ranking]}
     if cell.measured:
@@ -134,10 +126,10 @@ def table_to_dict(table: ThresholdTable) -> dict:
     for key in sorted(table.classes):
         c = table.classes[key]
         classes.append({
-            "dtype": key.dtype, "head_dim": key.head_dim, "causal": key.causal, "gqa_ratio": key.gqa_ratio,
-            "mask_kind": key.mask_kind, "work_log2": key.work_log2,
-            "template": {"batch": c.template.batch, "q_heads": c.template.q_heads,
-                         "kv_heads": c.template.kv_heads, "value_dim": c.template.value_dim},
+            "dtype": key.dtype, "causal": key.causal, "mask_kind": key.mask_kind, "head_dim": key.head_dim,
+            "gqa_ratio": key.gqa_ratio, "work_log2": key.work_log2,
+            "template": {"batch": c.template.batch, "q_heads": c.template.q_heads, "kv_heads": c.template.kv_heads,
+                         "head_dim": c.template.head_dim, "value_dim": c.template.value_dim},
             "cells": [_cell_dict(b, c.cells[b]) for b in sorted(c.cells)],
             "thresholds": [{"kernel": t.kernel, "q_log2": list(t.q_log2), "kv_log2": list(t.kv_log2),
                             "cells_won": t.cells_won, "cells_in_box": t.cells_in_box, "text": t.text}
@@ -150,6 +142,7 @@ def table_to_dict(table: ThresholdTable) -> dict:
             "calibration_wall_s": p.calibration_wall_s, "software": dict(p.software),
             "merged_from": [i.to_dict() for i in p.merged_from], "notes": list(p.notes),
         },
-        "spec": _spec_dict(table.spec), "quality": dict(table.quality), "work_step": table.work_step,
-        "classes": classes,
+        "spec": _spec_dict(table.spec), "quality": dict(table.quality),
+        "class_fields": list(table.class_fields), "work_step": table.work_step,
+        "classes": classes, "models": models_to_dict(table.models),
     }

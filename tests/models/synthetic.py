@@ -43,7 +43,7 @@ def true_seconds(problem: Problem, name: str) -> float:
     return seconds
 
 
-def synthetic_problems(count: int, seed: int) -> list[Problem]:
+def synthetic_problems(count: int, seed: int, device_type: str = "cpu") -> list[Problem]:
     rng = np.random.default_rng(seed)
     problems = []
     while len(problems) < count:
@@ -57,15 +57,18 @@ def synthetic_problems(count: int, seed: int) -> list[Problem]:
         dtype = str(rng.choice(["float32", "bfloat16"]))
         causal = bool(q_len == kv_len and rng.random() < 0.7)
         head_dim = int(rng.choice([64, 128]))
-        problems.append(Problem(batch, q_heads, kv_heads, q_len, kv_len, head_dim, head_dim, dtype, causal))
+        problems.append(Problem(batch, q_heads, kv_heads, q_len, kv_len, head_dim, head_dim, dtype, causal,
+                                device_type=device_type))
     return problems
 
 
-def synthetic_measurements(count: int, *, seed: int = 0, noise: float = 0.03) -> list[Measurement]:
+def synthetic_measurements(
+    count: int, *, seed: int = 0, noise: float = 0.03, device_type: str = "cpu"
+) -> list[Measurement]:
     """`count` problems x every supported synthetic kernel, timed by `true_seconds` x noise."""
     rng = np.random.default_rng(seed + 1)
     points = []
-    for problem in synthetic_problems(count, seed):
+    for problem in synthetic_problems(count, seed, device_type):
         for name in SYNTHETIC_KERNELS:
             if kernel_named(name).reasons(problem):
                 continue

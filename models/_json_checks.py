@@ -1,0 +1,148 @@
+"""Strict checks for untrusted JSON (threshold tables): each failure is a `TableError` naming
+the field, what was wrong, and what to do."""
+
+from __future__ import annotations
+
+import math
+from types import MappingProxyType
+
+from kernels.problem import ITEMSIZE
+from models.cards import CardSpec
+from models.ranking import kernel_named
+
+# Limits on untrusted tables. Real tables stay far below them (tests/models/test_table_io.py).
+MAX_CLASSES = 4096
+MAX_CELLS_PER_CLASS = 4096  # a 64 x 64 bucket grid
+MAX_CANDIDATES = 64
+MAX_LOG2 = 40  # lengths up to 2^40
+MAX_SIZE = 1 << 20  # head dims, head counts, GQA ratios, batch
+MAX_TEXT = 400
+MAX_LIST = 256  # notes, identities, thresholds per class
+MAX_QUALITY_KEYS = 64
+# An attention call between a nanosecond and an hour; anything outside is corrupt.
+MIN_SECONDS, MAX_SECONDS = 1e-9, 3600.0
+# Spec sheet sanity: no card moves more than 10^16 B/s or computes 10^19 FLOP/s.
+MAX_RATE = 1e19
+FIX = "re-create it with `attn-dispatch calibrate` or re-export it from its owner"
+
+
+class TableError(ValueError):
+    """A threshold table is malformed, corrupt, foreign or hostile."""
+
+
+def _fail(path: str, problem: str) -> TableError:
+    return TableError(f"threshold table field {path}: {problem}; {FIX}")
+
+
+def _obj(value: object, path: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
+    if not isinstance(value, dict):
+        raise _fail(path, f"must be a JSON object, got {type(value).__name__}")
+    unknown = set(value) - set(required) - set(optional)
+    if unknown:
+        raise _fail(path, f"unknown fields {sorted(unknown)[:5]} (allowed: {sorted(required + optional)})")
+    missing = [key for key in required if key not in value]
+    if missing:
+        raise _fail(path, f"missing fields {missing}")
+    return value
+
+
+def _mapping(value: object, path: str, limit: int) -> dict:
+    """A JSON object with free-form keys (checked by the caller) and at most `limit` entries."""
+    if not isinstance(value, dict):
+        raise _fail(path, f"must be a JSON object, got {type(value).__name__}")
+    if len(value) > limit:
+        raise _fail(path, f"has {len(value)} entries, at most {limit} allowed")
+    return value
+
+
+def _list(value: object, path: str, limit: int, *, min_length: int = 0) -> list:
+    if not isinstance(value, list):
+        raise _fail(path, f"must be a JSON array, got {type(value).__name__}")
+    if not min_length <= len(value) <= limit:
+        raise _fail(path, f"must hold {min_length} to {limit} entries, got {len(value)}")
+    return value
+
+
+def _int(value: object, path: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(path, f"must be an integer, got {value!r:.60}")
+    if not low <= value <= high:
+        raise _fail(path, f"must lie in [{low}, {high}], got {value}")
+    return value
+
+
+def _num(value: object, path: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _fail(path, f"must be a number, got {value!r:.60}")
+    if not (math.isfinite(value) and low <= value <= high):
+        raise _fail(path, f"must be a finite number in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def _str(value: object, path: str, choices: tuple[str, ...] | None = None) -> str:
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        raise _fail(path, f"must be a string of at most {MAX_TEXT} characters, got {value!r:.60}")
+    if choices is not None and value not in choices:
+        raise _fail(path, f"must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+def _bool(value: object, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(path, f"must be true or false, got {value!r:.60}")
+    return value
+
+
+def _kernel(value: object, path: str) -> str:
+    name = _str(value, path)
+    try:
+        kernel_named(name)
+    except ValueError as error:
+        raise _fail(path, f"names a kernel that is not an attn-dispatch kernel ({error})") from None
+    return name
+
+
+def _seconds(value: object, path: str) -> float:
+    return _num(value, path, MIN_SECONDS, MAX_SECONDS)
+
+
+def _candidates(value: object, path: str, limit: int) -> tuple[tuple[str, float], ...]:
+    entries = []
+    for i, entry in enumerate(_list(value, path, limit)):
+        pair = _list(entry, f"{path}[{i}]", 2, min_length=2)
+        entries.append((_kernel(pair[0], f"{path}[{i}][0]"), _seconds(pair[1], f"{path}[{i}][1]")))
+    if len({name for name, _ in entries}) != len(entries):
+        raise _fail(path, "lists a kernel twice")
+    return tuple(entries)
+
+
+_SPEC_NUMBERS = ("vector_flops", "bandwidth", "launch_overhead_s")
+
+
+def _spec(value: object, p: str = "spec") -> CardSpec:
+    data = _obj(value, p, ("name", "matrix_flops", *_SPEC_NUMBERS, "memory_bytes", "compute_units"),
+                ("fused_attention", "source", "estimated"))
+    rates = _obj(data["matrix_flops"], f"{p}.matrix_flops", ("float32",), tuple(k for k in ITEMSIZE if k != "float32"))
+    return CardSpec(
+        name=_str(data["name"], f"{p}.name"),
+        matrix_flops=MappingProxyType({k: _num(v, f"{p}.matrix_flops.{k}", 1.0, MAX_RATE) for k, v in rates.items()}),
+        vector_flops=_num(data["vector_flops"], f"{p}.vector_flops", 1.0, MAX_RATE),
+        bandwidth=_num(data["bandwidth"], f"{p}.bandwidth", 1.0, MAX_RATE),
+        memory_bytes=_int(data["memory_bytes"], f"{p}.memory_bytes", 0, 1 << 60),
+        compute_units=_int(data["compute_units"], f"{p}.compute_units", 1, MAX_SIZE),
+        launch_overhead_s=_num(data["launch_overhead_s"], f"{p}.launch_overhead_s", 0.0, 1.0),
+        fused_attention=_bool(data.get("fused_attention", True), f"{p}.fused_attention"),
+        source=_str(data.get("source", ""), f"{p}.source"),
+        estimated=_bool(data.get("estimated", False), f"{p}.estimated"),
+    )
+
+
+
+
+def _spec_dict(spec: CardSpec) -> dict:
+    return {
+        "name": spec.name, "matrix_flops": dict(spec.matrix_flops), "vector_flops": spec.vector_flops,
+        "bandwidth": spec.bandwidth, "memory_bytes": spec.memory_bytes, "compute_units": spec.compute_units,
+        "launch_overhead_s": spec.launch_overhead_s, "fused_attention": spec.fused_attention,
+        "source": spec.source, "estimated": spec.estimated,
+    }

@@ -1,0 +1,161 @@
+"""A fitted cost model carried inside a table as plain arrays: JSON-safe, never a pickle.
+
+`Forest` holds a boosted-tree ensemble (`HistGradientBoostingRegressor`'s trees) as padded
+arrays and evaluates it with numpy, all trees at once. `EmbeddedModel` adds what turns its
+output into seconds: the card spec its features were computed with, whether it predicts the
+residual over the prior, and a time scale (a family stand-in or a merge).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from kernels.problem import Problem
+from models.cards import CardSpec
+from models.cost_model import CostModel
+from models.features import FEATURE_NAMES, feature_matrix
+
+LEAF_DIGITS = 7  # leaf values are log-time increments: 7 significant digits is far below noise
+# Exported trees must reproduce the estimator's predictions to this (log seconds) on the rows
+# they were checked against, else the table is built without them.
+EXPORT_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True, eq=False)
+class Forest:
+    """Trees as arrays ``[n_trees, max_nodes]``: node ``i`` of tree ``t`` sends a row to
+    ``left[t, i]`` when ``x[feature[t, i]] <= threshold[t, i]`` (or when the value is NaN and
+    ``missing_left[t, i]``), else to ``right[t, i]``; a leaf has ``left == 0`` and adds
+    ``value[t, i]``. Children always follow their parent, so evaluation ends."""
+
+    feature: np.ndarray
+    threshold: np.ndarray
+    left: np.ndarray
+    right: np.ndarray
+    missing_left: np.ndarray
+    value: np.ndarray
+    baseline: float
+    depth: int
+
+    def __repr__(self) -> str:
+        return f"Forest({self.n_trees} trees, depth {self.depth})"
+
+    @property
+    def n_trees(self) -> int:
+        return self.feature.shape[0]
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Sum of the trees' leaves plus the baseline: ``X [n, d]`` -> ``[n]``."""
+        X = np.asarray(X, dtype=np.float64)
+        n, trees = X.shape[0], np.arange(self.n_trees)[None, :]
+        node = np.zeros((n, self.n_trees), dtype=np.int64)
+        rows = np.arange(n)[:, None]
+        for _ in range(self.depth):
+            x = X[rows, self.feature[trees, node]]
+            go_left = np.where(np.isnan(x), self.missing_left[trees, node], x <= self.threshold[trees, node])
+            child = np.where(go_left, self.left[trees, node], self.right[trees, node])
+            node = np.where(self.left[trees, node] == 0, node, child)
+        return self.value[trees, node].sum(axis=1) + self.baseline
+
+
+def _depth(left: np.ndarray, right: np.ndarray) -> int:
+    depth = np.zeros(left.shape, dtype=np.int64)
+    for t in range(left.shape[0]):
+        for i in range(left.shape[1]):
+            if left[t, i]:
+                depth[t, left[t, i]] = depth[t, right[t, i]] = depth[t, i] + 1
+    return int(depth.max()) + 1
+
+
+def forest_from_arrays(arrays: dict[str, Sequence[Sequence[float]]], baseline: float) -> Forest:
+    """Pad per-tree node lists into a `Forest` (the caller has validated them)."""
+    width = max(len(tree) for tree in arrays["feature"])
+
+    def pad(name: str, dtype) -> np.ndarray:
+        out = np.zeros((len(arrays[name]), width), dtype=dtype)
+        for t, tree in enumerate(arrays[name]):
+            out[t, : len(tree)] = tree
+        return out
+
+    left, right = pad("left", np.int64), pad("right", np.int64)
+    return Forest(
+        feature=pad("feature", np.int64), threshold=pad("threshold", np.float64), left=left, right=right,
+        missing_left=pad("missing_left", bool), value=pad("value", np.float64), baseline=float(baseline),
+        depth=_depth(left, right),
+    )
+
+
+def export_forest(model: CostModel) -> tuple[dict[str, list[list]], float]:
+    """The trees of a fitted `CostModel` as JSON-ready per-tree node lists, and the baseline.
+
+    Reads scikit-learn's fitted trees (``_predictors``, ``_baseline_prediction``): private
+    attributes, so `embed` checks the export against the estimator before a table uses it.
+    """
+    estimator = model.estimator_
+    arrays: dict[str, list[list]] = {k: [] for k in ("feature", "threshold", "left", "right", "missing_left", "value")}
+    for (predictor,) in estimator._predictors:
+        nodes = predictor.nodes
+        if np.any(nodes["is_categorical"]):
+            raise ValueError("categorical splits cannot be exported; the cost model uses numeric features only")
+        leaf = nodes["is_leaf"].astype(bool)
+        arrays["feature"].append([0 if lf else int(f) for f, lf in zip(nodes["feature_idx"], leaf, strict=True)])
+        arrays["threshold"].append([0.0 if lf else float(x) for x, lf in zip(nodes["num_threshold"], leaf, strict=True)])
+        arrays["left"].append([0 if lf else int(c) for c, lf in zip(nodes["left"], leaf, strict=True)])
+        arrays["right"].append([0 if lf else int(c) for c, lf in zip(nodes["right"], leaf, strict=True)])
+        arrays["missing_left"].append([bool(m) and not lf for m, lf in zip(nodes["missing_go_to_left"], leaf, strict=True)])
+        arrays["value"].append([float(f"{v:.{LEAF_DIGITS}g}") if lf else 0.0 for v, lf in zip(nodes["value"], leaf, strict=True)])
+    return arrays, float(np.ravel(estimator._baseline_prediction)[0])
+
+
+@dataclass(frozen=True, eq=False)
+class EmbeddedModel:
+    """A cost model inside a table (see module docstring).
+
+    Attributes
+    ----------
+    forest: the trees; spec: the card spec its features use; residual / prior_column: as in
+    `CostModel`; feature_names: the features it was fitted on; scale: multiplies its seconds.
+    arrays: the per-tree node lists (what the JSON holds).
+    """
+
+    forest: Forest
+    spec: CardSpec
+    residual: bool
+    prior_column: int
+    feature_names: tuple[str, ...]
+    arrays: dict
+    scale: float = 1.0
+
+    def __repr__(self) -> str:
+        return (f"EmbeddedModel({self.forest.n_trees} trees, spec={self.spec.name!r}, "
+                f"residual={self.residual}, scale={self.scale:.4g})")
+
+    @property
+    def compatible(self) -> bool:
+        """True when this attn-dispatch computes the features the model was fitted on."""
+        return tuple(self.feature_names) == FEATURE_NAMES
+
+    def predict_seconds(self, problems: Sequence[Problem], kernel_names: Sequence[str]) -> np.ndarray:
+        X = feature_matrix(problems, kernel_names, self.spec)
+        log_seconds = self.forest.predict(X) + (X[:, self.prior_column] if self.residual else 0.0)
+        return np.exp(log_seconds) * self.scale
+
+    def scaled(self, factor: float) -> EmbeddedModel:
+        return replace(self, scale=self.scale * factor)
+
+
+def embed(model: CostModel, spec: CardSpec, X_check: np.ndarray) -> EmbeddedModel | None:
+    """Export a fitted model; None when the export does not reproduce it on `X_check`."""
+    try:
+        arrays, baseline = export_forest(model)
+    except (AttributeError, KeyError, ValueError, TypeError):
+        return None
+    forest = forest_from_arrays(arrays, baseline)
+    embedded = EmbeddedModel(forest, spec, bool(model.residual), int(model.prior_column), FEATURE_NAMES, arrays)
+    reference = model.estimator_.predict(X_check)
+    if not np.allclose(forest.predict(X_check), reference, rtol=0.0, atol=EXPORT_TOLERANCE):
+        return None
+    return embedded

@@ -1,0 +1,73 @@
+"""The ``models`` section of a threshold table: embedded cost models as JSON node lists, checked
+so that evaluation is bounded (children follow parents, features and thresholds in range)."""
+
+from __future__ import annotations
+
+from models._json_checks import MAX_TEXT, _bool, _fail, _int, _list, _num, _obj, _spec, _spec_dict, _str
+from models.forest import EmbeddedModel, forest_from_arrays
+
+MAX_MODELS = 16  # cards pooled in one merged table
+MAX_TREES = 2000
+MAX_NODES = 4095  # per tree (max_leaf_nodes 2048)
+MAX_FEATURES = 1024
+MAX_LEAF = 100.0  # a leaf's log-time increment: e^100 is beyond any real correction
+ARRAYS = ("feature", "threshold", "left", "right", "missing_left", "value")
+
+
+def _tree(data: dict, t: int, path: str, n_features: int) -> None:
+    sizes = {len(_list(data[name][t], f"{path}.{name}[{t}]", MAX_NODES, min_length=1)) for name in ARRAYS}
+    if len(sizes) != 1:
+        raise _fail(f"{path}[{t}]", "node arrays of one tree must have equal lengths")
+    n = sizes.pop()
+    for i in range(n):
+        left, right = data["left"][t][i], data["right"][t][i]
+        where = f"{path}.tree {t} node {i}"
+        _int(left, f"{where} left", 0, n - 1)
+        _int(right, f"{where} right", 0, n - 1)
+        if left == 0:
+            if right != 0:
+                raise _fail(where, "a leaf (left 0) must have right 0")
+            _num(data["value"][t][i], f"{where} value", -MAX_LEAF, MAX_LEAF)
+            continue
+        if not (i < left < n and i < right < n):
+            raise _fail(where, "children must come after their parent (a tree, not a cycle)")
+        _int(data["feature"][t][i], f"{where} feature", 0, n_features - 1)
+        _num(data["threshold"][t][i], f"{where} threshold", -1e300, 1e300)
+        _bool(data["missing_left"][t][i], f"{where} missing_left")
+
+
+def parse_model(value: object, path: str) -> EmbeddedModel:
+    data = _obj(value, path, ("spec", "scale", "residual", "prior_column", "feature_names", "baseline", "trees"))
+    names = tuple(_str(v, f"{path}.feature_names[{i}]")
+                  for i, v in enumerate(_list(data["feature_names"], f"{path}.feature_names", MAX_FEATURES, min_length=1)))
+    trees = _obj(data["trees"], f"{path}.trees", ARRAYS)
+    count = len(_list(trees["feature"], f"{path}.trees.feature", MAX_TREES, min_length=1))
+    for name in ARRAYS:
+        if len(_list(trees[name], f"{path}.trees.{name}", MAX_TREES)) != count:
+            raise _fail(f"{path}.trees.{name}", f"must hold {count} trees like trees.feature")
+    for t in range(count):
+        _tree(trees, t, f"{path}.trees", len(names))
+    baseline = _num(data["baseline"], f"{path}.baseline", -MAX_LEAF, MAX_LEAF)
+    return EmbeddedModel(
+        forest=forest_from_arrays(trees, baseline), spec=_spec(data["spec"], f"{path}.spec"),
+        residual=_bool(data["residual"], f"{path}.residual"),
+        prior_column=_int(data["prior_column"], f"{path}.prior_column", 0, len(names) - 1),
+        feature_names=names, arrays=trees, scale=_num(data["scale"], f"{path}.scale", 1e-6, 1e6),
+    )
+
+
+def parse_models(value: object) -> tuple[EmbeddedModel, ...]:
+    return tuple(parse_model(v, f"models[{i}]") for i, v in enumerate(_list(value, "models", MAX_MODELS)))
+
+
+def models_to_dict(models: tuple[EmbeddedModel, ...]) -> list[dict]:
+    return [
+        {
+            "spec": _spec_dict(m.spec), "scale": m.scale, "residual": m.residual, "prior_column": m.prior_column,
+            "feature_names": list(m.feature_names), "baseline": m.forest.baseline, "trees": m.arrays,
+        }
+        for m in models
+    ]
+
+
+__all__ = ["parse_models", "models_to_dict", "MAX_TEXT"]

@@ -1,0 +1,36 @@
+"""Feature rows of (problem, kernel) pairs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels import Problem, all_kernels
+from models._cpu_probe import FALLBACK_CPU_SPEC
+from models.features import FEATURE_NAMES, PRIOR_COLUMN, feature_matrix
+
+
+def test_shape_names_and_finiteness():
+    problems = [Problem(1, 8, 2, 1, 4096, 128, 128, "bfloat16"), Problem(2, 4, 4, 512, 512, 64, 64, "float32", causal=True)]
+    names = [k.name for k in all_kernels()]
+    rows = [(p, n) for p in problems for n in names]
+    X = feature_matrix([p for p, _ in rows], [n for _, n in rows], FALLBACK_CPU_SPEC)
+    assert X.shape == (len(rows), len(FEATURE_NAMES)) and np.isfinite(X).all()
+    assert len(set(FEATURE_NAMES)) == len(FEATURE_NAMES) and FEATURE_NAMES[PRIOR_COLUMN] == "log_prior_s"
+    family = X[:, [i for i, f in enumerate(FEATURE_NAMES) if f.startswith("family=")]]
+    assert (family.sum(axis=1) == 1).all()  # exactly one (inner) family per row
+
+
+def test_chunk_parameters_are_clipped_to_the_problem():
+    problem = Problem(1, 4, 4, 100, 300, 64, 64, "float32")
+    X = feature_matrix([problem] * 2, ["chunked[q=512,kv=4096]", "math"], FALLBACK_CPU_SPEC)
+    q, kv = FEATURE_NAMES.index("log2_q_chunk"), FEATURE_NAMES.index("log2_kv_chunk")
+    assert X[0, q] == X[1, q] == pytest.approx(np.log2(100)) and X[0, kv] == pytest.approx(np.log2(300))
+
+
+def test_mismatched_lengths_and_foreign_names_are_errors():
+    problem = Problem(1, 4, 4, 16, 64, 64, 64)
+    with pytest.raises(ValueError, match="one kernel name per problem"):
+        feature_matrix([problem], ["math", "math"], FALLBACK_CPU_SPEC)
+    with pytest.raises(ValueError, match="unknown kernel"):
+        feature_matrix([problem], ["evil_kernel"], FALLBACK_CPU_SPEC)

@@ -1,0 +1,27 @@
+"""The per-user cache directory and its sub-directories."""
+
+from __future__ import annotations
+
+from models import paths
+
+
+def test_env_override_and_subdirectories(tmp_path, monkeypatch):
+    monkeypatch.setenv(paths.HOME_ENV, str(tmp_path / "home"))
+    assert paths.home() == tmp_path / "home"
+    for make, name in ((paths.tables_dir, "tables"), (paths.models_dir, "models"), (paths.journals_dir, "journals")):
+        directory = make()
+        assert directory == tmp_path / "home" / name and directory.is_dir()
+
+
+def test_explicit_override_beats_env(tmp_path, monkeypatch):
+    monkeypatch.setenv(paths.HOME_ENV, str(tmp_path / "env"))
+    assert paths.tables_dir(tmp_path / "mine") == tmp_path / "mine" / "tables"
+
+
+def test_platform_default(tmp_path, monkeypatch):
+    import platformdirs
+
+    asked = []
+    monkeypatch.delenv(paths.HOME_ENV, raising=False)
+    monkeypatch.setattr(platformdirs, "user_cache_dir", lambda name: asked.append(name) or str(tmp_path / name))
+    assert paths.home() == tmp_path / "attn-dispatch" and asked == ["attn-dispatch"]
