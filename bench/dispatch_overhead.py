@@ -4,7 +4,9 @@ For each shape: warm the dispatcher, look up the kernel and `Problem` it chose, 
 of calls of (a) ``dispatcher.attention(...)``, (b) ``kernel.run(...)`` (no validation, what the
 dispatcher itself calls) and (c) ``kernel(...)`` (validating), interleaved so drift hits all three
 alike. Reports the median per-call time of each and the median extra of (a) over (b) and (c).
-On CUDA it reports host time (enqueue, what the dispatcher adds) and synchronised time.
+On CUDA it reports host time (enqueue, what the dispatcher adds) and synchronised time. The first
+row of each run uses a kernel that does no work (`NullKernel`), so the extra is the dispatcher's
+own cost without the kernel's timing noise.
 
 Usage (from the repository root, as a module so bench/ does not shadow packages):
     python -m bench.dispatch_overhead [--device cpu|cuda] [--rounds 200] [--calls 50] [--out DIR]
@@ -25,6 +27,16 @@ import torch
 
 from dispatcher import Dispatcher
 from dispatcher._plan import cache_key
+from kernels import MathKernel
+
+
+class NullKernel(MathKernel):
+    """Does no work (returns the query): isolates what the dispatcher adds around a kernel."""
+
+    family = "null"
+
+    def run(self, query, key, value, attn_mask, scale, enable_gqa, problem):
+        return query
 
 # (name, batch, q heads, kv heads, q len, kv len, head dim, dtype, mask, strided)
 CPU_SHAPES = [
@@ -65,9 +77,9 @@ def time_round(call, calls: int, sync) -> tuple[float, float]:
     return (host - start) / calls, (end - start) / calls
 
 
-def bench_shape(shape, device, rounds: int, calls: int) -> dict:
+def bench_shape(shape, device, rounds: int, calls: int, *, null: bool = False) -> dict:
     q, k, v, mask, gqa = make_inputs(shape, device)
-    ours = Dispatcher()
+    ours = Dispatcher(kernels=[NullKernel()]) if null else Dispatcher()
     ours.attention(q, k, v, mask, enable_gqa=gqa)
     plan = ours._plans[cache_key(q, k, v, mask, False, gqa)]
     kernel, problem = plan.kernel, plan.problem
@@ -81,10 +93,12 @@ def bench_shape(shape, device, rounds: int, calls: int) -> dict:
         time_round(call, calls, sync)
     samples = {name: [] for name in methods}
     with torch.inference_mode():
-        for _ in range(rounds):
-            for name, call in methods.items():
-                samples[name].append(time_round(call, calls, sync))
-    result = {"shape": shape[0], "kernel": kernel.name, "calls_per_round": calls, "rounds": rounds}
+        order = list(methods)
+        for round_index in range(rounds):
+            shift = round_index % len(order)  # rotate: no method always follows the same one
+            for name in order[shift:] + order[:shift]:
+                samples[name].append(time_round(methods[name], calls, sync))
+    result = {"shape": shape[0], "kernel": kernel.name, "calls_per_round": calls, "rounds": rounds, "null": null}
     for index, clock in ((0, "host"), (1, "sync")):
         med = {name: statistics.median(s[index] for s in values) * 1e6 for name, values in samples.items()}
         extra_run = statistics.median((a[index] - b[index]) * 1e6 for a, b in
@@ -116,14 +130,19 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     shapes = CUDA_SHAPES if device.type == "cuda" else CPU_SHAPES
-    results = {"conditions": conditions(device), "shapes": [bench_shape(s, device, args.rounds, args.calls) for s in shapes]}
+    rows = [bench_shape(s, device, args.rounds, args.calls, null=True) for s in shapes[:1]]
+    rows += [bench_shape(s, device, args.rounds, args.calls) for s in shapes]
+    results = {"conditions": conditions(device), "shapes": rows}
     for r in results["shapes"]:
         host = r["host"]
-        print(f"{r['shape']:<36} {r['kernel']:<24} dispatcher {host['median_us']['dispatcher.attention']:8.2f} us  "
+        print(f"{r['shape'][:36]:<36} {r['kernel']:<24} dispatcher {host['median_us']['dispatcher.attention']:8.2f} us  "
               f"run {host['median_us']['kernel.run']:8.2f} us  call {host['median_us']['kernel(...)']:8.2f} us  "
               f"extra vs run {host['extra_us_vs_run']:+6.2f} us  vs call {host['extra_us_vs_call']:+6.2f} us")
     out = Path(args.out)

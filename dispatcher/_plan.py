@@ -19,7 +19,7 @@ class Plan:
         chose the kernel, so `Dispatcher.stats` sums them without a lookup per call).
     """
 
-    __slots__ = ("problem", "device", "kernel", "recheck", "ranked", "decision", "count")
+    __slots__ = ("problem", "device", "kernel", "run", "recheck", "ranked", "decision", "count")
 
     def __init__(
         self,
@@ -34,6 +34,7 @@ class Plan:
         self.problem = problem
         self.device = device
         self.kernel = kernel
+        self.run = kernel.run  # bound once: the warm path saves an attribute lookup per call
         self.recheck = recheck
         self.ranked = ranked
         self.decision = decision

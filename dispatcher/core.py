@@ -68,6 +68,7 @@ class Dispatcher:
         self._budget = None if memory_budget is None else parse_memory_size(memory_budget, name="memory_budget")
         self.home = home
         self._plans: dict[tuple, Plan] = {}
+        self._plan_get = self._plans.get  # bound once for the warm path
         self._devices: dict[torch.device, _DeviceState] = {}
         self._counts: dict[str, list[int]] = {}
         self._lock = threading.RLock()
@@ -127,12 +128,12 @@ class Dispatcher:
             raise
         if training:
             return self._training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_)
-        plan = self._plans.get(key_)
+        plan = self._plan_get(key_)
         if plan is None or plan.recheck:
             plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         plan.count[0] += 1
         try:
-            return plan.kernel.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+            return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
         except Exception as error:  # noqa: BLE001 - any kernel failure falls back to the next kernel
             return self._recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa)
 
@@ -146,7 +147,7 @@ class Dispatcher:
             if plan.kernel.supports_backward:
                 plan.count[0] += 1
                 try:
-                    return plan.kernel.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+                    return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
                 except Exception as error:  # noqa: BLE001
                     return self._recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa,
                                          training=True)
@@ -242,7 +243,7 @@ class Dispatcher:
             _log.fallback(failed, error, plan.kernel.name)
             plan.count[0] += 1
             try:
-                return plan.kernel.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+                return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
             except Exception as next_error:  # noqa: BLE001
                 error = next_error
 
