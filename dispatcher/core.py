@@ -25,6 +25,7 @@ from kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem, all_kernels, kern
 from kernels.sdpa_backends import SdpaDefaultKernel, pytorch_sdpa
 
 _grad_enabled = torch.is_grad_enabled
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 KERNEL_SETS = ("all", "portable")
 TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
 """`stats` key of calls that went to PyTorch's SDPA on the training route."""
@@ -110,6 +111,9 @@ class Dispatcher:
         -------
         ``[..., Hq, L, Ev]`` in the query's dtype.
         """
+        if _is_compiling():  # torch.compile traces PyTorch's SDPA, not our Python dispatch
+            gqa = {"enable_gqa": True} if enable_gqa else {}
+            return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
         try:  # `cache_key`, inlined: this is the warm path
             key_ = (
                 query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,

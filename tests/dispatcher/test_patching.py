@@ -127,3 +127,15 @@ def test_backward_capable_kernel_trains_through_the_dispatcher():
     ORIGINAL(reference, inputs["key"], inputs["value"]).sum().backward()
     torch.testing.assert_close(query.grad, reference.grad)
     assert ours.stats() == {"sdpa_math": 1}
+
+
+def test_torch_compile_under_patched_traces_pytorch_sdpa():
+    inputs = qkv()
+
+    def attend(query, key, value):
+        return F.scaled_dot_product_attention(query, key, value, enable_gqa=True)
+
+    compiled = torch.compile(attend, backend="eager", fullgraph=True)
+    with patched():
+        out = compiled(inputs["query"], inputs["key"], inputs["value"])
+    assert_matches_reference(out, inputs)
