@@ -141,8 +141,9 @@ def _spec(value: object, p: str = "spec") -> CardSpec:
 
 def _spec_dict(spec: CardSpec) -> dict:
     return {
-        "name": spec.name, "matrix_flops": dict(spec.matrix_flops), "vector_flops": spec.vector_flops,
-        "bandwidth": spec.bandwidth, "memory_bytes": spec.memory_bytes, "compute_units": spec.compute_units,
-        "launch_overhead_s": spec.launch_overhead_s, "fused_attention": spec.fused_attention,
+        "name": spec.name, "matrix_flops": {k: float(v) for k, v in spec.matrix_flops.items()},
+        "vector_flops": float(spec.vector_flops), "bandwidth": float(spec.bandwidth),
+        "memory_bytes": int(spec.memory_bytes), "compute_units": int(spec.compute_units),
+        "launch_overhead_s": float(spec.launch_overhead_s), "fused_attention": spec.fused_attention,
         "source": spec.source, "estimated": spec.estimated,
     }

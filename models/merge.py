@@ -100,7 +100,7 @@ def _merged_quality(tables: Sequence[ThresholdTable]) -> dict:
         numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if len(numbers) != len(values):
             quality[key] = values[0]
-        elif key.startswith("n_"):
+        elif key.startswith("n_") or "_n_" in key:
             quality[key] = sum(numbers)
         elif "slowdown" in key:
             quality[key] = max(numbers)

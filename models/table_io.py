@@ -53,9 +53,8 @@ def loads_table(raw: bytes, *, source: str = "<bytes>") -> ThresholdTable:
     try:
         data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as error:
-        where = "truncated" if error.pos >= len(text.rstrip()) else "malformed"
         raise TableError(
-            f"{source}: {where} JSON ({error.msg} at line {error.lineno} column {error.colno}); {FIX}"
+            f"{source}: truncated or malformed JSON ({error.msg} at line {error.lineno} column {error.colno}); {FIX}"
         ) from None
     except RecursionError:
         raise TableError(f"{source}: JSON nested too deeply to be a table; {FIX}") from None

@@ -85,7 +85,7 @@ def _quality(value: object) -> dict:
         path = f"quality.{_str(key, 'quality key')}"
         if item is None or isinstance(item, str):
             quality[key] = None if item is None else _str(item, path)
-        elif key.startswith("n_") or key == "seed":
+        elif key.startswith("n_") or "_n_" in key or key == "seed":
             quality[key] = _int(item, path, 0, 10**9)
         elif "accuracy" in key or "within" in key or key == "holdout_fraction":
             quality[key] = _num(item, path, 0.0, 1.0)

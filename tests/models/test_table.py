@@ -1,0 +1,84 @@
+"""Threshold tables as rankers: the embedded model, the decision map, readable thresholds."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from kernels import Problem, all_kernels, kernel_from_name
+from models.buckets import bucket_of, class_key, length_bucket
+from models.priors import PriorRanker
+from models.ranking import Ranker
+from tests.models.synthetic import SYNTHETIC_KERNELS
+
+DECODE = Problem(2, 16, 4, 1, 3000, 64, 64, "float32", device_type="cuda")
+PREFILL = Problem(1, 8, 8, 700, 700, 128, 128, "bfloat16", causal=True, device_type="cuda")
+
+
+def test_buckets():
+    assert [length_bucket(n) for n in (0, 1, 2, 3, 4, 5, 4096, 4097)] == [0, 0, 1, 2, 2, 3, 12, 13]
+    assert bucket_of(DECODE) == (0, 12)
+    key = class_key(DECODE)
+    assert (key.dtype, key.causal, key.mask_kind, key.head_dim, key.work_log2) == ("float32", False, "none", 0, 0)
+    fine = class_key(DECODE, fields=("head_dim", "gqa_ratio", "work"))
+    assert (fine.head_dim, fine.gqa_ratio, fine.work_log2) == (64, 4, 6)
+
+
+def test_table_ranks_every_supported_kernel_it_is_given(mi50_table):
+    assert isinstance(mi50_table, Ranker) and mi50_table.usable_models
+    kernels = all_kernels()
+    for problem in (DECODE, PREFILL):
+        ranking = mi50_table.rank(problem, kernels)
+        supported = {k.name for k in kernels if not k.reasons(problem)}
+        assert {name for name, _ in ranking} == supported
+        assert [s for _, s in ranking] == sorted(s for _, s in ranking) and all(s > 0 for _, s in ranking)
+    only = [kernel_from_name("math"), kernel_from_name("sdpa_flash")]  # flash: no CUDA here
+    assert [name for name, _ in mi50_table.rank(DECODE, only)] == ["math"]
+    assert mi50_table.rank(DECODE, []) == []
+
+
+def test_decision_map_lists_candidates_then_the_prior(mi50_table):
+    table = replace(mi50_table, models=())
+    kernels = all_kernels()
+    ranking = table.rank(DECODE, kernels)
+    assert ranking == table.rank_by_map(DECODE, kernels)
+    table_class = table.find_class(DECODE)
+    bucket, cell = table_class.nearest_cell(bucket_of(DECODE))
+    given = {k.name for k in kernels}
+    listed = {name for name, _ in cell.ranking if name in given}  # the table's candidates we have
+    assert listed and {name for name, _ in ranking[: len(listed)]} == listed
+    assert {name for name, _ in ranking} == {k.name for k in kernels if not k.reasons(DECODE)}
+
+
+def test_unknown_class_falls_back_to_the_prior(mi50_table):
+    masked = Problem(1, 4, 4, 64, 256, 64, 64, "float16", mask_kind="float", mask_shape=(1, 1, 64, 256),
+                     device_type="cuda")
+    table = replace(mi50_table, models=())
+    assert table.find_class(masked) is None
+    assert table.rank(masked, all_kernels()) == PriorRanker(table.spec).rank(masked, all_kernels())
+
+
+def test_incompatible_embedded_model_is_ignored(mi50_table):
+    old = replace(mi50_table.models[0], feature_names=("something", "else"))
+    table = replace(mi50_table, models=(old,))
+    assert not table.usable_models
+    assert table.rank(DECODE, all_kernels()) == table.rank_by_map(DECODE, all_kernels())
+
+
+def test_thresholds_read_like_rules(mi50_table):
+    pattern = re.compile(r"^\S+ (when (L[qk] [<>]=? \d+)( and L[qk] [<>]=? \d+)*|everywhere in this class)( \(\d+ of \d+ buckets\))?$")
+    for table_class in mi50_table.classes.values():
+        assert table_class.thresholds
+        assert sum(t.cells_won for t in table_class.thresholds) == len(table_class.cells)
+        for threshold in table_class.thresholds:
+            assert pattern.match(threshold.text), threshold.text
+            assert threshold.kernel in SYNTHETIC_KERNELS
+
+
+def test_provenance_and_quality_recorded(mi50_table):
+    p = mi50_table.provenance
+    assert p.identity.model_key == "AMD Instinct MI50 32GB" and p.points_measured > 0
+    assert {"torch", "scikit_learn", "numpy", "attn_dispatch"} <= set(p.software)
+    q = mi50_table.quality
+    assert 0 <= q["top1_accuracy"] <= 1 and q["n_points_fit"] > 0 and "table_mean_slowdown" in q
+    assert "MI50" in repr(mi50_table)

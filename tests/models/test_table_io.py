@@ -1,0 +1,121 @@
+"""Table files: round trip, atomic writes, and rejection of corrupt, truncated, oversized and
+hostile tables with messages that name the problem."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+
+import pytest
+
+from kernels import all_kernels
+from models.table_io import MAX_TABLE_BYTES, dumps_table, load_table, loads_table, save_table
+from models.table_schema import TableError
+from tests.models.test_table import DECODE, PREFILL
+
+
+@pytest.fixture(scope="module")
+def table_json(mi50_table) -> dict:
+    return json.loads(dumps_table(mi50_table))
+
+
+def _load(data: dict):
+    return loads_table(json.dumps(data).encode())
+
+
+def test_round_trip(mi50_table, tmp_path):
+    path = save_table(mi50_table, tmp_path / "sub" / "table.json")
+    again = load_table(path)
+    assert dumps_table(again) == dumps_table(mi50_table)
+    for problem in (DECODE, PREFILL):
+        assert again.rank(problem, all_kernels()) == mi50_table.rank(problem, all_kernels())
+    assert [p.name for p in path.parent.iterdir()] == ["table.json"]  # no temporary file left
+    assert path.stat().st_size < MAX_TABLE_BYTES / 4
+
+
+def test_failed_write_leaves_the_old_file(mi50_table, tmp_path, monkeypatch):
+    path = save_table(mi50_table, tmp_path / "table.json")
+    before = path.read_bytes()
+    monkeypatch.setattr("models.table_io.dumps_table", lambda table: (_ for _ in ()).throw(TableError("boom")))
+    with pytest.raises(TableError):
+        save_table(mi50_table, path)
+    assert path.read_bytes() == before and len(list(tmp_path.iterdir())) == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"", "empty"),
+        (b"\x80\x04\x95\x00\x00", "pickle"),
+        (pickle.dumps({"format_version": 1}), "pickle"),
+        (b"\xff\xfe{\x00", "UTF-8"),
+        (b'{"format_version": 1, "kind": "attn-dispatch thr', "truncated"),
+        (b"[" * 100000, "nested too deeply|truncated"),
+        (b'{"a": 1, "a": 2}', "repeats the key"),
+        (b'{"format_version": NaN}', "non-JSON number NaN"),
+        (b"[1, 2, 3]", "JSON object"),
+        (b'{"format_version": 99}', "format_version 99"),
+        (b'{"format_version": true}', "format_version True"),
+    ],
+)
+def test_malformed_bytes_are_rejected(raw, message):
+    with pytest.raises(TableError, match=message):
+        loads_table(raw)
+
+
+def test_oversized_file_is_refused_unread(tmp_path):
+    path = tmp_path / "huge.json"
+    path.write_bytes(b" " * (MAX_TABLE_BYTES + 10))
+    with pytest.raises(TableError, match="cap"):
+        load_table(path)
+    with pytest.raises(TableError, match="cannot read"):
+        load_table(tmp_path / "missing.json")
+
+
+def _first_cell(data: dict) -> dict:
+    return data["classes"][0]["cells"][0]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: _first_cell(d)["ranking"][0].__setitem__(0, "os.system('rm -rf /')"), "not an attn-dispatch kernel"),
+        (lambda d: _first_cell(d)["ranking"][0].__setitem__(0, "flash_attn_3"), "not an attn-dispatch kernel"),
+        (lambda d: _first_cell(d)["ranking"][0].__setitem__(1, -1.0), r"ranking\[0\]\[1\]"),
+        (lambda d: _first_cell(d)["ranking"][0].__setitem__(1, 1e9), "finite number"),
+        (lambda d: _first_cell(d)["ranking"][0].__setitem__(1, "0.1"), "must be a number"),
+        (lambda d: _first_cell(d).__setitem__("q", 1000), r"cells\[0\]\.q"),
+        (lambda d: _first_cell(d).__setitem__("q", 2.5), "integer"),
+        (lambda d: d["classes"][0].__setitem__("dtype", "int8"), "dtype"),
+        (lambda d: d["classes"][0].__setitem__("causal", "yes"), "true or false"),
+        (lambda d: d.__setitem__("extra", {}), "unknown fields"),
+        (lambda d: d.pop("spec"), "missing fields"),
+        (lambda d: d["spec"].__setitem__("bandwidth", 0), "spec.bandwidth"),
+        (lambda d: d["provenance"]["identity"].__setitem__("compute_units", "60"), "compute_units"),
+        (lambda d: d["quality"].__setitem__("top1_accuracy", 1.5), "quality.top1_accuracy"),
+        (lambda d: d.__setitem__("kind", "something else"), "kind"),
+        (lambda d: d["classes"].append(copy.deepcopy(d["classes"][0])), "repeats the class"),
+        (lambda d: d["classes"][0]["cells"].append(copy.deepcopy(_first_cell(d))), "appears twice"),
+        (lambda d: d["models"][0]["trees"]["left"][0].__setitem__(0, 0), "leaf"),
+        (lambda d: d["models"][0]["trees"]["right"][0].__setitem__(1, 1), "after their parent"),
+        (lambda d: d["models"][0]["trees"]["feature"][0].__setitem__(0, 10**6), "feature"),
+        (lambda d: d["models"][0]["trees"]["value"][0].pop(), "equal lengths"),
+        (lambda d: d["models"][0].__setitem__("scale", 1e12), r"models\[0\]\.scale"),
+    ],
+)
+def test_corrupt_and_hostile_fields_are_named(table_json, edit, message):
+    data = copy.deepcopy(table_json)
+    edit(data)
+    with pytest.raises(TableError, match=message) as error:
+        _load(data)
+    assert "attn-dispatch calibrate" in str(error.value) or "format_version" in str(error.value)
+
+
+def test_nan_cannot_be_written(mi50_table):
+    bad = copy.deepcopy(mi50_table.quality)
+    bad["mean_slowdown"] = float("nan")
+    from dataclasses import replace
+
+    with pytest.raises((TableError, ValueError)):
+        dumps_table(replace(mi50_table, quality=bad))
