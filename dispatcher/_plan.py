@@ -19,13 +19,14 @@ class Plan:
         chose the kernel, so `Dispatcher.stats` sums them without a lookup per call).
     """
 
-    __slots__ = ("problem", "device", "kernel", "run", "recheck", "ranked", "decision", "count")
+    __slots__ = ("problem", "device", "kernel", "run", "workspace", "recheck", "ranked", "decision", "count")
 
     def __init__(
         self,
         problem: Problem,
         device: torch.device,
         kernel: Kernel,
+        workspace: int,
         recheck: bool,
         ranked: Ranked,
         decision: Decision,
@@ -35,6 +36,7 @@ class Plan:
         self.device = device
         self.kernel = kernel
         self.run = kernel.run  # bound once: the warm path saves an attribute lookup per call
+        self.workspace = workspace
         self.recheck = recheck
         self.ranked = ranked
         self.decision = decision

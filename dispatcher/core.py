@@ -187,7 +187,8 @@ class Dispatcher:
         for option in plan.ranked.options:
             if limit is None or option.workspace_bytes <= limit:
                 return plan if option.kernel is plan.kernel else None
-        return None
+        shrunk = all(option.kernel is not plan.kernel for option in plan.ranked.options)
+        return plan if shrunk and plan.workspace <= limit else None
 
     def _state(self, device: torch.device) -> _DeviceState:
         state = self._devices.get(device)
@@ -213,7 +214,8 @@ class Dispatcher:
             dropped=fit.dropped + ranked.dropped, free_bytes=free, budget_bytes=budget, notes=fit.notes,
         )
         chosen = fit.options[0]
-        return Plan(problem, device, chosen.kernel, fit.recheck, ranked, decision, self._count_cell(chosen.kernel.name))
+        return Plan(problem, device, chosen.kernel, chosen.workspace_bytes, fit.recheck, ranked, decision,
+                    self._count_cell(chosen.kernel.name))
 
     def _count_cell(self, name: str) -> list[int]:
         cell = self._counts.get(name)

@@ -98,7 +98,8 @@ def free_bytes(device: torch.device) -> int | None:
 def _cuda_free_bytes(device: torch.device) -> int:
     index = device.index if device.index is not None else torch.cuda.current_device()
     free, _total = torch.cuda.mem_get_info(index)
-    cached_unused = torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
+    stats = torch.cuda.memory_stats(index)  # one call for both counters (each getter builds this dict)
+    cached_unused = stats.get("reserved_bytes.all.current", 0) - stats.get("allocated_bytes.all.current", 0)
     return int(free + max(cached_unused, 0))
 
 

@@ -26,7 +26,9 @@ RECHECK_FRACTION = 0.25
 re-checked against free memory on every call: other allocations between calls (activations,
 a growing KV cache) can plausibly take that much. Below it, the decision stands until `reset`.
 A quarter is a judgement call, not a measurement: it keeps the re-check (tens of microseconds)
-off every small problem, and small problems are where per-call overhead matters."""
+off every small problem, and small problems are where per-call overhead matters. A faster
+kernel dropped for lack of free memory is not re-checked on every call (that would put the
+re-check on exactly the calls that fit easily); `Dispatcher.reset` reconsiders it."""
 
 
 @dataclass(frozen=True)
@@ -134,8 +136,8 @@ def fit_options(
     ranked: Ranked, *, free: int | None, budget: int | None, ranking: DeviceRanking, failed: Mapping[str, str]
 ) -> Fit:
     """Keep the options whose workspace fits; where none does, shrink a chunked kernel until one
-    does. `recheck` is set when free memory (not the budget) decided something: the chosen
-    kernel's workspace is a large part of it, or a faster option was dropped for it."""
+    does. `recheck` is set when the chosen kernel's workspace is a large part of free memory
+    (`needs_recheck`)."""
     fitting: list[Option] = []
     dropped: list[tuple[str, str]] = []
     dropped_for_free_memory = False
@@ -147,13 +149,15 @@ def fit_options(
             dropped.append((option.kernel.name, why))
             dropped_for_free_memory |= not fitting and (budget is None or option.workspace_bytes <= budget)
     notes: list[str] = []
+    if dropped_for_free_memory:
+        notes.append("a faster kernel did not fit in the memory free now; dispatcher.reset() reconsiders it")
     if not fitting and dropped:  # something runs but nothing fits: smaller chunks fit in less
         shrunk = shrink_chunked(ranked.problem, memory_limit(free, budget), failed)
         if shrunk is not None:
             predicted = dict(ranking.rank(ranked.problem, [shrunk])).get(shrunk.name)
             fitting.append(Option(shrunk, predicted, int(shrunk.workspace_bytes(ranked.problem))))
             notes.append(f"no ranked kernel fits in memory: {shrunk.name} uses smaller chunks to fit")
-    recheck = dropped_for_free_memory or (bool(fitting) and needs_recheck(fitting[0].workspace_bytes, free))
+    recheck = bool(fitting) and needs_recheck(fitting[0].workspace_bytes, free)
     return Fit(tuple(fitting), tuple(dropped), tuple(notes), recheck)
 
 

@@ -127,9 +127,30 @@ def test_large_workspace_is_rechecked_against_free_memory(monkeypatch):
     assert ours.stats() == {"math": 1, "chunked[q=128,kv=1024]": 1}
     assert "free on the device" in ours.explain(**inputs).reason_dropped("math")
     assert_matches_reference(out, inputs)
-    free["bytes"] = 10 * math_bytes  # memory came back: the faster kernel again
+    assert any("reset" in note for note in ours.explain(**inputs).notes)
+    free["bytes"] = 10 * math_bytes  # memory came back: reset() reconsiders the faster kernel
+    ours.reset()
     ours.attention(**inputs)
-    assert ours.stats()["math"] == 2
+    assert ours.stats() == {"math": 1}
+
+
+def test_shrunk_chunks_under_memory_pressure_are_kept_warm(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["math"]))
+    inputs = _prefill()
+    problem = _problem(inputs)
+    free = ChunkedKernel(q=64, kv=64).workspace_bytes(problem) * 2  # math does not fit; small chunks do
+    calls = {"n": 0}
+
+    def counting_free(device):
+        calls["n"] += 1
+        return free
+
+    monkeypatch.setattr(core, "free_bytes", counting_free)
+    ours = Dispatcher(kernels=["math"])
+    for _ in range(3):
+        assert_matches_reference(ours.attention(**inputs), inputs)
+    assert len(ours.stats()) == 1 and next(iter(ours.stats())).startswith("chunked[")
+    assert calls["n"] <= 3  # decided once, then only the re-check of free memory: no new decisions
 
 
 def test_small_workspace_is_not_rechecked(monkeypatch):
