@@ -78,36 +78,30 @@ _GFX906_BF16_NOTE = (
     "rocBLAS computes bf16 products in fp32 there)"
 )
 
-# AMD Radeon Instinct MI50 datasheet: 26.5 TFLOPS fp16, 13.3 fp32, 6.6 fp64, 1024 GB/s HBM2, 60 CUs.
-_MI50 = dict(
-    matrix_flops=_rates(26.5 * TERA, 13.3 * TERA, 13.3 * TERA, 6.6 * TERA),
-    vector_flops=13.3 * TERA, bandwidth=1024 * GB, compute_units=60,
-    launch_overhead_s=HIP_LAUNCH_OVERHEAD_S, fused_attention=False,
-    source="AMD Radeon Instinct MI50 datasheet (unmeasured here)", notes=(_GFX906_BF16_NOTE,),
-)
-MI50_16GB = CardSpec(name=GFX906_MI50_16, memory_bytes=16 * GIB, **_MI50)
-MI50_32GB = CardSpec(name=GFX906_MI50_32, memory_bytes=32 * GIB, **_MI50)
-# AMD Radeon Instinct MI60 datasheet: 29.5 TFLOPS fp16, 14.7 fp32, 7.4 fp64, 1024 GB/s, 64 CUs, 32 GB.
-MI60 = CardSpec(
-    name=GFX906_MI60, matrix_flops=_rates(29.5 * TERA, 14.7 * TERA, 14.7 * TERA, 7.4 * TERA),
-    vector_flops=14.7 * TERA, bandwidth=1024 * GB, memory_bytes=32 * GIB, compute_units=64,
-    launch_overhead_s=HIP_LAUNCH_OVERHEAD_S, fused_attention=False,
-    source="AMD Radeon Instinct MI60 datasheet (unmeasured here)", notes=(_GFX906_BF16_NOTE,),
-)
-# AMD Radeon VII product page: 27.7 TFLOPS fp16, 13.8 fp32, 3.5 fp64 (1/4 rate), 1024 GB/s, 60 CUs, 16 GB.
-RADEON_VII = CardSpec(
-    name=GFX906_RADEON_VII, matrix_flops=_rates(27.7 * TERA, 13.8 * TERA, 13.8 * TERA, 3.5 * TERA),
-    vector_flops=13.8 * TERA, bandwidth=1024 * GB, memory_bytes=16 * GIB, compute_units=60,
-    launch_overhead_s=HIP_LAUNCH_OVERHEAD_S, fused_attention=False,
-    source="AMD Radeon VII product page (unmeasured here)", notes=(_GFX906_BF16_NOTE,),
-)
-# AMD Radeon Pro VII product page: 26.1 TFLOPS fp16, 13.1 fp32, 6.5 fp64, 1024 GB/s, 60 CUs, 16 GB.
-RADEON_PRO_VII = CardSpec(
-    name=GFX906_RADEON_PRO_VII, matrix_flops=_rates(26.1 * TERA, 13.1 * TERA, 13.1 * TERA, 6.5 * TERA),
-    vector_flops=13.1 * TERA, bandwidth=1024 * GB, memory_bytes=16 * GIB, compute_units=60,
-    launch_overhead_s=HIP_LAUNCH_OVERHEAD_S, fused_attention=False,
-    source="AMD Radeon Pro VII product page (unmeasured here)", notes=(_GFX906_BF16_NOTE,),
-)
+
+def _gfx906(name: str, fp16: float, fp32: float, fp64: float, units: int, gib: int, source: str) -> CardSpec:
+    """A gfx906 board: 1024 GB/s HBM2, HIP launches, no fused attention in PyTorch, and no bf16
+    matrix path (fp32's rate stands in for bf16: an estimate). Rates in TFLOP/s."""
+    return CardSpec(
+        name=name, matrix_flops=_rates(fp16 * TERA, fp32 * TERA, fp32 * TERA, fp64 * TERA),
+        vector_flops=fp32 * TERA, bandwidth=GFX906_BANDWIDTH, memory_bytes=gib * GIB, compute_units=units,
+        launch_overhead_s=HIP_LAUNCH_OVERHEAD_S, fused_attention=False, source=f"{source} (unmeasured here)",
+        notes=(_GFX906_BF16_NOTE,),
+    )
+
+
+# Every gfx906 board has 4 stacks of HBM2 at 1024 GB/s (AMD product pages).
+GFX906_BANDWIDTH = 1024 * GB
+# AMD Radeon Instinct MI50 datasheet: 26.5 TFLOPS fp16, 13.3 fp32, 6.6 fp64, 60 CUs, 16 or 32 GB.
+MI50_16GB = _gfx906(GFX906_MI50_16, 26.5, 13.3, 6.6, 60, 16, "AMD Radeon Instinct MI50 datasheet")
+MI50_32GB = _gfx906(GFX906_MI50_32, 26.5, 13.3, 6.6, 60, 32, "AMD Radeon Instinct MI50 datasheet")
+# AMD Radeon Instinct MI60 datasheet: 29.5 TFLOPS fp16, 14.7 fp32, 7.4 fp64, 64 CUs, 32 GB.
+MI60 = _gfx906(GFX906_MI60, 29.5, 14.7, 7.4, 64, 32, "AMD Radeon Instinct MI60 datasheet")
+# AMD Radeon VII product page: 27.7 TFLOPS fp16, 13.8 fp32, 3.5 fp64 (1/4 rate), 60 CUs, 16 GB.
+RADEON_VII = _gfx906(GFX906_RADEON_VII, 27.7, 13.8, 3.5, 60, 16, "AMD Radeon VII product page")
+# AMD Radeon Pro VII product page: 26.1 TFLOPS fp16, 13.1 fp32, 6.5 fp64, 60 CUs, 16 GB.
+RADEON_PRO_VII = _gfx906(GFX906_RADEON_PRO_VII, 26.1, 13.1, 6.5, 60, 16, "AMD Radeon Pro VII product page")
+
 # NVIDIA H200 SXM datasheet: 989 TFLOPS dense fp16/bf16 tensor, 67 fp32, 67 fp64 tensor, 4.8 TB/s
 # HBM3e, 141 GB, 132 SMs. Measured here (.library/device/KINDS.md): 788 TFLOP/s bf16 product,
 # 4.3 TB/s device copy, i.e. 80% and 90% of the datasheet (see priors.MATMUL_EFFICIENCY).
