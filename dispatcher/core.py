@@ -123,9 +123,9 @@ class Dispatcher:
                 is_causal, enable_gqa,
             )
             training = dropout_p != 0.0 or (
-                (query.requires_grad or key.requires_grad or value.requires_grad
-                 or (attn_mask is not None and attn_mask.requires_grad))
-                and _grad_enabled()
+                _grad_enabled()  # one call under no_grad / inference_mode, where inference runs
+                and (query.requires_grad or key.requires_grad or value.requires_grad
+                     or (attn_mask is not None and attn_mask.requires_grad))
             )
         except AttributeError:  # not tensors: validation raises SDPA's TypeError
             Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
