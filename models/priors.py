@@ -20,7 +20,7 @@ from models._blocks_cost import visited_fraction
 from models.cards import CardSpec, spec_for
 
 __all__ = ["PriorRanker", "prior_seconds", "roofline_seconds", "spec_for", "score_bytes_per_element"]
-from models.ranking import supported
+from models.ranking import UNPRICED, priceable, supported
 
 # Achievable fractions of the datasheet peaks: 788 of 989 TFLOP/s bf16 and 4.3 of 4.8 TB/s
 # measured through PyTorch on this workplace's H200 (.library/device/KINDS.md).
@@ -247,6 +247,10 @@ class PriorRanker:
         return f"PriorRanker({self.spec.name!r})"
 
     def rank(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
-        """Supported kernels' names and prior seconds, fastest first (ties by name)."""
-        scored = [(k.name, prior_seconds(problem, k, self.spec)) for k in supported(problem, kernels)]
+        """Supported kernels' names and prior seconds, fastest first (ties by name); kernels that
+        are not attn-dispatch's own come last with infinite seconds."""
+        scored = [
+            (k.name, prior_seconds(problem, k, self.spec) if priceable(k) else UNPRICED)
+            for k in supported(problem, kernels)
+        ]
         return sorted(scored, key=lambda item: (item[1], item[0]))

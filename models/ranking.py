@@ -41,6 +41,19 @@ def supported(problem: Problem, kernels: Iterable[Kernel]) -> list[Kernel]:
     return result
 
 
+UNPRICED = float("inf")
+"""Predicted seconds of a kernel no model can price (not a registry kernel): ranked last."""
+
+
+def priceable(kernel: Kernel) -> bool:
+    """True for kernels the registry can build from their name (the ones priors and models know)."""
+    try:
+        kernel_named(kernel.name)
+    except ValueError:
+        return False
+    return True
+
+
 @functools.lru_cache(maxsize=4096)
 def kernel_named(name: str) -> Kernel:
     """A kernel object for a canonical name (cached); ValueError for names that are not ours."""

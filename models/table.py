@@ -22,7 +22,7 @@ from models.cards import CardSpec
 from models.forest import EmbeddedModel
 from models.identity import DeviceIdentity
 from models.priors import PriorRanker, prior_seconds
-from models.ranking import supported
+from models.ranking import UNPRICED, priceable, supported
 
 FORMAT_VERSION = 1
 TABLE_KIND = "attn-dispatch threshold table"
@@ -166,11 +166,14 @@ class ThresholdTable:
         models = self.usable_models
         if not models:
             return self.rank_by_map(problem, kernels)
-        names = [kernel.name for kernel in supported(problem, kernels)]
+        usable = supported(problem, kernels)
+        names = [kernel.name for kernel in usable if priceable(kernel)]
+        foreign = [(kernel.name, UNPRICED) for kernel in usable if not priceable(kernel)]
         if not names:
-            return []
+            return foreign
         seconds = np.median([m.predict_seconds([problem] * len(names), names) for m in models], axis=0)
-        return sorted(zip(names, (float(s) for s in seconds), strict=True), key=lambda item: (item[1], item[0]))
+        ranked = sorted(zip(names, (float(s) for s in seconds), strict=True), key=lambda item: (item[1], item[0]))
+        return ranked + foreign
 
     def rank_by_map(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
         """The decision map's ranking: the candidates of the problem's bucket (the nearest one in
@@ -188,7 +191,7 @@ class ThresholdTable:
         listed = []
         for name, seconds in cell.ranking:
             kernel = by_name.get(name)
-            if kernel is None or kernel.reasons(problem):
+            if kernel is None or kernel.reasons(problem) or not priceable(kernel):
                 continue
             ratio = prior_seconds(problem, kernel, self.spec) / prior_seconds(template, kernel, self.spec)
             listed.append((name, seconds * ratio if math.isfinite(ratio) and ratio > 0 else seconds))

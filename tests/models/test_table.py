@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 
-from kernels import Problem, all_kernels, kernel_from_name
+from kernels import Kernel, Problem, all_kernels, kernel_from_name
 from models.buckets import bucket_of, class_key, length_bucket
 from models.priors import PriorRanker
 from models.ranking import Ranker
@@ -82,3 +83,29 @@ def test_provenance_and_quality_recorded(mi50_table):
     q = mi50_table.quality
     assert 0 <= q["top1_accuracy"] <= 1 and q["n_points_fit"] > 0 and "table_mean_slowdown" in q
     assert "MI50" in repr(mi50_table)
+
+
+class _Foreign(Kernel):
+    """A kernel that is not attn-dispatch's own (e.g. a user's experiment)."""
+
+    family = "my_experiment"
+
+    def workspace_bytes(self, problem: Problem) -> int:
+        return 0
+
+
+def test_foreign_kernels_and_odd_problems_never_break_ranking(mi50_table):
+    kernels = [*all_kernels(), _Foreign()]
+    for table in (mi50_table, replace(mi50_table, models=()), PriorRanker(mi50_table.spec)):
+        ranking = table.rank(DECODE, kernels)
+        assert ranking[-1] == ("my_experiment", math.inf)
+    odd = [
+        Problem(1, 4, 4, 0, 128, 64, 64, "float32", device_type="cuda"),
+        Problem(1, 4, 4, 16, 0, 64, 64, "float16", device_type="cuda"),
+        Problem(3, 6, 2, 33, 77, 40, 24, "float64", strided=True, broadcast_inputs=True, device_type="cuda"),
+        Problem(1, 1, 1, 1, 1 << 20, 256, 256, "bfloat16", mask_kind="bool", mask_shape=(1, 1, 1, 1 << 20),
+                device_type="cuda"),
+    ]
+    for problem in odd:
+        ranking = mi50_table.rank(problem, all_kernels())
+        assert ranking and all(s > 0 for _, s in ranking), problem

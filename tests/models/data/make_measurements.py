@@ -98,6 +98,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     parser.add_argument("--name", default=None, help="file prefix (default: the device)")
     parser.add_argument("--out", default=str(HERE))
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="stop starting new problems after this many seconds (0: no limit)")
     parser.add_argument("--passes", type=int, default=1,
                         help="measure every kernel of a problem this many times, interleaved, and keep each "
                              "kernel's fastest median (robust to other processes' load)")
@@ -110,8 +112,11 @@ def main() -> None:
     kernels = [kernel_from_name(n, policy=POLICY) for n in KERNELS[args.device]]
     started, load_before = time.time(), os.getloadavg()
     warm_up(kernels, args.device)
-    lines = []
+    lines, done = [], 0
     for index in range(args.problems):
+        if args.budget_s and time.time() - started > args.budget_s:
+            print(f"time budget spent after {index} problems", flush=True)
+            break
         problem = draw_problem(rng, args.device)
         runnable = [kernel for kernel in kernels if not kernel.reasons(problem)]
         best: dict = {}
@@ -122,12 +127,13 @@ def main() -> None:
                 if kernel.name not in best or point.median_s < best[kernel.name].median_s:
                     best[kernel.name] = point
         lines += [json.dumps(best[kernel.name].to_dict(), sort_keys=True) for kernel in runnable]
+        done += 1
         print(f"{index + 1}/{args.problems} {time.time() - started:.0f}s {problem}", flush=True)
     with gzip.open(out / f"{name}_measurements.jsonl.gz", "wt", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
     conditions = {
         "identity": identity.to_dict(), "python": platform.python_version(), "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "problems": args.problems, "seed": args.seed, "points": len(lines),
+        "threads": torch.get_num_threads(), "problems": done, "seed": args.seed, "points": len(lines),
         "passes": args.passes,
         "kernels": list(KERNELS[args.device]), "timer": SETTINGS.__dict__,
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
