@@ -4,7 +4,6 @@ other error as failed, and the allocator is emptied afterwards."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -59,11 +58,14 @@ def _timing(kernel, problem, input_sets, device, settings, first_call_s, should_
     def run(i: int) -> object:
         return _run(kernel, input_sets[i % count], problem)
 
-    limit = min(settings.budget_s, single_shot_above_s if single_shot_above_s is not None else math.inf)
-    if first_call_s > limit:
+    if first_call_s > settings.budget_s:
         timing = time_repetitions(run, device, SINGLE_SHOT)
-        if timing.median_s > limit / 2:
-            return replace(timing, stopped="budget" if first_call_s > settings.budget_s else "early")
+        if timing.median_s > settings.budget_s / 2:
+            return replace(timing, stopped="budget")
+    elif single_shot_above_s is not None and first_call_s > single_shot_above_s:
+        timing = time_repetitions(run, device, SINGLE_SHOT)
+        if timing.median_s > single_shot_above_s:  # still a loser once warm
+            return replace(timing, stopped="early")
     return time_repetitions(run, device, settings, should_stop=should_stop)
 
 

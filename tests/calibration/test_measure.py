@@ -102,3 +102,10 @@ def test_oom_detection():
     assert is_out_of_memory(torch.OutOfMemoryError("x"))
     assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory"))
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def test_a_clear_loser_is_timed_once():
+    loser = measure(MathKernel(), problem(), CPU, settings=QUICK, single_shot_above_s=1e-9)
+    assert loser.status == "ok" and loser.reps == 1 and loser.extra["stopped"] == "early"
+    normal = measure(MathKernel(), problem(), CPU, settings=QUICK, single_shot_above_s=10.0)
+    assert normal.reps >= QUICK.min_reps or normal.extra["stopped"] == "budget"
