@@ -83,3 +83,10 @@ def is_out_of_memory(error: BaseException) -> bool:
     if out_of_memory is not None and isinstance(error, out_of_memory):
         return True
     return isinstance(error, (RuntimeError, MemoryError)) and "out of memory" in str(error).lower()
+
+
+def check_scale(scale: object) -> None:
+    """SDPA's own check of `scale` (the cache key does not see it): raise before a bad argument
+    is blamed on the kernels."""
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scaled_dot_product_attention(): argument 'scale' must be float or None, not {type(scale).__name__}")

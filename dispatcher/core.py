@@ -15,18 +15,18 @@ from dataclasses import replace
 import torch
 
 from dispatcher import _log
-from dispatcher._plan import Plan, cache_key, failure_message, is_out_of_memory
+from dispatcher._plan import Plan, cache_key, check_scale, failure_message, is_out_of_memory
 from dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
 from dispatcher.errors import NoKernelError
+from dispatcher.kernel_set import kernel_set
 from dispatcher.memory import budget_from_env, free_bytes, parse_memory_size, release_cached_memory
 from dispatcher.planning import failure_bucket, fit_options, memory_limit, rank_options
 from dispatcher.ranking import DeviceRanking, resolve_ranking
-from kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem, all_kernels, kernel_from_name, portable_kernels
-from kernels.sdpa_backends import SdpaDefaultKernel, pytorch_sdpa
+from kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
+from kernels.sdpa_backends import pytorch_sdpa
 
 _grad_enabled = torch.is_grad_enabled
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
-KERNEL_SETS = ("all", "portable")
 TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
 """`stats` key of calls that went to PyTorch's SDPA on the training route."""
 
@@ -65,7 +65,7 @@ class Dispatcher:
         if not isinstance(policy, AccuracyPolicy):
             raise TypeError(f"policy must be an AccuracyPolicy (e.g. AccuracyPolicy.allowing('fp32->bf16')), got {policy!r}")
         self.policy = policy
-        self._kernels = _kernel_set(kernels, policy)
+        self._kernels = kernel_set(kernels, policy)
         self._budget = None if memory_budget is None else parse_memory_size(memory_budget, name="memory_budget")
         self.home = home
         self._plans: dict[tuple, Plan] = {}
@@ -230,7 +230,7 @@ class Dispatcher:
     ) -> torch.Tensor:
         """`plan`'s kernel raised: remember it for the bucket, run the next candidate (repeatedly).
         On the training route a next candidate without backward hands over to PyTorch's SDPA."""
-        _check_scale(scale)
+        check_scale(scale)
         while True:
             plan.count[0] -= 1  # count calls that returned, not attempts
             failed = plan.kernel.name
@@ -315,27 +315,3 @@ class Dispatcher:
             self._plans.clear()
             self._devices.clear()
             self._counts.clear()
-
-
-def _kernel_set(kernels: str | Sequence[Kernel | str], policy: AccuracyPolicy) -> dict[str, Kernel]:
-    if isinstance(kernels, str):
-        if kernels not in KERNEL_SETS:
-            raise ValueError(f"kernels={kernels!r}: pass 'all', 'portable' or a list of kernels / kernel names")
-        chosen = all_kernels(policy=policy) if kernels == "all" else portable_kernels(policy=policy)
-        chosen.append(SdpaDefaultKernel())
-    else:
-        chosen = [kernel_from_name(k, policy=policy) if isinstance(k, str) else k for k in kernels]
-        for kernel in chosen:
-            if not isinstance(kernel, Kernel):
-                raise TypeError(f"kernels must hold Kernel objects or kernel names, got {kernel!r}")
-    by_name: dict[str, Kernel] = {}
-    for kernel in chosen:
-        by_name.setdefault(kernel.name, kernel)
-    return by_name
-
-
-def _check_scale(scale: object) -> None:
-    """SDPA's own check of `scale` (the cache key does not see it): raise before a bad argument
-    is blamed on the kernels."""
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"scaled_dot_product_attention(): argument 'scale' must be float or None, not {type(scale).__name__}")
