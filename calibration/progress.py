@@ -26,12 +26,10 @@ class Progress:
     Parameters
     ----------
     enabled: False for a silent run (tests, --quiet).
-    resumed: problems already done when this session started.
     """
 
-    def __init__(self, *, enabled: bool, resumed_points: int = 0) -> None:
+    def __init__(self, *, enabled: bool) -> None:
         self.points = Counter()
-        self.resumed_points = resumed_points
         self._bar = tqdm(
             total=0, unit="problem", desc="calibrating", file=sys.stderr, disable=not enabled,
             dynamic_ncols=True, smoothing=0.1,

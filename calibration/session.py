@@ -101,7 +101,7 @@ def calibrate(
         describe_storage(config.storage, default_journal=journal),
     )
     summary.resumed_points = sum(1 for r in store.read() if r.get("run") == calibration_id)
-    progress = Progress(enabled=show_progress, resumed_points=summary.resumed_points)
+    progress = Progress(enabled=show_progress)
     try:
         if len(config.devices) == 1:
             worker = Worker(

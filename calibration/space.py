@@ -98,7 +98,7 @@ FULL_CPU = replace(
     batches=(1, 2, 4), max_fastest_s=0.05,
 )
 QUICK_CPU = replace(
-    FULL_CPU, name="quick-cpu", problems=24, max_q_len=1024, max_kv_len=4096, head_dims=(64, 128),
+    FULL_CPU, name="quick-cpu", problems=36, max_q_len=1024, max_kv_len=4096, head_dims=(64, 128),
     q_heads=(4, 8), gqa_ratios=(1, 4), batches=(1, 2), max_fastest_s=0.01,
 )
 

@@ -161,7 +161,8 @@ class Worker:
                     break
                 count = max(1, int(REFINE_SHARE * len(done)))
                 found = crossover_problems(storage_measurements(self.storage, self.calibration_id), count=count)
-                fresh = [p for p in dict.fromkeys(self._fit(p) for p in found) if p not in set(done)]
+                planned = set(done)
+                fresh = [p for p in dict.fromkeys(self._fit(p) for p in found) if p not in planned]
                 new = agree_on(self.storage, self.calibration_id, f"refine{round_index}", fresh)
                 self.on_plan(len(new))
                 self._process(new, phase=f"refine{round_index}")
@@ -204,8 +205,8 @@ class Worker:
             pending = [p for p in problems if not self.board.state(problem_id(p)).done]
             if not pending:
                 return True
-            for problem in pending:
-                self._try(problem, "sweep")
+            for problem in pending:  # a dead or released peer's problem
+                self._try(problem, "takeover")
             time.sleep(WAIT_POLL_S)
         return False
 
