@@ -97,8 +97,10 @@ def fit_and_write(
     except ImportError as missing:  # FALLBACK: models' fit is not available in this checkout
         outcome.note += f"table step skipped ({missing}); the measurements are kept in the results store"
         return outcome
+    # unsupported pairs were never run: they carry nothing to learn and are not "points measured"
+    measured = [m for m in gated if m.status != "unsupported"]
     table, _, quality = fit_and_build(
-        gated, identity, kernel_names=kernel_names, holdout_fraction=HOLDOUT_FRACTION, seed=seed,
+        measured, identity, kernel_names=kernel_names, holdout_fraction=HOLDOUT_FRACTION, seed=seed,
         calibration_wall_s=wall_s,
     )
     outcome.quality = quality.summary() if quality is not None else "not evaluated (too few problems)"
