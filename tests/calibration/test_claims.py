@@ -54,3 +54,13 @@ def test_first_published_value_wins(tmp_path):
     assert publish_once(storage, "plan", {"n": 2}) == {"n": 1}
     reopened = _storage(tmp_path)  # another process reads the same journal
     assert publish_once(reopened, "plan", {"n": 3}) == {"n": 1}
+
+
+def test_claims_through_a_database_url(tmp_path):
+    storage = open_storage(f"sqlite:///{tmp_path / 'cal.db'}", default_journal=tmp_path / "unused.journal")
+    me = ClaimBoard(storage, "cal", Owner.current("me"))
+    remote = ClaimBoard(storage, "cal", Owner("another-host", 42, "", "remote"))
+    assert me.try_claim("p") and not remote.try_claim("p")
+    me.finish("p")
+    assert remote.state("p").done
+    assert publish_once(storage, "plan", {"n": 1}) == publish_once(storage, "plan", {"n": 2}) == {"n": 1}
