@@ -84,9 +84,12 @@ def fit_and_build(
         train_points = [m for m in measurements if m.problem in train_problems]
         train_table = build_table(train_model, spec, identity, train_points, kernel_names, candidates=candidates)
         held_out = data.subset(test)
-        quality = replace(quality, table=choice_quality(
-            held_out.groups, np.exp(held_out.y), table_choices(train_table, held_out), held_out.median_error
-        ))
+
+        def scored(table: ThresholdTable):
+            return choice_quality(held_out.groups, np.exp(held_out.y), table_choices(table, held_out),
+                                  median_error=held_out.median_error)
+
+        quality = replace(quality, table=scored(train_table), decision_map=scored(replace(train_table, models=())))
     else:
         notes.append(f"only {data.n_problems} problems measured: no held-out quality (needs {MIN_PROBLEMS_FOR_HOLDOUT})")
     final = clone(template).fit(data.X, data.y)

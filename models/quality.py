@@ -47,7 +47,7 @@ class ChoiceQuality:
 
 
 def choice_quality(
-    groups: np.ndarray, measured_s: np.ndarray, predicted_s: np.ndarray, median_error: np.ndarray | None = None
+    groups: np.ndarray, measured_s: np.ndarray, predicted_s: np.ndarray, *, median_error: np.ndarray | None = None
 ) -> ChoiceQuality:
     """Score predicted times against measured ones, problem by problem.
 
@@ -101,14 +101,17 @@ class Quality:
     seed: int
     description: str
     table: ChoiceQuality | None = None
-    """The threshold table's choices (bucketed) on the same held-out problems, when evaluated."""
+    """The threshold table's choices on the same held-out problems, when evaluated."""
+    decision_map: ChoiceQuality | None = None
+    """The table's decision map alone (its fallback without an embedded model), when evaluated."""
 
     def to_dict(self) -> dict:
         """Flat JSON-ready dict (the table's ``quality`` section)."""
         flat = {f"{key}": value for key, value in asdict(self.model).items()}
         flat.update({f"prior_{key}": value for key, value in asdict(self.prior).items()})
-        if self.table is not None:
-            flat.update({f"table_{key}": value for key, value in asdict(self.table).items()})
+        for prefix, part in (("table", self.table), ("map", self.decision_map)):
+            if part is not None:
+                flat.update({f"{prefix}_{key}": value for key, value in asdict(part).items()})
         flat = {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in flat.items()}
         flat.update(
             n_points_fit=self.n_points_fit, n_problems_fit=self.n_problems_fit,
@@ -127,6 +130,8 @@ class Quality:
             f"mean slowdown {self.prior.mean_slowdown:.2%}"
             + (f"; table: top-1 {self.table.top1_accuracy:.1%}, mean slowdown {self.table.mean_slowdown:.2%}"
                if self.table is not None else "")
+            + (f"; decision map alone: top-1 {self.decision_map.top1_accuracy:.1%}, mean slowdown "
+               f"{self.decision_map.mean_slowdown:.2%}" if self.decision_map is not None else "")
         )
 
 
@@ -157,8 +162,8 @@ def holdout_quality(
     prior_column = getattr(model, "prior_column", None)
     prior = data.X[test, prior_column] if prior_column is not None else np.zeros(len(test))
     return Quality(
-        model=choice_quality(groups, measured, fitted.predict(data.X[test]), error),
-        prior=choice_quality(groups, measured, prior, error),
+        model=choice_quality(groups, measured, fitted.predict(data.X[test]), median_error=error),
+        prior=choice_quality(groups, measured, prior, median_error=error),
         n_points_fit=len(train), n_problems_fit=len(set(data.groups[train].tolist())),
         n_points_test=len(test), n_problems_test=len(set(groups.tolist())),
         holdout_fraction=holdout_fraction, seed=seed, description=model.describe(),
