@@ -6,8 +6,8 @@ Identity and paths: `DeviceIdentity`, `home`, `tables_dir`, `models_dir`, `journ
 Priors: `CardSpec`, `spec_for`, `prior_seconds`, `roofline_seconds`, `PriorRanker`, `Ranker`.
 Learning: `feature_matrix`, `FEATURE_NAMES`, `CostModel`, `training_set`, `holdout_quality`,
 `Quality`, `ChoiceQuality`, `save_model`, `load_model`, `ModelVersionError`, `fit_and_build`.
-Tables: `ThresholdTable`, `build_table`, `TableError`, `load_table`, `loads_table`, `save_table`,
-`class_key`, `bucket_of`.
+Tables: `ThresholdTable` (a ranker: the embedded cost model, else its decision map), `build_table`,
+`TableError`, `load_table`, `loads_table`, `save_table`, `class_key`, `bucket_of`.
 Sharing: `export_table`, `import_table`, `store_table`, `merge_tables`, `lookup_table`,
 `TableLookup`, `TableWarning`.
 """

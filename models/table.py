@@ -160,13 +160,18 @@ class ThresholdTable:
         """Supported kernels of `kernels` with predicted seconds, fastest first.
 
         With embedded models: every supported kernel predicted for this exact problem (the median
-        over the cards of a merged table). Without: the decision map, see `rank_by_map`.
+        over the cards of a merged table), except those calibration measured inaccurate or failing
+        in the problem's bucket. Without: the decision map, see `rank_by_map`.
         """
         kernels = list(kernels)
         models = self.usable_models
         if not models:
             return self.rank_by_map(problem, kernels)
-        usable = supported(problem, kernels)
+        table_class = self.find_class(problem)
+        barred = set()
+        if table_class is not None:
+            barred = {name for name, _ in table_class.nearest_cell(bucket_of(problem))[1].excluded}
+        usable = [kernel for kernel in supported(problem, kernels) if kernel.name not in barred]
         names = [kernel.name for kernel in usable if priceable(kernel)]
         foreign = [(kernel.name, UNPRICED) for kernel in usable if not priceable(kernel)]
         if not names:
@@ -188,6 +193,8 @@ class ThresholdTable:
         by_name = {kernel.name: kernel for kernel in kernels}
         bucket, cell = table_class.nearest_cell(bucket_of(problem))
         template = table_class.problem_at(bucket, problem.device_type)
+        barred = {name for name, _ in cell.excluded}
+        kernels = [kernel for kernel in kernels if kernel.name not in barred]
         listed = []
         for name, seconds in cell.ranking:
             kernel = by_name.get(name)

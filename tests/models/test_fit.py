@@ -53,3 +53,18 @@ def test_no_usable_point_is_a_clear_error():
     with pytest.raises(ValueError, match="no usable measurements"):
         fit_and_build([Measurement(point.problem, point.kernel, median_s=math.inf, status="failed")],
                       DeviceIdentity.cpu(), kernel_names=SYNTHETIC_KERNELS, spec=FALLBACK_CPU_SPEC)
+
+
+def test_a_kernel_measured_inaccurate_is_not_recommended_in_its_bucket():
+    from dataclasses import replace
+
+    from models.ranking import kernel_named
+
+    points = synthetic_measurements(8, seed=4)
+    bad = points[0]
+    failed = Measurement(bad.problem, bad.kernel, status="inaccurate", reason="relative error 1e-1")
+    table, _, _ = fit_and_build([*points[1:], failed], DeviceIdentity.cpu(), kernel_names=SYNTHETIC_KERNELS,
+                                spec=FALLBACK_CPU_SPEC)
+    kernels = [kernel_named(name) for name in SYNTHETIC_KERNELS]
+    for ranker in (table, replace(table, models=())):
+        assert bad.kernel not in {name for name, _ in ranker.rank(bad.problem, kernels)}
