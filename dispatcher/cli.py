@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = ("kernels", "explain", "calibrate")
+COMMAND_MODULES = ("kernels", "explain", "calibrate", "bench", "show", "check", "export", "import_table", "merge", "devices")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,176 @@
+"""Has a table gone stale? Re-measure a sample of its buckets on this card and compare.
+
+For each sampled bucket, the class's representative problem (`TableClass.problem_at`) is
+measured with every kernel the bucket ranks (`calibration.measure.measure`), and the measured
+times are compared with the table's predicted times for that same problem: per kernel, the
+median measured / predicted ratio says how far the card (or its driver, or PyTorch) has drifted;
+per bucket, the decision has *changed* when the table's first choice is measurably slower than
+the fastest kernel measured there.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from calibration.inputs import InputCache
+from calibration.measure import measure
+from calibration.timer import QUICK, TimerSettings
+from kernels.accuracy import AccuracyPolicy
+from kernels.registry import kernel_from_name
+from models.buckets import ClassKey
+from models.measurement import Measurement
+from models.table import ThresholdTable
+
+# The table's winner may be this much slower than the measured best before a decision counts
+# as changed: twice the timer's 5% spread target (calibration.timer.DEFAULT), so noise alone
+# does not flag it.
+DECISION_TOLERANCE = 0.10
+# A kernel's times have drifted when its median measured / predicted ratio leaves
+# [1 / DRIFT_FACTOR, DRIFT_FACTOR]; the table's held-out model error is of this order
+# (mean slowdown 10-50% in the real tables), so less than this is the model, not drift.
+DRIFT_FACTOR = 1.5
+# Buckets whose predicted winner takes longer than this are not re-measured (a check must be quick).
+MAX_POINT_SECONDS = 0.25
+# Lossy conversions a table names were accepted when it was calibrated: build them to measure them.
+ANY_LOSSY = AccuracyPolicy.allowing("any")
+
+
+@dataclass
+class PointCheck:
+    """One re-measured bucket: predicted and measured seconds of each kernel it ranks."""
+
+    key: ClassKey
+    bucket: tuple[int, int]
+    predicted: dict[str, float]
+    measured: dict[str, float] = field(default_factory=dict)
+    statuses: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def table_winner(self) -> str:
+        return min(self.predicted, key=self.predicted.get)
+
+    @property
+    def measured_winner(self) -> str | None:
+        return min(self.measured, key=self.measured.get) if self.measured else None
+
+    @property
+    def changed(self) -> bool:
+        """The table's first choice is over `DECISION_TOLERANCE` slower than the measured best
+        (or no longer runs while another kernel does)."""
+        best = self.measured_winner
+        if best is None:
+            return False
+        mine = self.measured.get(self.table_winner, math.inf)
+        return mine > self.measured[best] * (1 + DECISION_TOLERANCE)
+
+
+@dataclass
+class DriftReport:
+    """Every re-measured bucket and the raw measurements (for a refit)."""
+
+    points: list[PointCheck]
+    measurements: list[Measurement]
+
+    @property
+    def changed(self) -> list[PointCheck]:
+        return [point for point in self.points if point.changed]
+
+    def per_kernel(self) -> dict[str, dict]:
+        """Per kernel: points, median / min / max of measured / predicted, and whether it drifted."""
+        ratios: dict[str, list[float]] = defaultdict(list)
+        for point in self.points:
+            for name, seconds in point.measured.items():
+                ratios[name].append(seconds / point.predicted[name])
+        out = {}
+        for name, values in sorted(ratios.items()):
+            median = statistics.median(values)
+            out[name] = {"points": len(values), "median_ratio": median, "min_ratio": min(values),
+                         "max_ratio": max(values), "drifted": not (1 / DRIFT_FACTOR <= median <= DRIFT_FACTOR)}
+        return out
+
+
+def sample_buckets(table: ThresholdTable, count: int, *, seed: int = 0,
+                   max_seconds: float = MAX_POINT_SECONDS) -> list[tuple[ClassKey, tuple[int, int]]]:
+    """Up to `count` buckets, spread over the classes: buckets that were measured first, then
+    any; only buckets whose predicted winner runs within `max_seconds`; seeded."""
+    rng = np.random.default_rng(seed)
+    per_class: list[list[tuple[ClassKey, tuple[int, int]]]] = []
+    for key in sorted(table.classes):
+        cells = table.classes[key].cells
+        quick = [b for b, c in sorted(cells.items()) if c.ranking and c.ranking[0][1] <= max_seconds]
+        measured = [b for b in quick if cells[b].measured]
+        rest = [b for b in quick if not cells[b].measured]
+        order = [measured[i] for i in rng.permutation(len(measured))] + [rest[i] for i in rng.permutation(len(rest))]
+        per_class.append([(key, bucket) for bucket in order])
+    chosen: list[tuple[ClassKey, tuple[int, int]]] = []
+    depth = 0
+    while len(chosen) < count and any(depth < len(c) for c in per_class):
+        chosen += [c[depth] for c in per_class if depth < len(c)][: count - len(chosen)]
+        depth += 1
+    return chosen
+
+
+def check_table(table: ThresholdTable, device: torch.device | str, *, points: int, seed: int = 0,
+                settings: TimerSettings = QUICK, memory_budget: int | None = None, device_key: str = "",
+                max_seconds: float = MAX_POINT_SECONDS) -> DriftReport:
+    """Re-measure `points` buckets of `table` on `device` (see module docstring).
+
+    Raises
+    ------
+    ValueError: the table is for another kind of device (a CUDA table checked on the CPU).
+    """
+    device = torch.device(device)
+    if table.identity.device_type != device.type:
+        raise ValueError(
+            f"this table was calibrated on a {table.identity.device_type} device ({table.identity.model_key}); "
+            f"check it on one (--device), not on {device}"
+        )
+    report = DriftReport(points=[], measurements=[])
+    cache = InputCache()
+    for key, bucket in sample_buckets(table, points, seed=seed, max_seconds=max_seconds):
+        table_class = table.classes[key]
+        problem = table_class.problem_at(bucket, device.type)
+        point = PointCheck(key, bucket, predicted=dict(table_class.cells[bucket].ranking))
+        for name in point.predicted:
+            m = measure(kernel_from_name(name, policy=ANY_LOSSY), problem, device, settings=settings,
+                        memory_budget=memory_budget, device_key=device_key, seed=seed, cache=cache,
+                        extra={"phase": "check"})
+            report.measurements.append(m)
+            point.statuses[name] = m.status
+            if m.ok:
+                point.measured[name] = m.median_s
+        cache.clear()
+        report.points.append(point)
+    return report
+
+
+def table_points(table: ThresholdTable) -> list[Measurement]:
+    """The table's own predictions as points (every ranked kernel of every bucket, at the class's
+    representative problem): what a refit keeps where nothing was re-measured and no journal is
+    left (an imported table)."""
+    points = []
+    for table_class in table.classes.values():
+        for bucket, cell in table_class.cells.items():
+            problem = table_class.problem_at(bucket, table.identity.device_type)
+            points += [Measurement(problem, name, median_s=seconds, reps=1, device_key=table.identity.key,
+                                   extra={"phase": "table prediction"}) for name, seconds in cell.ranking]
+    return points
+
+
+def base_points(table: ThresholdTable) -> tuple[list[Measurement], str]:
+    """What a refit starts from: the calibration journals of the table's card and stack when this
+    machine has them, else the table's own predictions. Returns (points, where they came from)."""
+    from calibration.results import ResultsStore
+    from models.paths import journals_dir
+
+    journals = sorted(journals_dir().glob(f"*{table.identity.key}*.jsonl"))
+    points = [m for path in journals for m in ResultsStore(path).measurements() if m.status != "unsupported"]
+    if points:
+        return points, f"{len(points)} points of {len(journals)} calibration journal(s) in {journals_dir()}"
+    return table_points(table), "the table's own predictions (no calibration journal of it on this machine)"

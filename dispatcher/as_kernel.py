@@ -1,0 +1,56 @@
+"""A `Dispatcher` behind the kernel protocol, so calibration's harness (`measure`, the bench)
+can time it like any kernel without importing the dispatcher package."""
+
+from __future__ import annotations
+
+import torch
+
+from dispatcher.core import Dispatcher
+from dispatcher.errors import NoKernelError
+from kernels.base import Kernel
+from kernels.problem import Problem
+
+DISPATCHER_PATH = "dispatcher"
+
+
+class DispatchedKernel(Kernel):
+    """`dispatcher.attention` as a kernel: every call goes through the dispatcher's warm path.
+
+    Parameters
+    ----------
+    dispatcher: the dispatcher to time (the bench uses a fresh one).
+    device: where problems run (the dispatcher decides per device).
+    """
+
+    family = DISPATCHER_PATH
+
+    def __init__(self, dispatcher: Dispatcher, device: torch.device | str) -> None:
+        self.dispatcher = dispatcher
+        self.device = torch.device(device)
+
+    def reasons(self, problem: Problem) -> list[str]:
+        try:
+            self.dispatcher.decide(problem, device=self.device)
+        except NoKernelError as error:
+            return [str(error)]
+        return []
+
+    def workspace_bytes(self, problem: Problem) -> int:
+        """The workspace of the kernel the dispatcher would choose now."""
+        decision = self.dispatcher.decide(problem, device=self.device)
+        return decision.candidates[0].workspace_bytes if decision.candidates else 0
+
+    def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
+        return self.dispatcher.attention(query, key, value, attn_mask, 0.0, problem.causal, scale=scale,
+                                         enable_gqa=enable_gqa)
+
+    def chosen(self, problem: Problem) -> str | None:
+        """The kernel the dispatcher runs for `problem` (after any run-time fallback), else what it
+        would choose now; None when nothing can run it."""
+        for plan in self.dispatcher._plans.values():
+            if plan.problem == problem:
+                return plan.kernel.name
+        try:
+            return self.dispatcher.decide(problem, device=self.device).kernel
+        except NoKernelError:
+            return None

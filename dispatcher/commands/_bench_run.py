@@ -1,0 +1,121 @@
+"""The run behind `attn-dispatch bench`: for each shape, the paths (a fresh dispatcher, PyTorch's
+default, math and every single kernel) timed by calibration's interleaved harness, and the
+conditions of the run. Imported by the bench command only (it pulls in calibration)."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from calibration.bench_report import BenchReport
+from calibration.scenario_bench import BenchPath, BenchSettings, PytorchDefault, ShapeResult, bench_shape
+from calibration.scenarios import Shape
+from dispatcher.as_kernel import DISPATCHER_PATH, DispatchedKernel
+from dispatcher.core import Dispatcher
+from dispatcher.errors import NoKernelError
+from dispatcher.memory import format_bytes, free_bytes
+from dispatcher.planning import memory_limit
+from kernels import AccuracyPolicy, MathKernel, Problem, kernel_from_name
+from models.identity import DeviceIdentity
+
+PYTORCH_PATH = "pytorch_default"
+# The fill scenario's masking, stated in every report (see calibration.scenarios).
+FILL_NOTE = ("fill uses an explicit [1, 1, Lq, Lk] bool mask as transformers does for Lq < Lk (SDPA's is_causal is "
+             "top-left); its content is random, which costs the same for every kernel measured")
+
+
+def _git_commit() -> str:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=False, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def shape_paths(problem: Problem, device: torch.device, dispatcher: Dispatcher, subject: DispatchedKernel,
+                policy: AccuracyPolicy) -> list[BenchPath]:
+    """The dispatcher, PyTorch's default, then every single kernel (the dispatcher's set, the
+    variants its table names and math), fastest predicted first."""
+    predicted: dict[str, float | None] = {}
+    try:
+        for candidate in dispatcher.decide(problem, device=device).candidates:
+            predicted[candidate.name] = candidate.predicted_s
+    except NoKernelError:
+        pass
+    names = list(dict.fromkeys([*predicted, *(k.name for k in dispatcher.kernels), MathKernel().name]))
+    kernels = {k.name: k for k in dispatcher.kernels}
+    singles = [BenchPath(n, kernels.get(n) or kernel_from_name(n, policy=policy), "kernel", predicted.get(n)) for n in names]
+    singles.sort(key=lambda p: (p.predicted_s is None, p.predicted_s or 0.0))
+    return [BenchPath(DISPATCHER_PATH, subject, "dispatcher"), BenchPath(PYTORCH_PATH, PytorchDefault(), "pytorch"),
+            *singles]
+
+
+def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape], settings: BenchSettings,
+               size: str) -> dict:
+    """Every condition the numbers depend on (the report's header)."""
+    identity = DeviceIdentity.detect(device)
+    source = None
+    if shapes:
+        try:
+            source = dispatcher.decide(shapes[0].problem, device=device).source
+        except NoKernelError:
+            source = None
+    dtypes = {}
+    for shape in shapes:
+        dtypes.setdefault(shape.scenario, set()).add(shape.problem.dtype)
+    timer = "CUDA events" if device.type == "cuda" else "time.perf_counter"
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "device": f"{device} ({identity.name})",
+        "fingerprint": identity.key, "card model": identity.model_key, "family": identity.family_key,
+        "torch": torch.__version__, "python": platform.python_version(), "attn-dispatch commit": _git_commit(),
+        "cpu threads": torch.get_num_threads(),
+        "dtypes": "; ".join(f"{name}: {', '.join(sorted(d))}" for name, d in dtypes.items()),
+        "size": size,
+        "table used": "none" if source is None else f"{source.description}{' ' + source.path if source.path else ''}",
+        "memory budget": format_bytes(dispatcher.memory_budget) if dispatcher.memory_budget else "none",
+        "free memory at start": format_bytes(free_bytes(device)),
+        "kernel set": f"{len(dispatcher.kernels)} kernels; accuracy policy: {dispatcher.policy.describe()}",
+        "timing": (f"{timer}; each path: 1 gated first call + {settings.warmup} warm-up + 1 timed; then up to "
+                   f"{settings.rounds} interleaved rounds (at least {settings.min_rounds}, no new round after "
+                   f"{settings.shape_budget_s:g} s per shape), order rotated each round; median of the rounds; "
+                   f"spread = IQR / median"),
+        "losers": (f"a kernel {settings.loser_factor:g}x slower than the best so far is timed once; a kernel predicted "
+                   f"{settings.hopeless_factor:g}x slower than the best prediction (and > {settings.hopeless_min_s:g} s) is "
+                   "skipped; paths whose inputs + workspace exceed free memory or the budget are skipped"),
+        "fill masking": FILL_NOTE,
+        "host": platform.node() or "unknown",
+    }
+
+
+def run_bench(
+    shapes: list[Shape], device: torch.device, *, kernels: str, policy: AccuracyPolicy, memory_budget: int | None,
+    settings: BenchSettings, size: str, progress: Callable[[ShapeResult], None] | None = None,
+) -> BenchReport:
+    """Time every shape on `device` with a fresh dispatcher; see module docstring."""
+    dispatcher = Dispatcher(kernels=kernels, policy=policy, memory_budget=memory_budget)
+    subject = DispatchedKernel(dispatcher, device)
+    report = BenchReport(conditions(device, dispatcher, shapes, settings, size))
+    if shapes:  # process warm-up: thread pools, allocator, library handles; the numbers are discarded
+        warm = replace(settings, rounds=1, min_rounds=1, warmup=0)
+        bench_shape(shapes[0], device, shape_paths(shapes[0].problem, device, dispatcher, subject, policy),
+                    settings=warm, memory_budget=dispatcher.memory_budget,
+                    workspace_limit=memory_limit(free_bytes(device), dispatcher.memory_budget))
+    for shape in shapes:
+        paths = shape_paths(shape.problem, device, dispatcher, subject, policy)
+        limit = memory_limit(free_bytes(device), dispatcher.memory_budget)
+        result = bench_shape(shape, device, paths, settings=settings, memory_budget=dispatcher.memory_budget,
+                             workspace_limit=limit)
+        result.chosen = subject.chosen(shape.problem)
+        report.shapes.append(result)
+        if progress is not None:
+            progress(result)
+    return report

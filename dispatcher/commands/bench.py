@@ -1,0 +1,100 @@
+"""`attn-dispatch bench`: the dispatcher against PyTorch's default, the math path and every single
+kernel (the oracle) on prefill, fill, decode and video shapes, interleaved in one run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from dispatcher.memory import parse_memory_size
+from kernels import AccuracyPolicy
+
+SCENARIO_CHOICES = ("prefill", "fill", "decode", "video", "all")
+SIZE_CHOICES = ("auto", "small", "full")
+KERNEL_SETS = ("all", "portable")
+# Harness defaults per device kind (see calibration.scenario_bench.BenchSettings): on a GPU,
+# 10 rounds and 2.5 s per shape keep `bench --scenario all` (35 shapes) near 3 minutes on an H200;
+# the CPU quick sizes need fewer rounds and less time per shape.
+GPU_ROUNDS, GPU_SHAPE_BUDGET_S = 10, 2.5
+CPU_ROUNDS, CPU_SHAPE_BUDGET_S = 5, 1.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="time the dispatcher against PyTorch's default, math and every kernel on prefill/fill/decode/video shapes",
+        description="For each scenario's shapes, time the dispatcher (a fresh one), PyTorch's default SDPA, the math "
+        "path and every single kernel, interleaved round-robin, and report medians, spreads, the kernel the "
+        "dispatcher chose, its ratio to the oracle (the best single kernel) and to PyTorch's default, and failures "
+        "(out of memory, over budget) per path, with every condition in the header. Markdown on stdout.",
+    )
+    parser.add_argument("--scenario", default="all", choices=SCENARIO_CHOICES,
+                        help="prefill (Lq = Lk, causal), fill (chunk against a long cache, masked), decode (Lq 1-16 "
+                        "against 4k-128k), video (8k-128k tokens, non-causal) or all (default)")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--memory-budget", default=None, metavar="SIZE",
+                        help="cap each call's memory, e.g. 16GiB (emulates a smaller card); paths over it are skipped")
+    parser.add_argument("--size", default="auto", choices=SIZE_CHOICES,
+                        help="shape sizes: full (GPU), small (CPU, seconds) or auto (small on the CPU, full otherwise)")
+    parser.add_argument("--small-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                        help="dtype of every shape with --size small (default float32)")
+    parser.add_argument("--kernels", default="all", choices=KERNEL_SETS, help="the dispatcher's kernel set")
+    parser.add_argument("--allow-lossy", action="append", default=[], metavar="CONVERSION",
+                        help="let the dispatcher use a lossy conversion, e.g. fp32->bf16 (repeatable)")
+    parser.add_argument("--rounds", type=int, default=None, metavar="N", help="interleaved rounds per shape (default: 10 GPU, 5 CPU)")
+    parser.add_argument("--shape-budget", type=float, default=None, metavar="SECONDS",
+                        help="no new round after this many seconds on a shape (default: 2.5 GPU, 1 CPU)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the full results as JSON")
+    parser.add_argument("--md", default=None, metavar="PATH", help="also write the Markdown report to a file")
+    parser.add_argument("--quiet", action="store_true", help="no per-shape progress on stderr")
+    parser.set_defaults(run=run)
+
+
+def _settings(args: argparse.Namespace, device: torch.device):
+    from calibration.scenario_bench import BenchSettings
+
+    gpu = device.type != "cpu"
+    rounds = args.rounds if args.rounds is not None else (GPU_ROUNDS if gpu else CPU_ROUNDS)
+    budget = args.shape_budget if args.shape_budget is not None else (GPU_SHAPE_BUDGET_S if gpu else CPU_SHAPE_BUDGET_S)
+    if rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, got {rounds}")
+    if budget <= 0:
+        raise ValueError(f"--shape-budget must be a positive number of seconds, got {budget}")
+    return BenchSettings(rounds=rounds, min_rounds=min(BenchSettings.min_rounds, rounds), shape_budget_s=budget)
+
+
+def _progress(result) -> None:
+    ratio = result.ratio("oracle")
+    to_pytorch = result.ratio("pytorch")
+    print(f"[{result.shape.scenario}] {result.shape.label}: chose {result.chosen}, "
+          f"x oracle {'-' if ratio is None else f'{ratio:.2f}'}, x PyTorch {'-' if to_pytorch is None else f'{to_pytorch:.2f}'} "
+          f"({result.wall_s:.1f} s)", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from calibration.scenarios import default_size, scenario_shapes
+    from dispatcher.commands._bench_run import run_bench
+
+    try:
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        size = default_size(device.type) if args.size == "auto" else args.size
+        shapes = scenario_shapes(args.scenario, size=size, device_type=device.type, small_dtype=args.small_dtype)
+        budget = None if args.memory_budget is None else parse_memory_size(args.memory_budget, name="--memory-budget")
+        policy = AccuracyPolicy.allowing(*args.allow_lossy) if args.allow_lossy else AccuracyPolicy()
+        settings = _settings(args, device)
+    except (ValueError, RuntimeError) as error:
+        print(f"attn-dispatch bench: error: {error}", file=sys.stderr)
+        return 2
+    report = run_bench(shapes, device, kernels=args.kernels, policy=policy, memory_budget=budget, settings=settings,
+                       size=size, progress=None if args.quiet else _progress)
+    text = report.markdown()
+    print(text, end="")
+    if args.md:
+        Path(args.md).write_text(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+    return 0

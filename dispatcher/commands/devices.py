@@ -1,0 +1,71 @@
+"""`attn-dispatch devices`: every visible device, its identity keys and which table serves it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+GIB = 2**30
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "devices",
+        help="list visible devices, their identity and model/family keys, and which table serves each",
+        description="For the CPU and every visible GPU: name, architecture, compute units, memory, the card model "
+        "and family keys tables are shared by, the fingerprint (card + software stack), and the table lookup level "
+        "that would serve it (exact, model: other stack, family: scaled stand-in, prior: no table).",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.set_defaults(run=run)
+
+
+def visible_devices() -> list[torch.device]:
+    """The CPU, then every CUDA / ROCm device."""
+    gpus = [torch.device("cuda", i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return [torch.device("cpu"), *gpus]
+
+
+def device_record(device: torch.device) -> dict:
+    """Identity, keys and table lookup of one device."""
+    from models import DeviceIdentity, lookup_table
+
+    identity = DeviceIdentity.detect(device)
+    found = lookup_table(identity, warn=False)
+    return {
+        "device": str(device), "name": identity.name, "vendor": identity.vendor, "arch": identity.arch,
+        "compute_units": identity.compute_units, "memory_gib": round(identity.memory_bytes / GIB, 1),
+        "model_key": identity.model_key, "family_key": identity.family_key, "software_key": identity.software_key,
+        "fingerprint": identity.key, "gfx906": identity.is_gfx906,
+        "table_level": found.level, "table_path": None if found.path is None else str(found.path),
+        "notes": list(found.warnings),
+    }
+
+
+LEVEL_WORDS = {
+    "exact": "its own table (same card, same software stack)",
+    "model": "a table of the same card model on another software stack (may be stale: run `attn-dispatch check`)",
+    "family": "a table of another card of its family, times scaled (unmeasured on this card)",
+    "prior": "no table: the analytic prior decides (run `attn-dispatch calibrate` or `attn-dispatch import`)",
+}
+
+
+def run(args: argparse.Namespace) -> int:
+    records = [device_record(device) for device in visible_devices()]
+    if args.json:
+        print(json.dumps(records, indent=1))
+        return 0
+    for r in records:
+        print(f"{r['device']}: {r['name']} ({r['vendor'] or '?'}, {r['arch'] or '?'}, {r['compute_units']} compute units, "
+              f"{r['memory_gib']} GiB)")
+        print(f"  card model: {r['model_key']}    family: {r['family_key']}{'  (gfx906: MI50 / MI60 / Radeon VII)' if r['gfx906'] else ''}")
+        print(f"  software: {r['software_key']}")
+        print(f"  fingerprint: {r['fingerprint']}")
+        print(f"  table: {r['table_level']}: {LEVEL_WORDS.get(r['table_level'], r['table_level'])}")
+        if r["table_path"]:
+            print(f"    {r['table_path']}")
+        for note in r["notes"]:
+            print(f"    note: {note}")
+    return 0

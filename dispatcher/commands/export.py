@@ -1,0 +1,51 @@
+"""`attn-dispatch export`: write the table a device uses to one JSON file to share."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dispatcher.commands.show import resolve_table
+
+KIBI = 1024
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="write this device's threshold table to one JSON file to share",
+        description="Validate the table the dispatcher uses on --device (or TABLE given with --table) and write it "
+        "to OUT: one self-contained JSON file other owners of the same card model or family can import.",
+    )
+    parser.add_argument("out", metavar="OUT", help="the JSON file to write")
+    parser.add_argument("--device", default=None, help="whose table (default: cuda if available, else cpu)")
+    parser.add_argument("--table", default=None, metavar="PATH", help="export this table file instead (validated)")
+    parser.set_defaults(run=run)
+
+
+def describe(table) -> str:
+    """One line: card, stack, date, points, classes."""
+    p = table.provenance
+    merged = f", merged from {len(p.identities)} cards" if p.merged_from else ""
+    return (f"{table.identity.model_key} ({table.identity.software_key}), created {p.created}, "
+            f"{p.points_measured} points, {len(table.classes)} classes{merged}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from models import TableError, export_table
+
+    try:
+        table, source = resolve_table(args.table, args.device, "export")
+        if args.table is None and "family match" in source:
+            raise LookupError(
+                f"the table serving this device is a stand-in of another card of its family, with scaled times: "
+                f"{source}. Share the original file instead (export --table PATH)"
+            )
+        written = export_table(table, args.out)
+    except (TableError, LookupError, OSError) as error:
+        print(f"attn-dispatch export: error: {error}", file=sys.stderr)
+        return 2
+    print(f"exported {describe(table)}")
+    print(f"  from {source}")
+    print(f"  to {written} ({written.stat().st_size / KIBI:.0f} KiB)")
+    return 0

@@ -1,0 +1,94 @@
+"""A threshold table in words: the card, where the table came from, how good its model is, and
+where each kernel wins (what `attn-dispatch show` prints)."""
+
+from __future__ import annotations
+
+from models.table import ThresholdTable
+
+GIB = 2**30
+GIGA = 1e9
+# Thresholds listed per class before "... and N more" (the rest win a bucket or two each).
+MAX_THRESHOLDS_PER_CLASS = 8
+
+
+def _rate(value: float, unit: str) -> str:
+    """``9.89e14, "FLOP/s"`` -> ``"989 TFLOP/s"``; below a tera-unit, in giga-units."""
+    if value >= GIGA * 1e3:
+        return f"{value / (GIGA * 1e3):.3g} T{unit}"
+    return f"{value / GIGA:.3g} G{unit}"
+
+
+def _percent(value: object) -> str:
+    return f"{value:.1%}" if isinstance(value, (int, float)) else "?"
+
+
+def card_lines(table: ThresholdTable) -> list[str]:
+    """The card and its software stack, and any other cards merged in."""
+    i = table.identity
+    lines = [
+        f"card: {i.model_key} ({i.vendor or 'unknown vendor'}, {i.arch or 'unknown arch'}, {i.compute_units} compute units, "
+        f"{i.memory_bytes / GIB:.1f} GiB) - family {i.family_key}",
+        f"software: {i.software_key}",
+    ]
+    for other in table.provenance.merged_from:
+        lines.append(f"merged with: {other.model_key} ({other.software_key})")
+    return lines
+
+
+def provenance_lines(table: ThresholdTable) -> list[str]:
+    p = table.provenance
+    wall = f" in {p.calibration_wall_s:.0f} s of calibration" if p.calibration_wall_s is not None else ""
+    lines = [f"provenance: created {p.created}, {p.points_measured} points measured{wall}"]
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(p.software.items()))
+    if versions:
+        lines.append(f"built with: {versions}")
+    lines += [f"note: {note}" for note in p.notes]
+    spec = table.spec
+    estimated = " (estimated)" if spec.estimated else ""
+    lines.append(
+        f"spec sheet{estimated}: {spec.name}, fp16 {_rate(spec.flops('float16'), 'FLOP/s')}, fp32 "
+        f"{_rate(spec.flops('float32'), 'FLOP/s')}, {_rate(spec.bandwidth, 'B/s')}; source: {spec.source}"
+    )
+    return lines
+
+
+def quality_lines(table: ThresholdTable) -> list[str]:
+    """The cost model's held-out quality, and the prior's for comparison."""
+    q = table.quality
+    if not q or "top1_accuracy" not in q:
+        return ["model quality: not evaluated (too few problems measured, or an older table)"]
+    lines = [
+        f"model quality on {q.get('n_problems', '?')} held-out problems: picks the fastest kernel {_percent(q.get('top1_accuracy'))} "
+        f"of the time ({_percent(q.get('top1_within_noise'))} within measurement noise); its choice is on average "
+        f"{_percent(q.get('mean_slowdown'))} slower than the best, at worst {_percent(q.get('worst_slowdown'))}; "
+        f"rank correlation {q.get('spearman', float('nan')):.2f}",
+    ]
+    if "prior_top1_accuracy" in q:
+        lines.append(f"the analytic prior alone: fastest {_percent(q['prior_top1_accuracy'])}, mean slowdown "
+                     f"{_percent(q.get('prior_mean_slowdown'))}")
+    if "n_points_fit" in q:
+        lines.append(f"fit on {q['n_points_fit']} points of {q.get('n_problems_fit', '?')} problems; "
+                     f"{q.get('description', '')}".rstrip("; "))
+    return lines
+
+
+def threshold_lines(table: ThresholdTable) -> list[str]:
+    """Per class, where each kernel wins (most buckets first)."""
+    lines = [f"decision map: {len(table.classes)} classes, "
+             f"{sum(len(c.cells) for c in table.classes.values())} buckets of (Lq, Lk); {len(table.models)} embedded cost model(s)"]
+    for key in sorted(table.classes):
+        table_class = table.classes[key]
+        t = table_class.template
+        lines.append(f"  {key.describe()} (predicted for B{t.batch} H{t.q_heads}/{t.kv_heads} D{t.head_dim}, "
+                     f"{len(table_class.cells)} buckets):")
+        shown = table_class.thresholds[:MAX_THRESHOLDS_PER_CLASS]
+        lines += [f"    - {threshold.text}" for threshold in shown]
+        hidden = len(table_class.thresholds) - len(shown)
+        if hidden > 0:
+            lines.append(f"    - ... and {hidden} more kernels winning a few buckets each")
+    return lines
+
+
+def summary_lines(table: ThresholdTable) -> list[str]:
+    """Everything above, in order."""
+    return [*card_lines(table), *provenance_lines(table), *quality_lines(table), *threshold_lines(table)]
