@@ -9,8 +9,9 @@ every single kernel (so the oracle, the best single kernel, is known). Per shape
 2. each other path goes once through `calibration.measure.measure` (support, memory budget,
    numerics gate, peak memory, out-of-memory handling, a first timing); a path already
    `loser_factor` slower than the best so far is timed once (``timed_once``);
-3. the remaining contenders are timed round-robin, one repetition per path per round, the order
-   rotated each round, so that clock or thermal drift affects all alike.
+3. the remaining contenders are timed round-robin, one sample per path per round (a batch of
+   back-to-back calls of about `ROUND_SAMPLE_S`), the order rotated each round, so that clock or
+   thermal drift affects all alike.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ from kernels.sdpa_backends import SdpaDefaultKernel, pytorch_sdpa
 
 ROLES = ("dispatcher", "pytorch", "kernel")
 SKIPPED = "skipped"
+# One round's sample of a path is a batch of back-to-back calls lasting about this long, divided
+# by the batch size: a single sub-millisecond call between two CUDA events mostly measures launch
+# jitter (two H200 calibrations timed call by call disagreed by over 40% on 30 us - 1 ms points),
+# and in a model attention calls are issued back to back too.
+ROUND_SAMPLE_S = 2e-3
+# Cap on calls per sample (a microsecond CPU call would otherwise be repeated thousands of times).
+MAX_CALLS_PER_SAMPLE = 256
 
 
 class PytorchDefault(Kernel):
@@ -200,23 +208,33 @@ def _first_pass(path: BenchPath, problem: Problem, device: torch.device, cache: 
     return result
 
 
+def _calls_per_sample(seconds: float) -> int:
+    """Back-to-back calls making one round's sample of a path last about `ROUND_SAMPLE_S`."""
+    if not math.isfinite(seconds) or seconds <= 0:
+        return 1
+    return int(min(MAX_CALLS_PER_SAMPLE, max(1, math.ceil(ROUND_SAMPLE_S / seconds))))
+
+
 def _rounds(contenders: list[tuple[BenchPath, PathResult]], problem: Problem, device: torch.device,
             cache: InputCache, settings: BenchSettings, cap: int | None, started: float) -> int:
     """Interleaved rounds; each contender's first-pass sample is replaced by the rounds' samples.
     `cap`: bytes the rotated input sets may take (None: no cap)."""
     inputs = cache.input_sets(problem, device, 0, rotation_count(problem, device, cap))
+    calls = {result.label: _calls_per_sample(result.median_s) for _, result in contenders}
     fresh: dict[str, list[float]] = {result.label: [] for _, result in contenders}
     done = 0
     with torch.inference_mode():
         while done < settings.rounds and (done < settings.min_rounds or time.perf_counter() - started < settings.shape_budget_s):
             for offset in range(len(contenders)):
                 path, result = contenders[(done + offset) % len(contenders)]
-                chosen = inputs[(done + offset) % len(inputs)]
+                count = calls[result.label]
 
-                def run(_: int, kernel=path.kernel, x=chosen) -> object:
-                    return kernel.run(x.query, x.key, x.value, x.attn_mask, None, x.enable_gqa, problem)
+                def run(_: int, kernel=path.kernel, count=count, first=done * count) -> None:
+                    for j in range(first, first + count):
+                        x = inputs[j % len(inputs)]
+                        kernel.run(x.query, x.key, x.value, x.attn_mask, None, x.enable_gqa, problem)
 
-                fresh[result.label].append(time_repetitions(run, device, SINGLE_SHOT).median_s)
+                fresh[result.label].append(time_repetitions(run, device, SINGLE_SHOT).median_s / count)
             done += 1
     for _, result in contenders:
         result.samples = fresh[result.label]

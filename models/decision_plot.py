@@ -75,8 +75,7 @@ def _draw_panel(axes, panel: MapPanel, colours: dict, order: list[str]) -> None:
 
     index = {name: i for i, name in enumerate(order)}
     grid = panel.grid({b: float(index[w]) for b, w in panel.winners.items()})
-    cmap = ListedColormap([colours[name] for name in order])
-    cmap.set_bad("white")
+    cmap = ListedColormap([colours[name] for name in order]).with_extremes(bad="white")
     q0, kv0 = panel.q_buckets[0], panel.kv_buckets[0]
     extent = (kv0 - 0.5, panel.kv_buckets[-1] + 0.5, q0 - 0.5, panel.q_buckets[-1] + 0.5)
     axes.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-0.5, vmax=len(order) - 0.5, origin="lower",

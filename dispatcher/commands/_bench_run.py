@@ -14,7 +14,14 @@ from pathlib import Path
 import torch
 
 from calibration.bench_report import BenchReport
-from calibration.scenario_bench import BenchPath, BenchSettings, PytorchDefault, ShapeResult, bench_shape
+from calibration.scenario_bench import (
+    ROUND_SAMPLE_S,
+    BenchPath,
+    BenchSettings,
+    PytorchDefault,
+    ShapeResult,
+    bench_shape,
+)
 from calibration.scenarios import Shape
 from dispatcher.as_kernel import DISPATCHER_PATH, DispatchedKernel
 from dispatcher.core import Dispatcher
@@ -84,8 +91,9 @@ def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape]
         "memory budget": format_bytes(dispatcher.memory_budget) if dispatcher.memory_budget else "none",
         "free memory at start": format_bytes(free_bytes(device)),
         "kernel set": f"{len(dispatcher.kernels)} kernels; accuracy policy: {dispatcher.policy.describe()}",
-        "timing": (f"{timer}; each path: 1 gated first call + {settings.warmup} warm-up + 1 timed; then up to "
-                   f"{settings.rounds} interleaved rounds (at least {settings.min_rounds}, no new round after "
+        "timing": (f"{timer}; each path: 1 gated first call + {settings.warmup} warm-up + 1 timed sample; then up to "
+                   f"{settings.rounds} interleaved rounds of one sample per path (back-to-back calls lasting ~{ROUND_SAMPLE_S * 1e3:g} ms, "
+                   f"divided by their count; at least {settings.min_rounds} rounds, no new round after "
                    f"{settings.shape_budget_s:g} s per shape), order rotated each round; median of the rounds; "
                    f"spread = IQR / median"),
         "losers": (f"a kernel {settings.loser_factor:g}x slower than the best so far is timed once; a kernel predicted "

@@ -48,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--rounds", type=int, default=None, metavar="N", help="interleaved rounds per shape (default: 10 GPU, 5 CPU)")
     parser.add_argument("--shape-budget", type=float, default=None, metavar="SECONDS",
                         help="no new round after this many seconds on a shape (default: 2.5 GPU, 1 CPU)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch (CPU runs)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the full results as JSON")
     parser.add_argument("--md", default=None, metavar="PATH", help="also write the Markdown report to a file")
     parser.add_argument("--quiet", action="store_true", help="no per-shape progress on stderr")
@@ -86,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
         budget = None if args.memory_budget is None else parse_memory_size(args.memory_budget, name="--memory-budget")
         policy = AccuracyPolicy.allowing(*args.allow_lossy) if args.allow_lossy else AccuracyPolicy()
         settings = _settings(args, device)
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ValueError(f"--threads must be at least 1, got {args.threads}")
+            torch.set_num_threads(args.threads)
     except (ValueError, RuntimeError) as error:
         print(f"attn-dispatch bench: error: {error}", file=sys.stderr)
         return 2

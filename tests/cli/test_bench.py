@@ -1,0 +1,77 @@
+"""`attn-dispatch bench` on the CPU: small shapes, one round, output parsed (Markdown and JSON)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from calibration.bench_report import geometric_mean
+from calibration.scenarios import SCENARIOS, scenario_shapes
+
+FAST = ("--size", "small", "--rounds", "1", "--shape-budget", "0.01", "--quiet")
+
+
+def test_scenario_shapes_have_the_issue_structure():
+    full = scenario_shapes("all", size="full", device_type="cuda")
+    assert {s.scenario for s in full} == set(SCENARIOS)
+    llm = [s.problem for s in full if s.scenario != "video"]
+    assert all((p.q_heads, p.kv_heads, p.head_dim) == (32, 8, 128) for p in llm)
+    assert all(p.causal and p.q_len == p.kv_len for s in full if s.scenario == "prefill" for p in [s.problem])
+    assert all(p.mask_kind == "bool" and p.q_len < p.kv_len for s in full if s.scenario == "fill" for p in [s.problem])
+    decode = [s.problem for s in full if s.scenario == "decode"]
+    assert {p.q_len for p in decode} == {1, 4, 16} and max(p.kv_len for p in decode) == 131072
+    video = [s.problem for s in full if s.scenario == "video"]
+    assert all(p.head_dim == 64 and not p.causal and 16 <= p.q_heads <= 24 for p in video)
+    assert min(p.q_len for p in video) == 8192 and max(p.q_len for p in video) == 131072
+    with pytest.raises(ValueError, match="unknown scenario 'nope'"):
+        scenario_shapes("nope", size="small", device_type="cpu")
+
+
+def test_geometric_mean():
+    assert geometric_mean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geometric_mean([None, math.inf]) is None
+
+
+def test_bench_decode_markdown_and_json(cli, tmp_path):
+    json_path, md_path = tmp_path / "bench.json", tmp_path / "bench.md"
+    code, out, _ = cli("bench", "--scenario", "decode", *FAST, "--json", json_path, "--md", md_path)
+    assert code == 0
+    assert md_path.read_text() == out
+    for condition in ("- device: cpu", "- fingerprint:", "- dtypes: decode: float32", "- table used:", "- timing:",
+                      "- memory budget: none"):
+        assert condition in out
+    rows = [line for line in out.splitlines() if line.startswith("| B1 ")]
+    assert len(rows) == 4 and all(line.count("|") == 11 for line in rows)
+    report = json.loads(json_path.read_text())
+    assert report["kind"] == "attn-dispatch bench" and set(report["summary"]) == {"decode", "all"}
+    summary = report["summary"]["decode"]
+    assert summary["shapes"] == 4 and summary["oracle_geomean"] > 0 and summary["pytorch_geomean"] > 0
+    for shape in report["shapes"]:
+        paths = {p["path"]: p for p in shape["paths"]}
+        assert {"dispatcher", "pytorch_default", "math"} <= set(paths)
+        assert paths["dispatcher"]["status"] == "ok" and paths["dispatcher"]["reps"] >= 1
+        assert shape["chosen"] and shape["oracle"] in paths
+        # the oracle is the best single kernel: the dispatcher cannot beat it by much (noise aside)
+        assert shape["ratio_to_oracle"] > 0.5
+
+
+def test_bench_memory_budget_skips_and_records(cli, tmp_path):
+    json_path = tmp_path / "bench.json"
+    code, out, _ = cli("bench", "--scenario", "video", *FAST, "--memory-budget", "12MiB", "--json", json_path)
+    assert code == 0
+    report = json.loads(json_path.read_text())
+    assert report["conditions"]["memory budget"] == "12.0 MiB"
+    statuses = {(p["path"], p["status"]) for s in report["shapes"] for p in s["paths"]}
+    assert ("math", "skipped") in statuses  # its 1024 x 1024 x 4 heads score matrix is over 12 MiB
+    reasons = [p["reason"] for s in report["shapes"] for p in s["paths"] if p["status"] == "skipped"]
+    assert all(r.startswith("skipped: over budget") for r in reasons)
+    assert "math: skipped" in out
+
+
+def test_bench_rejects_bad_options(cli):
+    code, _, err = cli("bench", "--rounds", "0", "--size", "small")
+    assert code == 2 and "--rounds must be at least 1" in err
+    code, _, err = cli("bench", "--memory-budget", "lots", "--size", "small")
+    assert code == 2 and "--memory-budget='lots' is not a memory size" in err

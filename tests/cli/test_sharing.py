@@ -1,0 +1,68 @@
+"""`attn-dispatch export / import / merge / devices` over models.sharing."""
+
+from __future__ import annotations
+
+import json
+
+from models import load_table, save_table, store_table
+from tests.cli.tables import honest_table
+from tests.models.conftest import fake_identity
+
+
+def test_export_writes_this_devices_table(cli, tmp_path):
+    store_table(honest_table())
+    out_path = tmp_path / "shared" / "mine.json"
+    code, out, _ = cli("export", out_path)
+    assert code == 0 and "exported " in out and f"to {out_path}" in out
+    assert load_table(out_path).classes == honest_table().classes
+
+
+def test_export_without_a_table_fails_clearly(cli, tmp_path):
+    code, _, err = cli("export", tmp_path / "x.json")
+    assert code == 2 and "no threshold table serves cpu" in err
+
+
+def test_import_stores_and_devices_reports_exact(cli, tmp_path):
+    path = save_table(honest_table(), tmp_path / "from-a-friend.json")
+    code, out, _ = cli("import", path)
+    assert code == 0 and "imported " in out and "stored as " in out
+    code, out, _ = cli("devices")
+    assert code == 0 and out.startswith("cpu: ")
+    assert "table: exact: its own table" in out and "fingerprint: " in out and "card model: " in out
+    code, out, _ = cli("devices", "--json")
+    (cpu,) = [r for r in json.loads(out) if r["device"] == "cpu"]
+    assert cpu["table_level"] == "exact" and cpu["table_path"].endswith(".json")
+
+
+def test_devices_without_tables_reports_the_prior(cli):
+    code, out, _ = cli("devices")
+    assert code == 0 and "table: prior: no table" in out
+
+
+def test_import_rejects_bad_files_and_keeps_going(cli, tmp_path):
+    good = save_table(honest_table(), tmp_path / "good.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format_version": 1, "kind": "something else"}')
+    code, out, err = cli("import", bad, good)
+    assert code == 2 and "1 of 2 files were not imported" in err and str(bad) in err
+    assert f"from {good}" in out
+
+
+def test_merge_two_cards_of_one_model(cli, tmp_path):
+    first = save_table(honest_table(identity=fake_identity("mi50_32")), tmp_path / "a.json")
+    other = fake_identity("mi50_32", torch_version="2.6.0+rocm6.3", hip_version="6.3.42131", cuda_version=None)
+    second = save_table(honest_table(identity=other, created="2026-11-30T01:00:00Z"), tmp_path / "b.json")
+    merged_path = tmp_path / "merged.json"
+    code, out, _ = cli("merge", first, second, "--out", merged_path)
+    assert code == 0 and "merged: " in out and f"written to {merged_path}" in out
+    merged = load_table(merged_path)
+    assert len(merged.provenance.identities) == 2 and merged.provenance.points_measured == 16
+
+
+def test_merge_refuses_two_families(cli, tmp_path):
+    mi50 = save_table(honest_table(identity=fake_identity("mi50_32")), tmp_path / "mi50.json")
+    h200 = save_table(honest_table(identity=fake_identity("h200")), tmp_path / "h200.json")
+    code, _, err = cli("merge", mi50, h200, "--out", tmp_path / "x.json")
+    assert code == 2 and "cannot merge tables of" in err and "merge each family separately" in err
+    code, _, err = cli("merge", mi50)
+    assert code == 2 and "at least two table files" in err

@@ -1,0 +1,62 @@
+"""`attn-dispatch show`: the summary in words and the decision-map PNG."""
+
+from __future__ import annotations
+
+import pytest
+
+from models import save_table, store_table
+from models.decision_map import decision_panels, family_of
+from tests.cli.tables import FAST, SLOW, honest_table
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_show_file_summary_and_plot(cli, tmp_path):
+    path = save_table(honest_table(extra_class=True), tmp_path / "table.json")
+    png = tmp_path / "maps" / "decision.png"
+    code, out, _ = cli("show", path, "--plot", png)
+    assert code == 0
+    assert f"table: {path}" in out
+    assert "card: " in out and "provenance: created 2026-11-30T00:00:00Z, 8 points measured" in out
+    assert "model quality on 8 held-out problems: picks the fastest kernel 75.0% of the time" in out
+    assert "decision map: 2 classes, 4 buckets" in out
+    assert f"    - {FAST} everywhere in this class" in out
+    assert f"decision map: {png}" in out
+    data = png.read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000
+
+
+def test_show_uses_this_devices_table(cli):
+    stored = store_table(honest_table())
+    code, out, _ = cli("show")
+    assert code == 0 and f"table: {stored} (exact match" in out
+
+
+def test_show_without_table_says_what_to_run(cli):
+    code, out, err = cli("show")
+    assert code == 2 and out == ""
+    assert "no threshold table serves cpu" in err and "attn-dispatch calibrate" in err
+
+
+@pytest.mark.parametrize("content", [b"", b"{not json", b"\x80\x04K\x01.", b'{"format_version": 99}'])
+def test_show_rejects_bad_files(cli, tmp_path, content):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    code, _, err = cli("show", bad)
+    assert code == 2 and "attn-dispatch show: error:" in err and str(bad) in err
+
+
+def test_decision_panels_speedup_over_default():
+    table = honest_table()
+    (panel,) = decision_panels(table)
+    assert panel.winners == {(6, 8): FAST, (4, 7): FAST}
+    assert panel.q_buckets == (4, 5, 6) and panel.kv_buckets == (7, 8)
+    # no embedded model, sdpa_default not ranked: its time comes from the prior
+    assert panel.source == "prior" and all(v is not None and v > 0 for v in panel.speedup.values())
+    assert panel.grid(panel.speedup).shape == (3, 2)
+
+
+def test_family_of():
+    assert family_of(SLOW) == "chunked"
+    assert family_of("convert[bf16->fp32]+small_q[splits=8]") == "convert+small_q"
+    assert family_of("sdpa_flash") == "sdpa_flash"
