@@ -63,10 +63,10 @@ class BenchReport:
     shapes: list[ShapeResult] = field(default_factory=list)
 
     def scenarios(self) -> list[str]:
-        return list(dict.fromkeys(s.shape.scenario for s in self.shapes))
+        return list(dict.fromkeys(s.shape.suite for s in self.shapes))
 
     def summaries(self) -> dict[str, dict]:
-        out = {name: summarise([s for s in self.shapes if s.shape.scenario == name]) for name in self.scenarios()}
+        out = {name: summarise([s for s in self.shapes if s.shape.suite == name]) for name in self.scenarios()}
         out["all"] = summarise(self.shapes)
         return out
 
@@ -89,7 +89,7 @@ class BenchReport:
             lines += ["", f"## {name}", "", "| shape | dispatcher chose | dispatcher ms (spread) | oracle | oracle ms | "
                       "PyTorch default ms | math ms | / oracle | / PyTorch | not run or failed |",
                       "|---|---|---|---|---|---|---|---|---|---|"]
-            lines += [_row(s) for s in self.shapes if s.shape.scenario == name]
+            lines += [_row(s) for s in self.shapes if s.shape.suite == name]
         return "\n".join(lines) + "\n"
 
 

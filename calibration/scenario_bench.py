@@ -167,7 +167,8 @@ class ShapeResult:
     def to_dict(self) -> dict:
         oracle = self.oracle
         return {
-            **self.shape.to_dict(), "chosen": self.chosen, "oracle": oracle.label if oracle else None,
+            "scenario": self.shape.suite, "label": self.shape.label, "problem": self.shape.problem.to_dict(),
+            "chosen": self.chosen, "oracle": oracle.label if oracle else None,
             "ratio_to_oracle": self.ratio("oracle"), "ratio_to_pytorch": self.ratio("pytorch"),
             "rounds": self.rounds, "wall_s": self.wall_s,
             "unsupported": sum(1 for p in self.paths if p.status == "unsupported"),

@@ -21,8 +21,9 @@ are GPU-sized; ``small`` keeps the structure at sizes a 2-core CPU runs in secon
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import torch
 
+from calibration.kernel_bench import NamedShape, on_device
 from kernels.problem import Problem
 
 SCENARIOS = ("prefill", "fill", "decode", "video")
@@ -38,25 +39,8 @@ SMALL_Q_HEADS, SMALL_KV_HEADS, SMALL_HEAD_DIM = 8, 2, 64
 SMALL_VIDEO_HEADS = 4
 
 
-@dataclass(frozen=True)
-class Shape:
-    """One benchmarked attention call: its scenario, a readable label and the problem."""
-
-    scenario: str
-    problem: Problem
-
-    @property
-    def label(self) -> str:
-        p = self.problem
-        mask = f" mask={p.mask_kind}" if p.mask_kind != "none" else ""
-        return (f"B{p.batch} H{p.q_heads}/{p.kv_heads} Lq{p.q_len} Lk{p.kv_len} D{p.head_dim} "
-                f"{p.dtype}{' causal' if p.causal else ''}{mask}")
-
-    def on(self, device_type: str) -> Shape:
-        return replace(self, problem=replace(self.problem, device_type=device_type))
-
-    def to_dict(self) -> dict:
-        return {"scenario": self.scenario, "label": self.label, "problem": self.problem.to_dict()}
+# A benchmarked call: `suite` is its scenario, `label` reads "decode B1 H32/8 L1 S4096 D128 float16".
+Shape = NamedShape
 
 
 def _llm(scenario: str, q_len: int, kv_len: int, dtype: str, *, small: bool, causal: bool = False,
@@ -126,7 +110,7 @@ def scenario_shapes(scenarios: str | tuple[str, ...], *, size: str, device_type:
     shapes = []
     for name in names:
         shapes += _full(name) if size == "full" else _small(name, small_dtype)
-    return [shape.on(device_type) for shape in shapes]
+    return [on_device(shape, torch.device(device_type)) for shape in shapes]
 
 
 def default_size(device_type: str) -> str:

@@ -77,7 +77,7 @@ def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape]
             source = None
     dtypes = {}
     for shape in shapes:
-        dtypes.setdefault(shape.scenario, set()).add(shape.problem.dtype)
+        dtypes.setdefault(shape.suite, set()).add(shape.problem.dtype)
     timer = "CUDA events" if device.type == "cuda" else "time.perf_counter"
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -71,7 +71,7 @@ def _settings(args: argparse.Namespace, device: torch.device):
 def _progress(result) -> None:
     ratio = result.ratio("oracle")
     to_pytorch = result.ratio("pytorch")
-    print(f"[{result.shape.scenario}] {result.shape.label}: chose {result.chosen}, "
+    print(f"{result.shape.label}: chose {result.chosen}, "
           f"x oracle {'-' if ratio is None else f'{ratio:.2f}'}, x PyTorch {'-' if to_pytorch is None else f'{to_pytorch:.2f}'} "
           f"({result.wall_s:.1f} s)", file=sys.stderr, flush=True)
 

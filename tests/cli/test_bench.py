@@ -15,14 +15,14 @@ FAST = ("--size", "small", "--rounds", "1", "--shape-budget", "0.01", "--quiet")
 
 def test_scenario_shapes_have_the_issue_structure():
     full = scenario_shapes("all", size="full", device_type="cuda")
-    assert {s.scenario for s in full} == set(SCENARIOS)
-    llm = [s.problem for s in full if s.scenario != "video"]
+    assert {s.suite for s in full} == set(SCENARIOS)
+    llm = [s.problem for s in full if s.suite != "video"]
     assert all((p.q_heads, p.kv_heads, p.head_dim) == (32, 8, 128) for p in llm)
-    assert all(p.causal and p.q_len == p.kv_len for s in full if s.scenario == "prefill" for p in [s.problem])
-    assert all(p.mask_kind == "bool" and p.q_len < p.kv_len for s in full if s.scenario == "fill" for p in [s.problem])
-    decode = [s.problem for s in full if s.scenario == "decode"]
+    assert all(p.causal and p.q_len == p.kv_len for s in full if s.suite == "prefill" for p in [s.problem])
+    assert all(p.mask_kind == "bool" and p.q_len < p.kv_len for s in full if s.suite == "fill" for p in [s.problem])
+    decode = [s.problem for s in full if s.suite == "decode"]
     assert {p.q_len for p in decode} == {1, 4, 16} and max(p.kv_len for p in decode) == 131072
-    video = [s.problem for s in full if s.scenario == "video"]
+    video = [s.problem for s in full if s.suite == "video"]
     assert all(p.head_dim == 64 and not p.causal and 16 <= p.q_heads <= 24 for p in video)
     assert min(p.q_len for p in video) == 8192 and max(p.q_len for p in video) == 131072
     with pytest.raises(ValueError, match="unknown scenario 'nope'"):
@@ -42,7 +42,7 @@ def test_bench_decode_markdown_and_json(cli, tmp_path):
     for condition in ("- device: cpu", "- fingerprint:", "- dtypes: decode: float32", "- table used:", "- timing:",
                       "- memory budget: none"):
         assert condition in out
-    rows = [line for line in out.splitlines() if line.startswith("| B1 ")]
+    rows = [line for line in out.splitlines() if line.startswith("| decode B1 ")]
     assert len(rows) == 4 and all(line.count("|") == 11 for line in rows)
     report = json.loads(json_path.read_text())
     assert report["kind"] == "attn-dispatch bench" and set(report["summary"]) == {"decode", "all"}
