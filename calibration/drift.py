@@ -5,7 +5,7 @@ measured with every kernel the bucket ranks (`calibration.measure.measure`), and
 times are compared with the table's predicted times for that same problem: per kernel, the
 median measured / predicted ratio says how far the card (or its driver, or PyTorch) has drifted;
 per bucket, the decision has *changed* when the table's first choice is measurably slower than
-the fastest kernel measured there.
+the fastest kernel measured there, confirmed by timing both again.
 """
 
 from __future__ import annotations
@@ -116,6 +116,22 @@ def sample_buckets(table: ThresholdTable, count: int, *, seed: int = 0,
     return chosen
 
 
+def _measure_into(point: PointCheck, name: str, problem, device, settings, memory_budget, device_key, seed, cache,
+                  report: DriftReport) -> None:
+    """Measure one kernel of a bucket; a repeated kernel keeps its faster run (interference on a
+    shared machine only ever slows a run down)."""
+    m = measure(kernel_from_name(name, policy=ANY_LOSSY), problem, device, settings=settings,
+                memory_budget=memory_budget, device_key=device_key, seed=seed, cache=cache, extra={"phase": "check"})
+    earlier = next((i for i, e in enumerate(report.measurements) if e.problem == problem and e.kernel == name), None)
+    if earlier is None:
+        report.measurements.append(m)
+    elif m.ok and m.median_s < report.measurements[earlier].median_s:
+        report.measurements[earlier] = m
+    point.statuses[name] = m.status
+    if m.ok:
+        point.measured[name] = min(m.median_s, point.measured.get(name, math.inf))
+
+
 def check_table(table: ThresholdTable, device: torch.device | str, *, points: int, seed: int = 0,
                 settings: TimerSettings = QUICK, memory_budget: int | None = None, device_key: str = "",
                 max_seconds: float = MAX_POINT_SECONDS) -> DriftReport:
@@ -138,13 +154,10 @@ def check_table(table: ThresholdTable, device: torch.device | str, *, points: in
         problem = table_class.problem_at(bucket, device.type)
         point = PointCheck(key, bucket, predicted=dict(table_class.cells[bucket].ranking))
         for name in point.predicted:
-            m = measure(kernel_from_name(name, policy=ANY_LOSSY), problem, device, settings=settings,
-                        memory_budget=memory_budget, device_key=device_key, seed=seed, cache=cache,
-                        extra={"phase": "check"})
-            report.measurements.append(m)
-            point.statuses[name] = m.status
-            if m.ok:
-                point.measured[name] = m.median_s
+            _measure_into(point, name, problem, device, settings, memory_budget, device_key, seed, cache, report)
+        if point.changed:  # confirm: time both kernels again, keep each one's faster run
+            for name in {point.table_winner, point.measured_winner}:
+                _measure_into(point, name, problem, device, settings, memory_budget, device_key, seed, cache, report)
         cache.clear()
         report.points.append(point)
     return report

@@ -1,5 +1,6 @@
 """`attn-dispatch check`: re-measure a sample of the table's buckets on this card and report drift;
-exit 1 (and recommend recalibrating) when a decision changed; ``--fix`` refits with the new points."""
+exit 1 (and recommend recalibrating) when a decision changed; ``--fix`` refits the table with the
+new points (whether or not a decision changed) and stores it for this device."""
 
 from __future__ import annotations
 
@@ -23,13 +24,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "ranks, and compare with the table's predicted times: per kernel, the median measured / predicted ratio; "
         "per bucket, whether the table's first choice is still the fastest (within 10%). Exits 1 and recommends "
         "`attn-dispatch calibrate` when a decision changed; --fix instead refits the table with the new points and "
-        "stores it for this device.",
+        "stores it for this device (exit 0 once stored).",
     )
     parser.add_argument("table", nargs="?", default=None, metavar="TABLE", help="a table file (default: this device's)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--points", type=int, default=DEFAULT_POINTS, metavar="N", help=f"buckets to re-measure (default {DEFAULT_POINTS})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bucket sample and the inputs")
     parser.add_argument("--memory-budget", default=None, metavar="SIZE", help="cap each point's memory, e.g. 16GiB")
+    parser.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch (CPU checks)")
     parser.add_argument("--fix", action="store_true", help="refit with the new points and store the table for this device")
     parser.set_defaults(run=run)
 
@@ -61,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.points < 1:
             raise ValueError(f"--points must be at least 1, got {args.points}")
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ValueError(f"--threads must be at least 1, got {args.threads}")
+            torch.set_num_threads(args.threads)
         table, source = resolve_table(args.table, args.device, "check")
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         budget = None if args.memory_budget is None else parse_memory_size(args.memory_budget, name="--memory-budget")
@@ -79,14 +85,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _print_report(report)
     changed = report.changed
-    if not changed:
+    if changed:
+        print(f"decisions: {len(changed)} of {len(report.points)} re-measured buckets changed their fastest kernel")
+    else:
         print(f"decisions: all {len(report.points)} re-measured buckets keep their choice; the table is current")
-        return 0
-    print(f"decisions: {len(changed)} of {len(report.points)} re-measured buckets changed their fastest kernel")
     if not args.fix:
-        print("recommendation: recalibrate this card (`attn-dispatch calibrate`), or refit now with these points "
-              "(`attn-dispatch check --fix`)")
-        return 1
+        if changed:
+            print("recommendation: recalibrate this card (`attn-dispatch calibrate`), or refit now with these points "
+                  "(`attn-dispatch check --fix`)")
+        return 1 if changed else 0
     base, where = base_points(table)
     outcome = fit_and_write(merge(report.measurements, base), identity, out=None, seed=args.seed,
                             wall_s=time.perf_counter() - started)
