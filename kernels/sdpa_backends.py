@@ -18,7 +18,7 @@ import torch
 
 from kernels.base import Kernel
 from kernels.problem import Problem
-from kernels.sdpa_probe import cached_default_backend_choice, default_backend_choice, probe_backend
+from kernels.sdpa_probe import default_backend_choice, probe_backend
 
 # PyTorch's SDPA itself; `F.scaled_dot_product_attention` may be patched by the dispatcher.
 pytorch_sdpa = torch._C._nn.scaled_dot_product_attention
@@ -56,7 +56,7 @@ def additive_bias(
 def zero_fully_masked_rows_(out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Set rows of ``out [B, H, L, Ev]`` whose every key is blocked in ``bias`` to zero."""
     dead = (bias == float("-inf")).all(dim=-1, keepdim=True)  # [B|1, H|1, L, 1]
-    return out.masked_fill_(dead, 0.0) if dead.any() else out
+    return out.masked_fill_(dead, 0.0)  # unconditionally: testing dead.any() would sync the GPU
 
 
 class SdpaBackendKernel(Kernel):
@@ -293,10 +293,11 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         return []
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """The workspace of the backend PyTorch picks for problems of this kind (asked once, see
-        `default_backend_choice`); the math backend's until that is known. PyTorch repeats K/V
-        for GQA on backends without native support."""
-        family = cached_default_backend_choice(problem) or "sdpa_math"
+        """The workspace of the backend PyTorch picks for problems of this kind on this device
+        (asked once per kind of problem with tiny inputs, then cached: see
+        `default_backend_choice`; on gfx906, which has no fused kernel, that is the math path's).
+        PyTorch repeats K/V for GQA on backends without native support."""
+        family = default_backend_choice(problem)
         chosen = FORCED_BACKENDS[family]()
         extra = chosen.workspace_bytes(problem)
         if family in ("sdpa_efficient", "sdpa_cudnn") and problem.gqa_ratio > 1:

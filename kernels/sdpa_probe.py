@@ -105,16 +105,17 @@ def default_backend_choice(problem: Problem) -> str:
     asked of PyTorch once (tiny inputs with the same dtype, head dims, mask kind, causality and
     GQA); "sdpa_math" when it cannot be asked. Cached per kind of problem."""
     key = (problem.device_type, problem.dtype, problem.head_dim, problem.value_dim, problem.causal,
-           problem.mask_kind, problem.gqa_ratio > 1, problem.q_len == 1)
+           problem.mask_kind, problem.gqa_ratio > 1, problem.q_len == 1, _enabled_backends())
     if key not in _choices:
         _choices[key] = _ask_pytorch(problem)
     return _choices[key]
 
 
-def cached_default_backend_choice(problem: Problem) -> str | None:
-    """`default_backend_choice` if already asked, else None (never runs anything)."""
-    return _choices.get((problem.device_type, problem.dtype, problem.head_dim, problem.value_dim,
-                         problem.causal, problem.mask_kind, problem.gqa_ratio > 1, problem.q_len == 1))
+def _enabled_backends() -> tuple[bool, ...]:
+    """PyTorch's global backend switches (`sdpa_kernel` flips them): part of the choice's key."""
+    flags = torch.backends.cuda
+    return (flags.flash_sdp_enabled(), flags.mem_efficient_sdp_enabled(), flags.math_sdp_enabled(),
+            flags.cudnn_sdp_enabled())
 
 
 def _ask_pytorch(problem: Problem) -> str:

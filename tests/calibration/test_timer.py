@@ -6,7 +6,15 @@ import time
 
 import torch
 
-from calibration.timer import TimerSettings, Timing, interquartile_range, time_repetitions
+from calibration.timer import (
+    MAX_CALLS_PER_SAMPLE,
+    TARGET_SAMPLE_S,
+    TimerSettings,
+    Timing,
+    calls_per_sample,
+    interquartile_range,
+    time_repetitions,
+)
 
 CPU = torch.device("cpu")
 
@@ -32,7 +40,21 @@ def test_rotation_index_and_warmup_calls():
     seen = []
     settings = TimerSettings(warmup=2, min_reps=3, max_reps=3, target_relative_iqr=0.0, budget_s=10.0)
     timing = time_repetitions(seen.append, CPU, settings)
-    assert seen == [0, 1, 2, 3, 4] and timing.reps == 3 and timing.stopped == "max_reps"
+    # Two warm-up calls, then 3 samples of back-to-back calls (a fast call is batched).
+    calls = calls_per_sample(1e-6)
+    assert seen[:2] == [0, 1] and seen == list(range(len(seen)))
+    assert timing.reps == 3 and timing.stopped == "max_reps"
+    assert 2 + 3 <= len(seen) <= 2 + 3 * calls
+
+
+def test_batches_short_calls_to_the_target_sample_length():
+    assert calls_per_sample(TARGET_SAMPLE_S * 2) == 1
+    assert calls_per_sample(TARGET_SAMPLE_S / 10) == 10
+    assert calls_per_sample(1e-9) == MAX_CALLS_PER_SAMPLE
+    assert calls_per_sample(float("inf")) == 1
+    seen = []
+    time_repetitions(seen.append, CPU, TimerSettings(warmup=0, min_reps=2, max_reps=2, target_relative_iqr=0.0))
+    assert seen == [0, 1]  # no warm-up: no estimate, one call per sample
 
 
 def test_stops_at_the_budget_before_min_reps():
