@@ -27,10 +27,19 @@ CONVERT_COLORMAP = "YlGn"
 SHADE_RANGE = (0.45, 0.9)
 # Speed-up contour levels (x over sdpa_default) drawn on every panel.
 SPEEDUP_LEVELS = (1.25, 2.0, 4.0, 8.0, 16.0)
+# Layout, chosen by eye on the 12-class H200 table (docs/images/decision_map_h200.png).
 PANEL_INCHES = (4.6, 3.9)
+HEADER_INCHES = 1.6  # title and legend
 MAX_COLUMNS = 4
 DPI = 110
-LEGEND_COLUMNS = 4
+LEGEND_COLUMNS = 8
+LEGEND_ROW_HEIGHT = 0.025  # figure fraction per legend row
+MARGIN = 0.02  # figure fraction below the legend
+TITLE_TOP = 0.96  # figure fraction where the panels end
+FONT = {"title": 10, "panel": 8, "ticks": 7}
+CONTOUR_WIDTH, OUTLINE_WIDTH = 1.0, 2.4  # white contour lines in a black outline: visible on every colour
+MAX_TICKS = 6
+HALF_CELL = 0.5  # buckets are centred on integers: cells span +-0.5
 KIBI = 1024
 
 
@@ -77,27 +86,27 @@ def _draw_panel(axes, panel: MapPanel, colours: dict, order: list[str]) -> None:
     grid = panel.grid({b: float(index[w]) for b, w in panel.winners.items()})
     cmap = ListedColormap([colours[name] for name in order]).with_extremes(bad="white")
     q0, kv0 = panel.q_buckets[0], panel.kv_buckets[0]
-    extent = (kv0 - 0.5, panel.kv_buckets[-1] + 0.5, q0 - 0.5, panel.q_buckets[-1] + 0.5)
-    axes.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-0.5, vmax=len(order) - 0.5, origin="lower",
+    extent = (kv0 - HALF_CELL, panel.kv_buckets[-1] + HALF_CELL, q0 - HALF_CELL, panel.q_buckets[-1] + HALF_CELL)
+    axes.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-HALF_CELL, vmax=len(order) - HALF_CELL, origin="lower",
                 extent=extent, aspect="auto", interpolation="nearest")
     speed = panel.grid(panel.speedup)
     if np.isfinite(speed).sum() >= 4 and min(speed.shape) >= 2:
         levels = [math.log2(level) for level in SPEEDUP_LEVELS]
         log_speed = np.ma.masked_invalid(np.log2(np.where(speed > 0, speed, np.nan)))
-        outline = [patheffects.withStroke(linewidth=2.4, foreground="black")]
+        outline = [patheffects.withStroke(linewidth=OUTLINE_WIDTH, foreground="black")]
         contours = axes.contour(panel.kv_buckets, panel.q_buckets, log_speed, levels=levels, colors="white",
-                                linewidths=1.0)
+                                linewidths=CONTOUR_WIDTH)
         contours.set(path_effects=outline)
-        for label in axes.clabel(contours, fmt=lambda v: f"{2**v:g}x", fontsize=7, colors="white"):
+        for label in axes.clabel(contours, fmt=lambda v: f"{2**v:g}x", fontsize=FONT["ticks"], colors="white"):
             label.set_path_effects(outline)
     for ticks, setter, labels in ((panel.kv_buckets, axes.set_xticks, axes.set_xticklabels),
                                   (panel.q_buckets, axes.set_yticks, axes.set_yticklabels)):
-        shown = list(ticks)[:: max(1, len(ticks) // 6)]
+        shown = list(ticks)[:: max(1, len(ticks) // MAX_TICKS)]
         setter(shown)
-        labels([_length_label(b) for b in shown], fontsize=7)
-    axes.set_xlabel("KV length (Lk)", fontsize=8)
-    axes.set_ylabel("query length (Lq)", fontsize=8)
-    axes.set_title(panel.title, fontsize=8)
+        labels([_length_label(b) for b in shown], fontsize=FONT["ticks"])
+    axes.set_xlabel("KV length (Lk)", fontsize=FONT["panel"])
+    axes.set_ylabel("query length (Lq)", fontsize=FONT["panel"])
+    axes.set_title(panel.title, fontsize=FONT["panel"])
 
 
 def plot_decision_map(table: ThresholdTable, path: str | os.PathLike) -> Path:
@@ -118,7 +127,7 @@ def plot_decision_map(table: ThresholdTable, path: str | os.PathLike) -> Path:
     colours = kernel_colours(order)
     columns = min(MAX_COLUMNS, len(panels))
     rows = math.ceil(len(panels) / columns)
-    figure = Figure(figsize=(PANEL_INCHES[0] * columns, PANEL_INCHES[1] * rows + 1.6), dpi=DPI)
+    figure = Figure(figsize=(PANEL_INCHES[0] * columns, PANEL_INCHES[1] * rows + HEADER_INCHES), dpi=DPI)
     FigureCanvasAgg(figure)
     for i, panel in enumerate(panels):
         _draw_panel(figure.add_subplot(rows, columns, i + 1), panel, colours, order)
@@ -128,13 +137,13 @@ def plot_decision_map(table: ThresholdTable, path: str | os.PathLike) -> Path:
         f"{identity.model_key} ({identity.software_key}), table of {table.provenance.created}\n"
         f"colour = predicted fastest kernel; contours = its predicted speed-up over PyTorch's default "
         f"(sdpa_default's times from the {' and '.join(sources)})",
-        fontsize=10,
+        fontsize=FONT["title"],
     )
     handles = [Patch(facecolor=colours[name], edgecolor="none", label=name) for name in order]
-    figure.legend(handles=handles, loc="lower center", ncol=min(LEGEND_COLUMNS * 2, len(handles)), fontsize=7,
-                  frameon=False)
-    legend_rows = math.ceil(len(handles) / min(LEGEND_COLUMNS * 2, len(handles)))
-    figure.tight_layout(rect=(0, 0.02 + 0.025 * legend_rows, 1, 0.96))
+    legend_columns = min(LEGEND_COLUMNS, len(handles))
+    figure.legend(handles=handles, loc="lower center", ncol=legend_columns, fontsize=FONT["ticks"], frameon=False)
+    legend_rows = math.ceil(len(handles) / legend_columns)
+    figure.tight_layout(rect=(0, MARGIN + LEGEND_ROW_HEIGHT * legend_rows, 1, TITLE_TOP))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png")

@@ -32,6 +32,7 @@ from kernels import AccuracyPolicy, MathKernel, Problem, kernel_from_name
 from models.identity import DeviceIdentity
 
 PYTORCH_PATH = "pytorch_default"
+GIT_TIMEOUT_S = 5  # reading the commit must never hold up a benchmark
 # The fill scenario's masking, stated in every report (see calibration.scenarios).
 FILL_NOTE = ("fill uses an explicit [1, 1, Lq, Lk] bool mask as transformers does for Lq < Lk (SDPA's is_causal is "
              "top-left); its content is random, which costs the same for every kernel measured")
@@ -41,7 +42,7 @@ def _git_commit() -> str:
     root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, check=False, timeout=5)
+                             text=True, check=False, timeout=GIT_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() or "unknown"
