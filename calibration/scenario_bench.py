@@ -20,7 +20,7 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -75,6 +75,10 @@ class BenchSettings:
         predicted path, and slower than `hopeless_min_s`, is not run (baselines always run).
     """
 
+    # Defaults: 3-10 samples give a median and an interquartile range (the timer's own DEFAULT
+    # keeps 5-50); 3 s per shape keeps 35 GPU shapes within a few minutes; a path 4x slower than
+    # the best cannot be the oracle whatever the noise; the 10x / 20 ms hopeless rule only skips
+    # paths that would cost real time and that the ranker expects to be far behind.
     rounds: int = 10
     min_rounds: int = 3
     shape_budget_s: float = 3.0
@@ -89,7 +93,7 @@ class BenchSettings:
                              budget_s=self.shape_budget_s)
 
     def to_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
