@@ -73,6 +73,9 @@ class BenchSettings:
     loser_factor: a path whose first timing is this many times the best so far is timed once.
     hopeless_factor, hopeless_min_s: a kernel predicted `hopeless_factor` x slower than the best
         predicted path, and slower than `hopeless_min_s`, is not run (baselines always run).
+    first_pass_budget_s: once the first pass of a shape has taken this long, its remaining single
+        kernels (the predicted slowest: they come last) are not run; a guard against wrong
+        predictions on huge shapes.
     """
 
     # Defaults: 3-10 samples give a median and an interquartile range (the timer's own DEFAULT
@@ -86,6 +89,7 @@ class BenchSettings:
     loser_factor: float = 4.0
     hopeless_factor: float = 10.0
     hopeless_min_s: float = 0.02
+    first_pass_budget_s: float = 9.0
 
     def first_pass(self) -> TimerSettings:
         """What `measure` runs per path: warm-up, then one timed repetition."""
@@ -277,6 +281,10 @@ def bench_shape(
     try:
         for path in paths:
             result = _precheck(path, problem, workspace_limit, best_predicted, settings)
+            spent = time.perf_counter() - started
+            if result is None and path.role == "kernel" and path.label != "math" and spent > settings.first_pass_budget_s:
+                result = PathResult(path.label, path.role, SKIPPED, f"skipped: the shape's first pass took {spent:.1f} s, "
+                                    f"over its {settings.first_pass_budget_s:g} s budget")
             if result is None:
                 result = _first_pass(path, problem, device, cache, settings, memory_budget, best)
                 best = min(best, result.median_s)

@@ -99,7 +99,8 @@ def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape]
                    f"spread = IQR / median"),
         "losers": (f"a kernel {settings.loser_factor:g}x slower than the best so far is timed once; a kernel predicted "
                    f"{settings.hopeless_factor:g}x slower than the best prediction (and > {settings.hopeless_min_s:g} s) is "
-                   "skipped; paths whose inputs + workspace exceed free memory or the budget are skipped"),
+                   f"skipped; paths whose inputs + workspace exceed free memory or the budget are skipped; after "
+                   f"{settings.first_pass_budget_s:g} s on a shape's first pass, its remaining (predicted slowest) kernels are skipped"),
         "fill masking": FILL_NOTE,
         "host": platform.node() or "unknown",
     }

@@ -10,7 +10,7 @@ import pytest
 from calibration.bench_report import geometric_mean
 from calibration.scenarios import SCENARIOS, scenario_shapes
 
-FAST = ("--size", "small", "--rounds", "1", "--shape-budget", "0.01", "--quiet")
+FAST = ("--size", "small", "--rounds", "1", "--shape-budget", "0.2", "--quiet")
 
 
 def test_scenario_shapes_have_the_issue_structure():
@@ -75,3 +75,18 @@ def test_bench_rejects_bad_options(cli):
     assert code == 2 and "--rounds must be at least 1" in err
     code, _, err = cli("bench", "--memory-budget", "lots", "--size", "small")
     assert code == 2 and "--memory-budget='lots' is not a memory size" in err
+
+
+def test_first_pass_budget_skips_the_slowest_kernels_but_never_the_baselines():
+    from calibration.scenario_bench import BenchPath, BenchSettings, PytorchDefault, bench_shape
+    from kernels import kernel_from_name
+
+    (shape,) = scenario_shapes("decode", size="small", device_type="cpu")[:1]
+    paths = [BenchPath("pytorch_default", PytorchDefault(), "pytorch"),
+             BenchPath("small_q[splits=8]", kernel_from_name("small_q[splits=8]"), "kernel", 1e-4),
+             BenchPath("math", kernel_from_name("math"), "kernel", 1e-3)]
+    result = bench_shape(shape, "cpu", paths, settings=BenchSettings(rounds=1, min_rounds=1, first_pass_budget_s=0.0))
+    statuses = {p.label: (p.status, p.reason) for p in result.paths}
+    assert statuses["pytorch_default"][0] == "ok" and statuses["math"][0] == "ok"
+    assert statuses["small_q[splits=8]"][0] == "skipped" and "first pass took" in statuses["small_q[splits=8]"][1]
+    assert result.oracle.label in {"pytorch_default", "math"} and result.rounds == 1
