@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -47,18 +48,32 @@ class Forest:
     def n_trees(self) -> int:
         return self.feature.shape[0]
 
+    @cached_property
+    def _flat(self) -> tuple[np.ndarray, ...]:
+        """The node arrays flattened, so a node is one index ``tree * width + node``."""
+        return tuple(a.ravel() for a in (self.feature, self.threshold, self.left, self.right, self.missing_left, self.value))
+
     def predict(self, X: np.ndarray) -> np.ndarray:
-        """Sum of the trees' leaves plus the baseline: ``X [n, d]`` -> ``[n]``."""
+        """Sum of the trees' leaves plus the baseline: ``X [n, d]`` -> ``[n]``.
+
+        All rows and trees advance one level per step (flat gathers), until every path is at a leaf.
+        """
         X = np.asarray(X, dtype=np.float64)
-        n, trees = X.shape[0], np.arange(self.n_trees)[None, :]
-        node = np.zeros((n, self.n_trees), dtype=np.int64)
-        rows = np.arange(n)[:, None]
+        feature, threshold, left, right, missing_left, value = self._flat
+        n, (trees, width) = X.shape[0], self.feature.shape
+        tree_base = (np.arange(trees, dtype=np.int64) * width)[None, :]  # [1, T]
+        node = np.repeat(tree_base, n, axis=0)  # [n, T] flat node index (each tree's root)
+        row_base = (np.arange(n, dtype=np.int64) * X.shape[1])[:, None]
+        flat_x = X.ravel()
         for _ in range(self.depth):
-            x = X[rows, self.feature[trees, node]]
-            go_left = np.where(np.isnan(x), self.missing_left[trees, node], x <= self.threshold[trees, node])
-            child = np.where(go_left, self.left[trees, node], self.right[trees, node])
-            node = np.where(self.left[trees, node] == 0, node, child)
-        return self.value[trees, node].sum(axis=1) + self.baseline
+            child_left = left[node]
+            inner = child_left != 0
+            if not inner.any():
+                break
+            x = flat_x[row_base + feature[node]]
+            go_left = np.where(np.isnan(x), missing_left[node], x <= threshold[node])
+            node = np.where(inner, np.where(go_left, child_left, right[node]) + tree_base, node)
+        return value[node].sum(axis=1) + self.baseline
 
 
 def _depth(left: np.ndarray, right: np.ndarray) -> int:

@@ -146,7 +146,7 @@ def build_table(
         for key, points in sorted(by_class.items())
     }
     classes = {key: table_class for key, (table_class, _) in built.items()}
-    embedded = embed(cost_model, spec, np.vstack([X for _, X in built.values()])) if embed_model else None
+    embedded = embed(cost_model, spec, _check_rows(np.vstack([X for _, X in built.values()]))) if embed_model else None
     if embed_model and embedded is None:
         notes = (*notes, "the cost model could not be embedded (its export did not reproduce it): ranking by the decision map")
     provenance = Provenance(
@@ -156,6 +156,17 @@ def build_table(
     )
     return ThresholdTable(provenance=provenance, spec=spec, quality=dict(quality or {}), classes=classes,
                           models=(embedded,) if embedded else (), class_fields=fields, work_step=work_step)
+
+
+# The embedded trees are checked against the estimator on at most this many grid rows (evenly
+# spread): a wrong export shows on any row, and checking ~10^5 rows cost a minute of fitting.
+EXPORT_CHECK_ROWS = 2000
+
+
+def _check_rows(X: np.ndarray) -> np.ndarray:
+    if len(X) <= EXPORT_CHECK_ROWS:
+        return X
+    return X[np.linspace(0, len(X) - 1, EXPORT_CHECK_ROWS).astype(np.int64)]
 
 
 def predicted_best(table: ThresholdTable, problems: Sequence[Problem], names_per_problem: Sequence[Sequence[str]]) -> list[str]:
