@@ -88,7 +88,9 @@ def _synchronize(device: torch.device) -> None:
 
 def _device_context(device: torch.device):
     """Make `device` current so events and kernels land on it (cuda:1 while cuda:0 is current)."""
-    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
+    if device.type != "cuda" or device.index is None:  # plain "cuda" is the current device already
+        return nullcontext()
+    return torch.cuda.device(device)
 
 
 def time_repetitions(
