@@ -41,9 +41,14 @@ FUSED_CAUSAL_EFFICIENCY = 0.6
 # the H200 probe's decode at 131072 keys ran flash at 0.55 ms, efficient at 4.3 ms.
 FUSED_SPLITS_KEYS = {"sdpa_cudnn": True, "sdpa_flash": True, "sdpa_efficient": False}
 FUSED_LAUNCHES = 3  # the kernel, the log-sum-exp buffer, the output allocation
-# `sdpa_default` vs the backend it picks: the H200 probe found it ran at cuDNN's speed on 530 of
-# 580 shapes; the extra is its Python-side dispatch (~one launch).
-DEFAULT_EXTRA_LAUNCHES = 1
+# A backend forced by name against PyTorch's own pick among its fused backends. Without
+# measurements the prior cannot tell the fused backends apart, PyTorch's heuristic can: on the
+# 580-shape H200 probe (shared/reference/h200-probe.md) the default lost 1.00-1.16x (geomean)
+# outside small-Q shapes, and on our 35-shape H200 bench forcing cuDNN or flash by the prior's
+# ranking lost up to 4-7x on short prefill and Lq=1 decode (docs/RESULTS.md). So the prior keeps
+# PyTorch's choice unless its estimate for a forced backend is better by more than this factor;
+# only calibration (measured times) overrides it.
+FORCED_BACKEND_FACTOR = 1.25
 # Eager op counts of the portable kernels (from kernels/_blocks.py, kernels/math_kernel.py,
 # kernels/chunked.py, kernels/small_q.py): per key block (scores, softmax, online merge), per
 # query block (scale the rows, normalise, scatter), and per call.
@@ -225,10 +230,9 @@ def prior_seconds(problem: Problem, kernel: Kernel, spec: CardSpec) -> float:
         return sdpa_math_seconds(problem, spec)
     if family == "sdpa_default":
         backend = default_backend(problem, spec)
-        seconds = sdpa_math_seconds(problem, spec) if backend == "sdpa_math" else fused_seconds(problem, backend, spec)
-        return seconds + DEFAULT_EXTRA_LAUNCHES * spec.launch_overhead_s
+        return sdpa_math_seconds(problem, spec) if backend == "sdpa_math" else fused_seconds(problem, backend, spec)
     if family in FUSED_EFFICIENCY:
-        return fused_seconds(problem, family, spec)
+        return fused_seconds(problem, family, spec) * FORCED_BACKEND_FACTOR
     raise ValueError(f"no prior for kernel family {family!r} (kernel {kernel.name}); add one to models/priors.py")
 
 
