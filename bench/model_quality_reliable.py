@@ -1,0 +1,68 @@
+"""Held-out cost-model quality on the committed H200 calibrations, on all points and on the
+reliably timed ones only (>= 3 timed samples; suspected losers were timed once, cold).
+
+    python -m bench.model_quality_reliable                 # the prior as shipped
+    python -m bench.model_quality_reliable --forced-backend-factor 1.0   # the prior before the fix
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+
+import models.priors as priors
+from models.cost_model import CostModel
+from models.dataset import training_set
+from models.identity import DeviceIdentity
+from models.measurement import Measurement
+from models.quality import choice_quality, split_by_problem
+
+RESULTS = Path(__file__).resolve().parent / "results" / "h200_calibrations"
+RUNS = ("run1_1gpu", "run2_2gpu", "run3_batched")
+RELIABLE_REPS = 3
+SPLITS = 5
+HOLDOUT = 0.2
+
+
+def load(run: str) -> list[Measurement]:
+    skip = ("run", "worker", "unit")  # results-store bookkeeping, not part of a Measurement
+    with gzip.open(RESULTS / f"{run}_measurements.jsonl.gz", "rt") as handle:
+        return [Measurement.from_dict({k: v for k, v in json.loads(line).items() if k not in skip}) for line in handle]
+
+
+def quality(points: list[Measurement], spec) -> tuple[float, float, float, int, int]:
+    """(model top-1, model mean slowdown, prior mean slowdown, points, problems), mean of splits."""
+    data = training_set(points, spec)
+    scores = []
+    for seed in range(SPLITS):
+        train, test = split_by_problem(data, holdout_fraction=HOLDOUT, seed=seed)
+        model = CostModel().fit(data.X[train], data.y[train])
+        measured, groups = np.exp(data.y[test]), data.groups[test]
+        learned = choice_quality(groups, measured, np.exp(model.predict(data.X[test])))
+        prior = choice_quality(groups, measured, np.exp(data.X[test, model.prior_column]))
+        scores.append((learned.top1_accuracy, learned.mean_slowdown, prior.mean_slowdown))
+    top1, slowdown, prior_slowdown = np.mean(scores, axis=0)
+    return top1, slowdown, prior_slowdown, len(data), data.n_problems
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--forced-backend-factor", type=float, default=priors.FORCED_BACKEND_FACTOR)
+    args = parser.parse_args()
+    priors.FORCED_BACKEND_FACTOR = args.forced_backend_factor
+    with open(RESULTS / "run1_1gpu_summary.json") as handle:
+        spec = priors.spec_for(DeviceIdentity.from_dict(json.load(handle)["identity"]), probe=False)
+    for run in RUNS:
+        points = load(run)
+        for name, subset in (("all points", points), (f">= {RELIABLE_REPS} samples", [m for m in points if m.reps >= RELIABLE_REPS])):
+            top1, slowdown, prior_slowdown, n_points, n_problems = quality(subset, spec)
+            print(f"{run} {name}: {n_points} points, {n_problems} problems; model top-1 {top1:.2f}, "
+                  f"mean slowdown {slowdown:.3f}; prior mean slowdown {prior_slowdown:.3f}")
+
+
+if __name__ == "__main__":
+    main()
