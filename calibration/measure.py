@@ -15,14 +15,12 @@ from calibration.numerics import gate_errors
 from calibration.peak_memory import measure_peak_bytes
 from calibration.timer import DEFAULT, TimerSettings, time_repetitions
 from kernels.base import Kernel
+from kernels.failures import is_out_of_memory
 from kernels.problem import Problem
 from models.measurement import Measurement
 
 # Longest reason kept in a record (the first line of an exception message, truncated).
 REASON_CHARS = 200
-# How CPU allocators (and some HIP builds) word an out-of-memory error that is not an
-# torch.OutOfMemoryError.
-OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 # One timed repetition, no warm-up: used when the first (untimed) call already spent the budget.
 SINGLE_SHOT = TimerSettings(warmup=0, min_reps=1, max_reps=1, target_relative_iqr=float("inf"), budget_s=0.0)
 # A suspected clear loser: one warm call (which sizes the batch), then one batched sample. Timing
@@ -38,13 +36,6 @@ def _run(kernel: Kernel, inputs: AttentionInputs, problem: Problem) -> torch.Ten
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0][:REASON_CHARS] if text else ""
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """torch.OutOfMemoryError, or a RuntimeError an allocator raised for lack of memory."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in OOM_MESSAGES)
 
 
 def empty_cache(device: torch.device) -> None:
