@@ -77,14 +77,6 @@ def failure_message(error: BaseException) -> str:
     return f"{type(error).__name__}: {first}"
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    """An allocation failure (CUDA/ROCm `OutOfMemoryError`, or a CPU allocator's RuntimeError)."""
-    out_of_memory = getattr(torch, "OutOfMemoryError", None)
-    if out_of_memory is not None and isinstance(error, out_of_memory):
-        return True
-    return isinstance(error, (RuntimeError, MemoryError)) and "out of memory" in str(error).lower()
-
-
 def check_scale(scale: object) -> None:
     """SDPA's own check of `scale` (the cache key does not see it): raise before a bad argument
     is blamed on the kernels."""

@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 
 from dispatcher import _log
-from dispatcher._plan import Plan, cache_key, check_scale, failure_message, is_out_of_memory
+from dispatcher._plan import Plan, cache_key, check_scale, failure_message
 from dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
 from dispatcher.errors import NoKernelError
 from dispatcher.kernel_set import kernel_set
@@ -23,6 +23,7 @@ from dispatcher.memory import budget_from_env, free_bytes, parse_memory_size, re
 from dispatcher.planning import failure_bucket, fit_options, memory_limit, rank_options
 from dispatcher.ranking import DeviceRanking, resolve_ranking
 from kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
+from kernels.failures import is_out_of_memory
 from kernels.sdpa_backends import pytorch_sdpa
 
 _grad_enabled = torch.is_grad_enabled
@@ -32,11 +33,13 @@ TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
 
 
 class _DeviceState:
-    """What one device has: its ranker and the failures remembered per problem bucket."""
+    """What one device has: its ranker and the failures remembered per problem bucket (kernel
+    name -> message), with the names of those that failed for lack of memory."""
 
     def __init__(self, ranking: DeviceRanking) -> None:
         self.ranking = ranking
         self.failures: dict[tuple, dict[str, str]] = {}
+        self.out_of_memory: dict[tuple, set[str]] = {}
 
 
 class Dispatcher:
@@ -254,19 +257,25 @@ class Dispatcher:
                 error = next_error
 
     def _remember_failure(self, plan: Plan, error: BaseException) -> None:
-        if is_out_of_memory(error):
+        out_of_memory = is_out_of_memory(error)
+        if out_of_memory:
             release_cached_memory(plan.device)
+        bucket, name = failure_bucket(plan.problem), plan.kernel.name
         with self._lock:
-            failures = self._state(plan.device).failures.setdefault(failure_bucket(plan.problem), {})
-            failures[plan.kernel.name] = failure_message(error)
+            state = self._state(plan.device)
+            state.failures.setdefault(bucket, {})[name] = failure_message(error)
+            if out_of_memory:
+                state.out_of_memory.setdefault(bucket, set()).add(name)
 
     def _forget_out_of_memory(self, plan: Plan) -> None:
         """Out-of-memory failures are transient: when nothing is left to try, forget them for the
         bucket so the next call tries again instead of failing at once."""
+        bucket = failure_bucket(plan.problem)
         with self._lock:
-            failures = self._state(plan.device).failures.get(failure_bucket(plan.problem), {})
-            for name in [n for n, why in failures.items() if why.startswith("OutOfMemoryError")]:
-                del failures[name]
+            state = self._state(plan.device)
+            failures = state.failures.get(bucket, {})
+            for name in state.out_of_memory.pop(bucket, ()):
+                failures.pop(name, None)
 
     # ------------------------------------------------------------------ explaining
     def explain(

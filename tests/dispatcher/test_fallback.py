@@ -53,14 +53,29 @@ def test_every_kernel_failing_raises_with_every_reason(monkeypatch):
     assert "q_heads=4" in str(raised.value)
 
 
-def test_out_of_memory_everywhere_is_not_remembered_forever(monkeypatch):
+@pytest.mark.parametrize("error", [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB"),
+    RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 68719476736 bytes"),
+    MemoryError(),
+], ids=["cuda", "cpu-allocator", "memory-error"])
+def test_out_of_memory_everywhere_is_not_remembered_forever(monkeypatch, error):
     use_ranking(monkeypatch, FixedRanker(["failing"]))
-    failing = FailingKernel(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB"))
+    failing = FailingKernel(error)
     ours = Dispatcher(kernels=[failing])
     for attempt in (1, 2):
         with pytest.raises(NoKernelError):
             ours.attention(**qkv())
         assert failing.attempts == attempt  # tried again: memory may have been freed meanwhile
+
+
+def test_other_failures_everywhere_stay_remembered(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["failing"]))
+    failing = FailingKernel(RuntimeError("OutOfMemoryError lookalike: not an allocation failure"))
+    ours = Dispatcher(kernels=[failing])
+    for _ in (1, 2):
+        with pytest.raises(NoKernelError):
+            ours.attention(**qkv())
+    assert failing.attempts == 1  # not out of memory: remembered, not retried
 
 
 def test_out_of_memory_falls_back_to_the_next_kernel(monkeypatch):
