@@ -24,16 +24,27 @@ def _tree(data: dict, t: int, path: str, n_features: int) -> None:
         where = f"{path}.tree {t} node {i}"
         _int(left, f"{where} left", 0, n - 1)
         _int(right, f"{where} right", 0, n - 1)
+        _num(data["value"][t][i], f"{where} value", -MAX_LEAF, MAX_LEAF)
         if left == 0:
             if right != 0:
                 raise _fail(where, "a leaf (left 0) must have right 0")
-            _num(data["value"][t][i], f"{where} value", -MAX_LEAF, MAX_LEAF)
+            _leaf(data, t, i, where)
             continue
         if not (i < left < n and i < right < n):
             raise _fail(where, "children must come after their parent (a tree, not a cycle)")
         _int(data["feature"][t][i], f"{where} feature", 0, n_features - 1)
         _num(data["threshold"][t][i], f"{where} threshold", -1e300, 1e300)
         _bool(data["missing_left"][t][i], f"{where} missing_left")
+
+
+def _leaf(data: dict, t: int, i: int, where: str) -> None:
+    """A leaf holds exactly what `export_forest` writes: feature 0, threshold 0, missing_left false."""
+    for name, expected in (("feature", 0), ("threshold", 0), ("missing_left", False)):
+        value = data[name][t][i]
+        same_kind = isinstance(value, bool) if name == "missing_left" else (
+            isinstance(value, (int, float)) and not isinstance(value, bool))
+        if not same_kind or value != expected:
+            raise _fail(f"{where} {name}", f"a leaf must have {name} {str(expected).lower()}, got {value!r:.60}")
 
 
 def parse_model(value: object, path: str) -> EmbeddedModel:

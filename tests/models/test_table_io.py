@@ -77,6 +77,13 @@ def _first_cell(data: dict) -> dict:
     return data["classes"][0]["cells"][0]
 
 
+def _set_node(data: dict, field: str, value: object, *, leaf: bool) -> None:
+    """Set `field` of the first leaf (or the first inner node) of the first tree."""
+    trees = data["models"][0]["trees"]
+    node = next(i for i, left in enumerate(trees["left"][0]) if (left == 0) == leaf)
+    trees[field][0][node] = value
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
@@ -102,6 +109,21 @@ def _first_cell(data: dict) -> dict:
         (lambda d: d["models"][0]["trees"]["feature"][0].__setitem__(0, 10**6), "feature"),
         (lambda d: d["models"][0]["trees"]["value"][0].pop(), "equal lengths"),
         (lambda d: d["models"][0].__setitem__("scale", 1e12), r"models\[0\]\.scale"),
+        # malformed trees: every one a TableError naming the field, never a ValueError from numpy
+        (lambda d: _set_node(d, "feature", "x", leaf=True), "node [0-9]+ feature: a leaf must have feature 0"),
+        (lambda d: _set_node(d, "feature", 2**70, leaf=True), "node [0-9]+ feature"),
+        (lambda d: _set_node(d, "feature", [1, 2], leaf=True), "node [0-9]+ feature"),
+        (lambda d: _set_node(d, "feature", 3, leaf=True), "node [0-9]+ feature"),
+        (lambda d: _set_node(d, "threshold", "x", leaf=True), "node [0-9]+ threshold"),
+        (lambda d: _set_node(d, "threshold", 0.5, leaf=True), "node [0-9]+ threshold"),
+        (lambda d: _set_node(d, "missing_left", True, leaf=True), "node [0-9]+ missing_left"),
+        (lambda d: _set_node(d, "missing_left", 0, leaf=True), "node [0-9]+ missing_left"),
+        (lambda d: _set_node(d, "value", "x", leaf=True), "node [0-9]+ value"),
+        (lambda d: _set_node(d, "value", "x", leaf=False), "node [0-9]+ value"),
+        (lambda d: _set_node(d, "value", [1, 2], leaf=False), "node [0-9]+ value"),
+        (lambda d: _set_node(d, "threshold", "x", leaf=False), "node [0-9]+ threshold"),
+        (lambda d: _set_node(d, "feature", 2**70, leaf=False), "node [0-9]+ feature"),
+        (lambda d: _set_node(d, "missing_left", "yes", leaf=False), "node [0-9]+ missing_left"),
     ],
 )
 def test_corrupt_and_hostile_fields_are_named(table_json, edit, message):
