@@ -31,9 +31,6 @@ class AttentionInputs:
     is_causal: bool
     enable_gqa: bool
 
-    def kwargs(self) -> dict:
-        return {"attn_mask": self.attn_mask, "is_causal": self.is_causal, "enable_gqa": self.enable_gqa}
-
 
 def make_inputs(problem: Problem, device: torch.device | str, seed: int = 0) -> AttentionInputs:
     """Random inputs matching `problem` on `device` (strided problems get transposed tensors)."""

@@ -54,19 +54,9 @@ def fully_blocked_by_causality(rows: slice, cols: slice) -> bool:
     return cols.start > rows.stop - 1
 
 
-def prepare_mask(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, bool]:
-    """Mask -> (tensor to apply, is_blocking_bool). Bool masks are inverted once (True = blocked)."""
-    if mask is None:
-        return None, False
-    if mask.dtype == torch.bool:
-        return mask.logical_not(), True
-    return mask, False
-
-
 def mask_scores_(
     scores: torch.Tensor,
     mask: torch.Tensor | None,
-    mask_blocks: bool,
     causal: bool,
     rows: slice,
     cols: slice,
@@ -74,8 +64,11 @@ def mask_scores_(
 ) -> None:
     """Apply the attention mask and causality to ``scores [B, Hkv, G*Lc, Sc]`` in place.
 
-    mask: ``[B|1, Hq|1, L|1, S|1]``; bool with True = blocked (see `prepare_mask`) or float (added).
+    mask: ``[B|1, Hq|1, L|1, S|1]``; bool (True = attend) or float (added). A bool mask is inverted
+    block by block, so no full-size temporary is made.
     """
+    if mask is None and not causal:
+        return
     scores5 = scores.view(problem.batch, problem.kv_heads, problem.gqa_ratio, -1, scores.shape[-1])
     if mask is not None:
         block = mask
@@ -87,8 +80,8 @@ def mask_scores_(
             block = block.unflatten(1, (problem.kv_heads, problem.gqa_ratio))
         else:
             block = block.unsqueeze(2)
-        if mask_blocks:
-            scores5.masked_fill_(block, NEG_INF)
+        if block.dtype == torch.bool:
+            scores5.masked_fill_(block.logical_not(), NEG_INF)
         else:
             scores5.add_(block)
     if causal:
@@ -166,14 +159,14 @@ def block_workspace_bytes(problem: Problem, q_rows: int, kv_cols: int) -> int:
     - scaled query rows: ``B*Hq*Lc*E`` elements in the input dtype;
     - scores in the input dtype, their fp32 copy and the probabilities cast back for the PV
       product (two of the three alive at once; we count all three);
-    - the inverted bool / causal block mask: 1 byte per (row, col) and per mask head;
+    - the inverted bool mask block and the causal block: 1 byte each per (row, col);
     - partial output in the input dtype and fp32, plus the running accumulator (fp32);
     - row statistics (max, safe max, sum, weights): 6 fp32 values per row.
     """
     item, acc = problem.itemsize, accumulation_itemsize(problem)
     rows = problem.batch * problem.q_heads * q_rows
     score_elem = acc + (2 * item if item != acc else 0)
-    mask_elem = 1 if problem.causal or problem.mask_kind != "none" else 0
+    mask_elem = int(problem.causal) + int(problem.mask_kind == "bool")
     return (
         rows * problem.head_dim * item
         + rows * kv_cols * (score_elem + mask_elem)

@@ -48,19 +48,17 @@ def single_pass_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     mask: torch.Tensor | None,
-    mask_blocks: bool,
     q_positions: slice,
     problem: Problem,
     splits: int = 1,
 ) -> torch.Tensor:
     """Scaled query rows ``[B, Hkv, G*Lc, E]`` (positions `q_positions`) against every key.
 
-    key ``[B, Hkv, S, E]``, value ``[B, Hkv, S, Ev]``; mask as `prepare_mask` returns it.
+    key ``[B, Hkv, S, E]``, value ``[B, Hkv, S, Ev]``; mask ``[B|1, Hq|1, L|1, S|1]`` or None.
     Returns ``[B, Hkv, G*Lc, Ev]`` in the input dtype.
     """
     scores = torch.matmul(rows, key.transpose(-1, -2))  # [B, Hkv, R, S], input dtype
-    if mask is not None or problem.causal:
-        mask_scores_(scores, mask, mask_blocks, problem.causal, q_positions, slice(0, problem.kv_len), problem)
+    mask_scores_(scores, mask, problem.causal, q_positions, slice(0, problem.kv_len), problem)
     probs = softmax_rows(scores, may_have_dead_rows=mask is not None)
     del scores
     return split_kv_product(probs, value, splits)
@@ -77,7 +75,9 @@ def single_pass_workspace_bytes(problem: Problem, q_rows: int, splits: int) -> i
     scores = rows * problem.kv_len
     extra = rows * problem.head_dim * item + scores * (2 * item)
     if problem.mask_kind != "none":
-        extra += scores * (item + 1)
+        extra += scores * (item + 1)  # `_safe_softmax`'s all-blocked test
+    if problem.mask_kind == "bool":
+        extra += scores  # the inverted mask block (at most one byte per score)
     if problem.causal:
         extra += q_rows * problem.kv_len * 2
     if splits > 1:

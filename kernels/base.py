@@ -66,9 +66,6 @@ class Kernel(ABC):
     def _own_reasons(self, problem: Problem) -> list[str]:
         return []
 
-    def supports(self, problem: Problem) -> bool:
-        return not self.reasons(problem)
-
     @abstractmethod
     def workspace_bytes(self, problem: Problem) -> int:
         """Upper bound of the extra peak memory of one call, output included; never allocates."""
@@ -122,8 +119,8 @@ class Kernel(ABC):
         inputs = canonicalise(query, key, value, attn_mask, problem, enable_gqa)
         if scale is None:
             scale = 1.0 / math.sqrt(problem.head_dim)
-        if problem.q_len == 0:
-            return query.new_empty(inputs.out_shape)
+        if problem.q_len == 0 or problem.kv_len == 0:  # nothing to attend: SDPA gives zeros
+            return query.new_zeros(inputs.out_shape)
         out = self._forward(inputs.query, inputs.key, inputs.value, inputs.mask, problem, scale)
         return out.reshape(inputs.out_shape)
 

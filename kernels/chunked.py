@@ -16,7 +16,6 @@ from kernels._blocks import (
     block_workspace_bytes,
     fully_blocked_by_causality,
     mask_scores_,
-    prepare_mask,
     query_rows,
     scatter_rows,
     softmax_partials,
@@ -62,20 +61,18 @@ class ChunkedKernel(Kernel):
         return (
             problem.out_bytes
             + self.input_copy_bytes(problem)
-            + (problem.mask_bytes if problem.mask_kind == "bool" else 0)
             + block
         )
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
         L, S = problem.q_len, problem.kv_len
         out = query.new_empty(problem.batch, problem.q_heads, L, problem.value_dim)
-        mask, mask_blocks = prepare_mask(mask)
         one_kv_block = self.kv_chunk >= S
         for q_start in range(0, L, self.q_chunk):
             rows = slice(q_start, min(L, q_start + self.q_chunk))
             q_block = query_rows(query, rows, problem, scale)
             if one_kv_block:  # no online merge needed: PyTorch's fused softmax, one pass
-                block = single_pass_attention(q_block, key, value, mask, mask_blocks, rows, problem)
+                block = single_pass_attention(q_block, key, value, mask, rows, problem)
                 scatter_rows(out, block, rows, problem)
                 continue
             state = OnlineSoftmax()
@@ -84,7 +81,7 @@ class ChunkedKernel(Kernel):
                 if problem.causal and fully_blocked_by_causality(rows, cols):
                     break
                 scores = block_scores(q_block, key[:, :, cols])
-                mask_scores_(scores, mask, mask_blocks, problem.causal, rows, cols, problem)
+                mask_scores_(scores, mask, problem.causal, rows, cols, problem)
                 state.update(*softmax_partials(scores, value[:, :, cols]))
                 del scores  # free this block before the next one is allocated
             scatter_rows(out, state.result(query.dtype), rows, problem)

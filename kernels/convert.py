@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.accuracy import LOSSLESS, AccuracyPolicy, format_conversion, is_lossless
+from kernels.accuracy import LOSSLESS, AccuracyPolicy, format_conversion
 from kernels.base import Kernel
 from kernels.problem import DTYPES_BY_NAME, Problem
 from kernels.tolerances import TOLERANCES, Tolerance, looser
@@ -51,6 +51,7 @@ class ConvertKernel(Kernel):
         self.source = source
         self.target = target
         self.policy = policy
+        self._converted: dict[Problem, Problem] = {}  # run() is on the per-call path: build once
 
     @property
     def conversion(self) -> str:
@@ -64,15 +65,13 @@ class ConvertKernel(Kernel):
     def params(self) -> dict[str, object]:
         return dict(self.inner.params)
 
-    @property
-    def lossy(self) -> bool:
-        return self.source is not None and not is_lossless(self.source, self.target)
-
     def converted(self, problem: Problem) -> Problem:
-        """The problem `inner` sees."""
-        if self.source is None:
-            return problem.with_layout(strided=False)
-        return problem.with_dtype(self.target)
+        """The problem `inner` sees (cached per problem)."""
+        converted = self._converted.get(problem)
+        if converted is None:
+            converted = problem.with_layout(strided=False) if self.source is None else problem.with_dtype(self.target)
+            self._converted[problem] = converted
+        return converted
 
     def _own_reasons(self, problem: Problem) -> list[str]:
         if self.source is None:

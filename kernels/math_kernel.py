@@ -13,7 +13,6 @@ from kernels._blocks import (
     block_workspace_bytes,
     mask_scores_,
     normalise,
-    prepare_mask,
     query_rows,
     softmax_partials,
 )
@@ -30,15 +29,13 @@ class MathKernel(Kernel):
         return (
             problem.out_bytes
             + self.input_copy_bytes(problem)
-            + (problem.mask_bytes if problem.mask_kind == "bool" else 0)
             + block_workspace_bytes(problem, problem.q_len, problem.kv_len)
         )
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
         rows, cols = slice(0, problem.q_len), slice(0, problem.kv_len)
-        mask, mask_blocks = prepare_mask(mask)
         scores = block_scores(query_rows(query, rows, problem, scale), key)
-        mask_scores_(scores, mask, mask_blocks, problem.causal, rows, cols, problem)
+        mask_scores_(scores, mask, problem.causal, rows, cols, problem)
         _, row_sum, out = softmax_partials(scores, value)
         out = normalise(out, row_sum, query.dtype)
         return out.view(problem.batch, problem.q_heads, problem.q_len, problem.value_dim)

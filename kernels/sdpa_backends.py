@@ -140,8 +140,8 @@ class SdpaBackendKernel(Kernel):
 
     def workspace_bytes(self, problem: Problem) -> int:
         """Output, the softmax log-sum-exp (fp32 per row), a bias (mask in the input dtype, rows
-        aligned), K/V repeated per group when GQA can be neither native nor folded, and copies of
-        strided inputs."""
+        aligned), K/V repeated per group when GQA can be neither native nor folded, and one copy
+        of strided inputs (canonicalisation's or `_forward`'s `.contiguous()`, never both)."""
         extra = problem.out_bytes + self.input_copy_bytes(problem)
         extra += problem.batch * problem.q_heads * problem.q_len * 4
         if self._bias_needed(problem):
@@ -151,8 +151,6 @@ class SdpaBackendKernel(Kernel):
             extra += bias_elements * padded_s * problem.itemsize  # the bias itself
             extra += bias_elements * problem.kv_len  # the fully-masked-row test (bool)
             extra += problem.mask_bytes + problem.q_len * problem.kv_len  # inverted mask, causal block
-        if problem.strided:
-            extra += problem.q_bytes + problem.kv_bytes
         mode = self._gqa_mode(problem) if problem.gqa_ratio > 1 else "none"
         if mode == "repeat":
             extra += problem.kv_bytes * problem.gqa_ratio
@@ -300,8 +298,8 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         family = default_backend_choice(problem)
         chosen = FORCED_BACKENDS[family]()
         extra = chosen.workspace_bytes(problem)
-        if family in ("sdpa_efficient", "sdpa_cudnn") and problem.gqa_ratio > 1:
-            extra += problem.kv_bytes * problem.gqa_ratio
+        if family in ("sdpa_efficient", "sdpa_cudnn") and problem.gqa_ratio > 1 and chosen._gqa_mode(problem) != "repeat":
+            extra += problem.kv_bytes * problem.gqa_ratio  # counted once: `chosen` may repeat already
         return extra
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 # Small enough to cost microseconds, large enough to exercise tiling: L != S so that a kernel
 # aligning the causal diagonal bottom-right is caught, head dim 64 (every fused kernel takes it).
 PROBE_HEADS, PROBE_Q_LEN, PROBE_KV_LEN, PROBE_HEAD_DIM = 4, 24, 40, 64
-FEATURES = ("base", "gqa", "causal_square", "causal_rect", "mask")
 
 _results: dict[tuple[str, str, str, str], str | None] = {}
 _lock = threading.Lock()

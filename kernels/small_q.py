@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._blocks import prepare_mask, query_rows
+from kernels._blocks import query_rows
 from kernels._single_pass import single_pass_attention, single_pass_workspace_bytes
 from kernels.base import Kernel
 from kernels.chunked import _positive_int
@@ -54,13 +54,11 @@ class SmallQKernel(Kernel):
         return (
             problem.out_bytes
             + self.input_copy_bytes(problem)
-            + (problem.mask_bytes if problem.mask_kind == "bool" else 0)
             + single_pass_workspace_bytes(problem, problem.q_len, splits)
         )
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
         rows = query_rows(query, slice(0, problem.q_len), problem, scale)  # [B, Hkv, G*L, E]
-        mask, mask_blocks = prepare_mask(mask)
         splits = effective_splits(self.splits, problem.kv_len)
-        out = single_pass_attention(rows, key, value, mask, mask_blocks, slice(0, problem.q_len), problem, splits)
+        out = single_pass_attention(rows, key, value, mask, slice(0, problem.q_len), problem, splits)
         return out.view(problem.batch, problem.q_heads, problem.q_len, problem.value_dim)

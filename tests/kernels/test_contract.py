@@ -109,3 +109,16 @@ def test_reference_matches_pytorch_math_backend(case):
         expected = F.scaled_dot_product_attention(**inputs)
     ref = reference_attention(**inputs)
     assert relative_errors(ref, expected)[0] < 1e-12
+
+
+@every_kernel
+def test_no_keys_gives_zeros(kernel):
+    """S = 0: every row is empty and SDPA returns zeros (a fused CPU kernel would crash the
+    process on it, so no kernel may reach its operator)."""
+    for case in (Case(q_len=3, kv_len=0), Case(q_len=3, kv_len=0, causal=True), Case(q_len=3, kv_len=0, mask="bool")):
+        inputs = case.build(TEST_DEVICE)
+        reasons = kernel.reasons(problem_of(inputs))
+        if reasons:
+            continue
+        out = kernel(inputs.pop("query"), inputs.pop("key"), inputs.pop("value"), **inputs)
+        assert out.shape == (1, 2, 3, 64) and torch.count_nonzero(out) == 0
