@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from kernels.problem import Problem
+from models._json_checks import MAX_CANDIDATES
 from models.cards import CardSpec
 from models.forest_schema import MAX_MODELS
 from models.priors import prior_seconds
@@ -85,7 +86,7 @@ def _merge_class(key, parts: list[tuple[TableClass, float]], spec: CardSpec, dev
     for bucket, samples in ranking.items():
         ranked, spread = _pool(samples, limit)
         cells[bucket] = Cell(
-            ranking=ranked, measured=_pool(measured[bucket], limit * 4)[0] if bucket in measured else (),
+            ranking=ranked, measured=_pool(measured[bucket], MAX_CANDIDATES)[0] if bucket in measured else (),
             spread=spread, excluded=tuple(sorted(excluded[bucket].items())),
         )
     return TableClass(key=key, template=base.template, cells=cells, thresholds=thresholds_for(cells))

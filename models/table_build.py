@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from kernels.problem import Problem
+from models._json_checks import MAX_CANDIDATES
 from models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP, ClassKey, bucket_of, check_class_fields, class_key
 from models.cards import CardSpec
 from models.cost_model import CostModel
@@ -68,6 +69,13 @@ def _measured_cells(points: list[Measurement]) -> tuple[dict, dict]:
     return medians, excluded
 
 
+def _fastest_measured(times: dict[str, float]) -> tuple[tuple[str, float], ...]:
+    """A bucket's measured medians, fastest first: at most `MAX_CANDIDATES` (a tuned calibration
+    can time more kernels in one bucket than a table cell may list)."""
+    entries = sorted(((name, _round(seconds)) for name, seconds in times.items()), key=lambda e: (e[1], e[0]))
+    return tuple(entries[:MAX_CANDIDATES])
+
+
 def _build_class(
     key: ClassKey, points: list[Measurement], grid: list[tuple[int, int]], model: CostModel, spec: CardSpec,
     kernel_names: Sequence[str], device_type: str, candidates: int,
@@ -90,7 +98,7 @@ def _build_class(
         entries.sort(key=lambda item: (item[1], item[0]))
         cells[bucket] = Cell(
             ranking=tuple(entries[:candidates]),
-            measured=tuple(sorted(((n, _round(s)) for n, s in measured.get(bucket, {}).items()), key=lambda e: e[1])),
+            measured=_fastest_measured(measured.get(bucket, {})),
             excluded=tuple(sorted(excluded.get(bucket, {}).items())),
         )
     if not cells:
@@ -131,8 +139,8 @@ def build_table(
     """
     if not measurements:
         raise ValueError("build_table needs the measurements calibration made; got none (run `attn-dispatch calibrate`)")
-    if candidates < 1:
-        raise ValueError(f"candidates must be >= 1, got {candidates}")
+    if not 1 <= candidates <= MAX_CANDIDATES:
+        raise ValueError(f"candidates must lie in [1, {MAX_CANDIDATES}] (what a table cell may list), got {candidates}")
     for name in kernel_names:
         kernel_named(name)  # ValueError for names that are not ours
     fields = check_class_fields(tuple(class_fields))

@@ -68,3 +68,39 @@ def test_a_kernel_measured_inaccurate_is_not_recommended_in_its_bucket():
     kernels = [kernel_named(name) for name in SYNTHETIC_KERNELS]
     for ranker in (table, replace(table, models=())):
         assert bad.kernel not in {name for name, _ in ranker.rank(bad.problem, kernels)}
+
+
+# Every chunked and small_q setting: more kernels than a table cell may list (MAX_CANDIDATES).
+TUNED_KERNELS = tuple(
+    [f"chunked[q={q},kv={kv}]" for q in (64, 128, 256, 512, 1024, 2048, 4096)
+     for kv in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)]
+    + [f"small_q[splits={s}]" for s in (1, 2, 4, 8, 16, 32, 64, 128)] + ["math"]
+)
+
+
+def test_a_bucket_measuring_more_kernels_than_a_cell_lists_keeps_the_fastest(tmp_path):
+    from dataclasses import replace
+
+    from kernels import Problem
+    from models._json_checks import MAX_CANDIDATES
+    from models.merge import merge_tables
+    from models.table_io import load_table, save_table
+
+    assert len(TUNED_KERNELS) > MAX_CANDIDATES
+    problems = [Problem(1, 2, 2, q, kv, 64, 64, "float32") for q, kv in ((64, 512), (1, 4096), (256, 256))]
+    # distinct times: kernel i takes (i + 1) microseconds x the problem's size
+    points = [Measurement(p, name, median_s=(i + 1) * 1e-6 * (1 + j), iqr_s=1e-8, reps=10)
+              for j, p in enumerate(problems) for i, name in enumerate(TUNED_KERNELS)]
+    table, _, _ = fit_and_build(points, DeviceIdentity.cpu(), kernel_names=TUNED_KERNELS, spec=FALLBACK_CPU_SPEC)
+    cell = table.find_class(problems[0]).cells[(6, 9)]
+    assert [name for name, _ in cell.measured] == list(TUNED_KERNELS[:MAX_CANDIDATES])
+    assert len(load_table(save_table(table, tmp_path / "tuned.json")).classes) == 1
+    # a merge pools cards that measured different kernels (here kernels 0-63 and 8-71): the fastest
+    # MAX_CANDIDATES of the union
+    their = tuple((name, (i + 1) * 1e-6) for i, name in enumerate(TUNED_KERNELS))[8:][:MAX_CANDIDATES]
+    table_class = table.find_class(problems[0])
+    other_class = replace(table_class, cells={**table_class.cells, (6, 9): replace(cell, measured=their)})
+    merged = merge_tables([table, replace(table, classes={other_class.key: other_class})])
+    pooled = merged.find_class(problems[0]).cells[(6, 9)]
+    assert [name for name, _ in pooled.measured] == list(TUNED_KERNELS[:MAX_CANDIDATES])
+    assert len(load_table(save_table(merged, tmp_path / "merged.json")).classes) == 1
