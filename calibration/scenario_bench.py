@@ -10,7 +10,7 @@ every single kernel (so the oracle, the best single kernel, is known). Per shape
    numerics gate, peak memory, out-of-memory handling, a first timing); a path already
    `loser_factor` slower than the best so far is timed once (``timed_once``);
 3. the remaining contenders are timed round-robin, one sample per path per round (a batch of
-   back-to-back calls of about `ROUND_SAMPLE_S`), the order rotated each round, so that clock or
+   back-to-back calls of about `calibration.timer.TARGET_SAMPLE_S`), the order rotated each round, so that clock or
    thermal drift affects all alike.
 """
 
@@ -27,20 +27,15 @@ import torch
 from calibration.inputs import InputCache, rotation_count
 from calibration.measure import SINGLE_SHOT, empty_cache, measure
 from calibration.scenarios import Shape
-from calibration.timer import TimerSettings, interquartile_range, time_repetitions
+from calibration.timer import TimerSettings, calls_per_sample, interquartile_range, time_repetitions
 from kernels.base import Kernel
 from kernels.problem import Problem
 from kernels.sdpa_backends import SdpaDefaultKernel, pytorch_sdpa
 
 ROLES = ("dispatcher", "pytorch", "kernel")
 SKIPPED = "skipped"
-# One round's sample of a path is a batch of back-to-back calls lasting about this long, divided
-# by the batch size: a single sub-millisecond call between two CUDA events mostly measures launch
-# jitter (two H200 calibrations timed call by call disagreed by over 40% on 30 us - 1 ms points),
-# and in a model attention calls are issued back to back too.
-ROUND_SAMPLE_S = 2e-3
-# Cap on calls per sample (a microsecond CPU call would otherwise be repeated thousands of times).
-MAX_CALLS_PER_SAMPLE = 256
+# One round's sample of a path is a batch of back-to-back calls sized by the timer's rule
+# (`calibration.timer.calls_per_sample`: about 2 ms per sample, for the reason given there).
 
 
 class PytorchDefault(Kernel):
@@ -217,19 +212,12 @@ def _first_pass(path: BenchPath, problem: Problem, device: torch.device, cache: 
     return result
 
 
-def _calls_per_sample(seconds: float) -> int:
-    """Back-to-back calls making one round's sample of a path last about `ROUND_SAMPLE_S`."""
-    if not math.isfinite(seconds) or seconds <= 0:
-        return 1
-    return int(min(MAX_CALLS_PER_SAMPLE, max(1, math.ceil(ROUND_SAMPLE_S / seconds))))
-
-
 def _rounds(contenders: list[tuple[BenchPath, PathResult]], problem: Problem, device: torch.device,
             cache: InputCache, settings: BenchSettings, cap: int | None, started: float) -> int:
     """Interleaved rounds; each contender's first-pass sample is replaced by the rounds' samples.
     `cap`: bytes the rotated input sets may take (None: no cap)."""
     inputs = cache.input_sets(problem, device, 0, rotation_count(problem, device, cap))
-    calls = {result.label: _calls_per_sample(result.median_s) for _, result in contenders}
+    calls = {result.label: calls_per_sample(result.median_s) for _, result in contenders}
     fresh: dict[str, list[float]] = {result.label: [] for _, result in contenders}
     done = 0
     with torch.inference_mode():

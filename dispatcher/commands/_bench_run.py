@@ -15,7 +15,6 @@ import torch
 
 from calibration.bench_report import BenchReport
 from calibration.scenario_bench import (
-    ROUND_SAMPLE_S,
     BenchPath,
     BenchSettings,
     PytorchDefault,
@@ -23,6 +22,7 @@ from calibration.scenario_bench import (
     bench_shape,
 )
 from calibration.scenarios import Shape
+from calibration.timer import TARGET_SAMPLE_S
 from dispatcher.as_kernel import DISPATCHER_PATH, DispatchedKernel
 from dispatcher.core import Dispatcher
 from dispatcher.errors import NoKernelError
@@ -93,7 +93,7 @@ def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape]
         "free memory at start": format_bytes(free_bytes(device)),
         "kernel set": f"{len(dispatcher.kernels)} kernels; accuracy policy: {dispatcher.policy.describe()}",
         "timing": (f"{timer}; each path: 1 gated first call + {settings.warmup} warm-up + 1 timed sample; then up to "
-                   f"{settings.rounds} interleaved rounds of one sample per path (back-to-back calls lasting ~{ROUND_SAMPLE_S * 1e3:g} ms, "
+                   f"{settings.rounds} interleaved rounds of one sample per path (back-to-back calls lasting ~{TARGET_SAMPLE_S * 1e3:g} ms, "
                    f"divided by their count; at least {settings.min_rounds} rounds, no new round after "
                    f"{settings.shape_budget_s:g} s per shape), order rotated each round; median of the rounds; "
                    f"spread = IQR / median"),
