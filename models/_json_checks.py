@@ -10,7 +10,10 @@ from kernels.problem import ITEMSIZE
 from models.cards import CardSpec
 from models.ranking import kernel_named
 
-# Limits on untrusted tables. Real tables stay far below them (tests/models/test_table_io.py).
+# Limits on untrusted tables. The tables we build respect them by construction: a cell lists at
+# most MAX_CANDIDATES ranked and measured kernels (table_build and merge keep the fastest), and
+# merge_tables refuses more than MAX_MODELS models or an over-size file; the other limits are far
+# above real tables (tests/models/test_table_io.py).
 MAX_CLASSES = 4096
 MAX_CELLS_PER_CLASS = 4096  # a 64 x 64 bucket grid
 MAX_CANDIDATES = 64

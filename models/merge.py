@@ -22,6 +22,7 @@ from models.forest_schema import MAX_MODELS
 from models.priors import prior_seconds
 from models.ranking import kernel_named
 from models.table import Cell, Provenance, TableClass, ThresholdTable
+from models.table_io import MAX_TABLE_BYTES, table_bytes
 from models.table_schema import TableError
 from models.thresholds import thresholds_for
 from models.versions import software_versions
@@ -119,7 +120,8 @@ def merge_tables(tables: Sequence[ThresholdTable]) -> ThresholdTable:
     Raises
     ------
     TableError
-        For tables of different families, or built with different work-size buckets.
+        For tables of different families, or built with different work-size buckets; for more
+        than `MAX_MODELS` cost models or a result over `MAX_TABLE_BYTES` (merge fewer tables).
     """
     tables = list(tables)
     _check_mergeable(tables)
@@ -150,4 +152,11 @@ def merge_tables(tables: Sequence[ThresholdTable]) -> ThresholdTable:
         merged_from=tuple(merged_from),
         notes=(f"merged from {len(tables)} tables of {len(seen)} cards; times carried to {first.identity.model_key}",),
     )
-    return replace(first, provenance=provenance, quality=_merged_quality(tables), classes=classes, models=tuple(models))
+    merged = replace(first, provenance=provenance, quality=_merged_quality(tables), classes=classes, models=tuple(models))
+    size = table_bytes(merged)
+    if size > MAX_TABLE_BYTES:
+        raise TableError(
+            f"merging these {len(tables)} tables gives a {size}-byte table, over the {MAX_TABLE_BYTES}-byte cap of "
+            "one table (a merged table keeps each card's cost model); merge fewer tables"
+        )
+    return merged

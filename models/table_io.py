@@ -18,8 +18,9 @@ from models.forest_schema import models_to_dict
 from models.table import TABLE_KIND, Cell, ThresholdTable
 from models.table_schema import FIX, TableError, table_from_dict
 
-# Real tables are tens to hundreds of KiB (one class is ~100 cells x 4 candidates); a file
-# larger than this is not a table.
+# A card's table is a few hundred KiB written compactly, mostly its embedded cost model's trees
+# (~300 trees of ~30 nodes); a merged table keeps every card's model (`merge_tables` refuses a
+# merge over this cap). A file larger than this is not a table.
 MAX_TABLE_BYTES = 8 * 2**20
 # Pickle streams start with the PROTO opcode (0x80) for protocols 2-5; protocol 0/1 streams
 # start with an opcode letter ('(' , ']', '}', 'c') that is never valid JSON start either.
@@ -75,11 +76,21 @@ def load_table(path: str | os.PathLike) -> ThresholdTable:
     return loads_table(raw, source=str(path))
 
 
+def _json_text(data: dict) -> str:
+    """Compact JSON (no indentation: a tree's node lists would take a line per number)."""
+    return json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def table_bytes(table: ThresholdTable) -> int:
+    """Size of `table`'s file in bytes (not validated; `dumps_table` refuses more than `MAX_TABLE_BYTES`)."""
+    return len(_json_text(table_to_dict(table)).encode())
+
+
 def dumps_table(table: ThresholdTable) -> str:
     """Validated JSON text of `table` (NaN / Infinity refused)."""
     data = table_to_dict(table)
     table_from_dict(data)  # what we write must load
-    text = json.dumps(data, indent=1, allow_nan=False, ensure_ascii=False) + "\n"
+    text = _json_text(data)
     if len(text.encode()) > MAX_TABLE_BYTES:
         raise TableError(
             f"this table serialises to {len(text.encode())} bytes, over the {MAX_TABLE_BYTES}-byte cap; "

@@ -141,3 +141,14 @@ def test_merge_refuses_other_families(mi50_table):
     with pytest.raises(TableError, match="different classes"):
         merge_tables([mi50_table, replace(mi50_table, work_step=3)])
 
+
+
+def test_merge_over_the_size_cap_says_merge_fewer_tables(mi50_table, monkeypatch):
+    from models.table_io import table_bytes
+
+    pair = [mi50_table, _for(mi50_table, fake_identity("mi50_32", **OTHER_ROCM_STACK))]
+    size = table_bytes(merge_tables(pair))
+    assert size > table_bytes(mi50_table)
+    monkeypatch.setattr("models.merge.MAX_TABLE_BYTES", size - 1)
+    with pytest.raises(TableError, match="merge fewer tables"):
+        merge_tables(pair)
