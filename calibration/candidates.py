@@ -105,7 +105,7 @@ def triage(
 ) -> Triage:
     """Split `kernels` for `problem`; see module docstring."""
     base = {"problem": problem, "device_key": device_key, "timestamp": time.time()}
-    inputs = problem.q_bytes + problem.kv_bytes + problem.mask_bytes
+    inputs = problem.input_bytes
     supported, decided = [], []
     for kernel in kernels:
         reasons = kernel.reasons(problem)

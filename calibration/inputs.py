@@ -66,7 +66,7 @@ def cache_bytes(device: torch.device) -> int:
 def rotation_count(problem: Problem, device: torch.device, memory_cap_bytes: int | None = None) -> int:
     """How many input sets to rotate among: enough to exceed the cache `CACHE_MULTIPLE` times,
     at most `MAX_INPUT_SETS`, and no more than fit in `memory_cap_bytes`."""
-    one_set = max(problem.q_bytes + problem.kv_bytes + problem.mask_bytes, 1)
+    one_set = max(problem.input_bytes, 1)
     wanted = -(-CACHE_MULTIPLE * cache_bytes(device) // one_set)
     if memory_cap_bytes is not None:
         wanted = min(wanted, max(1, memory_cap_bytes // one_set))

@@ -104,7 +104,7 @@ def measure(
     if reasons:
         return Measurement(**base, status="unsupported", reason="; ".join(reasons), extra=info)
     info["workspace_bytes"] = workspace
-    inputs_bytes = problem.q_bytes + problem.kv_bytes + problem.mask_bytes
+    inputs_bytes = problem.input_bytes
     if memory_budget is not None and workspace + inputs_bytes > memory_budget:
         return Measurement(
             **base, status="infeasible", extra=info,

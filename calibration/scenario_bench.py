@@ -186,7 +186,7 @@ def _precheck(path: BenchPath, problem: Problem, limit: int | None, best_predict
     if why:
         return PathResult(path.label, path.role, "unsupported", "; ".join(why))
     workspace = int(path.kernel.workspace_bytes(problem))
-    inputs = problem.q_bytes + problem.kv_bytes + problem.mask_bytes
+    inputs = problem.input_bytes
     if limit is not None and workspace + inputs > limit:
         return PathResult(path.label, path.role, SKIPPED, f"skipped: over budget (inputs {inputs} B + workspace "
                           f"{workspace} B > {limit} B free or allowed)", workspace_bytes=workspace)
@@ -284,7 +284,7 @@ def bench_shape(
         for result in results:
             result.timed_once = result.status == "ok" and id(result) not in racing
         widest = max((r.workspace_bytes or 0 for _, r in contenders), default=0)
-        one_set = problem.q_bytes + problem.kv_bytes + problem.mask_bytes
+        one_set = problem.input_bytes
         cap = None if memory_budget is None else max(memory_budget - widest, one_set)
         rounds = _rounds(contenders, problem, device, cache, settings, cap, started) if contenders else 0
     finally:

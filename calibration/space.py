@@ -150,10 +150,6 @@ def _point(u: np.ndarray, profile: SpaceProfile, device_type: str) -> Problem:
     )
 
 
-def input_bytes(problem: Problem) -> int:
-    return problem.q_bytes + problem.kv_bytes + problem.mask_bytes
-
-
 def _resized(problem: Problem, **changes) -> Problem:
     new = replace(problem, **changes)
     if new.mask_shape:
@@ -186,7 +182,7 @@ def fit_problem(problem: Problem, *, memory_bytes: int, fraction: float, max_fas
                 fastest_s: Callable[[Problem], float]) -> Problem:
     """Shrink `problem` until its inputs fit ``fraction * memory_bytes`` and ``fastest_s`` (the
     predicted time of its fastest kernel) is at most `max_fastest_s`."""
-    while input_bytes(problem) > fraction * memory_bytes or fastest_s(problem) > max_fastest_s:
+    while problem.input_bytes > fraction * memory_bytes or fastest_s(problem) > max_fastest_s:
         smaller = shrink_step(problem)
         if smaller is None:
             break

@@ -132,6 +132,11 @@ class Problem:
         return math.prod(self.mask_shape) * (1 if self.mask_kind == "bool" else 4)
 
     @property
+    def input_bytes(self) -> int:
+        """Bytes of one set of inputs: query, key, value and mask."""
+        return self.q_bytes + self.kv_bytes + self.mask_bytes
+
+    @property
     def flops(self) -> int:
         """Multiply-adds of QK^T and PV counted as 2 FLOPs each (causal masking not subtracted)."""
         return 2 * self.batch * self.q_heads * self.q_len * self.kv_len * (self.head_dim + self.value_dim)
@@ -139,7 +144,7 @@ class Problem:
     @property
     def io_bytes(self) -> int:
         """The fewest bytes any kernel must move: read Q, K, V (and mask), write the output."""
-        return self.q_bytes + self.kv_bytes + self.out_bytes + self.mask_bytes
+        return self.input_bytes + self.out_bytes
 
     def to_dict(self) -> dict:
         """JSON-ready dict (inverse: `Problem.from_dict`)."""

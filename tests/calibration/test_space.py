@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from calibration.space import FULL_GPU, QUICK_CPU, fit_problem, input_bytes, sample_problems
+from calibration.space import FULL_GPU, QUICK_CPU, fit_problem, sample_problems
 from tests.calibration.helpers import problem
 
 GIB = 2**30
@@ -29,7 +29,7 @@ def test_caps_and_coverage():
     sample = sample_problems(FULL_GPU, device_type="cuda", memory_bytes=memory, fastest_s=_flops_time, seed=0, count=120)
     assert len(sample) > 100
     for p in sample:
-        assert input_bytes(p) <= FULL_GPU.input_memory_fraction * memory
+        assert p.input_bytes <= FULL_GPU.input_memory_fraction * memory
         assert p.q_len <= FULL_GPU.max_q_len and 16 <= p.kv_len <= FULL_GPU.max_kv_len
         assert not (p.causal and p.mask_kind != "none")
         assert p.device_type == "cuda"
@@ -45,7 +45,7 @@ def test_fit_problem_shrinks_batch_then_heads_then_lengths():
     big = problem(q_len=8192, kv_len=8192, batch=8, q_heads=32, kv_heads=8, mask_kind="bool", mask_shape=(8, 1, 8192, 8192))
     small = fit_problem(big, memory_bytes=GIB, fraction=0.25, max_fastest_s=1e-3, fastest_s=_flops_time)
     assert small.batch == 1 and small.gqa_ratio == big.gqa_ratio
-    assert input_bytes(small) <= 0.25 * GIB and _flops_time(small) <= 1e-3
+    assert small.input_bytes <= 0.25 * GIB and _flops_time(small) <= 1e-3
     assert small.mask_shape == (1, 1, small.q_len, small.kv_len)
 
 
