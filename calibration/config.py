@@ -119,30 +119,3 @@ class CalibrationConfig:
         }
         digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:CONFIG_HASH_HEX]
         return f"{PACKAGE}|{identity.key}|{digest}"
-
-
-# Size suffixes accepted by --memory-budget (binary and decimal, case-insensitive).
-SIZE_UNITS = {
-    "": 1, "b": 1,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
-}
-
-
-def parse_bytes(text: str) -> int:
-    """``"16GiB"`` -> 17179869184, ``"16GB"`` -> 16000000000, ``"1024"`` -> 1024.
-
-    Raises
-    ------
-    ValueError: naming the text and the accepted units.
-    """
-    cleaned = text.strip().lower().replace(" ", "")
-    number = cleaned.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = cleaned[len(number):]
-    try:
-        value = float(number)
-    except ValueError:
-        value = math.nan
-    if unit not in SIZE_UNITS or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"cannot read {text!r} as a memory size: write e.g. 16GiB, 16GB or a byte count")
-    return int(value * SIZE_UNITS[unit])

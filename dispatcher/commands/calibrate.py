@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kernels", default="all", metavar="SET",
                         help="'all' (default), 'portable' (math, chunked, small_q, convert: what gfx906 has) or kernel names")
     parser.add_argument("--memory-budget", default=None, metavar="SIZE",
-                        help="emulate a smaller card, e.g. 16GiB: points over it are infeasible")
+                        help="emulate a smaller card, e.g. 16GiB (G = GiB, as in bench and check): points over it are infeasible")
     parser.add_argument("--allow-lossy", action="append", default=[], metavar="CONVERSION",
                         help="measure a lossy conversion (e.g. fp32->bf16) and record its error; 'any' for all")
     parser.add_argument("--problems", type=int, default=None, metavar="N", help="problems in the sweep (default: by profile)")
@@ -52,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace):
-    from calibration.config import REFINE_ROUNDS, CalibrationConfig, parse_bytes
+    from calibration.config import REFINE_ROUNDS, CalibrationConfig
+    from dispatcher.memory import parse_memory_size
 
     if args.devices:
         devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
@@ -62,7 +63,7 @@ def _config(args: argparse.Namespace):
         devices=devices, quick=args.quick,
         budget_s=None if args.budget_minutes is None else args.budget_minutes * SECONDS_PER_MINUTE,
         storage=args.storage, results=args.results, kernels=args.kernels,
-        memory_budget=None if args.memory_budget is None else parse_bytes(args.memory_budget),
+        memory_budget=None if args.memory_budget is None else parse_memory_size(args.memory_budget, name="--memory-budget"),
         allow_lossy=tuple(args.allow_lossy), problems=args.problems, tune_trials=args.tune_trials,
         refine_rounds=REFINE_ROUNDS if args.refine_rounds is None else args.refine_rounds,
         seed=args.seed, threads=args.threads,

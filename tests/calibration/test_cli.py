@@ -34,4 +34,4 @@ def test_quick_calibration_end_to_end(tmp_path, private_home, capsys):
 
 def test_bad_options_are_errors(capsys):
     assert main(["calibrate", "--device", "cpu", "--memory-budget", "lots"]) == 2
-    assert "cannot read 'lots' as a memory size" in capsys.readouterr().err
+    assert "--memory-budget='lots' is not a memory size" in capsys.readouterr().err

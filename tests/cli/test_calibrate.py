@@ -1,0 +1,32 @@
+"""`attn-dispatch calibrate` reads --memory-budget as every other command does
+(`dispatcher.memory.parse_memory_size`: K/M/G/T alone are binary), without calibrating."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher.cli import build_parser
+from dispatcher.commands.calibrate import _config
+from dispatcher.memory import parse_memory_size
+
+
+def _budget(size: str) -> int | None:
+    args = build_parser().parse_args(["calibrate", "--device", "cpu", "--memory-budget", size])
+    return _config(args).memory_budget
+
+
+@pytest.mark.parametrize("size", ["16G", "16GiB", "16GB", "512MiB", "1.5G", "1048576"])
+def test_memory_budget_means_what_bench_and_check_mean(size):
+    assert _budget(size) == parse_memory_size(size)
+
+
+def test_memory_budget_units():
+    assert _budget("16G") == 16 * 2**30
+    assert _budget("16GB") == 16 * 10**9
+
+
+def test_bad_memory_budgets_are_errors(cli):
+    code, _, err = cli("calibrate", "--device", "cpu", "--memory-budget", "lots")
+    assert code == 2 and "--memory-budget='lots' is not a memory size" in err
+    code, _, err = cli("calibrate", "--device", "cpu", "--memory-budget", "0")
+    assert code == 2 and "memory budget must be positive" in err
