@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -85,8 +86,7 @@ def training_set(measurements: Iterable[Measurement], spec: CardSpec) -> Trainin
     group_of: dict[Problem, int] = {}
     problems, kernels, y, noise = [], [], [], []
     for (problem, kernel), points in times.items():
-        medians = sorted(p.median_s for p in points)
-        median = medians[len(medians) // 2]
+        median = statistics.median(p.median_s for p in points)
         group_of.setdefault(problem, len(group_of))
         problems.append(problem)
         kernels.append(kernel)

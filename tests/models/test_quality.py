@@ -31,6 +31,16 @@ def test_split_keeps_problems_whole():
         split_by_problem(data, holdout_fraction=1.5, seed=0)
 
 
+def test_repeated_points_are_merged_by_their_median():
+    import math
+    from dataclasses import replace
+
+    point = synthetic_measurements(1, seed=2)[0]
+    repeats = [replace(point, median_s=s) for s in (1e-3, 2e-3, 4e-3, 9e-3)]  # even count: mean of 2e-3, 4e-3
+    data = training_set(repeats, FALLBACK_CPU_SPEC)
+    assert len(data) == 1 and math.exp(data.y[0]) == pytest.approx(3e-3)
+
+
 @pytest.fixture(scope="module")
 def synthetic():
     points = synthetic_measurements(160, seed=0)
