@@ -144,7 +144,12 @@ class ClaimBoard:
         return time.time() - state.last_seen > self.lease_s
 
     def state(self, key: str) -> ClaimState:
-        return claim_state(self._records(self._study(key)))
+        """Read-only: a problem nobody has claimed has no claim study yet, and reading must not
+        create one (the progress poller reads every planned problem every few seconds)."""
+        study_id = find_study(self.storage, study_name(self.calibration_id, "claim", key))
+        if study_id is None:
+            return claim_state([])
+        return claim_state(self._records(study_id))
 
     def try_claim(self, key: str) -> bool:
         """Claim `key` if nobody live holds it and it is not done. True when this worker owns it."""
