@@ -7,10 +7,11 @@ later from them, puts its thresholds in the same places).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from calibration.gate import problem_class
+from calibration.space import resized
 from kernels.problem import Problem
+from models.decision_map import family_of
 from models.measurement import Measurement
 
 # Problems at most this far apart (octaves, in log2 length space) are neighbours whose winners
@@ -18,13 +19,6 @@ from models.measurement import Measurement
 NEIGHBOUR_OCTAVES = 4.0
 # A midpoint within this distance (octaves) of a measured problem adds nothing.
 MIN_GAP_OCTAVES = 0.5
-
-
-def family_of(kernel: str) -> str:
-    """``chunked[q=256,kv=1024]`` -> ``chunked``; ``convert[fp16->fp32]+sdpa_flash`` -> ``convert+sdpa_flash``."""
-    if kernel.startswith("convert["):
-        return "convert+" + kernel.partition("+")[2].partition("[")[0]
-    return kernel.partition("[")[0]
 
 
 def winners(measurements: list[Measurement]) -> dict[Problem, tuple[str, float]]:
@@ -48,8 +42,7 @@ def _distance(a: Problem, b: Problem) -> float:
 def _midpoint(a: Problem, b: Problem) -> Problem:
     q = max(1, round(math.sqrt(a.q_len * b.q_len)))
     kv = q if a.q_len == a.kv_len and b.q_len == b.kv_len else max(1, round(math.sqrt(a.kv_len * b.kv_len)))
-    mask_shape = (a.batch, 1, q, kv) if a.mask_kind != "none" else ()
-    return replace(a, q_len=q, kv_len=kv, mask_shape=mask_shape)
+    return resized(a, q_len=q, kv_len=kv)
 
 
 def crossover_problems(measurements: list[Measurement], *, count: int) -> list[Problem]:

@@ -150,7 +150,8 @@ def _point(u: np.ndarray, profile: SpaceProfile, device_type: str) -> Problem:
     )
 
 
-def _resized(problem: Problem, **changes) -> Problem:
+def resized(problem: Problem, **changes) -> Problem:
+    """`problem` with `changes`, its mask (calibration masks are [B, 1, L, S]) resized to match."""
     new = replace(problem, **changes)
     if new.mask_shape:
         new = replace(new, mask_shape=(new.batch, 1, new.q_len, new.kv_len))
@@ -161,16 +162,16 @@ def shrink_step(problem: Problem) -> Problem | None:
     """One step smaller: halve the batch, else the heads (keeping the GQA ratio), else the longer
     length (both, for self-attention). None when nothing can shrink."""
     if problem.batch > 1:
-        return _resized(problem, batch=problem.batch // 2)
+        return resized(problem, batch=problem.batch // 2)
     if problem.kv_heads > 1 and problem.q_heads > 1:
-        return _resized(problem, q_heads=problem.q_heads // 2, kv_heads=problem.kv_heads // 2)
+        return resized(problem, q_heads=problem.q_heads // 2, kv_heads=problem.kv_heads // 2)
     if problem.q_len == problem.kv_len and problem.q_len > MIN_SHRINK_LENGTH:
         length = max(MIN_SHRINK_LENGTH, _round_length(problem.q_len // 2))
-        return _resized(problem, q_len=length, kv_len=length)
+        return resized(problem, q_len=length, kv_len=length)
     if max(problem.q_len, problem.kv_len) > MIN_SHRINK_LENGTH:
         if problem.kv_len >= problem.q_len:
-            return _resized(problem, kv_len=max(MIN_SHRINK_LENGTH, _round_length(problem.kv_len // 2)))
-        return _resized(problem, q_len=max(MIN_SHRINK_LENGTH, _round_length(problem.q_len // 2)))
+            return resized(problem, kv_len=max(MIN_SHRINK_LENGTH, _round_length(problem.kv_len // 2)))
+        return resized(problem, q_len=max(MIN_SHRINK_LENGTH, _round_length(problem.q_len // 2)))
     return None
 
 
