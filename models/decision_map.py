@@ -70,9 +70,8 @@ def _baseline_seconds(table: ThresholdTable, table_class: TableClass, buckets: l
     problems = [table_class.problem_at(bucket, device_type) for bucket in buckets]
     if not problems:
         return {}, "table"
-    models = table.usable_models
-    if models:
-        seconds = np.median([m.predict_seconds(problems, [BASELINE] * len(problems)) for m in models], axis=0)
+    if table.usable_models:
+        seconds = table.model_seconds(problems, [BASELINE] * len(problems))
         return {b: float(s) for b, s in zip(buckets, seconds, strict=True)}, "cost model"
     kernel = SdpaDefaultKernel()
     return {b: prior_seconds(p, kernel, table.spec) for b, p in zip(buckets, problems, strict=True)}, "prior"

@@ -154,7 +154,10 @@ class EmbeddedModel:
         return tuple(self.feature_names) == FEATURE_NAMES
 
     def predict_seconds(self, problems: Sequence[Problem], kernel_names: Sequence[str]) -> np.ndarray:
-        X = feature_matrix(problems, kernel_names, self.spec)
+        return self.seconds_from_features(feature_matrix(problems, kernel_names, self.spec))
+
+    def seconds_from_features(self, X: np.ndarray) -> np.ndarray:
+        """Seconds for feature rows built with this model's `spec` (`feature_matrix`)."""
         log_seconds = self.forest.predict(X) + (X[:, self.prior_column] if self.residual else 0.0)
         return np.exp(log_seconds) * self.scale
 

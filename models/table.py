@@ -10,15 +10,17 @@ docs/TABLE_FORMAT.md and validated by `models.table_schema`; files are read and 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from kernels.base import Kernel
 from kernels.problem import Problem
+from models._json_checks import _spec_dict
 from models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP, ClassKey, bucket_of, class_key
 from models.cards import CardSpec
+from models.features import feature_matrix
 from models.forest import EmbeddedModel
 from models.identity import DeviceIdentity
 from models.priors import PriorRanker, prior_seconds
@@ -156,6 +158,30 @@ class ThresholdTable:
         """The embedded models this attn-dispatch can evaluate (same feature definitions)."""
         return tuple(model for model in self.models if model.compatible)
 
+    def model_seconds(self, problems: Sequence[Problem], kernel_names: Sequence[str]) -> np.ndarray:
+        """Predicted seconds of each (problem, kernel name) pair by the usable embedded models: the
+        median over them (the cards of a merged table). Feature rows are built once per distinct
+        card spec (equal by value), not once per model.
+
+        Raises
+        ------
+        ValueError
+            When the table has no usable model (`usable_models`).
+        """
+        models = self.usable_models
+        if not models:
+            raise ValueError("this table has no usable embedded cost model; rank by its decision map")
+        features: list[tuple[dict, np.ndarray]] = []
+        predictions = []
+        for model in models:
+            spec = _spec_dict(model.spec)
+            X = next((rows for seen, rows in features if seen == spec), None)
+            if X is None:
+                X = feature_matrix(problems, kernel_names, model.spec)
+                features.append((spec, X))
+            predictions.append(model.seconds_from_features(X))
+        return np.median(predictions, axis=0)
+
     def rank(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
         """Supported kernels of `kernels` with predicted seconds, fastest first.
 
@@ -164,8 +190,7 @@ class ThresholdTable:
         in the problem's bucket. Without: the decision map, see `rank_by_map`.
         """
         kernels = list(kernels)
-        models = self.usable_models
-        if not models:
+        if not self.usable_models:
             return self.rank_by_map(problem, kernels)
         table_class = self.find_class(problem)
         barred = set()
@@ -176,7 +201,7 @@ class ThresholdTable:
         foreign = [(kernel.name, UNPRICED) for kernel in usable if not priceable(kernel)]
         if not names:
             return foreign
-        seconds = np.median([m.predict_seconds([problem] * len(names), names) for m in models], axis=0)
+        seconds = self.model_seconds([problem] * len(names), names)
         ranked = sorted(zip(names, (float(s) for s in seconds), strict=True), key=lambda item: (item[1], item[0]))
         return ranked + foreign
 

@@ -109,3 +109,32 @@ def test_foreign_kernels_and_odd_problems_never_break_ranking(mi50_table):
     for problem in odd:
         ranking = mi50_table.rank(problem, all_kernels())
         assert ranking and all(s > 0 for _, s in ranking), problem
+
+
+def test_model_seconds_builds_features_once_per_card_spec(mi50_table, monkeypatch):
+    """A merged table's models share a spec (equal by value, distinct objects after loading):
+    one feature matrix serves them all, and the result is the median over the models."""
+    import numpy as np
+    import pytest
+
+    from models import table as table_module
+    from models.merge import merge_tables
+    from models.table_io import dumps_table, loads_table
+    from tests.models.conftest import OTHER_ROCM_STACK, fake_identity
+
+    slower = mi50_table.scaled(1.5, spec=mi50_table.spec, note="a slower MI50")
+    other = replace(slower, provenance=replace(slower.provenance, identity=fake_identity("mi50_32", **OTHER_ROCM_STACK)))
+    merged = loads_table(dumps_table(merge_tables([mi50_table, other])).encode())
+    assert len(merged.usable_models) == 2 and merged.models[0].spec is not merged.models[1].spec
+    names = ["math", "small_q[splits=8]", "chunked[q=256,kv=2048]"]
+    problems = [DECODE] * len(names)
+    expected = np.median([m.predict_seconds(problems, names) for m in merged.usable_models], axis=0)
+    calls = []
+    real = table_module.feature_matrix
+    monkeypatch.setattr(table_module, "feature_matrix", lambda *args: calls.append(1) or real(*args))
+    assert merged.model_seconds(problems, names) == pytest.approx(expected)
+    assert len(calls) == 1
+    assert [n for n, _ in merged.rank(DECODE, [kernel_from_name(n) for n in names])] == \
+        [n for _, n in sorted(zip(expected, names, strict=True))]
+    with pytest.raises(ValueError, match="no usable"):
+        replace(merged, models=()).model_seconds(problems, names)
