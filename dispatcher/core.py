@@ -32,6 +32,19 @@ TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
 """`stats` key of calls that went to PyTorch's SDPA on the training route."""
 
 
+def _route(dropout_p: float, inputs_grad: bool, mask_grad: bool, kernel: Kernel) -> str | None:
+    """Why a call goes to PyTorch's SDPA on the training route; None when `kernel` (the decision)
+    runs it. `inputs_grad` / `mask_grad`: grad is enabled and query, key or value / the mask
+    requires it. `Dispatcher.attention` and `_training` apply the same rule inline (warm path)."""
+    if dropout_p != 0.0:
+        return f"dropout_p={dropout_p} (only PyTorch's SDPA does dropout)"
+    if mask_grad:
+        return "the mask requires grad (only PyTorch's SDPA gives the mask a gradient)"
+    if inputs_grad and not kernel.supports_backward:
+        return f"inputs require grad and {kernel.name} has no backward"
+    return None
+
+
 class _DeviceState:
     """What one device has: its ranker and the failures remembered per problem bucket (kernel
     name -> message), with the names of those that failed for lack of memory."""
@@ -295,14 +308,17 @@ class Dispatcher:
         plan = self._plans.get(key_)
         if plan is None or plan.recheck:
             plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
-        training = dropout_p != 0.0 or (
-            _grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, attn_mask))
+        grad = _grad_enabled()
+        why = _route(
+            dropout_p,
+            grad and (query.requires_grad or key.requires_grad or value.requires_grad),
+            grad and attn_mask is not None and attn_mask.requires_grad,
+            plan.kernel,
         )
-        if training and (dropout_p != 0.0 or not plan.kernel.supports_backward):
-            note = f"training: dropout_p={dropout_p} or inputs require grad; {plan.kernel.name} has no backward"
-            return replace(plan.decision, kernel=TRAINING_KERNEL, params={}, route=ROUTE_TRAINING,
-                           notes=(*plan.decision.notes, note))
-        return plan.decision
+        if why is None:
+            return plan.decision
+        return replace(plan.decision, kernel=TRAINING_KERNEL, params={}, route=ROUTE_TRAINING,
+                       notes=(*plan.decision.notes, f"training: {why}"))
 
     def decide(self, problem: Problem, *, device: torch.device | str) -> Decision:
         """The decision for a `Problem` on `device` without tensors (``attn-dispatch explain``);

@@ -11,6 +11,8 @@ import torch
 import dispatcher
 from dispatcher import Dispatcher, _log
 from dispatcher.cli import main
+from dispatcher.core import TRAINING_COUNT
+from dispatcher.decision import TRAINING_KERNEL
 from tests.dispatcher.helpers import FixedRanker, qkv, use_ranking
 
 
@@ -84,3 +86,28 @@ def test_several_devices_keep_separate_state():
     assert out.device.type == "meta" and out.shape == (1, 4, 8, 16)
     assert set(ours._devices) == {torch.device("cpu"), torch.device("meta")}
     assert ours.explain(**meta).device == "meta" and ours.explain(**inputs).device == "cpu"
+
+
+@pytest.mark.parametrize("kernel", ["sdpa_math", "math"])  # with and without backward
+@pytest.mark.parametrize("grad_enabled", [True, False])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.5])
+@pytest.mark.parametrize("query_grad", [False, True])
+@pytest.mark.parametrize("mask_grad", [None, False, True])  # None: no mask
+def test_explain_reports_the_route_attention_takes(kernel, grad_enabled, dropout_p, query_grad, mask_grad):
+    inputs = qkv(heads=2, kv_heads=2)
+    if query_grad:
+        inputs["query"].requires_grad_(True)
+    if mask_grad is not None:
+        inputs["attn_mask"] = torch.zeros(1, 1, 8, 8, requires_grad=mask_grad)
+    ours = Dispatcher(kernels=[kernel])
+    with torch.set_grad_enabled(grad_enabled):
+        decision = ours.explain(**inputs, dropout_p=dropout_p)
+        ours.attention(**inputs, dropout_p=dropout_p)
+    ran = next(iter(ours.stats()))
+    expected = "training" if ran == TRAINING_COUNT else "dispatch"
+    assert decision.route == expected, (decision.route, ran)
+    assert decision.kernel == (TRAINING_KERNEL if expected == "training" else ran)
+    if expected == "training":
+        note = decision.notes[-1]
+        assert ("dropout_p=0.5" in note) == (dropout_p != 0.0)
+        assert ("has no backward" in note) == (dropout_p == 0.0 and not (grad_enabled and mask_grad))
