@@ -18,7 +18,7 @@ from models.cost_model import CostModel
 from models.dataset import TrainingSet, training_set
 from models.identity import DeviceIdentity
 from models.measurement import Measurement
-from models.quality import Quality, choice_quality, holdout_quality, split_by_problem
+from models.quality import Quality, choice_quality, holdout_fit
 from models.ranking import kernel_named
 from models.table import ThresholdTable
 from models.table_build import CANDIDATES_PER_CELL, build_table
@@ -77,9 +77,8 @@ def fit_and_build(
     data = training_set(measurements, spec)
     quality, notes = None, []
     if data.n_problems >= MIN_PROBLEMS_FOR_HOLDOUT:
-        quality = holdout_quality(data, template, holdout_fraction=holdout_fraction, seed=seed)
-        train, test = split_by_problem(data, holdout_fraction=holdout_fraction, seed=seed)
-        train_model = clone(template).fit(data.X[train], data.y[train])
+        holdout = holdout_fit(data, template, holdout_fraction=holdout_fraction, seed=seed)
+        train, test, train_model = holdout.train, holdout.test, holdout.fitted
         train_problems = set(data.subset(train).problems)
         train_points = [m for m in measurements if m.problem in train_problems]
         train_table = build_table(train_model, spec, identity, train_points, kernel_names, candidates=candidates)
@@ -89,7 +88,7 @@ def fit_and_build(
             return choice_quality(held_out.groups, np.exp(held_out.y), table_choices(table, held_out),
                                   median_error=held_out.median_error)
 
-        quality = replace(quality, table=scored(train_table), decision_map=scored(replace(train_table, models=())))
+        quality = replace(holdout.quality, table=scored(train_table), decision_map=scored(replace(train_table, models=())))
     else:
         notes.append(f"only {data.n_problems} problems measured: no held-out quality (needs {MIN_PROBLEMS_FOR_HOLDOUT})")
     final = clone(template).fit(data.X, data.y)

@@ -148,6 +148,35 @@ def split_by_problem(data: TrainingSet, *, holdout_fraction: float, seed: int) -
     return train, test
 
 
+@dataclass(frozen=True)
+class HoldoutFit:
+    """A held-out evaluation with what produced it: the model fitted on the training rows (so a
+    caller evaluating more on the same split need not fit it again) and the split's row indices."""
+
+    quality: Quality
+    fitted: CostModel
+    train: np.ndarray
+    test: np.ndarray
+
+
+def holdout_fit(data: TrainingSet, model: CostModel, *, holdout_fraction: float = 0.2, seed: int = 0) -> HoldoutFit:
+    """`holdout_quality`, also returning the fitted clone and the split."""
+    train, test = split_by_problem(data, holdout_fraction=holdout_fraction, seed=seed)
+    fitted = clone(model).fit(data.X[train], data.y[train])
+    measured = np.exp(data.y[test])
+    groups, error = data.groups[test], data.median_error[test]
+    prior_column = getattr(model, "prior_column", None)
+    prior = data.X[test, prior_column] if prior_column is not None else np.zeros(len(test))
+    quality = Quality(
+        model=choice_quality(groups, measured, fitted.predict(data.X[test]), median_error=error),
+        prior=choice_quality(groups, measured, prior, median_error=error),
+        n_points_fit=len(train), n_problems_fit=len(set(data.groups[train].tolist())),
+        n_points_test=len(test), n_problems_test=len(set(groups.tolist())),
+        holdout_fraction=holdout_fraction, seed=seed, description=model.describe(),
+    )
+    return HoldoutFit(quality, fitted, train, test)
+
+
 def holdout_quality(
     data: TrainingSet, model: CostModel, *, holdout_fraction: float = 0.2, seed: int = 0
 ) -> Quality:
@@ -155,16 +184,4 @@ def holdout_quality(
 
     `model` itself is left untouched.
     """
-    train, test = split_by_problem(data, holdout_fraction=holdout_fraction, seed=seed)
-    fitted = clone(model).fit(data.X[train], data.y[train])
-    measured = np.exp(data.y[test])
-    groups, error = data.groups[test], data.median_error[test]
-    prior_column = getattr(model, "prior_column", None)
-    prior = data.X[test, prior_column] if prior_column is not None else np.zeros(len(test))
-    return Quality(
-        model=choice_quality(groups, measured, fitted.predict(data.X[test]), median_error=error),
-        prior=choice_quality(groups, measured, prior, median_error=error),
-        n_points_fit=len(train), n_problems_fit=len(set(data.groups[train].tolist())),
-        n_points_test=len(test), n_problems_test=len(set(groups.tolist())),
-        holdout_fraction=holdout_fraction, seed=seed, description=model.describe(),
-    )
+    return holdout_fit(data, model, holdout_fraction=holdout_fraction, seed=seed).quality

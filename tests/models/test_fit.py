@@ -104,3 +104,15 @@ def test_a_bucket_measuring_more_kernels_than_a_cell_lists_keeps_the_fastest(tmp
     pooled = merged.find_class(problems[0]).cells[(6, 9)]
     assert [name for name, _ in pooled.measured] == list(TUNED_KERNELS[:MAX_CANDIDATES])
     assert len(load_table(save_table(merged, tmp_path / "merged.json")).classes) == 1
+
+
+def test_the_model_is_fitted_once_for_the_holdout_and_once_on_everything(monkeypatch):
+    from models.cost_model import CostModel
+
+    fits = []
+    real_fit = CostModel.fit
+    monkeypatch.setattr(CostModel, "fit", lambda self, X, y: fits.append(len(X)) or real_fit(self, X, y))
+    points = synthetic_measurements(8, seed=6)
+    _, _, quality = fit_and_build(points, DeviceIdentity.cpu(), kernel_names=SYNTHETIC_KERNELS, spec=FALLBACK_CPU_SPEC)
+    assert quality is not None and quality.table is not None
+    assert fits == [quality.n_points_fit, quality.n_points_fit + quality.n_points_test]
