@@ -20,7 +20,7 @@ from dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
 from dispatcher.errors import NoKernelError
 from dispatcher.kernel_set import kernel_set
 from dispatcher.memory import budget_from_env, free_bytes, parse_memory_size, release_cached_memory
-from dispatcher.planning import failure_bucket, fit_options, memory_limit, rank_options
+from dispatcher.planning import Ranked, failure_bucket, fit_options, memory_limit, rank_options
 from dispatcher.ranking import DeviceRanking, resolve_ranking
 from kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
 from kernels.failures import is_out_of_memory
@@ -181,30 +181,30 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ deciding
     def _plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa) -> Plan:
-        """Cold path (or a decision whose memory must be re-checked)."""
+        """Cold path (validate, rank, fit), or a decision whose memory must be re-checked: when
+        its kernel no longer is the first option that fits, only the memory fit is redone."""
         plan = self._plans.get(key_)
-        if plan is not None and plan.recheck:
-            refreshed = self._recheck(plan)
-            if refreshed is not None:
-                return refreshed
-        problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
+        if plan is not None and (not plan.recheck or self._recheck(plan)):
+            return plan
+        problem = plan.problem if plan is not None else Problem.from_tensors(
+            query, key, value, attn_mask, is_causal, enable_gqa)
         with self._lock:
-            plan = self._plans.get(key_)
-            if plan is None or plan.recheck:
-                plan = self._new_plan(problem, query.device)
-                self._plans[key_] = plan
-                _log.new_decision(plan.decision)
+            current = self._plans.get(key_)
+            if current is not None and current is not plan:
+                return current  # another thread decided meanwhile
+            plan = self._new_plan(problem, query.device) if current is None else self._refit(current)
+            self._plans[key_] = plan
+            _log.new_decision(plan.decision)
         return plan
 
-    def _recheck(self, plan: Plan) -> Plan | None:
-        """The plan itself when its kernel is still the first option that fits free memory now;
-        None when the decision must be redone."""
+    def _recheck(self, plan: Plan) -> bool:
+        """Is the plan's kernel still the first option that fits free memory now? (A kernel
+        shrunk to fit is no option: it stands while no option fits and it still does.)"""
         limit = memory_limit(free_bytes(plan.device), self.memory_budget)
         for option in plan.ranked.options:
             if limit is None or option.workspace_bytes <= limit:
-                return plan if option.kernel is plan.kernel else None
-        shrunk = all(option.kernel is not plan.kernel for option in plan.ranked.options)
-        return plan if shrunk and plan.workspace <= limit else None
+                return option.kernel is plan.kernel
+        return limit is not None and plan.workspace <= limit  # an option's kernel is over it too
 
     def _state(self, device: torch.device) -> _DeviceState:
         state = self._devices.get(device)
@@ -219,6 +219,22 @@ class Dispatcher:
         state = self._state(device)
         failed = state.failures.get(failure_bucket(problem), {})
         ranked = rank_options(problem, self._kernels, state.ranking, failed, policy=self.policy)
+        return self._fit(ranked, device, state, failed)
+
+    def _refit(self, plan: Plan) -> Plan:
+        """`plan` redone for the memory free now from its ranked options (ranking does not
+        depend on free memory: `planning`'s two steps); ranked again only when one of them has
+        since failed in the bucket (on another shape)."""
+        state = self._state(plan.device)
+        failed = state.failures.get(failure_bucket(plan.problem), {})
+        ranked = plan.ranked
+        if any(option.kernel.name in failed for option in ranked.options):
+            ranked = rank_options(plan.problem, self._kernels, state.ranking, failed, policy=self.policy)
+        return self._fit(ranked, plan.device, state, failed)
+
+    def _fit(self, ranked: Ranked, device: torch.device, state: _DeviceState, failed: dict[str, str]) -> Plan:
+        """The plan of the first ranked option that fits in memory now (`planning.fit_options`)."""
+        problem = ranked.problem
         free, budget = free_bytes(device), self.memory_budget
         fit = fit_options(ranked, free=free, budget=budget, ranking=state.ranking, failed=failed)
         if not fit.options:

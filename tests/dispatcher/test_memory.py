@@ -9,7 +9,7 @@ import torch
 import dispatcher
 from dispatcher import Dispatcher, NoKernelError, core, parse_memory_size
 from dispatcher.memory import format_bytes, free_bytes
-from dispatcher.planning import RECHECK_FRACTION
+from dispatcher.planning import RECHECK_FRACTION, failure_bucket
 from kernels import ChunkedKernel, MathKernel, Problem, all_kernels
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
 
@@ -132,6 +132,52 @@ def test_large_workspace_is_rechecked_against_free_memory(monkeypatch):
     ours.reset()
     ours.attention(**inputs)
     assert ours.stats() == {"math": 1}
+
+
+def test_recheck_miss_redoes_only_the_memory_fit(monkeypatch):
+    ranker = FixedRanker(["math", "chunked[q=128,kv=1024]", "chunked[q=64,kv=64]"])
+    use_ranking(monkeypatch, ranker)
+    inputs = _prefill()
+    problem = _problem(inputs)
+    math_bytes = MathKernel().workspace_bytes(problem)
+    free = {"bytes": int(math_bytes / RECHECK_FRACTION) - 1}
+    monkeypatch.setattr(core, "free_bytes", lambda device: free["bytes"])
+    validations = {"n": 0}
+    from_tensors = Problem.from_tensors
+
+    def counting_from_tensors(*args, **kwargs):
+        validations["n"] += 1
+        return from_tensors(*args, **kwargs)
+
+    monkeypatch.setattr(core.Problem, "from_tensors", counting_from_tensors)
+    ours = Dispatcher(kernels="portable")
+    ours.attention(**inputs)
+    assert (ranker.calls, validations["n"]) == (1, 1)
+    free["bytes"] = math_bytes - 1
+    ours.attention(**inputs)
+    assert ours.stats() == {"math": 1, "chunked[q=128,kv=1024]": 1}
+    assert (ranker.calls, validations["n"]) == (1, 1)  # neither ranked nor validated again
+    free["bytes"] = int(math_bytes / RECHECK_FRACTION) - 1  # memory came back: the refit takes math again
+    ours.attention(**inputs)
+    assert ours.stats() == {"math": 2, "chunked[q=128,kv=1024]": 1} and ranker.calls == 1
+
+
+def test_recheck_miss_skips_a_kernel_that_failed_in_the_bucket_since(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["math", "chunked[q=128,kv=1024]", "chunked[q=64,kv=64]"]))
+    inputs = _prefill()
+    problem = _problem(inputs)
+    math_bytes = MathKernel().workspace_bytes(problem)
+    free = {"bytes": int(math_bytes / RECHECK_FRACTION) - 1}
+    monkeypatch.setattr(core, "free_bytes", lambda device: free["bytes"])
+    ours = Dispatcher(kernels="portable")
+    ours.attention(**inputs)
+    # the next option failed on another shape of the bucket after this decision was made
+    failures = ours._state(torch.device("cpu")).failures
+    failures.setdefault(failure_bucket(problem), {})["chunked[q=128,kv=1024]"] = "RuntimeError: injected"
+    free["bytes"] = math_bytes - 1
+    ours.attention(**inputs)
+    assert ours.stats() == {"math": 1, "chunked[q=64,kv=64]": 1}
+    assert "failed at run time" in ours.explain(**inputs).reason_dropped("chunked[q=128,kv=1024]")
 
 
 def test_shrunk_chunks_under_memory_pressure_are_kept_warm(monkeypatch):
