@@ -1,6 +1,7 @@
 """The end of a calibration: gather every measurement (this host's results store and the shared
 storage), apply the class-level numerics gate, fit the cost model, build the threshold table and
-write it where the dispatcher looks (and to ``--out``).
+write it where the dispatcher looks (and to ``--out``), and keep the fitted cost model in the
+local cache with its library versions (`models.persist`; never shared, unlike the table).
 
 If the models package offers no fit (an older checkout), the measurements stay in the results
 store and the summary says so: nothing measured is lost, and the table can be built later.
@@ -30,6 +31,7 @@ class FitOutcome:
     """What the fit produced; `table_paths` is empty when no table was written."""
 
     table_paths: list[Path] = field(default_factory=list)
+    model_path: Path | None = None  # the fitted cost model in the local cache (None: not saved)
     quality: str = ""
     excluded: list[str] = field(default_factory=list)
     note: str = ""
@@ -93,13 +95,14 @@ def fit_and_write(
         return outcome
     try:
         from models.fit import fit_and_build
+        from models.persist import save_model
         from models.table_io import save_table
     except ImportError as missing:  # FALLBACK: models' fit is not available in this checkout
         outcome.note += f"table step skipped ({missing}); the measurements are kept in the results store"
         return outcome
     # unsupported pairs were never run: they carry nothing to learn and are not "points measured"
     measured = [m for m in gated if m.status != "unsupported"]
-    table, _, quality = fit_and_build(
+    table, model, quality = fit_and_build(
         measured, identity, kernel_names=kernel_names, holdout_fraction=HOLDOUT_FRACTION, seed=seed,
         calibration_wall_s=wall_s,
     )
@@ -107,4 +110,8 @@ def fit_and_write(
     outcome.table_paths = [store_for_lookup(table, identity)]
     if out is not None and Path(out).resolve() != outcome.table_paths[0].resolve():
         outcome.table_paths.append(save_table(table, out))
+    try:  # beside the tables (the same cache home); the table is what matters if this fails
+        outcome.model_path = save_model(model, identity)
+    except OSError as error:
+        outcome.note += f"the fitted cost model was not saved to the local cache ({error}). "
     return outcome

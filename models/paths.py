@@ -46,7 +46,8 @@ def tables_dir(override: str | os.PathLike | None = None) -> Path:
 
 
 def models_dir(override: str | os.PathLike | None = None) -> Path:
-    """Fitted cost models (joblib, local only: never shared, never loaded from elsewhere)."""
+    """Fitted cost models (joblib, local only: never shared, never loaded from elsewhere):
+    calibration saves the card's model here (`models.persist.save_model`)."""
     return _sub("models", override)
 
 

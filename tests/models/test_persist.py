@@ -43,3 +43,21 @@ def test_missing_or_unfitted(tmp_path):
         load_model(fake_identity("radeon_vii"), home=tmp_path)
     with pytest.raises(ValueError, match="fitted"):
         save_model(CostModel(), fake_identity("radeon_vii"), home=tmp_path)
+
+
+def test_calibration_saves_the_fitted_model_beside_its_tables(tmp_path, monkeypatch):
+    """The end of a calibration (`calibration.finish.fit_and_write`) keeps the cost model in the
+    local cache, loadable with its versions checked."""
+    from calibration.finish import fit_and_write
+    from models.identity import DeviceIdentity
+    from models.paths import tables_dir
+    from tests.models.synthetic import synthetic_measurements
+
+    monkeypatch.setenv("ATTN_DISPATCH_HOME", str(tmp_path))
+    identity = DeviceIdentity.cpu()
+    points = synthetic_measurements(8, seed=7)
+    outcome = fit_and_write(points, identity, out=None, seed=0, wall_s=1.0)
+    assert outcome.table_paths and outcome.table_paths[0].is_relative_to(tables_dir())
+    assert outcome.model_path == model_path(identity) and outcome.model_path.parent == tmp_path / "models"
+    model = load_model(identity)
+    assert model.n_features_in_ > 0 and "not saved" not in outcome.note
