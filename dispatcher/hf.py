@@ -26,6 +26,11 @@ _warned_output_attentions = False
 
 def make_attention_function(dispatcher: Dispatcher | None = None):
     """A transformers attention function calling `dispatcher` (default: the module's)."""
+    if dispatcher is None:
+        from dispatcher.api import default_dispatcher
+
+        dispatcher = default_dispatcher()
+    run = dispatcher.attention  # bound once, not looked up per call
 
     def attn_dispatch_forward(
         module: torch.nn.Module,
@@ -59,7 +64,6 @@ def make_attention_function(dispatcher: Dispatcher | None = None):
 
             attention_mask = create_position_bias_mask(position_bias, attention_mask, is_causal, query, key)
             is_causal = False
-        run = dispatcher.attention if dispatcher is not None else _default_attention()
         out = run(
             query, key, value, attention_mask, dropout, is_causal,
             scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
@@ -67,12 +71,6 @@ def make_attention_function(dispatcher: Dispatcher | None = None):
         return out.transpose(1, 2).contiguous(), None
 
     return attn_dispatch_forward
-
-
-def _default_attention():
-    from dispatcher.api import default_dispatcher
-
-    return default_dispatcher().attention
 
 
 def _warn_output_attentions(kwargs: dict) -> None:
