@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from kernels._blocks import accumulation_itemsize
 from kernels.base import Kernel
 from kernels.chunked import ChunkedKernel
 from kernels.convert import ConvertKernel
@@ -62,10 +63,6 @@ SDPA_MATH_OPS = 6
 CONVERT_OPS = 4  # Q, K, V converted, the output converted back
 
 
-def _acc_itemsize(problem: Problem) -> int:
-    return 8 if problem.dtype == "float64" else 4
-
-
 def _masked(problem: Problem) -> bool:
     return problem.causal or problem.mask_kind != "none"
 
@@ -74,7 +71,7 @@ def score_bytes_per_element(problem: Problem) -> int:
     """Bytes moved per score element by the portable kernels (kernels/_blocks.py): the product
     writes scores, fp32 conversion, mask, max, subtract, exp, sum, conversion back, and the
     value product reads them."""
-    item, acc = problem.itemsize, _acc_itemsize(problem)
+    item, acc = problem.itemsize, accumulation_itemsize(problem)
     total = 2 * item + 6 * acc
     if item != acc:
         total += 2 * (item + acc)
@@ -149,7 +146,7 @@ def chunked_seconds(problem: Problem, kernel: ChunkedKernel, spec: CardSpec) -> 
     kv_block = max(1, min(kernel.kv_chunk, problem.kv_len))
     _, visited, n_q = visited_fraction(problem.q_len, problem.kv_len, q_block, kv_block, problem.causal)
     merges = max(0.0, visited - n_q)
-    acc = _acc_itemsize(problem)
+    acc = accumulation_itemsize(problem)
     merge_bytes = merges * problem.batch * problem.q_heads * q_block * (problem.value_dim + 2) * acc * 4
     return _unfused_seconds(
         problem, spec, q_block=q_block, kv_block=kv_block,
@@ -172,7 +169,7 @@ def sdpa_math_seconds(problem: Problem, spec: CardSpec) -> float:
     """PyTorch's math backend: scores, one fused softmax, the value product; half inputs are
     upcast to fp32 first on GPU builds (kernels/sdpa_backends.py `SdpaMathKernel`)."""
     rates = _Rates(problem, spec)
-    acc = _acc_itemsize(problem)
+    acc = accumulation_itemsize(problem)
     elements = problem.score_elements
     heads, L, S = problem.batch * problem.q_heads, max(problem.q_len, 1), max(problem.kv_len, 1)
     upcast = 2 * (problem.q_bytes + problem.kv_bytes) * acc / problem.itemsize if problem.itemsize < acc else 0
