@@ -11,22 +11,18 @@ import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 from dispatcher.decision import RankingSource
 from kernels import Kernel, Problem
+from models.ranking import Ranker, supported
 from models.sharing import TableWarning  # one warning class for every table problem
 
 __all__ = ["DeviceRanking", "TableWarning", "fallback_order", "resolve_ranking"]
 
 FALLBACK_FIRST = "sdpa_default"
 """With nothing to rank by, PyTorch's own choice goes first: it is what the user had before."""
-
-
-class Ranker(Protocol):
-    def rank(self, problem: Problem, kernels: list[Kernel]) -> list[tuple[str, float]]: ...
 
 
 def _warn(message: str) -> None:
@@ -92,7 +88,7 @@ def _checked(ranked: object) -> list[tuple[str, float | None]]:
 
 def fallback_order(problem: Problem, kernels: Sequence[Kernel]) -> list[tuple[str, float | None]]:
     """Supported kernels in the given order, ``sdpa_default`` first, without predictions."""
-    names = [kernel.name for kernel in kernels if not kernel.reasons(problem)]
+    names = [kernel.name for kernel in supported(problem, kernels)]
     names.sort(key=lambda name: name != FALLBACK_FIRST)
     return [(name, None) for name in names]
 
