@@ -15,6 +15,7 @@ from dispatcher.decision import Candidate
 from dispatcher.memory import format_bytes
 from dispatcher.ranking import FALLBACK_FIRST, DeviceRanking
 from kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
+from models.buckets import length_bucket
 
 MIN_CHUNK = 16
 """Smallest query or key block `shrink_chunked` goes down to: below 16 rows a block's matmul no
@@ -168,8 +169,8 @@ def shrink_chunked(problem: Problem, limit: int | None, failed: Mapping[str, str
     if limit is None:
         return None
     default = ChunkedKernel()
-    q = max(MIN_CHUNK, min(default.q_chunk, _next_power_of_two(problem.q_len)))
-    kv = max(MIN_CHUNK, min(default.kv_chunk, _next_power_of_two(problem.kv_len)))
+    q = max(MIN_CHUNK, min(default.q_chunk, 1 << length_bucket(problem.q_len)))
+    kv = max(MIN_CHUNK, min(default.kv_chunk, 1 << length_bucket(problem.kv_len)))
     while True:
         kernel = ChunkedKernel(q=q, kv=kv)
         if (
@@ -186,17 +187,13 @@ def shrink_chunked(problem: Problem, limit: int | None, failed: Mapping[str, str
             q //= 2
 
 
-def _next_power_of_two(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 def failure_bucket(problem: Problem) -> tuple:
     """The bucket a run-time failure is remembered for: the problem with batch and lengths rounded
-    up to powers of two (the granularity of the threshold tables' length buckets), and the mask
-    reduced to which of its dimensions broadcast."""
+    up to powers of two (`models.buckets.length_bucket`, the threshold tables' length buckets;
+    the key holds the exponents), and the mask reduced to which of its dimensions broadcast."""
     return (
-        _next_power_of_two(problem.batch), problem.q_heads, problem.kv_heads,
-        _next_power_of_two(problem.q_len), _next_power_of_two(problem.kv_len), problem.head_dim,
+        length_bucket(problem.batch), problem.q_heads, problem.kv_heads,
+        length_bucket(problem.q_len), length_bucket(problem.kv_len), problem.head_dim,
         problem.value_dim, problem.dtype, problem.causal, problem.mask_kind,
         tuple(size > 1 for size in problem.mask_shape), problem.device_type, problem.strided,
         problem.broadcast_inputs,

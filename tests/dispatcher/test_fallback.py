@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from dispatcher import Dispatcher, NoKernelError
-from kernels import MathKernel
+from dispatcher.planning import failure_bucket
+from kernels import MathKernel, Problem
 from tests.dispatcher.helpers import FailingKernel, FixedRanker, assert_matches_reference, qkv, use_ranking
 
 
@@ -96,3 +97,12 @@ def test_failure_on_the_training_route_with_backward_kernel(monkeypatch):
     inputs["query"].requires_grad_(True)
     out = ours.attention(**inputs)
     assert_matches_reference(out.detach(), inputs)
+
+
+def test_failure_buckets_round_batch_and_lengths_up_to_powers_of_two():
+    def bucket(batch, q_len, kv_len):
+        return failure_bucket(Problem(batch, 4, 2, q_len, kv_len, 16, 16, "float32"))
+
+    assert bucket(3, 5, 9) == bucket(4, 8, 16) != bucket(4, 8, 17)
+    assert bucket(1, 1, 1) == bucket(1, 1, 1) != bucket(2, 1, 1)
+    assert bucket(4, 9, 16) != bucket(4, 8, 16)
