@@ -25,9 +25,10 @@ from pathlib import Path
 
 import torch
 
+from calibration.inputs import make_inputs
 from dispatcher import Dispatcher
 from dispatcher._plan import cache_key
-from kernels import MathKernel
+from kernels import MathKernel, Problem
 
 
 class NullKernel(MathKernel):
@@ -38,32 +39,25 @@ class NullKernel(MathKernel):
     def run(self, query, key, value, attn_mask, scale, enable_gqa, problem):
         return query
 
-# (name, batch, q heads, kv heads, q len, kv len, head dim, dtype, mask, strided)
+
+def _shape(name: str, batch: int, q_heads: int, kv_heads: int, q_len: int, kv_len: int, head_dim: int, dtype: str,
+           device_type: str, *, mask: str = "none", strided: bool = False) -> tuple[str, Problem]:
+    mask_shape = (1, 1, q_len, kv_len) if mask != "none" else ()  # one mask for every batch and head
+    return name, Problem(batch, q_heads, kv_heads, q_len, kv_len, head_dim, head_dim, dtype, mask_kind=mask,
+                         mask_shape=mask_shape, device_type=device_type, strided=strided)
+
+
 CPU_SHAPES = [
-    ("decode gqa4 Lk=128 fp32", 1, 8, 2, 1, 128, 64, torch.float32, None, False),
-    ("tiny prefill 16x16 fp32", 1, 4, 4, 16, 16, 32, torch.float32, None, False),
-    ("tiny prefill causal bool-mask", 1, 4, 4, 16, 16, 32, torch.float32, "bool", False),
-    ("transformers layout (strided)", 2, 4, 4, 8, 8, 32, torch.float32, None, True),
+    _shape("decode gqa4 Lk=128 fp32", 1, 8, 2, 1, 128, 64, "float32", "cpu"),
+    _shape("tiny prefill 16x16 fp32", 1, 4, 4, 16, 16, 32, "float32", "cpu"),
+    _shape("tiny prefill bool-mask", 1, 4, 4, 16, 16, 32, "float32", "cpu", mask="bool"),
+    _shape("transformers layout (strided)", 2, 4, 4, 8, 8, 32, "float32", "cpu", strided=True),
 ]
 CUDA_SHAPES = [
-    ("H200 decode gqa4 Lk=4096 bf16", 1, 32, 8, 1, 4096, 128, torch.bfloat16, None, False),
-    ("H200 decode gqa4 Lk=32768 bf16", 1, 32, 8, 1, 32768, 128, torch.bfloat16, None, False),
-    ("H200 decode batch 8 Lk=4096 fp16", 8, 32, 8, 1, 4096, 128, torch.float16, None, False),
+    _shape("H200 decode gqa4 Lk=4096 bf16", 1, 32, 8, 1, 4096, 128, "bfloat16", "cuda"),
+    _shape("H200 decode gqa4 Lk=32768 bf16", 1, 32, 8, 1, 32768, 128, "bfloat16", "cuda"),
+    _shape("H200 decode batch 8 Lk=4096 fp16", 8, 32, 8, 1, 4096, 128, "float16", "cuda"),
 ]
-
-
-def make_inputs(shape, device):
-    _, batch, hq, hkv, lq, lk, dim, dtype, mask, strided = shape
-    generator = torch.Generator().manual_seed(0)
-
-    def tensor(heads, length):
-        if strided:
-            return torch.randn(batch, length, heads, dim, generator=generator).to(device, dtype).transpose(1, 2)
-        return torch.randn(batch, heads, length, dim, generator=generator).to(device, dtype)
-
-    q, k, v = tensor(hq, lq), tensor(hkv, lk), tensor(hkv, lk)
-    attn_mask = (torch.rand(lq, lk, generator=generator) > 0.1).to(device) if mask == "bool" else None
-    return q, k, v, attn_mask, hq != hkv
 
 
 def time_round(call, calls: int, sync) -> tuple[float, float]:
@@ -77,8 +71,9 @@ def time_round(call, calls: int, sync) -> tuple[float, float]:
     return (host - start) / calls, (end - start) / calls
 
 
-def bench_shape(shape, device, rounds: int, calls: int, *, null: bool = False) -> dict:
-    q, k, v, mask, gqa = make_inputs(shape, device)
+def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, null: bool = False) -> dict:
+    inputs = make_inputs(shape[1], device)
+    q, k, v, mask, gqa = inputs.query, inputs.key, inputs.value, inputs.attn_mask, inputs.enable_gqa
     ours = Dispatcher(kernels=[NullKernel()]) if null else Dispatcher()
     ours.attention(q, k, v, mask, enable_gqa=gqa)
     plan = ours._plans[cache_key(q, k, v, mask, False, gqa)]
