@@ -8,6 +8,7 @@ from kernels import AccuracyPolicy, Kernel, all_kernels, kernel_from_name, porta
 from kernels.sdpa_backends import SdpaDefaultKernel
 
 KERNEL_SETS = ("all", "portable")
+"""The named kernel sets (`Dispatcher(kernels=...)` and the CLI's ``--kernels`` choices)."""
 
 
 def kernel_set(kernels: str | Sequence[Kernel | str], policy: AccuracyPolicy) -> dict[str, Kernel]:

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
+from dispatcher.kernel_set import KERNEL_SETS
 from dispatcher.memory import parse_memory_size
 from kernels import AccuracyPolicy
 
 SCENARIO_CHOICES = ("prefill", "fill", "decode", "video", "all")
 SIZE_CHOICES = ("auto", "small", "full")
-KERNEL_SETS = ("all", "portable")
 # Harness defaults per device kind (see calibration.scenario_bench.BenchSettings): on a GPU,
 # 10 rounds and 2.5 s per shape keep `bench --scenario all` (35 shapes) near 3 minutes on an H200;
 # the CPU quick sizes need fewer rounds and less time per shape.

@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+from dispatcher.kernel_set import KERNEL_SETS
 from kernels import AccuracyPolicy, Problem
 from kernels.accuracy import LONG_DTYPE_NAMES
 from kernels.problem import MASK_KINDS
@@ -35,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--mask", default="none", choices=MASK_KINDS, help="attention mask kind, shape [B, 1, Lq, Lk]")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--memory-budget", default=None, help="workspace cap, e.g. 16GiB (default: ATTN_DISPATCH_MEMORY_BUDGET)")
-    parser.add_argument("--kernels", default="all", choices=("all", "portable"), help="kernel set")
+    parser.add_argument("--kernels", default="all", choices=KERNEL_SETS, help="kernel set")
     parser.add_argument("--allow-lossy", action="append", default=[], metavar="CONVERSION",
                         help="accept a lossy conversion, e.g. fp32->bf16 (repeatable; 'any' for all)")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
