@@ -8,20 +8,18 @@ cost model is kept too, scaled the same way; the merged table ranks by their med
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 
-from kernels.problem import Problem
 from models._json_checks import MAX_CANDIDATES
 from models.cards import CardSpec
 from models.forest_schema import MAX_MODELS
-from models.priors import prior_seconds
 from models.ranking import kernel_named
-from models.table import Cell, Provenance, TableClass, ThresholdTable
+from models.table import Cell, Provenance, TableClass, ThresholdTable, carried_seconds
+from models.table_build import round_seconds
 from models.table_io import MAX_TABLE_BYTES, table_bytes
 from models.table_schema import TableError
 from models.thresholds import thresholds_for
@@ -58,16 +56,10 @@ def _check_mergeable(tables: Sequence[ThresholdTable]) -> None:
         )
 
 
-def _carry(seconds: float, name: str, source: Problem, target: Problem, spec: CardSpec, scale: float) -> float:
-    kernel = kernel_named(name)
-    ratio = prior_seconds(target, kernel, spec) / prior_seconds(source, kernel, spec)
-    return seconds * scale * (ratio if math.isfinite(ratio) and ratio > 0 else 1.0)
-
-
 def _pool(samples: dict[str, list[float]], limit: int) -> tuple[tuple, dict]:
     ranked = sorted(((n, statistics.median(v)) for n, v in samples.items()), key=lambda e: (e[1], e[0]))[:limit]
     spread = {n: (min(samples[n]), max(samples[n])) for n, _ in ranked if len(samples[n]) > 1}
-    return tuple((n, float(f"{s:.4g}")) for n, s in ranked), spread
+    return tuple((n, round_seconds(s)) for n, s in ranked), spread
 
 
 def _merge_class(key, parts: list[tuple[TableClass, float]], spec: CardSpec, device_type: str, limit: int) -> TableClass:
@@ -81,7 +73,7 @@ def _merge_class(key, parts: list[tuple[TableClass, float]], spec: CardSpec, dev
             target = base.problem_at(bucket, device_type)
             for entries, pooled in ((cell.ranking, ranking), (cell.measured, measured)):
                 for name, seconds in entries:
-                    pooled[bucket][name].append(_carry(seconds, name, source, target, spec, scale))
+                    pooled[bucket][name].append(carried_seconds(seconds * scale, kernel_named(name), source, target, spec))
             excluded[bucket].update(dict(cell.excluded))
     cells = {}
     for bucket, samples in ranking.items():

@@ -31,6 +31,14 @@ TABLE_KIND = "attn-dispatch threshold table"
 Candidate = tuple[str, float]
 
 
+def carried_seconds(seconds: float, kernel: Kernel, source: Problem, target: Problem, spec: CardSpec) -> float:
+    """`seconds` of `kernel` on `source`, carried to `target` by the ratio of their prior times on
+    `spec`; unchanged when that ratio is not a finite positive number."""
+    before = prior_seconds(source, kernel, spec)
+    ratio = prior_seconds(target, kernel, spec) / before if math.isfinite(before) and before > 0 else math.nan
+    return seconds * ratio if math.isfinite(ratio) and ratio > 0 else seconds
+
+
 @dataclass(frozen=True)
 class Cell:
     """One (q bucket, kv bucket) of a class: ranked candidates and what was measured there."""
@@ -225,8 +233,7 @@ class ThresholdTable:
             kernel = by_name.get(name)
             if kernel is None or kernel.reasons(problem) or not priceable(kernel):
                 continue
-            ratio = prior_seconds(problem, kernel, self.spec) / prior_seconds(template, kernel, self.spec)
-            listed.append((name, seconds * ratio if math.isfinite(ratio) and ratio > 0 else seconds))
+            listed.append((name, carried_seconds(seconds, kernel, template, problem, self.spec)))
         listed.sort(key=lambda item: (item[1], item[0]))
         names = {name for name, _ in listed}
         return listed + prior.rank(problem, [k for k in kernels if k.name not in names])

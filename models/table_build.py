@@ -35,7 +35,7 @@ SIGNIFICANT_DIGITS = 4  # predicted times are estimates: 4 significant digits is
 CAUSAL_BAND = 1
 
 
-def _round(seconds: float) -> float:
+def round_seconds(seconds: float) -> float:
     return float(f"{seconds:.{SIGNIFICANT_DIGITS}g}")
 
 
@@ -72,7 +72,7 @@ def _measured_cells(points: list[Measurement]) -> tuple[dict, dict]:
 def _fastest_measured(times: dict[str, float]) -> tuple[tuple[str, float], ...]:
     """A bucket's measured medians, fastest first: at most `MAX_CANDIDATES` (a tuned calibration
     can time more kernels in one bucket than a table cell may list)."""
-    entries = sorted(((name, _round(seconds)) for name, seconds in times.items()), key=lambda e: (e[1], e[0]))
+    entries = sorted(((name, round_seconds(seconds)) for name, seconds in times.items()), key=lambda e: (e[1], e[0]))
     return tuple(entries[:MAX_CANDIDATES])
 
 
@@ -92,7 +92,7 @@ def _build_class(
     seconds = model.predict_seconds(X) if rows else []
     ranked: dict = defaultdict(list)
     for (bucket, name, _), predicted in zip(rows, seconds, strict=True):
-        ranked[bucket].append((name, _round(float(predicted))))
+        ranked[bucket].append((name, round_seconds(float(predicted))))
     cells = {}
     for bucket, entries in ranked.items():
         entries.sort(key=lambda item: (item[1], item[0]))

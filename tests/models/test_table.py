@@ -138,3 +138,19 @@ def test_model_seconds_builds_features_once_per_card_spec(mi50_table, monkeypatc
         [n for _, n in sorted(zip(expected, names, strict=True))]
     with pytest.raises(ValueError, match="no usable"):
         replace(merged, models=()).model_seconds(problems, names)
+
+
+def test_carried_seconds_follows_the_prior_and_guards_odd_ratios(mi50_table, monkeypatch):
+    import pytest
+
+    from models import table as table_module
+    from models.priors import prior_seconds
+    from models.table import carried_seconds
+
+    kernel, longer = kernel_from_name("math"), replace(DECODE, kv_len=2 * DECODE.kv_len)
+    spec = mi50_table.spec
+    ratio = prior_seconds(longer, kernel, spec) / prior_seconds(DECODE, kernel, spec)
+    assert carried_seconds(1e-3, kernel, DECODE, longer, spec) == pytest.approx(1e-3 * ratio)
+    for odd in (0.0, math.inf, math.nan):  # a zero prior used to raise ZeroDivisionError
+        monkeypatch.setattr(table_module, "prior_seconds", lambda *args, odd=odd: odd)
+        assert carried_seconds(1e-3, kernel, DECODE, longer, spec) == 1e-3
