@@ -4,6 +4,7 @@ conditions of the run. Imported by the bench command only (it pulls in calibrati
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from collections.abc import Callable
@@ -33,19 +34,23 @@ from models.identity import DeviceIdentity
 
 PYTORCH_PATH = "pytorch_default"
 GIT_TIMEOUT_S = 5  # reading the commit must never hold up a benchmark
+COMMIT_ENV = "ATTN_DISPATCH_COMMIT"  # the commit to report where the code has no .git
 # The fill scenario's masking, stated in every report (see calibration.scenarios).
 FILL_NOTE = ("fill uses an explicit [1, 1, Lq, Lk] bool mask as transformers does for Lq < Lk (SDPA's is_causal is "
              "top-left); its content is random, which costs the same for every kernel measured")
 
 
 def _git_commit() -> str:
+    """The checkout's short commit; else `COMMIT_ENV` (a copy without .git, as on a device
+    machine); else ``"unknown"``."""
     root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, check=False, timeout=GIT_TIMEOUT_S)
+        commit = out.stdout.strip() if out.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() or "unknown"
+        commit = ""
+    return commit or os.environ.get(COMMIT_ENV, "").strip() or "unknown"
 
 
 def shape_paths(problem: Problem, device: torch.device, dispatcher: Dispatcher, subject: DispatchedKernel,

@@ -90,3 +90,21 @@ def test_first_pass_budget_skips_the_slowest_kernels_but_never_the_baselines():
     assert statuses["pytorch_default"][0] == "ok" and statuses["math"][0] == "ok"
     assert statuses["small_q[splits=8]"][0] == "skipped" and "first pass took" in statuses["small_q[splits=8]"][1]
     assert result.oracle.label in {"pytorch_default", "math"} and result.rounds == 1
+
+
+@pytest.mark.parametrize("git", ["no .git", "no git"])
+def test_bench_commit_without_git_comes_from_the_environment(monkeypatch, git):
+    import subprocess
+
+    from dispatcher.commands import _bench_run
+
+    def fake_run(command, **kwargs):
+        if git == "no git":
+            raise FileNotFoundError("git")
+        return subprocess.CompletedProcess(command, 128, stdout="", stderr="fatal: not a git repository")
+
+    monkeypatch.setattr(_bench_run.subprocess, "run", fake_run)
+    monkeypatch.delenv(_bench_run.COMMIT_ENV, raising=False)
+    assert _bench_run._git_commit() == "unknown"
+    monkeypatch.setenv(_bench_run.COMMIT_ENV, "f646ba7")
+    assert _bench_run._git_commit() == "f646ba7"
