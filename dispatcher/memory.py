@@ -68,11 +68,11 @@ def format_bytes(count: int | None) -> str:
     if count is None:
         return "unknown"
     size = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
-    return f"{count} B"  # unreachable: the loop returns at TiB
+    return f"{size:.1f} TiB"
 
 
 def free_bytes(device: torch.device) -> int | None:

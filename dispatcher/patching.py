@@ -78,12 +78,6 @@ def is_installed() -> bool:
     return bool(_active)
 
 
-def original_sdpa() -> Callable:
-    """The `F.scaled_dot_product_attention` that was there before the first install."""
-    with _lock:
-        return _original if _active else F.scaled_dot_product_attention
-
-
 @contextmanager
 def patched(dispatcher: Dispatcher | None = None) -> Iterator[Dispatcher]:
     """``with patched(): model(x)`` - every SDPA call inside goes through the dispatcher; the

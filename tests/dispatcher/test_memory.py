@@ -42,6 +42,14 @@ def test_free_memory_on_cpu_is_known():
     assert format_bytes(3 * MIB // 2) == "1.5 MiB"
 
 
+@pytest.mark.parametrize(("count", "text"), [
+    (None, "unknown"), (0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (5 * 2**30, "5.0 GiB"),
+    (2**40, "1.0 TiB"), (3 * 2**50, "3072.0 TiB"),
+])
+def test_format_bytes(count, text):
+    assert format_bytes(count) == text
+
+
 def _prefill(**overrides) -> dict:
     return qkv(batch=1, heads=4, kv_heads=4, q_len=256, kv_len=256, dim=32, **overrides)
 
