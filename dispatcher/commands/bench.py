@@ -17,8 +17,9 @@ from kernels import AccuracyPolicy
 SCENARIO_CHOICES = ("prefill", "fill", "decode", "video", "all")
 SIZE_CHOICES = ("auto", "small", "full")
 # Harness defaults per device kind (see calibration.scenario_bench.BenchSettings): on a GPU,
-# 10 rounds and 2.5 s per shape keep `bench --scenario all` (35 shapes) near 3 minutes on an H200;
-# the CPU quick sizes need fewer rounds and less time per shape.
+# 10 rounds and 2.5 s per shape; with them `bench --scenario all` (35 shapes) took about a minute
+# on an H200 (2026-11-30 run: ~55 s wall, per-shape wall_s summing to 34.6 s; docs/COMMANDS.md).
+# The CPU quick sizes need fewer rounds and less time per shape.
 GPU_ROUNDS, GPU_SHAPE_BUDGET_S = 10, 2.5
 CPU_ROUNDS, CPU_SHAPE_BUDGET_S = 5, 1.0
 # The first pass of a shape (every path once) may take this many shape budgets before its
