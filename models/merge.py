@@ -18,7 +18,7 @@ from models._json_checks import MAX_CANDIDATES
 from models.cards import CardSpec
 from models.forest_schema import MAX_MODELS
 from models.ranking import kernel_named
-from models.table import Cell, Provenance, TableClass, ThresholdTable, carried_seconds
+from models.table import Cell, Provenance, TableClass, ThresholdTable, carried_seconds, quality_kind
 from models.table_build import round_seconds
 from models.table_io import MAX_TABLE_BYTES, table_bytes
 from models.table_schema import TableError
@@ -92,13 +92,14 @@ def _merged_quality(tables: Sequence[ThresholdTable]) -> dict:
     for key in sorted(keys):
         values = [t.quality[key] for t in tables]
         numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        kind = quality_kind(key)
         if len(numbers) != len(values):
             quality[key] = values[0]
-        elif key.startswith("n_") or "_n_" in key:
+        elif kind == "count":
             quality[key] = sum(numbers)
-        elif "slowdown" in key:
+        elif kind == "slowdown":
             quality[key] = max(numbers)
-        elif "accuracy" in key or "within" in key or "spearman" in key:
+        elif kind in ("fraction", "correlation"):
             quality[key] = min(numbers)
         else:
             quality[key] = numbers[0]

@@ -31,6 +31,22 @@ TABLE_KIND = "attn-dispatch threshold table"
 Candidate = tuple[str, float]
 
 
+def quality_kind(key: str) -> str:
+    """How a number of a table's ``quality`` section reads (`models.quality.Quality.to_dict`):
+    "count" (``n_*``: a non-negative integer), "seed" (an integer), "fraction" (accuracies, in
+    [0, 1]), "holdout_fraction" (in [0, 1]), "correlation" (Spearman, in [-1, 1]), "slowdown"
+    (>= 0) or "number" (any other, >= 0). The schema checks by it and a merge pools by it."""
+    if key.startswith("n_") or "_n_" in key:
+        return "count"
+    if key in ("seed", "holdout_fraction"):
+        return key
+    if "accuracy" in key or "within" in key:
+        return "fraction"
+    if "spearman" in key:
+        return "correlation"
+    return "slowdown" if "slowdown" in key else "number"
+
+
 def carried_seconds(seconds: float, kernel: Kernel, source: Problem, target: Problem, spec: CardSpec) -> float:
     """`seconds` of `kernel` on `source`, carried to `target` by the ratio of their prior times on
     `spec`; unchanged when that ratio is not a finite positive number."""

@@ -44,6 +44,7 @@ from models.table import (
     Template,
     Threshold,
     ThresholdTable,
+    quality_kind,
 )
 
 HEADER_KEYS = (
@@ -85,11 +86,11 @@ def _quality(value: object) -> dict:
         path = f"quality.{_str(key, 'quality key')}"
         if item is None or isinstance(item, str):
             quality[key] = None if item is None else _str(item, path)
-        elif key.startswith("n_") or "_n_" in key or key == "seed":
+        elif (kind := quality_kind(key)) in ("count", "seed"):
             quality[key] = _int(item, path, 0, 10**9)
-        elif "accuracy" in key or "within" in key or key == "holdout_fraction":
+        elif kind in ("fraction", "holdout_fraction"):
             quality[key] = _num(item, path, 0.0, 1.0)
-        elif "spearman" in key:
+        elif kind == "correlation":
             quality[key] = _num(item, path, -1.0, 1.0)
         else:
             quality[key] = _num(item, path, 0.0, 1e6)
