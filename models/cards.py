@@ -20,7 +20,6 @@ from models._card_names import (
 from models.identity import DeviceIdentity
 
 TERA = 1e12
-GIGA = 1e9
 GB = 10**9
 GIB = 2**30
 

@@ -3,7 +3,7 @@ so that evaluation is bounded (children follow parents, features and thresholds 
 
 from __future__ import annotations
 
-from models._json_checks import MAX_TEXT, _bool, _fail, _int, _list, _num, _obj, _spec, _spec_dict, _str
+from models._json_checks import _bool, _fail, _int, _list, _num, _obj, _spec, _spec_dict, _str
 from models.forest import EmbeddedModel, forest_from_arrays
 
 MAX_MODELS = 16  # cards pooled in one merged table
@@ -81,4 +81,4 @@ def models_to_dict(models: tuple[EmbeddedModel, ...]) -> list[dict]:
     ]
 
 
-__all__ = ["parse_models", "models_to_dict", "MAX_TEXT"]
+__all__ = ["parse_models", "models_to_dict"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from models._card_names import generic_model, gfx906_model, memory_gib, slug
+from models._card_names import generic_model, gfx906_model, slug
 
 DEVICE_TYPES = ("cpu", "cuda")
 MAX_TEXT = 200  # longest string field accepted from a (possibly hostile) table
@@ -101,10 +101,6 @@ class DeviceIdentity:
     def key(self) -> str:
         """Exact card model + software stack, filesystem-safe."""
         return f"{slug(self.model_key, max_length=80)}__{slug(self.software_key, max_length=78)}"
-
-    @property
-    def memory_gib(self) -> int:
-        return memory_gib(self.memory_bytes)
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:

@@ -20,8 +20,6 @@ from models.cards import spec_for
 from models.identity import DeviceIdentity
 from models.merge import card_scale
 from models.paths import tables_dir
-from models.priors import PriorRanker
-from models.ranking import Ranker
 from models.table import ThresholdTable
 from models.table_io import dumps_table, load_table, save_table
 
@@ -51,10 +49,6 @@ class TableLookup:
     path: Path | None
     identity: DeviceIdentity
     warnings: tuple[str, ...] = field(default=())
-
-    def ranker(self) -> Ranker:
-        """The table, or the analytic prior of this device's card when there is none."""
-        return self.table if self.table is not None else PriorRanker(spec_for(self.identity))
 
 
 def export_table(table: ThresholdTable, path: str | os.PathLike) -> Path:

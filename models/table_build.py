@@ -177,7 +177,3 @@ def _check_rows(X: np.ndarray) -> np.ndarray:
     return X[np.linspace(0, len(X) - 1, EXPORT_CHECK_ROWS).astype(np.int64)]
 
 
-def predicted_best(table: ThresholdTable, problems: Sequence[Problem], names_per_problem: Sequence[Sequence[str]]) -> list[str]:
-    """The table's first choice for each problem among the given kernel names (evaluation)."""
-    return [table.rank(p, [kernel_named(n) for n in names])[0][0] for p, names in zip(problems, names_per_problem, strict=True)]
-
