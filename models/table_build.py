@@ -131,6 +131,7 @@ def build_table(
     cost_model: fitted on features built with `spec`.
     measurements: what calibration measured (any status); classes and bucket ranges come from
         their problems, measured times and exclusions (inaccurate / failed) from their results.
+        Unsupported pairs (never run) do not count in the provenance's ``points_measured``.
     kernel_names: the kernels the table may recommend (those calibrated).
     quality: the model's held-out quality (`models.quality.Quality.to_dict`).
     class_fields, work_step: how finely classes are split (`models.buckets`).
@@ -159,7 +160,7 @@ def build_table(
         notes = (*notes, "the cost model could not be embedded (its export did not reproduce it): ranking by the decision map")
     provenance = Provenance(
         identity=identity, created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        points_measured=len(measurements), calibration_wall_s=calibration_wall_s,
+        points_measured=sum(m.status != "unsupported" for m in measurements), calibration_wall_s=calibration_wall_s,
         software=software_versions(), notes=tuple(notes),
     )
     return ThresholdTable(provenance=provenance, spec=spec, quality=dict(quality or {}), classes=classes,

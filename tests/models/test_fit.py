@@ -116,3 +116,12 @@ def test_the_model_is_fitted_once_for_the_holdout_and_once_on_everything(monkeyp
     _, _, quality = fit_and_build(points, DeviceIdentity.cpu(), kernel_names=SYNTHETIC_KERNELS, spec=FALLBACK_CPU_SPEC)
     assert quality is not None and quality.table is not None
     assert fits == [quality.n_points_fit, quality.n_points_fit + quality.n_points_test]
+
+
+def test_points_measured_leaves_out_unsupported_pairs():
+    points = synthetic_measurements(3, seed=9)
+    never_run = [Measurement(p.problem, "sdpa_flash", status="unsupported", reason="needs CUDA") for p in points[:5]]
+    infeasible = Measurement(points[0].problem, "sdpa_cudnn", status="infeasible", reason="over the memory budget")
+    table, _, _ = fit_and_build([*points, *never_run, infeasible], DeviceIdentity.cpu(),
+                                kernel_names=SYNTHETIC_KERNELS, spec=FALLBACK_CPU_SPEC)
+    assert table.provenance.points_measured == len(points) + 1
