@@ -5,8 +5,9 @@ and mask kind, and, as a table chooses (``class_fields``), its head dim, GQA rat
 work size ``log2(batch * q_heads)``. A field a table does not split on is 0 ("any") in its keys;
 the table then carries times from its representative problem to the actual one by the prior's
 ratio. Within a class, a bucket is ``(ceil(log2 Lq), ceil(log2 Lk))``: bucket ``b`` holds lengths
-in ``(2^(b-1), 2^b]`` and is represented by the length ``2^b``. The dispatcher caches decisions
-per (class, bucket).
+in ``(2^(b-1), 2^b]`` and is represented by the length ``2^b``. (The dispatcher caches its
+decisions per exact call shape; only the kernels that failed at run time are remembered per
+length bucket, `dispatcher.planning.failure_bucket`.)
 """
 
 from __future__ import annotations

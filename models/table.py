@@ -211,7 +211,9 @@ class ThresholdTable:
 
         With embedded models: every supported kernel predicted for this exact problem (the median
         over the cards of a merged table), except those calibration measured inaccurate or failing
-        in the problem's bucket. Without: the decision map, see `rank_by_map`.
+        in the cell `rank_by_map` would read: the problem's bucket in its class, else the nearest
+        cell of the nearest class (`find_class`, `TableClass.nearest_cell`). Without: the decision
+        map, see `rank_by_map`.
         """
         kernels = list(kernels)
         if not self.usable_models:
