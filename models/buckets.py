@@ -65,12 +65,13 @@ class ClassKey:
         """The fields every table splits on."""
         return (self.dtype, self.causal, self.mask_kind)
 
-    def distance(self, other: ClassKey) -> float:
-        """How far apart two classes of one base are (log2 head dim, log2 GQA, work buckets)."""
+    def distance(self, other: ClassKey, *, work_step: int) -> float:
+        """How far apart two classes of one base are (log2 head dim, log2 GQA, and work buckets of
+        `work_step` powers of two: the table's)."""
         return (
             abs(math.log2(max(self.head_dim, 1)) - math.log2(max(other.head_dim, 1)))
             + abs(math.log2(max(self.gqa_ratio, 1)) - math.log2(max(other.gqa_ratio, 1)))
-            + abs(self.work_log2 - other.work_log2) / max(WORK_STEP, 1)
+            + abs(self.work_log2 - other.work_log2) / max(work_step, 1)
         )
 
 

@@ -29,6 +29,9 @@ from models.ranking import UNPRICED, priceable, supported
 FORMAT_VERSION = 1
 TABLE_KIND = "attn-dispatch threshold table"
 Candidate = tuple[str, float]
+# Measured statuses that bar a kernel from a bucket (it ran and was wrong, or it raised): a
+# cell's ``excluded`` entries carry one of them.
+EXCLUDING_STATUSES = ("inaccurate", "failed")
 
 
 def quality_kind(key: str) -> str:
@@ -175,7 +178,7 @@ class ThresholdTable:
         same = [k for k in self.classes if k.base() == key.base()]
         if not same:
             return None
-        return self.classes[min(same, key=lambda k: (k.distance(key), k))]
+        return self.classes[min(same, key=lambda k: (k.distance(key, work_step=self.work_step), k))]
 
     @property
     def usable_models(self) -> tuple[EmbeddedModel, ...]:

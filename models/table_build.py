@@ -19,15 +19,13 @@ from models.forest import embed
 from models.identity import DeviceIdentity
 from models.measurement import Measurement
 from models.ranking import kernel_named
-from models.table import Cell, Provenance, TableClass, Template, ThresholdTable
+from models.table import EXCLUDING_STATUSES, Cell, Provenance, TableClass, Template, ThresholdTable
 from models.thresholds import thresholds_for
 from models.versions import software_versions
 
 # Candidates kept per bucket: the winner and enough runners-up for the dispatcher to fall back
 # on when the winner does not fit in memory or fails (the prior ranks the rest).
 CANDIDATES_PER_CELL = 4
-# Measured statuses that bar a kernel from a bucket (it ran and was wrong, or it raised).
-EXCLUDING_STATUSES = ("inaccurate", "failed")
 SIGNIFICANT_DIGITS = 4  # predicted times are estimates: 4 significant digits is plenty
 # Causal classes cover buckets within this many octaves of the diagonal (causal attention is
 # self-attention: Lq = Lk, or Lq a little shorter in chunked prefill); elsewhere the nearest

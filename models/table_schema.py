@@ -8,6 +8,8 @@ parsed by the registry's grammar, numbers are range-checked, unknown fields are 
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from kernels.problem import ITEMSIZE, MASK_KINDS
 from models._json_checks import (
     FIX,
@@ -36,6 +38,7 @@ from models.buckets import OPTIONAL_FIELDS, ClassKey
 from models.forest_schema import parse_models
 from models.identity import DeviceIdentity
 from models.table import (
+    EXCLUDING_STATUSES,
     FORMAT_VERSION,
     TABLE_KIND,
     Cell,
@@ -61,6 +64,16 @@ def _identity(value: object, path: str) -> DeviceIdentity:
         raise _fail(path, str(error)) from None
 
 
+def _created(value: object, path: str) -> str:
+    """An ISO 8601 timestamp (``2026-11-30T00:00:00Z``; a trailing Z means UTC)."""
+    text = _str(value, path)
+    try:
+        datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    except ValueError:
+        raise _fail(path, f"must be an ISO 8601 timestamp such as 2026-11-30T00:00:00Z, got {text!r:.60}") from None
+    return text
+
+
 def _provenance(value: object) -> Provenance:
     p = "provenance"
     data = _obj(value, p, ("identity", "created", "points_measured"),
@@ -69,7 +82,7 @@ def _provenance(value: object) -> Provenance:
     software = _mapping(data.get("software", {}), f"{p}.software", MAX_QUALITY_KEYS)
     return Provenance(
         identity=_identity(data["identity"], f"{p}.identity"),
-        created=_str(data["created"], f"{p}.created"),
+        created=_created(data["created"], f"{p}.created"),
         points_measured=_int(data["points_measured"], f"{p}.points_measured", 0, 10**9),
         calibration_wall_s=None if wall is None else _num(wall, f"{p}.calibration_wall_s", 0, 1e8),
         software={_str(k, f"{p}.software key"): _str(v, f"{p}.software.{k}") for k, v in software.items()},
@@ -109,7 +122,8 @@ def _cell(value: object, path: str) -> tuple[tuple[int, int], Cell]:
     excluded = []
     for i, entry in enumerate(_list(data.get("excluded", []), f"{path}.excluded", MAX_CANDIDATES)):
         pair = _list(entry, f"{path}.excluded[{i}]", 2, min_length=2)
-        excluded.append((_kernel(pair[0], f"{path}.excluded[{i}][0]"), _str(pair[1], f"{path}.excluded[{i}][1]")))
+        excluded.append((_kernel(pair[0], f"{path}.excluded[{i}][0]"),
+                         _str(pair[1], f"{path}.excluded[{i}][1]", EXCLUDING_STATUSES)))
     bucket = (_int(data["q"], f"{path}.q", 0, MAX_LOG2), _int(data["kv"], f"{path}.kv", 0, MAX_LOG2))
     cell = Cell(
         ranking=_candidates(data["ranking"], f"{path}.ranking", MAX_CANDIDATES),
@@ -119,10 +133,16 @@ def _cell(value: object, path: str) -> tuple[tuple[int, int], Cell]:
     return bucket, cell
 
 
+def _bucket_range(value: object, path: str) -> tuple[int, int]:
+    low, high = (_int(v, path, 0, MAX_LOG2) for v in _list(value, path, 2, min_length=2))
+    if low > high:
+        raise _fail(path, f"low {low} exceeds high {high}")
+    return low, high
+
+
 def _threshold(value: object, path: str) -> Threshold:
     data = _obj(value, path, ("kernel", "q_log2", "kv_log2", "cells_won", "cells_in_box", "text"))
-    q = tuple(_int(v, f"{path}.q_log2", 0, MAX_LOG2) for v in _list(data["q_log2"], f"{path}.q_log2", 2, min_length=2))
-    kv = tuple(_int(v, f"{path}.kv_log2", 0, MAX_LOG2) for v in _list(data["kv_log2"], f"{path}.kv_log2", 2, min_length=2))
+    q, kv = (_bucket_range(data[name], f"{path}.{name}") for name in ("q_log2", "kv_log2"))
     return Threshold(
         kernel=_kernel(data["kernel"], f"{path}.kernel"), q_log2=q, kv_log2=kv,
         cells_won=_int(data["cells_won"], f"{path}.cells_won", 0, MAX_CELLS_PER_CLASS),

@@ -154,3 +154,20 @@ def test_carried_seconds_follows_the_prior_and_guards_odd_ratios(mi50_table, mon
     for odd in (0.0, math.inf, math.nan):  # a zero prior used to raise ZeroDivisionError
         monkeypatch.setattr(table_module, "prior_seconds", lambda *args, odd=odd: odd)
         assert carried_seconds(1e-3, kernel, DECODE, longer, spec) == 1e-3
+
+
+
+def test_nearest_class_measures_work_in_the_tables_own_steps(mi50_table):
+    from models.buckets import ClassKey
+
+    a, b = ClassKey("float32", False, "none", work_log2=4), ClassKey("float32", False, "none", work_log2=10)
+    assert a.distance(b, work_step=2) == 3.0 and a.distance(b, work_step=3) == 2.0
+    # DECODE (head dim 64, batch x heads 2^5) in a table with work buckets 6 powers wide: its
+    # class key has work 6. Two head-dim octaves away (256, work 6) is distance 2; one work bucket
+    # away (64, work 12) is distance 1 in the table's steps (3 in the default steps of 2).
+    template = next(iter(mi50_table.classes.values()))
+    wide, deep = ClassKey("float32", False, "none", 256, 0, 6), ClassKey("float32", False, "none", 64, 0, 12)
+    table = replace(mi50_table, class_fields=("head_dim", "work"), work_step=6,
+                    classes={key: replace(template, key=key) for key in (wide, deep)})
+    assert class_key(DECODE, fields=table.class_fields, work_step=6).work_log2 == 6
+    assert table.find_class(DECODE).key == deep

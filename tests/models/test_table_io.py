@@ -110,6 +110,11 @@ def _set_node(data: dict, field: str, value: object, *, leaf: bool) -> None:
         (lambda d: d["models"][0]["trees"]["feature"][0].__setitem__(0, 10**6), "feature"),
         (lambda d: d["models"][0]["trees"]["value"][0].pop(), "equal lengths"),
         (lambda d: d["models"][0].__setitem__("scale", 1e12), r"models\[0\]\.scale"),
+        (lambda d: d["provenance"].__setitem__("created", "yesterday"), r"provenance\.created: must be an ISO 8601"),
+        (lambda d: d["provenance"].__setitem__("created", "2026-13-01T00:00:00Z"), r"provenance\.created"),
+        (lambda d: _first_cell(d).__setitem__("excluded", [["math", "slow"]]), r"excluded\[0\]\[1\]: must be one of"),
+        (lambda d: d["classes"][0]["thresholds"][0].__setitem__("q_log2", [5, 2]), r"thresholds\[0\]\.q_log2: low 5 exceeds"),
+        (lambda d: d["classes"][0]["thresholds"][0].__setitem__("kv_log2", [9, 1]), r"thresholds\[0\]\.kv_log2"),
         # malformed trees: every one a TableError naming the field, never a ValueError from numpy
         (lambda d: _set_node(d, "feature", "x", leaf=True), "node [0-9]+ feature: a leaf must have feature 0"),
         (lambda d: _set_node(d, "feature", 2**70, leaf=True), "node [0-9]+ feature"),
@@ -133,6 +138,13 @@ def test_corrupt_and_hostile_fields_are_named(table_json, edit, message):
     with pytest.raises(TableError, match=message) as error:
         _load(data)
     assert "attn-dispatch calibrate" in str(error.value) or "format_version" in str(error.value)
+
+
+@pytest.mark.parametrize("created", ["2026-11-30T00:00:00Z", "2026-11-30T00:00:00+00:00", "2026-11-30T00:00:00.123456Z"])
+def test_iso_timestamps_load(table_json, created):
+    data = copy.deepcopy(table_json)
+    data["provenance"]["created"] = created
+    assert _load(data).provenance.created == created
 
 
 def test_nan_cannot_be_written(mi50_table):
