@@ -1,6 +1,10 @@
 """Held-out cost-model quality on the committed H200 calibrations, on all points and on the
 reliably timed ones only (>= 3 timed samples; suspected losers were timed once, cold).
 
+The two subsets are not equally hard: the reliable one keeps few, mostly near-tied kernels per
+problem. A random pick's mean slowdown on the same held-out problems is printed beside each score
+so they can be compared.
+
     python -m bench.model_quality_reliable                 # the prior as shipped
     python -m bench.model_quality_reliable --forced-backend-factor 1.0   # the prior before the fix
 """
@@ -29,13 +33,21 @@ HOLDOUT = 0.2
 
 
 def load(run: str) -> list[Measurement]:
-    skip = ("run", "worker", "unit")  # results-store bookkeeping, not part of a Measurement
     with gzip.open(RESULTS / f"{run}_measurements.jsonl.gz", "rt") as handle:
-        return [Measurement.from_dict({k: v for k, v in json.loads(line).items() if k not in skip}) for line in handle]
+        return [Measurement.from_dict(json.loads(line)) for line in handle]
 
 
-def quality(points: list[Measurement], spec) -> tuple[float, float, float, int, int]:
-    """(model top-1, model mean slowdown, prior mean slowdown, points, problems), mean of splits."""
+def random_pick_slowdown(groups: np.ndarray, seconds: np.ndarray) -> float:
+    """Mean over problems of the expected slowdown of a kernel picked at random."""
+    per_problem = []
+    for group in np.unique(groups):
+        times = seconds[groups == group]
+        per_problem.append(float(np.mean(times / times.min() - 1.0)))
+    return float(np.mean(per_problem))
+
+
+def quality(points: list[Measurement], spec) -> tuple[float, float, float, float, int, int]:
+    """(model top-1, model / prior / random-pick mean slowdown, points, problems), mean of splits."""
     data = training_set(points, spec)
     scores = []
     for seed in range(SPLITS):
@@ -44,9 +56,10 @@ def quality(points: list[Measurement], spec) -> tuple[float, float, float, int, 
         measured, groups = np.exp(data.y[test]), data.groups[test]
         learned = choice_quality(groups, measured, np.exp(model.predict(data.X[test])))
         prior = choice_quality(groups, measured, np.exp(data.X[test, model.prior_column]))
-        scores.append((learned.top1_accuracy, learned.mean_slowdown, prior.mean_slowdown))
-    top1, slowdown, prior_slowdown = np.mean(scores, axis=0)
-    return top1, slowdown, prior_slowdown, len(data), data.n_problems
+        scores.append((learned.top1_accuracy, learned.mean_slowdown, prior.mean_slowdown,
+                       random_pick_slowdown(groups, measured)))
+    top1, slowdown, prior_slowdown, random_slowdown = np.mean(scores, axis=0)
+    return top1, slowdown, prior_slowdown, random_slowdown, len(data), data.n_problems
 
 
 def main() -> None:
@@ -59,9 +72,9 @@ def main() -> None:
     for run in RUNS:
         points = load(run)
         for name, subset in (("all points", points), (f">= {RELIABLE_REPS} samples", [m for m in points if m.reps >= RELIABLE_REPS])):
-            top1, slowdown, prior_slowdown, n_points, n_problems = quality(subset, spec)
+            top1, slowdown, prior_slowdown, random_slowdown, n_points, n_problems = quality(subset, spec)
             print(f"{run} {name}: {n_points} points, {n_problems} problems; model top-1 {top1:.2f}, "
-                  f"mean slowdown {slowdown:.3f}; prior mean slowdown {prior_slowdown:.3f}")
+                  f"mean slowdown {slowdown:.3f}; prior {prior_slowdown:.3f}; random pick {random_slowdown:.3f}")
 
 
 if __name__ == "__main__":
