@@ -20,8 +20,8 @@ from models.priors import prior_seconds
 from models.table import TableClass, ThresholdTable
 
 BASELINE = "sdpa_default"
-# Family of a kernel name, for colours and legends: the part before "[" (convert kernels keep
-# their conversion, "convert[fp16->fp32]+chunked[...]" -> "convert[fp16->fp32]+chunked").
+# Family of a kernel name, for colours and legends: the part before "[" (a convert kernel becomes
+# "convert+" and its inner family, "convert[fp16->fp32]+chunked[...]" -> "convert+chunked").
 FAMILY_SEPARATOR = "["
 
 
