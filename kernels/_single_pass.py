@@ -28,19 +28,43 @@ def softmax_rows(scores: torch.Tensor, may_have_dead_rows: bool) -> torch.Tensor
     return probs.masked_fill_((scores == float("-inf")).all(dim=-1, keepdim=True), 0.0)
 
 
-def split_kv_product(probs: torch.Tensor, value: torch.Tensor, splits: int) -> torch.Tensor:
-    """``probs [B, Hkv, R, S] @ value [B, Hkv, S, Ev]`` as `splits` independent reductions of
-    ``S / splits`` keys (split-K: parallel work when R is tiny), summed in fp32.
+def _batched(tensor: torch.Tensor) -> torch.Tensor:
+    """``[B, Hkv, n, m]`` -> ``[B * Hkv, n, m]`` (a view when the strides allow, as in `torch.matmul`)."""
+    return tensor.reshape(-1, *tensor.shape[-2:])
 
-    `splits` must divide S. Returns ``[B, Hkv, R, Ev]`` in the value dtype.
+
+def row_major_scores(rows: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """``rows [B, Hkv, R, E] @ key [B, Hkv, S, E]^T`` in the input dtype, stored row-outermost.
+
+    The result is a ``[B * Hkv, R, S]`` view of a contiguous ``[R, B * Hkv, S]`` buffer: each
+    row of scores stays contiguous (for the fused softmax), and a block of ``C`` keys of every
+    (head, split) pair sits at one constant stride, so the split-K value product can read it in
+    place (`split_kv_product`) instead of through a transposed copy.
     """
+    R, S = rows.shape[-2], key.shape[-2]
+    heads = rows.shape[0] * rows.shape[1]
+    buffer = torch.empty(R, heads, S, dtype=rows.dtype, device=rows.device)
+    scores = buffer.transpose(0, 1)  # [B*Hkv, R, S], strides (S, B*Hkv*S, 1)
+    torch.bmm(_batched(rows), _batched(key).transpose(1, 2), out=scores)
+    return scores
+
+
+def split_kv_product(probs: torch.Tensor, value: torch.Tensor, splits: int) -> torch.Tensor:
+    """``probs [B*Hkv, R, S]`` (row-outermost, from `row_major_scores`) ``@ value [B, Hkv, S, Ev]``
+    as `splits` independent reductions of ``C = S / splits`` keys (split-K: parallel work when R
+    is tiny), summed with fp32 accumulation.
+
+    `splits` must divide S. Returns ``[B*Hkv, R, Ev]`` in the value dtype.
+    """
+    values = _batched(value)
     if splits == 1:
-        return torch.matmul(probs, value)
-    B, Hkv, R, S = probs.shape
+        return torch.bmm(probs, values)
+    heads, R, S = probs.shape
     chunk = S // splits
-    per_split = probs.view(B, Hkv, R, splits, chunk).transpose(2, 3)  # [B, Hkv, P, R, C]
-    partial = torch.matmul(per_split, value.unflatten(2, (splits, chunk)))  # [B, Hkv, P, R, Ev]
-    return partial.sum(dim=2, dtype=torch.float32).to(value.dtype)
+    # (head, split) pairs sit at a constant stride `chunk` in the row-outermost buffer: no copy.
+    per_split = probs.transpose(0, 1).reshape(R, heads * splits, chunk).transpose(0, 1)  # [B*Hkv*P, R, C]
+    partial = torch.bmm(per_split, values.reshape(heads * splits, chunk, -1))  # [B*Hkv*P, R, Ev]
+    return partial.view(heads, splits, R, -1).sum(dim=1)  # reductions accumulate in fp32
 
 
 def single_pass_attention(
@@ -57,19 +81,20 @@ def single_pass_attention(
     key ``[B, Hkv, S, E]``, value ``[B, Hkv, S, Ev]``; mask ``[B|1, Hq|1, L|1, S|1]`` or None.
     Returns ``[B, Hkv, G*Lc, Ev]`` in the input dtype.
     """
-    scores = torch.matmul(rows, key.transpose(-1, -2))  # [B, Hkv, R, S], input dtype
-    mask_scores_(scores, mask, problem.causal, q_positions, slice(0, problem.kv_len), problem)
-    probs = softmax_rows(scores, may_have_dead_rows=mask is not None)
+    scores = row_major_scores(rows, key)  # [B*Hkv, R, S]
+    mask_scores_(scores.view(rows.shape[:-1] + (problem.kv_len,)), mask, problem.causal, q_positions,
+                 slice(0, problem.kv_len), problem)
+    # Softmax on the contiguous buffer (on the transposed view it would copy first).
+    probs = softmax_rows(scores.transpose(0, 1), may_have_dead_rows=mask is not None).transpose(0, 1)
     del scores
-    return split_kv_product(probs, value, splits)
+    return split_kv_product(probs, value, splits).view(rows.shape[:-1] + (value.shape[-1],))
 
 
 def single_pass_workspace_bytes(problem: Problem, q_rows: int, splits: int) -> int:
     """Peak extra bytes of `single_pass_attention` for `q_rows` query positions, tensor by tensor:
     scaled query rows; scores and probabilities in the input dtype (both alive in the softmax);
     `_safe_softmax`'s all-blocked test (1 byte per score) and the causal block; with splits, the
-    transposed copy of the probabilities the batched product makes, the per-split partial
-    outputs and their fp32 sum; the block's output."""
+    per-split partial outputs; the block's output."""
     item = problem.itemsize
     rows = problem.batch * problem.q_heads * q_rows
     scores = rows * problem.kv_len
@@ -81,5 +106,5 @@ def single_pass_workspace_bytes(problem: Problem, q_rows: int, splits: int) -> i
     if problem.causal:
         extra += q_rows * problem.kv_len * 2
     if splits > 1:
-        extra += scores * item + rows * problem.value_dim * (splits * item + 4)
+        extra += rows * problem.value_dim * splits * item
     return extra + rows * problem.value_dim * item
