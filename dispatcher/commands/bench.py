@@ -14,7 +14,7 @@ from dispatcher.kernel_set import KERNEL_SETS
 from dispatcher.memory import parse_memory_size
 from kernels import AccuracyPolicy
 
-SCENARIO_CHOICES = ("prefill", "fill", "decode", "video", "all")
+SCENARIO_CHOICES = ("prefill", "fill", "decode", "video", "heldout", "all")
 SIZE_CHOICES = ("auto", "small", "full")
 # Harness defaults per device kind (see calibration.scenario_bench.BenchSettings): on a GPU,
 # 10 rounds and 2.5 s per shape; with them `bench --scenario all` (35 shapes) took about a minute
@@ -38,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--scenario", default="all", choices=SCENARIO_CHOICES,
                         help="prefill (Lq = Lk, causal), fill (chunk against a long cache, masked), decode (Lq 1-16 "
-                        "against 4k-128k), video (8k-128k tokens, non-causal) or all (default)")
+                        "against 4k-128k), video (8k-128k tokens, non-causal), all (those four; default) or heldout (shapes "
+                        "no calibration measures: odd lengths, GQA 5/7, batches 2-8, fp32 among them)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--memory-budget", default=None, metavar="SIZE",
                         help="cap each call's memory, e.g. 16GiB (emulates a smaller card); paths over it are skipped")
@@ -49,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kernels", default="all", choices=KERNEL_SETS, help="the dispatcher's kernel set")
     parser.add_argument("--allow-lossy", action="append", default=[], metavar="CONVERSION",
                         help="let the dispatcher use a lossy conversion, e.g. fp32->bf16 (repeatable)")
+    parser.add_argument("--tune", action="store_true",
+                        help="let the dispatcher time its closest candidates on its first call of each problem bucket "
+                        "(ATTN_DISPATCH_TUNE=1; see dispatcher/tuning.py)")
     parser.add_argument("--rounds", type=int, default=None, metavar="N", help="interleaved rounds per shape (default: 10 GPU, 5 CPU)")
     parser.add_argument("--shape-budget", type=float, default=None, metavar="SECONDS",
                         help="no new round after this many seconds on a shape (default: 2.5 GPU, 1 CPU)")
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"attn-dispatch bench: error: {error}", file=sys.stderr)
         return 2
     report = run_bench(shapes, device, kernels=args.kernels, policy=policy, memory_budget=budget, settings=settings,
-                       size=size, progress=None if args.quiet else _progress)
+                       size=size, progress=None if args.quiet else _progress, tune=args.tune)
     text = report.markdown()
     print(text, end="")
     if args.md:
