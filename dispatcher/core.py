@@ -20,8 +20,9 @@ from dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
 from dispatcher.errors import NoKernelError
 from dispatcher.kernel_set import kernel_set
 from dispatcher.memory import budget_from_env, free_bytes, parse_memory_size, release_cached_memory
-from dispatcher.planning import Ranked, failure_bucket, fit_options, memory_limit, rank_options
+from dispatcher.planning import Ranked, failure_bucket, fit_options, memory_limit, needs_recheck, rank_options
 from dispatcher.ranking import DeviceRanking, resolve_ranking
+from dispatcher.tuning import Tuned, put_first, tune, tune_from_env
 from kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
 from kernels.failures import is_out_of_memory
 from kernels.sdpa_backends import pytorch_sdpa
@@ -30,6 +31,7 @@ _grad_enabled = torch.is_grad_enabled
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
 """`stats` key of calls that went to PyTorch's SDPA on the training route."""
+_NOT_GIVEN = object()  # `_plan_for` without the call's scale: nothing to tune on
 
 
 def _route(dropout_p: float, inputs_grad: bool, mask_grad: bool, kernel: Kernel) -> str | None:
@@ -46,13 +48,15 @@ def _route(dropout_p: float, inputs_grad: bool, mask_grad: bool, kernel: Kernel)
 
 
 class _DeviceState:
-    """What one device has: its ranker and the failures remembered per problem bucket (kernel
-    name -> message), with the names of those that failed for lack of memory."""
+    """What one device has: its ranker, the failures remembered per problem bucket (kernel
+    name -> message), with the names of those that failed for lack of memory, and the first-call
+    tunings per bucket."""
 
     def __init__(self, ranking: DeviceRanking) -> None:
         self.ranking = ranking
         self.failures: dict[tuple, dict[str, str]] = {}
         self.out_of_memory: dict[tuple, set[str]] = {}
+        self.tuned: dict[tuple, Tuned] = {}
 
 
 class Dispatcher:
@@ -68,6 +72,9 @@ class Dispatcher:
     memory_budget: most workspace one call may use: bytes or a size such as ``"16GiB"``; default
         ``ATTN_DISPATCH_MEMORY_BUDGET`` (read when a decision is made), else no budget.
     home: directory holding threshold tables (default: ``ATTN_DISPATCH_HOME`` or the user cache).
+    tune: time the closest candidates on the first call of each problem bucket and keep the
+        fastest (`dispatcher.tuning`); default ``ATTN_DISPATCH_TUNE`` (read when a decision is
+        made), else off.
     """
 
     def __init__(
@@ -77,6 +84,7 @@ class Dispatcher:
         policy: AccuracyPolicy = LOSSLESS,
         memory_budget: int | str | None = None,
         home: str | None = None,
+        tune: bool | None = None,
     ) -> None:
         if not isinstance(policy, AccuracyPolicy):
             raise TypeError(f"policy must be an AccuracyPolicy (e.g. AccuracyPolicy.allowing('fp32->bf16')), got {policy!r}")
@@ -84,6 +92,7 @@ class Dispatcher:
         self._kernels = kernel_set(kernels, policy)
         self._budget = None if memory_budget is None else parse_memory_size(memory_budget, name="memory_budget")
         self.home = home
+        self._tune = tune
         self._plans: dict[tuple, Plan] = {}
         self._plan_get = self._plans.get  # bound once for the warm path
         self._devices: dict[torch.device, _DeviceState] = {}
@@ -100,6 +109,11 @@ class Dispatcher:
     def memory_budget(self) -> int | None:
         """Workspace cap in bytes: the argument, else ``ATTN_DISPATCH_MEMORY_BUDGET``, else None."""
         return self._budget if self._budget is not None else budget_from_env()
+
+    @property
+    def tune(self) -> bool:
+        """First-call tuning on? The argument, else ``ATTN_DISPATCH_TUNE``."""
+        return self._tune if self._tune is not None else tune_from_env()
 
     # ------------------------------------------------------------------ the call
     def attention(
@@ -150,7 +164,7 @@ class Dispatcher:
             return self._training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_)
         plan = self._plan_get(key_)
         if plan is None or plan.recheck:
-            plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+            plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
         plan.count[0] += 1
         try:
             return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
@@ -180,9 +194,10 @@ class Dispatcher:
         return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
 
     # ------------------------------------------------------------------ deciding
-    def _plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa) -> Plan:
-        """Cold path (validate, rank, fit), or a decision whose memory must be re-checked: when
-        its kernel no longer is the first option that fits, only the memory fit is redone."""
+    def _plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa, scale=_NOT_GIVEN) -> Plan:
+        """Cold path (validate, rank, fit, tune), or a decision whose memory must be re-checked:
+        when its kernel no longer is the first option that fits, only the memory fit is redone.
+        `scale` is the call's (inference route only: it lets a new bucket be tuned on these inputs)."""
         plan = self._plans.get(key_)
         if plan is not None and (not plan.recheck or self._recheck(plan)):
             return plan
@@ -192,7 +207,8 @@ class Dispatcher:
             current = self._plans.get(key_)
             if current is not None and current is not plan:
                 return current  # another thread decided meanwhile
-            plan = self._new_plan(problem, query.device) if current is None else self._refit(current)
+            inputs = None if scale is _NOT_GIVEN else (query, key, value, attn_mask, scale, enable_gqa)
+            plan = self._new_plan(problem, query.device, inputs) if current is None else self._refit(current)
             self._plans[key_] = plan
             _log.new_decision(plan.decision)
         return plan
@@ -201,7 +217,11 @@ class Dispatcher:
         """Is the plan's kernel still the first option that fits free memory now? (A kernel
         shrunk to fit is no option: it stands while no option fits and it still does.)"""
         limit = memory_limit(free_bytes(plan.device), self.memory_budget)
-        for option in plan.ranked.options:
+        options = plan.ranked.options
+        tuned = self._state(plan.device).tuned.get(failure_bucket(plan.problem)) if self.tune else None
+        if tuned is not None:
+            options = put_first(options, tuned.kernel)
+        for option in options:
             if limit is None or option.workspace_bytes <= limit:
                 return option.kernel is plan.kernel
         return limit is not None and plan.workspace <= limit  # an option's kernel is over it too
@@ -215,11 +235,12 @@ class Dispatcher:
                     state = self._devices[device] = _DeviceState(resolve_ranking(device, home=self.home))
         return state
 
-    def _new_plan(self, problem: Problem, device: torch.device) -> Plan:
+    def _new_plan(self, problem: Problem, device: torch.device, inputs: tuple | None = None) -> Plan:
+        """Rank and fit; `inputs` (query, key, value, mask, scale, enable_gqa) let tuning time them."""
         state = self._state(device)
         failed = state.failures.get(failure_bucket(problem), {})
         ranked = rank_options(problem, self._kernels, state.ranking, failed, policy=self.policy)
-        return self._fit(ranked, device, state, failed)
+        return self._fit(ranked, device, state, failed, inputs)
 
     def _refit(self, plan: Plan) -> Plan:
         """`plan` redone for the memory free now from its ranked options (ranking does not
@@ -232,21 +253,35 @@ class Dispatcher:
             ranked = rank_options(plan.problem, self._kernels, state.ranking, failed, policy=self.policy)
         return self._fit(ranked, plan.device, state, failed)
 
-    def _fit(self, ranked: Ranked, device: torch.device, state: _DeviceState, failed: dict[str, str]) -> Plan:
-        """The plan of the first ranked option that fits in memory now (`planning.fit_options`)."""
+    def _fit(self, ranked: Ranked, device: torch.device, state: _DeviceState, failed: dict[str, str],
+             inputs: tuple | None = None) -> Plan:
+        """The plan of the first ranked option that fits in memory now (`planning.fit_options`),
+        or of the bucket's tuned kernel when tuning is on (timed now when `inputs` are given)."""
         problem = ranked.problem
         free, budget = free_bytes(device), self.memory_budget
         fit = fit_options(ranked, free=free, budget=budget, ranking=state.ranking, failed=failed)
         if not fit.options:
             raise NoKernelError(problem, str(device), ranked.dropped + fit.dropped)
+        options, notes = fit.options, fit.notes
+        if self.tune:
+            bucket = failure_bucket(problem)
+            tuned = state.tuned.get(bucket)
+            if tuned is None and inputs is not None:
+                check_scale(inputs[4])
+                tuned = tune(options, inputs, problem, device)
+                if tuned is not None:
+                    state.tuned[bucket] = tuned
+            if tuned is not None and any(option.kernel.name == tuned.kernel for option in options):
+                options, notes = put_first(options, tuned.kernel), (*notes, tuned.note())
         decision = Decision(
-            kernel=fit.options[0].kernel.name, params=dict(fit.options[0].kernel.params), problem=problem,
+            kernel=options[0].kernel.name, params=dict(options[0].kernel.params), problem=problem,
             device=str(device), source=state.ranking.source,
-            candidates=tuple(option.candidate() for option in fit.options),
-            dropped=fit.dropped + ranked.dropped, free_bytes=free, budget_bytes=budget, notes=fit.notes,
+            candidates=tuple(option.candidate() for option in options),
+            dropped=fit.dropped + ranked.dropped, free_bytes=free, budget_bytes=budget, notes=notes,
         )
-        chosen = fit.options[0]
-        return Plan(problem, device, chosen.kernel, chosen.workspace_bytes, fit.recheck, ranked, decision,
+        chosen = options[0]
+        recheck = needs_recheck(chosen.workspace_bytes, free)
+        return Plan(problem, device, chosen.kernel, chosen.workspace_bytes, recheck, ranked, decision,
                     self._count_cell(chosen.kernel.name))
 
     def _count_cell(self, name: str) -> list[int]:

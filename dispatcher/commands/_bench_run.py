@@ -97,6 +97,8 @@ def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape]
         "memory budget": format_bytes(dispatcher.memory_budget) if dispatcher.memory_budget else "none",
         "free memory at start": format_bytes(free_bytes(device)),
         "kernel set": f"{len(dispatcher.kernels)} kernels; accuracy policy: {dispatcher.policy.describe()}",
+        "first-call tuning": ("on: the dispatcher times its closest candidates on its first call of each bucket "
+                              "(that call is the gated first call, outside the timed rounds)") if dispatcher.tune else "off",
         "timing": (f"{timer}; each path: 1 gated first call + {settings.warmup} warm-up + 1 timed sample; then up to "
                    f"{settings.rounds} interleaved rounds of one sample per path (back-to-back calls lasting ~{TARGET_SAMPLE_S * 1e3:g} ms, "
                    f"divided by their count; at least {settings.min_rounds} rounds, no new round after "
@@ -113,10 +115,11 @@ def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape]
 
 def run_bench(
     shapes: list[Shape], device: torch.device, *, kernels: str, policy: AccuracyPolicy, memory_budget: int | None,
-    settings: BenchSettings, size: str, progress: Callable[[ShapeResult], None] | None = None,
+    settings: BenchSettings, size: str, progress: Callable[[ShapeResult], None] | None = None, tune: bool = False,
 ) -> BenchReport:
-    """Time every shape on `device` with a fresh dispatcher; see module docstring."""
-    dispatcher = Dispatcher(kernels=kernels, policy=policy, memory_budget=memory_budget)
+    """Time every shape on `device` with a fresh dispatcher (tuning on its first call of each
+    bucket when `tune`); see module docstring."""
+    dispatcher = Dispatcher(kernels=kernels, policy=policy, memory_budget=memory_budget, tune=tune)
     subject = DispatchedKernel(dispatcher, device)
     report = BenchReport(conditions(device, dispatcher, shapes, settings, size))
     if shapes:  # process warm-up: thread pools, allocator, library handles; the numbers are discarded

@@ -1,0 +1,99 @@
+"""First-call tuning: the table prunes, the stopwatch decides the close calls.
+
+With tuning on (``Dispatcher(tune=True)`` or ``ATTN_DISPATCH_TUNE=1``), the first call of a new
+problem bucket (`planning.failure_bucket`: lengths and batch rounded up to powers of two) times the
+kernels the ranking predicts within `TUNE_MARGIN` of its best (at most `MAX_TUNED`) on that call's
+own inputs, and the bucket keeps the measured fastest for every later shape in it. This is
+cuDNN's benchmark mode and Triton's autotuner, with the cost model pruning the candidates first.
+
+The price is paid once per bucket: each contender runs ``1 + TUNE_TIMER.min_reps`` to
+``1 + TUNE_TIMER.max_reps`` times (a few ms, or a few hundred ms for a 100k-token video call). Not
+done while a CUDA graph is being captured (timing synchronises) nor on the training route.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from calibration.timer import TimerSettings, time_repetitions
+from dispatcher.planning import Option
+
+TUNE_ENV = "ATTN_DISPATCH_TUNE"
+"""Environment variable turning first-call tuning on (``1``) for dispatchers built without `tune=`."""
+
+TUNE_MARGIN = 1.5
+"""Contenders: options predicted within this factor of the best prediction. Judgement from the H200
+calibration of 2026-11-30 (docs/RESULTS.md): the model's held-out choices cost 10-20% on average
+but up to 2x on the worst problems, so kernels predicted up to 1.5x behind the best are the ones
+whose order the model cannot be trusted on."""
+
+MAX_TUNED = 4
+"""At most this many contenders are timed: bounds the first call at about five times its kernel's
+time (a warm-up and a few timed calls each)."""
+
+TUNE_TIMER = TimerSettings(warmup=1, min_reps=3, max_reps=5, target_relative_iqr=0.05, budget_s=0.5)
+"""One warm-up call (also the failure check), then 3-5 samples of back-to-back calls; 0.5 s per
+contender at most (a 100 ms call gets its warm-up and one timed call)."""
+
+
+def tune_from_env() -> bool:
+    return os.environ.get(TUNE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """A bucket's tuning: the measured fastest kernel and every contender's seconds (inf: failed)."""
+
+    kernel: str
+    seconds: tuple[tuple[str, float], ...]
+
+    def note(self) -> str:
+        timed = ", ".join(f"{name} {s * 1e3:.3g} ms" if math.isfinite(s) else f"{name} failed" for name, s in self.seconds)
+        return f"tuned on the first call of this bucket: {timed}"
+
+
+def contenders(options: tuple[Option, ...]) -> tuple[Option, ...]:
+    """The options whose order the stopwatch should settle: predicted within `TUNE_MARGIN` of the
+    first (the ranking's best), at most `MAX_TUNED`. Unpredicted options are not timed."""
+    if not options or options[0].predicted_s is None:
+        return options[:1]
+    limit = options[0].predicted_s * TUNE_MARGIN
+    close = [o for o in options if o.predicted_s is not None and o.predicted_s <= limit]
+    return tuple(close[:MAX_TUNED])
+
+
+def can_time(device: torch.device) -> bool:
+    """Timing synchronises the device: never while a CUDA graph is being captured."""
+    return not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.device) -> Tuned | None:
+    """Time `contenders(options)` on ``inputs = (query, key, value, attn_mask, scale, enable_gqa)``;
+    None when there is nothing to settle (one contender) or nothing could be timed."""
+    timed = contenders(options)
+    if len(timed) < 2 or not can_time(device):
+        return None
+    query, key, value, attn_mask, scale, enable_gqa = inputs
+    seconds = []
+    for option in timed:
+        run = option.kernel.run
+        try:
+            timing = time_repetitions(
+                lambda _i, run=run: run(query, key, value, attn_mask, scale, enable_gqa, problem), device, TUNE_TIMER)
+            seconds.append((option.kernel.name, timing.median_s))
+        except Exception:  # noqa: BLE001 - a contender that fails is simply not chosen
+            seconds.append((option.kernel.name, math.inf))
+    best = min(seconds, key=lambda item: item[1])
+    if not math.isfinite(best[1]):
+        return None
+    return Tuned(best[0], tuple(seconds))
+
+
+def put_first(options: tuple[Option, ...], name: str) -> tuple[Option, ...]:
+    """`options` with kernel `name` moved to the front (unchanged when it is not among them)."""
+    chosen = [o for o in options if o.kernel.name == name]
+    return tuple(chosen + [o for o in options if o.kernel.name != name])

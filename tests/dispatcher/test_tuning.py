@@ -1,0 +1,117 @@
+"""First-call tuning: the closest candidates are timed on the call's own inputs, the fastest is kept
+for the whole bucket, and nothing is timed when tuning is off or only one candidate is close."""
+
+from __future__ import annotations
+
+import time
+
+from dispatcher import Dispatcher, tuning
+from dispatcher.planning import Option
+from kernels import MathKernel
+from tests.dispatcher.helpers import FailingKernel, FixedRanker, assert_matches_reference, qkv, use_ranking
+
+SLOW_S = 2e-3  # far above the run-to-run noise of a tiny math call on a loaded CI machine
+
+
+class CountingMath(MathKernel):
+    """The math kernel under another name, counting its runs; `delay_s` makes it slow."""
+
+    family = "counting"
+
+    def __init__(self, label: str, delay_s: float = 0.0) -> None:
+        self.label, self.delay_s, self.runs = label, delay_s, 0
+
+    @property
+    def name(self) -> str:
+        return self.label
+
+    def run(self, query, key, value, attn_mask, scale, enable_gqa, problem):
+        self.runs += 1
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return super().run(query, key, value, attn_mask, scale, enable_gqa, problem)
+
+
+class CloseRanker(FixedRanker):
+    """`order`, each predicted 1% behind the previous: all within the tuning margin."""
+
+    def rank(self, problem, kernels):
+        return [(name, 1e-6 * 1.01 ** i) for i, name in enumerate(self.order)]
+
+
+def _pair(monkeypatch):
+    slow, fast = CountingMath("slow", SLOW_S), CountingMath("fast")
+    use_ranking(monkeypatch, CloseRanker(["slow", "fast"]))
+    return slow, fast
+
+
+def test_tuning_keeps_the_measured_fastest_for_the_bucket(monkeypatch):
+    slow, fast = _pair(monkeypatch)
+    ours = Dispatcher(kernels=[slow, fast], tune=True)
+    inputs = qkv()
+    assert_matches_reference(ours.attention(**inputs), inputs)
+    decision = ours.explain(**inputs)
+    assert decision.kernel == "fast"
+    assert [c.name for c in decision.candidates] == ["fast", "slow"]
+    assert any(note.startswith("tuned on the first call") and "slow" in note for note in decision.notes)
+    timed_slow = slow.runs
+    assert timed_slow >= 1 + tuning.TUNE_TIMER.min_reps  # warm-up + samples
+    longer = qkv(q_len=7, kv_len=6)  # same power-of-two bucket: reuses the tuning, times nothing
+    assert_matches_reference(ours.attention(**longer), longer)
+    assert slow.runs == timed_slow and ours.explain(**longer).kernel == "fast"
+    assert ours.stats() == {"fast": 2}
+
+
+def test_candidates_predicted_far_behind_are_not_timed(monkeypatch):
+    slow, fast = CountingMath("slow", SLOW_S), CountingMath("fast")
+    use_ranking(monkeypatch, FixedRanker(["slow", "fast"]))  # 1 us and 2 us: beyond the margin
+    ours = Dispatcher(kernels=[slow, fast], tune=True)
+    ours.attention(**qkv())
+    assert ours.explain(**qkv()).kernel == "slow"
+    assert (slow.runs, fast.runs) == (1, 0)
+
+
+def test_without_tuning_the_ranking_decides_and_nothing_is_timed(monkeypatch):
+    slow, fast = _pair(monkeypatch)
+    ours = Dispatcher(kernels=[slow, fast])
+    ours.attention(**qkv())
+    assert ours.explain(**qkv()).kernel == "slow"
+    assert (slow.runs, fast.runs) == (1, 0)
+
+
+def test_environment_variable_turns_tuning_on(monkeypatch):
+    slow, fast = _pair(monkeypatch)
+    monkeypatch.setenv(tuning.TUNE_ENV, "1")
+    ours = Dispatcher(kernels=[slow, fast])
+    assert ours.tune
+    ours.attention(**qkv())
+    assert ours.explain(**qkv()).kernel == "fast"
+    assert not Dispatcher(tune=False).tune
+
+
+def test_a_contender_that_fails_is_not_chosen(monkeypatch):
+    use_ranking(monkeypatch, CloseRanker(["failing", "math"]))
+    ours = Dispatcher(kernels=[FailingKernel(), MathKernel()], tune=True)
+    inputs = qkv()
+    assert_matches_reference(ours.attention(**inputs), inputs)
+    decision = ours.explain(**inputs)
+    assert decision.kernel == "math"
+    assert any("failing failed" in note for note in decision.notes)
+
+
+def test_contenders_are_the_options_predicted_within_the_margin():
+    def option(name, seconds):
+        return Option(CountingMath(name), seconds, 0)
+
+    options = (option("a", 1.0), option("b", 1.2), option("c", tuning.TUNE_MARGIN * 1.01), option("d", None))
+    assert [o.kernel.name for o in tuning.contenders(options)] == ["a", "b"]
+    many = tuple(option(str(i), 1.0 + 0.01 * i) for i in range(10))
+    assert len(tuning.contenders(many)) == tuning.MAX_TUNED
+    unpredicted_first = (option("x", None), option("y", 1.0))
+    assert [o.kernel.name for o in tuning.contenders(unpredicted_first)] == ["x"]  # nothing to compare
+
+
+def test_put_first_moves_one_option_and_keeps_the_rest_in_order():
+    options = tuple(Option(CountingMath(name), 1.0, 0) for name in "abc")
+    assert [o.kernel.name for o in tuning.put_first(options, "c")] == ["c", "a", "b"]
+    assert tuning.put_first(options, "zzz") == options
