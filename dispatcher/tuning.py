@@ -3,7 +3,8 @@
 With tuning on (``Dispatcher(tune=True)`` or ``ATTN_DISPATCH_TUNE=1``), the first call of a new
 problem bucket (`planning.failure_bucket`: lengths and batch rounded up to powers of two) times the
 kernels the ranking predicts within `TUNE_MARGIN` of its best (at most `MAX_TUNED`) on that call's
-own inputs, and the bucket keeps the measured fastest for every later shape in it. This is
+own inputs, together with PyTorch's own choice, and the bucket keeps the measured fastest for every
+later shape in it. This is
 cuDNN's benchmark mode and Triton's autotuner, with the cost model pruning the candidates first.
 
 The price is paid once per bucket: each contender runs ``1 + TUNE_TIMER.min_reps`` to
@@ -21,6 +22,7 @@ import torch
 
 from calibration.timer import TimerSettings, time_repetitions
 from dispatcher.planning import Option
+from dispatcher.ranking import FALLBACK_FIRST
 
 TUNE_ENV = "ATTN_DISPATCH_TUNE"
 """Environment variable turning first-call tuning on (``1``) for dispatchers built without `tune=`."""
@@ -58,12 +60,19 @@ class Tuned:
 
 def contenders(options: tuple[Option, ...]) -> tuple[Option, ...]:
     """The options whose order the stopwatch should settle: predicted within `TUNE_MARGIN` of the
-    first (the ranking's best), at most `MAX_TUNED`. Unpredicted options are not timed."""
-    if not options or options[0].predicted_s is None:
-        return options[:1]
-    limit = options[0].predicted_s * TUNE_MARGIN
-    close = [o for o in options if o.predicted_s is not None and o.predicted_s <= limit]
-    return tuple(close[:MAX_TUNED])
+    first (the ranking's best), at most `MAX_TUNED`, plus PyTorch's own choice (``sdpa_default``)
+    wherever it can run, so a tuned bucket never keeps something slower than what PyTorch would
+    have run. Other unpredicted options are not timed."""
+    if not options:
+        return ()
+    close = []
+    if options[0].predicted_s is not None:
+        limit = options[0].predicted_s * TUNE_MARGIN
+        close = [o for o in options if o.predicted_s is not None and o.predicted_s <= limit][:MAX_TUNED]
+    else:
+        close = [options[0]]
+    baseline = [o for o in options if o.kernel.name == FALLBACK_FIRST and o not in close]
+    return tuple(close + baseline)
 
 
 def can_time(device: torch.device) -> bool:

@@ -109,6 +109,8 @@ def test_contenders_are_the_options_predicted_within_the_margin():
     assert len(tuning.contenders(many)) == tuning.MAX_TUNED
     unpredicted_first = (option("x", None), option("y", 1.0))
     assert [o.kernel.name for o in tuning.contenders(unpredicted_first)] == ["x"]  # nothing to compare
+    with_default = (*options, option("sdpa_default", 5.0))
+    assert [o.kernel.name for o in tuning.contenders(with_default)] == ["a", "b", "sdpa_default"]
 
 
 def test_put_first_moves_one_option_and_keeps_the_rest_in_order():
