@@ -5,6 +5,15 @@ the analytic prior back: the prior carries how time scales with size (so predict
 past the sweep), the trees learn what the prior gets wrong on this card (caches, launch costs,
 backend quirks). ``residual=False`` learns log seconds directly (compared in
 tests/models/test_quality.py).
+
+Only the order of kernels within a problem decides the dispatcher's choice, so by default
+(``normalize="problem_mean"``) the trees learn the *kernel-relative* residual: each problem's
+mean residual over its measured kernels is subtracted first (a problem whose every kernel runs
+2x slower than the prior says nothing about which kernel to pick, yet dominated the squared
+error). A second, small tree ensemble on the problem's own features (`PROBLEM_COLUMNS`) learns
+that per-problem offset, so predicted seconds stay absolute. Both ensembles are summed into one
+(`SummedTrees`) that `models.forest` exports like a single regressor. Held-out comparison:
+bench/model_quality_compare.py.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ except ImportError:  # pragma: no cover - older scikit-learn
     validate_data = None
 from threadpoolctl import threadpool_limits
 
-from models.features import FEATURE_NAMES, PRIOR_COLUMN
+from models.features import FEATURE_NAMES, PRIOR_COLUMN, PROBLEM_COLUMNS
 
 # Boosting a few thousand rows is fastest on one thread: OpenMP threads oversubscribed by other
 # work (pytest -n 2 on a 2-core CI machine, a calibration worker) made one fit 40x slower here.
@@ -30,6 +39,48 @@ NOT_FITTED_MESSAGE = (
     "This CostModel is not fitted yet: run `attn-dispatch calibrate` on this card (or call "
     "fit(feature_matrix(...), log_seconds)) before predicting"
 )
+
+
+NORMALIZATIONS = ("none", "problem_mean")
+# The problem-offset ensemble sees one row per problem (a hundred or so): few, small trees.
+OFFSET_PARAMS = {"max_iter": 100, "learning_rate": 0.1, "max_leaf_nodes": 7, "min_samples_leaf": 3}
+
+
+def problem_groups(X: np.ndarray, columns: tuple[int, ...] = PROBLEM_COLUMNS) -> np.ndarray:
+    """``int64 [n]``: rows with equal problem columns (one problem, several kernels) share an id."""
+    _, inverse = np.unique(np.ascontiguousarray(X[:, list(columns)]), axis=0, return_inverse=True)
+    return np.asarray(inverse, dtype=np.int64).ravel()
+
+
+def group_means(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """``[n]``: the mean of `values` over each row's group."""
+    sums = np.bincount(groups, weights=values)
+    return (sums / np.bincount(groups))[groups]
+
+
+class SummedTrees:
+    """Two fitted `HistGradientBoostingRegressor` summed: the kernel-relative trees and the
+    problem-offset trees (fitted on rows whose kernel columns were zeroed, so none of its trees
+    splits on them). Exposes what `models.forest.export_forest` reads from one regressor: the
+    trees (``_predictors``) and the constant (``_baseline_prediction``)."""
+
+    def __init__(self, relative: HistGradientBoostingRegressor, offset: HistGradientBoostingRegressor) -> None:
+        self.relative, self.offset = relative, offset
+
+    @property
+    def _predictors(self) -> list:
+        return [*self.relative._predictors, *self.offset._predictors]
+
+    @property
+    def _baseline_prediction(self) -> np.ndarray:
+        return np.ravel(self.relative._baseline_prediction) + np.ravel(self.offset._baseline_prediction)
+
+    @property
+    def n_iter_(self) -> int:
+        return self.relative.n_iter_
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return self.relative.predict(X) + self.offset.predict(X)
 
 
 class CostModel(RegressorMixin, BaseEstimator):
@@ -42,11 +93,15 @@ class CostModel(RegressorMixin, BaseEstimator):
     max_iter, learning_rate, max_leaf_nodes, min_samples_leaf, l2_regularization: passed to
         `HistGradientBoostingRegressor`. Defaults chosen for a few hundred to a few thousand
         points (small leaves, many shallow trees, slow learning rate; see test_quality.py).
+    normalize: "problem_mean" learns the residual relative to each problem's mean over its
+        kernels, plus a problem-level offset (module docstring); "none" learns it as is. Applied
+        when ``X`` has `FEATURE_NAMES` columns and some problem has two or more rows.
     random_state: seed of the boosting (no early stopping is used, so it is deterministic).
 
     Attributes
     ----------
-    estimator_: the fitted `HistGradientBoostingRegressor`.
+    estimator_: the fitted `HistGradientBoostingRegressor`, or a `SummedTrees` of two when
+        normalised.
     n_features_in_: number of feature columns seen in `fit`.
     n_iter_: boosting iterations run.
     feature_names_: `models.features.FEATURE_NAMES` when ``X`` had that many columns, else None.
@@ -58,10 +113,11 @@ class CostModel(RegressorMixin, BaseEstimator):
         residual: bool = True,
         prior_column: int = PRIOR_COLUMN,
         max_iter: int = 300,
-        learning_rate: float = 0.05,
+        learning_rate: float = 0.1,
         max_leaf_nodes: int = 15,
         min_samples_leaf: int = 4,
         l2_regularization: float = 1e-3,
+        normalize: str = "problem_mean",
         random_state: int = 0,
     ) -> None:
         self.residual = residual
@@ -71,6 +127,7 @@ class CostModel(RegressorMixin, BaseEstimator):
         self.max_leaf_nodes = max_leaf_nodes
         self.min_samples_leaf = min_samples_leaf
         self.l2_regularization = l2_regularization
+        self.normalize = normalize
         self.random_state = random_state
 
     def _baseline(self, X: np.ndarray) -> np.ndarray:
@@ -90,16 +147,33 @@ class CostModel(RegressorMixin, BaseEstimator):
         else:
             X, y = check_X_y(X, y, dtype=np.float64, y_numeric=True)
             self.n_features_in_ = X.shape[1]
+        if self.normalize not in NORMALIZATIONS:
+            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {self.normalize!r}")
         self.feature_names_ = FEATURE_NAMES if X.shape[1] == len(FEATURE_NAMES) else None
-        self.estimator_ = HistGradientBoostingRegressor(
+        residual = y - self._baseline(X)
+        relative = self._regressor(
             max_iter=self.max_iter, learning_rate=self.learning_rate, max_leaf_nodes=self.max_leaf_nodes,
-            min_samples_leaf=self.min_samples_leaf, l2_regularization=self.l2_regularization,
-            early_stopping=False, random_state=self.random_state,
+            min_samples_leaf=self.min_samples_leaf,
         )
+        groups = problem_groups(X) if self.normalize == "problem_mean" and self.feature_names_ else None
         with threadpool_limits(limits=FIT_THREADS):
-            self.estimator_.fit(X, y - self._baseline(X), sample_weight=sample_weight)
+            if groups is None or np.bincount(groups).max() < 2:
+                self.estimator_ = relative.fit(X, residual, sample_weight=sample_weight)
+            else:
+                offsets = group_means(residual, groups)
+                relative.fit(X, residual - offsets, sample_weight=sample_weight)
+                first = np.unique(groups, return_index=True)[1]  # one row per problem
+                problem_rows = np.zeros((len(first), X.shape[1]))
+                problem_rows[:, list(PROBLEM_COLUMNS)] = X[np.ix_(first, PROBLEM_COLUMNS)]
+                offset = self._regressor(**OFFSET_PARAMS).fit(problem_rows, offsets[first])
+                self.estimator_ = SummedTrees(relative, offset)
         self.n_iter_ = self.estimator_.n_iter_
         return self
+
+    def _regressor(self, **params) -> HistGradientBoostingRegressor:
+        return HistGradientBoostingRegressor(
+            **params, l2_regularization=self.l2_regularization, early_stopping=False, random_state=self.random_state,
+        )
 
     def predict(self, X) -> np.ndarray:
         """Natural-log seconds ``[n]``."""
@@ -123,6 +197,8 @@ class CostModel(RegressorMixin, BaseEstimator):
 
     def describe(self) -> str:
         target = "log(measured / prior)" if self.residual else "log seconds"
+        if self.normalize == "problem_mean":
+            target += " relative to its problem's mean, plus a problem-offset model"
         return (
             f"HistGradientBoostingRegressor on {target} (max_iter={self.max_iter}, "
             f"learning_rate={self.learning_rate}, max_leaf_nodes={self.max_leaf_nodes}, "

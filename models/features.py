@@ -39,6 +39,13 @@ FEATURE_NAMES: tuple[str, ...] = (
 )
 PRIOR_COLUMN = FEATURE_NAMES.index("log_prior_s")
 """Column of the log prior time (the cost model's residual baseline)."""
+_KERNEL_ONLY_NAMES = ("log_workspace_bytes", "log_prior_s")
+PROBLEM_COLUMNS: tuple[int, ...] = tuple(
+    i for i, name in enumerate(FEATURE_NAMES)
+    if i >= FEATURE_NAMES.index("log2_q_len") and name not in _KERNEL_ONLY_NAMES
+)
+"""Columns that depend on the problem alone (equal for every kernel run on one problem): the
+cost model finds a problem's rows by them and fits its problem-level offset on them only."""
 
 
 def _log2(value: float) -> float:

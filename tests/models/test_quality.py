@@ -67,8 +67,35 @@ def test_synthetic_quality_beats_the_prior_and_nears_the_truth(synthetic, record
 
 def test_residual_target_beats_the_direct_one(synthetic):
     """Why CostModel learns log(measured / prior) by default: on held-out problems the
-    residual model's worst choice is far better (the prior carries the scaling with size)."""
-    residual = holdout_quality(synthetic, CostModel(), holdout_fraction=0.25, seed=0)
-    direct = holdout_quality(synthetic, CostModel(residual=False), holdout_fraction=0.25, seed=0)
-    print("residual:", residual.summary(), "\ndirect:", direct.summary())
-    assert residual.model.mean_slowdown <= direct.model.mean_slowdown
+    residual model's worst choice is far better (the prior carries the scaling with size).
+    Averaged over three splits: on one split of 40 problems the two are within noise."""
+    def mean_over_splits(model):
+        runs = [holdout_quality(synthetic, model, holdout_fraction=0.25, seed=seed).model for seed in (0, 1, 2)]
+        return np.mean([q.mean_slowdown for q in runs]), np.mean([q.worst_slowdown for q in runs])
+
+    residual, direct = mean_over_splits(CostModel()), mean_over_splits(CostModel(residual=False))
+    print("residual (mean, worst):", residual, "\ndirect:", direct)
+    assert residual[0] <= direct[0] and residual[1] <= direct[1]
+
+
+def test_problem_normalised_model_ranks_within_a_problem_and_keeps_absolute_seconds(synthetic):
+    """The default model learns kernel-relative residuals plus a problem-offset ensemble: its
+    seconds stay absolute (close to the raw-residual model's) and it exports as one forest."""
+    from models.cost_model import SummedTrees, group_means, problem_groups
+    from models.forest import embed
+
+    groups = problem_groups(synthetic.X)
+    assert len(np.unique(groups)) == synthetic.n_problems  # the problem columns identify a problem
+    assert np.allclose(group_means(np.arange(4.0), np.array([0, 0, 1, 1])), [0.5, 0.5, 2.5, 2.5])
+    train, test = split_by_problem(synthetic, holdout_fraction=0.25, seed=0)
+    model = CostModel().fit(synthetic.X[train], synthetic.y[train])
+    raw = CostModel(normalize="none").fit(synthetic.X[train], synthetic.y[train])
+    assert isinstance(model.estimator_, SummedTrees) and "relative to its problem" in model.describe()
+    error = np.median(np.abs(model.predict(synthetic.X[test]) - synthetic.y[test]))
+    raw_error = np.median(np.abs(raw.predict(synthetic.X[test]) - synthetic.y[test]))
+    assert error <= 1.5 * raw_error + 0.02
+    embedded = embed(model, FALLBACK_CPU_SPEC, synthetic.X[test])
+    assert embedded is not None
+    assert np.allclose(np.log(embedded.seconds_from_features(synthetic.X[test])), model.predict(synthetic.X[test]))
+    with pytest.raises(ValueError, match="normalize"):
+        CostModel(normalize="median").fit(synthetic.X, synthetic.y)
