@@ -73,19 +73,20 @@ def rank_options(
 ) -> Ranked:
     """Order the kernels for `problem`: the ranker's order, then supported kernels it did not
     rank (``sdpa_default`` first among them, so PyTorch's own choice is always a fallback).
+    Kernels marked ``last_resort`` (`kernel_set.LastResortDefault`) are never ranked.
 
     Parameters
     ----------
     kernels: the dispatcher's kernel set by name.
     failed: kernel name -> why it failed at run time in this problem's bucket (dropped).
     """
-    kernel_list = list(kernels.values())
-    ranked = ranking.rank(problem, kernel_list)
+    last_resort = {name for name, kernel in kernels.items() if getattr(kernel, "last_resort", False)}
+    ranked = ranking.rank(problem, [kernel for name, kernel in kernels.items() if name not in last_resort])
     options: list[Option] = []
     dropped: list[tuple[str, str]] = []
     seen: set[str] = set()
     for name, predicted in ranked:
-        if name in seen:
+        if name in seen or name in last_resort:
             continue
         seen.add(name)
         kernel = kernels.get(name)

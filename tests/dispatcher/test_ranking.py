@@ -33,6 +33,15 @@ def test_sdpa_default_is_always_a_fallback_candidate(monkeypatch):
     assert names.index("sdpa_default") == 1  # first of the kernels the table did not rank
 
 
+def test_portable_sets_last_resort_is_never_ranked(monkeypatch):
+    # A table that ranks PyTorch's default first (on a GPU with fused backends it is fast): in the
+    # portable set, which emulates a card without them, it stays the last resort.
+    use_ranking(monkeypatch, FixedRanker(["sdpa_default", "math", "chunked[q=128,kv=1024]"]))
+    portable = [c.name for c in Dispatcher(kernels="portable").explain(**qkv()).candidates]
+    assert portable[:2] == ["math", "chunked[q=128,kv=1024]"] and "sdpa_default" in portable[2:]
+    assert Dispatcher(kernels="all").explain(**qkv()).kernel == "sdpa_default"
+
+
 def test_kernel_variant_named_only_by_the_table_is_built(monkeypatch):
     use_ranking(monkeypatch, FixedRanker(["chunked[q=64,kv=256]", "no_such_kernel[x=1]", "math"]))
     ours = Dispatcher(kernels=[MathKernel()])
@@ -55,14 +64,16 @@ def test_broken_table_warns_and_the_prior_serves(monkeypatch):
 
 
 def test_broken_table_and_prior_still_answer(monkeypatch):
-    use_ranking(monkeypatch, BrokenRanker(), prior=BrokenRanker())
-    ours = Dispatcher(kernels="portable")
     inputs = qkv()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TableWarning)
-        out = ours.attention(**inputs)
-    assert_matches_reference(out, inputs)
-    assert ours.explain(**inputs).kernel == "sdpa_default"
+    for kernels, first in (("all", "sdpa_default"), ("portable", "math")):  # portable: its last resort stays last
+        use_ranking(monkeypatch, BrokenRanker(), prior=BrokenRanker())
+        ours = Dispatcher(kernels=kernels)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TableWarning)
+            out = ours.attention(**inputs)
+        assert_matches_reference(out, inputs)
+        decision = ours.explain(**inputs)
+        assert decision.kernel == first and "sdpa_default" in [c.name for c in decision.candidates]
 
 
 def test_real_resolution_never_raises(tmp_path):
