@@ -27,15 +27,17 @@ from dispatcher.ranking import FALLBACK_FIRST
 TUNE_ENV = "ATTN_DISPATCH_TUNE"
 """Environment variable turning first-call tuning on (``1``) for dispatchers built without `tune=`."""
 
-TUNE_MARGIN = 1.5
-"""Contenders: options predicted within this factor of the best prediction. Judgement from the H200
-calibration of 2026-11-30 (docs/RESULTS.md): the model's held-out choices cost 10-20% on average
-but up to 2x on the worst problems, so kernels predicted up to 1.5x behind the best are the ones
-whose order the model cannot be trusted on."""
+TUNE_MARGIN = 2.0
+"""Contenders: options predicted within this factor of the best prediction. Chosen on the H200
+calibration of 2026-11-30 (`python -m bench.tuning_simulation
+bench/results/h200_calibrations/run4_fixed_timer`, 5 held-out splits of 20% of 164 problems): the
+model's own pick cost 16% on average (worst 383%); timing the contenders of margin 1.5 / at most
+4 cost 5.7% (worst 250%), of margin 2 / at most 6 cost 1.1% (worst 71%, 97% of problems within 2%
+of the fastest) for 4.6 kernels timed on average."""
 
-MAX_TUNED = 4
-"""At most this many contenders are timed: bounds the first call at about five times its kernel's
-time (a warm-up and a few timed calls each)."""
+MAX_TUNED = 6
+"""At most this many contenders (PyTorch's own choice comes on top): bounds the first call of a
+bucket at a few dozen calls of its kernels (`TUNE_TIMER`)."""
 
 TUNE_TIMER = TimerSettings(warmup=1, min_reps=3, max_reps=5, target_relative_iqr=0.05, budget_s=0.5)
 """One warm-up call (also the failure check), then 3-5 samples of back-to-back calls; 0.5 s per

@@ -64,7 +64,7 @@ def test_tuning_keeps_the_measured_fastest_for_the_bucket(monkeypatch):
 
 def test_candidates_predicted_far_behind_are_not_timed(monkeypatch):
     slow, fast = CountingMath("slow", SLOW_S), CountingMath("fast")
-    use_ranking(monkeypatch, FixedRanker(["slow", "fast"]))  # 1 us and 2 us: beyond the margin
+    use_ranking(monkeypatch, FixedRanker(["slow", "unknown", "fast"]))  # 1 us and 3 us: beyond the margin
     ours = Dispatcher(kernels=[slow, fast], tune=True)
     ours.attention(**qkv())
     assert ours.explain(**qkv()).kernel == "slow"
