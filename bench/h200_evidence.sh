@@ -2,13 +2,13 @@
 # The H200 evidence runs of docs/RESULTS.md, one stage per argument (each writes under $OUT):
 #   bench/h200_evidence.sh kernels    small_q stage variants + kernel table on fp16 decode
 #   bench/h200_evidence.sh portable   portable calibration under 16 GiB, then bench all + heldout in that mode
-#   bench/h200_evidence.sh full       bench all + heldout with the H200 table in $ATTN_DISPATCH_HOME, with and without --tune
+#   bench/h200_evidence.sh portable-bench   the benches alone (with and without --tune), portable table in $PORTABLE_HOME
+#   bench/h200_evidence.sh full       bench all + heldout with the H200 table in $FULL_HOME, with and without --tune
 # Needs torch with CUDA, optuna and platformdirs on PYTHONPATH (we carried them as .gpu_site/).
 set -u
 OUT=${OUT:?set OUT to the output folder}
 export PYTHONPATH=$PWD/.gpu_site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 run() { echo "== $(date +%T) $*" >&2; "$@"; }
-cli() { run python -m dispatcher.cli "$@"; }
 for stage in "$@"; do
   case $stage in
     kernels)
@@ -20,18 +20,25 @@ for stage in "$@"; do
       run timeout 180 python -m dispatcher.cli calibrate --device cuda:0 --kernels portable --memory-budget 16GiB --budget-minutes 2 --allow-lossy any \
         --results "$OUT/portable_measurements.jsonl" --out "$OUT/portable_table.json" --summary-json "$OUT/portable_calib.json" --quiet > "$OUT/portable_calib.log" 2>&1
       gzip -f "$OUT/portable_measurements.jsonl"
-      run timeout 150 python -m dispatcher.cli bench --scenario all --kernels portable --memory-budget 16GiB --json "$OUT/portable_bench_all.json" --md "$OUT/portable_bench_all.md" > /dev/null 2> "$OUT/portable_bench.log"
-      run timeout 100 python -m dispatcher.cli bench --scenario heldout --kernels portable --memory-budget 16GiB --shape-budget 1.5 --json "$OUT/portable_bench_heldout.json" --md "$OUT/portable_bench_heldout.md" > /dev/null 2>> "$OUT/portable_bench.log"
-      ;;
-    full)
+      ;&
+    portable-bench)  # the portable table from $PORTABLE_HOME (or the portable stage's)
+      export ATTN_DISPATCH_HOME=${PORTABLE_HOME:-/tmp/home_portable}
       for tune in "" "--tune"; do
         suffix=${tune:+_tuned}
-        cli bench --scenario all $tune --json "$OUT/bench_all$suffix.json" --md "$OUT/bench_all$suffix.md" > /dev/null 2>> "$OUT/bench_full.log"
-        cli bench --scenario heldout $tune --allow-lossy 'fp32->bf16' --json "$OUT/bench_heldout$suffix.json" --md "$OUT/bench_heldout$suffix.md" > /dev/null 2>> "$OUT/bench_full.log"
+        run timeout 150 python -m dispatcher.cli bench --scenario all $tune --kernels portable --memory-budget 16GiB --json "$OUT/portable_bench_all$suffix.json" --md "$OUT/portable_bench_all$suffix.md" > /dev/null 2>> "$OUT/portable_bench.log"
+        run timeout 100 python -m dispatcher.cli bench --scenario heldout $tune --kernels portable --memory-budget 16GiB --shape-budget 1.5 --json "$OUT/portable_bench_heldout$suffix.json" --md "$OUT/portable_bench_heldout$suffix.md" > /dev/null 2>> "$OUT/portable_bench.log"
+      done
+      ;;
+    full)  # the H200 table from $FULL_HOME (default: $ATTN_DISPATCH_HOME)
+      export ATTN_DISPATCH_HOME=${FULL_HOME:-${ATTN_DISPATCH_HOME:-/tmp/home_full}}
+      for tune in "" "--tune"; do
+        suffix=${tune:+_tuned}
+        run timeout 120 python -m dispatcher.cli bench --scenario all $tune --json "$OUT/bench_all$suffix.json" --md "$OUT/bench_all$suffix.md" > /dev/null 2>> "$OUT/bench_full.log"
+        run timeout 120 python -m dispatcher.cli bench --scenario heldout $tune --allow-lossy 'fp32->bf16' --json "$OUT/bench_heldout$suffix.json" --md "$OUT/bench_heldout$suffix.md" > /dev/null 2>> "$OUT/bench_full.log"
       done
       ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done
 # The device tool brings back at most 8 files: pack everything into one archive.
-(cd "$OUT" && tar czf evidence.tgz --exclude evidence.tgz -- * && find . -type f ! -name evidence.tgz -delete)
+(cd "$OUT" && tar czf evidence.tgz --exclude 'evidence*.tgz' -- * && find . -type f ! -name evidence.tgz -delete)

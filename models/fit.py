@@ -19,7 +19,7 @@ from models.dataset import TrainingSet, training_set
 from models.identity import DeviceIdentity
 from models.measurement import Measurement
 from models.quality import Quality, choice_quality, holdout_fit
-from models.ranking import kernel_named
+from models.ranking import kernel_named, scoring_measured_kernels
 from models.table import ThresholdTable
 from models.table_build import CANDIDATES_PER_CELL, build_table
 
@@ -38,7 +38,8 @@ def table_choices(table: ThresholdTable, data: TrainingSet) -> np.ndarray:
     for index, group in enumerate(data.groups.tolist()):
         if (group, data.kernels[index]) in order:
             continue
-        ranking = table.rank(data.problems[index], [kernel_named(n) for n in names_by_group[group]])
+        with scoring_measured_kernels():  # they ran on the card, whatever this machine can run
+            ranking = table.rank(data.problems[index], [kernel_named(n) for n in names_by_group[group]])
         for position, (name, _) in enumerate(ranking):
             order[(group, name)] = position
     return np.array([order.get((g, n), len(order)) for g, n in zip(data.groups.tolist(), data.kernels, strict=True)], dtype=float)
