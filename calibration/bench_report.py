@@ -51,8 +51,9 @@ def summarise(shapes: list[ShapeResult]) -> dict:
 
 
 def _kernel_of(label: str) -> str:
-    """The kernel a path label stands for (PyTorch's default is the kernel `sdpa_default`)."""
-    return "sdpa_default" if label == "pytorch_default" else label
+    """The kernel a path label stands for (PyTorch's default is the kernel `sdpa_default`, its math
+    backend as the portable bench's baseline `sdpa_math`)."""
+    return {"pytorch_default": "sdpa_default", "pytorch_math": "sdpa_math"}.get(label, label)
 
 
 @dataclass

@@ -73,7 +73,8 @@ def contenders(options: tuple[Option, ...]) -> tuple[Option, ...]:
         close = [o for o in options if o.predicted_s is not None and o.predicted_s <= limit][:MAX_TUNED]
     else:
         close = [options[0]]
-    baseline = [o for o in options if o.kernel.name == FALLBACK_FIRST and o not in close]
+    baseline = [o for o in options if o.kernel.name == FALLBACK_FIRST and o not in close
+                and not getattr(o.kernel, "last_resort", False)]  # the portable set's stays the last resort
     return tuple(close + baseline)
 
 

@@ -30,9 +30,12 @@ from dispatcher.errors import NoKernelError
 from dispatcher.memory import format_bytes, free_bytes
 from dispatcher.planning import memory_limit
 from kernels import AccuracyPolicy, MathKernel, Problem, kernel_from_name
+from kernels.sdpa_backends import SdpaMathKernel
 from models.identity import DeviceIdentity
 
 PYTORCH_PATH = "pytorch_default"
+PYTORCH_MATH_PATH = "pytorch_math"
+"""The baseline of a portable-mode bench: PyTorch's SDPA as gfx906 runs it, its math backend."""
 GIT_TIMEOUT_S = 5  # reading the commit must never hold up a benchmark
 COMMIT_ENV = "ATTN_DISPATCH_COMMIT"  # the commit to report where the code has no .git
 # The fill scenario's masking, stated in every report (see calibration.scenarios).
@@ -53,26 +56,36 @@ def _git_commit() -> str:
     return commit or os.environ.get(COMMIT_ENV, "").strip() or "unknown"
 
 
+def baseline_path(kernels: str) -> BenchPath:
+    """PyTorch's SDPA as the user's card runs it: its default; in portable mode (emulating a card
+    without fused backends, as gfx906) its math backend, which is what such a card's default runs."""
+    if kernels == "portable":
+        return BenchPath(PYTORCH_MATH_PATH, SdpaMathKernel(), "pytorch")
+    return BenchPath(PYTORCH_PATH, PytorchDefault(), "pytorch")
+
+
 def shape_paths(problem: Problem, device: torch.device, dispatcher: Dispatcher, subject: DispatchedKernel,
-                policy: AccuracyPolicy) -> list[BenchPath]:
-    """The dispatcher, PyTorch's default, then every single kernel (the dispatcher's set, the
-    variants its table names and math), fastest predicted first."""
+                policy: AccuracyPolicy, baseline: BenchPath | None = None) -> list[BenchPath]:
+    """The dispatcher, the baseline (`baseline_path`; default PyTorch's default), then every single
+    kernel (the dispatcher's set but its last resort, the variants its table names and math),
+    fastest predicted first."""
     predicted: dict[str, float | None] = {}
     try:
         for candidate in dispatcher.decide(problem, device=device).candidates:
             predicted[candidate.name] = candidate.predicted_s
     except NoKernelError:
         pass
-    names = list(dict.fromkeys([*predicted, *(k.name for k in dispatcher.kernels), MathKernel().name]))
+    last_resort = {k.name for k in dispatcher.kernels if getattr(k, "last_resort", False)}
+    names = [n for n in dict.fromkeys([*predicted, *(k.name for k in dispatcher.kernels), MathKernel().name])
+             if n not in last_resort]
     kernels = {k.name: k for k in dispatcher.kernels}
     singles = [BenchPath(n, kernels.get(n) or kernel_from_name(n, policy=policy), "kernel", predicted.get(n)) for n in names]
     singles.sort(key=lambda p: (p.predicted_s is None, p.predicted_s or 0.0))
-    return [BenchPath(DISPATCHER_PATH, subject, "dispatcher"), BenchPath(PYTORCH_PATH, PytorchDefault(), "pytorch"),
-            *singles]
+    return [BenchPath(DISPATCHER_PATH, subject, "dispatcher"), baseline or baseline_path("all"), *singles]
 
 
 def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape], settings: BenchSettings,
-               size: str) -> dict:
+               size: str, baseline: BenchPath | None = None) -> dict:
     """Every condition the numbers depend on (the report's header)."""
     identity = DeviceIdentity.detect(device)
     source = None
@@ -97,6 +110,9 @@ def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape]
         "memory budget": format_bytes(dispatcher.memory_budget) if dispatcher.memory_budget else "none",
         "free memory at start": format_bytes(free_bytes(device)),
         "kernel set": f"{len(dispatcher.kernels)} kernels; accuracy policy: {dispatcher.policy.describe()}",
+        "PyTorch baseline": ("its math backend (portable mode emulates a card without fused backends, whose "
+                             "default runs the math backend); the dispatcher's last resort, PyTorch's default, is not benched")
+        if baseline is not None and baseline.label == PYTORCH_MATH_PATH else "F.scaled_dot_product_attention as called by a user",
         "first-call tuning": ("on: the dispatcher times its closest candidates on its first call of each bucket "
                               "(that call is the gated first call, outside the timed rounds)") if dispatcher.tune else "off",
         "timing": (f"{timer}; each path: 1 gated first call + {settings.warmup} warm-up + 1 timed sample; then up to "
@@ -121,14 +137,15 @@ def run_bench(
     bucket when `tune`); see module docstring."""
     dispatcher = Dispatcher(kernels=kernels, policy=policy, memory_budget=memory_budget, tune=tune)
     subject = DispatchedKernel(dispatcher, device)
-    report = BenchReport(conditions(device, dispatcher, shapes, settings, size))
+    baseline = baseline_path(kernels)
+    report = BenchReport(conditions(device, dispatcher, shapes, settings, size, baseline))
     if shapes:  # process warm-up: thread pools, allocator, library handles; the numbers are discarded
         warm = replace(settings, rounds=1, min_rounds=1, warmup=0)
-        bench_shape(shapes[0], device, shape_paths(shapes[0].problem, device, dispatcher, subject, policy),
+        bench_shape(shapes[0], device, shape_paths(shapes[0].problem, device, dispatcher, subject, policy, baseline),
                     settings=warm, memory_budget=dispatcher.memory_budget,
                     workspace_limit=memory_limit(free_bytes(device), dispatcher.memory_budget))
     for shape in shapes:
-        paths = shape_paths(shape.problem, device, dispatcher, subject, policy)
+        paths = shape_paths(shape.problem, device, dispatcher, subject, policy, baseline)
         limit = memory_limit(free_bytes(device), dispatcher.memory_budget)
         result = bench_shape(shape, device, paths, settings=settings, memory_budget=dispatcher.memory_budget,
                              workspace_limit=limit)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from dispatcher import Dispatcher, tuning
+from dispatcher.kernel_set import LastResortDefault
 from dispatcher.planning import Option
 from kernels import MathKernel
 from tests.dispatcher.helpers import FailingKernel, FixedRanker, assert_matches_reference, qkv, use_ranking
@@ -111,6 +112,8 @@ def test_contenders_are_the_options_predicted_within_the_margin():
     assert [o.kernel.name for o in tuning.contenders(unpredicted_first)] == ["x"]  # nothing to compare
     with_default = (*options, option("sdpa_default", 5.0))
     assert [o.kernel.name for o in tuning.contenders(with_default)] == ["a", "b", "sdpa_default"]
+    last_resort = (*options, Option(LastResortDefault(), None, 0))  # the portable set's: never timed
+    assert [o.kernel.name for o in tuning.contenders(last_resort)] == ["a", "b"]
 
 
 def test_put_first_moves_one_option_and_keeps_the_rest_in_order():
