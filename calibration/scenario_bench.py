@@ -149,6 +149,7 @@ class ShapeResult:
     chosen: str | None = None
     rounds: int = 0
     wall_s: float = 0.0
+    notes: tuple[str, ...] = ()  # the dispatcher's decision notes (memory, tuning timings)
 
     def path(self, role: str) -> PathResult | None:
         return next((p for p in self.paths if p.role == role), None)
@@ -173,7 +174,7 @@ class ShapeResult:
             "scenario": self.shape.suite, "label": self.shape.label, "problem": self.shape.problem.to_dict(),
             "chosen": self.chosen, "oracle": oracle.label if oracle else None,
             "ratio_to_oracle": self.ratio("oracle"), "ratio_to_pytorch": self.ratio("pytorch"),
-            "rounds": self.rounds, "wall_s": self.wall_s,
+            "rounds": self.rounds, "wall_s": self.wall_s, "decision_notes": list(self.notes),
             "unsupported": sum(1 for p in self.paths if p.status == "unsupported"),
             "paths": [p.to_dict() for p in self.paths if p.status != "unsupported"],
         }

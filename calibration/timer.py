@@ -128,7 +128,7 @@ def time_repetitions(
         stopped = "max_reps"
         while len(samples) < settings.max_reps:
             first = settings.warmup + len(samples) * calls
-            samples.append(_time_batch(run, first, calls, device))
+            samples.append(time_batch(run, first, calls, device))
             over_budget = time.perf_counter() - started > settings.budget_s
             if len(samples) >= settings.min_reps:
                 if should_stop is not None and should_stop(samples):
@@ -151,7 +151,7 @@ def calls_per_sample(single_call_s: float) -> int:
     return int(min(MAX_CALLS_PER_SAMPLE, max(1, math.ceil(TARGET_SAMPLE_S / single_call_s))))
 
 
-def _time_batch(run: Callable[[int], object], first: int, calls: int, device: torch.device) -> float:
+def time_batch(run: Callable[[int], object], first: int, calls: int, device: torch.device) -> float:
     """Seconds per call of `calls` back-to-back calls ``run(first) .. run(first + calls - 1)``."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

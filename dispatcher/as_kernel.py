@@ -44,6 +44,13 @@ class DispatchedKernel(Kernel):
         return self.dispatcher.attention(query, key, value, attn_mask, 0.0, problem.causal, scale=scale,
                                          enable_gqa=enable_gqa)
 
+    def notes(self, problem: Problem) -> tuple[str, ...]:
+        """The notes of the decision the dispatcher runs `problem` with (memory, tuning timings)."""
+        for plan in self.dispatcher._plans.values():
+            if plan.problem == problem:
+                return tuple(plan.decision.notes)
+        return ()
+
     def chosen(self, problem: Problem) -> str | None:
         """The kernel the dispatcher runs for `problem` (after any run-time fallback), else what it
         would choose now; None when nothing can run it."""

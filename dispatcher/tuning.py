@@ -4,23 +4,26 @@ With tuning on (``Dispatcher(tune=True)`` or ``ATTN_DISPATCH_TUNE=1``), the firs
 problem bucket (`planning.failure_bucket`: lengths and batch rounded up to powers of two) times the
 kernels the ranking predicts within `TUNE_MARGIN` of its best (at most `MAX_TUNED`) on that call's
 own inputs, together with PyTorch's own choice, and the bucket keeps the measured fastest for every
-later shape in it. This is
-cuDNN's benchmark mode and Triton's autotuner, with the cost model pruning the candidates first.
+later shape in it. This is cuDNN's benchmark mode and Triton's autotuner, with the cost model
+pruning the candidates first.
 
-The price is paid once per bucket: each contender runs ``1 + TUNE_TIMER.min_reps`` to
-``1 + TUNE_TIMER.max_reps`` times (a few ms, or a few hundred ms for a 100k-token video call). Not
-done while a CUDA graph is being captured (timing synchronises) nor on the training route.
+The price is paid once per bucket: a warm-up call of each contender, then up to `TUNE_ROUNDS`
+rounds of ~2 ms samples (`TUNE_BUDGET_S` caps them; a 100k-token video call costs a few calls per
+contender). Not done while a CUDA graph is being captured (timing synchronises) nor on the
+training route.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import statistics
+import time
 from dataclasses import dataclass
 
 import torch
 
-from calibration.timer import TimerSettings, time_repetitions
+from calibration.timer import calls_per_sample, time_batch
 from dispatcher.planning import Option
 from dispatcher.ranking import FALLBACK_FIRST
 
@@ -39,9 +42,14 @@ MAX_TUNED = 6
 """At most this many contenders (PyTorch's own choice comes on top): bounds the first call of a
 bucket at a few dozen calls of its kernels (`TUNE_TIMER`)."""
 
-TUNE_TIMER = TimerSettings(warmup=1, min_reps=3, max_reps=5, target_relative_iqr=0.05, budget_s=0.5)
-"""One warm-up call (also the failure check), then 3-5 samples of back-to-back calls; 0.5 s per
-contender at most (a 100 ms call gets its warm-up and one timed call)."""
+TUNE_ROUNDS = 5
+"""Interleaved rounds: each round times one sample of every contender, in rotated order, so a
+clock ramp or another process's burst lands on all of them alike (as `attn-dispatch bench` does);
+each contender's median over the rounds decides."""
+
+TUNE_BUDGET_S = 1.0
+"""No new round after this many seconds (at least one round is always completed): a contender of
+100 ms per call gets its warm-up and one or two samples."""
 
 
 def tune_from_env() -> bool:
@@ -84,25 +92,42 @@ def can_time(device: torch.device) -> bool:
 
 
 def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.device) -> Tuned | None:
-    """Time `contenders(options)` on ``inputs = (query, key, value, attn_mask, scale, enable_gqa)``;
-    None when there is nothing to settle (one contender) or nothing could be timed."""
+    """Time `contenders(options)` on ``inputs = (query, key, value, attn_mask, scale, enable_gqa)``:
+    a warm-up call each (a contender that raises is out), then `TUNE_ROUNDS` interleaved rounds of
+    one batched sample each (`calibration.timer`: back-to-back calls lasting ~2 ms). None when
+    there is nothing to settle (one contender) or nothing ran."""
     timed = contenders(options)
     if len(timed) < 2 or not can_time(device):
         return None
     query, key, value, attn_mask, scale, enable_gqa = inputs
-    seconds = []
+    runs, calls, samples = {}, {}, {}
+    started = time.perf_counter()
     for option in timed:
         run = option.kernel.run
         try:
-            timing = time_repetitions(
-                lambda _i, run=run: run(query, key, value, attn_mask, scale, enable_gqa, problem), device, TUNE_TIMER)
-            seconds.append((option.kernel.name, timing.median_s))
+            begin = time.perf_counter()
+            run(query, key, value, attn_mask, scale, enable_gqa, problem)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
         except Exception:  # noqa: BLE001 - a contender that fails is simply not chosen
-            seconds.append((option.kernel.name, math.inf))
-    best = min(seconds, key=lambda item: item[1])
-    if not math.isfinite(best[1]):
+            continue
+        name = option.kernel.name
+        runs[name] = lambda _i, run=run: run(query, key, value, attn_mask, scale, enable_gqa, problem)
+        calls[name] = calls_per_sample(time.perf_counter() - begin)
+        samples[name] = []
+    names = list(runs)
+    if not names:
         return None
-    return Tuned(best[0], tuple(seconds))
+    for round_index in range(TUNE_ROUNDS):
+        if round_index and time.perf_counter() - started > TUNE_BUDGET_S:
+            break
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(time_batch(runs[name], 0, calls[name], device))
+    seconds = {name: statistics.median(samples[name]) for name in names}
+    best = min(seconds, key=seconds.get)
+    every = tuple((o.kernel.name, seconds.get(o.kernel.name, math.inf)) for o in timed)
+    return Tuned(best, every)
 
 
 def put_first(options: tuple[Option, ...], name: str) -> tuple[Option, ...]:

@@ -302,6 +302,17 @@ class SdpaDefaultKernel(SdpaBackendKernel):
             extra += problem.kv_bytes * problem.gqa_ratio  # counted once: `chosen` may repeat already
         return extra
 
+    def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
+        """PyTorch's SDPA on the caller's own tensors: no canonicalisation, which cost ~10 us per
+        call on the H200 host (bench/results: our wrapper 29.5 us against 22.2 us for the bare
+        call on a 512-token prefill). The cases PyTorch does not take as given (a mask together
+        with causality, broadcast inputs, empty lengths) go through the base class."""
+        if attn_mask is not None and problem.causal or problem.broadcast_inputs or not (problem.q_len and problem.kv_len):
+            return super().run(query, key, value, attn_mask, scale, enable_gqa, problem)
+        if enable_gqa and TORCH_HAS_ENABLE_GQA:
+            return pytorch_sdpa(query, key, value, attn_mask, 0.0, problem.causal, scale=scale, enable_gqa=True)
+        return pytorch_sdpa(query, key, value, attn_mask, 0.0, problem.causal, scale=scale)
+
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
         causal = problem.causal
         if mask is not None and causal:

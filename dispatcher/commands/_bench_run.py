@@ -150,6 +150,7 @@ def run_bench(
         result = bench_shape(shape, device, paths, settings=settings, memory_budget=dispatcher.memory_budget,
                              workspace_limit=limit)
         result.chosen = subject.chosen(shape.problem)
+        result.notes = subject.notes(shape.problem)
         report.shapes.append(result)
         if progress is not None:
             progress(result)

@@ -56,7 +56,7 @@ def test_tuning_keeps_the_measured_fastest_for_the_bucket(monkeypatch):
     assert [c.name for c in decision.candidates] == ["fast", "slow"]
     assert any(note.startswith("tuned on the first call") and "slow" in note for note in decision.notes)
     timed_slow = slow.runs
-    assert timed_slow >= 1 + tuning.TUNE_TIMER.min_reps  # warm-up + samples
+    assert timed_slow >= 2  # a warm-up and at least one round's sample
     longer = qkv(q_len=7, kv_len=6)  # same power-of-two bucket: reuses the tuning, times nothing
     assert_matches_reference(ours.attention(**longer), longer)
     assert slow.runs == timed_slow and ours.explain(**longer).kernel == "fast"
