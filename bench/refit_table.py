@@ -6,6 +6,12 @@ machine: the same gate, fit and table build as `attn-dispatch calibrate`'s last 
 Reads ``<run>_measurements.jsonl.gz`` and ``<run>_summary.json`` (the card's identity and wall
 time); stores the table where the dispatcher looks it up under ``ATTN_DISPATCH_HOME`` and at
 ``--out``; prints the held-out quality.
+
+Off the card, PyTorch's backends are assumed to work (`kernels.sdpa_probe.assume_backends_available`),
+but one feature still differs from what the card computes: the workspace of ``sdpa_default``,
+which depends on the backend PyTorch picks there (this machine cannot ask). On run 4 that skew
+moved the held-out mean slowdown of the same model from 18% (fit on the H200) to 22% (refit on a
+CPU). A table for users is best fitted on the card itself (`attn-dispatch calibrate`, `check --fix`).
 """
 
 from __future__ import annotations

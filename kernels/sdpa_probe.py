@@ -9,6 +9,9 @@ silently, so a probe that runs but disagrees counts as a failure.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,8 +31,30 @@ _results: dict[tuple[str, str, str, str], str | None] = {}
 _lock = threading.Lock()
 
 
+_ASSUME_AVAILABLE = ContextVar("assume_backends_available", default=False)
+
+
+@contextmanager
+def assume_backends_available() -> Iterator[None]:
+    """Inside: a backend probe for a device type this process has no device of answers "works"
+    instead of "not available". For building or scoring a card's table on another machine (a CPU
+    refitting a GPU's measurements), where the measurements say what ran on the card; each
+    kernel's static limits (dtypes, head dims, device kinds) still apply."""
+    token = _ASSUME_AVAILABLE.set(True)
+    try:
+        yield
+    finally:
+        _ASSUME_AVAILABLE.reset(token)
+
+
+def _device_absent(device_type: str) -> bool:
+    return device_type == "cuda" and not torch.cuda.is_available()
+
+
 def probe_backend(kernel: SdpaBackendKernel, device_type: str, dtype: str, feature: str) -> str | None:
     """None when `kernel` computes `feature` correctly on this device type, else why not."""
+    if _ASSUME_AVAILABLE.get() and _device_absent(device_type):
+        return None
     key = (kernel.family, device_type, dtype, feature)
     try:
         return _results[key]

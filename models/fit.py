@@ -13,13 +13,14 @@ from dataclasses import replace
 import numpy as np
 from sklearn.base import clone
 
+from kernels.sdpa_probe import assume_backends_available
 from models.cards import CardSpec, spec_for
 from models.cost_model import CostModel
 from models.dataset import TrainingSet, training_set
 from models.identity import DeviceIdentity
 from models.measurement import Measurement
 from models.quality import Quality, choice_quality, holdout_fit
-from models.ranking import kernel_named, scoring_measured_kernels
+from models.ranking import kernel_named
 from models.table import ThresholdTable
 from models.table_build import CANDIDATES_PER_CELL, build_table
 
@@ -38,8 +39,7 @@ def table_choices(table: ThresholdTable, data: TrainingSet) -> np.ndarray:
     for index, group in enumerate(data.groups.tolist()):
         if (group, data.kernels[index]) in order:
             continue
-        with scoring_measured_kernels():  # they ran on the card, whatever this machine can run
-            ranking = table.rank(data.problems[index], [kernel_named(n) for n in names_by_group[group]])
+        ranking = table.rank(data.problems[index], [kernel_named(n) for n in names_by_group[group]])
         for position, (name, _) in enumerate(ranking):
             order[(group, name)] = position
     return np.array([order.get((g, n), len(order)) for g, n in zip(data.groups.tolist(), data.kernels, strict=True)], dtype=float)
@@ -73,28 +73,30 @@ def fit_and_build(
     (table, cost model refitted on every usable point, held-out quality or None when fewer than
     `MIN_PROBLEMS_FOR_HOLDOUT` problems were measured).
     """
-    spec = spec if spec is not None else spec_for(identity)
-    template = model if model is not None else CostModel()
-    data = training_set(measurements, spec)
-    quality, notes = None, []
-    if data.n_problems >= MIN_PROBLEMS_FOR_HOLDOUT:
-        holdout = holdout_fit(data, template, holdout_fraction=holdout_fraction, seed=seed)
-        train, test, train_model = holdout.train, holdout.test, holdout.fitted
-        train_problems = set(data.subset(train).problems)
-        train_points = [m for m in measurements if m.problem in train_problems]
-        train_table = build_table(train_model, spec, identity, train_points, kernel_names, candidates=candidates)
-        held_out = data.subset(test)
+    # The card may not be this machine (a CPU refitting a GPU calibration): its backends ran there.
+    with assume_backends_available():
+        spec = spec if spec is not None else spec_for(identity)
+        template = model if model is not None else CostModel()
+        data = training_set(measurements, spec)
+        quality, notes = None, []
+        if data.n_problems >= MIN_PROBLEMS_FOR_HOLDOUT:
+            holdout = holdout_fit(data, template, holdout_fraction=holdout_fraction, seed=seed)
+            train, test, train_model = holdout.train, holdout.test, holdout.fitted
+            train_problems = set(data.subset(train).problems)
+            train_points = [m for m in measurements if m.problem in train_problems]
+            train_table = build_table(train_model, spec, identity, train_points, kernel_names, candidates=candidates)
+            held_out = data.subset(test)
 
-        def scored(table: ThresholdTable):
-            return choice_quality(held_out.groups, np.exp(held_out.y), table_choices(table, held_out),
-                                  median_error=held_out.median_error)
+            def scored(table: ThresholdTable):
+                return choice_quality(held_out.groups, np.exp(held_out.y), table_choices(table, held_out),
+                                      median_error=held_out.median_error)
 
-        quality = replace(holdout.quality, table=scored(train_table), decision_map=scored(replace(train_table, models=())))
-    else:
-        notes.append(f"only {data.n_problems} problems measured: no held-out quality (needs {MIN_PROBLEMS_FOR_HOLDOUT})")
-    final = clone(template).fit(data.X, data.y)
-    table = build_table(
-        final, spec, identity, measurements, kernel_names, quality=quality.to_dict() if quality else None,
-        candidates=candidates, calibration_wall_s=calibration_wall_s, notes=notes,
-    )
-    return table, final, quality
+            quality = replace(holdout.quality, table=scored(train_table), decision_map=scored(replace(train_table, models=())))
+        else:
+            notes.append(f"only {data.n_problems} problems measured: no held-out quality (needs {MIN_PROBLEMS_FOR_HOLDOUT})")
+        final = clone(template).fit(data.X, data.y)
+        table = build_table(
+            final, spec, identity, measurements, kernel_names, quality=quality.to_dict() if quality else None,
+            candidates=candidates, calibration_wall_s=calibration_wall_s, notes=notes,
+        )
+        return table, final, quality

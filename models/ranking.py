@@ -8,9 +8,7 @@ rankers.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
 from kernels.accuracy import AccuracyPolicy
@@ -32,32 +30,12 @@ class Ranker(Protocol):
         ...
 
 
-_SCORING_MEASURED = ContextVar("scoring_measured", default=False)
-
-
-@contextmanager
-def scoring_measured_kernels() -> Iterator[None]:
-    """Inside: every kernel counts as supported. For scoring a table against a card's own
-    measurements, whose kernels ran on that card, on another machine (a CPU refitting a GPU's
-    data) where the fused backends' probes would say they cannot run."""
-    token = _SCORING_MEASURED.set(True)
-    try:
-        yield
-    finally:
-        _SCORING_MEASURED.reset(token)
-
-
-def runs(kernel: Kernel, problem: Problem) -> bool:
-    """`kernel` can run `problem` (its `reasons` are empty, or `scoring_measured_kernels` is on)."""
-    return _SCORING_MEASURED.get() or not kernel.reasons(problem)
-
-
 def supported(problem: Problem, kernels: Iterable[Kernel]) -> list[Kernel]:
-    """The kernels of `kernels` that `runs` says can run `problem`, in order, without duplicates."""
+    """The kernels of `kernels` whose `reasons(problem)` is empty, in order, without duplicates."""
     seen: set[str] = set()
     result = []
     for kernel in kernels:
-        if kernel.name not in seen and runs(kernel, problem):
+        if kernel.name not in seen and not kernel.reasons(problem):
             seen.add(kernel.name)
             result.append(kernel)
     return result

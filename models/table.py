@@ -24,7 +24,7 @@ from models.features import feature_matrix
 from models.forest import EmbeddedModel
 from models.identity import DeviceIdentity
 from models.priors import PriorRanker, prior_seconds
-from models.ranking import UNPRICED, priceable, runs, supported
+from models.ranking import UNPRICED, priceable, supported
 
 FORMAT_VERSION = 1
 TABLE_KIND = "attn-dispatch threshold table"
@@ -252,7 +252,7 @@ class ThresholdTable:
         listed = []
         for name, seconds in cell.ranking:
             kernel = by_name.get(name)
-            if kernel is None or not runs(kernel, problem) or not priceable(kernel):
+            if kernel is None or kernel.reasons(problem) or not priceable(kernel):
                 continue
             listed.append((name, carried_seconds(seconds, kernel, template, problem, self.spec)))
         listed.sort(key=lambda item: (item[1], item[0]))

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from kernels import all_kernels
+from kernels import Problem, all_kernels, kernel_from_name
 from models import sharing
 from models.cards import MI50_32GB, MI60, RADEON_VII
 from models.merge import card_scale, merge_tables
@@ -161,3 +161,18 @@ def test_merged_quality_keeps_the_worst_card_per_metric(mi50_table):
     assert (merged["top1_accuracy"], merged["map_spearman"], merged["worst_slowdown"]) == (0.1, -0.5, 9.0)
     assert merged["n_points_fit"] == 2 * mi50_table.quality["n_points_fit"]
     assert (merged["seed"], merged["holdout_fraction"]) == (mi50_table.quality["seed"], mi50_table.quality["holdout_fraction"])
+
+
+def test_the_bundled_h200_table_serves_h200_owners_without_calibrating(tmp_path):
+    """`models/tables/nvidia-h200-140gb.json` (the H200 calibration of 2026-11-30) loads, is found
+    for an H200 on another software stack (level "model", with a staleness note), and ranks."""
+    bundled = sharing.BUNDLED_TABLES_DIR / "nvidia-h200-140gb.json"
+    table = load_table(bundled)
+    assert table.identity.name == "NVIDIA H200" and table.provenance.points_measured > 1000
+    other_stack = replace(table.identity, torch_version="2.99.0+cu999", driver="999.0")
+    found = lookup_table(other_stack, home=tmp_path, warn=False)
+    assert found.level == "model" and found.path == bundled
+    assert any("calibrated on" in note for note in found.warnings)
+    decode = Problem(1, 32, 8, 4, 131072, 128, 128, "float16", device_type="cuda")
+    ranked = table.rank(decode, [kernel_from_name(name) for name in ("math", "small_q[splits=8]", "chunked[q=512,kv=4096]")])
+    assert [name for name, _ in ranked][0].startswith("small_q")  # measured fastest there (docs/RESULTS.md)
