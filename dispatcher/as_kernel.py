@@ -9,6 +9,7 @@ from dispatcher.core import Dispatcher
 from dispatcher.errors import NoKernelError
 from kernels.base import Kernel
 from kernels.problem import Problem
+from kernels.tolerances import Tolerance
 
 DISPATCHER_PATH = "dispatcher"
 
@@ -43,6 +44,24 @@ class DispatchedKernel(Kernel):
     def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
         return self.dispatcher.attention(query, key, value, attn_mask, 0.0, problem.causal, scale=scale,
                                          enable_gqa=enable_gqa)
+
+    def tolerance(self, problem: Problem) -> Tolerance:
+        """The tolerance of the kernel the dispatcher runs for `problem`: a lossy conversion its
+        accuracy policy allows is held to its target dtype's tolerance, as in calibration (the
+        first bench held such a choice to fp32's and reported it inaccurate)."""
+        kernel = self._plan_kernel(problem)
+        if kernel is None:
+            try:
+                kernel = self.dispatcher._kernels.get(self.dispatcher.decide(problem, device=self.device).kernel)
+            except NoKernelError:
+                kernel = None
+        return kernel.tolerance(problem) if kernel is not None else super().tolerance(problem)
+
+    def _plan_kernel(self, problem: Problem) -> Kernel | None:
+        for plan in self.dispatcher._plans.values():
+            if plan.problem == problem:
+                return plan.kernel
+        return None
 
     def notes(self, problem: Problem) -> tuple[str, ...]:
         """The notes of the decision the dispatcher runs `problem` with (memory, tuning timings)."""
