@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from calibration.timer import calls_per_sample, time_batch
 from dispatcher.planning import Option
 from dispatcher.ranking import FALLBACK_FIRST
 
@@ -99,6 +98,8 @@ def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.devi
     timed = contenders(options)
     if len(timed) < 2 or not can_time(device):
         return None
+    from calibration.timer import calls_per_sample, time_batch  # calibration's timer, only when tuning
+
     query, key, value, attn_mask, scale, enable_gqa = inputs
     runs, calls, samples = {}, {}, {}
     started = time.perf_counter()
