@@ -25,9 +25,13 @@ COPY_REPEATS = 5
 # Per-op overhead: the median of many tiny adds.
 OVERHEAD_REPEATS = 200
 
-# A CPU's elementwise (exp, softmax) rate relative to its fp32 matrix rate: a guess (matrix units
-# such as AVX-512 FMA / AMX outrun transcendental-heavy elementwise code).
-CPU_VECTOR_FRACTION = 0.5
+# The elementwise (softmax) rate is measured on a 1024 x 1024 fp32 softmax: 4 MiB, past per-core L2.
+# It replaces a guess of half the matrix rate, which on the dev machine (2026-11-30) was 10x too
+# fast: torch.softmax ran at 1.9 G elements/s (15 GFLOP/s at the prior's 8 FLOPs per element)
+# against a 292 GFLOP/s fp32 matrix rate, and the prior ranked PyTorch's math path over its CPU
+# flash kernel, which was 2.6x faster (8.4 vs 3.2 ms, 10 heads, 600 tokens, causal).
+SOFTMAX_N = 1024
+SOFTMAX_REPEATS = 5
 
 # Probe-free fallback (tests, or a probe that failed): this probe on the project's 2-core dev
 # machine (Xeon, Sapphire Rapids, AMX; 2026-11-30) gave 214 GFLOP/s fp32, 280 bf16, 173 fp16,
@@ -63,6 +67,14 @@ def _copy_bandwidth() -> float:
     return 2 * COPY_BYTES / _best_seconds(lambda: dst.copy_(src), COPY_REPEATS)
 
 
+def _softmax_rate() -> float:
+    """FLOP/s of `torch.softmax` on fp32 rows, counted as the prior counts them."""
+    from models.priors import SOFTMAX_FLOPS_PER_ELEMENT  # priors imports cards, which imports this lazily
+
+    scores = torch.randn(SOFTMAX_N, SOFTMAX_N)
+    return SOFTMAX_N * SOFTMAX_N * SOFTMAX_FLOPS_PER_ELEMENT / _best_seconds(lambda: torch.softmax(scores, -1), SOFTMAX_REPEATS)
+
+
 def _op_overhead() -> float:
     x = torch.ones(1)
     samples = []
@@ -84,11 +96,11 @@ def probe_cpu_spec() -> CardSpec:
                 "bfloat16": _matmul_rate(torch.bfloat16, HALF_MATMUL_N),
                 "float16": _matmul_rate(torch.float16, HALF_MATMUL_N),
             }
-            bandwidth, overhead = _copy_bandwidth(), _op_overhead()
+            bandwidth, overhead, vector = _copy_bandwidth(), _op_overhead(), _softmax_rate()
     except RuntimeError:  # a dtype this build cannot multiply: keep the constants
         return FALLBACK_CPU_SPEC
     return CardSpec(
-        name="CPU", matrix_flops=MappingProxyType(rates), vector_flops=rates["float32"] * CPU_VECTOR_FRACTION,
+        name="CPU", matrix_flops=MappingProxyType(rates), vector_flops=vector,
         bandwidth=bandwidth, memory_bytes=FALLBACK_CPU_SPEC.memory_bytes,
         compute_units=torch.get_num_threads(), launch_overhead_s=overhead,
         source=f"measured by a start-up probe ({torch.get_num_threads()} threads)",
