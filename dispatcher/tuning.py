@@ -124,7 +124,10 @@ def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.devi
             break
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            samples[name].append(time_batch(runs[name], 0, calls[name], device))
+            try:
+                samples[name].append(time_batch(runs[name], 0, calls[name], device))
+            except Exception:  # noqa: BLE001 - e.g. out of memory in a later round: drop it
+                samples[name].append(math.inf)
     seconds = {name: statistics.median(samples[name]) for name in names}
     best = min(seconds, key=seconds.get)
     every = tuple((o.kernel.name, seconds.get(o.kernel.name, math.inf)) for o in timed)

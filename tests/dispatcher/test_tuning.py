@@ -120,3 +120,22 @@ def test_put_first_moves_one_option_and_keeps_the_rest_in_order():
     options = tuple(Option(CountingMath(name), 1.0, 0) for name in "abc")
     assert [o.kernel.name for o in tuning.put_first(options, "c")] == ["c", "a", "b"]
     assert tuning.put_first(options, "zzz") == options
+
+
+class FlakyMath(CountingMath):
+    """Runs its warm-up, then raises (as an out-of-memory in a later round would)."""
+
+    def run(self, query, key, value, attn_mask, scale, enable_gqa, problem):
+        if self.runs >= 1:
+            self.runs += 1
+            raise RuntimeError("injected failure after the warm-up")
+        return super().run(query, key, value, attn_mask, scale, enable_gqa, problem)
+
+
+def test_a_contender_failing_after_its_warm_up_is_not_chosen_and_the_call_answers(monkeypatch):
+    flaky, fast = FlakyMath("flaky"), CountingMath("fast", SLOW_S)
+    use_ranking(monkeypatch, CloseRanker(["flaky", "fast"]))
+    ours = Dispatcher(kernels=[flaky, fast], tune=True)
+    inputs = qkv()
+    assert_matches_reference(ours.attention(**inputs), inputs)
+    assert ours.explain(**inputs).kernel == "fast"
