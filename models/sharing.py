@@ -9,6 +9,7 @@ call never fails because of a table.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import warnings
@@ -93,6 +94,18 @@ def _level(table: ThresholdTable, identity: DeviceIdentity) -> str | None:
     return None
 
 
+def _load_unchanged(path: Path) -> ThresholdTable:
+    """`load_table`, parsed once per process while the file is unchanged (a 0.7 MB table takes
+    tens of ms to parse and validate, and every new dispatcher device looks at every file)."""
+    stat = path.stat()
+    return _load_version(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _load_version(path: Path, mtime_ns: int, size: int) -> ThresholdTable:
+    return load_table(path)
+
+
 def _candidate_files(home: str | os.PathLike | None) -> list[tuple[Path, bool]]:
     """(path, bundled) of every table file, the user's first."""
     files: list[tuple[Path, bool]] = []
@@ -122,7 +135,7 @@ def lookup_table(
         if bundled and not include_bundled:
             continue
         try:
-            table = load_table(path)
+            table = _load_unchanged(path)
         except Exception as error:  # noqa: BLE001 - a bad file must never break inference
             notes.append(f"skipped table {path}: {error}")
             continue
