@@ -3,6 +3,7 @@
 #   bench/h200_evidence.sh kernels    small_q stage variants + kernel table on fp16 decode
 #   bench/h200_evidence.sh portable   portable calibration under 16 GiB, then bench all + heldout in that mode
 #   bench/h200_evidence.sh portable-bench   the benches alone (with and without --tune), portable table in $PORTABLE_HOME
+#                                      or imported from $PORTABLE_TABLE (e.g. bench/results/h200_calibrations/run5_portable_16gib_table.json.gz)
 #   bench/h200_evidence.sh full       bench all + heldout with the H200 table in $FULL_HOME, with and without --tune
 # Needs torch with CUDA, optuna and platformdirs on PYTHONPATH (we carried them as .gpu_site/).
 set -u
@@ -21,8 +22,11 @@ for stage in "$@"; do
         --results "$OUT/portable_measurements.jsonl" --out "$OUT/portable_table.json" --summary-json "$OUT/portable_calib.json" --quiet > "$OUT/portable_calib.log" 2>&1
       gzip -f "$OUT/portable_measurements.jsonl"
       ;&
-    portable-bench)  # the portable table from $PORTABLE_HOME (or the portable stage's)
+    portable-bench)  # the portable table from $PORTABLE_HOME (or the portable stage's), or $PORTABLE_TABLE (.json[.gz]) imported
       export ATTN_DISPATCH_HOME=${PORTABLE_HOME:-/tmp/home_portable}
+      if [ -n "${PORTABLE_TABLE:-}" ]; then
+        zcat -f "$PORTABLE_TABLE" > /tmp/portable_table.json && run python -m dispatcher.cli import /tmp/portable_table.json > /dev/null
+      fi
       for tune in "" "--tune"; do
         suffix=${tune:+_tuned}
         run timeout 150 python -m dispatcher.cli bench --scenario all $tune --kernels portable --memory-budget 16GiB --json "$OUT/portable_bench_all$suffix.json" --md "$OUT/portable_bench_all$suffix.md" > /dev/null 2>> "$OUT/portable_bench.log"
