@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import torch
 
+from kernels._blocks import causal_blocked
 from kernels.base import Kernel
 from kernels.problem import Problem
 from kernels.sdpa_probe import default_backend_choice, probe_backend
@@ -47,8 +48,8 @@ def additive_bias(
             bias.masked_fill_(~mask, float("-inf"))
         else:
             bias.add_(mask.to(dtype))
-    if causal:
-        blocked = torch.ones(L, S, dtype=torch.bool, device=bias.device).triu_(1)
+    blocked = causal_blocked(slice(0, L), slice(0, S), bias.device) if causal else None
+    if blocked is not None:
         bias.masked_fill_(blocked, float("-inf"))
     return bias
 
@@ -325,7 +326,9 @@ class SdpaDefaultKernel(SdpaBackendKernel):
 def combine_mask_and_causal(mask: torch.Tensor, L: int, S: int) -> torch.Tensor:
     """One mask meaning both `mask` and top-left causality (PyTorch's math backend refuses the
     pair; its fused CPU path combines them, which is the semantics we keep)."""
-    blocked = torch.ones(L, S, dtype=torch.bool, device=mask.device).triu_(1)
+    blocked = causal_blocked(slice(0, L), slice(0, S), mask.device)
+    if blocked is None:
+        return mask
     if mask.dtype == torch.bool:
         return mask & ~blocked
     return mask.masked_fill(blocked, float("-inf"))
