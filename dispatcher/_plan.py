@@ -14,12 +14,17 @@ class Plan:
 
     Attributes
     ----------
-    recheck: re-check free memory before each call (see `planning.RECHECK_FRACTION`).
+    recheck: go through `Dispatcher._plan_for` before each call: to re-check free memory (see
+        `planning.RECHECK_FRACTION`), or because `tune_pending`.
+    tune_pending: tuning is on but this decision was made without a call's inputs to time (by
+        `explain`, on the training route or under CUDA graph capture); the next inference call
+        with inputs tunes the bucket and replaces it.
     count: the chosen kernel's call counter (a one-element list shared by every plan that
         chose the kernel, so `Dispatcher.stats` sums them without a lookup per call).
     """
 
-    __slots__ = ("problem", "device", "kernel", "run", "workspace", "recheck", "ranked", "decision", "count")
+    __slots__ = ("problem", "device", "kernel", "run", "workspace", "recheck", "ranked", "decision", "count",
+                 "tune_pending")
 
     def __init__(
         self,
@@ -31,6 +36,7 @@ class Plan:
         ranked: Ranked,
         decision: Decision,
         count: list[int],
+        tune_pending: bool = False,
     ) -> None:
         self.problem = problem
         self.device = device
@@ -41,6 +47,7 @@ class Plan:
         self.ranked = ranked
         self.decision = decision
         self.count = count
+        self.tune_pending = tune_pending
 
 
 def cache_key(

@@ -22,7 +22,7 @@ from dispatcher.kernel_set import kernel_set
 from dispatcher.memory import budget_from_env, free_bytes, parse_memory_size, release_cached_memory
 from dispatcher.planning import Ranked, failure_bucket, fit_options, memory_limit, needs_recheck, rank_options
 from dispatcher.ranking import DeviceRanking, resolve_ranking
-from dispatcher.tuning import Tuned, put_first, tune, tune_from_env
+from dispatcher.tuning import Tuned, can_time, contenders, put_first, tune, tune_from_env
 from kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
 from kernels.failures import is_out_of_memory
 from kernels.sdpa_backends import pytorch_sdpa
@@ -199,7 +199,9 @@ class Dispatcher:
         when its kernel no longer is the first option that fits, only the memory fit is redone.
         `scale` is the call's (inference route only: it lets a new bucket be tuned on these inputs)."""
         plan = self._plans.get(key_)
-        if plan is not None and (not plan.recheck or self._recheck(plan)):
+        inputs = None if scale is _NOT_GIVEN else (query, key, value, attn_mask, scale, enable_gqa)
+        retune = plan is not None and plan.tune_pending and inputs is not None
+        if plan is not None and not retune and (not plan.recheck or self._recheck(plan)):
             return plan
         problem = plan.problem if plan is not None else Problem.from_tensors(
             query, key, value, attn_mask, is_causal, enable_gqa)
@@ -207,8 +209,10 @@ class Dispatcher:
             current = self._plans.get(key_)
             if current is not None and current is not plan:
                 return current  # another thread decided meanwhile
-            inputs = None if scale is _NOT_GIVEN else (query, key, value, attn_mask, scale, enable_gqa)
-            plan = self._new_plan(problem, query.device, inputs) if current is None else self._refit(current)
+            if current is None or retune:
+                plan = self._new_plan(problem, query.device, inputs)
+            else:
+                plan = self._refit(current)
             self._plans[key_] = plan
             _log.new_decision(plan.decision)
         return plan
@@ -262,15 +266,18 @@ class Dispatcher:
         fit = fit_options(ranked, free=free, budget=budget, ranking=state.ranking, failed=failed)
         if not fit.options:
             raise NoKernelError(problem, str(device), ranked.dropped + fit.dropped)
-        options, notes = fit.options, fit.notes
+        options, notes, pending = fit.options, fit.notes, False
         if self.tune:
             bucket = failure_bucket(problem)
             tuned = state.tuned.get(bucket)
-            if tuned is None and inputs is not None:
-                check_scale(inputs[4])
-                tuned = tune(options, inputs, problem, device)
-                if tuned is not None:
-                    state.tuned[bucket] = tuned
+            if tuned is None and len(contenders(options)) > 1:
+                if inputs is not None and can_time(device):
+                    check_scale(inputs[4])
+                    tuned = tune(options, inputs, problem, device)
+                    if tuned is not None:
+                        state.tuned[bucket] = tuned
+                else:
+                    pending = True  # the next inference call that can time tunes it
             if tuned is not None and any(option.kernel.name == tuned.kernel for option in options):
                 options, notes = put_first(options, tuned.kernel), (*notes, tuned.note())
         decision = Decision(
@@ -280,9 +287,9 @@ class Dispatcher:
             dropped=fit.dropped + ranked.dropped, free_bytes=free, budget_bytes=budget, notes=notes,
         )
         chosen = options[0]
-        recheck = needs_recheck(chosen.workspace_bytes, free)
+        recheck = needs_recheck(chosen.workspace_bytes, free) or pending
         return Plan(problem, device, chosen.kernel, chosen.workspace_bytes, recheck, ranked, decision,
-                    self._count_cell(chosen.kernel.name))
+                    self._count_cell(chosen.kernel.name), tune_pending=pending)
 
     def _count_cell(self, name: str) -> list[int]:
         cell = self._counts.get(name)

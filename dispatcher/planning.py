@@ -98,7 +98,7 @@ def rank_options(
                 continue
         _consider(kernel, predicted, problem, failed, options, dropped)
     unranked = [kernel for name, kernel in kernels.items() if name not in seen]
-    unranked.sort(key=lambda kernel: kernel.name != FALLBACK_FIRST)
+    unranked.sort(key=lambda kernel: (kernel.name in last_resort, kernel.name != FALLBACK_FIRST))
     for kernel in unranked:
         _consider(kernel, None, problem, failed, options, dropped)
     return Ranked(problem, tuple(options), tuple(dropped))
@@ -138,12 +138,13 @@ def fit_options(
     ranked: Ranked, *, free: int | None, budget: int | None, ranking: DeviceRanking, failed: Mapping[str, str]
 ) -> Fit:
     """Keep the options whose workspace fits; where none does, shrink a chunked kernel until one
-    does. `recheck` is set when the chosen kernel's workspace is a large part of free memory
+    does. A last-resort option (`kernel_set.LastResortDefault`) comes after all of them. `recheck` is set when the chosen kernel's workspace is a large part of free memory
     (`needs_recheck`)."""
     fitting: list[Option] = []
     dropped: list[tuple[str, str]] = []
     dropped_for_free_memory = False
-    for option in ranked.options:
+    last_resort = [o for o in ranked.options if getattr(o.kernel, "last_resort", False)]
+    for option in (o for o in ranked.options if o not in last_resort):
         why = over_limit_reason(option.workspace_bytes, free, budget)
         if why is None:
             fitting.append(option)
@@ -159,6 +160,12 @@ def fit_options(
             predicted = dict(ranking.rank(ranked.problem, [shrunk])).get(shrunk.name)
             fitting.append(Option(shrunk, predicted, int(shrunk.workspace_bytes(ranked.problem))))
             notes.append(f"no ranked kernel fits in memory: {shrunk.name} uses smaller chunks to fit")
+    for option in last_resort:  # after everything else, even a shrunk chunked kernel
+        why = over_limit_reason(option.workspace_bytes, free, budget)
+        if why is None:
+            fitting.append(option)
+        else:
+            dropped.append((option.kernel.name, why))
     recheck = bool(fitting) and needs_recheck(fitting[0].workspace_bytes, free)
     return Fit(tuple(fitting), tuple(dropped), tuple(notes), recheck)
 

@@ -10,11 +10,13 @@ pruning the candidates first.
 The price is paid once per bucket: a warm-up call of each contender, then up to `TUNE_ROUNDS`
 rounds of ~2 ms samples (`TUNE_BUDGET_S` caps them; a 100k-token video call costs a few calls per
 contender). Not done while a CUDA graph is being captured (timing synchronises) nor on the
-training route.
+training route. It runs under the dispatcher's lock: other threads' new decisions wait for it,
+their calls of shapes already decided do not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
@@ -86,8 +88,19 @@ def contenders(options: tuple[Option, ...]) -> tuple[Option, ...]:
 
 
 def can_time(device: torch.device) -> bool:
-    """Timing synchronises the device: never while a CUDA graph is being captured."""
-    return not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    """Timing synchronises the device: never while a CUDA graph is being captured on it."""
+    if device.type != "cuda":
+        return True
+    with _on(device):
+        return not torch.cuda.is_current_stream_capturing()
+
+
+def _on(device: torch.device):
+    """Make `device` current, so events and capture checks concern its stream (a model split
+    over GPUs calls on cuda:1 while cuda:0 is current)."""
+    if device.type == "cuda" and device.index is not None:
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
 
 
 def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.device) -> Tuned | None:
@@ -98,6 +111,17 @@ def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.devi
     timed = contenders(options)
     if len(timed) < 2 or not can_time(device):
         return None
+    with _on(device):
+        seconds = _time_contenders(timed, inputs, problem, device)
+    finite = {name: s for name, s in seconds.items() if math.isfinite(s)}
+    if not finite:
+        return None
+    best = min(finite, key=finite.get)
+    return Tuned(best, tuple((o.kernel.name, seconds.get(o.kernel.name, math.inf)) for o in timed))
+
+
+def _time_contenders(timed: tuple[Option, ...], inputs: tuple, problem, device: torch.device) -> dict[str, float]:
+    """Median seconds per call of each contender that ran (see `tune`), by name."""
     from calibration.timer import calls_per_sample, time_batch  # calibration's timer, only when tuning
 
     query, key, value, attn_mask, scale, enable_gqa = inputs
@@ -118,7 +142,7 @@ def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.devi
         samples[name] = []
     names = list(runs)
     if not names:
-        return None
+        return {}
     for round_index in range(TUNE_ROUNDS):
         if round_index and time.perf_counter() - started > TUNE_BUDGET_S:
             break
@@ -128,10 +152,7 @@ def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.devi
                 samples[name].append(time_batch(runs[name], 0, calls[name], device))
             except Exception:  # noqa: BLE001 - e.g. out of memory in a later round: drop it
                 samples[name].append(math.inf)
-    seconds = {name: statistics.median(samples[name]) for name in names}
-    best = min(seconds, key=seconds.get)
-    every = tuple((o.kernel.name, seconds.get(o.kernel.name, math.inf)) for o in timed)
-    return Tuned(best, every)
+    return {name: statistics.median(samples[name]) for name in names}
 
 
 def put_first(options: tuple[Option, ...], name: str) -> tuple[Option, ...]:

@@ -92,7 +92,8 @@ def single_pass_attention(
 
 def single_pass_workspace_bytes(problem: Problem, q_rows: int, splits: int) -> int:
     """Peak extra bytes of `single_pass_attention` for `q_rows` query positions, tensor by tensor:
-    scaled query rows; scores and probabilities in the input dtype (both alive in the softmax);
+    scaled query rows; scores and probabilities in the input dtype (both alive in the softmax;
+    where the split product copies the probabilities, half dtypes on a CPU, the scores are gone);
     `_safe_softmax`'s all-blocked test (1 byte per score) and the causal block; with splits, the
     per-split partial outputs; the block's output."""
     item = problem.itemsize

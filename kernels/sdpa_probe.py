@@ -39,7 +39,9 @@ def assume_backends_available() -> Iterator[None]:
     """Inside: a backend probe for a device type this process has no device of answers "works"
     instead of "not available". For building or scoring a card's table on another machine (a CPU
     refitting a GPU's measurements), where the measurements say what ran on the card; each
-    kernel's static limits (dtypes, head dims, device kinds) still apply."""
+    kernel's static limits (dtypes, head dims, device kinds) still apply. A machine that has a
+    device of that type (refitting an H200 calibration on another GPU) probes its own device:
+    refit on the card itself, or on a CPU."""
     token = _ASSUME_AVAILABLE.set(True)
     try:
         yield

@@ -98,11 +98,13 @@ def _load_unchanged(path: Path) -> ThresholdTable:
     """`load_table`, parsed once per process while the file is unchanged (a 0.7 MB table takes
     tens of ms to parse and validate, and every new dispatcher device looks at every file)."""
     stat = path.stat()
-    return _load_version(path, stat.st_mtime_ns, stat.st_size)
+    return _load_version(path, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=32)
-def _load_version(path: Path, mtime_ns: int, size: int) -> ThresholdTable:
+def _load_version(path: Path, inode: int, mtime_ns: int, ctime_ns: int, size: int) -> ThresholdTable:
+    """One parse per version of the file (atomic writes replace the inode; tables are never
+    mutated after loading, so one object can serve every dispatcher)."""
     return load_table(path)
 
 

@@ -221,3 +221,15 @@ def test_small_workspace_is_not_rechecked(monkeypatch):
     for _ in range(5):
         ours.attention(**inputs)
     assert calls["n"] == 1  # measured once, when the decision was made
+
+
+def test_portable_last_resort_waits_for_a_shrunk_chunked_kernel(monkeypatch):
+    # Nothing ranked fits the budget: a chunked kernel with smaller chunks runs, not PyTorch's
+    # default (the portable set's last resort, fused on cards that have fused backends).
+    budget = 12 * 2**20
+    ours = Dispatcher(kernels="portable", memory_budget=budget)
+    query = torch.randn(1, 8, 4096, 64)
+    key = torch.randn(1, 8, 4096, 64)
+    decision = ours.explain(query, key, key)
+    assert decision.kernel.startswith("chunked[") and decision.candidates[0].workspace_bytes <= budget
+    assert decision.candidates[-1].name == "sdpa_default"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from dispatcher import Dispatcher, tuning
 from dispatcher.kernel_set import LastResortDefault
 from dispatcher.planning import Option
@@ -139,3 +141,35 @@ def test_a_contender_failing_after_its_warm_up_is_not_chosen_and_the_call_answer
     inputs = qkv()
     assert_matches_reference(ours.attention(**inputs), inputs)
     assert ours.explain(**inputs).kernel == "fast"
+
+
+def test_a_decision_made_without_inputs_is_tuned_by_the_next_inference_call(monkeypatch):
+    # explain() decides without a call's inputs; the decision must not stay untuned.
+    slow, fast = _pair(monkeypatch)
+    ours = Dispatcher(kernels=[slow, fast], tune=True)
+    inputs = qkv()
+    assert ours.explain(**inputs).kernel == "slow"  # nothing timed yet
+    ours.attention(**inputs)
+    ours.attention(**inputs)
+    assert ours.explain(**inputs).kernel == "fast"
+    assert ours.stats() == {"fast": 2}
+
+
+def test_a_training_call_first_does_not_keep_the_shape_untuned(monkeypatch):
+    slow, fast = _pair(monkeypatch)
+    ours = Dispatcher(kernels=[slow, fast], tune=True)
+    inputs = qkv()
+    ours.attention(**{**inputs, "query": inputs["query"].clone().requires_grad_()})  # training route
+    with torch.no_grad():
+        ours.attention(**inputs)
+    assert ours.explain(**inputs).kernel == "fast"
+
+
+def test_nothing_is_kept_when_every_contender_fails():
+    options = (Option(FailingKernel(), 1.0, 0), Option(FailingKernel(), 1.0, 0))
+    assert tuning.tune(options, _inputs(), None, torch.device("cpu")) is None
+
+
+def _inputs() -> tuple:
+    inputs = qkv()
+    return (inputs["query"], inputs["key"], inputs["value"], None, None, inputs["enable_gqa"])
