@@ -266,30 +266,48 @@ class Dispatcher:
         fit = fit_options(ranked, free=free, budget=budget, ranking=state.ranking, failed=failed)
         if not fit.options:
             raise NoKernelError(problem, str(device), ranked.dropped + fit.dropped)
-        options, notes, pending = fit.options, fit.notes, False
+        options, notes, dropped, pending = fit.options, fit.notes, fit.dropped + ranked.dropped, False
         if self.tune:
-            bucket = failure_bucket(problem)
-            tuned = state.tuned.get(bucket)
-            if tuned is None and len(contenders(options)) > 1:
-                if inputs is not None and can_time(device):
-                    check_scale(inputs[4])
-                    tuned = tune(options, inputs, problem, device)
-                    if tuned is not None:
-                        state.tuned[bucket] = tuned
-                else:
-                    pending = True  # the next inference call that can time tunes it
-            if tuned is not None and any(option.kernel.name == tuned.kernel for option in options):
-                options, notes = put_first(options, tuned.kernel), (*notes, tuned.note())
+            options, notes, dropped, pending = self._tuned(options, notes, dropped, problem, device, state, inputs)
         decision = Decision(
             kernel=options[0].kernel.name, params=dict(options[0].kernel.params), problem=problem,
             device=str(device), source=state.ranking.source,
             candidates=tuple(option.candidate() for option in options),
-            dropped=fit.dropped + ranked.dropped, free_bytes=free, budget_bytes=budget, notes=notes,
+            dropped=dropped, free_bytes=free, budget_bytes=budget, notes=notes,
         )
         chosen = options[0]
         recheck = needs_recheck(chosen.workspace_bytes, free) or pending
         return Plan(problem, device, chosen.kernel, chosen.workspace_bytes, recheck, ranked, decision,
                     self._count_cell(chosen.kernel.name), tune_pending=pending)
+
+    def _tuned(self, options, notes, dropped, problem: Problem, device: torch.device, state: _DeviceState,
+               inputs: tuple | None):
+        """`options` with the bucket's tuned kernel first (`dispatcher.tuning`), tuning the bucket
+        now when it has no tuning yet, several contenders, and `inputs` to time; contenders that
+        raise are remembered as failures and dropped. Returns (options, notes, dropped, pending):
+        pending when the bucket needs tuning but this decision could not time anything."""
+        bucket = failure_bucket(problem)
+        tuned = state.tuned.get(bucket)
+        if tuned is None and len(contenders(options)) > 1:
+            if inputs is None or not can_time(device):
+                return options, notes, dropped, True  # the next inference call that can time tunes it
+            check_scale(inputs[4])
+            failed_now: dict[str, str] = {}
+
+            def on_failure(name: str, error: BaseException) -> None:
+                failed_now[name] = failure_message(error)
+                self._remember(device, problem, name, error)
+
+            tuned = tune(options, inputs, problem, device, on_failure=on_failure)
+            if tuned is not None:
+                state.tuned[bucket] = tuned
+            if failed_now and any(option.kernel.name not in failed_now for option in options):
+                options = tuple(option for option in options if option.kernel.name not in failed_now)
+                dropped += tuple((name, f"failed at run time on a problem of this size: {why}")
+                                 for name, why in failed_now.items())
+        if tuned is not None and any(option.kernel.name == tuned.kernel for option in options):
+            options, notes = put_first(options, tuned.kernel), (*notes, tuned.note())
+        return options, notes, dropped, False
 
     def _count_cell(self, name: str) -> list[int]:
         cell = self._counts.get(name)
@@ -328,12 +346,17 @@ class Dispatcher:
                 error = next_error
 
     def _remember_failure(self, plan: Plan, error: BaseException) -> None:
+        self._remember(plan.device, plan.problem, plan.kernel.name, error)
+
+    def _remember(self, device: torch.device, problem: Problem, name: str, error: BaseException) -> None:
+        """Kernel `name` raised `error` on `problem`: not tried again in its bucket (out of
+        memory: until nothing else is left, `_forget_out_of_memory`)."""
         out_of_memory = is_out_of_memory(error)
         if out_of_memory:
-            release_cached_memory(plan.device)
-        bucket, name = failure_bucket(plan.problem), plan.kernel.name
+            release_cached_memory(device)
+        bucket = failure_bucket(problem)
         with self._lock:
-            state = self._state(plan.device)
+            state = self._state(device)
             state.failures.setdefault(bucket, {})[name] = failure_message(error)
             if out_of_memory:
                 state.out_of_memory.setdefault(bucket, set()).add(name)

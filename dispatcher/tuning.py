@@ -21,6 +21,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -103,16 +104,18 @@ def _on(device: torch.device):
     return contextlib.nullcontext()
 
 
-def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.device) -> Tuned | None:
+def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.device,
+         on_failure: Callable[[str, BaseException], None] | None = None) -> Tuned | None:
     """Time `contenders(options)` on ``inputs = (query, key, value, attn_mask, scale, enable_gqa)``:
-    a warm-up call each (a contender that raises is out), then `TUNE_ROUNDS` interleaved rounds of
-    one batched sample each (`calibration.timer`: back-to-back calls lasting ~2 ms). None when
-    there is nothing to settle (one contender) or nothing ran."""
+    a warm-up call each (a contender that raises is out, and reported to `on_failure` with its
+    name), then `TUNE_ROUNDS` interleaved rounds of one batched sample each (`calibration.timer`:
+    back-to-back calls lasting ~2 ms). None when there is nothing to settle (one contender) or
+    nothing ran."""
     timed = contenders(options)
     if len(timed) < 2 or not can_time(device):
         return None
     with _on(device):
-        seconds = _time_contenders(timed, inputs, problem, device)
+        seconds = _time_contenders(timed, inputs, problem, device, on_failure)
     finite = {name: s for name, s in seconds.items() if math.isfinite(s)}
     if not finite:
         return None
@@ -120,7 +123,8 @@ def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.devi
     return Tuned(best, tuple((o.kernel.name, seconds.get(o.kernel.name, math.inf)) for o in timed))
 
 
-def _time_contenders(timed: tuple[Option, ...], inputs: tuple, problem, device: torch.device) -> dict[str, float]:
+def _time_contenders(timed: tuple[Option, ...], inputs: tuple, problem, device: torch.device,
+                     on_failure: Callable[[str, BaseException], None] | None) -> dict[str, float]:
     """Median seconds per call of each contender that ran (see `tune`), by name."""
     from calibration.timer import calls_per_sample, time_batch  # calibration's timer, only when tuning
 
@@ -134,7 +138,9 @@ def _time_contenders(timed: tuple[Option, ...], inputs: tuple, problem, device: 
             run(query, key, value, attn_mask, scale, enable_gqa, problem)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-        except Exception:  # noqa: BLE001 - a contender that fails is simply not chosen
+        except Exception as error:  # noqa: BLE001 - a contender that fails is not chosen
+            if on_failure is not None:
+                on_failure(option.kernel.name, error)
             continue
         name = option.kernel.name
         runs[name] = lambda _i, run=run: run(query, key, value, attn_mask, scale, enable_gqa, problem)

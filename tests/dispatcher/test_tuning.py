@@ -99,7 +99,7 @@ def test_a_contender_that_fails_is_not_chosen(monkeypatch):
     assert_matches_reference(ours.attention(**inputs), inputs)
     decision = ours.explain(**inputs)
     assert decision.kernel == "math"
-    assert any("failing failed" in note for note in decision.notes)
+    assert "injected failure" in decision.reason_dropped("failing")  # remembered for the bucket
 
 
 def test_contenders_are_the_options_predicted_within_the_margin():
