@@ -23,9 +23,11 @@ from dispatcher.memory import budget_from_env, free_bytes, parse_memory_size, re
 from dispatcher.planning import Ranked, failure_bucket, fit_options, memory_limit, needs_recheck, rank_options
 from dispatcher.ranking import DeviceRanking, resolve_ranking
 from dispatcher.tuning import Tuned, can_time, contenders, put_first, tune, tune_from_env
+from dispatcher.tuning_store import TuningStore, kernel_set_signature
 from kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
 from kernels.failures import is_out_of_memory
 from kernels.sdpa_backends import pytorch_sdpa
+from models.paths import tunings_dir
 
 _grad_enabled = torch.is_grad_enabled
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
@@ -57,6 +59,8 @@ class _DeviceState:
         self.failures: dict[tuple, dict[str, str]] = {}
         self.out_of_memory: dict[tuple, set[str]] = {}
         self.tuned: dict[tuple, Tuned] = {}
+        self.store: TuningStore | None = None  # set when tunings are first needed (`Dispatcher._store`)
+        self.store_opened = False
 
 
 class Dispatcher:
@@ -75,6 +79,9 @@ class Dispatcher:
     tune: time the closest candidates on the first call of each problem bucket and keep the
         fastest (`dispatcher.tuning`); default ``ATTN_DISPATCH_TUNE`` (read when a decision is
         made), else off.
+    remember_tunings: keep tunings across processes under the home directory
+        (`dispatcher.tuning_store`; default on). ``attn-dispatch bench`` turns it off so every run
+        tunes afresh.
     """
 
     def __init__(
@@ -85,6 +92,7 @@ class Dispatcher:
         memory_budget: int | str | None = None,
         home: str | None = None,
         tune: bool | None = None,
+        remember_tunings: bool = True,
     ) -> None:
         if not isinstance(policy, AccuracyPolicy):
             raise TypeError(f"policy must be an AccuracyPolicy (e.g. AccuracyPolicy.allowing('fp32->bf16')), got {policy!r}")
@@ -93,6 +101,7 @@ class Dispatcher:
         self._budget = None if memory_budget is None else parse_memory_size(memory_budget, name="memory_budget")
         self.home = home
         self._tune = tune
+        self.remember_tunings = remember_tunings
         self._plans: dict[tuple, Plan] = {}
         self._plan_get = self._plans.get  # bound once for the warm path
         self._devices: dict[torch.device, _DeviceState] = {}
@@ -287,6 +296,7 @@ class Dispatcher:
         raise are remembered as failures and dropped. Returns (options, notes, dropped, pending):
         pending when the bucket needs tuning but this decision could not time anything."""
         bucket = failure_bucket(problem)
+        store = self._store(state)
         tuned = state.tuned.get(bucket)
         if tuned is None and len(contenders(options)) > 1:
             if inputs is None or not can_time(device):
@@ -301,6 +311,8 @@ class Dispatcher:
             tuned = tune(options, inputs, problem, device, on_failure=on_failure)
             if tuned is not None:
                 state.tuned[bucket] = tuned
+                if store is not None:
+                    store.append(bucket, tuned)
             if failed_now and any(option.kernel.name not in failed_now for option in options):
                 options = tuple(option for option in options if option.kernel.name not in failed_now)
                 dropped += tuple((name, f"failed at run time on a problem of this size: {why}")
@@ -308,6 +320,21 @@ class Dispatcher:
         if tuned is not None and any(option.kernel.name == tuned.kernel for option in options):
             options, notes = put_first(options, tuned.kernel), (*notes, tuned.note())
         return options, notes, dropped, False
+
+    def _store(self, state: _DeviceState) -> TuningStore | None:
+        """The device's tuning store, opened (and its tunings loaded) on first use; None when
+        tunings are not remembered or the device could not be identified."""
+        if not state.store_opened:
+            state.store_opened = True
+            device_key = state.ranking.source.identity
+            if self.remember_tunings and device_key:
+                try:
+                    signature = kernel_set_signature(self._kernels, self.policy.describe())
+                    state.store = TuningStore.at(tunings_dir(self.home), device_key, signature)
+                    state.tuned.update({**state.store.load(), **state.tuned})
+                except OSError:  # an unusable home: tune in memory only
+                    state.store = None
+        return state.store
 
     def _count_cell(self, name: str) -> list[int]:
         cell = self._counts.get(name)

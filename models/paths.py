@@ -1,5 +1,5 @@
-"""Where attn-dispatch keeps its per-user files: threshold tables, fitted cost models and
-calibration journals.
+"""Where attn-dispatch keeps its per-user files: threshold tables, fitted cost models,
+calibration journals and the dispatcher's first-call tunings.
 
 The root is ``$ATTN_DISPATCH_HOME`` when set, else the platform's per-user cache directory
 (``platformdirs.user_cache_dir("attn-dispatch")``, e.g. ``~/.cache/attn-dispatch`` on Linux).
@@ -54,3 +54,9 @@ def models_dir(override: str | os.PathLike | None = None) -> Path:
 def journals_dir(override: str | os.PathLike | None = None) -> Path:
     """Calibration journals (JSON lines of measurements, optuna journals)."""
     return _sub("journals", override)
+
+
+def tunings_dir(override: str | os.PathLike | None = None) -> Path:
+    """First-call tunings the dispatcher keeps across processes (JSON lines, one file per device
+    and kernel set: `dispatcher.tuning_store`)."""
+    return _sub("tunings", override)

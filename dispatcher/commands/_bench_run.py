@@ -135,7 +135,8 @@ def run_bench(
 ) -> BenchReport:
     """Time every shape on `device` with a fresh dispatcher (tuning on its first call of each
     bucket when `tune`); see module docstring."""
-    dispatcher = Dispatcher(kernels=kernels, policy=policy, memory_budget=memory_budget, tune=tune)
+    # remember_tunings=False: every bench run tunes afresh, whatever earlier runs left in the home
+    dispatcher = Dispatcher(kernels=kernels, policy=policy, memory_budget=memory_budget, tune=tune, remember_tunings=False)
     subject = DispatchedKernel(dispatcher, device)
     baseline = baseline_path(kernels)
     report = BenchReport(conditions(device, dispatcher, shapes, settings, size, baseline))

@@ -9,8 +9,9 @@ import torch
 
 from dispatcher import Dispatcher, tuning
 from dispatcher.kernel_set import LastResortDefault
-from dispatcher.planning import Option
-from kernels import MathKernel
+from dispatcher.planning import Option, failure_bucket
+from dispatcher.tuning_store import TuningStore
+from kernels import MathKernel, Problem
 from tests.dispatcher.helpers import FailingKernel, FixedRanker, assert_matches_reference, qkv, use_ranking
 
 SLOW_S = 5e-3  # far above the run-to-run noise of a tiny math call on a loaded CI machine
@@ -173,3 +174,39 @@ def test_nothing_is_kept_when_every_contender_fails():
 def _inputs() -> tuple:
     inputs = qkv()
     return (inputs["query"], inputs["key"], inputs["value"], None, None, inputs["enable_gqa"])
+
+
+def test_tunings_are_remembered_by_the_next_process(monkeypatch, tmp_path):
+    slow, fast = _pair(monkeypatch)
+    first = Dispatcher(kernels=[slow, fast], tune=True, home=tmp_path)
+    first.attention(**qkv())
+    timed = slow.runs
+    files = list((tmp_path / "tunings").rglob("*.jsonl"))
+    assert len(files) == 1 and '"kernel":"fast"' in files[0].read_text()
+    again = Dispatcher(kernels=[slow, fast], tune=True, home=tmp_path)  # a restarted process
+    again.attention(**qkv())
+    assert slow.runs == timed and again.explain(**qkv()).kernel == "fast"  # nothing timed again
+    assert any(note.startswith("tuned on the first call") for note in again.explain(**qkv()).notes)
+
+
+def test_another_kernel_set_or_no_memory_tunes_afresh(monkeypatch, tmp_path):
+    slow, fast = _pair(monkeypatch)
+    Dispatcher(kernels=[slow, fast], tune=True, home=tmp_path).attention(**qkv())
+    timed = slow.runs
+    Dispatcher(kernels=[slow, fast, MathKernel()], tune=True, home=tmp_path).attention(**qkv())
+    assert slow.runs > timed  # another set of contenders: its own store
+    timed = slow.runs
+    Dispatcher(kernels=[slow, fast], tune=True, home=tmp_path, remember_tunings=False).attention(**qkv())
+    assert slow.runs > timed
+
+
+def test_a_damaged_store_is_skipped_line_by_line(tmp_path):
+    store = TuningStore(tmp_path / "t.jsonl")
+    bucket = failure_bucket(Problem.from_tensors(**{k: v for k, v in qkv().items()}))
+    store.append(bucket, tuning.Tuned("fast", (("fast", 1e-3), ("slow", float("inf")))))
+    with open(store.path, "a") as handle:
+        handle.write("not json\n" + '{"bucket": [1, 2], "kernel": "x", "seconds": [["x", 1]]}\n' + "{\n")
+    loaded = store.load()
+    assert list(loaded) == [bucket] and loaded[bucket].kernel == "fast"
+    assert dict(loaded[bucket].seconds)["slow"] == float("inf")
+    assert TuningStore(tmp_path / "missing.jsonl").load() == {}

@@ -1,0 +1,100 @@
+"""First-call tunings kept across processes, so a restarted server does not time every bucket
+again: ``<home>/tunings/<device key>/<kernel set>.jsonl``, one JSON line per tuned bucket.
+
+The device key holds the card and its software stack (`models.identity.DeviceIdentity.key`), so a
+driver or PyTorch update starts afresh; the kernel set's signature (its kernel names and accuracy
+policy) keeps a tuning among one set of contenders from serving a dispatcher that has others.
+Lines are plain JSON, appended whole; a line that does not parse or validate is skipped, and the
+last line of a bucket wins. Nothing here ever raises into an attention call: a store that cannot
+be read or written only costs the tuning again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from dispatcher.tuning import Tuned
+
+BUCKET_FIELDS = 14
+"""Length of a `planning.failure_bucket` key (a line whose bucket differs is from another version)."""
+
+
+def kernel_set_signature(names: Iterable[str], policy: str) -> str:
+    """A short, stable name for a kernel set and its accuracy policy."""
+    text = json.dumps([sorted(names), policy])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _to_json(value):
+    return [_to_json(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _to_key(value):
+    return tuple(_to_key(v) for v in value) if isinstance(value, list) else value
+
+
+def _valid_bucket(bucket) -> bool:
+    def plain(value) -> bool:
+        if isinstance(value, tuple):
+            return all(plain(v) for v in value)
+        return isinstance(value, (bool, int, str))
+
+    return isinstance(bucket, tuple) and len(bucket) == BUCKET_FIELDS and plain(bucket)
+
+
+class TuningStore:
+    """The tunings of one device and kernel set.
+
+    Parameters
+    ----------
+    path: the JSON Lines file (created on the first `append`).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    @classmethod
+    def at(cls, root: Path, device_key: str, signature: str) -> TuningStore:
+        return cls(Path(root) / device_key / f"{signature}.jsonl")
+
+    def load(self) -> dict[tuple, Tuned]:
+        """Every valid tuning in the file, by bucket (empty when there is no file or it is unreadable)."""
+        tunings: dict[tuple, Tuned] = {}
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                lines = handle.readlines()
+        except OSError:
+            return tunings
+        for line in lines:
+            try:
+                entry = json.loads(line)
+                bucket = _to_key(entry["bucket"])
+                seconds = tuple((str(name), math.inf if s is None else float(s)) for name, s in entry["seconds"])
+                kernel = entry["kernel"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if _valid_bucket(bucket) and isinstance(kernel, str) and any(name == kernel for name, _ in seconds):
+                tunings[bucket] = Tuned(kernel, seconds)
+        return tunings
+
+    def append(self, bucket: tuple, tuned: Tuned) -> bool:
+        """Add one tuning; False when the file could not be written (the tuning still serves this
+        process)."""
+        entry = {"bucket": _to_json(bucket), "kernel": tuned.kernel,
+                 "seconds": [[name, s if math.isfinite(s) else None] for name, s in tuned.seconds]}
+        line = json.dumps(entry, separators=(",", ":")) + "\n"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())  # one small write with O_APPEND: whole lines, even from several processes
+            finally:
+                os.close(fd)
+        except OSError:
+            return False
+        return True
