@@ -15,15 +15,16 @@ from dataclasses import replace
 import torch
 
 from dispatcher import _log
-from dispatcher._plan import Plan, cache_key, check_scale, failure_message
+from dispatcher._plan import Plan, cache_key, check_scale
 from dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
+from dispatcher.device_state import DeviceState
 from dispatcher.errors import NoKernelError
 from dispatcher.kernel_set import kernel_set
 from dispatcher.memory import budget_from_env, free_bytes, parse_memory_size, release_cached_memory
 from dispatcher.planning import Ranked, failure_bucket, fit_options, memory_limit, needs_recheck, rank_options
-from dispatcher.ranking import DeviceRanking, resolve_ranking
-from dispatcher.tuning import Tuned, can_time, contenders, put_first, tune, tune_from_env
-from dispatcher.tuning_store import TuningStore, kernel_set_signature
+from dispatcher.ranking import resolve_ranking
+from dispatcher.tuning import put_first, tune_from_env
+from dispatcher.tuning_store import kernel_set_signature
 from kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
 from kernels.failures import is_out_of_memory
 from kernels.sdpa_backends import pytorch_sdpa
@@ -47,20 +48,6 @@ def _route(dropout_p: float, inputs_grad: bool, mask_grad: bool, kernel: Kernel)
     if inputs_grad and not kernel.supports_backward:
         return f"inputs require grad and {kernel.name} has no backward"
     return None
-
-
-class _DeviceState:
-    """What one device has: its ranker, the failures remembered per problem bucket (kernel
-    name -> message), with the names of those that failed for lack of memory, and the first-call
-    tunings per bucket."""
-
-    def __init__(self, ranking: DeviceRanking) -> None:
-        self.ranking = ranking
-        self.failures: dict[tuple, dict[str, str]] = {}
-        self.out_of_memory: dict[tuple, set[str]] = {}
-        self.tuned: dict[tuple, Tuned] = {}
-        self.store: TuningStore | None = None  # set when tunings are first needed (`Dispatcher._store`)
-        self.store_opened = False
 
 
 class Dispatcher:
@@ -98,13 +85,14 @@ class Dispatcher:
             raise TypeError(f"policy must be an AccuracyPolicy (e.g. AccuracyPolicy.allowing('fp32->bf16')), got {policy!r}")
         self.policy = policy
         self._kernels = kernel_set(kernels, policy)
+        self._signature = kernel_set_signature(self._kernels, policy.describe())  # names its tuning store
         self._budget = None if memory_budget is None else parse_memory_size(memory_budget, name="memory_budget")
         self.home = home
         self._tune = tune
         self.remember_tunings = remember_tunings
         self._plans: dict[tuple, Plan] = {}
         self._plan_get = self._plans.get  # bound once for the warm path
-        self._devices: dict[torch.device, _DeviceState] = {}
+        self._devices: dict[torch.device, DeviceState] = {}
         self._counts: dict[str, list[int]] = {}
         self._lock = threading.RLock()
 
@@ -239,13 +227,13 @@ class Dispatcher:
                 return option.kernel is plan.kernel
         return limit is not None and plan.workspace <= limit  # an option's kernel is over it too
 
-    def _state(self, device: torch.device) -> _DeviceState:
+    def _state(self, device: torch.device) -> DeviceState:
         state = self._devices.get(device)
         if state is None:
             with self._lock:
                 state = self._devices.get(device)
                 if state is None:
-                    state = self._devices[device] = _DeviceState(resolve_ranking(device, home=self.home))
+                    state = self._devices[device] = DeviceState(resolve_ranking(device, home=self.home))
         return state
 
     def _new_plan(self, problem: Problem, device: torch.device, inputs: tuple | None = None) -> Plan:
@@ -266,7 +254,7 @@ class Dispatcher:
             ranked = rank_options(plan.problem, self._kernels, state.ranking, failed, policy=self.policy)
         return self._fit(ranked, plan.device, state, failed)
 
-    def _fit(self, ranked: Ranked, device: torch.device, state: _DeviceState, failed: dict[str, str],
+    def _fit(self, ranked: Ranked, device: torch.device, state: DeviceState, failed: dict[str, str],
              inputs: tuple | None = None) -> Plan:
         """The plan of the first ranked option that fits in memory now (`planning.fit_options`),
         or of the bucket's tuned kernel when tuning is on (timed now when `inputs` are given)."""
@@ -277,7 +265,10 @@ class Dispatcher:
             raise NoKernelError(problem, str(device), ranked.dropped + fit.dropped)
         options, notes, dropped, pending = fit.options, fit.notes, fit.dropped + ranked.dropped, False
         if self.tune:
-            options, notes, dropped, pending = self._tuned(options, notes, dropped, problem, device, state, inputs)
+            state.open_store((lambda: tunings_dir(self.home)) if self.remember_tunings else None, self._signature)
+            options, notes, dropped, pending = state.apply_tuning(
+                options, notes, dropped, problem, device, inputs,
+                on_failure=lambda name, error: self._remember(device, problem, name, error))
         decision = Decision(
             kernel=options[0].kernel.name, params=dict(options[0].kernel.params), problem=problem,
             device=str(device), source=state.ranking.source,
@@ -288,53 +279,6 @@ class Dispatcher:
         recheck = needs_recheck(chosen.workspace_bytes, free) or pending
         return Plan(problem, device, chosen.kernel, chosen.workspace_bytes, recheck, ranked, decision,
                     self._count_cell(chosen.kernel.name), tune_pending=pending)
-
-    def _tuned(self, options, notes, dropped, problem: Problem, device: torch.device, state: _DeviceState,
-               inputs: tuple | None):
-        """`options` with the bucket's tuned kernel first (`dispatcher.tuning`), tuning the bucket
-        now when it has no tuning yet, several contenders, and `inputs` to time; contenders that
-        raise are remembered as failures and dropped. Returns (options, notes, dropped, pending):
-        pending when the bucket needs tuning but this decision could not time anything."""
-        bucket = failure_bucket(problem)
-        store = self._store(state)
-        tuned = state.tuned.get(bucket)
-        if tuned is None and len(contenders(options)) > 1:
-            if inputs is None or not can_time(device):
-                return options, notes, dropped, True  # the next inference call that can time tunes it
-            check_scale(inputs[4])
-            failed_now: dict[str, str] = {}
-
-            def on_failure(name: str, error: BaseException) -> None:
-                failed_now[name] = failure_message(error)
-                self._remember(device, problem, name, error)
-
-            tuned = tune(options, inputs, problem, device, on_failure=on_failure)
-            if tuned is not None:
-                state.tuned[bucket] = tuned
-                if store is not None:
-                    store.append(bucket, tuned)
-            if failed_now and any(option.kernel.name not in failed_now for option in options):
-                options = tuple(option for option in options if option.kernel.name not in failed_now)
-                dropped += tuple((name, f"failed at run time on a problem of this size: {why}")
-                                 for name, why in failed_now.items())
-        if tuned is not None and any(option.kernel.name == tuned.kernel for option in options):
-            options, notes = put_first(options, tuned.kernel), (*notes, tuned.note())
-        return options, notes, dropped, False
-
-    def _store(self, state: _DeviceState) -> TuningStore | None:
-        """The device's tuning store, opened (and its tunings loaded) on first use; None when
-        tunings are not remembered or the device could not be identified."""
-        if not state.store_opened:
-            state.store_opened = True
-            device_key = state.ranking.source.identity
-            if self.remember_tunings and device_key:
-                try:
-                    signature = kernel_set_signature(self._kernels, self.policy.describe())
-                    state.store = TuningStore.at(tunings_dir(self.home), device_key, signature)
-                    state.tuned.update({**state.store.load(), **state.tuned})
-                except OSError:  # an unusable home: tune in memory only
-                    state.store = None
-        return state.store
 
     def _count_cell(self, name: str) -> list[int]:
         cell = self._counts.get(name)
@@ -376,27 +320,16 @@ class Dispatcher:
         self._remember(plan.device, plan.problem, plan.kernel.name, error)
 
     def _remember(self, device: torch.device, problem: Problem, name: str, error: BaseException) -> None:
-        """Kernel `name` raised `error` on `problem`: not tried again in its bucket (out of
-        memory: until nothing else is left, `_forget_out_of_memory`)."""
+        """Kernel `name` raised `error` on `problem` (`DeviceState.remember`)."""
         out_of_memory = is_out_of_memory(error)
         if out_of_memory:
             release_cached_memory(device)
-        bucket = failure_bucket(problem)
         with self._lock:
-            state = self._state(device)
-            state.failures.setdefault(bucket, {})[name] = failure_message(error)
-            if out_of_memory:
-                state.out_of_memory.setdefault(bucket, set()).add(name)
+            self._state(device).remember(problem, name, error, out_of_memory)
 
     def _forget_out_of_memory(self, plan: Plan) -> None:
-        """Out-of-memory failures are transient: when nothing is left to try, forget them for the
-        bucket so the next call tries again instead of failing at once."""
-        bucket = failure_bucket(plan.problem)
         with self._lock:
-            state = self._state(plan.device)
-            failures = state.failures.get(bucket, {})
-            for name in state.out_of_memory.pop(bucket, ()):
-                failures.pop(name, None)
+            self._state(plan.device).forget_out_of_memory(plan.problem)
 
     # ------------------------------------------------------------------ explaining
     def explain(
