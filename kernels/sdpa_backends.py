@@ -258,14 +258,20 @@ class SdpaMathKernel(SdpaBackendKernel):
         return "none" if problem.gqa_ratio == 1 else "native"
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """The math backend materialises scores, their softmax and (for half inputs, upcast to
-        fp32 on CUDA builds) fp32 copies of Q, K and V: counted at 12 bytes per score element."""
-        upcast = 2 * (problem.q_bytes + problem.kv_bytes) if problem.itemsize == 2 else 0
+        """The math backend (`_scaled_dot_product_attention_math` in ATen's attention.cpp)
+        materialises scores and their softmax (12 bytes per score element with the mask's bias),
+        upcasts half inputs to fp32, scales Q and K in copies, and repeats K/V for GQA after the
+        upcast: with bf16, GQA 8 on the H200 the fp32 repeat was what the older bound missed."""
+        widen = 4 // problem.itemsize if problem.itemsize < 4 else 1  # fp32 copies of half inputs
+        upcast = (problem.q_bytes + problem.kv_bytes) * widen if widen > 1 else 0
+        repeated_kv = problem.kv_bytes * widen * problem.gqa_ratio if problem.gqa_ratio > 1 else 0
+        scaled_q_and_k = problem.q_bytes * widen + problem.kv_bytes * widen * problem.gqa_ratio
         return (
             problem.out_bytes * 3
             + self.input_copy_bytes(problem)
             + upcast
-            + problem.kv_bytes * (problem.gqa_ratio - 1) * 2
+            + repeated_kv
+            + scaled_q_and_k
             + problem.score_elements * 12
             + problem.mask_bytes * 4
         )
@@ -310,17 +316,36 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         with causality, broadcast inputs, empty lengths) go through the base class."""
         if attn_mask is not None and problem.causal or problem.broadcast_inputs or not (problem.q_len and problem.kv_len):
             return super().run(query, key, value, attn_mask, scale, enable_gqa, problem)
-        if enable_gqa and TORCH_HAS_ENABLE_GQA:
-            return pytorch_sdpa(query, key, value, attn_mask, 0.0, problem.causal, scale=scale, enable_gqa=True)
-        return pytorch_sdpa(query, key, value, attn_mask, 0.0, problem.causal, scale=scale)
+        return self._call_pytorch(query, key, value, attn_mask, problem.causal, scale, enable_gqa)
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
         causal = problem.causal
         if mask is not None and causal:
             mask = combine_mask_and_causal(mask, problem.q_len, problem.kv_len)
             causal = False
-        kwargs = {"enable_gqa": True} if problem.gqa_ratio > 1 else {}
-        return pytorch_sdpa(query, key, value, attn_mask=mask, is_causal=causal, scale=scale, **kwargs)
+        return self._call_pytorch(query, key, value, mask, causal, scale, problem.gqa_ratio > 1)
+
+    @staticmethod
+    def _call_pytorch(query, key, value, mask, causal: bool, scale: float | None, gqa: bool) -> torch.Tensor:
+        """``F.scaled_dot_product_attention`` with the two repairs the H200 (torch 2.11) needed:
+        a mask whose key dimension is broadcast is stored out in full (the memory-efficient
+        backend raised "(*bias): last dimension must be contiguous"), and rows the mask blocks
+        entirely are zeroed (the fused backends returned garbage there; SDPA's math gives zeros)."""
+        if mask is not None and not key_dim_is_dense(mask, key.shape[-2]):
+            mask = mask.expand(*mask.shape[:-1], key.shape[-2]).contiguous()
+        kwargs = {"enable_gqa": True} if gqa and TORCH_HAS_ENABLE_GQA else {}
+        out = pytorch_sdpa(query, key, value, mask, 0.0, causal, scale=scale, **kwargs)
+        if mask is None:
+            return out
+        blocked = ~mask if mask.dtype == torch.bool else mask == float("-inf")
+        dead = blocked.all(dim=-1, keepdim=True)  # [..., L|1, 1]
+        return out.masked_fill(dead, 0.0) if out.requires_grad else out.masked_fill_(dead, 0.0)
+
+
+def key_dim_is_dense(mask: torch.Tensor, S: int) -> bool:
+    """Whether a mask's key dimension is stored in full with unit stride (PyTorch's
+    memory-efficient CUDA backend takes no other)."""
+    return mask.shape[-1] == S and (mask.stride(-1) == 1 or S == 1)
 
 
 def combine_mask_and_causal(mask: torch.Tensor, L: int, S: int) -> torch.Tensor:

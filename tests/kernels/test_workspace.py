@@ -20,6 +20,12 @@ WORKSPACE_CASES = {
 }
 
 
+# The CPU tracker counts exact storage bytes; PyTorch's CUDA caching allocator rounds every block
+# up to 512 bytes, so a bound that is exact in bytes may be a few blocks short there (4 KiB on
+# the H200's GQA decode case: eight small allocations). Slack for up to 16 rounded blocks.
+CUDA_ALLOCATOR_SLACK_BYTES = 16 * 512
+
+
 def peak_of(kernel, inputs) -> int:
     """Extra peak bytes of one call (the CPU storage tracker, or the CUDA allocator's peak)."""
     query, key, value = inputs.pop("query"), inputs.pop("key"), inputs.pop("value")
@@ -42,6 +48,8 @@ def test_workspace_bounds_measured_peak(kernel, name):
         pytest.skip("; ".join(kernel.reasons(problem)))
     peak = peak_of(kernel, inputs)
     bound = kernel.workspace_bytes(problem)
+    if torch.device(TEST_DEVICE).type == "cuda":
+        bound += CUDA_ALLOCATOR_SLACK_BYTES
     assert 0 < peak <= bound, f"{kernel.name}: measured peak {peak} B exceeds workspace_bytes {bound} B"
 
 
