@@ -7,7 +7,7 @@ own inputs, together with PyTorch's own choice, and the bucket keeps the measure
 later shape in it. This is cuDNN's benchmark mode and Triton's autotuner, with the cost model
 pruning the candidates first.
 
-The price is paid once per bucket: a warm-up call of each contender, then up to `TUNE_ROUNDS`
+The price is paid once per bucket: a warm-up and a sizing call of each contender, then up to `TUNE_ROUNDS`
 rounds of ~2 ms samples (`TUNE_BUDGET_S` caps them; a 100k-token video call costs a few calls per
 contender). Not done while a CUDA graph is being captured (timing synchronises) nor on the
 training route. It runs under the dispatcher's lock: other threads' new decisions wait for it,
@@ -52,6 +52,13 @@ each contender's median over the rounds decides."""
 TUNE_BUDGET_S = 1.0
 """No new round after this many seconds (at least one round is always completed): a contender of
 100 ms per call gets its warm-up and one or two samples."""
+
+
+SIZING_CALLS = 2
+"""Calls of each contender before its timed rounds: a warm-up, then a warm call whose time sets
+how many back-to-back calls make one ~2 ms sample. Sized from the cold first call alone (lazy
+set-up, clock ramp), every 20-100 us kernel got one call per sample on the H200 and the tuning
+misjudged them by up to 3x: `bench/results/h200_session3/bench_all_tuned.json.gz`, decision notes."""
 
 
 def tune_from_env() -> bool:
@@ -134,17 +141,22 @@ def _time_contenders(timed: tuple[Option, ...], inputs: tuple, problem, device: 
     for option in timed:
         run = option.kernel.run
         try:
-            begin = time.perf_counter()
-            run(query, key, value, attn_mask, scale, enable_gqa, problem)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            warm_call_s = math.inf
+            for _ in range(SIZING_CALLS):  # the first is the warm-up; the fastest sizes the samples
+                begin = time.perf_counter()
+                run(query, key, value, attn_mask, scale, enable_gqa, problem)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                warm_call_s = min(warm_call_s, time.perf_counter() - begin)
+                if warm_call_s > TUNE_BUDGET_S / TUNE_ROUNDS:
+                    break  # a slow kernel: one call told enough
         except Exception as error:  # noqa: BLE001 - a contender that fails is not chosen
             if on_failure is not None:
                 on_failure(option.kernel.name, error)
             continue
         name = option.kernel.name
         runs[name] = lambda _i, run=run: run(query, key, value, attn_mask, scale, enable_gqa, problem)
-        calls[name] = calls_per_sample(time.perf_counter() - begin)
+        calls[name] = calls_per_sample(warm_call_s)
         samples[name] = []
     names = list(runs)
     if not names:
