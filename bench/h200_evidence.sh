@@ -5,6 +5,7 @@
 #   bench/h200_evidence.sh portable-bench   the benches alone (with and without --tune), portable table in $PORTABLE_HOME
 #                                      or imported from $PORTABLE_TABLE (e.g. bench/results/h200_calibrations/run5_portable_16gib_table.json.gz)
 #   bench/h200_evidence.sh full       bench all + heldout with the H200 table in $FULL_HOME, with and without --tune
+# $TUNINGS ("" and "--tune" by default) picks the bench variants, e.g. TUNINGS=--tune for the tuned ones alone.
 # Needs torch with CUDA, optuna and platformdirs on PYTHONPATH (we carried them as .gpu_site/).
 set -u
 OUT=${OUT:?set OUT to the output folder}
@@ -27,7 +28,7 @@ for stage in "$@"; do
       if [ -n "${PORTABLE_TABLE:-}" ]; then
         zcat -f "$PORTABLE_TABLE" > /tmp/portable_table.json && run python -m dispatcher.cli import /tmp/portable_table.json > /dev/null
       fi
-      for tune in "" "--tune"; do
+      for tune in ${TUNINGS-"" --tune}; do
         suffix=${tune:+_tuned}
         run timeout 150 python -m dispatcher.cli bench --scenario all $tune --kernels portable --memory-budget 16GiB --json "$OUT/portable_bench_all$suffix.json" --md "$OUT/portable_bench_all$suffix.md" > /dev/null 2>> "$OUT/portable_bench.log"
         run timeout 100 python -m dispatcher.cli bench --scenario heldout $tune --kernels portable --memory-budget 16GiB --shape-budget 1.5 --json "$OUT/portable_bench_heldout$suffix.json" --md "$OUT/portable_bench_heldout$suffix.md" > /dev/null 2>> "$OUT/portable_bench.log"
@@ -35,7 +36,7 @@ for stage in "$@"; do
       ;;
     full)  # the H200 table from $FULL_HOME (default: $ATTN_DISPATCH_HOME)
       export ATTN_DISPATCH_HOME=${FULL_HOME:-${ATTN_DISPATCH_HOME:-/tmp/home_full}}
-      for tune in "" "--tune"; do
+      for tune in ${TUNINGS-"" --tune}; do
         suffix=${tune:+_tuned}
         run timeout 120 python -m dispatcher.cli bench --scenario all $tune --json "$OUT/bench_all$suffix.json" --md "$OUT/bench_all$suffix.md" > /dev/null 2>> "$OUT/bench_full.log"
         run timeout 120 python -m dispatcher.cli bench --scenario heldout $tune --allow-lossy 'fp32->bf16' --json "$OUT/bench_heldout$suffix.json" --md "$OUT/bench_heldout$suffix.md" > /dev/null 2>> "$OUT/bench_full.log"
