@@ -12,6 +12,7 @@ tiny inputs checked against the float64 reference.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import torch
@@ -301,12 +302,19 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         """The workspace of the backend PyTorch picks for problems of this kind on this device
         (asked once per kind of problem with tiny inputs, then cached: see
         `default_backend_choice`; on gfx906, which has no fused kernel, that is the math path's).
-        PyTorch repeats K/V for GQA on backends without native support."""
+        PyTorch repeats K/V for GQA on backends without native support. With a mask, add what
+        `_call_pytorch` builds around the call: the mask stored out over keys (when broadcast
+        there) and the blocked-key test of the fully-masked-row repair (one byte per element)."""
         family = default_backend_choice(problem)
         chosen = FORCED_BACKENDS[family]()
         extra = chosen.workspace_bytes(problem)
         if family in ("sdpa_efficient", "sdpa_cudnn") and problem.gqa_ratio > 1 and chosen._gqa_mode(problem) != "repeat":
             extra += problem.kv_bytes * problem.gqa_ratio  # counted once: `chosen` may repeat already
+        if problem.mask_shape:
+            dense_elements = math.prod(problem.mask_shape[:-1]) * problem.kv_len
+            if problem.mask_shape[-1] != problem.kv_len:
+                extra += dense_elements * (problem.mask_bytes // math.prod(problem.mask_shape))
+            extra += dense_elements
         return extra
 
     def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
