@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import torch
 
+from kernels._float_mask import needs_rebase, rebase_bytes, rebased_float_mask
 from kernels.problem import DTYPE_NAMES, Problem
 
 
@@ -161,11 +162,12 @@ def describe_inputs(cls, query, key, value, attn_mask, is_causal, enable_gqa) ->
 def canonicalisation_bytes(problem: Problem) -> int:
     """Upper bound of the extra bytes `canonicalise` may allocate for this problem.
 
-    Broadcast inputs are materialised (query, key and value at the query's layout: `kv_heads`
+    A float mask on half-precision inputs is rebased (`kernels._float_mask`). Broadcast inputs are materialised (query, key and value at the query's layout: `kv_heads`
     is already the query's head count when key and value heads differ); a strided input whose
     leading dimensions cannot be merged by a view is copied once.
     """
     extra = problem.mask_bytes if problem.mask_shape and problem.mask_shape[0] > 1 else 0
+    extra += rebase_bytes(problem)
     if problem.broadcast_inputs:
         extra += problem.q_bytes + problem.kv_bytes
     elif problem.strided:
@@ -194,6 +196,8 @@ def canonicalise(query, key, value, attn_mask, problem: Problem, enable_gqa: boo
     mask4 = None
     if attn_mask is not None:
         mask4 = _mask_to_4d(attn_mask, problem, tuple(out_shape[:-3]))
+        if needs_rebase(problem):
+            mask4 = rebased_float_mask(mask4, problem)
     return CanonicalInputs(q4, k4, v4, mask4, tuple(out_shape))
 
 

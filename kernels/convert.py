@@ -109,6 +109,6 @@ class ConvertKernel(Kernel):
             dtype = DTYPES_BY_NAME[self.target]
             query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
             if attn_mask is not None and attn_mask.dtype not in (torch.bool, torch.float32, dtype):
-                attn_mask = attn_mask.to(dtype)
+                attn_mask = attn_mask.to(torch.float32)  # widened, never overflowed (a bf16 -1e5 is -inf in fp16)
         out = self.inner.run(query, key, value, attn_mask, scale, enable_gqa, inner_problem)
         return out.to(DTYPES_BY_NAME[problem.dtype])

@@ -122,3 +122,31 @@ def test_no_keys_gives_zeros(kernel):
             continue
         out = kernel(inputs.pop("query"), inputs.pop("key"), inputs.pop("value"), **inputs)
         assert out.shape == (1, 2, 3, 64) and torch.count_nonzero(out) == 0
+
+
+@every_kernel
+@pytest.mark.parametrize("mask_dtype", ["float32", "same"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_large_finite_mask_penalties_on_half_inputs(kernel, dtype, causal, mask_dtype):
+    """Large finite penalties in a float mask (-1e5 overflows fp16; -65504 is what padding masks
+    put in fp16): a row penalised everywhere attends by its scores, as SDPA does, not uniformly
+    and not as zeros; with causality, the one key row 0 sees counts even if its penalty is huge."""
+    if getattr(kernel, "source", None) not in (None, dtype):
+        pytest.skip(f"{kernel.name} takes other inputs than {dtype}")
+    if getattr(kernel, "target", None) == "float16" and dtype == "bfloat16" and mask_dtype == "same":
+        pytest.skip("fp16 cannot hold bf16's lowest value: bf16->fp16 is lossy (accuracy policy) and blocks such rows")
+    inputs = Case(dtype=dtype, q_len=4, kv_len=6).build(TEST_DEVICE)
+    query, key, value = inputs["query"], inputs["key"], inputs["value"]
+    big = -1e5 if mask_dtype == "float32" else torch.finfo(query.dtype).min
+    mask = torch.zeros(1, 1, 4, 6, device=query.device, dtype=torch.float32 if mask_dtype == "float32" else query.dtype)
+    mask[..., 0, 0] = big  # causal: the only key row 0 sees
+    mask[..., 1, :] = big  # a whole row of finite penalties
+    mask[..., 2, :3] = big
+    mask[..., 3, 2] = float("-inf")
+    problem = problem_of({**inputs, "attn_mask": mask, "is_causal": causal})
+    if kernel.reasons(problem):
+        pytest.skip("; ".join(kernel.reasons(problem)))
+    out = kernel(query, key, value, attn_mask=mask, is_causal=causal)
+    rel_l2, rel_max = relative_errors(out, reference_attention(query, key, value, attn_mask=mask, is_causal=causal))
+    assert kernel.tolerance(problem).accepts(rel_l2, rel_max), f"{kernel.name}: relative L2 error {rel_l2:.2e} (max {rel_max:.2e})"

@@ -1,0 +1,58 @@
+"""Float masks rebased so each row's largest entry is zero, for half-precision kernels.
+
+Softmax does not change when a row's scores all move by one constant, so SDPA's output does not
+either. Kernels that add the mask in half precision (the single-pass path's scores, the bias the
+fused backends take) do change: a row whose every key carries -1e5 (or the -65504 that padding
+masks put in fp16) swamps the scores' own spread (fp16 overflows to -inf, bf16 rounds to steps of
+512), so the row came out as zeros or nearly uniform where SDPA attends by the scores. Subtracting
+each row's largest mask entry (among the keys causality leaves visible) removes that common shift
+and changes nothing else; rows without a finite largest entry (every key blocked) are left alone.
+
+Rows whose largest entry is beyond `REBASE_LIMIT` are left alone too: there SDPA itself (its math
+path adds the mask in fp32, our reference in float64) loses the scores under the shift and
+attends uniformly (a bf16 padding mask holds -3.4e38), and so do the half kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels._blocks import causal_blocked
+from kernels.problem import Problem
+
+REBASE_LIMIT = 2.0**20
+"""Largest row shift removed. Up to ~1e6, fp32 (PyTorch's math path) keeps scores of the usual
+size (|s| < ~100) to within 0.125 after adding the shift, so SDPA still attends by the scores;
+past ~1e8 it rounds them all to the shift. fp16's -65504 and the -1e5 of some fp32 masks are
+inside; bf16's and fp32's lowest values (-3.4e38) are far outside."""
+
+
+def needs_rebase(problem: Problem) -> bool:
+    """Float masks on half-precision inputs."""
+    return problem.mask_kind == "float" and problem.itemsize < 4
+
+
+def rebased_float_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
+    """``mask [B|1, H|1, L|1, S]`` (float) minus each row's largest visible entry: a new tensor
+    ``[B|1, H|1, L|1 (L when causal), S]`` in the mask's dtype."""
+    visible = mask
+    if problem.causal:
+        blocked = causal_blocked(slice(0, problem.q_len), slice(0, problem.kv_len), mask.device)
+        if blocked is not None:
+            visible = mask.expand(*mask.shape[:2], problem.q_len, problem.kv_len).masked_fill(blocked, -math.inf)
+    top = visible.amax(dim=-1, keepdim=True)
+    removable = torch.isfinite(top) & (top.abs() <= REBASE_LIMIT)
+    return mask - torch.where(removable, top, torch.zeros_like(top))
+
+
+def rebase_bytes(problem: Problem) -> int:
+    """Upper bound of what `rebased_float_mask` allocates: the rebased mask (fp32 counted), and
+    with causality the visible copy at full query length."""
+    if not needs_rebase(problem):
+        return 0
+    batch_heads = math.prod(problem.mask_shape[:2])
+    rows = problem.q_len if problem.causal else problem.mask_shape[2]
+    dense = batch_heads * rows * problem.kv_len * 4
+    return dense * (2 if problem.causal else 1) + problem.q_len * problem.kv_len
