@@ -50,8 +50,8 @@ clock ramp or another process's burst lands on all of them alike (as `attn-dispa
 each contender's median over the rounds decides."""
 
 TUNE_BUDGET_S = 1.0
-"""No new round after this many seconds (at least one round is always completed): a contender of
-100 ms per call gets its warm-up and one or two samples."""
+"""No new round after this many seconds (at least one round is always completed; the sizing calls
+count too): a contender of 100 ms per call gets its warm-up, its sizing call and a sample or two."""
 
 
 SIZING_CALLS = 2
@@ -114,8 +114,8 @@ def _on(device: torch.device):
 def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.device,
          on_failure: Callable[[str, BaseException], None] | None = None) -> Tuned | None:
     """Time `contenders(options)` on ``inputs = (query, key, value, attn_mask, scale, enable_gqa)``:
-    a warm-up call each (a contender that raises is out, and reported to `on_failure` with its
-    name), then `TUNE_ROUNDS` interleaved rounds of one batched sample each (`calibration.timer`:
+    `SIZING_CALLS` calls each (a warm-up, then a warm call that sizes the samples; a contender
+    that raises is out, and reported to `on_failure` with its name), then `TUNE_ROUNDS` interleaved rounds of one batched sample each (`calibration.timer`:
     back-to-back calls lasting ~2 ms). None when there is nothing to settle (one contender) or
     nothing ran."""
     timed = contenders(options)

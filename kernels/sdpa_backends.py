@@ -345,8 +345,10 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         out = pytorch_sdpa(query, key, value, mask, 0.0, causal, scale=scale, **kwargs)
         if mask is None:
             return out
-        blocked = ~mask if mask.dtype == torch.bool else mask == float("-inf")
-        dead = blocked.all(dim=-1, keepdim=True)  # [..., L|1, 1]
+        if mask.dtype == torch.bool:
+            dead = mask.any(dim=-1, keepdim=True).logical_not_()  # [..., L|1, 1]
+        else:
+            dead = (mask == float("-inf")).all(dim=-1, keepdim=True)
         return out.masked_fill(dead, 0.0) if out.requires_grad else out.masked_fill_(dead, 0.0)
 
 
