@@ -8,9 +8,9 @@ masks put in fp16) swamps the scores' own spread (fp16 overflows to -inf, bf16 r
 each row's largest mask entry (among the keys causality leaves visible) removes that common shift
 and changes nothing else; rows without a finite largest entry (every key blocked) are left alone.
 
-Rows whose largest entry is beyond `REBASE_LIMIT` are left alone too: there SDPA itself (its math
-path adds the mask in fp32, our reference in float64) loses the scores under the shift and
-attends uniformly (a bf16 padding mask holds -3.4e38), and so do the half kernels.
+Rows whose largest entry is beyond `REBASE_LIMIT` are left alone too: there even the float64
+reference loses the scores under the shift and attends uniformly (a bf16 or fp32 padding mask
+holds -3.4e38), and so do the half kernels.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ import torch
 from kernels._blocks import causal_blocked
 from kernels.problem import Problem
 
-REBASE_LIMIT = 2.0**20
-"""Largest row shift removed. Up to ~1e6, fp32 (PyTorch's math path) keeps scores of the usual
-size (|s| < ~100) to within 0.125 after adding the shift, so SDPA still attends by the scores;
-past ~1e8 it rounds them all to the shift. fp16's -65504 and the -1e5 of some fp32 masks are
-inside; bf16's and fp32's lowest values (-3.4e38) are far outside."""
+REBASE_LIMIT = 2.0**40
+"""Largest row shift removed (~1.1e12). Up to it, float64 (the reference's precision) keeps
+scores to within 2^-12 after adding the shift, so SDPA's exact result attends by the scores; fp16's
+-65504 and the -1e5 of some fp32 masks are far inside. bf16's and fp32's lowest values (-3.4e38),
+which every precision rounds the scores away under, are far outside."""
 
 
 def needs_rebase(problem: Problem) -> bool:
-    """Float masks on half-precision inputs."""
-    return problem.mask_kind == "float" and problem.itemsize < 4
+    """Float masks on half-precision inputs that have keys and queries (an empty row has no max)."""
+    return problem.mask_kind == "float" and problem.itemsize < 4 and problem.q_len > 0 and problem.kv_len > 0
 
 
 def rebased_float_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
@@ -47,12 +47,22 @@ def rebased_float_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
     return mask - torch.where(removable, top, torch.zeros_like(top))
 
 
+PER_ROW_TEMPORARY_BYTES = 32
+"""`rebased_float_mask`'s per-row temporaries: the row max, its finiteness, magnitude, limit test
+and their conjunction, the zeros and the selected shift (4 + 1 + 4 + 1 + 1 + 4 + 4 bytes with
+fp32 masks; rounded up)."""
+
+
 def rebase_bytes(problem: Problem) -> int:
-    """Upper bound of what `rebased_float_mask` allocates: the rebased mask (fp32 counted), and
-    with causality the visible copy at full query length."""
+    """Upper bound of what `rebased_float_mask` allocates: the rebased mask (fp32 counted), the
+    per-row temporaries, and with causality the visible copy at full query length, the causal
+    block and its position ranges."""
     if not needs_rebase(problem):
         return 0
     batch_heads = math.prod(problem.mask_shape[:2])
-    rows = problem.q_len if problem.causal else problem.mask_shape[2]
-    dense = batch_heads * rows * problem.kv_len * 4
-    return dense * (2 if problem.causal else 1) + problem.q_len * problem.kv_len
+    rows = batch_heads * (problem.q_len if problem.causal else problem.mask_shape[2])
+    dense = rows * problem.kv_len * 4
+    extra = dense + rows * PER_ROW_TEMPORARY_BYTES
+    if problem.causal:
+        extra += dense + problem.q_len * problem.kv_len + 8 * (problem.q_len + problem.kv_len)
+    return extra

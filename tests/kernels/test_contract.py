@@ -115,7 +115,8 @@ def test_reference_matches_pytorch_math_backend(case):
 def test_no_keys_gives_zeros(kernel):
     """S = 0: every row is empty and SDPA returns zeros (a fused CPU kernel would crash the
     process on it, so no kernel may reach its operator)."""
-    for case in (Case(q_len=3, kv_len=0), Case(q_len=3, kv_len=0, causal=True), Case(q_len=3, kv_len=0, mask="bool")):
+    for case in (Case(q_len=3, kv_len=0), Case(q_len=3, kv_len=0, causal=True), Case(q_len=3, kv_len=0, mask="bool"),
+                 Case(q_len=3, kv_len=0, mask="float", dtype="float16")):
         inputs = case.build(TEST_DEVICE)
         reasons = kernel.reasons(problem_of(inputs))
         if reasons:
