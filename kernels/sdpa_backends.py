@@ -321,8 +321,13 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         """PyTorch's SDPA on the caller's own tensors: no canonicalisation, which cost ~10 us per
         call on the H200 host (bench/results: our wrapper 29.5 us against 22.2 us for the bare
         call on a 512-token prefill). The cases PyTorch does not take as given (a mask together
-        with causality, broadcast inputs, empty lengths) go through the base class."""
-        if attn_mask is not None and problem.causal or problem.broadcast_inputs or not (problem.q_len and problem.kv_len):
+        with causality, a 1-D mask (PyTorch raises IndexError on it; SDPA's broadcasting allows
+        it), broadcast inputs, empty lengths) go through the base class."""
+        if (
+            attn_mask is not None and (problem.causal or attn_mask.dim() < 2)
+            or problem.broadcast_inputs
+            or not (problem.q_len and problem.kv_len)
+        ):
             return super().run(query, key, value, attn_mask, scale, enable_gqa, problem)
         return self._call_pytorch(query, key, value, attn_mask, problem.causal, scale, enable_gqa)
 

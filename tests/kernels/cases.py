@@ -66,11 +66,11 @@ class Case:
             shape = shape[len(shape) - min(self.mask_rank, len(shape)):]
             if self.mask == "bool":
                 mask = torch.rand(shape, generator=generator) < 0.8
-                if self.fully_masked_rows and shape[-2] > 1:
+                if self.fully_masked_rows and len(shape) > 1 and shape[-2] > 1:
                     mask[..., 0, :] = False
             else:
                 mask = torch.randn(shape, generator=generator, dtype=dtype)
-                if self.fully_masked_rows and shape[-2] > 1:
+                if self.fully_masked_rows and len(shape) > 1 and shape[-2] > 1:
                     mask[..., 0, :] = float("-inf")
             mask = mask.to(device)
         return {
@@ -94,7 +94,7 @@ def cases(draw, dtypes=("float32", "float16", "bfloat16"), head_dims=(64, 80, 12
         causal=draw(st.booleans()),
         mask=mask,
         mask_dims=tuple(draw(st.lists(st.booleans(), min_size=4, max_size=4))),
-        mask_rank=draw(st.sampled_from([2, 3, 4])),
+        mask_rank=draw(st.sampled_from([1, 2, 3, 4])),
         fully_masked_rows=draw(st.booleans()),
         strided=draw(st.booleans()),
         scale=draw(st.sampled_from([None, 0.05, 0.3])),
