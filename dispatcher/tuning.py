@@ -56,9 +56,10 @@ count too): a contender of 100 ms per call gets its warm-up, its sizing call and
 
 SIZING_CALLS = 2
 """Calls of each contender before its timed rounds: a warm-up, then a warm call whose time sets
-how many back-to-back calls make one ~2 ms sample. Sized from the cold first call alone (lazy
-set-up, clock ramp), every 20-100 us kernel got one call per sample on the H200 and the tuning
-misjudged them by up to 3x: `bench/results/h200_session3/bench_all_tuned.json.gz`, decision notes."""
+how many back-to-back calls make one ~2 ms sample (a cold first call, slowed by lazy set-up,
+would give a 20-100 us kernel too few calls per sample). On the H200 this did not by itself stop
+tuning from timing PyTorch's default 1.3-2.5x slow on some short calls (`docs/RESULTS.md`,
+section 4; `bench/results/h200_session3/`, decision notes)."""
 
 
 def tune_from_env() -> bool:
