@@ -20,7 +20,7 @@ import torch
 from kernels._blocks import causal_blocked
 from kernels.base import Kernel
 from kernels.problem import Problem
-from kernels.sdpa_probe import default_backend_choice, probe_backend
+from kernels.sdpa_probe import default_backend_choice, default_zeroes_dead_rows, probe_backend
 
 # PyTorch's SDPA itself; `F.scaled_dot_product_attention` may be patched by the dispatcher.
 pytorch_sdpa = torch._C._nn.scaled_dot_product_attention
@@ -340,15 +340,16 @@ class SdpaDefaultKernel(SdpaBackendKernel):
 
     @staticmethod
     def _call_pytorch(query, key, value, mask, causal: bool, scale: float | None, gqa: bool) -> torch.Tensor:
-        """``F.scaled_dot_product_attention`` with the two repairs the H200 (torch 2.11) needed:
-        a mask whose key dimension is broadcast is stored out in full (the memory-efficient
-        backend raised "(*bias): last dimension must be contiguous"), and rows the mask blocks
-        entirely are zeroed (the fused backends returned garbage there; SDPA's math gives zeros)."""
-        if mask is not None and not key_dim_is_dense(mask, key.shape[-2]):
+        """``F.scaled_dot_product_attention`` with the two repairs the H200 (torch 2.11) needed,
+        made only where needed: on a GPU a mask whose key dimension is broadcast is stored out in
+        full (the memory-efficient backend raised "(*bias): last dimension must be contiguous"),
+        and rows the mask blocks entirely are zeroed unless PyTorch does so itself
+        (`default_zeroes_dead_rows`: the fused GPU backends returned garbage there)."""
+        if mask is not None and query.device.type != "cpu" and not key_dim_is_dense(mask, key.shape[-2]):
             mask = mask.expand(*mask.shape[:-1], key.shape[-2]).contiguous()
         kwargs = {"enable_gqa": True} if gqa and TORCH_HAS_ENABLE_GQA else {}
         out = pytorch_sdpa(query, key, value, mask, 0.0, causal, scale=scale, **kwargs)
-        if mask is None:
+        if mask is None or default_zeroes_dead_rows(out.device, out.dtype, mask.dtype == torch.bool):
             return out
         if mask.dtype == torch.bool:
             dead = mask.any(dim=-1, keepdim=True).logical_not_()  # [..., L|1, 1]

@@ -72,6 +72,39 @@ def clear_probe_cache() -> None:
     """Forget every probe result (tests; after changing PyTorch backend flags)."""
     with _lock:
         _results.clear()
+        _dead_rows.clear()
+
+
+_dead_rows: dict[tuple[torch.dtype, bool], bool] = {}
+
+
+def default_zeroes_dead_rows(device: torch.device, dtype: torch.dtype, bool_mask: bool) -> bool:
+    """Whether PyTorch's own SDPA gives zeros for rows its mask blocks entirely, as SDPA's
+    semantics say, so `sdpa_default` need not repair them (on the 2-core dev CPU, torch 2.13, the
+    repair took a masked fp32 decode, B4 H8 over 1024 keys, from 232 to 252 us per call). Asked
+    once per dtype and mask kind on CPUs. Never assumed on
+    GPUs, where the answer depends on the backend each shape gets (the H200's memory-efficient
+    backend returned garbage there, torch 2.11)."""
+    if device.type != "cpu":
+        return False
+    key = (dtype, bool_mask)
+    if key not in _dead_rows:
+        with _lock:
+            _dead_rows[key] = _probe_dead_rows(dtype, bool_mask)
+    return _dead_rows[key]
+
+
+def _probe_dead_rows(dtype: torch.dtype, bool_mask: bool) -> bool:
+    query, key, value, mask = _probe_inputs(torch.device("cpu"), dtype, "mask")  # row 1 blocked
+    if not bool_mask:
+        mask = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
+    try:
+        with torch.no_grad():
+            out = torch._C._nn.scaled_dot_product_attention(query, key, value, mask, 0.0, False)
+    except Exception:  # noqa: BLE001 - it cannot even run: repair whatever a real call gives
+        return False
+    return bool(torch.all(out[:, :, 1] == 0)) and bool(torch.isfinite(out).all())
+
 
 
 def _probe_inputs(device: torch.device, dtype: torch.dtype, feature: str):

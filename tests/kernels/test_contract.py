@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from kernels import reference_attention, relative_errors
+from kernels import kernel_from_name, reference_attention, relative_errors
 from tests.kernels.cases import Case, cases
 from tests.kernels.contract import (
     EVERY_KERNEL,
@@ -151,3 +151,14 @@ def test_large_finite_mask_penalties_on_half_inputs(kernel, dtype, causal, mask_
     out = kernel(query, key, value, attn_mask=mask, is_causal=causal)
     rel_l2, rel_max = relative_errors(out, reference_attention(query, key, value, attn_mask=mask, is_causal=causal))
     assert kernel.tolerance(problem).accepts(rel_l2, rel_max), f"{kernel.name}: relative L2 error {rel_l2:.2e} (max {rel_max:.2e})"
+
+
+@pytest.mark.parametrize("mask", ["bool", "float"])
+def test_sdpa_default_repairs_dead_rows_when_pytorch_does_not(monkeypatch, mask):
+    """Where PyTorch's SDPA is not known to zero fully masked rows (every GPU; a CPU build whose
+    probe says so), `sdpa_default` zeroes them itself."""
+    from kernels.sdpa_probe import default_zeroes_dead_rows
+
+    assert not default_zeroes_dead_rows(torch.device("meta"), torch.float32, mask == "bool")  # GPUs alike
+    monkeypatch.setattr("kernels.sdpa_backends.default_zeroes_dead_rows", lambda device, dtype, bool_mask: False)
+    check_against_reference(kernel_from_name("sdpa_default"), Case(mask=mask, fully_masked_rows=True))
