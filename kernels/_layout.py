@@ -162,9 +162,10 @@ def describe_inputs(cls, query, key, value, attn_mask, is_causal, enable_gqa) ->
 def canonicalisation_bytes(problem: Problem) -> int:
     """Upper bound of the extra bytes `canonicalise` may allocate for this problem.
 
-    A float mask on half-precision inputs is rebased (`kernels._float_mask`). Broadcast inputs are materialised (query, key and value at the query's layout: `kv_heads`
-    is already the query's head count when key and value heads differ); a strided input whose
-    leading dimensions cannot be merged by a view is copied once.
+    A float mask on half-precision inputs is rebased (`kernels._float_mask`). Broadcast inputs
+    are materialised (query, key and value at the query's layout: `kv_heads` is already the
+    query's head count when key and value heads differ); a strided input whose leading
+    dimensions cannot be merged by a view is copied once.
     """
     extra = problem.mask_bytes if problem.mask_shape and problem.mask_shape[0] > 1 else 0
     extra += rebase_bytes(problem)

@@ -82,9 +82,8 @@ def default_zeroes_dead_rows(device: torch.device, dtype: torch.dtype, bool_mask
     """Whether PyTorch's own SDPA gives zeros for rows its mask blocks entirely, as SDPA's
     semantics say, so `sdpa_default` need not repair them (on the 2-core dev CPU, torch 2.13, the
     repair took a masked fp32 decode, B4 H8 over 1024 keys, from 232 to 252 us per call). Asked
-    once per dtype and mask kind on CPUs. Never assumed on
-    GPUs, where the answer depends on the backend each shape gets (the H200's memory-efficient
-    backend returned garbage there, torch 2.11)."""
+    once per dtype and mask kind on CPUs. Never assumed on GPUs, where the answer depends on the
+    backend each shape gets (the H200's memory-efficient backend returned garbage there, torch 2.11)."""
     if device.type != "cpu":
         return False
     key = (dtype, bool_mask)
@@ -104,7 +103,6 @@ def _probe_dead_rows(dtype: torch.dtype, bool_mask: bool) -> bool:
     except Exception:  # noqa: BLE001 - it cannot even run: repair whatever a real call gives
         return False
     return bool(torch.all(out[:, :, 1] == 0)) and bool(torch.isfinite(out).all())
-
 
 
 def _probe_inputs(device: torch.device, dtype: torch.dtype, feature: str):
