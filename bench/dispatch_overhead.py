@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from calibration.inputs import make_inputs
-from dispatcher import Dispatcher
-from dispatcher._plan import cache_key
-from kernels import MathKernel, Problem
+from attn_dispatch.calibration.inputs import make_inputs
+from attn_dispatch.dispatcher import Dispatcher
+from attn_dispatch.dispatcher._plan import cache_key
+from attn_dispatch.kernels import MathKernel, Problem
 
 
 class NullKernel(MathKernel):

@@ -6,10 +6,11 @@
 #                                      or imported from $PORTABLE_TABLE (e.g. bench/results/h200_calibrations/run5_portable_16gib_table.json.gz)
 #   bench/h200_evidence.sh full       bench all + heldout with the H200 table in $FULL_HOME, with and without --tune
 # $TUNINGS ("" and "--tune" by default) picks the bench variants, e.g. TUNINGS=--tune for the tuned ones alone.
-# Needs torch with CUDA, optuna and platformdirs on PYTHONPATH (we carried them as .gpu_site/).
+# Needs torch with CUDA, and optuna, platformdirs and attn_dispatch itself on PYTHONPATH: we carry them as
+# .gpu_site/ (`pip install --no-deps --target .gpu_site optuna platformdirs colorlog alembic sqlalchemy mako .`).
 set -u
 OUT=${OUT:?set OUT to the output folder}
-export PYTHONPATH=$PWD/.gpu_site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$PWD/.gpu_site:$PWD${PYTHONPATH:+:$PYTHONPATH}  # $PWD for bench/
 run() { echo "== $(date +%T) $*" >&2; "$@"; }
 for stage in "$@"; do
   case $stage in
@@ -19,27 +20,27 @@ for stage in "$@"; do
       ;;
     portable)
       export ATTN_DISPATCH_HOME=/tmp/home_portable
-      run timeout 180 python -m dispatcher.cli calibrate --device cuda:0 --kernels portable --memory-budget 16GiB --budget-minutes 2 --allow-lossy any \
+      run timeout 180 python -m attn_dispatch calibrate --device cuda:0 --kernels portable --memory-budget 16GiB --budget-minutes 2 --allow-lossy any \
         --results "$OUT/portable_measurements.jsonl" --out "$OUT/portable_table.json" --summary-json "$OUT/portable_calib.json" --quiet > "$OUT/portable_calib.log" 2>&1
       gzip -f "$OUT/portable_measurements.jsonl"
       ;&
     portable-bench)  # the portable table from $PORTABLE_HOME (or the portable stage's), or $PORTABLE_TABLE (.json[.gz]) imported
       export ATTN_DISPATCH_HOME=${PORTABLE_HOME:-/tmp/home_portable}
       if [ -n "${PORTABLE_TABLE:-}" ]; then
-        zcat -f "$PORTABLE_TABLE" > /tmp/portable_table.json && run python -m dispatcher.cli import /tmp/portable_table.json > /dev/null
+        zcat -f "$PORTABLE_TABLE" > /tmp/portable_table.json && run python -m attn_dispatch import /tmp/portable_table.json > /dev/null
       fi
       for tune in ${TUNINGS-"" --tune}; do
         suffix=${tune:+_tuned}
-        run timeout 150 python -m dispatcher.cli bench --scenario all $tune --kernels portable --memory-budget 16GiB --json "$OUT/portable_bench_all$suffix.json" --md "$OUT/portable_bench_all$suffix.md" > /dev/null 2>> "$OUT/portable_bench.log"
-        run timeout 100 python -m dispatcher.cli bench --scenario heldout $tune --kernels portable --memory-budget 16GiB --shape-budget 1.5 --json "$OUT/portable_bench_heldout$suffix.json" --md "$OUT/portable_bench_heldout$suffix.md" > /dev/null 2>> "$OUT/portable_bench.log"
+        run timeout 150 python -m attn_dispatch bench --scenario all $tune --kernels portable --memory-budget 16GiB --json "$OUT/portable_bench_all$suffix.json" --md "$OUT/portable_bench_all$suffix.md" > /dev/null 2>> "$OUT/portable_bench.log"
+        run timeout 100 python -m attn_dispatch bench --scenario heldout $tune --kernels portable --memory-budget 16GiB --shape-budget 1.5 --json "$OUT/portable_bench_heldout$suffix.json" --md "$OUT/portable_bench_heldout$suffix.md" > /dev/null 2>> "$OUT/portable_bench.log"
       done
       ;;
     full)  # the H200 table from $FULL_HOME (default: $ATTN_DISPATCH_HOME)
       export ATTN_DISPATCH_HOME=${FULL_HOME:-${ATTN_DISPATCH_HOME:-/tmp/home_full}}
       for tune in ${TUNINGS-"" --tune}; do
         suffix=${tune:+_tuned}
-        run timeout 120 python -m dispatcher.cli bench --scenario all $tune --json "$OUT/bench_all$suffix.json" --md "$OUT/bench_all$suffix.md" > /dev/null 2>> "$OUT/bench_full.log"
-        run timeout 120 python -m dispatcher.cli bench --scenario heldout $tune --allow-lossy 'fp32->bf16' --json "$OUT/bench_heldout$suffix.json" --md "$OUT/bench_heldout$suffix.md" > /dev/null 2>> "$OUT/bench_full.log"
+        run timeout 120 python -m attn_dispatch bench --scenario all $tune --json "$OUT/bench_all$suffix.json" --md "$OUT/bench_all$suffix.md" > /dev/null 2>> "$OUT/bench_full.log"
+        run timeout 120 python -m attn_dispatch bench --scenario heldout $tune --allow-lossy 'fp32->bf16' --json "$OUT/bench_heldout$suffix.json" --md "$OUT/bench_heldout$suffix.md" > /dev/null 2>> "$OUT/bench_full.log"
       done
       ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;

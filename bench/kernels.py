@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from calibration.kernel_bench import format_table, h200_suites, run_kernel_table
-from calibration.timer import TimerSettings
+from attn_dispatch.calibration.kernel_bench import format_table, h200_suites, run_kernel_table
+from attn_dispatch.calibration.timer import TimerSettings
 
 COPY_BYTES = 2 * 2**30  # large enough to dwarf the 60 MB L2 of an H200
 COPY_REPS = 20

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-import models.priors as priors
-from models.cost_model import CostModel
-from models.dataset import TrainingSet, training_set
-from models.identity import DeviceIdentity
-from models.measurement import Measurement
-from models.quality import choice_quality, split_by_problem
+import attn_dispatch.models.priors as priors
+from attn_dispatch.models.cost_model import CostModel
+from attn_dispatch.models.dataset import TrainingSet, training_set
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.quality import choice_quality, split_by_problem
 
 RESULTS = Path(__file__).resolve().parent / "results" / "h200_calibrations"
 HOLDOUT = 0.2

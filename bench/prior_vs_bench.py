@@ -17,11 +17,11 @@ import gzip
 import json
 import math
 
-import models.priors as priors
-from kernels import AccuracyPolicy, Problem, kernel_from_name
-from models.cards import CardSpec
-from models.identity import DeviceIdentity
-from models.priors import prior_seconds, spec_for
+import attn_dispatch.models.priors as priors
+from attn_dispatch.kernels import AccuracyPolicy, Problem, kernel_from_name
+from attn_dispatch.models.cards import CardSpec
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.priors import prior_seconds, spec_for
 
 
 def prior_choice_ratios(report: dict, spec: CardSpec, *, rounds_only: bool = False) -> list[tuple[str, str, float]]:

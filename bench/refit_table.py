@@ -20,9 +20,9 @@ import argparse
 import gzip
 import json
 
-from calibration.finish import fit_and_write
-from models.identity import DeviceIdentity
-from models.measurement import Measurement
+from attn_dispatch.calibration.finish import fit_and_write
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measurement import Measurement
 
 
 def main() -> None:

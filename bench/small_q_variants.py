@@ -25,8 +25,8 @@ import statistics
 
 import torch
 
-from kernels.problem import Problem
-from kernels.registry import kernel_from_name
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.registry import kernel_from_name
 
 SAMPLES, CALLS, WARMUP = 15, 10, 5
 SPLITS = (1, 2, 4, 8, 16, 32, 64)

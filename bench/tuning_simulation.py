@@ -18,15 +18,15 @@ import json
 import numpy as np
 from sklearn.base import clone
 
-from dispatcher import tuning
-from dispatcher.planning import Option
-from kernels import kernel_from_name
-from models.cards import spec_for
-from models.cost_model import CostModel
-from models.dataset import training_set
-from models.identity import DeviceIdentity
-from models.measurement import Measurement
-from models.quality import split_by_problem
+from attn_dispatch.dispatcher import tuning
+from attn_dispatch.dispatcher.planning import Option
+from attn_dispatch.kernels import kernel_from_name
+from attn_dispatch.models.cards import spec_for
+from attn_dispatch.models.cost_model import CostModel
+from attn_dispatch.models.dataset import training_set
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.quality import split_by_problem
 
 SEEDS = 5
 HOLDOUT = 0.2
@@ -67,7 +67,7 @@ def simulate(data, margin: float, cap: int) -> dict:
 
 
 def _kernel(name: str):
-    from kernels import AccuracyPolicy
+    from attn_dispatch.kernels import AccuracyPolicy
 
     return kernel_from_name(name, policy=AccuracyPolicy.allowing("any"))
 

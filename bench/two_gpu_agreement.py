@@ -20,11 +20,11 @@ import os
 import tempfile
 from collections import defaultdict
 
-from calibration.finish import fit_and_write
-from models.identity import DeviceIdentity
-from models.measurement import Measurement
-from models.ranking import kernel_named
-from models.table_io import load_table
+from attn_dispatch.calibration.finish import fit_and_write
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.table_io import load_table
 
 TIE = 0.05  # two kernels within 5% are a tie: above the noise of repeated points (docs/RESULTS.md)
 

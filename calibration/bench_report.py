@@ -7,7 +7,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from calibration.scenario_bench import ShapeResult
+from attn_dispatch.calibration.scenario_bench import ShapeResult
 
 FORMAT_VERSION = 1
 MS = 1e3  # seconds -> milliseconds

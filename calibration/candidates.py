@@ -13,13 +13,13 @@ import math
 import time
 from dataclasses import dataclass
 
-from kernels.accuracy import AccuracyPolicy
-from kernels.base import Kernel
-from kernels.problem import Problem
-from kernels.registry import all_kernels, kernel_from_name, portable_kernels
-from models.cards import CardSpec
-from models.measurement import Measurement
-from models.priors import prior_seconds
+from attn_dispatch.kernels.accuracy import AccuracyPolicy
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.registry import all_kernels, kernel_from_name, portable_kernels
+from attn_dispatch.models.cards import CardSpec
+from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.priors import prior_seconds
 
 KERNEL_SETS = ("all", "portable")
 # A kernel predicted this many times slower than the problem's fastest candidate, and slower than

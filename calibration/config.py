@@ -15,8 +15,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
 
-from calibration.timer import DEFAULT, QUICK, TimerSettings
-from models.identity import DeviceIdentity
+from attn_dispatch.calibration.timer import DEFAULT, QUICK, TimerSettings
+from attn_dispatch.models.identity import DeviceIdentity
 
 # Hex digits of the option hash in a calibration id.
 CONFIG_HASH_HEX = 12

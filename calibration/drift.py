@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from calibration.inputs import InputCache
-from calibration.measure import measure
-from calibration.timer import QUICK, TimerSettings
-from kernels.accuracy import AccuracyPolicy
-from kernels.registry import kernel_from_name
-from models.buckets import ClassKey
-from models.measurement import Measurement
-from models.table import ThresholdTable
+from attn_dispatch.calibration.inputs import InputCache
+from attn_dispatch.calibration.measure import measure
+from attn_dispatch.calibration.timer import QUICK, TimerSettings
+from attn_dispatch.kernels.accuracy import AccuracyPolicy
+from attn_dispatch.kernels.registry import kernel_from_name
+from attn_dispatch.models.buckets import ClassKey
+from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.table import ThresholdTable
 
 # The table's winner may be this much slower than the measured best before a decision counts
 # as changed: twice the timer's 5% spread target (calibration.timer.DEFAULT), so noise alone
@@ -179,8 +179,8 @@ def table_points(table: ThresholdTable) -> list[Measurement]:
 def base_points(table: ThresholdTable) -> tuple[list[Measurement], str]:
     """What a refit starts from: the calibration journals of the table's card and stack when this
     machine has them, else the table's own predictions. Returns (points, where they came from)."""
-    from calibration.results import ResultsStore
-    from models.paths import journals_dir
+    from attn_dispatch.calibration.results import ResultsStore
+    from attn_dispatch.models.paths import journals_dir
 
     journals = sorted(journals_dir().glob(f"*{table.identity.key}*.jsonl"))
     points = [m for path in journals for m in ResultsStore(path).measurements() if m.status != "unsupported"]

@@ -13,13 +13,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibration.gate import apply_numerics_gate, describe_class
-from calibration.results import unit_key
-from kernels.accuracy import AccuracyPolicy
-from kernels.registry import kernel_from_name
-from models.identity import DeviceIdentity
-from models.measurement import Measurement
-from models.paths import tables_dir
+from attn_dispatch.calibration.gate import apply_numerics_gate, describe_class
+from attn_dispatch.calibration.results import unit_key
+from attn_dispatch.kernels.accuracy import AccuracyPolicy
+from attn_dispatch.kernels.registry import kernel_from_name
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.paths import tables_dir
 
 # Share of problems held out to evaluate the model (the models package's default).
 HOLDOUT_FRACTION = 0.2
@@ -62,10 +62,10 @@ def store_for_lookup(table, identity: DeviceIdentity) -> Path:
     """Keep `table` where the dispatcher's lookup finds it (`models.sharing.store_table`; an older
     models package without it: ``<tables>/<card model>/<device key>.json``, the same place)."""
     try:
-        from models.sharing import store_table
+        from attn_dispatch.models.sharing import store_table
     except ImportError:
-        from models._card_names import slug
-        from models.table_io import save_table
+        from attn_dispatch.models._card_names import slug
+        from attn_dispatch.models.table_io import save_table
 
         return save_table(table, tables_dir() / slug(identity.model_key) / f"{identity.key}.json")
     return Path(store_table(table))
@@ -94,9 +94,9 @@ def fit_and_write(
         outcome.note += "no kernel gave a usable timing: no table was built"
         return outcome
     try:
-        from models.fit import fit_and_build
-        from models.persist import save_model
-        from models.table_io import save_table
+        from attn_dispatch.models.fit import fit_and_build
+        from attn_dispatch.models.persist import save_model
+        from attn_dispatch.models.table_io import save_table
     except ImportError as missing:  # FALLBACK: models' fit is not available in this checkout
         outcome.note += f"table step skipped ({missing}); the measurements are kept in the results store"
         return outcome

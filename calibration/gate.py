@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kernels.problem import Problem
-from models.measurement import Measurement
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models.measurement import Measurement
 
 
 def problem_class(problem: Problem) -> tuple:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from models.identity import DeviceIdentity
+from attn_dispatch.models.identity import DeviceIdentity
 
 __all__ = ["DeviceIdentity", "detect"]
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.problem import Problem
+from attn_dispatch.kernels.problem import Problem
 
 # Fraction of keys a random bool mask lets each query attend.
 MASK_KEEP_PROBABILITY = 0.9
@@ -101,7 +101,7 @@ class InputCache:
 
     def references(self, problem: Problem, device: torch.device, seed: int) -> list:
         """The gate's float64 reference slices for input set 0 (see `calibration.numerics`)."""
-        from calibration.numerics import reference_slices
+        from attn_dispatch.calibration.numerics import reference_slices
 
         first = self.input_sets(problem, device, seed, 1)[0]
         if self._references is None:

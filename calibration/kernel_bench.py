@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from calibration.measure import measure
-from calibration.timer import DEFAULT, TimerSettings
-from kernels.accuracy import AccuracyPolicy
-from kernels.base import Kernel
-from kernels.problem import Problem
-from kernels.registry import all_kernels
+from attn_dispatch.calibration.measure import measure
+from attn_dispatch.calibration.timer import DEFAULT, TimerSettings
+from attn_dispatch.kernels.accuracy import AccuracyPolicy
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.registry import all_kernels
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from calibration.config import CalibrationConfig
-from calibration.worker import WorkerReport
+from attn_dispatch.calibration.config import CalibrationConfig
+from attn_dispatch.calibration.worker import WorkerReport
 
 # How often the parent polls its workers and the progress sources.
 POLL_S = 0.5
@@ -24,7 +24,7 @@ TERMINATE_GRACE_S = 10.0
 def worker_command(config: CalibrationConfig, *, device: str, calibration_id: str, deadline: float, name: str) -> list[str]:
     one = replace(config, devices=(device,))
     return [
-        sys.executable, "-m", "calibration.worker", "--config", json.dumps(one.to_dict()), "--device", device,
+        sys.executable, "-m", "attn_dispatch.calibration.worker", "--config", json.dumps(one.to_dict()), "--device", device,
         "--calibration-id", calibration_id, "--deadline", repr(deadline), "--worker", name,
     ]
 

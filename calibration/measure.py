@@ -10,14 +10,14 @@ from dataclasses import replace
 
 import torch
 
-from calibration.inputs import AttentionInputs, InputCache, rotation_count
-from calibration.numerics import gate_errors
-from calibration.peak_memory import measure_peak_bytes
-from calibration.timer import DEFAULT, TimerSettings, time_repetitions
-from kernels.base import Kernel
-from kernels.failures import is_out_of_memory
-from kernels.problem import Problem
-from models.measurement import Measurement
+from attn_dispatch.calibration.inputs import AttentionInputs, InputCache, rotation_count
+from attn_dispatch.calibration.numerics import gate_errors
+from attn_dispatch.calibration.peak_memory import measure_peak_bytes
+from attn_dispatch.calibration.timer import DEFAULT, TimerSettings, time_repetitions
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.failures import is_out_of_memory
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models.measurement import Measurement
 
 # Longest reason kept in a record (the first line of an exception message, truncated).
 REASON_CHARS = 200

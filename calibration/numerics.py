@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from calibration.inputs import AttentionInputs
-from kernels.reference import reference_attention, relative_errors
+from attn_dispatch.calibration.inputs import AttentionInputs
+from attn_dispatch.kernels.reference import reference_attention, relative_errors
 
 # Query rows compared in each slice: enough to catch a wrong kernel (every kernel treats rows
 # alike within a block, and the tail slice lands in the last query/key block of a tiled kernel),

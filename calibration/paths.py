@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from models.paths import journals_dir, tables_dir
+from attn_dispatch.models.paths import journals_dir, tables_dir
 
 # Characters kept in file names made from calibration ids (the rest become "_").
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

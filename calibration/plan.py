@@ -9,12 +9,12 @@ import math
 
 from optuna.storages import BaseStorage
 
-from calibration.candidates import CostEstimator
-from calibration.claims import publish_once, published
-from calibration.space import SpaceProfile, sample_problems
-from calibration.storage import study_name
-from kernels.base import Kernel
-from kernels.problem import Problem
+from attn_dispatch.calibration.candidates import CostEstimator
+from attn_dispatch.calibration.claims import publish_once, published
+from attn_dispatch.calibration.space import SpaceProfile, sample_problems
+from attn_dispatch.calibration.storage import study_name
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
 
 # Problems per round: each round is a contiguous slice of the space-filling sample (so a run cut
 # short has covered the space) and is measured cheapest first.

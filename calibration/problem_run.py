@@ -13,17 +13,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from calibration.candidates import CostEstimator, triage
-from calibration.inputs import InputCache
-from calibration.measure import empty_cache, measure
-from calibration.recorder import Recorder
-from calibration.results import problem_id
-from calibration.storage import study_name
-from calibration.timer import TimerSettings
-from calibration.tuning import PRUNE_RATIO, TUNABLE_FAMILIES, TUNE_WITHIN, tune_family
-from kernels.base import Kernel
-from kernels.problem import Problem
-from models.measurement import Measurement
+from attn_dispatch.calibration.candidates import CostEstimator, triage
+from attn_dispatch.calibration.inputs import InputCache
+from attn_dispatch.calibration.measure import empty_cache, measure
+from attn_dispatch.calibration.recorder import Recorder
+from attn_dispatch.calibration.results import problem_id
+from attn_dispatch.calibration.storage import study_name
+from attn_dispatch.calibration.timer import TimerSettings
+from attn_dispatch.calibration.tuning import PRUNE_RATIO, TUNABLE_FAMILIES, TUNE_WITHIN, tune_family
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models.measurement import Measurement
 
 # A kernel whose first (untimed) call takes this many times the problem's best time so far is a
 # clear loser: one timed call records it (cheapest-predicted kernels run first, so the best is

@@ -12,9 +12,9 @@ from collections import Counter
 from optuna.storages import BaseStorage
 from tqdm import tqdm
 
-from calibration.claims import ClaimBoard, Owner
-from calibration.plan import agreed
-from calibration.results import ResultsStore, problem_id
+from attn_dispatch.calibration.claims import ClaimBoard, Owner
+from attn_dispatch.calibration.plan import agreed
+from attn_dispatch.calibration.results import ResultsStore, problem_id
 
 # The parent reads claim states (one storage read per problem) at most this often.
 STATE_POLL_S = 2.0

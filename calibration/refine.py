@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 
-from calibration.gate import problem_class
-from calibration.space import resized
-from kernels.problem import Problem
-from models.decision_map import family_of
-from models.measurement import Measurement
+from attn_dispatch.calibration.gate import problem_class
+from attn_dispatch.calibration.space import resized
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models.decision_map import family_of
+from attn_dispatch.models.measurement import Measurement
 
 # Problems at most this far apart (octaves, in log2 length space) are neighbours whose winners
 # bracket a crossover; farther pairs say little about where it lies.

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kernels.problem import Problem
-from models.measurement import Measurement
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models.measurement import Measurement
 
 # Hex digits of a problem's SHA-256 kept in its id: 64 bits, no collision in any realistic sweep.
 PROBLEM_ID_HEX = 16

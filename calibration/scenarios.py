@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from calibration.kernel_bench import NamedShape, on_device
-from kernels.problem import Problem
+from attn_dispatch.calibration.kernel_bench import NamedShape, on_device
+from attn_dispatch.kernels.problem import Problem
 
 SCENARIOS = ("prefill", "fill", "decode", "video")
 EXTRA_SCENARIOS = ("heldout",)

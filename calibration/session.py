@@ -10,18 +10,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibration.config import CalibrationConfig
-from calibration.finish import FitOutcome, fit_and_write, merge
-from calibration.launch import launch_workers
-from calibration.paths import default_results, default_storage
-from calibration.progress import Progress, StoragePoller
-from calibration.recorder import storage_measurements
-from calibration.results import ResultsStore
-from calibration.storage import describe_storage, open_storage
-from calibration.worker import Worker, WorkerReport
-from kernels.base import Kernel
-from models.identity import DeviceIdentity
-from models.measurement import Measurement
+from attn_dispatch.calibration.config import CalibrationConfig
+from attn_dispatch.calibration.finish import FitOutcome, fit_and_write, merge
+from attn_dispatch.calibration.launch import launch_workers
+from attn_dispatch.calibration.paths import default_results, default_storage
+from attn_dispatch.calibration.progress import Progress, StoragePoller
+from attn_dispatch.calibration.recorder import storage_measurements
+from attn_dispatch.calibration.results import ResultsStore
+from attn_dispatch.calibration.storage import describe_storage, open_storage
+from attn_dispatch.calibration.worker import Worker, WorkerReport
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measurement import Measurement
 
 
 @dataclass

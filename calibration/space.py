@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 from scipy.stats import qmc
 
-from kernels.problem import Problem
+from attn_dispatch.kernels.problem import Problem
 
 # Sequence lengths above this are rounded to a multiple of `LENGTH_MULTIPLE` (8: tokenizers and
 # video latents commonly pad to multiples of 8); shorter ones (decode, speculative decoding) stay exact.

@@ -22,11 +22,11 @@ from optuna.samplers import TPESampler
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from kernels.base import Kernel
-from kernels.problem import Problem
-from kernels.registry import PLAIN_FAMILIES, kernel_from_name, param_space
-from kernels.small_q import effective_splits
-from models.measurement import Measurement
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.registry import PLAIN_FAMILIES, kernel_from_name, param_space
+from attn_dispatch.kernels.small_q import effective_splits
+from attn_dispatch.models.measurement import Measurement
 
 TUNABLE_FAMILIES = ("chunked", "small_q")
 # Tune a family on a problem when its best default configuration is within this factor of the

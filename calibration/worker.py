@@ -1,7 +1,7 @@
 """One calibration worker: one device, claiming problems of the agreed plan through the shared
 storage until the plan is done or the deadline passes, then the crossover refinement rounds.
 
-Run in-process for a single device, or as ``python -m calibration.worker`` (one process per GPU,
+Run in-process for a single device, or as ``python -m attn_dispatch.calibration.worker`` (one process per GPU,
 see `calibration.launch`): every worker of a calibration follows the same plan and claims
 problems atomically, so none is measured twice, and a killed worker's problem is taken over.
 """
@@ -18,22 +18,22 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from calibration.candidates import CostEstimator, kernel_set
-from calibration.claims import ClaimBoard, Owner
-from calibration.config import REFINE_SHARE, CalibrationConfig
-from calibration.paths import default_results, default_storage
-from calibration.plan import agree_on, build_sweep
-from calibration.problem_run import DeadlineReached, ProblemContext, run_problem
-from calibration.recorder import Recorder, storage_measurements
-from calibration.refine import crossover_problems
-from calibration.results import ResultsStore, problem_id
-from calibration.space import fit_problem, profile_for
-from calibration.storage import open_storage
-from kernels.accuracy import AccuracyPolicy
-from kernels.base import Kernel
-from kernels.problem import Problem
-from models.cards import spec_for
-from models.identity import DeviceIdentity
+from attn_dispatch.calibration.candidates import CostEstimator, kernel_set
+from attn_dispatch.calibration.claims import ClaimBoard, Owner
+from attn_dispatch.calibration.config import REFINE_SHARE, CalibrationConfig
+from attn_dispatch.calibration.paths import default_results, default_storage
+from attn_dispatch.calibration.plan import agree_on, build_sweep
+from attn_dispatch.calibration.problem_run import DeadlineReached, ProblemContext, run_problem
+from attn_dispatch.calibration.recorder import Recorder, storage_measurements
+from attn_dispatch.calibration.refine import crossover_problems
+from attn_dispatch.calibration.results import ResultsStore, problem_id
+from attn_dispatch.calibration.space import fit_problem, profile_for
+from attn_dispatch.calibration.storage import open_storage
+from attn_dispatch.kernels.accuracy import AccuracyPolicy
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models.cards import spec_for
+from attn_dispatch.models.identity import DeviceIdentity
 
 # A CPU calibration may use this share of system RAM: beyond it Linux's OOM killer, not an
 # exception, answers an allocation, and the worker would die instead of recording "infeasible".
@@ -216,8 +216,8 @@ def _terminate(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m calibration.worker --config JSON --device D --calibration-id ID --deadline T``."""
-    parser = argparse.ArgumentParser(prog="python -m calibration.worker")
+    """``python -m attn_dispatch.calibration.worker --config JSON --device D --calibration-id ID --deadline T``."""
+    parser = argparse.ArgumentParser(prog="python -m attn_dispatch.calibration.worker")
     parser.add_argument("--config", required=True, help="CalibrationConfig as JSON")
     parser.add_argument("--device", required=True)
     parser.add_argument("--calibration-id", required=True)

@@ -14,19 +14,25 @@ register_transformers()
     ``attn_implementation="attn_dispatch"`` in Hugging Face transformers.
 Dispatcher(*, kernels, policy, memory_budget, home)
     A dispatcher of your own (kernel set, accuracy policy, memory budget, table directory).
+AccuracyPolicy, LOSSLESS
+    Which lossy conversions (e.g. fp32 -> bf16) a dispatcher may use; LOSSLESS allows none.
+
+Import it as ``attn_dispatch`` (``import attn_dispatch as ad``), which re-exports all of this.
 """
 
-from dispatcher.api import attention, default_dispatcher, explain, reset, stats
-from dispatcher.core import Dispatcher
-from dispatcher.decision import Candidate, Decision, RankingSource
-from dispatcher.errors import NoKernelError
-from dispatcher.hf import register_transformers
-from dispatcher.memory import free_bytes, parse_memory_size
-from dispatcher.patching import install, is_installed, patched, uninstall
-from dispatcher.ranking import TableWarning
+from attn_dispatch.kernels.accuracy import LOSSLESS, AccuracyPolicy
+from attn_dispatch.dispatcher.api import attention, default_dispatcher, explain, reset, stats
+from attn_dispatch.dispatcher.core import Dispatcher
+from attn_dispatch.dispatcher.decision import Candidate, Decision, RankingSource
+from attn_dispatch.dispatcher.errors import NoKernelError
+from attn_dispatch.dispatcher.hf import register_transformers
+from attn_dispatch.dispatcher.memory import free_bytes, parse_memory_size
+from attn_dispatch.dispatcher.patching import install, is_installed, patched, uninstall
+from attn_dispatch.dispatcher.ranking import TableWarning
 
 __all__ = [
     "attention", "explain", "stats", "reset", "default_dispatcher", "Dispatcher", "Decision",
     "Candidate", "RankingSource", "NoKernelError", "register_transformers", "free_bytes",
     "parse_memory_size", "install", "uninstall", "patched", "is_installed", "TableWarning",
+    "AccuracyPolicy", "LOSSLESS",
 ]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 import os
 
-from dispatcher._plan import failure_message
-from dispatcher.decision import Decision
+from attn_dispatch.dispatcher._plan import failure_message
+from attn_dispatch.dispatcher.decision import Decision
 
 LOG_ENV = "ATTN_DISPATCH_LOG"
 TRUE_VALUES = ("1", "true", "yes", "on")

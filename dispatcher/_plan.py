@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from dispatcher.decision import Decision
-from dispatcher.planning import Ranked
-from kernels import Kernel, Problem
+from attn_dispatch.dispatcher.decision import Decision
+from attn_dispatch.dispatcher.planning import Ranked
+from attn_dispatch.kernels import Kernel, Problem
 
 
 class Plan:

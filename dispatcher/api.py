@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dispatcher.core import Dispatcher
+from attn_dispatch.dispatcher.core import Dispatcher
 
 _DEFAULT = Dispatcher()
 

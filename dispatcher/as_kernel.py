@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from dispatcher.core import Dispatcher
-from dispatcher.errors import NoKernelError
-from kernels.base import Kernel
-from kernels.problem import Problem
-from kernels.tolerances import Tolerance
+from attn_dispatch.dispatcher.core import Dispatcher
+from attn_dispatch.dispatcher.errors import NoKernelError
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.tolerances import Tolerance
 
 DISPATCHER_PATH = "dispatcher"
 

@@ -9,8 +9,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib import metadata
 
 COMMAND_MODULES = ("kernels", "explain", "calibrate", "bench", "show", "check", "export", "import_table", "merge", "devices")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("attn-dispatch")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,9 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="attn-dispatch",
         description="Adaptive attention dispatcher: calibrate a card, inspect and share its tables.",
     )
+    parser.add_argument("--version", action="version", version=f"attn-dispatch {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
-        importlib.import_module(f"dispatcher.commands.{name}").register(subparsers)
+        importlib.import_module(f"attn_dispatch.dispatcher.commands.{name}").register(subparsers)
     return parser
 
 

@@ -14,21 +14,21 @@ from dataclasses import replace
 
 import torch
 
-from dispatcher import _log
-from dispatcher._plan import Plan, cache_key, check_scale
-from dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
-from dispatcher.device_state import DeviceState
-from dispatcher.errors import NoKernelError
-from dispatcher.kernel_set import kernel_set
-from dispatcher.memory import budget_from_env, free_bytes, parse_memory_size, release_cached_memory
-from dispatcher.planning import Ranked, failure_bucket, fit_options, memory_limit, needs_recheck, rank_options
-from dispatcher.ranking import resolve_ranking
-from dispatcher.tuning import put_first, tune_from_env
-from dispatcher.tuning_store import kernel_set_signature
-from kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
-from kernels.failures import is_out_of_memory
-from kernels.sdpa_backends import pytorch_sdpa
-from models.paths import tunings_dir
+from attn_dispatch.dispatcher import _log
+from attn_dispatch.dispatcher._plan import Plan, cache_key, check_scale
+from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
+from attn_dispatch.dispatcher.device_state import DeviceState
+from attn_dispatch.dispatcher.errors import NoKernelError
+from attn_dispatch.dispatcher.kernel_set import kernel_set
+from attn_dispatch.dispatcher.memory import budget_from_env, free_bytes, parse_memory_size, release_cached_memory
+from attn_dispatch.dispatcher.planning import Ranked, failure_bucket, fit_options, memory_limit, needs_recheck, rank_options
+from attn_dispatch.dispatcher.ranking import resolve_ranking
+from attn_dispatch.dispatcher.tuning import put_first, tune_from_env
+from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
+from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
+from attn_dispatch.kernels.failures import is_out_of_memory
+from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
+from attn_dispatch.models.paths import tunings_dir
 
 _grad_enabled = torch.is_grad_enabled
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)

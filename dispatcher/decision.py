@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dispatcher.memory import format_bytes
-from kernels import Problem
+from attn_dispatch.dispatcher.memory import format_bytes
+from attn_dispatch.kernels import Problem
 
 ROUTE_DISPATCH = "dispatch"
 ROUTE_TRAINING = "training"

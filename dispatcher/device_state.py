@@ -8,12 +8,12 @@ from collections.abc import Callable
 
 import torch
 
-from dispatcher._plan import check_scale, failure_message
-from dispatcher.planning import Option, failure_bucket
-from dispatcher.ranking import DeviceRanking
-from dispatcher.tuning import Tuned, can_time, contenders, put_first, tune
-from dispatcher.tuning_store import TuningStore
-from kernels import Problem
+from attn_dispatch.dispatcher._plan import check_scale, failure_message
+from attn_dispatch.dispatcher.planning import Option, failure_bucket
+from attn_dispatch.dispatcher.ranking import DeviceRanking
+from attn_dispatch.dispatcher.tuning import Tuned, can_time, contenders, put_first, tune
+from attn_dispatch.dispatcher.tuning_store import TuningStore
+from attn_dispatch.kernels import Problem
 
 
 class DeviceState:

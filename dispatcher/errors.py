@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kernels import Problem
+from attn_dispatch.kernels import Problem
 
 
 class NoKernelError(RuntimeError):

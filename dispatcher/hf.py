@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from dispatcher.core import Dispatcher
+    from attn_dispatch.dispatcher.core import Dispatcher
 
 IMPLEMENTATION_NAME = "attn_dispatch"
 logger = logging.getLogger("attn_dispatch")
@@ -27,7 +27,7 @@ _warned_output_attentions = False
 def make_attention_function(dispatcher: Dispatcher | None = None):
     """A transformers attention function calling `dispatcher` (default: the module's)."""
     if dispatcher is None:
-        from dispatcher.api import default_dispatcher
+        from attn_dispatch.dispatcher.api import default_dispatcher
 
         dispatcher = default_dispatcher()
     run = dispatcher.attention  # bound once, not looked up per call

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import torch.nn.functional as F
 
-from dispatcher.core import Dispatcher
+from attn_dispatch.dispatcher.core import Dispatcher
 
 _lock = threading.Lock()
 _active: list[tuple[int, Dispatcher]] = []  # (install token, dispatcher), oldest first
@@ -25,7 +25,7 @@ _tokens = itertools.count(1)
 
 
 def _default() -> Dispatcher:
-    from dispatcher.api import default_dispatcher
+    from attn_dispatch.dispatcher.api import default_dispatcher
 
     return default_dispatcher()
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dispatcher.decision import Candidate
-from dispatcher.memory import format_bytes
-from dispatcher.ranking import FALLBACK_FIRST, DeviceRanking
-from kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
-from models.buckets import length_bucket
+from attn_dispatch.dispatcher.decision import Candidate
+from attn_dispatch.dispatcher.memory import format_bytes
+from attn_dispatch.dispatcher.ranking import FALLBACK_FIRST, DeviceRanking
+from attn_dispatch.kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
+from attn_dispatch.models.buckets import length_bucket
 
 MIN_CHUNK = 16
 """Smallest query or key block `shrink_chunked` goes down to: below 16 rows a block's matmul no

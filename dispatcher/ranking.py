@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from dispatcher.decision import RankingSource
-from kernels import Kernel, Problem
-from models.ranking import Ranker, supported
-from models.sharing import TableWarning  # one warning class for every table problem
+from attn_dispatch.dispatcher.decision import RankingSource
+from attn_dispatch.kernels import Kernel, Problem
+from attn_dispatch.models.ranking import Ranker, supported
+from attn_dispatch.models.sharing import TableWarning  # one warning class for every table problem
 
 __all__ = ["DeviceRanking", "TableWarning", "fallback_order", "resolve_ranking"]
 
@@ -98,7 +98,7 @@ def resolve_ranking(device: torch.device, *, home: str | Path | None = None) -> 
     `TableWarning` and the next source down serves."""
     none_source = RankingSource("none", f"no table and no prior: kernel order, {FALLBACK_FIRST} first")
     try:
-        from models.identity import DeviceIdentity
+        from attn_dispatch.models.identity import DeviceIdentity
 
         identity = DeviceIdentity.detect(device)
     except Exception as error:  # noqa: BLE001 - detection must never fail a call
@@ -107,7 +107,7 @@ def resolve_ranking(device: torch.device, *, home: str | Path | None = None) -> 
     key = str(getattr(identity, "key", identity))
     prior, prior_source = _prior(identity, key, none_source)
     try:
-        from models.sharing import lookup_table
+        from attn_dispatch.models.sharing import lookup_table
 
         lookup = lookup_table(identity, home=home, warn=False)
     except Exception as error:  # noqa: BLE001 - lookup never raises by contract; be safe anyway
@@ -126,7 +126,7 @@ def resolve_ranking(device: torch.device, *, home: str | Path | None = None) -> 
 
 def _prior(identity: object, key: str, none_source: RankingSource) -> tuple[Ranker | None, RankingSource]:
     try:
-        from models.priors import PriorRanker, spec_for
+        from attn_dispatch.models.priors import PriorRanker, spec_for
 
         spec = spec_for(identity)
         prior = PriorRanker(spec)

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dispatcher.planning import Option
-from dispatcher.ranking import FALLBACK_FIRST
+from attn_dispatch.dispatcher.planning import Option
+from attn_dispatch.dispatcher.ranking import FALLBACK_FIRST
 
 TUNE_ENV = "ATTN_DISPATCH_TUNE"
 """Environment variable turning first-call tuning on (``1``) for dispatchers built without `tune=`."""
@@ -134,7 +134,7 @@ def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.devi
 def _time_contenders(timed: tuple[Option, ...], inputs: tuple, problem, device: torch.device,
                      on_failure: Callable[[str, BaseException], None] | None) -> dict[str, float]:
     """Median seconds per call of each contender that ran (see `tune`), by name."""
-    from calibration.timer import calls_per_sample, time_batch  # calibration's timer, only when tuning
+    from attn_dispatch.calibration.timer import calls_per_sample, time_batch  # calibration's timer, only when tuning
 
     query, key, value, attn_mask, scale, enable_gqa = inputs
     runs, calls, samples = {}, {}, {}

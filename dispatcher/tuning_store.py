@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from dispatcher.tuning import Tuned
+from attn_dispatch.dispatcher.tuning import Tuned
 
 BUCKET_FIELDS = 14
 """Length of a `planning.failure_bucket` key (a line whose bucket differs is from another version)."""

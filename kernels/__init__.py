@@ -4,29 +4,29 @@ semantics, each declaring what it supports (`reasons`) and its extra memory (`wo
 No dependency on the other packages of attn-dispatch.
 """
 
-from kernels.accuracy import LOSSLESS, AccuracyPolicy
-from kernels.base import Kernel, UnsupportedProblemError
-from kernels.chunked import ChunkedKernel
-from kernels.convert import ConvertKernel
-from kernels.math_kernel import MathKernel
-from kernels.problem import Problem
-from kernels.reference import reference_attention, relative_errors
-from kernels.registry import (
+from attn_dispatch.kernels.accuracy import LOSSLESS, AccuracyPolicy
+from attn_dispatch.kernels.base import Kernel, UnsupportedProblemError
+from attn_dispatch.kernels.chunked import ChunkedKernel
+from attn_dispatch.kernels.convert import ConvertKernel
+from attn_dispatch.kernels.math_kernel import MathKernel
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.reference import reference_attention, relative_errors
+from attn_dispatch.kernels.registry import (
     FAMILIES,
     all_kernels,
     kernel_from_name,
     param_space,
     portable_kernels,
 )
-from kernels.sdpa_backends import (
+from attn_dispatch.kernels.sdpa_backends import (
     SdpaCudnnKernel,
     SdpaDefaultKernel,
     SdpaEfficientKernel,
     SdpaFlashKernel,
     SdpaMathKernel,
 )
-from kernels.small_q import SmallQKernel
-from kernels.tolerances import TOLERANCES, Tolerance
+from attn_dispatch.kernels.small_q import SmallQKernel
+from attn_dispatch.kernels.tolerances import TOLERANCES, Tolerance
 
 __all__ = [
     "LOSSLESS", "AccuracyPolicy", "Kernel", "UnsupportedProblemError", "ChunkedKernel",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.problem import Problem
+from attn_dispatch.kernels.problem import Problem
 
 NEG_INF = float("-inf")
 

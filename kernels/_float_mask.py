@@ -19,8 +19,8 @@ import math
 
 import torch
 
-from kernels._blocks import causal_blocked
-from kernels.problem import Problem
+from attn_dispatch.kernels._blocks import causal_blocked
+from attn_dispatch.kernels.problem import Problem
 
 REBASE_LIMIT = 2.0**40
 """Largest row shift removed (~1.1e12). Up to it, float64 (the reference's precision) keeps

@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import torch
 
-from kernels._float_mask import needs_rebase, rebase_bytes, rebased_float_mask
-from kernels.problem import DTYPE_NAMES, Problem
+from attn_dispatch.kernels._float_mask import needs_rebase, rebase_bytes, rebased_float_mask
+from attn_dispatch.kernels.problem import DTYPE_NAMES, Problem
 
 
 class CanonicalInputs(NamedTuple):

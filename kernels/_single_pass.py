@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels._blocks import mask_scores_
-from kernels.problem import Problem
+from attn_dispatch.kernels._blocks import mask_scores_
+from attn_dispatch.kernels.problem import Problem
 
 _safe_softmax = getattr(torch.ops.aten, "_safe_softmax", None)  # PyTorch >= 2.5
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.problem import SHORT_DTYPE_NAMES
+from attn_dispatch.kernels.problem import SHORT_DTYPE_NAMES
 
 LONG_DTYPE_NAMES = {short: long for long, short in SHORT_DTYPE_NAMES.items()}
 

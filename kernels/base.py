@@ -12,9 +12,9 @@ from typing import ClassVar
 
 import torch
 
-from kernels._layout import canonicalisation_bytes, canonicalise
-from kernels.problem import Problem
-from kernels.tolerances import TOLERANCES, Tolerance
+from attn_dispatch.kernels._layout import canonicalisation_bytes, canonicalise
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.tolerances import TOLERANCES, Tolerance
 
 
 class UnsupportedProblemError(RuntimeError):

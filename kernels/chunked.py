@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._blocks import (
+from attn_dispatch.kernels._blocks import (
     OnlineSoftmax,
     block_scores,
     block_workspace_bytes,
@@ -20,9 +20,9 @@ from kernels._blocks import (
     scatter_rows,
     softmax_partials,
 )
-from kernels._single_pass import single_pass_attention, single_pass_workspace_bytes
-from kernels.base import Kernel
-from kernels.problem import Problem
+from attn_dispatch.kernels._single_pass import single_pass_attention, single_pass_workspace_bytes
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
 
 
 def _positive_int(name: str, value: object) -> int:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels.accuracy import LOSSLESS, AccuracyPolicy, format_conversion
-from kernels.base import Kernel
-from kernels.problem import DTYPES_BY_NAME, Problem
-from kernels.tolerances import TOLERANCES, Tolerance, looser
+from attn_dispatch.kernels.accuracy import LOSSLESS, AccuracyPolicy, format_conversion
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import DTYPES_BY_NAME, Problem
+from attn_dispatch.kernels.tolerances import TOLERANCES, Tolerance, looser
 
 CONTIGUOUS = "contiguous"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._blocks import (
+from attn_dispatch.kernels._blocks import (
     block_scores,
     block_workspace_bytes,
     mask_scores_,
@@ -16,8 +16,8 @@ from kernels._blocks import (
     query_rows,
     softmax_partials,
 )
-from kernels.base import Kernel
-from kernels.problem import Problem
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
 
 
 class MathKernel(Kernel):

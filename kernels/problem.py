@@ -225,6 +225,6 @@ class Problem:
         TypeError
             For arguments that are not tensors.
         """
-        from kernels._layout import describe_inputs
+        from attn_dispatch.kernels._layout import describe_inputs
 
         return describe_inputs(cls, query, key, value, attn_mask, is_causal, enable_gqa)

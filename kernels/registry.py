@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import re
 
-from kernels.accuracy import LOSSLESS, AccuracyPolicy, parse_conversion
-from kernels.base import Kernel
-from kernels.chunked import ChunkedKernel
-from kernels.convert import CONTIGUOUS, ConvertKernel
-from kernels.math_kernel import MathKernel
-from kernels.sdpa_backends import SDPA_BACKEND_KERNELS
-from kernels.small_q import SmallQKernel
+from attn_dispatch.kernels.accuracy import LOSSLESS, AccuracyPolicy, parse_conversion
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.chunked import ChunkedKernel
+from attn_dispatch.kernels.convert import CONTIGUOUS, ConvertKernel
+from attn_dispatch.kernels.math_kernel import MathKernel
+from attn_dispatch.kernels.sdpa_backends import SDPA_BACKEND_KERNELS
+from attn_dispatch.kernels.small_q import SmallQKernel
 
 PLAIN_FAMILIES: dict[str, type[Kernel]] = {
     cls.family: cls for cls in (MathKernel, ChunkedKernel, SmallQKernel, *SDPA_BACKEND_KERNELS)

@@ -17,10 +17,10 @@ from typing import ClassVar
 
 import torch
 
-from kernels._blocks import causal_blocked
-from kernels.base import Kernel
-from kernels.problem import Problem
-from kernels.sdpa_probe import default_backend_choice, default_zeroes_dead_rows, probe_backend
+from attn_dispatch.kernels._blocks import causal_blocked
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.sdpa_probe import default_backend_choice, default_zeroes_dead_rows, probe_backend
 
 # PyTorch's SDPA itself; `F.scaled_dot_product_attention` may be patched by the dispatcher.
 pytorch_sdpa = torch._C._nn.scaled_dot_product_attention

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.problem import DTYPES_BY_NAME, Problem
-from kernels.reference import reference_attention, relative_errors
-from kernels.tolerances import TOLERANCES
+from attn_dispatch.kernels.problem import DTYPES_BY_NAME, Problem
+from attn_dispatch.kernels.reference import reference_attention, relative_errors
+from attn_dispatch.kernels.tolerances import TOLERANCES
 
 if TYPE_CHECKING:
-    from kernels.sdpa_backends import SdpaBackendKernel
+    from attn_dispatch.kernels.sdpa_backends import SdpaBackendKernel
 
 # Small enough to cost microseconds, large enough to exercise tiling: L != S so that a kernel
 # aligning the causal diagonal bottom-right is caught, head dim 64 (every fused kernel takes it).

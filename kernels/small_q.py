@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from kernels._blocks import query_rows
-from kernels._single_pass import single_pass_attention, single_pass_workspace_bytes
-from kernels.base import Kernel
-from kernels.chunked import _positive_int
-from kernels.problem import Problem
+from attn_dispatch.kernels._blocks import query_rows
+from attn_dispatch.kernels._single_pass import single_pass_attention, single_pass_workspace_bytes
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.chunked import _positive_int
+from attn_dispatch.kernels.problem import Problem
 
 
 def effective_splits(requested: int, kv_len: int) -> int:

@@ -12,21 +12,21 @@ Sharing: `export_table`, `import_table`, `store_table`, `merge_tables`, `lookup_
 `TableLookup`, `TableWarning`.
 """
 
-from models.buckets import ClassKey, bucket_of, class_key, length_bucket
-from models.cards import CardSpec, spec_for
-from models.cost_model import CostModel
-from models.dataset import TrainingSet, training_set
-from models.features import FEATURE_NAMES, feature_matrix
-from models.fit import fit_and_build
-from models.identity import DeviceIdentity
-from models.measurement import Measurement
-from models.merge import card_scale, merge_tables
-from models.paths import home, journals_dir, models_dir, tables_dir
-from models.persist import ModelVersionError, load_model, save_model
-from models.priors import PriorRanker, prior_seconds, roofline_seconds
-from models.quality import ChoiceQuality, Quality, holdout_quality
-from models.ranking import Ranker
-from models.sharing import (
+from attn_dispatch.models.buckets import ClassKey, bucket_of, class_key, length_bucket
+from attn_dispatch.models.cards import CardSpec, spec_for
+from attn_dispatch.models.cost_model import CostModel
+from attn_dispatch.models.dataset import TrainingSet, training_set
+from attn_dispatch.models.features import FEATURE_NAMES, feature_matrix
+from attn_dispatch.models.fit import fit_and_build
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.merge import card_scale, merge_tables
+from attn_dispatch.models.paths import home, journals_dir, models_dir, tables_dir
+from attn_dispatch.models.persist import ModelVersionError, load_model, save_model
+from attn_dispatch.models.priors import PriorRanker, prior_seconds, roofline_seconds
+from attn_dispatch.models.quality import ChoiceQuality, Quality, holdout_quality
+from attn_dispatch.models.ranking import Ranker
+from attn_dispatch.models.sharing import (
     TableLookup,
     TableWarning,
     export_table,
@@ -35,10 +35,10 @@ from models.sharing import (
     lookup_table,
     store_table,
 )
-from models.table import ThresholdTable
-from models.table_build import build_table
-from models.table_io import load_table, loads_table, save_table
-from models.table_schema import TableError
+from attn_dispatch.models.table import ThresholdTable
+from attn_dispatch.models.table_build import build_table
+from attn_dispatch.models.table_io import load_table, loads_table, save_table
+from attn_dispatch.models.table_schema import TableError
 
 __all__ = [
     "ClassKey", "bucket_of", "class_key", "length_bucket", "CardSpec", "spec_for", "CostModel",

@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 import torch
 
-from models.cards import CardSpec
+from attn_dispatch.models.cards import CardSpec
 
 # Matrix sizes: 384^3 fp32 products take a few ms on one modern core (enough to reach MKL/oneDNN's
 # steady rate); half-precision products can be 10-50x slower on CPUs without native support, so
@@ -69,7 +69,7 @@ def _copy_bandwidth() -> float:
 
 def _softmax_rate() -> float:
     """FLOP/s of `torch.softmax` on fp32 rows, counted as the prior counts them."""
-    from models.priors import SOFTMAX_FLOPS_PER_ELEMENT  # priors imports cards, which imports this lazily
+    from attn_dispatch.models.priors import SOFTMAX_FLOPS_PER_ELEMENT  # priors imports cards, which imports this lazily
 
     scores = torch.randn(SOFTMAX_N, SOFTMAX_N)
     return SOFTMAX_N * SOFTMAX_N * SOFTMAX_FLOPS_PER_ELEMENT / _best_seconds(lambda: torch.softmax(scores, -1), SOFTMAX_REPEATS)

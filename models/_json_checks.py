@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from types import MappingProxyType
 
-from kernels.problem import ITEMSIZE
-from models.cards import CardSpec
-from models.ranking import kernel_named
+from attn_dispatch.kernels.problem import ITEMSIZE
+from attn_dispatch.models.cards import CardSpec
+from attn_dispatch.models.ranking import kernel_named
 
 # Limits on untrusted tables. The tables we build respect them by construction: a cell lists at
 # most MAX_CANDIDATES ranked and measured kernels (table_build and merge keep the fastest), and

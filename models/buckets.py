@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kernels.problem import Problem
+from attn_dispatch.kernels.problem import Problem
 
 OPTIONAL_FIELDS = ("head_dim", "gqa_ratio", "work")
 # Which optional fields tables split on by default: none. A calibration sweep samples ~100-160

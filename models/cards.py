@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from models._card_names import (
+from attn_dispatch.models._card_names import (
     GFX906_MI50_16,
     GFX906_MI50_32,
     GFX906_MI60,
     GFX906_RADEON_PRO_VII,
     GFX906_RADEON_VII,
 )
-from models.identity import DeviceIdentity
+from attn_dispatch.models.identity import DeviceIdentity
 
 TERA = 1e12
 GB = 10**9
@@ -146,7 +146,7 @@ def spec_for(identity: DeviceIdentity, *, probe: bool = True) -> CardSpec:
         second); False gives a probe-free constant (tests).
     """
     if identity.device_type == "cpu":
-        from models._cpu_probe import FALLBACK_CPU_SPEC, probe_cpu_spec
+        from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC, probe_cpu_spec
 
         spec = probe_cpu_spec() if probe else FALLBACK_CPU_SPEC
         return replace(spec, name=identity.model_key, memory_bytes=identity.memory_bytes or spec.memory_bytes)

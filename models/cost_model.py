@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - older scikit-learn
     validate_data = None
 from threadpoolctl import threadpool_limits
 
-from models.features import FEATURE_NAMES, PRIOR_COLUMN, PROBLEM_COLUMNS
+from attn_dispatch.models.features import FEATURE_NAMES, PRIOR_COLUMN, PROBLEM_COLUMNS
 
 # Boosting a few thousand rows is fastest on one thread: OpenMP threads oversubscribed by other
 # work (pytest -n 2 on a 2-core CI machine, a calibration worker) made one fit 40x slower here.

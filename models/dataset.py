@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.problem import Problem
-from models.cards import CardSpec
-from models.features import feature_matrix
-from models.measurement import Measurement
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models.cards import CardSpec
+from attn_dispatch.models.features import feature_matrix
+from attn_dispatch.models.measurement import Measurement
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.sdpa_backends import SdpaDefaultKernel
-from models.buckets import ClassKey
-from models.priors import prior_seconds
-from models.table import TableClass, ThresholdTable
+from attn_dispatch.kernels.sdpa_backends import SdpaDefaultKernel
+from attn_dispatch.models.buckets import ClassKey
+from attn_dispatch.models.priors import prior_seconds
+from attn_dispatch.models.table import TableClass, ThresholdTable
 
 BASELINE = "sdpa_default"
 # Family of a kernel name, for colours and legends: the part before "[" (a convert kernel becomes

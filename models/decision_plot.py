@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from models.decision_map import MapPanel, decision_panels, family_of
-from models.table import ThresholdTable
+from attn_dispatch.models.decision_map import MapPanel, decision_panels, family_of
+from attn_dispatch.models.table import ThresholdTable
 
 # One sequential colormap per family: the hue says the family, the shade the variant.
 FAMILY_COLORMAPS = {

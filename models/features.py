@@ -12,15 +12,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kernels.chunked import ChunkedKernel
-from kernels.convert import ConvertKernel
-from kernels.problem import ITEMSIZE, MASK_KINDS, Problem
-from kernels.registry import PLAIN_FAMILIES
-from kernels.small_q import SmallQKernel, effective_splits
-from models._blocks_cost import visited_fraction
-from models.cards import CardSpec
-from models.priors import prior_seconds, roofline_seconds, score_bytes_per_element
-from models.ranking import kernel_named
+from attn_dispatch.kernels.chunked import ChunkedKernel
+from attn_dispatch.kernels.convert import ConvertKernel
+from attn_dispatch.kernels.problem import ITEMSIZE, MASK_KINDS, Problem
+from attn_dispatch.kernels.registry import PLAIN_FAMILIES
+from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
+from attn_dispatch.models._blocks_cost import visited_fraction
+from attn_dispatch.models.cards import CardSpec
+from attn_dispatch.models.priors import prior_seconds, roofline_seconds, score_bytes_per_element
+from attn_dispatch.models.ranking import kernel_named
 
 _FAMILIES = tuple(PLAIN_FAMILIES)
 _DTYPES = tuple(ITEMSIZE)

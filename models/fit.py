@@ -13,16 +13,16 @@ from dataclasses import replace
 import numpy as np
 from sklearn.base import clone
 
-from kernels.sdpa_probe import assume_backends_available
-from models.cards import CardSpec, spec_for
-from models.cost_model import CostModel
-from models.dataset import TrainingSet, training_set
-from models.identity import DeviceIdentity
-from models.measurement import Measurement
-from models.quality import Quality, choice_quality, holdout_fit
-from models.ranking import kernel_named
-from models.table import ThresholdTable
-from models.table_build import CANDIDATES_PER_CELL, build_table
+from attn_dispatch.kernels.sdpa_probe import assume_backends_available
+from attn_dispatch.models.cards import CardSpec, spec_for
+from attn_dispatch.models.cost_model import CostModel
+from attn_dispatch.models.dataset import TrainingSet, training_set
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.quality import Quality, choice_quality, holdout_fit
+from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.table import ThresholdTable
+from attn_dispatch.models.table_build import CANDIDATES_PER_CELL, build_table
 
 # Fewer measured problems than this and a held-out split says nothing: the table is built
 # without a quality section (and says so in its notes).

@@ -14,10 +14,10 @@ from functools import cached_property
 
 import numpy as np
 
-from kernels.problem import Problem
-from models.cards import CardSpec
-from models.cost_model import CostModel
-from models.features import FEATURE_NAMES, feature_matrix
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models.cards import CardSpec
+from attn_dispatch.models.cost_model import CostModel
+from attn_dispatch.models.features import FEATURE_NAMES, feature_matrix
 
 LEAF_DIGITS = 7  # leaf values are log-time increments: 7 significant digits is far below noise
 # Exported trees must reproduce the estimator's predictions to this (log seconds) on the rows

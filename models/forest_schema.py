@@ -3,8 +3,8 @@ so that evaluation is bounded (children follow parents, features and thresholds 
 
 from __future__ import annotations
 
-from models._json_checks import _bool, _fail, _int, _list, _num, _obj, _spec, _spec_dict, _str
-from models.forest import EmbeddedModel, forest_from_arrays
+from attn_dispatch.models._json_checks import _bool, _fail, _int, _list, _num, _obj, _spec, _spec_dict, _str
+from attn_dispatch.models.forest import EmbeddedModel, forest_from_arrays
 
 MAX_MODELS = 16  # cards pooled in one merged table
 MAX_TREES = 2000

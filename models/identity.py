@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from models._card_names import generic_model, gfx906_model, slug
+from attn_dispatch.models._card_names import generic_model, gfx906_model, slug
 
 DEVICE_TYPES = ("cpu", "cuda")
 MAX_TEXT = 200  # longest string field accepted from a (possibly hostile) table

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kernels.problem import Problem
+from attn_dispatch.kernels.problem import Problem
 
 STATUSES = ("ok", "unsupported", "infeasible", "inaccurate", "failed")
 """ok: timed and within tolerance; unsupported: the kernel's reasons refused the problem;

@@ -14,16 +14,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 
-from models._json_checks import MAX_CANDIDATES
-from models.cards import CardSpec
-from models.forest_schema import MAX_MODELS
-from models.ranking import kernel_named
-from models.table import Cell, Provenance, TableClass, ThresholdTable, carried_seconds, quality_kind
-from models.table_build import round_seconds
-from models.table_io import MAX_TABLE_BYTES, table_bytes
-from models.table_schema import TableError
-from models.thresholds import thresholds_for
-from models.versions import software_versions
+from attn_dispatch.models._json_checks import MAX_CANDIDATES
+from attn_dispatch.models.cards import CardSpec
+from attn_dispatch.models.forest_schema import MAX_MODELS
+from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.table import Cell, Provenance, TableClass, ThresholdTable, carried_seconds, quality_kind
+from attn_dispatch.models.table_build import round_seconds
+from attn_dispatch.models.table_io import MAX_TABLE_BYTES, table_bytes
+from attn_dispatch.models.table_schema import TableError
+from attn_dispatch.models.thresholds import thresholds_for
+from attn_dispatch.models.versions import software_versions
 
 # A card's attention time scales with both its matrix rate and its bandwidth (the unfused
 # kernels gfx906 runs are partly each): the scale is their geometric mean (weight 1/2 each).

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import joblib
 
-from models.cost_model import CostModel
-from models.identity import DeviceIdentity
-from models.paths import models_dir
-from models.versions import model_versions
+from attn_dispatch.models.cost_model import CostModel
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.paths import models_dir
+from attn_dispatch.models.versions import model_versions
 
 MODEL_SUFFIX = ".joblib"
 VERSIONS_SUFFIX = ".versions.json"

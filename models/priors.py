@@ -11,17 +11,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from kernels._blocks import accumulation_itemsize
-from kernels.base import Kernel
-from kernels.chunked import ChunkedKernel
-from kernels.convert import ConvertKernel
-from kernels.problem import Problem
-from kernels.small_q import SmallQKernel, effective_splits
-from models._blocks_cost import visited_fraction
-from models.cards import CardSpec, spec_for
+from attn_dispatch.kernels._blocks import accumulation_itemsize
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.chunked import ChunkedKernel
+from attn_dispatch.kernels.convert import ConvertKernel
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
+from attn_dispatch.models._blocks_cost import visited_fraction
+from attn_dispatch.models.cards import CardSpec, spec_for
 
 __all__ = ["PriorRanker", "prior_seconds", "roofline_seconds", "spec_for", "score_bytes_per_element"]
-from models.ranking import UNPRICED, priceable, supported
+from attn_dispatch.models.ranking import UNPRICED, priceable, supported
 
 # Achievable fractions of the datasheet peaks: 788 of 989 TFLOP/s bf16 and 4.3 of 4.8 TB/s
 # measured through PyTorch on this workplace's H200 (.library/device/KINDS.md).

@@ -15,8 +15,8 @@ from scipy.stats import spearmanr
 from sklearn.base import clone
 from sklearn.model_selection import GroupShuffleSplit
 
-from models.cost_model import CostModel
-from models.dataset import TrainingSet
+from attn_dispatch.models.cost_model import CostModel
+from attn_dispatch.models.dataset import TrainingSet
 
 # Two kernels whose measured medians differ by less than this fraction are a tie whatever the
 # noise estimate says: 1% is below what repeated calibrations of one point reproduce.

@@ -11,10 +11,10 @@ import functools
 from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
-from kernels.accuracy import AccuracyPolicy
-from kernels.base import Kernel
-from kernels.problem import Problem
-from kernels.registry import kernel_from_name
+from attn_dispatch.kernels.accuracy import AccuracyPolicy
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.registry import kernel_from_name
 
 # Kernel names are validated against the registry under the most permissive policy: whether a
 # lossy conversion may *run* is the dispatcher's policy, not a property of the name.

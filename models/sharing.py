@@ -16,13 +16,13 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from models._card_names import slug
-from models.cards import spec_for
-from models.identity import DeviceIdentity
-from models.merge import card_scale
-from models.paths import tables_dir
-from models.table import ThresholdTable
-from models.table_io import dumps_table, load_table, save_table
+from attn_dispatch.models._card_names import slug
+from attn_dispatch.models.cards import spec_for
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.merge import card_scale
+from attn_dispatch.models.paths import tables_dir
+from attn_dispatch.models.table import ThresholdTable
+from attn_dispatch.models.table_io import dumps_table, load_table, save_table
 
 BUNDLED_TABLES_DIR = Path(__file__).resolve().parent / "tables"
 LEVELS = ("exact", "model", "family", "prior")

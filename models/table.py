@@ -15,16 +15,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kernels.base import Kernel
-from kernels.problem import Problem
-from models._json_checks import _spec_dict
-from models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP, ClassKey, bucket_of, class_key
-from models.cards import CardSpec
-from models.features import feature_matrix
-from models.forest import EmbeddedModel
-from models.identity import DeviceIdentity
-from models.priors import PriorRanker, prior_seconds
-from models.ranking import UNPRICED, priceable, supported
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models._json_checks import _spec_dict
+from attn_dispatch.models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP, ClassKey, bucket_of, class_key
+from attn_dispatch.models.cards import CardSpec
+from attn_dispatch.models.features import feature_matrix
+from attn_dispatch.models.forest import EmbeddedModel
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.priors import PriorRanker, prior_seconds
+from attn_dispatch.models.ranking import UNPRICED, priceable, supported
 
 FORMAT_VERSION = 1
 TABLE_KIND = "attn-dispatch threshold table"
@@ -284,13 +284,13 @@ class ThresholdTable:
         return replace(self, classes=classes, spec=spec, provenance=provenance, models=models)
 
     def to_dict(self) -> dict:
-        from models.table_io import table_to_dict
+        from attn_dispatch.models.table_io import table_to_dict
 
         return table_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> ThresholdTable:
         """Validate and build (raises `models.table_schema.TableError`)."""
-        from models.table_schema import table_from_dict
+        from attn_dispatch.models.table_schema import table_from_dict
 
         return table_from_dict(data)

@@ -9,19 +9,19 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from kernels.problem import Problem
-from models._json_checks import MAX_CANDIDATES
-from models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP, ClassKey, bucket_of, check_class_fields, class_key
-from models.cards import CardSpec
-from models.cost_model import CostModel
-from models.features import feature_matrix
-from models.forest import embed
-from models.identity import DeviceIdentity
-from models.measurement import Measurement
-from models.ranking import kernel_named
-from models.table import EXCLUDING_STATUSES, Cell, Provenance, TableClass, Template, ThresholdTable
-from models.thresholds import thresholds_for
-from models.versions import software_versions
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models._json_checks import MAX_CANDIDATES
+from attn_dispatch.models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP, ClassKey, bucket_of, check_class_fields, class_key
+from attn_dispatch.models.cards import CardSpec
+from attn_dispatch.models.cost_model import CostModel
+from attn_dispatch.models.features import feature_matrix
+from attn_dispatch.models.forest import embed
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.table import EXCLUDING_STATUSES, Cell, Provenance, TableClass, Template, ThresholdTable
+from attn_dispatch.models.thresholds import thresholds_for
+from attn_dispatch.models.versions import software_versions
 
 # Candidates kept per bucket: the winner and enough runners-up for the dispatcher to fall back
 # on when the winner does not fit in memory or fails (the prior ranks the rest).

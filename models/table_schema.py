@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from kernels.problem import ITEMSIZE, MASK_KINDS
-from models._json_checks import (
+from attn_dispatch.kernels.problem import ITEMSIZE, MASK_KINDS
+from attn_dispatch.models._json_checks import (
     FIX,
     MAX_CANDIDATES,
     MAX_CELLS_PER_CLASS,
@@ -34,10 +34,10 @@ from models._json_checks import (
     _spec,
     _str,
 )
-from models.buckets import OPTIONAL_FIELDS, ClassKey
-from models.forest_schema import parse_models
-from models.identity import DeviceIdentity
-from models.table import (
+from attn_dispatch.models.buckets import OPTIONAL_FIELDS, ClassKey
+from attn_dispatch.models.forest_schema import parse_models
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.table import (
     EXCLUDING_STATUSES,
     FORMAT_VERSION,
     TABLE_KIND,

@@ -3,7 +3,7 @@ where each kernel wins (what `attn-dispatch show` prints)."""
 
 from __future__ import annotations
 
-from models.table import ThresholdTable
+from attn_dispatch.models.table import ThresholdTable
 
 GIB = 2**30
 GIGA = 1e9

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from models.table import Cell, Threshold
+from attn_dispatch.models.table import Cell, Threshold
 
 
 def _range_text(symbol: str, low: int, high: int, grid_low: int, grid_high: int) -> str:

@@ -14,24 +14,24 @@ from pathlib import Path
 
 import torch
 
-from calibration.bench_report import BenchReport
-from calibration.scenario_bench import (
+from attn_dispatch.calibration.bench_report import BenchReport
+from attn_dispatch.calibration.scenario_bench import (
     BenchPath,
     BenchSettings,
     PytorchDefault,
     ShapeResult,
     bench_shape,
 )
-from calibration.scenarios import Shape
-from calibration.timer import TARGET_SAMPLE_S
-from dispatcher.as_kernel import DISPATCHER_PATH, DispatchedKernel
-from dispatcher.core import Dispatcher
-from dispatcher.errors import NoKernelError
-from dispatcher.memory import format_bytes, free_bytes
-from dispatcher.planning import memory_limit
-from kernels import AccuracyPolicy, MathKernel, Problem, kernel_from_name
-from kernels.sdpa_backends import SdpaMathKernel
-from models.identity import DeviceIdentity
+from attn_dispatch.calibration.scenarios import Shape
+from attn_dispatch.calibration.timer import TARGET_SAMPLE_S
+from attn_dispatch.dispatcher.as_kernel import DISPATCHER_PATH, DispatchedKernel
+from attn_dispatch.dispatcher.core import Dispatcher
+from attn_dispatch.dispatcher.errors import NoKernelError
+from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
+from attn_dispatch.dispatcher.planning import memory_limit
+from attn_dispatch.kernels import AccuracyPolicy, MathKernel, Problem, kernel_from_name
+from attn_dispatch.kernels.sdpa_backends import SdpaMathKernel
+from attn_dispatch.models.identity import DeviceIdentity
 
 PYTORCH_PATH = "pytorch_default"
 PYTORCH_MATH_PATH = "pytorch_math"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from dispatcher.kernel_set import KERNEL_SETS
-from dispatcher.memory import parse_memory_size
-from kernels import AccuracyPolicy
+from attn_dispatch.dispatcher.kernel_set import KERNEL_SETS
+from attn_dispatch.dispatcher.memory import parse_memory_size
+from attn_dispatch.kernels import AccuracyPolicy
 
 SCENARIO_CHOICES = ("prefill", "fill", "decode", "video", "heldout", "all")
 SIZE_CHOICES = ("auto", "small", "full")
@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _settings(args: argparse.Namespace, device: torch.device):
-    from calibration.scenario_bench import BenchSettings
+    from attn_dispatch.calibration.scenario_bench import BenchSettings
 
     gpu = device.type != "cpu"
     rounds = args.rounds if args.rounds is not None else (GPU_ROUNDS if gpu else CPU_ROUNDS)
@@ -86,8 +86,8 @@ def _progress(result) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from calibration.scenarios import default_size, scenario_shapes
-    from dispatcher.commands._bench_run import run_bench
+    from attn_dispatch.calibration.scenarios import default_size, scenario_shapes
+    from attn_dispatch.dispatcher.commands._bench_run import run_bench
 
     try:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

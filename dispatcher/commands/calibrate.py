@@ -52,8 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace):
-    from calibration.config import REFINE_ROUNDS, CalibrationConfig
-    from dispatcher.memory import parse_memory_size
+    from attn_dispatch.calibration.config import REFINE_ROUNDS, CalibrationConfig
+    from attn_dispatch.dispatcher.memory import parse_memory_size
 
     if args.devices:
         devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
@@ -71,7 +71,7 @@ def _config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from calibration.session import calibrate
+    from attn_dispatch.calibration.session import calibrate
 
     try:
         config = _config(args)

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from dispatcher.memory import parse_memory_size
+from attn_dispatch.dispatcher.memory import parse_memory_size
 
 DEFAULT_POINTS = 12
 MS = 1e3
@@ -55,10 +55,10 @@ def _print_report(report) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from calibration.drift import base_points, check_table
-    from calibration.finish import fit_and_write, merge
-    from dispatcher.commands.show import resolve_table
-    from models import DeviceIdentity, TableError
+    from attn_dispatch.calibration.drift import base_points, check_table
+    from attn_dispatch.calibration.finish import fit_and_write, merge
+    from attn_dispatch.dispatcher.commands.show import resolve_table
+    from attn_dispatch.models import DeviceIdentity, TableError
 
     try:
         if args.points < 1:

@@ -30,7 +30,7 @@ def visible_devices() -> list[torch.device]:
 
 def device_record(device: torch.device) -> dict:
     """Identity, keys and table lookup of one device."""
-    from models import DeviceIdentity, lookup_table
+    from attn_dispatch.models import DeviceIdentity, lookup_table
 
     identity = DeviceIdentity.detect(device)
     found = lookup_table(identity, warn=False)

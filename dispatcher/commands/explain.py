@@ -8,10 +8,10 @@ import sys
 
 import torch
 
-from dispatcher.kernel_set import KERNEL_SETS
-from kernels import AccuracyPolicy, Problem
-from kernels.accuracy import LONG_DTYPE_NAMES
-from kernels.problem import MASK_KINDS
+from attn_dispatch.dispatcher.kernel_set import KERNEL_SETS
+from attn_dispatch.kernels import AccuracyPolicy, Problem
+from attn_dispatch.kernels.accuracy import LONG_DTYPE_NAMES
+from attn_dispatch.kernels.problem import MASK_KINDS
 
 DTYPE_CHOICES = ("float16", "bfloat16", "float32", "float64", *LONG_DTYPE_NAMES)
 
@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dispatcher.core import Dispatcher
+    from attn_dispatch.dispatcher.core import Dispatcher
 
     try:
         problem = problem_from_args(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dispatcher.commands.show import resolve_table
+from attn_dispatch.dispatcher.commands.show import resolve_table
 
 KIBI = 1024
 
@@ -32,7 +32,7 @@ def describe(table) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from models import TableError, export_table
+    from attn_dispatch.models import TableError, export_table
 
     try:
         table, source = resolve_table(args.table, args.device, "export")

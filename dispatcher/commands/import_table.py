@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dispatcher.commands.export import describe
+from attn_dispatch.dispatcher.commands.export import describe
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from models import TableError, import_table, load_table
+    from attn_dispatch.models import TableError, import_table, load_table
 
     failed = 0
     for path in args.files:

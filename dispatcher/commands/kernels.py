@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from calibration.kernel_bench import SELF_CHECK_SHAPES, run_kernel_table
+from attn_dispatch.calibration.kernel_bench import SELF_CHECK_SHAPES, run_kernel_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dispatcher.commands.export import describe
+from attn_dispatch.dispatcher.commands.export import describe
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from models import TableError, load_table, merge_tables, save_table, store_table
+    from attn_dispatch.models import TableError, load_table, merge_tables, save_table, store_table
 
     if len(args.files) < 2:
         print("attn-dispatch merge: error: give at least two table files to merge", file=sys.stderr)

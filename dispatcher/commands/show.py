@@ -31,7 +31,7 @@ def resolve_table(path: str | None, device: str | None, command: str):
     models.TableError: the file is not a valid table.
     LookupError: no TABLE given and no table serves this device (message says what to run).
     """
-    from models import DeviceIdentity, load_table, lookup_table
+    from attn_dispatch.models import DeviceIdentity, load_table, lookup_table
 
     if path is not None:
         return load_table(path), path
@@ -49,8 +49,8 @@ def resolve_table(path: str | None, device: str | None, command: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from models import TableError
-    from models.table_summary import summary_lines
+    from attn_dispatch.models import TableError
+    from attn_dispatch.models.table_summary import summary_lines
 
     try:
         table, source = resolve_table(args.table, args.device, "show")
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     for line in summary_lines(table):
         print(line)
     if args.plot:
-        from models.decision_plot import plot_decision_map
+        from attn_dispatch.models.decision_plot import plot_decision_map
 
         try:
             written = plot_decision_map(table, args.plot)

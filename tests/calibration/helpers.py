@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from calibration.config import CalibrationConfig
-from kernels.math_kernel import MathKernel
-from kernels.problem import Problem
+from attn_dispatch.calibration.config import CalibrationConfig
+from attn_dispatch.kernels.math_kernel import MathKernel
+from attn_dispatch.kernels.problem import Problem
 
 # A kernel set small enough for a CPU test: the reference path, one chunked and one split-KV.
 TINY_KERNELS = "math,chunked[q=128,kv=1024],small_q[splits=8]"

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from calibration.candidates import CostEstimator, kernel_set, split_names, triage
-from calibration.measure import measure
-from calibration.timer import QUICK
-from kernels.accuracy import AccuracyPolicy
-from kernels.registry import portable_kernels
-from models.cards import spec_for
-from models.identity import DeviceIdentity
+from attn_dispatch.calibration.candidates import CostEstimator, kernel_set, split_names, triage
+from attn_dispatch.calibration.measure import measure
+from attn_dispatch.calibration.timer import QUICK
+from attn_dispatch.kernels.accuracy import AccuracyPolicy
+from attn_dispatch.kernels.registry import portable_kernels
+from attn_dispatch.models.cards import spec_for
+from attn_dispatch.models.identity import DeviceIdentity
 from tests.calibration.helpers import problem
 
 LOSSY = "convert[fp32->bf16]+chunked[q=512,kv=4096]"

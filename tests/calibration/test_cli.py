@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dispatcher.cli import main
+from attn_dispatch.dispatcher.cli import main
 
 SCRIPT = Path(sys.executable).with_name("attn-dispatch")
 CI_ARGS = ["--device", "cpu", "--quick", "--problems", "4", "--kernels", "portable", "--threads", "1",

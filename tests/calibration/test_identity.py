@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from calibration import identity
-from calibration.config import CalibrationConfig
-from models.identity import DeviceIdentity
+from attn_dispatch.calibration import identity
+from attn_dispatch.calibration.config import CalibrationConfig
+from attn_dispatch.models.identity import DeviceIdentity
 
 MI50_PROPS = SimpleNamespace(
     name="AMD Instinct MI60 / MI50", gcnArchName="gfx906:sramecc+:xnack-", multi_processor_count=60,

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from calibration.inputs import InputCache, make_inputs
-from calibration.measure import is_out_of_memory, measure
-from calibration.timer import QUICK
-from kernels.chunked import ChunkedKernel
-from kernels.math_kernel import MathKernel
+from attn_dispatch.calibration.inputs import InputCache, make_inputs
+from attn_dispatch.calibration.measure import is_out_of_memory, measure
+from attn_dispatch.calibration.timer import QUICK
+from attn_dispatch.kernels.chunked import ChunkedKernel
+from attn_dispatch.kernels.math_kernel import MathKernel
 from tests.calibration.helpers import (
     BrokenKernel,
     CpuOutOfMemoryKernel,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from calibration.gate import apply_numerics_gate, problem_class
-from calibration.refine import crossover_problems, family_of
-from models.measurement import Measurement
+from attn_dispatch.calibration.gate import apply_numerics_gate, problem_class
+from attn_dispatch.calibration.refine import crossover_problems, family_of
+from attn_dispatch.models.measurement import Measurement
 from tests.calibration.helpers import problem
 
 

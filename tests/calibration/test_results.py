@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 
-from calibration.results import ResultsStore, unit_key
-from models.measurement import Measurement
+from attn_dispatch.calibration.results import ResultsStore, unit_key
+from attn_dispatch.models.measurement import Measurement
 from tests.calibration.helpers import problem
 
 WRITERS, PER_WRITER = 4, 40

@@ -10,13 +10,13 @@ import subprocess
 import time
 from collections import Counter
 
-from calibration.claims import ClaimBoard, Owner
-from calibration.launch import worker_command
-from calibration.plan import agreed
-from calibration.results import ResultsStore, problem_id
-from calibration.session import calibrate
-from calibration.storage import open_storage
-from models.identity import DeviceIdentity
+from attn_dispatch.calibration.claims import ClaimBoard, Owner
+from attn_dispatch.calibration.launch import worker_command
+from attn_dispatch.calibration.plan import agreed
+from attn_dispatch.calibration.results import ResultsStore, problem_id
+from attn_dispatch.calibration.session import calibrate
+from attn_dispatch.calibration.storage import open_storage
+from attn_dispatch.models.identity import DeviceIdentity
 from tests.calibration.helpers import small_config
 
 KILL_AFTER_RECORDS = 8

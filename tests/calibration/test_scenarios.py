@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from calibration.scenarios import EXTRA_SCENARIOS, SCENARIOS, scenario_shapes
-from calibration.space import FULL_GPU, sample_problems
-from kernels.problem import Problem
+from attn_dispatch.calibration.scenarios import EXTRA_SCENARIOS, SCENARIOS, scenario_shapes
+from attn_dispatch.calibration.space import FULL_GPU, sample_problems
+from attn_dispatch.kernels.problem import Problem
 
 H200_MEMORY_BYTES = 150_109_880_320  # torch.cuda.get_device_properties(0).total_memory on our H200
 CALIBRATIONS = Path(__file__).parents[2] / "bench/results/h200_calibrations"

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from calibration.timer import (
+from attn_dispatch.calibration.timer import (
     MAX_CALLS_PER_SAMPLE,
     TARGET_SAMPLE_S,
     TimerSettings,

@@ -8,9 +8,9 @@ import math
 import optuna
 from optuna.trial import TrialState
 
-from calibration.storage import open_storage
-from calibration.tuning import configurations, effective_values, tune_family
-from models.measurement import Measurement
+from attn_dispatch.calibration.storage import open_storage
+from attn_dispatch.calibration.tuning import configurations, effective_values, tune_family
+from attn_dispatch.models.measurement import Measurement
 from tests.calibration.helpers import problem
 
 

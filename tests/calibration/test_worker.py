@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from calibration.results import ResultsStore
-from calibration.session import calibrate
-from kernels.chunked import ChunkedKernel
-from kernels.math_kernel import MathKernel
-from kernels.small_q import SmallQKernel
+from attn_dispatch.calibration.results import ResultsStore
+from attn_dispatch.calibration.session import calibrate
+from attn_dispatch.kernels.chunked import ChunkedKernel
+from attn_dispatch.kernels.math_kernel import MathKernel
+from attn_dispatch.kernels.small_q import SmallQKernel
 from tests.calibration.helpers import (
     BrokenKernel,
     OutOfMemoryKernel,

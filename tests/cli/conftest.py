@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import dispatcher
-from dispatcher.cli import main
+import attn_dispatch as dispatcher
+from attn_dispatch.dispatcher.cli import main
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from calibration.bench_report import geometric_mean
-from calibration.scenarios import SCENARIOS, scenario_shapes
+from attn_dispatch.calibration.bench_report import geometric_mean
+from attn_dispatch.calibration.scenarios import SCENARIOS, scenario_shapes
 
 FAST = ("--size", "small", "--rounds", "1", "--shape-budget", "0.2", "--quiet")
 
@@ -78,8 +78,8 @@ def test_bench_rejects_bad_options(cli):
 
 
 def test_first_pass_budget_skips_the_slowest_kernels_but_never_the_baselines():
-    from calibration.scenario_bench import BenchPath, BenchSettings, PytorchDefault, bench_shape
-    from kernels import kernel_from_name
+    from attn_dispatch.calibration.scenario_bench import BenchPath, BenchSettings, PytorchDefault, bench_shape
+    from attn_dispatch.kernels import kernel_from_name
 
     (shape,) = scenario_shapes("decode", size="small", device_type="cpu")[:1]
     paths = [BenchPath("pytorch_default", PytorchDefault(), "pytorch"),
@@ -96,7 +96,7 @@ def test_first_pass_budget_skips_the_slowest_kernels_but_never_the_baselines():
 def test_bench_commit_without_git_comes_from_the_environment(monkeypatch, git):
     import subprocess
 
-    from dispatcher.commands import _bench_run
+    from attn_dispatch.dispatcher.commands import _bench_run
 
     def fake_run(command, **kwargs):
         if git == "no git":

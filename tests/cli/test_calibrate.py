@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.cli import build_parser
-from dispatcher.commands.calibrate import _config
-from dispatcher.memory import parse_memory_size
+from attn_dispatch.dispatcher.cli import build_parser
+from attn_dispatch.dispatcher.commands.calibrate import _config
+from attn_dispatch.dispatcher.memory import parse_memory_size
 
 
 def _budget(size: str) -> int | None:

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from calibration.drift import DECISION_TOLERANCE, PointCheck, sample_buckets
-from models import ClassKey, load_table, save_table
-from models.sharing import local_table_path
+from attn_dispatch.calibration.drift import DECISION_TOLERANCE, PointCheck, sample_buckets
+from attn_dispatch.models import ClassKey, load_table, save_table
+from attn_dispatch.models.sharing import local_table_path
 from tests.cli.tables import FAST, SLOW, drifted_table, honest_table, tiny_table
 
 
@@ -26,7 +26,7 @@ def test_check_passes_an_honest_table(cli, tmp_path):
 
 
 def test_check_fix_refits_and_stores(cli, tmp_path):
-    from models import DeviceIdentity
+    from attn_dispatch.models import DeviceIdentity
 
     path = save_table(drifted_table(), tmp_path / "drifted.json")
     code, out, _ = cli("check", path, "--points", "2", "--fix")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.cli import build_parser
-from dispatcher.kernel_set import KERNEL_SETS
+from attn_dispatch.dispatcher.cli import build_parser
+from attn_dispatch.dispatcher.kernel_set import KERNEL_SETS
 
 
 def _kernels_choices(command: str) -> tuple[str, ...]:

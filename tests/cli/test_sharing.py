@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from models import load_table, save_table, store_table
+from attn_dispatch.models import load_table, save_table, store_table
 from tests.cli.tables import honest_table
 from tests.models.conftest import fake_identity
 

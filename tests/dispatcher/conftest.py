@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 
-import dispatcher
-from dispatcher import patching
+import attn_dispatch as dispatcher
+from attn_dispatch.dispatcher import patching
 
 settings.register_profile(
     "dispatcher-ci", max_examples=10, deadline=None, derandomize=True,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from calibration.measure import measure
-from calibration.timer import QUICK
-from dispatcher import Dispatcher
-from dispatcher.as_kernel import DispatchedKernel
-from kernels import TOLERANCES, AccuracyPolicy, Problem
+from attn_dispatch.calibration.measure import measure
+from attn_dispatch.calibration.timer import QUICK
+from attn_dispatch.dispatcher import Dispatcher
+from attn_dispatch.dispatcher.as_kernel import DispatchedKernel
+from attn_dispatch.kernels import TOLERANCES, AccuracyPolicy, Problem
 from tests.dispatcher.helpers import FixedRanker, use_ranking
 
 LOSSY = "convert[fp32->bf16]+math"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from dispatcher import Dispatcher
-from dispatcher._plan import cache_key
+from attn_dispatch.dispatcher import Dispatcher
+from attn_dispatch.dispatcher._plan import cache_key
 from tests.dispatcher.helpers import qkv
 
 

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 
-import dispatcher
-from dispatcher import Dispatcher
-from kernels.sdpa_backends import pytorch_sdpa
+import attn_dispatch as dispatcher
+from attn_dispatch.dispatcher import Dispatcher
+from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from tests.dispatcher.helpers import assert_matches_reference, qkv
 from tests.kernels.cases import Case, cases
 from tests.kernels.test_contract import NAMED_CASES

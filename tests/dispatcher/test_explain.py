@@ -8,11 +8,11 @@ import logging
 import pytest
 import torch
 
-import dispatcher
-from dispatcher import Dispatcher, _log
-from dispatcher.cli import main
-from dispatcher.core import TRAINING_COUNT
-from dispatcher.decision import TRAINING_KERNEL
+import attn_dispatch as dispatcher
+from attn_dispatch.dispatcher import Dispatcher, _log
+from attn_dispatch.dispatcher.cli import main
+from attn_dispatch.dispatcher.core import TRAINING_COUNT
+from attn_dispatch.dispatcher.decision import TRAINING_KERNEL
 from tests.dispatcher.helpers import FixedRanker, qkv, use_ranking
 
 

@@ -8,9 +8,9 @@ import logging
 import pytest
 import torch
 
-from dispatcher import Dispatcher, NoKernelError
-from dispatcher.planning import failure_bucket
-from kernels import MathKernel, Problem
+from attn_dispatch.dispatcher import Dispatcher, NoKernelError
+from attn_dispatch.dispatcher.planning import failure_bucket
+from attn_dispatch.kernels import MathKernel, Problem
 from tests.dispatcher.helpers import FailingKernel, FixedRanker, assert_matches_reference, qkv, use_ranking
 
 

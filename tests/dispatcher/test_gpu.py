@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dispatcher import Dispatcher, core
-from dispatcher.memory import free_bytes
-from kernels import MathKernel, Problem
-from kernels.sdpa_backends import pytorch_sdpa
+from attn_dispatch.dispatcher import Dispatcher, core
+from attn_dispatch.dispatcher.memory import free_bytes
+from attn_dispatch.kernels import MathKernel, Problem
+from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, use_ranking
 from tests.kernels.cases import Case
 

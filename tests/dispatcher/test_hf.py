@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-import dispatcher
-from dispatcher import Dispatcher, api
-from dispatcher.hf import make_attention_function
+import attn_dispatch as dispatcher
+from attn_dispatch.dispatcher import Dispatcher, api
+from attn_dispatch.dispatcher.hf import make_attention_function
 from tests.dispatcher.helpers import assert_matches_reference, qkv
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import dispatcher
-from dispatcher import Dispatcher, NoKernelError, core, parse_memory_size
-from dispatcher.memory import format_bytes, free_bytes
-from dispatcher.planning import RECHECK_FRACTION, failure_bucket
-from kernels import ChunkedKernel, MathKernel, Problem, all_kernels
+import attn_dispatch as dispatcher
+from attn_dispatch.dispatcher import Dispatcher, NoKernelError, core, parse_memory_size
+from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
+from attn_dispatch.dispatcher.planning import RECHECK_FRACTION, failure_bucket
+from attn_dispatch.kernels import ChunkedKernel, MathKernel, Problem, all_kernels
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
 
 MIB = 2**20

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dispatcher import Dispatcher, default_dispatcher, patched, register_transformers
+from attn_dispatch.dispatcher import Dispatcher, default_dispatcher, patched, register_transformers
 
 transformers = pytest.importorskip("transformers")
 TOKENS = torch.tensor([[5, 17, 99, 3, 42, 8, 77, 1, 64, 23, 11]])

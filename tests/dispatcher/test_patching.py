@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import dispatcher
-from dispatcher import Dispatcher, install, is_installed, patched, uninstall
-from dispatcher.core import TRAINING_COUNT
+import attn_dispatch as dispatcher
+from attn_dispatch.dispatcher import Dispatcher, install, is_installed, patched, uninstall
+from attn_dispatch.dispatcher.core import TRAINING_COUNT
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
 
 ORIGINAL = F.scaled_dot_product_attention

@@ -6,9 +6,9 @@ import warnings
 
 import pytest
 
-from dispatcher import Dispatcher, TableWarning
-from dispatcher.ranking import resolve_ranking
-from kernels import MathKernel
+from attn_dispatch.dispatcher import Dispatcher, TableWarning
+from attn_dispatch.dispatcher.ranking import resolve_ranking
+from attn_dispatch.kernels import MathKernel
 from tests.dispatcher.helpers import BrokenRanker, FixedRanker, assert_matches_reference, qkv, use_ranking
 
 

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-import dispatcher
-from dispatcher import TableWarning
-from models.fit import fit_and_build
-from models.identity import DeviceIdentity
-from models.measurement import Measurement
-from models.sharing import local_table_path, store_table
+import attn_dispatch as dispatcher
+from attn_dispatch.dispatcher import TableWarning
+from attn_dispatch.models.fit import fit_and_build
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.sharing import local_table_path, store_table
 from tests.dispatcher.helpers import assert_matches_reference, qkv
 from tests.models.synthetic import SYNTHETIC_KERNELS, synthetic_measurements
 

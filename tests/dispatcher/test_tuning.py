@@ -7,11 +7,11 @@ import time
 
 import torch
 
-from dispatcher import Dispatcher, tuning
-from dispatcher.kernel_set import LastResortDefault
-from dispatcher.planning import Option, failure_bucket
-from dispatcher.tuning_store import TuningStore
-from kernels import MathKernel, Problem
+from attn_dispatch.dispatcher import Dispatcher, tuning
+from attn_dispatch.dispatcher.kernel_set import LastResortDefault
+from attn_dispatch.dispatcher.planning import Option, failure_bucket
+from attn_dispatch.dispatcher.tuning_store import TuningStore
+from attn_dispatch.kernels import MathKernel, Problem
 from tests.dispatcher.helpers import FailingKernel, FixedRanker, assert_matches_reference, qkv, use_ranking
 
 SLOW_S = 5e-3  # far above the run-to-run noise of a tiny math call on a loaded CI machine

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from kernels import kernel_from_name, reference_attention, relative_errors
+from attn_dispatch.kernels import kernel_from_name, reference_attention, relative_errors
 from tests.kernels.cases import Case, cases
 from tests.kernels.contract import (
     EVERY_KERNEL,
@@ -157,8 +157,8 @@ def test_large_finite_mask_penalties_on_half_inputs(kernel, dtype, causal, mask_
 def test_sdpa_default_repairs_dead_rows_when_pytorch_does_not(monkeypatch, mask):
     """Where PyTorch's SDPA is not known to zero fully masked rows (every GPU; a CPU build whose
     probe says so), `sdpa_default` zeroes them itself."""
-    from kernels.sdpa_probe import default_zeroes_dead_rows
+    from attn_dispatch.kernels.sdpa_probe import default_zeroes_dead_rows
 
     assert not default_zeroes_dead_rows(torch.device("meta"), torch.float32, mask == "bool")  # GPUs alike
-    monkeypatch.setattr("kernels.sdpa_backends.default_zeroes_dead_rows", lambda device, dtype, bool_mask: False)
+    monkeypatch.setattr("attn_dispatch.kernels.sdpa_backends.default_zeroes_dead_rows", lambda device, dtype, bool_mask: False)
     check_against_reference(kernel_from_name("sdpa_default"), Case(mask=mask, fully_masked_rows=True))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from calibration.peak_memory import StoragePeakTracker
-from kernels import Problem
-from kernels._float_mask import REBASE_LIMIT, rebase_bytes, rebased_float_mask
+from attn_dispatch.calibration.peak_memory import StoragePeakTracker
+from attn_dispatch.kernels import Problem
+from attn_dispatch.kernels._float_mask import REBASE_LIMIT, rebase_bytes, rebased_float_mask
 
 
 def _problem(mask: torch.Tensor, q_len: int, kv_len: int, causal: bool) -> Problem:

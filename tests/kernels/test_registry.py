@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import (
+from attn_dispatch.kernels import (
     FAMILIES,
     AccuracyPolicy,
     Problem,
@@ -13,8 +13,8 @@ from kernels import (
     param_space,
     portable_kernels,
 )
-from kernels.sdpa_backends import SdpaEfficientKernel, SdpaFlashKernel
-from kernels.sdpa_probe import clear_probe_cache, probe_backend
+from attn_dispatch.kernels.sdpa_backends import SdpaEfficientKernel, SdpaFlashKernel
+from attn_dispatch.kernels.sdpa_probe import clear_probe_cache, probe_backend
 
 
 @pytest.mark.parametrize("kernel", all_kernels(), ids=lambda k: k.name)

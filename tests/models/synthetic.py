@@ -10,11 +10,11 @@ from types import MappingProxyType
 
 import numpy as np
 
-from kernels import Problem
-from models._cpu_probe import FALLBACK_CPU_SPEC
-from models.measurement import Measurement
-from models.priors import prior_seconds
-from models.ranking import kernel_named
+from attn_dispatch.kernels import Problem
+from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC
+from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.priors import prior_seconds
+from attn_dispatch.models.ranking import kernel_named
 
 SYNTHETIC_KERNELS = (
     "math", "chunked[q=64,kv=512]", "chunked[q=256,kv=2048]", "chunked[q=1024,kv=8192]",

@@ -7,8 +7,8 @@ import pytest
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
-from models.cost_model import CostModel
-from models.features import FEATURE_NAMES
+from attn_dispatch.models.cost_model import CostModel
+from attn_dispatch.models.features import FEATURE_NAMES
 
 
 def _data(n: int = 120, seed: int = 0):

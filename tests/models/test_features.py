@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import Problem, all_kernels
-from models._cpu_probe import FALLBACK_CPU_SPEC
-from models.features import FEATURE_NAMES, PRIOR_COLUMN, feature_matrix
+from attn_dispatch.kernels import Problem, all_kernels
+from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC
+from attn_dispatch.models.features import FEATURE_NAMES, PRIOR_COLUMN, feature_matrix
 
 
 def test_shape_names_and_finiteness():

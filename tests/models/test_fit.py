@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from kernels import all_kernels
-from models._cpu_probe import FALLBACK_CPU_SPEC
-from models.fit import fit_and_build
-from models.identity import DeviceIdentity
-from models.measurement import Measurement
-from models.table_io import dumps_table, loads_table
+from attn_dispatch.kernels import all_kernels
+from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC
+from attn_dispatch.models.fit import fit_and_build
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.table_io import dumps_table, loads_table
 from tests.models.synthetic import SYNTHETIC_KERNELS, synthetic_measurements
 
 
@@ -58,7 +58,7 @@ def test_no_usable_point_is_a_clear_error():
 def test_a_kernel_measured_inaccurate_is_not_recommended_in_its_bucket():
     from dataclasses import replace
 
-    from models.ranking import kernel_named
+    from attn_dispatch.models.ranking import kernel_named
 
     points = synthetic_measurements(8, seed=4)
     bad = points[0]
@@ -81,10 +81,10 @@ TUNED_KERNELS = tuple(
 def test_a_bucket_measuring_more_kernels_than_a_cell_lists_keeps_the_fastest(tmp_path):
     from dataclasses import replace
 
-    from kernels import Problem
-    from models._json_checks import MAX_CANDIDATES
-    from models.merge import merge_tables
-    from models.table_io import load_table, save_table
+    from attn_dispatch.kernels import Problem
+    from attn_dispatch.models._json_checks import MAX_CANDIDATES
+    from attn_dispatch.models.merge import merge_tables
+    from attn_dispatch.models.table_io import load_table, save_table
 
     assert len(TUNED_KERNELS) > MAX_CANDIDATES
     problems = [Problem(1, 2, 2, q, kv, 64, 64, "float32") for q, kv in ((64, 512), (1, 4096), (256, 256))]
@@ -107,7 +107,7 @@ def test_a_bucket_measuring_more_kernels_than_a_cell_lists_keeps_the_fastest(tmp
 
 
 def test_the_model_is_fitted_once_for_the_holdout_and_once_on_everything(monkeypatch):
-    from models.cost_model import CostModel
+    from attn_dispatch.models.cost_model import CostModel
 
     fits = []
     real_fit = CostModel.fit

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from models.identity import DeviceIdentity
+from attn_dispatch.models.identity import DeviceIdentity
 from tests.models.conftest import OTHER_ROCM_STACK, fake_identity
 
 

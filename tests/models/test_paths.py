@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from models import paths
+from attn_dispatch.models import paths
 
 
 def test_env_override_and_subdirectories(tmp_path, monkeypatch):

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from models.cost_model import CostModel
-from models.persist import ModelVersionError, load_model, model_path, save_model
+from attn_dispatch.models.cost_model import CostModel
+from attn_dispatch.models.persist import ModelVersionError, load_model, model_path, save_model
 from tests.models.conftest import fake_identity
 
 
@@ -48,9 +48,9 @@ def test_missing_or_unfitted(tmp_path):
 def test_calibration_saves_the_fitted_model_beside_its_tables(tmp_path, monkeypatch):
     """The end of a calibration (`calibration.finish.fit_and_write`) keeps the cost model in the
     local cache, loadable with its versions checked."""
-    from calibration.finish import fit_and_write
-    from models.identity import DeviceIdentity
-    from models.paths import tables_dir
+    from attn_dispatch.calibration.finish import fit_and_write
+    from attn_dispatch.models.identity import DeviceIdentity
+    from attn_dispatch.models.paths import tables_dir
     from tests.models.synthetic import synthetic_measurements
 
     monkeypatch.setenv("ATTN_DISPATCH_HOME", str(tmp_path))

@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from kernels import Problem, all_kernels, kernel_from_name, portable_kernels
-from models._cpu_probe import FALLBACK_CPU_SPEC, probe_cpu_spec
-from models.cards import H200, KNOWN_CARDS, MI50_16GB, MI50_32GB, MI60, RADEON_VII, spec_for
-from models.identity import DeviceIdentity
-from models.priors import PriorRanker, prior_seconds, roofline_seconds
-from models.ranking import Ranker
+from attn_dispatch.kernels import Problem, all_kernels, kernel_from_name, portable_kernels
+from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC, probe_cpu_spec
+from attn_dispatch.models.cards import H200, KNOWN_CARDS, MI50_16GB, MI50_32GB, MI60, RADEON_VII, spec_for
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.priors import PriorRanker, prior_seconds, roofline_seconds
+from attn_dispatch.models.ranking import Ranker
 from tests.models.conftest import fake_identity
 
 

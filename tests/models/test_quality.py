@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models._cpu_probe import FALLBACK_CPU_SPEC
-from models.cost_model import CostModel
-from models.dataset import training_set
-from models.quality import choice_quality, holdout_quality, split_by_problem
+from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC
+from attn_dispatch.models.cost_model import CostModel
+from attn_dispatch.models.dataset import training_set
+from attn_dispatch.models.quality import choice_quality, holdout_quality, split_by_problem
 from tests.models.synthetic import synthetic_measurements, true_seconds
 
 
@@ -81,8 +81,8 @@ def test_residual_target_beats_the_direct_one(synthetic):
 def test_problem_normalised_model_ranks_within_a_problem_and_keeps_absolute_seconds(synthetic):
     """The default model learns kernel-relative residuals plus a problem-offset ensemble: its
     seconds stay absolute (close to the raw-residual model's) and it exports as one forest."""
-    from models.cost_model import SummedTrees, group_means, problem_groups
-    from models.forest import embed
+    from attn_dispatch.models.cost_model import SummedTrees, group_means, problem_groups
+    from attn_dispatch.models.forest import embed
 
     groups = problem_groups(synthetic.X)
     assert len(np.unique(groups)) == synthetic.n_problems  # the problem columns identify a problem

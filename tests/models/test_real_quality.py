@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models._cpu_probe import FALLBACK_CPU_SPEC
-from models.cards import spec_for
-from models.cost_model import CostModel
-from models.dataset import training_set
-from models.identity import DeviceIdentity
-from models.measurement import Measurement
-from models.quality import choice_quality, holdout_quality, split_by_problem
+from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC
+from attn_dispatch.models.cards import spec_for
+from attn_dispatch.models.cost_model import CostModel
+from attn_dispatch.models.dataset import training_set
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.quality import choice_quality, holdout_quality, split_by_problem
 
 DATA = Path(__file__).resolve().parent / "data"
 SEEDS = (0, 1, 2)

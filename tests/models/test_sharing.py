@@ -9,11 +9,11 @@ from dataclasses import replace
 
 import pytest
 
-from kernels import Problem, all_kernels, kernel_from_name
-from models import sharing
-from models.cards import MI50_32GB, MI60, RADEON_VII
-from models.merge import card_scale, merge_tables
-from models.sharing import (
+from attn_dispatch.kernels import Problem, all_kernels, kernel_from_name
+from attn_dispatch.models import sharing
+from attn_dispatch.models.cards import MI50_32GB, MI60, RADEON_VII
+from attn_dispatch.models.merge import card_scale, merge_tables
+from attn_dispatch.models.sharing import (
     TableWarning,
     export_table,
     import_table,
@@ -21,8 +21,8 @@ from models.sharing import (
     lookup_table,
     store_table,
 )
-from models.table_io import load_table
-from models.table_schema import TableError
+from attn_dispatch.models.table_io import load_table
+from attn_dispatch.models.table_schema import TableError
 from tests.models.conftest import OTHER_ROCM_STACK, fake_identity
 from tests.models.test_table import DECODE
 
@@ -143,12 +143,12 @@ def test_merge_refuses_other_families(mi50_table):
 
 
 def test_merge_over_the_size_cap_says_merge_fewer_tables(mi50_table, monkeypatch):
-    from models.table_io import table_bytes
+    from attn_dispatch.models.table_io import table_bytes
 
     pair = [mi50_table, _for(mi50_table, fake_identity("mi50_32", **OTHER_ROCM_STACK))]
     size = table_bytes(merge_tables(pair))
     assert size > table_bytes(mi50_table)
-    monkeypatch.setattr("models.merge.MAX_TABLE_BYTES", size - 1)
+    monkeypatch.setattr("attn_dispatch.models.merge.MAX_TABLE_BYTES", size - 1)
     with pytest.raises(TableError, match="merge fewer tables"):
         merge_tables(pair)
 

@@ -6,10 +6,10 @@ import math
 import re
 from dataclasses import replace
 
-from kernels import Kernel, Problem, all_kernels, kernel_from_name
-from models.buckets import bucket_of, class_key, length_bucket
-from models.priors import PriorRanker
-from models.ranking import Ranker
+from attn_dispatch.kernels import Kernel, Problem, all_kernels, kernel_from_name
+from attn_dispatch.models.buckets import bucket_of, class_key, length_bucket
+from attn_dispatch.models.priors import PriorRanker
+from attn_dispatch.models.ranking import Ranker
 from tests.models.synthetic import SYNTHETIC_KERNELS
 
 DECODE = Problem(2, 16, 4, 1, 3000, 64, 64, "float32", device_type="cuda")
@@ -117,9 +117,9 @@ def test_model_seconds_builds_features_once_per_card_spec(mi50_table, monkeypatc
     import numpy as np
     import pytest
 
-    from models import table as table_module
-    from models.merge import merge_tables
-    from models.table_io import dumps_table, loads_table
+    from attn_dispatch.models import table as table_module
+    from attn_dispatch.models.merge import merge_tables
+    from attn_dispatch.models.table_io import dumps_table, loads_table
     from tests.models.conftest import OTHER_ROCM_STACK, fake_identity
 
     slower = mi50_table.scaled(1.5, spec=mi50_table.spec, note="a slower MI50")
@@ -143,9 +143,9 @@ def test_model_seconds_builds_features_once_per_card_spec(mi50_table, monkeypatc
 def test_carried_seconds_follows_the_prior_and_guards_odd_ratios(mi50_table, monkeypatch):
     import pytest
 
-    from models import table as table_module
-    from models.priors import prior_seconds
-    from models.table import carried_seconds
+    from attn_dispatch.models import table as table_module
+    from attn_dispatch.models.priors import prior_seconds
+    from attn_dispatch.models.table import carried_seconds
 
     kernel, longer = kernel_from_name("math"), replace(DECODE, kv_len=2 * DECODE.kv_len)
     spec = mi50_table.spec
@@ -158,7 +158,7 @@ def test_carried_seconds_follows_the_prior_and_guards_odd_ratios(mi50_table, mon
 
 
 def test_nearest_class_measures_work_in_the_tables_own_steps(mi50_table):
-    from models.buckets import ClassKey
+    from attn_dispatch.models.buckets import ClassKey
 
     a, b = ClassKey("float32", False, "none", work_log2=4), ClassKey("float32", False, "none", work_log2=10)
     assert a.distance(b, work_step=2) == 3.0 and a.distance(b, work_step=3) == 2.0

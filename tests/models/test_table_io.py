@@ -9,9 +9,9 @@ import pickle
 
 import pytest
 
-from kernels import all_kernels
-from models.table_io import MAX_TABLE_BYTES, dumps_table, load_table, loads_table, save_table
-from models.table_schema import TableError
+from attn_dispatch.kernels import all_kernels
+from attn_dispatch.models.table_io import MAX_TABLE_BYTES, dumps_table, load_table, loads_table, save_table
+from attn_dispatch.models.table_schema import TableError
 from tests.models.test_table import DECODE, PREFILL
 
 
@@ -38,7 +38,7 @@ def test_round_trip(mi50_table, tmp_path):
 def test_failed_write_leaves_the_old_file(mi50_table, tmp_path, monkeypatch):
     path = save_table(mi50_table, tmp_path / "table.json")
     before = path.read_bytes()
-    monkeypatch.setattr("models.table_io.dumps_table", lambda table: (_ for _ in ()).throw(TableError("boom")))
+    monkeypatch.setattr("attn_dispatch.models.table_io.dumps_table", lambda table: (_ for _ in ()).throw(TableError("boom")))
     with pytest.raises(TableError):
         save_table(mi50_table, path)
     assert path.read_bytes() == before and len(list(tmp_path.iterdir())) == 1

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from calibration.measure import measure
-from calibration.timer import TimerSettings
-from kernels import AccuracyPolicy, Problem, kernel_from_name
-from models.identity import DeviceIdentity
+from attn_dispatch.calibration.measure import measure
+from attn_dispatch.calibration.timer import TimerSettings
+from attn_dispatch.kernels import AccuracyPolicy, Problem, kernel_from_name
+from attn_dispatch.models.identity import DeviceIdentity
 
 HERE = Path(__file__).resolve().parent
 PORTABLE = (

@@ -1,0 +1,24 @@
+"""attn_dispatch: an adaptive attention dispatcher with a learned cost model.
+
+This file is installed as ``attn_dispatch/__init__.py`` (see ``[tool.setuptools] package-dir`` in
+``pyproject.toml``): the repository keeps ``dispatcher/``, ``kernels/``, ``models/`` and
+``calibration/`` as top-level folders, installed as ``attn_dispatch.dispatcher``,
+``attn_dispatch.kernels``, ``attn_dispatch.models`` and ``attn_dispatch.calibration``, so nothing
+else on ``sys.path`` (a user's own ``models/``, Hugging Face's ``kernels``) can shadow them.
+
+    import attn_dispatch as ad
+    out = ad.attention(q, k, v, is_causal=True)   # drop-in for F.scaled_dot_product_attention
+    with ad.patched():                            # every SDPA call in a model goes through it
+        model.generate(...)
+    ad.register_transformers()                    # then attn_implementation="attn_dispatch"
+"""
+
+from importlib import metadata as _metadata
+
+from attn_dispatch.dispatcher import *  # noqa: F403  (the public API: attn_dispatch.dispatcher.__all__)
+from attn_dispatch.dispatcher import __all__
+
+try:
+    __version__ = _metadata.version("attn-dispatch")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "unknown"
