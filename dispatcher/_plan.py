@@ -2,29 +2,39 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
 import torch
 
 from attn_dispatch.dispatcher.decision import Decision
-from attn_dispatch.dispatcher.planning import Ranked
 from attn_dispatch.kernels import Kernel, Problem
+
+if TYPE_CHECKING:
+    from attn_dispatch.dispatcher.buckets import Bucket
 
 
 class Plan:
-    """A decision ready to run: the kernel, the validated problem, and what it was chosen from.
+    """A decision for one exact call shape, ready to run: the kernel, the validated problem, and
+    the size bucket it was decided for.
 
     Attributes
     ----------
-    recheck: go through `Dispatcher._plan_for` before each call: to re-check free memory (see
-        `planning.RECHECK_FRACTION`), or because `tune_pending`.
-    tune_pending: tuning is on but this decision was made without a call's inputs to time (by
-        `explain`, on the training route or under CUDA graph capture); the next inference call
-        with inputs tunes the bucket and replaces it.
-    count: the chosen kernel's call counter (a one-element list shared by every plan that
-        chose the kernel, so `Dispatcher.stats` sums them without a lookup per call).
+    run: the kernel's `run`, bound once (the warm path saves an attribute lookup per call).
+    recheck: go through `Dispatcher._plan_for` before each call: the workspace is a large part of
+        the memory free when decided (`planning.RECHECK_FRACTION`), or the bucket's tuning is
+        pending (decided without a call's inputs to time: by `explain`, on the training route or
+        under CUDA graph capture).
+    count: this shape's call counter (a one-element list: the warm path adds to it in place);
+        `Dispatcher.stats` sums them per kernel, and a bucket's earlier shapes' counts tell how
+        many calls a new shape is expected to get (`cold_shape`).
+    bucket: the `buckets.Bucket` whose decision this is; `decision` is built from it on demand.
+    notes, skipped: what this exact shape's plan adds to the bucket's decision: notes, and
+        ``(kernel, why)`` for the bucket's options passed over here (memory, capability, failure).
     """
 
-    __slots__ = ("problem", "device", "kernel", "run", "workspace", "recheck", "ranked", "decision", "count",
-                 "tune_pending")
+    __slots__ = ("problem", "device", "kernel", "run", "workspace", "recheck", "count", "bucket", "notes",
+                 "skipped", "_decision")
 
     def __init__(
         self,
@@ -33,21 +43,33 @@ class Plan:
         kernel: Kernel,
         workspace: int,
         recheck: bool,
-        ranked: Ranked,
-        decision: Decision,
-        count: list[int],
-        tune_pending: bool = False,
+        bucket: Bucket,
+        notes: tuple[str, ...] = (),
+        skipped: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.problem = problem
         self.device = device
         self.kernel = kernel
-        self.run = kernel.run  # bound once: the warm path saves an attribute lookup per call
+        self.run = kernel.run
         self.workspace = workspace
         self.recheck = recheck
-        self.ranked = ranked
-        self.decision = decision
-        self.count = count
-        self.tune_pending = tune_pending
+        self.count = [0]
+        self.bucket = bucket
+        self.notes = notes
+        self.skipped = skipped
+        self._decision: Decision | None = None
+
+    @property
+    def tune_pending(self) -> bool:
+        return self.bucket.tune_pending
+
+    @property
+    def decision(self) -> Decision:
+        """The bucket's decision as it applies to this exact shape (`explain`)."""
+        if self._decision is None:
+            self._decision = self.bucket.decision_for(self.problem, self.kernel, self.workspace, self.notes,
+                                                     self.skipped)
+        return self._decision
 
 
 def cache_key(
@@ -71,6 +93,44 @@ def cache_key(
         query.is_contiguous(), key.is_contiguous(), value.is_contiguous(),
         mask, is_causal, enable_gqa,
     )
+
+
+def family_key(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    enable_gqa: bool,
+) -> tuple:
+    """`cache_key` without the key length: calls that differ only in it (a decode loop's steps,
+    the key length growing by one each) share it, and their `Problem`s differ only in the key
+    length (`problem_at_key_length`). Whether the mask's key dimension broadcasts is part of it."""
+    mask = None if attn_mask is None else (attn_mask.shape[:-1], attn_mask.shape[-1] == 1, attn_mask.dtype,
+                                           attn_mask.device)
+    return (
+        query.shape, key.shape[:-2], key.shape[-1], value.shape[:-2], value.shape[-1],
+        query.dtype, key.dtype, value.dtype, query.device, key.device, value.device,
+        query.is_contiguous(), key.is_contiguous(), value.is_contiguous(),
+        mask, is_causal, enable_gqa,
+    )
+
+
+def problem_at_key_length(sibling: Problem, key: torch.Tensor, value: torch.Tensor,
+                          attn_mask: torch.Tensor | None) -> Problem | None:
+    """The `Problem` of a call whose `family_key` equals that of `sibling`'s call, built without
+    validating again: everything `Problem.from_tensors` checks is in the family key except the key
+    length, checked here (value's must equal key's; a mask's key dimension must be 1 or it). None
+    when it does not hold (the caller validates in full and raises SDPA's error)."""
+    kv_len = key.shape[-2]
+    if value.shape[-2] != kv_len or kv_len < 1:
+        return None
+    mask_shape = sibling.mask_shape
+    if attn_mask is not None and attn_mask.shape[-1] != 1:
+        if attn_mask.shape[-1] != kv_len:
+            return None
+        mask_shape = (*mask_shape[:-1], kv_len)
+    return replace(sibling, kv_len=kv_len, mask_shape=mask_shape)
 
 
 MAX_MESSAGE = 200

@@ -1,9 +1,11 @@
-"""`Dispatcher`: per device, the fastest kernel that fits, decided once per problem shape and
-cached; a kernel that fails at run time is replaced by the next one and remembered.
+"""`Dispatcher`: per device, the fastest kernel that fits, decided once per size bucket; a kernel
+that fails at run time is replaced by the next one and remembered.
 
-Warm path (a shape seen before): one key tuple from tensor attributes, one dict lookup, the
+Warm path (an exact shape seen before): one key tuple from tensor attributes, one dict lookup, the
 kernel's `run` (no validation: a hit means these shapes, dtypes, devices and layouts were
-validated when the decision was made).
+validated when the plan was made). A new exact shape in a decided bucket (`planner.DevicePlanner`)
+is validated and checked against the bucket's kernel, nothing more. Both caches are bounded
+(`buckets.MAX_PLANS`, `buckets.MAX_BUCKETS`).
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ from dataclasses import replace
 import torch
 
 from attn_dispatch.dispatcher import _log
-from attn_dispatch.dispatcher._plan import Plan, cache_key, check_scale
+from attn_dispatch.dispatcher._plan import Plan, cache_key, check_scale, family_key, problem_at_key_length
+from attn_dispatch.dispatcher.buckets import MAX_PLANS, BoundedCache
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.kernel_set import kernel_set
-from attn_dispatch.dispatcher.memory import budget_from_env, free_bytes, parse_memory_size, release_cached_memory
-from attn_dispatch.dispatcher.planning import Ranked, failure_bucket, fit_options, memory_limit, needs_recheck, rank_options
+from attn_dispatch.dispatcher.memory import budget_from_env, parse_memory_size, release_cached_memory
+from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
+from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.ranking import resolve_ranking
-from attn_dispatch.dispatcher.tuning import put_first, tune_from_env
+from attn_dispatch.dispatcher.tuning import tune_from_env
 from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
 from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
 from attn_dispatch.kernels.failures import is_out_of_memory
@@ -90,10 +94,13 @@ class Dispatcher:
         self.home = home
         self._tune = tune
         self.remember_tunings = remember_tunings
-        self._plans: dict[tuple, Plan] = {}
+        self._plans: BoundedCache[tuple, Plan] = BoundedCache(MAX_PLANS, on_evict=self._fold_count)
         self._plan_get = self._plans.get  # bound once for the warm path
-        self._devices: dict[torch.device, DeviceState] = {}
-        self._counts: dict[str, list[int]] = {}
+        self._families: BoundedCache[tuple, Problem] = BoundedCache(MAX_PLANS)  # `_plan.family_key` -> a Problem
+        self._planners: dict[torch.device, DevicePlanner] = {}
+        self._config = PlannerConfig(self._kernels, policy, self._signature,
+                                     (lambda: tunings_dir(self.home)) if remember_tunings else None)
+        self._counts: dict[str, list[int]] = {}  # calls of evicted plans and of the training route
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ configuration
@@ -190,95 +197,91 @@ class Dispatcher:
         gqa = {"enable_gqa": True} if enable_gqa else {}
         return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
 
+    # ------------------------------------------------------------------ planning
+    def plan(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        *,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> PreparedAttention:
+        """Decide once for these arguments' exact shape; the returned `PreparedAttention` runs the
+        chosen kernel on later calls of that shape with no lookup (FlashInfer's plan/run: a
+        framework holding one shape per layer plans once per step and runs every layer).
+
+        ``prepared = dispatcher.plan(q, k, v, is_causal=True)`` then ``prepared(q, k, v)``; a call
+        of another shape, dtype, device or layout raises ValueError naming both (plan again).
+        """
+        try:
+            key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
+        except AttributeError:  # not tensors: validation raises SDPA's TypeError
+            Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
+            raise
+        check_scale(scale)
+        plan = self._plan_get(key_)
+        if plan is None or plan.recheck:
+            plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
+        return PreparedAttention(self, plan, key_, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
     # ------------------------------------------------------------------ deciding
     def _plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa, scale=_NOT_GIVEN) -> Plan:
-        """Cold path (validate, rank, fit, tune), or a decision whose memory must be re-checked:
-        when its kernel no longer is the first option that fits, only the memory fit is redone.
-        `scale` is the call's (inference route only: it lets a new bucket be tuned on these inputs)."""
+        """Cold path: a new exact shape (planned from its bucket, which is decided first if new),
+        or a plan to re-check (free memory, or a bucket tuning still pending). `scale` is the
+        call's (inference route only: it lets a new bucket be tuned on these inputs)."""
         plan = self._plans.get(key_)
         inputs = None if scale is _NOT_GIVEN else (query, key, value, attn_mask, scale, enable_gqa)
-        retune = plan is not None and plan.tune_pending and inputs is not None
-        if plan is not None and not retune and (not plan.recheck or self._recheck(plan)):
+        if plan is not None and not plan.recheck:
             return plan
-        problem = plan.problem if plan is not None else Problem.from_tensors(
-            query, key, value, attn_mask, is_causal, enable_gqa)
+        family = None
+        if plan is not None:
+            problem = plan.problem
+        else:  # a sibling shape (another key length) spares the validation
+            family = family_key(query, key, value, attn_mask, is_causal, enable_gqa)
+            sibling = self._families.get(family)
+            problem = None if sibling is None else problem_at_key_length(sibling, key, value, attn_mask)
+            if problem is None:
+                problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
+        planner = self._planner(query.device)
         with self._lock:
             current = self._plans.get(key_)
             if current is not None and current is not plan:
-                return current  # another thread decided meanwhile
-            if current is None or retune:
-                plan = self._new_plan(problem, query.device, inputs)
+                return current  # another thread planned meanwhile
+            new, decided = planner.plan(problem, key_, inputs, settings=self._settings,
+                                        on_failure=self._failure_handler(planner.device, problem),
+                                        new_shape=plan is None)
+            if plan is not None and new.kernel is plan.kernel and new.bucket is plan.bucket:
+                plan.recheck, new = new.recheck, plan  # unchanged: keep the plan (and its count)
             else:
-                plan = self._refit(current)
-            self._plans[key_] = plan
-            _log.new_decision(plan.decision)
-        return plan
+                if plan is not None:
+                    self._fold_count(plan)
+                self._plans.put(key_, new)
+            if family is not None:
+                self._families.put(family, problem)
+            if decided:
+                _log.new_decision(new.decision)
+        return new
 
-    def _recheck(self, plan: Plan) -> bool:
-        """Is the plan's kernel still the first option that fits free memory now? (A kernel
-        shrunk to fit is no option: it stands while no option fits and it still does.)"""
-        limit = memory_limit(free_bytes(plan.device), self.memory_budget)
-        options = plan.ranked.options
-        tuned = self._state(plan.device).tuned.get(failure_bucket(plan.problem)) if self.tune else None
-        if tuned is not None:
-            options = put_first(options, tuned.kernel)
-        for option in options:
-            if limit is None or option.workspace_bytes <= limit:
-                return option.kernel is plan.kernel
-        return limit is not None and plan.workspace <= limit  # an option's kernel is over it too
+    def _settings(self) -> tuple[int | None, bool]:
+        """(memory budget, tune): what a new bucket decision reads."""
+        return self.memory_budget, self.tune
+
+    def _planner(self, device: torch.device) -> DevicePlanner:
+        planner = self._planners.get(device)
+        if planner is None:
+            with self._lock:
+                planner = self._planners.get(device)
+                if planner is None:
+                    state = DeviceState(resolve_ranking(device, home=self.home))
+                    planner = self._planners[device] = DevicePlanner(device, state, self._config)
+        return planner
 
     def _state(self, device: torch.device) -> DeviceState:
-        state = self._devices.get(device)
-        if state is None:
-            with self._lock:
-                state = self._devices.get(device)
-                if state is None:
-                    state = self._devices[device] = DeviceState(resolve_ranking(device, home=self.home))
-        return state
-
-    def _new_plan(self, problem: Problem, device: torch.device, inputs: tuple | None = None) -> Plan:
-        """Rank and fit; `inputs` (query, key, value, mask, scale, enable_gqa) let tuning time them."""
-        state = self._state(device)
-        failed = state.failures.get(failure_bucket(problem), {})
-        ranked = rank_options(problem, self._kernels, state.ranking, failed, policy=self.policy)
-        return self._fit(ranked, device, state, failed, inputs)
-
-    def _refit(self, plan: Plan) -> Plan:
-        """`plan` redone for the memory free now from its ranked options (ranking does not
-        depend on free memory: `planning`'s two steps); ranked again only when one of them has
-        since failed in the bucket (on another shape)."""
-        state = self._state(plan.device)
-        failed = state.failures.get(failure_bucket(plan.problem), {})
-        ranked = plan.ranked
-        if any(option.kernel.name in failed for option in ranked.options):
-            ranked = rank_options(plan.problem, self._kernels, state.ranking, failed, policy=self.policy)
-        return self._fit(ranked, plan.device, state, failed)
-
-    def _fit(self, ranked: Ranked, device: torch.device, state: DeviceState, failed: dict[str, str],
-             inputs: tuple | None = None) -> Plan:
-        """The plan of the first ranked option that fits in memory now (`planning.fit_options`),
-        or of the bucket's tuned kernel when tuning is on (timed now when `inputs` are given)."""
-        problem = ranked.problem
-        free, budget = free_bytes(device), self.memory_budget
-        fit = fit_options(ranked, free=free, budget=budget, ranking=state.ranking, failed=failed)
-        if not fit.options:
-            raise NoKernelError(problem, str(device), ranked.dropped + fit.dropped)
-        options, notes, dropped, pending = fit.options, fit.notes, fit.dropped + ranked.dropped, False
-        if self.tune:
-            state.open_store((lambda: tunings_dir(self.home)) if self.remember_tunings else None, self._signature)
-            options, notes, dropped, pending = state.apply_tuning(
-                options, notes, dropped, problem, device, inputs,
-                on_failure=lambda name, error: self._remember(device, problem, name, error))
-        decision = Decision(
-            kernel=options[0].kernel.name, params=dict(options[0].kernel.params), problem=problem,
-            device=str(device), source=state.ranking.source,
-            candidates=tuple(option.candidate() for option in options),
-            dropped=dropped, free_bytes=free, budget_bytes=budget, notes=notes,
-        )
-        chosen = options[0]
-        recheck = needs_recheck(chosen.workspace_bytes, free) or pending
-        return Plan(problem, device, chosen.kernel, chosen.workspace_bytes, recheck, ranked, decision,
-                    self._count_cell(chosen.kernel.name), tune_pending=pending)
+        """The device's ranker, failures and tunings."""
+        return self._planner(device).state
 
     def _count_cell(self, name: str) -> list[int]:
         cell = self._counts.get(name)
@@ -287,6 +290,11 @@ class Dispatcher:
                 cell = self._counts.setdefault(name, [0])
         return cell
 
+    def _fold_count(self, plan: Plan) -> None:
+        """An evicted or replaced plan's calls stay in `stats`."""
+        if plan.count[0]:
+            self._count_cell(plan.kernel.name)[0] += plan.count[0]
+
     # ------------------------------------------------------------------ failing
     def _recover(
         self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa, *, training=False
@@ -294,15 +302,21 @@ class Dispatcher:
         """`plan`'s kernel raised: remember it for the bucket, run the next candidate (repeatedly).
         On the training route a next candidate without backward hands over to PyTorch's SDPA."""
         check_scale(scale)
+        planner = self._planner(plan.device)
         while True:
             plan.count[0] -= 1  # count calls that returned, not attempts
             failed = plan.kernel.name
-            self._remember_failure(plan, error)
+            self._remember(plan.device, plan.problem, failed, error)
             try:
                 with self._lock:
-                    self._plans.pop(key_, None)
-                    plan = self._new_plan(plan.problem, plan.device)
-                    self._plans[key_] = plan
+                    old = self._plans.pop(key_, None)
+                    if old is not None:
+                        self._fold_count(old)
+                    planner.forget_bucket(plan.problem)
+                    plan, decided = planner.plan(plan.problem, key_, None, settings=self._settings,
+                                                 on_failure=self._failure_handler(plan.device, plan.problem),
+                                                 new_shape=False)
+                    self._plans.put(key_, plan)
             except NoKernelError as no_kernel:
                 self._forget_out_of_memory(plan)
                 raise no_kernel from error
@@ -316,8 +330,9 @@ class Dispatcher:
             except Exception as next_error:  # noqa: BLE001
                 error = next_error
 
-    def _remember_failure(self, plan: Plan, error: BaseException) -> None:
-        self._remember(plan.device, plan.problem, plan.kernel.name, error)
+    def _failure_handler(self, device: torch.device, problem: Problem):
+        """Where tuning reports a contender that raised on `problem`."""
+        return lambda name, error: self._remember(device, problem, name, error)
 
     def _remember(self, device: torch.device, problem: Problem, name: str, error: BaseException) -> None:
         """Kernel `name` raised `error` on `problem` (`DeviceState.remember`)."""
@@ -367,17 +382,24 @@ class Dispatcher:
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        return self._new_plan(problem, device).decision
+        planner = self._planner(device)
+        return planner.decide(problem, None, budget=self.memory_budget, tune=self.tune,
+                              on_failure=lambda name, error: None).decision
 
     def stats(self) -> dict[str, int]:
         """Calls per kernel name since the last `reset` (training calls that went to PyTorch's SDPA
         count as `TRAINING_COUNT`, ``"pytorch_sdpa (training)"``). Approximate under concurrent calls."""
-        return {name: cell[0] for name, cell in self._counts.items() if cell[0]}
+        with self._lock:
+            counts = {name: cell[0] for name, cell in self._counts.items()}
+            for plan in list(self._plans.values()):
+                counts[plan.kernel.name] = counts.get(plan.kernel.name, 0) + plan.count[0]
+        return {name: count for name, count in counts.items() if count}
 
     def reset(self) -> None:
         """Forget every decision, table, remembered failure and count (after recalibrating, or
         after changing ``ATTN_DISPATCH_MEMORY_BUDGET`` / ``ATTN_DISPATCH_HOME``)."""
         with self._lock:
             self._plans.clear()
-            self._devices.clear()
+            self._families.clear()
+            self._planners.clear()
             self._counts.clear()

@@ -32,6 +32,9 @@ kernel dropped for lack of free memory is not re-checked on every call (that wou
 re-check on exactly the calls that fit easily); `Dispatcher.reset` reconsiders it."""
 
 
+FASTER_DID_NOT_FIT = "a faster kernel did not fit in the memory free now; dispatcher.reset() reconsiders it"
+
+
 @dataclass(frozen=True)
 class Option:
     """A kernel that can run the problem, with its predicted time and workspace."""
@@ -153,7 +156,7 @@ def fit_options(
             dropped_for_free_memory |= not fitting and (budget is None or option.workspace_bytes <= budget)
     notes: list[str] = []
     if dropped_for_free_memory:
-        notes.append("a faster kernel did not fit in the memory free now; dispatcher.reset() reconsiders it")
+        notes.append(FASTER_DID_NOT_FIT)
     if not fitting and dropped:  # something runs but nothing fits: smaller chunks fit in less
         shrunk = shrink_chunked(ranked.problem, memory_limit(free, budget), failed)
         if shrunk is not None:

@@ -84,7 +84,7 @@ def test_several_devices_keep_separate_state():
     ours.attention(**inputs)
     out = ours.attention(**meta)
     assert out.device.type == "meta" and out.shape == (1, 4, 8, 16)
-    assert set(ours._devices) == {torch.device("cpu"), torch.device("meta")}
+    assert set(ours._planners) == {torch.device("cpu"), torch.device("meta")}
     assert ours.explain(**meta).device == "meta" and ours.explain(**inputs).device == "cpu"
 
 

@@ -64,7 +64,7 @@ def test_a_16gib_budget_emulates_a_16gb_card():
 
 def test_real_out_of_memory_falls_back(monkeypatch):
     use_ranking(monkeypatch, FixedRanker(["math", "sdpa_flash", "sdpa_efficient", "sdpa_default"]))
-    monkeypatch.setattr(core, "free_bytes", lambda device: 2**60)  # pretend: so math is tried and fails
+    monkeypatch.setattr(planner, "free_bytes", lambda device: 2**60)  # pretend: so math is tried and fails
     heads, length = 64, 32768
     problem = Problem(1, heads, heads, length, length, 64, 64, "float16", device_type="cuda")
     assert MathKernel().workspace_bytes(problem) > torch.cuda.get_device_properties(0).total_memory
@@ -83,5 +83,5 @@ def test_cpu_and_cuda_in_one_process():
         inputs = case.build(device)
         flags = {k: v for k, v in inputs.items() if k not in ("query", "key", "value")}
         assert_matches_reference(ours.attention(inputs["query"], inputs["key"], inputs["value"], **flags), inputs)
-    cpu, cuda = (state.ranking.source for state in ours._devices.values())
-    assert len(ours._devices) == 2 and cpu.identity != cuda.identity
+    cpu, cuda = (state.ranking.source for state in (p.state for p in ours._planners.values()))
+    assert len(ours._planners) == 2 and cpu.identity != cuda.identity

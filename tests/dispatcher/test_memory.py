@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attn_dispatch as dispatcher
-from attn_dispatch.dispatcher import Dispatcher, NoKernelError, core, parse_memory_size
+from attn_dispatch.dispatcher import Dispatcher, NoKernelError, core, parse_memory_size, planner
 from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
 from attn_dispatch.dispatcher.planning import RECHECK_FRACTION, failure_bucket
 from attn_dispatch.kernels import ChunkedKernel, MathKernel, Problem, all_kernels
@@ -126,7 +126,7 @@ def test_large_workspace_is_rechecked_against_free_memory(monkeypatch):
     inputs = _prefill()
     math_bytes = MathKernel().workspace_bytes(_problem(inputs))
     free = {"bytes": int(math_bytes / RECHECK_FRACTION) - 1}  # math is just over the fraction
-    monkeypatch.setattr(core, "free_bytes", lambda device: free["bytes"])
+    monkeypatch.setattr(planner, "free_bytes", lambda device: free["bytes"])
     ours = Dispatcher(kernels="portable")
     ours.attention(**inputs)
     assert ours.stats() == {"math": 1}
@@ -149,7 +149,7 @@ def test_recheck_miss_redoes_only_the_memory_fit(monkeypatch):
     problem = _problem(inputs)
     math_bytes = MathKernel().workspace_bytes(problem)
     free = {"bytes": int(math_bytes / RECHECK_FRACTION) - 1}
-    monkeypatch.setattr(core, "free_bytes", lambda device: free["bytes"])
+    monkeypatch.setattr(planner, "free_bytes", lambda device: free["bytes"])
     validations = {"n": 0}
     from_tensors = Problem.from_tensors
 
@@ -176,7 +176,7 @@ def test_recheck_miss_skips_a_kernel_that_failed_in_the_bucket_since(monkeypatch
     problem = _problem(inputs)
     math_bytes = MathKernel().workspace_bytes(problem)
     free = {"bytes": int(math_bytes / RECHECK_FRACTION) - 1}
-    monkeypatch.setattr(core, "free_bytes", lambda device: free["bytes"])
+    monkeypatch.setattr(planner, "free_bytes", lambda device: free["bytes"])
     ours = Dispatcher(kernels="portable")
     ours.attention(**inputs)
     # the next option failed on another shape of the bucket after this decision was made
@@ -199,7 +199,7 @@ def test_shrunk_chunks_under_memory_pressure_are_kept_warm(monkeypatch):
         calls["n"] += 1
         return free
 
-    monkeypatch.setattr(core, "free_bytes", counting_free)
+    monkeypatch.setattr(planner, "free_bytes", counting_free)
     ours = Dispatcher(kernels=["math"])
     for _ in range(3):
         assert_matches_reference(ours.attention(**inputs), inputs)
@@ -215,7 +215,7 @@ def test_small_workspace_is_not_rechecked(monkeypatch):
         calls["n"] += 1
         return 2**40
 
-    monkeypatch.setattr(core, "free_bytes", counting_free)
+    monkeypatch.setattr(planner, "free_bytes", counting_free)
     ours = Dispatcher(kernels="portable")
     inputs = qkv()
     for _ in range(5):

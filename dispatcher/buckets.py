@@ -1,0 +1,163 @@
+"""Decisions per size bucket, and the bounded caches that hold them.
+
+A bucket (`planning.failure_bucket`: batch and lengths rounded up to powers of two, everything
+else exact, on one device) is ranked, fitted and tuned once. A new exact shape inside a decided
+bucket (a decode step's key length one longer than the last) gets its plan from the bucket: the
+chosen kernel's capability and workspace are checked for the exact problem, nothing is ranked or
+timed. The plan cache (exact shapes) and the bucket cache are both bounded (`BoundedCache`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import replace
+from typing import Generic, TypeVar
+
+from attn_dispatch.dispatcher.cold_shape import HISTORY, calls_per_shape, cold_seconds, expected_seconds
+from attn_dispatch.dispatcher.decision import Candidate, Decision, format_seconds
+from attn_dispatch.dispatcher.planning import Option, Ranked
+from attn_dispatch.kernels import Kernel, Problem
+
+MAX_PLANS = 4096
+"""Exact call shapes whose plans are kept per dispatcher: a decode loop with a growing cache makes
+one per generated token, so an unbounded cache grows for ever; 4096 covers every layer shape of
+a long generation's last few thousand tokens, at a few hundred bytes each. Older ones are evicted
+first (a miss costs one plan made from its bucket's decision, not a new decision)."""
+
+MAX_BUCKETS = 1024
+"""Size buckets whose decisions are kept per dispatcher: lengths are bucketed by powers of two, so
+a model meets a few dozen; 1024 bounds pathological callers (a sweep over many head counts)."""
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class BoundedCache(Generic[K, V]):
+    """A dict with at most `limit` entries; adding past it evicts the oldest entry (first in, first
+    out: a warm hit costs one ``dict.get``, with no reordering), which goes to `on_evict`."""
+
+    def __init__(self, limit: int, on_evict: Callable[[V], None] | None = None) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self.limit = limit
+        self._items: dict[K, V] = {}
+        self.get = self._items.get  # bound once: the warm path's lookup
+        self._on_evict = on_evict
+
+    def put(self, key: K, value: V) -> None:
+        items = self._items
+        if key not in items:
+            while len(items) >= self.limit:
+                evicted = items.pop(next(iter(items)))
+                if self._on_evict is not None:
+                    self._on_evict(evicted)
+        items[key] = value
+
+    def pop(self, key: K, default: V | None = None) -> V | None:
+        return self._items.pop(key, default)
+
+    def values(self):
+        return self._items.values()
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+
+class Bucket:
+    """One size bucket's decision on one device.
+
+    Attributes
+    ----------
+    key: the bucket (`planning.failure_bucket` of its first problem).
+    ranked: the first problem's ranked options (kept to refit when memory changes).
+    options: the options that fitted when decided, in try order (a tuned kernel first).
+    decision: the decision made for the first problem (`explain` adapts it per exact shape).
+    seconds: kernel name -> measured seconds per call from the bucket's tuning (empty untuned).
+    tune_pending: tuning is on, but the decision was made without inputs to time.
+    free: bytes free on the device when decided (None: unknown, e.g. the CPU).
+    history: the call counters of the bucket's most recent exact shapes (`cold_shape`).
+    """
+
+    __slots__ = ("key", "ranked", "options", "decision", "seconds", "tune_pending", "free", "history", "warm",
+                 "_cold")
+
+    def __init__(self, key: tuple, ranked: Ranked, options: tuple[Option, ...], decision: Decision, *,
+                 seconds: Mapping[str, float], tune_pending: bool, free: int | None) -> None:
+        self.key = key
+        self.ranked = ranked
+        self.options = options
+        self.decision = decision
+        self.seconds = dict(seconds)
+        self.tune_pending = tune_pending
+        self.free = free
+        self.history: deque[list[int]] = deque(maxlen=HISTORY)
+        self.warm = tuple(self.seconds.get(o.kernel.name, o.predicted_s) for o in options)
+        """Seconds per warm call of each option: measured by the bucket's tuning, else predicted."""
+        self._cold: tuple[float, ...] | None = None
+
+    @property
+    def budget(self) -> int | None:
+        """The memory budget the bucket was decided under."""
+        return self.decision.budget_bytes
+
+    def cold(self, measured: Mapping[str, float]) -> tuple[float, ...]:
+        """Seconds of per-shape set-up of each option (`cold_shape.cold_seconds`; every exact
+        problem of the bucket is of one kind for it)."""
+        if self._cold is None:
+            self._cold = tuple(cold_seconds(o.kernel, self.ranked.problem, measured) for o in self.options)
+        return self._cold
+
+    def order_for_new_shape(self, is_set_up: Callable[[str], bool],
+                            measured_cold: Mapping[str, float]) -> tuple[tuple[Option, ...], tuple[str, ...]]:
+        """The options in try order for a new exact shape, with notes: the decided order, except
+        that a kernel paying a per-shape set-up (`cold_shape`) it has not paid for this shape yet
+        moves behind one that is faster once that cost is spread over the calls this bucket's
+        shapes get. `is_set_up(name)`: has kernel `name` run this exact shape already?"""
+        cold = self.cold(measured_cold)
+        if not cold or not cold[0]:
+            return self.options, ()
+        expected_calls = calls_per_shape(cell[0] for cell in self.history)
+        first = self.options[0]
+        if expected_calls is None or is_set_up(first.kernel.name):
+            return self.options, ()
+        costs = [
+            expected_seconds(warm, 0.0 if c and is_set_up(o.kernel.name) else c, expected_calls)
+            for o, warm, c in zip(self.options, self.warm, cold, strict=True)
+        ]
+        best = min((i for i, cost in enumerate(costs) if cost is not None), key=costs.__getitem__, default=0)
+        if best == 0:
+            return self.options, ()
+        chosen = self.options[best]
+        note = (f"{first.kernel.name} sets up per exact shape (~{format_seconds(cold[0])} on a new shape) and this "
+                f"bucket's shapes get ~{expected_calls:g} calls each: {chosen.kernel.name} is faster over a shape's "
+                f"life ({format_seconds(costs[best])} against {format_seconds(costs[0])} per call)")
+        return (chosen, *(o for o in self.options if o is not chosen)), (note,)
+
+    def decision_for(self, problem: Problem, kernel: Kernel, workspace: int, notes: tuple[str, ...],
+                     skipped: tuple[tuple[str, str], ...] = ()) -> Decision:
+        """`decision` for an exact shape of this bucket that runs `kernel`, having passed over the
+        options in `skipped` (name, why)."""
+        decision = self.decision
+        if problem == decision.problem and kernel.name == decision.kernel and not notes and not skipped:
+            return decision
+        passed = {name for name, _ in skipped}
+        chosen = Candidate(kernel.name, next((c.predicted_s for c in decision.candidates if c.name == kernel.name), None),
+                           workspace)
+        first = decision.problem
+        return replace(
+            decision, kernel=kernel.name, params=dict(kernel.params), problem=problem,
+            candidates=(chosen, *(c for c in decision.candidates if c.name != kernel.name and c.name not in passed)),
+            dropped=(*skipped, *(d for d in decision.dropped if d[0] not in passed)),
+            notes=(*decision.notes, *(n for n in notes if n not in decision.notes),
+                   f"decided for its size bucket on a first shape of Lq={first.q_len} Lk={first.kv_len} B={first.batch}"),
+        )

@@ -1,0 +1,101 @@
+"""What a kernel pays the first time it meets an exact shape, and when that should change a decision.
+
+Some kernels set up per exact shape: PyTorch's cuDNN attention builds (and caches) an execution
+plan for every new combination of lengths, which took milliseconds on an H200 where the warm call
+takes tens of microseconds (issue 14: a fresh-process decode step with a growing KV cache paid
+~8 ms per call for a new key length, against 0.04 ms warm; causal prefill at a new length, 60 ms
+cold against 0.06-0.27 ms warm; torch 2.11). Calibration and tuning time kernels at a fixed shape,
+so they never see that cost. A bucket whose exact shapes keep changing (decode: the key length
+grows by one per token; a server: a new prompt length per request) must weigh it; a bucket whose
+shape repeats (a denoising loop, a fixed-length batch) must not.
+
+The weighing, per new exact shape of a decided bucket (`expected_seconds`):
+``warm seconds + cold seconds / expected calls at this shape``, where the expected calls are what
+the bucket's earlier shapes got (decode: one call per layer per token), and the cold seconds count
+only for a kernel that has not run this exact shape in this process yet (`SeenShapes`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+
+from attn_dispatch.kernels import Kernel, Problem
+from attn_dispatch.kernels.sdpa_probe import default_backend_choice
+
+CUDNN_COLD_SHAPE_PRIOR_S = 8e-3
+"""Seconds cuDNN attention spends on its first call at a new exact shape, where calibration did
+not measure it (`cold_shape_costs` on the card replaces it): the smaller of the two H200 figures in
+issue 14 (a decode step: 64 ms for 8 layers at a new key length, against 0.35 ms warm; prefill at a
+new length: 60 ms), torch 2.11. Every other PyTorch backend and our own kernels launch the same
+kernels at any shape and are taken as free of per-shape set-up unless measured otherwise."""
+
+MIN_SHAPES_OF_HISTORY = 1
+"""Earlier exact shapes a bucket must have served before its calls per shape are estimated: one
+finished shape tells how many calls a shape gets (a decode step calls every layer once)."""
+
+HISTORY = 8
+"""Most recent exact shapes of a bucket whose call counts estimate the next one's (the median)."""
+
+MAX_SEEN_SHAPES = 1 << 16
+"""Exact shapes remembered per kernel as already set up in this process (about 10 MB at most);
+past it, new shapes are not recorded (they count as unseen: the weighing stays conservative)."""
+
+
+def cold_kernel_family(kernel: Kernel, problem: Problem) -> str | None:
+    """The per-shape set-up this kernel pays on `problem`, named by the backend that pays it
+    (``"sdpa_cudnn"``), or None. ``sdpa_default`` pays it where PyTorch's own choice for such
+    problems is cuDNN; ``convert[...]+k`` where its inner kernel does."""
+    inner = getattr(kernel, "inner", None)
+    if inner is not None:
+        return cold_kernel_family(inner, problem)
+    family = kernel.family
+    if family == "sdpa_default" and problem.device_type == "cuda":
+        family = default_backend_choice(problem)
+    return family if family == "sdpa_cudnn" and problem.device_type == "cuda" else None
+
+
+def cold_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, float]) -> float:
+    """Seconds of per-shape set-up on the first call of `kernel` at a new exact shape: the
+    calibration's measurement for this kernel (by name) when there is one, else the prior of the
+    backend that pays it (`cold_kernel_family`), else 0."""
+    if kernel.name in measured:
+        return max(0.0, float(measured[kernel.name]))
+    family = cold_kernel_family(kernel, problem)
+    if family is None:
+        return 0.0
+    return float(measured.get(family, CUDNN_COLD_SHAPE_PRIOR_S))
+
+
+def calls_per_shape(counts: Iterable[int]) -> float | None:
+    """Median calls the bucket's earlier exact shapes got (None: too little history)."""
+    history = [count for count in counts if count > 0]
+    if len(history) < MIN_SHAPES_OF_HISTORY:
+        return None
+    return float(statistics.median(history))
+
+
+def expected_seconds(warm_s: float | None, cold_s: float, expected_calls: float | None) -> float | None:
+    """Seconds per call over an exact shape's life: warm time plus the set-up spread over the
+    calls the shape is expected to get. None when the warm time is unknown and nothing is added."""
+    extra = cold_s / expected_calls if cold_s and expected_calls else 0.0
+    if warm_s is None:
+        return extra or None
+    return warm_s + extra
+
+
+class SeenShapes:
+    """Per kernel, the exact shapes (plan cache keys) it has already run in this process: its
+    per-shape set-up is paid there, so a kernel with a cold-shape cost is not charged it again."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, set] = {}
+
+    def add(self, kernel_name: str, shape_key: tuple) -> None:
+        seen = self._seen.setdefault(kernel_name, set())
+        if len(seen) < MAX_SEEN_SHAPES:
+            seen.add(shape_key)
+
+    def has(self, kernel_name: str, shape_key: tuple) -> bool:
+        return shape_key in self._seen.get(kernel_name, ())
+

@@ -1,0 +1,168 @@
+"""One device's planner: from a validated problem to a `Plan`, deciding once per size bucket.
+
+The cold path of `Dispatcher` in one place. A bucket's decision (`decide`) ranks the kernels
+(`planning.rank_options`), keeps those that fit in memory (`planning.fit_options`), tunes the
+close ones when tuning is on (`DeviceState.apply_tuning`) and becomes a `buckets.Bucket`. Each exact
+shape then gets its plan from its bucket (`plan`): the bucket's kernel checked against the exact
+problem (capability and workspace), with a kernel that sets up per shape moved behind a faster one
+where the bucket's shapes keep changing (`cold_shape`). Nothing here is on the warm path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from attn_dispatch.dispatcher._plan import Plan
+from attn_dispatch.dispatcher.buckets import MAX_BUCKETS, BoundedCache, Bucket
+from attn_dispatch.dispatcher.cold_shape import SeenShapes
+from attn_dispatch.dispatcher.decision import Decision
+from attn_dispatch.dispatcher.device_state import DeviceState
+from attn_dispatch.dispatcher.errors import NoKernelError
+from attn_dispatch.dispatcher.memory import free_bytes
+from attn_dispatch.dispatcher.planning import (
+    FASTER_DID_NOT_FIT,
+    failure_bucket,
+    fit_options,
+    needs_recheck,
+    over_limit_reason,
+    rank_options,
+)
+from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """What a dispatcher's planners share: its kernel set, accuracy policy, and where tunings are
+    kept (`tunings_root() -> directory`, None: in memory only) under which kernel-set signature."""
+
+    kernels: Mapping[str, Kernel]
+    policy: AccuracyPolicy
+    signature: str
+    tunings_root: Callable[[], object] | None
+
+
+class DevicePlanner:
+    """Decisions for one device: per size bucket, and per exact shape from its bucket.
+
+    Attributes
+    ----------
+    state: the device's ranker, remembered failures and tunings (`DeviceState`).
+    buckets: bucket key -> `Bucket` (bounded: `buckets.MAX_BUCKETS`).
+    seen: exact shapes each kernel with a per-shape set-up has already run (`cold_shape`).
+    cold_costs: measured seconds of per-shape set-up by kernel name or backend family (empty:
+        the priors of `cold_shape` serve).
+    """
+
+    def __init__(self, device: torch.device, state: DeviceState, config: PlannerConfig,
+                 cold_costs: Mapping[str, float] | None = None) -> None:
+        self.device = device
+        self.state = state
+        self.config = config
+        self.buckets: BoundedCache[tuple, Bucket] = BoundedCache(MAX_BUCKETS)
+        self.seen = SeenShapes()
+        self.cold_costs = dict(cold_costs or {})
+
+    # ------------------------------------------------------------------ per exact shape
+    def plan(self, problem: Problem, shape_key: tuple, inputs: tuple | None, *,
+             settings: Callable[[], tuple[int | None, bool]], on_failure: Callable[[str, BaseException], None],
+             new_shape: bool = True) -> tuple[Plan, bool]:
+        """The plan for one exact shape, and whether a new bucket decision was made for it.
+        `inputs` (query, key, value, mask, scale, enable_gqa) let a new bucket be tuned on them;
+        `settings() -> (memory budget, tune)`, read only when a bucket is decided (a decided bucket
+        keeps its budget: `Dispatcher.reset` after changing it); `new_shape`: the shape has no plan
+        yet (it joins the bucket's history)."""
+        key = failure_bucket(problem)
+        bucket = self.buckets.get(key)
+        decided = bucket is None or (inputs is not None and bucket.tune_pending)
+        if decided:
+            budget, tune = settings()
+            bucket = self.decide(problem, inputs, budget=budget, tune=tune, on_failure=on_failure)
+            self.buckets.put(key, bucket)
+        plan = self._plan_in(bucket, problem, shape_key, first=decided)
+        if plan is None:  # nothing the bucket chose runs or fits this exact shape: decide for it alone
+            alone = self.decide(problem, None, budget=bucket.budget, tune=False, on_failure=on_failure)
+            plan = self._plan_in(alone, problem, shape_key, first=True)
+            decided = True
+        if plan is None:  # cannot happen: a decision's first option fits its own problem
+            raise RuntimeError(f"attn_dispatch: no plan for {problem} although a kernel was decided")
+        if new_shape:
+            plan.bucket.history.append(plan.count)
+        return plan, decided
+
+    def _plan_in(self, bucket: Bucket, problem: Problem, shape_key: tuple, *, first: bool) -> Plan | None:
+        """The first of the bucket's options (in its order for a new shape) that runs `problem`
+        and fits; None when none does. The memory free now is asked only for a workspace large
+        next to what was free when the bucket was decided."""
+        if first:
+            order, notes = bucket.options, ()
+        else:
+            order, notes = bucket.order_for_new_shape(lambda name: self.seen.has(name, shape_key), self.cold_costs)
+        own_problem = problem == bucket.ranked.problem
+        failed = self.state.failures.get(bucket.key, {})
+        free, skipped, budget = bucket.free, [], bucket.budget
+        cold = {id(o): c for o, c in zip(bucket.options, bucket.cold(self.cold_costs), strict=True)}
+        for option in order:
+            kernel = option.kernel
+            if kernel.name in failed:
+                skipped.append((kernel.name, f"failed at run time on a problem of this size: {failed[kernel.name]}"))
+                continue
+            if own_problem:
+                workspace = option.workspace_bytes
+            else:
+                why = kernel.reasons(problem)
+                if why:
+                    skipped.append((kernel.name, "; ".join(why)))
+                    continue
+                workspace = int(kernel.workspace_bytes(problem))
+            if needs_recheck(workspace, free) and not first:  # first: `free` was read by the decision just made
+                free = free_bytes(self.device)
+            over = over_limit_reason(workspace, free, budget)
+            if over is not None:
+                skipped.append((kernel.name, over))
+                continue
+            if cold[id(option)]:
+                self.seen.add(kernel.name, shape_key)
+            if skipped and any("free on the device" in why for _, why in skipped):
+                notes = (*notes, FASTER_DID_NOT_FIT)
+            recheck = needs_recheck(workspace, free) or bucket.tune_pending
+            return Plan(problem, self.device, kernel, workspace, recheck, bucket,
+                        notes if option is order[0] or skipped else (), tuple(skipped))
+        return None
+
+    # ------------------------------------------------------------------ per bucket
+    def decide(self, problem: Problem, inputs: tuple | None, *, budget: int | None, tune: bool,
+               on_failure: Callable[[str, BaseException], None]) -> Bucket:
+        """Rank, fit and (tuning on) tune for `problem`'s bucket. Raises `NoKernelError` when
+        nothing can run it within the memory limit."""
+        state, config = self.state, self.config
+        failed = state.failures.get(failure_bucket(problem), {})
+        ranked = rank_options(problem, config.kernels, state.ranking, failed, policy=config.policy)
+        free = free_bytes(self.device)
+        fit = fit_options(ranked, free=free, budget=budget, ranking=state.ranking, failed=failed)
+        if not fit.options:
+            raise NoKernelError(problem, str(self.device), ranked.dropped + fit.dropped)
+        options, notes, dropped, pending = fit.options, fit.notes, fit.dropped + ranked.dropped, False
+        seconds: dict[str, float] = {}
+        if tune:
+            state.open_store(config.tunings_root, config.signature)
+            options, notes, dropped, pending = state.apply_tuning(
+                options, notes, dropped, problem, self.device, inputs,
+                on_failure=lambda name, error: on_failure(name, error))
+            tuned = state.tuned.get(failure_bucket(problem))
+            if tuned is not None:
+                seconds = {name: s for name, s in tuned.seconds}
+        decision = Decision(
+            kernel=options[0].kernel.name, params=dict(options[0].kernel.params), problem=problem,
+            device=str(self.device), source=state.ranking.source,
+            candidates=tuple(option.candidate() for option in options),
+            dropped=dropped, free_bytes=free, budget_bytes=budget, notes=notes,
+        )
+        return Bucket(failure_bucket(problem), ranked, options, decision, seconds=seconds, tune_pending=pending,
+                      free=free)
+
+    def forget_bucket(self, problem: Problem) -> None:
+        """Drop `problem`'s bucket decision (a kernel of it failed: the next shape decides anew)."""
+        self.buckets.pop(failure_bucket(problem))

@@ -1,0 +1,189 @@
+"""Decisions per size bucket: a new exact shape in a decided bucket is planned from the bucket's
+decision (no ranking, no tuning), the caches stay bounded, `plan()` runs with no lookup, and a
+kernel with a per-shape set-up gives way where the bucket's shapes keep changing."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+import pytest
+import torch
+
+from attn_dispatch.dispatcher import Dispatcher, buckets, core
+from attn_dispatch.dispatcher.buckets import BoundedCache
+from attn_dispatch.dispatcher.planning import failure_bucket
+from attn_dispatch.kernels import MathKernel, Problem
+from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
+
+
+def _decode(kv_len: int, **kwargs) -> dict:
+    return qkv(q_len=1, kv_len=kv_len, **kwargs)
+
+
+def test_a_new_length_in_a_decided_bucket_is_not_ranked_again(monkeypatch):
+    ranker = FixedRanker(["chunked[q=128,kv=1024]", "math"])
+    use_ranking(monkeypatch, ranker)
+    ours = Dispatcher(kernels=["math", "chunked[q=128,kv=1024]"])
+    for kv_len in range(65, 129):  # one bucket: 65..128 keys round up to 128
+        inputs = _decode(kv_len)
+        assert_matches_reference(ours.attention(**inputs), inputs)
+    assert ranker.calls == 1
+    assert ours.stats() == {"chunked[q=128,kv=1024]": 64}
+    ours.attention(**_decode(129))  # the next bucket is decided anew
+    assert ranker.calls == 2
+
+
+def test_tuning_runs_once_per_bucket(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["math", "chunked[q=128,kv=1024]"]))
+    tunings = []
+    from attn_dispatch.dispatcher import device_state
+
+    real_tune = device_state.tune
+
+    def counting_tune(*args, **kwargs):
+        tunings.append(1)
+        return real_tune(*args, **kwargs)
+
+    monkeypatch.setattr(device_state, "tune", counting_tune)
+    ours = Dispatcher(kernels=["math", "chunked[q=128,kv=1024]"], tune=True, remember_tunings=False)
+    for kv_len in range(100, 128, 3):
+        ours.attention(**_decode(kv_len))
+    assert len(tunings) == 1
+
+
+def test_an_exact_shape_the_buckets_kernel_cannot_run_is_decided_alone(monkeypatch):
+    """small_q runs at most 64 query rows... but here the bucket's first problem decides with a
+    kernel, and a later shape of the bucket that the kernel does not support gets its own decision."""
+    use_ranking(monkeypatch, FixedRanker(["small_q[splits=8]", "math"]))
+    ours = Dispatcher(kernels=["math", "small_q[splits=8]"])
+    small = qkv(q_len=33, kv_len=256)
+    ours.attention(**small)
+    assert ours.explain(**small).kernel == "small_q[splits=8]"
+    mask_first = qkv(q_len=40, kv_len=256)
+    decision = ours.explain(**mask_first)
+    assert decision.kernel in {"small_q[splits=8]", "math"}
+    assert_matches_reference(ours.attention(**mask_first), mask_first)
+
+
+class EmptyKernel(MathKernel):
+    """Returns the output's shape without computing it: the dispatcher's own cost alone."""
+
+    family = "empty"
+
+    def run(self, query, key, value, attn_mask, scale, enable_gqa, problem):
+        return query.new_empty(*query.shape[:-1], value.shape[-1])
+
+
+def test_ten_thousand_key_lengths_keep_the_caches_bounded_and_memory_flat(monkeypatch):
+    monkeypatch.setattr(core, "MAX_PLANS", 256)
+    use_ranking(monkeypatch, FixedRanker(["empty"]))
+    ours = Dispatcher(kernels=[EmptyKernel()])
+    query = torch.randn(1, 1, 1, 8)
+    keys = torch.randn(1, 1, 10_001, 8)
+
+    def run(lengths):
+        for kv_len in lengths:
+            key = keys[:, :, :kv_len]
+            ours.attention(query, key, key)
+
+    run(range(1, 6001))
+    gc.collect()
+    tracemalloc.start()  # counts what is allocated from here on and still held
+    run(range(6001, 8001))
+    gc.collect()
+    after_8000, _ = tracemalloc.get_traced_memory()
+    run(range(8001, 10_001))
+    gc.collect()
+    after_10000, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(ours._plans) <= ours._plans.limit == 256
+    assert len(ours._families) <= 4096 and len(ours._planner(torch.device("cpu")).buckets) <= buckets.MAX_BUCKETS
+    assert sum(ours.stats().values()) == 10_000  # evicted plans' calls are still counted
+    assert after_10000 - after_8000 < 64 * 1024, (after_8000, after_10000)
+
+
+def test_bounded_cache_evicts_oldest_first():
+    evicted = []
+    cache = BoundedCache(2, on_evict=evicted.append)
+    for key in "abc":
+        cache.put(key, key.upper())
+    assert list(cache) == ["b", "c"] and evicted == ["A"]
+    cache.put("b", "B2")  # replacing does not evict
+    assert len(cache) == 2 and cache.get("b") == "B2"
+    with pytest.raises(ValueError, match="limit"):
+        BoundedCache(0)
+
+
+def test_plan_runs_the_chosen_kernel_and_refuses_another_shape(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["chunked[q=128,kv=1024]", "math"]))
+    ours = Dispatcher(kernels=["math", "chunked[q=128,kv=1024]"])
+    inputs = qkv(q_len=5, kv_len=40)
+    prepared = ours.plan(inputs["query"], inputs["key"], inputs["value"], is_causal=True, enable_gqa=True)
+    assert prepared.kernel == "chunked[q=128,kv=1024]"
+    out = prepared(inputs["query"], inputs["key"], inputs["value"])
+    assert_matches_reference(out, {**inputs, "is_causal": True})
+    assert ours.stats() == {"chunked[q=128,kv=1024]": 1}
+    other = qkv(q_len=5, kv_len=41)
+    with pytest.raises(ValueError, match=r"key shape .*40.* planned, .*41.* given"):
+        prepared(other["query"], other["key"], other["value"])
+
+
+def test_plan_hands_a_gradient_call_to_the_training_route(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["math"]))
+    ours = Dispatcher(kernels=["math"])
+    inputs = qkv()
+    prepared = ours.plan(inputs["query"], inputs["key"], inputs["value"], enable_gqa=True)
+    query = inputs["query"].clone().requires_grad_()
+    prepared(query, inputs["key"], inputs["value"]).sum().backward()
+    assert query.grad is not None and ours.stats() == {"pytorch_sdpa (training)": 1}
+
+
+class SetUpKernel(MathKernel):
+    """The math kernel under another name: stands in for a kernel with a per-shape set-up."""
+
+    family = "setup_math"
+
+
+def _cold_dispatcher(monkeypatch, cold_s: float) -> Dispatcher:
+    use_ranking(monkeypatch, FixedRanker(["setup_math", "math"]))  # 1 us and 2 us predicted
+    ours = Dispatcher(kernels=[SetUpKernel(), MathKernel()])
+    ours._planner(torch.device("cpu")).cold_costs["setup_math"] = cold_s
+    return ours
+
+
+def test_a_kernel_that_sets_up_per_shape_gives_way_where_shapes_keep_changing(monkeypatch):
+    ours = _cold_dispatcher(monkeypatch, cold_s=1e-3)  # 1 ms per new shape, spread over 4 calls each
+    first = _decode(100)
+    for _ in range(4):  # four layers of one decode step
+        ours.attention(**first)
+    assert ours.explain(**first).kernel == "setup_math"
+    second = _decode(101)
+    decision = ours.explain(**second)
+    assert decision.kernel == "math"
+    assert any("sets up per exact shape" in note for note in decision.notes)
+    assert_matches_reference(ours.attention(**second), second)
+
+
+def test_a_repeating_shape_keeps_the_kernel_that_sets_up(monkeypatch):
+    ours = _cold_dispatcher(monkeypatch, cold_s=1e-5)  # 10 us per new shape, spread over 200 calls
+    first = _decode(100)
+    for _ in range(200):
+        ours.attention(**first)
+    assert ours.explain(**_decode(101)).kernel == "setup_math"
+
+
+def test_a_shape_the_kernel_already_set_up_is_not_charged_again(monkeypatch):
+    ours = _cold_dispatcher(monkeypatch, cold_s=1.0)
+    first = _decode(100)
+    for _ in range(4):
+        ours.attention(**first)
+    ours._plans.clear()  # evicted: the exact shape comes back, the kernel's set-up for it is still there
+    assert ours.explain(**first).kernel == "setup_math"
+
+
+def test_bucket_of_a_problem_ignores_exact_lengths_within_powers_of_two():
+    p = Problem(1, 4, 2, 1, 100, 16, 16, "float32")
+    q = Problem(1, 4, 2, 1, 128, 16, 16, "float32")
+    r = Problem(1, 4, 2, 1, 129, 16, 16, "float32")
+    assert failure_bucket(p) == failure_bucket(q) != failure_bucket(r)
