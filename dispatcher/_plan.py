@@ -20,7 +20,8 @@ class Plan:
 
     Attributes
     ----------
-    run: the kernel's `run`, bound once (the warm path saves an attribute lookup per call).
+    run: the kernel's `runner` for this problem (`run`, or a shortcut such as the bare PyTorch
+        call for ``sdpa_default`` without a mask), bound once.
     recheck: go through `Dispatcher._plan_for` before each call: the workspace is a large part of
         the memory free when decided (`planning.RECHECK_FRACTION`), or the bucket's tuning is
         pending (decided without a call's inputs to time: by `explain`, on the training route or
@@ -50,7 +51,7 @@ class Plan:
         self.problem = problem
         self.device = device
         self.kernel = kernel
-        self.run = kernel.run
+        self.run = kernel.runner(problem)
         self.workspace = workspace
         self.recheck = recheck
         self.count = [0]

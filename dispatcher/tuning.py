@@ -62,6 +62,12 @@ tuning from timing PyTorch's default 1.3-2.5x slow on some short calls (`docs/RE
 section 4; `bench/results/h200_session3/`, decision notes)."""
 
 
+MIN_WIN_MARGIN = 0.03
+"""A contender replaces PyTorch's own choice only when faster by more than this fraction (or by
+more than either one's spread over the rounds, if larger): the dispatcher's rule is never to be
+slower than doing nothing, and issue 14 allows no shape more than 3% slower than the default."""
+
+
 def tune_from_env() -> bool:
     return os.environ.get(TUNE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -123,17 +129,31 @@ def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.devi
     if len(timed) < 2 or not can_time(device):
         return None
     with _on(device):
-        seconds = _time_contenders(timed, inputs, problem, device, on_failure)
+        samples = _time_contenders(timed, inputs, problem, device, on_failure)
+    seconds = {name: statistics.median(values) for name, values in samples.items()}
     finite = {name: s for name, s in seconds.items() if math.isfinite(s)}
     if not finite:
         return None
     best = min(finite, key=finite.get)
+    if FALLBACK_FIRST in finite and best != FALLBACK_FIRST:
+        margin = max(MIN_WIN_MARGIN, spread(samples[best]), spread(samples[FALLBACK_FIRST]))
+        if finite[best] * (1.0 + margin) >= finite[FALLBACK_FIRST]:
+            best = FALLBACK_FIRST  # not faster beyond the noise: PyTorch's own choice stays
     return Tuned(best, tuple((o.kernel.name, seconds.get(o.kernel.name, math.inf)) for o in timed))
 
 
+def spread(samples: list[float]) -> float:
+    """Relative spread of a contender's samples: (largest - smallest) / median over the finite ones
+    (0 with fewer than two)."""
+    finite = sorted(s for s in samples if math.isfinite(s))
+    if len(finite) < 2:
+        return 0.0
+    return (finite[-1] - finite[0]) / statistics.median(finite)
+
+
 def _time_contenders(timed: tuple[Option, ...], inputs: tuple, problem, device: torch.device,
-                     on_failure: Callable[[str, BaseException], None] | None) -> dict[str, float]:
-    """Median seconds per call of each contender that ran (see `tune`), by name."""
+                     on_failure: Callable[[str, BaseException], None] | None) -> dict[str, list[float]]:
+    """Seconds per call of each contender that ran, one sample per round (see `tune`), by name."""
     from attn_dispatch.calibration.timer import calls_per_sample, time_batch  # calibration's timer, only when tuning
 
     query, key, value, attn_mask, scale, enable_gqa = inputs
@@ -171,7 +191,7 @@ def _time_contenders(timed: tuple[Option, ...], inputs: tuple, problem, device: 
                 samples[name].append(time_batch(runs[name], 0, calls[name], device))
             except Exception:  # noqa: BLE001 - e.g. out of memory in a later round: drop it
                 samples[name].append(math.inf)
-    return {name: statistics.median(samples[name]) for name in names}
+    return samples
 
 
 def put_first(options: tuple[Option, ...], name: str) -> tuple[Option, ...]:

@@ -124,6 +124,12 @@ class Kernel(ABC):
         out = self._forward(inputs.query, inputs.key, inputs.value, inputs.mask, problem, scale)
         return out.reshape(inputs.out_shape)
 
+    def runner(self, problem: Problem):
+        """The callable that runs this kernel on inputs validated as `problem`, with `run`'s
+        signature: `run` itself, or a shortcut a kernel can take for such problems (the
+        dispatcher's warm path calls it once per call)."""
+        return self.run
+
     def _forward(
         self,
         query: torch.Tensor,

@@ -210,3 +210,26 @@ def test_a_damaged_store_is_skipped_line_by_line(tmp_path):
     assert list(loaded) == [bucket] and loaded[bucket].kernel == "fast"
     assert dict(loaded[bucket].seconds)["slow"] == float("inf")
     assert TuningStore(tmp_path / "missing.jsonl").load() == {}
+
+
+def _tuned_with_samples(monkeypatch, samples: dict[str, list[float]]) -> str:
+    """The kernel `tuning.tune` keeps when the stopwatch gives these samples (no real timing)."""
+    monkeypatch.setattr(tuning, "_time_contenders", lambda timed, inputs, problem, device, on_failure: samples)
+    options = tuple(Option(kernel, 1e-6, 0) for kernel in (MathKernel(), Dispatcher(kernels=["sdpa_default"]).kernels[0]))
+    inputs = qkv()
+    problem = Problem.from_tensors(inputs["query"], inputs["key"], inputs["value"], enable_gqa=True)
+    args = (inputs["query"], inputs["key"], inputs["value"], None, None, True)
+    return tuning.tune(options, args, problem, torch.device("cpu")).kernel
+
+
+def test_pytorchs_default_stays_unless_beaten_beyond_the_noise(monkeypatch):
+    steady = [1.0e-3] * 5
+    assert _tuned_with_samples(monkeypatch, {"math": [0.99e-3] * 5, "sdpa_default": steady}) == "sdpa_default"
+    assert _tuned_with_samples(monkeypatch, {"math": [0.5e-3] * 5, "sdpa_default": steady}) == "math"
+    noisy = [0.6e-3, 0.7e-3, 0.8e-3, 0.9e-3, 1.0e-3]  # median 0.8 ms, but a 50% spread
+    assert _tuned_with_samples(monkeypatch, {"math": noisy, "sdpa_default": steady}) == "sdpa_default"
+
+
+def test_spread_is_relative_to_the_median():
+    assert tuning.spread([1.0, 2.0, 3.0]) == 1.0
+    assert tuning.spread([1.0]) == 0.0 and tuning.spread([1.0, float("inf")]) == 0.0
