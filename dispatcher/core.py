@@ -19,6 +19,7 @@ import torch
 from attn_dispatch.dispatcher import _log
 from attn_dispatch.dispatcher._plan import Plan, cache_key, check_scale, family_key, problem_at_key_length
 from attn_dispatch.dispatcher.buckets import MAX_PLANS, BoundedCache
+from attn_dispatch.dispatcher.compiled import compiled_attention, dispatcher_id
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.errors import NoKernelError
@@ -102,6 +103,9 @@ class Dispatcher:
                                      (lambda: tunings_dir(self.home)) if remember_tunings else None)
         self._counts: dict[str, list[int]] = {}  # calls of evicted plans and of the training route
         self._lock = threading.RLock()
+        self._traced_shapes: set[tuple] = set()  # exact shapes traced into compiled graphs (`compiled`)
+        self.compile_id = dispatcher_id(self)
+        """Names this dispatcher inside torch.compile graphs (`compiled`)."""
 
     # ------------------------------------------------------------------ configuration
     @property
@@ -145,9 +149,13 @@ class Dispatcher:
         -------
         ``[..., Hq, L, Ev]`` in the query's dtype.
         """
-        if _is_compiling():  # torch.compile traces PyTorch's SDPA, not our Python dispatch
-            gqa = {"enable_gqa": True} if enable_gqa else {}
-            return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
+        if _is_compiling():  # torch.compile: the choice is made and traced in `compiled`
+            if dropout_p != 0.0 or (_grad_enabled() and (
+                    query.requires_grad or key.requires_grad or value.requires_grad
+                    or (attn_mask is not None and attn_mask.requires_grad))):
+                gqa = {"enable_gqa": True} if enable_gqa else {}  # the training route: PyTorch's SDPA
+                return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
+            return compiled_attention(self, query, key, value, attn_mask, is_causal, scale, enable_gqa)
         try:  # `cache_key`, inlined: this is the warm path
             key_ = (
                 query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
@@ -401,5 +409,6 @@ class Dispatcher:
         with self._lock:
             self._plans.clear()
             self._families.clear()
+            self._traced_shapes.clear()
             self._planners.clear()
             self._counts.clear()

@@ -1,0 +1,118 @@
+"""`torch.compile` runs the dispatcher's choice.
+
+Under compilation `Dispatcher.attention` emits one operator, ``attn_dispatch::attention``, whose
+implementation is CompositeImplicitAutograd: when AOTAutograd traces the graph, it runs with fake
+tensors, and there
+
+- with static shapes, the decision is made from the fake tensors' shapes, dtypes and devices (as
+  for an eager call of that shape: the table, remembered tunings, no timing) and the chosen kernel
+  runs on them, so its PyTorch ops are traced into the graph (``sdpa_default`` traces exactly what
+  a compiled ``F.scaled_dot_product_attention`` would);
+- with symbolic shapes (``dynamic=True``, or after PyTorch's automatic dynamic recompile), no
+  guard is added on lengths: the graph calls ``attn_dispatch::attention_at_run_time``, an opaque
+  operator that asks the dispatcher on every call, which decides per size bucket at run time.
+
+So there is no graph break and no recompile beyond PyTorch's own. The training route (dropout, or
+inputs requiring grad) stays PyTorch's SDPA under compilation, traced as usual.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from attn_dispatch.dispatcher._plan import cache_key
+
+if TYPE_CHECKING:
+    from attn_dispatch.dispatcher.core import Dispatcher
+
+COUNT_SUFFIX = " (traced)"
+"""`Dispatcher.stats` key suffix counting the exact shapes for which a kernel was traced into
+compiled graphs (not calls: a compiled graph runs without Python)."""
+
+_LIBRARY = torch.library.Library("attn_dispatch", "DEF")  # noqa: TOR901 - the namespace is ours
+_LIBRARY.define(
+    "attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, bool is_causal, float? scale, "
+    "bool enable_gqa, int dispatcher) -> Tensor"
+)
+_dispatchers: weakref.WeakValueDictionary[int, Dispatcher] = weakref.WeakValueDictionary()
+_ids: weakref.WeakKeyDictionary[Dispatcher, int] = weakref.WeakKeyDictionary()
+_next_id = itertools.count(1)
+_lock = threading.Lock()
+
+
+def dispatcher_id(dispatcher: Dispatcher) -> int:
+    """A small integer naming `dispatcher` inside compiled graphs (operators take no objects)."""
+    number = _ids.get(dispatcher)
+    if number is None:
+        with _lock:
+            number = _ids.get(dispatcher)
+            if number is None:
+                number = _ids[dispatcher] = next(_next_id)
+                _dispatchers[number] = dispatcher
+    return number
+
+
+def _dispatcher(number: int) -> Dispatcher:
+    dispatcher = _dispatchers.get(number)
+    if dispatcher is None:
+        raise RuntimeError(f"attn_dispatch: the dispatcher #{number} this compiled graph was traced with no longer "
+                           "exists; keep it alive as long as the compiled model, or compile again")
+    return dispatcher
+
+
+def _output(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, enable_gqa: bool) -> torch.Tensor:
+    """An empty ``[..., Hq, L, Ev]`` output (leading dimensions broadcast as SDPA does)."""
+    if enable_gqa and min(query.dim(), key.dim(), value.dim()) >= 3:
+        lead = (*torch.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3]), query.shape[-3])
+    else:
+        lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    return query.new_empty(*lead, query.shape[-2], value.shape[-1])
+
+
+@torch.library.custom_op("attn_dispatch::attention_at_run_time", mutates_args=())
+def attention_at_run_time(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attn_mask: torch.Tensor | None, is_causal: bool, scale: float | None,
+                          enable_gqa: bool, dispatcher: int) -> torch.Tensor:
+    """The dispatcher's eager call, from a compiled graph with symbolic shapes (decided per bucket
+    at run time)."""
+    return _dispatcher(dispatcher).attention(query, key, value, attn_mask, 0.0, is_causal, scale=scale,
+                                             enable_gqa=enable_gqa)
+
+
+@attention_at_run_time.register_fake
+def _attention_at_run_time_shape(query, key, value, attn_mask, is_causal, scale, enable_gqa, dispatcher):
+    return _output(query, key, value, enable_gqa)
+
+
+def _traced(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+            is_causal: bool, scale: float | None, enable_gqa: bool, dispatcher: int) -> torch.Tensor:
+    """``attn_dispatch::attention`` as AOTAutograd traces it (see the module docstring)."""
+    tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+    if any(isinstance(size, torch.SymInt) for tensor in tensors for size in tensor.shape):
+        return torch.ops.attn_dispatch.attention_at_run_time(query, key, value, attn_mask, is_causal, scale,
+                                                             enable_gqa, dispatcher)
+    ours = _dispatcher(dispatcher)
+    key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
+    with _disable_current_modes():  # deciding may probe PyTorch with real tensors: not into the graph
+        plan = ours._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+        if key_ not in ours._traced_shapes:  # PyTorch traces a graph more than once
+            ours._traced_shapes.add(key_)
+            ours._count_cell(plan.kernel.name + COUNT_SUFFIX)[0] += 1
+    return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+
+
+_LIBRARY.impl("attention", _traced, "CompositeImplicitAutograd")
+
+
+def compiled_attention(dispatcher: Dispatcher, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attn_mask: torch.Tensor | None, is_causal: bool, scale: float | None,
+                       enable_gqa: bool) -> torch.Tensor:
+    """What `Dispatcher.attention` emits while torch.compile traces it (inference route)."""
+    return torch.ops.attn_dispatch.attention(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa),
+                                             dispatcher.compile_id)
