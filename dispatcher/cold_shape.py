@@ -20,8 +20,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 
+import torch
+
 from attn_dispatch.kernels import Kernel, Problem
 from attn_dispatch.kernels.sdpa_probe import default_backend_choice
+from attn_dispatch.models.cold_shape_store import kind_of, load_cold_costs
 
 CUDNN_COLD_SHAPE_PRIOR_S = 8e-3
 """Seconds cuDNN attention spends on its first call at a new exact shape, where calibration did
@@ -55,16 +58,18 @@ def cold_kernel_family(kernel: Kernel, problem: Problem) -> str | None:
     return family if family == "sdpa_cudnn" and problem.device_type == "cuda" else None
 
 
-def cold_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, float]) -> float:
-    """Seconds of per-shape set-up on the first call of `kernel` at a new exact shape: the
-    calibration's measurement for this kernel (by name) when there is one, else the prior of the
-    backend that pays it (`cold_kernel_family`), else 0."""
-    if kernel.name in measured:
-        return max(0.0, float(measured[kernel.name]))
+def cold_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mapping[str, float]]) -> float:
+    """Seconds of per-shape set-up on the first call of `kernel` at a new exact shape: measured on
+    this card for this kernel and kind of problem (`models.cold_shape_store`) when it was, else
+    the prior of the backend that pays it (`cold_kernel_family`), else 0."""
+    kind = kind_of(problem.q_len)
+    by_kind = measured.get(kernel.name)
+    if by_kind is not None and kind in by_kind:
+        return by_kind[kind]
     family = cold_kernel_family(kernel, problem)
     if family is None:
         return 0.0
-    return float(measured.get(family, CUDNN_COLD_SHAPE_PRIOR_S))
+    return measured.get(family, {}).get(kind, CUDNN_COLD_SHAPE_PRIOR_S)
 
 
 def calls_per_shape(counts: Iterable[int]) -> float | None:
@@ -99,3 +104,16 @@ class SeenShapes:
     def has(self, kernel_name: str, shape_key: tuple) -> bool:
         return shape_key in self._seen.get(kernel_name, ())
 
+
+
+def measured_costs(device: torch.device, home: str | None) -> dict[str, dict[str, float]]:
+    """The per-shape set-up costs measured for this device's card (`models.cold_shape_store`); {}
+    where none were, off GPUs (where no kernel is known to set up per shape) and on any error."""
+    if device.type != "cuda":
+        return {}
+    try:
+        from attn_dispatch.models.identity import DeviceIdentity
+
+        return load_cold_costs(DeviceIdentity.detect(device), home=home)
+    except Exception:  # noqa: BLE001 - a missing or damaged file never fails a call: the priors serve
+        return {}

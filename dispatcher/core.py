@@ -19,6 +19,7 @@ import torch
 from attn_dispatch.dispatcher import _log
 from attn_dispatch.dispatcher._plan import Plan, cache_key, check_scale, family_key, problem_at_key_length
 from attn_dispatch.dispatcher.buckets import MAX_PLANS, BoundedCache
+from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, dispatcher_id
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
@@ -284,7 +285,8 @@ class Dispatcher:
                 planner = self._planners.get(device)
                 if planner is None:
                     state = DeviceState(resolve_ranking(device, home=self.home))
-                    planner = self._planners[device] = DevicePlanner(device, state, self._config)
+                    planner = self._planners[device] = DevicePlanner(device, state, self._config,
+                                                                     measured_costs(device, self.home))
         return planner
 
     def _state(self, device: torch.device) -> DeviceState:

@@ -52,18 +52,18 @@ class DevicePlanner:
     state: the device's ranker, remembered failures and tunings (`DeviceState`).
     buckets: bucket key -> `Bucket` (bounded: `buckets.MAX_BUCKETS`).
     seen: exact shapes each kernel with a per-shape set-up has already run (`cold_shape`).
-    cold_costs: measured seconds of per-shape set-up by kernel name or backend family (empty:
-        the priors of `cold_shape` serve).
+    cold_costs: measured seconds of per-shape set-up, kernel name or backend family -> problem
+        kind -> seconds (`models.cold_shape_store`; empty: the priors of `cold_shape` serve).
     """
 
     def __init__(self, device: torch.device, state: DeviceState, config: PlannerConfig,
-                 cold_costs: Mapping[str, float] | None = None) -> None:
+                 cold_costs: Mapping[str, Mapping[str, float]] | None = None) -> None:
         self.device = device
         self.state = state
         self.config = config
         self.buckets: BoundedCache[tuple, Bucket] = BoundedCache(MAX_BUCKETS)
         self.seen = SeenShapes()
-        self.cold_costs = dict(cold_costs or {})
+        self.cold_costs = {name: dict(by_kind) for name, by_kind in (cold_costs or {}).items()}
 
     # ------------------------------------------------------------------ per exact shape
     def plan(self, problem: Problem, shape_key: tuple, inputs: tuple | None, *,

@@ -56,6 +56,12 @@ def journals_dir(override: str | os.PathLike | None = None) -> Path:
     return _sub("journals", override)
 
 
+def cold_shape_dir(override: str | os.PathLike | None = None) -> Path:
+    """Measured per-shape set-up costs of kernels (JSON, one file per device identity:
+    `models.cold_shape_store`)."""
+    return _sub("cold_shape", override)
+
+
 def tunings_dir(override: str | os.PathLike | None = None) -> Path:
     """First-call tunings the dispatcher keeps across processes (JSON lines, one file per device
     and kernel set: `dispatcher.tuning_store`)."""

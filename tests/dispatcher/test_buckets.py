@@ -148,7 +148,7 @@ class SetUpKernel(MathKernel):
 def _cold_dispatcher(monkeypatch, cold_s: float) -> Dispatcher:
     use_ranking(monkeypatch, FixedRanker(["setup_math", "math"]))  # 1 us and 2 us predicted
     ours = Dispatcher(kernels=[SetUpKernel(), MathKernel()])
-    ours._planner(torch.device("cpu")).cold_costs["setup_math"] = cold_s
+    ours._planner(torch.device("cpu")).cold_costs["setup_math"] = {"decode": cold_s, "prefill": cold_s}
     return ours
 
 

@@ -1,0 +1,142 @@
+"""Measure what each kernel pays on its first call at a new exact shape (`dispatcher.cold_shape`).
+
+Per kernel and kind of problem (a decode step, a causal prefill), on shapes of a realistic LLM
+layer: the first call at each of several key lengths never used before in the process, minus the
+second call at that same length (warm). The median over the lengths is the kernel's per-shape
+set-up; the costs are stored for the card (`models.cold_shape_store`) and the dispatcher weighs
+them where a bucket's shapes keep changing.
+
+    python -m attn_dispatch.calibration.cold_shape --device cuda [--store] [--json PATH]
+
+`attn-dispatch calibrate` runs it on GPUs after the sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Iterable
+from datetime import datetime, timezone
+
+import torch
+
+from attn_dispatch.calibration.inputs import make_inputs
+from attn_dispatch.kernels import Kernel, Problem, kernel_from_name
+from attn_dispatch.models.cold_shape_store import save_cold_costs
+
+PROBE_KERNELS = ("sdpa_default", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "small_q[splits=16]",
+                 "chunked[q=512,kv=4096]")
+"""PyTorch's backends (cuDNN is the one known to set up per shape) and one of each of our portable
+kernel families, which launch the same kernels at any shape."""
+
+NEW_LENGTHS = 5
+"""New key lengths timed per kernel and kind: the median of five first calls."""
+
+LENGTH_STEP = 13
+"""Key lengths probed are base + 13 * i (+ a per-kernel offset): each one new to every kernel."""
+
+
+def probe_problems(dtype: str = "bfloat16") -> dict[str, Problem]:
+    """The kinds measured: a Llama-3-8B-shaped decode step (32/8 heads, D=128) against ~4k keys,
+    and a causal prefill of ~1k tokens (32 heads)."""
+    return {
+        "decode": Problem(1, 32, 8, 1, 4096, 128, 128, dtype, device_type="cuda"),
+        "prefill": Problem(1, 32, 32, 1024, 1024, 128, 128, dtype, causal=True, device_type="cuda"),
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed_call(kernel: Kernel, problem: Problem, device: torch.device) -> tuple[float, float]:
+    """(first call seconds, second call seconds) of `kernel` on new inputs of `problem`."""
+    inputs = make_inputs(problem, device)
+    args = (inputs.query, inputs.key, inputs.value, inputs.attn_mask, None, inputs.enable_gqa, problem)
+    times = []
+    for _ in range(2):
+        _sync(device)
+        start = time.perf_counter()
+        kernel.run(*args)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return times[0], times[1]
+
+
+def measure(device: torch.device, kernels: Iterable[Kernel], problems: dict[str, Problem]) -> dict:
+    """``{"seconds": {kernel: {kind: set-up seconds}}, "warm": {...}, "skipped": {...}}``."""
+    seconds: dict[str, dict[str, float]] = {}
+    warm: dict[str, dict[str, float]] = {}
+    skipped: dict[str, str] = {}
+    for offset, kernel in enumerate(kernels):
+        for kind, base in problems.items():
+            why = kernel.reasons(base)
+            if why:
+                skipped[f"{kernel.name} {kind}"] = "; ".join(why)
+                continue
+            extras, warms = [], []
+            try:
+                _timed_call(kernel, base, device)  # the kernel's own first use (libraries loading) is not per shape
+                for i in range(1, NEW_LENGTHS + 1):
+                    length = base.kv_len + LENGTH_STEP * (i + NEW_LENGTHS * offset)
+                    shape = Problem(base.batch, base.q_heads, base.kv_heads,
+                                    length if kind == "prefill" else base.q_len, length, base.head_dim,
+                                    base.value_dim, base.dtype, causal=base.causal, device_type=base.device_type)
+                    first, second = _timed_call(kernel, shape, device)
+                    extras.append(max(0.0, first - second))
+                    warms.append(second)
+            except Exception as error:  # noqa: BLE001 - a kernel that fails here is reported, not fatal
+                skipped[f"{kernel.name} {kind}"] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+                continue
+            seconds.setdefault(kernel.name, {})[kind] = statistics.median(extras)
+            warm.setdefault(kernel.name, {})[kind] = statistics.median(warms)
+    return {"seconds": seconds, "warm": warm, "skipped": skipped}
+
+
+def conditions(device: torch.device) -> dict:
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
+        "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+        "new_lengths": NEW_LENGTHS, "shapes": {k: p.to_dict() for k, p in probe_problems().items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attn_dispatch.calibration.cold_shape", description=__doc__)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16"])
+    parser.add_argument("--store", action="store_true", help="keep the costs for this card (the dispatcher reads them)")
+    parser.add_argument("--json", help="also write the measurement (with warm times and conditions) here")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"--device {args.device}: this PyTorch has no usable CUDA/ROCm device", file=sys.stderr)
+        return 2
+    result = measure(device, [kernel_from_name(name) for name in PROBE_KERNELS], probe_problems(args.dtype))
+    result["conditions"] = conditions(device)
+    result["measured"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    for name, by_kind in result["seconds"].items():
+        cells = ", ".join(f"{kind} {s * 1e3:.3g} ms (warm {result['warm'][name][kind] * 1e3:.3g} ms)"
+                          for kind, s in by_kind.items())
+        print(f"{name:<24} set-up per new shape: {cells}")
+    for what, why in result["skipped"].items():
+        print(f"{what:<24} not measured: {why}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=1)
+    if args.store:
+        from attn_dispatch.models.identity import DeviceIdentity
+
+        path = save_cold_costs(DeviceIdentity.detect(device), result["seconds"], measured=result["measured"],
+                               conditions=result["conditions"])
+        print(f"stored: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
