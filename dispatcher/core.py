@@ -20,7 +20,9 @@ from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, D
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.kernel_set import kernel_set
-from attn_dispatch.dispatcher.memory import budget_from_env, free_bytes, parse_memory_size, release_cached_memory
+from attn_dispatch.dispatcher.memory import (
+    budget_from_env, check_budget_env, free_bytes, parse_memory_size, release_cached_memory,
+)
 from attn_dispatch.dispatcher.planning import Ranked, failure_bucket, fit_options, memory_limit, needs_recheck, rank_options
 from attn_dispatch.dispatcher.ranking import resolve_ranking
 from attn_dispatch.dispatcher.tuning import put_first, tune_from_env
@@ -61,7 +63,7 @@ class Dispatcher:
     policy: lossy conversions allowed (default lossless only), e.g.
         ``AccuracyPolicy.allowing("fp32->bf16")``.
     memory_budget: most workspace one call may use: bytes or a size such as ``"16GiB"``; default
-        ``ATTN_DISPATCH_MEMORY_BUDGET`` (read when a decision is made), else no budget.
+        ``ATTN_DISPATCH_MEMORY_BUDGET`` (validated here, read when a decision is made), else no budget.
     home: directory holding threshold tables (default: ``ATTN_DISPATCH_HOME`` or the user cache).
     tune: time the closest candidates on the first call of each problem bucket and keep the
         fastest (`dispatcher.tuning`); default ``ATTN_DISPATCH_TUNE`` (read when a decision is
@@ -87,6 +89,8 @@ class Dispatcher:
         self._kernels = kernel_set(kernels, policy)
         self._signature = kernel_set_signature(self._kernels, policy.describe())  # names its tuning store
         self._budget = None if memory_budget is None else parse_memory_size(memory_budget, name="memory_budget")
+        if memory_budget is None:
+            check_budget_env()  # a bad ATTN_DISPATCH_MEMORY_BUDGET fails here, not at a model's first call
         self.home = home
         self._tune = tune
         self.remember_tunings = remember_tunings
@@ -262,7 +266,7 @@ class Dispatcher:
         free, budget = free_bytes(device), self.memory_budget
         fit = fit_options(ranked, free=free, budget=budget, ranking=state.ranking, failed=failed)
         if not fit.options:
-            raise NoKernelError(problem, str(device), ranked.dropped + fit.dropped)
+            raise NoKernelError.nothing_fits(ranked, fit, str(device), free=free, budget=budget)
         options, notes, dropped, pending = fit.options, fit.notes, fit.dropped + ranked.dropped, False
         if self.tune:
             state.open_store((lambda: tunings_dir(self.home)) if self.remember_tunings else None, self._signature)
