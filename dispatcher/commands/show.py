@@ -50,7 +50,7 @@ def resolve_table(path: str | None, device: str | None, command: str):
         raise CommandError(
             f"no threshold table serves {device} ({identity.model_key}, {identity.software_key}){skipped}: the "
             f"analytic prior decides there. Run `attn-dispatch calibrate` on it, `attn-dispatch import FILE` a "
-            f"shared table, or pass `attn-dispatch {command} {'--table PATH' if command == 'export' else 'TABLE'}`"
+            f"shared table, or pass `attn-dispatch {'export OUT --table PATH' if command == 'export' else command + ' TABLE'}`"
         )
     notes = "".join(f"\n  note: {w}" for w in found.warnings)
     return found.table, f"{found.path} ({found.level} match for {identity.model_key} on {device}){notes}"

@@ -63,7 +63,7 @@ def test_a_damaged_stored_table_is_named(cli, tmp_path, command):
     code, out, err = cli(*args)
     assert_one_line_error(code, out, err, command, str(stored), "skipped a damaged table file")
     if command == "export":
-        assert "attn-dispatch export --table PATH" in err
+        assert "attn-dispatch export OUT --table PATH" in err
 
 
 @pytest.mark.parametrize("command", ["show", "check"])
