@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_devices(args)
         return int(args.run(args) or 0)
-    except CommandError as error:
+    except (CommandError, OSError) as error:  # OSError: a file the user named cannot be read or written
         print(f"attn-dispatch {args.command}: error: {one_line(error)}", file=sys.stderr)
         return ERROR_EXIT
     except KeyboardInterrupt:

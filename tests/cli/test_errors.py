@@ -114,9 +114,16 @@ def test_devices_writes_nothing(cli, tmp_path):
 
 @pytest.mark.parametrize("flag", ["--help", "--version"])
 def test_help_and_version_import_no_torch(flag):
-    probe = ("import sys\nfrom attn_dispatch.dispatcher.cli import main\ntry:\n    main([%r])\nexcept SystemExit:\n"
-             "    pass\nprint('heavy:', sorted(m for m in ('torch', 'sklearn', 'numpy') if m in sys.modules))" % flag)
+    probe = (f"import sys\nfrom attn_dispatch.dispatcher.cli import main\ntry:\n    main([{flag!r}])\nexcept SystemExit:\n"
+             "    pass\nprint('heavy:', sorted(m for m in ('torch', 'sklearn', 'numpy') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.stdout.splitlines()[-1] == "heavy: []"
     assert "attn-dispatch" in done.stdout
+
+
+def test_an_unwritable_output_file_is_one_line(cli, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, out, err = cli("show", save_table(honest_table(), tmp_path / "t.json"), "--plot", blocker / "map.png")
+    assert code == ERROR_EXIT and "Traceback" not in err and len(err.splitlines()) == 1
