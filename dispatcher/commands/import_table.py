@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  stored as {stored}")
         print(f"  serves: {table.identity.model_key} (any stack; stale-stack warning on others) and, scaled, the "
               f"other cards of family {table.identity.family_key}")
-    if failed > 1:
+    if failed and len(args.files) > 1:
         print(f"attn-dispatch import: {failed} of {len(args.files)} files were not imported", file=sys.stderr)
     if failed:
         return 2
