@@ -269,3 +269,13 @@ def test_portable_last_resort_waits_for_a_shrunk_chunked_kernel(monkeypatch):
     decision = ours.explain(query, key, key)
     assert decision.kernel.startswith("chunked[") and decision.candidates[0].workspace_bytes <= budget
     assert decision.candidates[-1].name == "sdpa_default"
+
+
+def test_too_little_free_memory_leads_with_the_free_bytes(monkeypatch):
+    monkeypatch.setattr(core, "free_bytes", lambda device: 64)
+    inputs = _prefill()
+    with pytest.raises(NoKernelError) as raised:
+        Dispatcher(kernels="portable").attention(**inputs)
+    first = str(raised.value).splitlines()[0]
+    assert first.startswith("no attention kernel fits in the 64 B free on cpu: the smallest workspace this problem needs")
+    assert "free device memory" in first
