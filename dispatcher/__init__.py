@@ -20,15 +20,20 @@ AccuracyPolicy, LOSSLESS
 Import it as ``attn_dispatch`` (``import attn_dispatch as ad``), which re-exports all of this.
 """
 
-from attn_dispatch.kernels.accuracy import LOSSLESS, AccuracyPolicy
-from attn_dispatch.dispatcher.api import attention, default_dispatcher, explain, reset, stats
-from attn_dispatch.dispatcher.core import Dispatcher
-from attn_dispatch.dispatcher.decision import Candidate, Decision, RankingSource
-from attn_dispatch.dispatcher.errors import NoKernelError
-from attn_dispatch.dispatcher.hf import register_transformers
-from attn_dispatch.dispatcher.memory import free_bytes, parse_memory_size
-from attn_dispatch.dispatcher.patching import install, is_installed, patched, uninstall
-from attn_dispatch.dispatcher.ranking import TableWarning
+from __future__ import annotations
+
+import importlib
+
+# Where each public name lives. Imported on first use (PEP 562), so that `attn-dispatch --help`
+# and `attn_dispatch.dispatcher.cli` do not pay for torch and scikit-learn.
+_PUBLIC = {
+    "attention": "api", "explain": "api", "stats": "api", "reset": "api", "default_dispatcher": "api",
+    "Dispatcher": "core", "Decision": "decision", "Candidate": "decision", "RankingSource": "decision",
+    "NoKernelError": "errors", "register_transformers": "hf", "free_bytes": "memory",
+    "parse_memory_size": "memory", "install": "patching", "uninstall": "patching", "patched": "patching",
+    "is_installed": "patching", "TableWarning": "ranking",
+}
+_KERNELS = {"AccuracyPolicy": "attn_dispatch.kernels.accuracy", "LOSSLESS": "attn_dispatch.kernels.accuracy"}
 
 __all__ = [
     "attention", "explain", "stats", "reset", "default_dispatcher", "Dispatcher", "Decision",
@@ -36,3 +41,19 @@ __all__ = [
     "parse_memory_size", "install", "uninstall", "patched", "is_installed", "TableWarning",
     "AccuracyPolicy", "LOSSLESS",
 ]
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        module = importlib.import_module(f"{__name__}.{_PUBLIC[name]}")
+    elif name in _KERNELS:
+        module = importlib.import_module(_KERNELS[name])
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

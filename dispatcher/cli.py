@@ -1,7 +1,13 @@
 """`attn-dispatch` command line: one module per command under `dispatcher/commands/`.
 
-Each command module exposes ``register(subparsers)``, which adds its parser and sets
-``run=<function(args) -> int>`` as the parser default.
+Each command module exposes ``NAME``, ``HELP`` and ``register(subparsers)``, which adds its
+parser and sets ``run=<function(args) -> int>`` as the parser default. A module's top level
+imports nothing heavy: `main` registers the whole parser of the command being run only, and
+a help-only parser for the others, so ``attn-dispatch --help`` and ``--version`` never import
+torch or scikit-learn.
+
+Every error a command reports is one line on stderr, ``attn-dispatch COMMAND: error: ...``,
+with exit status 2 (`check` keeps 1 for "a decision changed").
 """
 
 from __future__ import annotations
@@ -9,9 +15,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Iterable
 from importlib import metadata
 
 COMMAND_MODULES = ("kernels", "explain", "calibrate", "bench", "show", "check", "export", "import_table", "merge", "devices")
+# The exit status of every command error (argparse's own usage errors exit 2 too).
+ERROR_EXIT = 2
+# Unix convention for a process ended by SIGINT (128 + 2).
+INTERRUPTED_EXIT = 130
 
 
 def _version() -> str:
@@ -21,26 +32,49 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _module(name: str):
+    return importlib.import_module(f"attn_dispatch.dispatcher.commands.{name}")
+
+
+def build_parser(full: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The parser. `full`: the commands (names as typed, e.g. ``import``) that get their whole
+    parser; the others get a help-only one (default: every command gets its whole parser)."""
     parser = argparse.ArgumentParser(
         prog="attn-dispatch",
         description="Adaptive attention dispatcher: calibrate a card, inspect and share its tables.",
     )
     parser.add_argument("--version", action="version", version=f"attn-dispatch {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    wanted = None if full is None else set(full)
     for name in COMMAND_MODULES:
-        importlib.import_module(f"attn_dispatch.dispatcher.commands.{name}").register(subparsers)
+        module = _module(name)
+        if wanted is None or module.NAME in wanted:
+            module.register(subparsers)
+        else:
+            subparsers.add_parser(module.NAME, help=module.HELP, add_help=False)
     return parser
 
 
+def _command_in(argv: list[str]) -> str | None:
+    """The command word of `argv` (its first argument that is not an option)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = _command_in(argv)
+    args = build_parser(full=[command] if command else []).parse_args(argv)
+    from attn_dispatch.dispatcher.commands._common import CommandError, check_devices, one_line
+
     try:
+        check_devices(args)
         return int(args.run(args) or 0)
+    except (CommandError, OSError) as error:  # OSError: a file the user named cannot be read or written
+        print(f"attn-dispatch {args.command}: error: {one_line(error)}", file=sys.stderr)
+        return ERROR_EXIT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED_EXIT
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, D
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.kernel_set import kernel_set
-from attn_dispatch.dispatcher.memory import budget_from_env, parse_memory_size, release_cached_memory
+from attn_dispatch.dispatcher.memory import budget_from_env, check_budget_env, parse_memory_size, release_cached_memory
 from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
 from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.ranking import resolve_ranking
@@ -93,6 +93,8 @@ class Dispatcher:
         self._kernels = kernel_set(kernels, policy)
         self._signature = kernel_set_signature(self._kernels, policy.describe())  # names its tuning store
         self._budget = None if memory_budget is None else parse_memory_size(memory_budget, name="memory_budget")
+        if memory_budget is None:
+            check_budget_env()  # a bad ATTN_DISPATCH_MEMORY_BUDGET fails here, not at a model's first call
         self.home = home
         self._tune = tune
         self.remember_tunings = remember_tunings

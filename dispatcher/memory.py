@@ -25,6 +25,9 @@ UNITS: dict[str, int] = {
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 }
+# The largest budget accepted: 1 PiB. The biggest single machines hold tens of TiB of RAM and the
+# biggest accelerators a few hundred GiB, so a budget above this is a typo (e.g. "99999999999TiB").
+MAX_MEMORY_BUDGET = 2**50
 _SIZE = re.compile(r"^\s*(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[a-z]*)\s*$")
 
 
@@ -36,7 +39,8 @@ def parse_memory_size(value: int | float | str, *, name: str = "memory_budget") 
     Raises
     ------
     ValueError
-        Naming `name` and the accepted forms, for anything else (negative sizes, unknown units).
+        Naming `name` and the accepted forms, for anything else (negative sizes, unknown units,
+        sizes over `MAX_MEMORY_BUDGET`).
     """
     if isinstance(value, bool):
         raise ValueError(f"{name} must be a size such as '16GiB' or a number of bytes, got {value!r}")
@@ -54,13 +58,36 @@ def parse_memory_size(value: int | float | str, *, name: str = "memory_budget") 
         raise ValueError(f"{name} must be a size such as '16GiB' or a number of bytes, got {type(value).__name__}")
     if not number >= 0 or number == float("inf"):
         raise ValueError(f"{name} must be a finite size >= 0 bytes, got {value!r}")
-    return int(number * UNITS[unit])
+    size = number * UNITS[unit]
+    if size > MAX_MEMORY_BUDGET:
+        raise ValueError(f"{name}={value!r} is more memory than any machine has (the limit is "
+                         f"{format_bytes(MAX_MEMORY_BUDGET)}, MAX_MEMORY_BUDGET); write e.g. '16GiB'")
+    return int(size)
 
 
 def budget_from_env() -> int | None:
-    """The budget set by ``ATTN_DISPATCH_MEMORY_BUDGET`` (None when unset or empty)."""
+    """The budget set by ``ATTN_DISPATCH_MEMORY_BUDGET`` (None when unset or empty).
+
+    Raises
+    ------
+    ValueError
+        One line naming the variable, its value and the fix.
+    """
     text = os.environ.get(BUDGET_ENV, "").strip()
-    return parse_memory_size(text, name=BUDGET_ENV) if text else None
+    if not text:
+        return None
+    try:
+        return parse_memory_size(text, name=BUDGET_ENV)
+    except ValueError as error:
+        raise ValueError(f"{error}. Fix the environment variable {BUDGET_ENV} (e.g. {BUDGET_ENV}=16GiB) or "
+                         f"unset it") from None
+
+
+def check_budget_env() -> None:
+    """Validate ``ATTN_DISPATCH_MEMORY_BUDGET`` now (when a dispatcher is built or installed), so a
+    bad value fails at start-up rather than at a model's first attention call (ValueError, as
+    `budget_from_env`)."""
+    budget_from_env()
 
 
 def format_bytes(count: int | None) -> str:

@@ -143,7 +143,7 @@ class DevicePlanner:
         free = free_bytes(self.device)
         fit = fit_options(ranked, free=free, budget=budget, ranking=state.ranking, failed=failed)
         if not fit.options:
-            raise NoKernelError(problem, str(self.device), ranked.dropped + fit.dropped)
+            raise NoKernelError.nothing_fits(ranked, fit, str(self.device), free=free, budget=budget)
         options, notes, dropped, pending = fit.options, fit.notes, fit.dropped + ranked.dropped, False
         seconds: dict[str, float] = {}
         if tune:

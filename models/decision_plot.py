@@ -1,6 +1,6 @@
 """Draw a table's decision map (`models.decision_map`) as a PNG: one panel per class, x = KV
 length, y = query length (log2 buckets), colour = the predicted fastest kernel (one hue per
-family, shades per variant), contours = predicted speed-up over PyTorch's default.
+family, shades per variant, a hatch per conversion for convert kernels), contours = predicted speed-up over PyTorch's default.
 
 matplotlib is imported here only, lazily, and drawn through its object API (no pyplot state, no
 backend switch in the caller's process).
@@ -17,14 +17,20 @@ import numpy as np
 from attn_dispatch.models.decision_map import MapPanel, decision_panels, family_of
 from attn_dispatch.models.table import ThresholdTable
 
-# One sequential colormap per family: the hue says the family, the shade the variant.
-FAMILY_COLORMAPS = {
-    "sdpa_flash": "Oranges", "sdpa_cudnn": "Reds", "sdpa_efficient": "Purples", "sdpa_default": "Greys",
-    "sdpa_math": "RdPu", "math": "cividis", "chunked": "Greens", "small_q": "Blues",
+# One hue per family (matplotlib's tab10 colours; PyTorch's default a light grey, so the kernels
+# that beat it stand out), shades per variant. A convert kernel takes the colour of the kernel it
+# runs after converting, hatched with one pattern per conversion.
+FAMILY_COLOURS = {
+    "sdpa_default": "#c7c7c7", "sdpa_flash": "#ff7f0e", "sdpa_cudnn": "#d62728", "sdpa_efficient": "#9467bd",
+    "sdpa_math": "#e377c2", "math": "#8c564b", "chunked": "#2ca02c", "small_q": "#1f77b4",
 }
-CONVERT_COLORMAP = "YlGn"
-# Shades are taken from this part of each colormap (lighter ends are too pale on white).
-SHADE_RANGE = (0.45, 0.9)
+OTHER_FAMILY_COLOUR = "#17becf"
+# Variant shades span this lightness range (HLS): darker is too close to black, lighter to white.
+SHADE_LIGHTNESS = (0.28, 0.72)
+CONVERT_HATCHES = ("////", "\\\\\\\\", "xxxx", "....", "++++", "||||", "----", "oo")
+# Hatch lines in white on fills darker than this luminance, else in black.
+DARK_FILL = 0.45
+BORDER_WIDTH = 0.5  # thin black line between buckets of different kernels: small regions stay visible
 # Speed-up contour levels (x over sdpa_default) drawn on every panel.
 SPEEDUP_LEVELS = (1.25, 2.0, 4.0, 8.0, 16.0)
 # Layout, chosen by eye on the 12-class H200 table (docs/images/decision_map_h200.png).
@@ -56,21 +62,54 @@ def _require_matplotlib():
     return Figure, FigureCanvasAgg
 
 
-def kernel_colours(names: list[str]) -> dict[str, tuple[float, float, float, float]]:
-    """A colour per kernel name: its family's colormap, variants spread over `SHADE_RANGE`."""
-    from matplotlib import colormaps
+def inner_kernel(name: str) -> str:
+    """``convert[fp16->fp32]+chunked[q=512,kv=4096]`` -> ``chunked[q=512,kv=4096]``; other names as given."""
+    return name.split("]+", 1)[1] if name.startswith("convert[") and "]+" in name else name
 
+
+def conversion_of(name: str) -> str | None:
+    """``convert[fp16->fp32]+...`` -> ``fp16->fp32``; None for a kernel that converts nothing."""
+    return name[len("convert["):name.index("]")] if name.startswith("convert[") and "]" in name else None
+
+
+def _shade(base: str, index: int, count: int) -> tuple[float, float, float, float]:
+    """Variant `index` of `count` in the hue of `base`: darkest first, over `SHADE_LIGHTNESS`."""
+    import colorsys
+
+    from matplotlib.colors import to_rgb
+
+    if count == 1:
+        return (*to_rgb(base), 1.0)
+    hue, _, saturation = colorsys.rgb_to_hls(*to_rgb(base))
+    low, high = SHADE_LIGHTNESS
+    return (*colorsys.hls_to_rgb(hue, low + (high - low) * index / (count - 1), saturation), 1.0)
+
+
+def kernel_colours(names: list[str]) -> dict[str, tuple[float, float, float, float]]:
+    """A colour per kernel name: its family's hue (`FAMILY_COLOURS`), one shade per variant; a
+    convert kernel gets the colour of the kernel it runs (`inner_kernel`)."""
+    inner = sorted({inner_kernel(name) for name in names})
     by_family: dict[str, list[str]] = {}
-    for name in sorted(set(names)):
+    for name in inner:
         by_family.setdefault(family_of(name), []).append(name)
     colours = {}
     for family, members in by_family.items():
-        cmap = colormaps[FAMILY_COLORMAPS.get(family, CONVERT_COLORMAP if family.startswith("convert") else "Greys")]
-        low, high = SHADE_RANGE
+        base = FAMILY_COLOURS.get(family, OTHER_FAMILY_COLOUR)
         for i, name in enumerate(members):
-            shade = (low + high) / 2 if len(members) == 1 else high - (high - low) * i / (len(members) - 1)
-            colours[name] = cmap(shade)
-    return colours
+            colours[name] = _shade(base, i, len(members))
+    return {name: colours[inner_kernel(name)] for name in names}
+
+
+def convert_hatches(names: list[str]) -> dict[str, str]:
+    """A hatch pattern per convert kernel name, one per conversion (``fp16->fp32`` ...)."""
+    conversions = sorted({c for c in map(conversion_of, names) if c is not None})
+    pattern = {c: CONVERT_HATCHES[i % len(CONVERT_HATCHES)] for i, c in enumerate(conversions)}
+    return {name: pattern[conversion_of(name)] for name in names if conversion_of(name) is not None}
+
+
+def _hatch_colour(fill: tuple[float, ...]) -> str:
+    luminance = 0.299 * fill[0] + 0.587 * fill[1] + 0.114 * fill[2]
+    return "white" if luminance < DARK_FILL else "black"
 
 
 def _length_label(bucket: int) -> str:
@@ -78,7 +117,31 @@ def _length_label(bucket: int) -> str:
     return f"{length // KIBI}k" if length >= KIBI else str(length)
 
 
-def _draw_panel(axes, panel: MapPanel, colours: dict, order: list[str]) -> None:
+def _draw_convert_hatches(axes, panel: MapPanel, colours: dict, hatches: dict) -> None:
+    """A hatched square over every bucket a convert kernel wins."""
+    from matplotlib.patches import Rectangle
+
+    for (q, kv), name in panel.winners.items():
+        if name in hatches:
+            axes.add_patch(Rectangle((kv - HALF_CELL, q - HALF_CELL), 1, 1, fill=False, hatch=hatches[name],
+                                     edgecolor=_hatch_colour(colours[name]), linewidth=0))
+
+
+def _draw_borders(axes, panel: MapPanel) -> None:
+    """A thin line between neighbouring buckets won by different kernels."""
+    from matplotlib.collections import LineCollection
+
+    segments = []
+    for (q, kv), name in panel.winners.items():
+        right, above = panel.winners.get((q, kv + 1)), panel.winners.get((q + 1, kv))
+        if right is not None and right != name:
+            segments.append([(kv + HALF_CELL, q - HALF_CELL), (kv + HALF_CELL, q + HALF_CELL)])
+        if above is not None and above != name:
+            segments.append([(kv - HALF_CELL, q + HALF_CELL), (kv + HALF_CELL, q + HALF_CELL)])
+    axes.add_collection(LineCollection(segments, colors="black", linewidths=BORDER_WIDTH))
+
+
+def _draw_panel(axes, panel: MapPanel, colours: dict, hatches: dict, order: list[str]) -> None:
     from matplotlib import patheffects
     from matplotlib.colors import ListedColormap
 
@@ -89,6 +152,8 @@ def _draw_panel(axes, panel: MapPanel, colours: dict, order: list[str]) -> None:
     extent = (kv0 - HALF_CELL, panel.kv_buckets[-1] + HALF_CELL, q0 - HALF_CELL, panel.q_buckets[-1] + HALF_CELL)
     axes.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-HALF_CELL, vmax=len(order) - HALF_CELL, origin="lower",
                 extent=extent, aspect="auto", interpolation="nearest")
+    _draw_convert_hatches(axes, panel, colours, hatches)
+    _draw_borders(axes, panel)
     speed = panel.grid(panel.speedup)
     if np.isfinite(speed).sum() >= 4 and min(speed.shape) >= 2:
         levels = [math.log2(level) for level in SPEEDUP_LEVELS]
@@ -123,23 +188,26 @@ def plot_decision_map(table: ThresholdTable, path: str | os.PathLike) -> Path:
     panels = [panel for panel in decision_panels(table) if panel.winners]
     if not panels:
         raise ValueError("this table has no decision cells to draw; calibrate the card again")
-    order = sorted({w for panel in panels for w in panel.winners.values()}, key=lambda n: (family_of(n), n))
-    colours = kernel_colours(order)
+    order = sorted({w for panel in panels for w in panel.winners.values()}, key=lambda n: (family_of(inner_kernel(n)), conversion_of(n) or "", n))
+    colours, hatches = kernel_colours(order), convert_hatches(order)
     columns = min(MAX_COLUMNS, len(panels))
     rows = math.ceil(len(panels) / columns)
     figure = Figure(figsize=(PANEL_INCHES[0] * columns, PANEL_INCHES[1] * rows + HEADER_INCHES), dpi=DPI)
     FigureCanvasAgg(figure)
     for i, panel in enumerate(panels):
-        _draw_panel(figure.add_subplot(rows, columns, i + 1), panel, colours, order)
+        _draw_panel(figure.add_subplot(rows, columns, i + 1), panel, colours, hatches, order)
     sources = sorted({panel.source for panel in panels})
     identity = table.identity
     figure.suptitle(
         f"{identity.model_key} ({identity.software_key}), table of {table.provenance.created}\n"
-        f"colour = predicted fastest kernel; contours = its predicted speed-up over PyTorch's default "
+        f"colour = predicted fastest kernel (hue: family, shade: variant, hatch: convert first); contours = its "
+        f"predicted speed-up over PyTorch's default "
         f"(sdpa_default's times from the {' and '.join(sources)})",
         fontsize=FONT["title"],
     )
-    handles = [Patch(facecolor=colours[name], edgecolor="none", label=name) for name in order]
+    handles = [Patch(facecolor=colours[name], hatch=hatches.get(name), label=name,
+                     edgecolor=_hatch_colour(colours[name]) if name in hatches else "none", linewidth=0)
+               for name in order]
     legend_columns = min(LEGEND_COLUMNS, len(handles))
     figure.legend(handles=handles, loc="lower center", ncol=legend_columns, fontsize=FONT["ticks"], frameon=False)
     legend_rows = math.ceil(len(handles) / legend_columns)

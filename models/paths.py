@@ -15,8 +15,8 @@ HOME_ENV = "ATTN_DISPATCH_HOME"
 APP_NAME = "attn-dispatch"
 
 
-def home(override: str | os.PathLike | None = None) -> Path:
-    """The root directory (created if missing).
+def home(override: str | os.PathLike | None = None, *, create: bool = True) -> Path:
+    """The root directory (created if missing, unless `create` is False: read-only lookups).
 
     Parameters
     ----------
@@ -30,19 +30,22 @@ def home(override: str | os.PathLike | None = None) -> Path:
         import platformdirs  # imported here: a process that sets ATTN_DISPATCH_HOME never needs it
 
         root = Path(platformdirs.user_cache_dir(APP_NAME))
-    root.mkdir(parents=True, exist_ok=True)
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
     return root
 
 
-def _sub(name: str, override: str | os.PathLike | None) -> Path:
-    path = home(override) / name
-    path.mkdir(parents=True, exist_ok=True)
+def _sub(name: str, override: str | os.PathLike | None, create: bool = True) -> Path:
+    path = home(override, create=create) / name
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def tables_dir(override: str | os.PathLike | None = None) -> Path:
-    """Threshold tables (JSON), one sub-directory per card model."""
-    return _sub("tables", override)
+def tables_dir(override: str | os.PathLike | None = None, *, create: bool = True) -> Path:
+    """Threshold tables (JSON), one sub-directory per card model (`create=False`: only its path,
+    for lookups that must not write, such as `attn-dispatch devices`)."""
+    return _sub("tables", override, create)
 
 
 def models_dir(override: str | os.PathLike | None = None) -> Path:

@@ -67,11 +67,16 @@ def local_table_path(identity: DeviceIdentity, *, home: str | os.PathLike | None
     return tables_dir(home) / slug(identity.model_key) / f"{identity.key}.json"
 
 
-def store_table(table: ThresholdTable, *, home: str | os.PathLike | None = None) -> Path:
-    """Keep `table` where lookups find it (`local_table_path`; merged tables by content hash)."""
+def stored_path(table: ThresholdTable, *, home: str | os.PathLike | None = None) -> Path:
+    """Where `store_table` keeps `table` (`local_table_path`; merged tables by content hash)."""
     if not table.provenance.merged_from:
-        return save_table(table, local_table_path(table.identity, home=home))
-    return save_table(table, tables_dir(home) / slug(table.identity.model_key) / _stored_name(table))
+        return local_table_path(table.identity, home=home)
+    return tables_dir(home) / slug(table.identity.model_key) / _stored_name(table)
+
+
+def store_table(table: ThresholdTable, *, home: str | os.PathLike | None = None) -> Path:
+    """Keep `table` where lookups find it (`stored_path`), replacing what is there."""
+    return save_table(table, stored_path(table, home=home))
 
 
 def import_table(path: str | os.PathLike, *, home: str | os.PathLike | None = None) -> Path:
@@ -112,7 +117,7 @@ def _load_version(path: Path, inode: int, mtime_ns: int, ctime_ns: int, size: in
 def _candidate_files(home: str | os.PathLike | None) -> list[tuple[Path, bool]]:
     """(path, bundled) of every table file, the user's first."""
     files: list[tuple[Path, bool]] = []
-    for root, bundled in ((tables_dir(home), False), (BUNDLED_TABLES_DIR, True)):
+    for root, bundled in ((tables_dir(home, create=False), False), (BUNDLED_TABLES_DIR, True)):
         pattern = "*.json" if bundled else "*/*.json"
         try:
             files += [(path, bundled) for path in sorted(root.glob(pattern)) if path.is_file()]

@@ -188,6 +188,9 @@ def table_from_dict(data: object) -> ThresholdTable:
     """Validate parsed JSON (`json.loads` output) and build the table; raises `TableError`."""
     if not isinstance(data, dict):
         raise TableError(f"a threshold table must be a JSON object, got {type(data).__name__}; {FIX}")
+    # No "kind" but a format_version may be a table of another format: the version check names it.
+    if data.get("kind") != TABLE_KIND and ("kind" in data or "format_version" not in data):
+        raise TableError(f"not an attn-dispatch table (its \"kind\" is {data.get('kind')!r}, not {TABLE_KIND!r}); {FIX}")
     version = data.get("format_version")
     if version != FORMAT_VERSION or isinstance(version, bool):
         raise TableError(

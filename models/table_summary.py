@@ -4,6 +4,7 @@ where each kernel wins (what `attn-dispatch show` prints)."""
 from __future__ import annotations
 
 from attn_dispatch.models.table import ThresholdTable
+from attn_dispatch.models.thresholds import thresholds_for
 
 GIB = 2**30
 GIGA = 1e9
@@ -81,9 +82,10 @@ def threshold_lines(table: ThresholdTable) -> list[str]:
         t = table_class.template
         lines.append(f"  {key.describe()} (predicted for B{t.batch} H{t.q_heads}/{t.kv_heads} D{t.head_dim}, "
                      f"{len(table_class.cells)} buckets):")
-        shown = table_class.thresholds[:MAX_THRESHOLDS_PER_CLASS]
+        thresholds = thresholds_for(table_class.cells)  # worded now: tables store older wordings
+        shown = thresholds[:MAX_THRESHOLDS_PER_CLASS]
         lines += [f"    - {threshold.text}" for threshold in shown]
-        hidden = len(table_class.thresholds) - len(shown)
+        hidden = len(thresholds) - len(shown)
         if hidden > 0:
             lines.append(f"    - ... and {hidden} more kernels winning a few buckets each")
     return lines

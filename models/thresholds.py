@@ -40,9 +40,14 @@ def thresholds_for(cells: dict[tuple[int, int], Cell]) -> tuple[Threshold, ...]:
                 _range_text("Lk", kv_low, kv_high, min(kv_all), max(kv_all)),
             ) if text
         ]
-        text = f"{kernel} when {' and '.join(conditions)}" if conditions else f"{kernel} everywhere in this class"
-        if in_box > len(buckets):
-            text += f" ({len(buckets)} of {in_box} buckets)"
+        if conditions:
+            text = f"{kernel} when {' and '.join(conditions)}"
+            if in_box > len(buckets):
+                text += f" ({len(buckets)} of {in_box} buckets)"
+        elif in_box > len(buckets):  # wins across the whole grid, but not every bucket of it
+            text = f"{kernel} in {len(buckets)} of {in_box} buckets, spread over the whole class"
+        else:
+            text = f"{kernel} everywhere in this class"
         result.append(Threshold(kernel, (q_low, q_high), (kv_low, kv_high), len(buckets), in_box, text))
     result.sort(key=lambda t: (-t.cells_won, t.kernel))
     return tuple(result)

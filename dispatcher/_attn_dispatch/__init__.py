@@ -15,8 +15,23 @@ else on ``sys.path`` (a user's own ``models/``, Hugging Face's ``kernels``) can 
 
 from importlib import metadata as _metadata
 
-from attn_dispatch.dispatcher import *  # noqa: F403  (the public API: attn_dispatch.dispatcher.__all__)
+from attn_dispatch import dispatcher as _dispatcher
 from attn_dispatch.dispatcher import __all__
+
+
+def __getattr__(name: str):
+    """The public API of `attn_dispatch.dispatcher`, imported on first use (PEP 562: the command
+    line's ``--help`` and ``--version`` never import torch)."""
+    if name in __all__:
+        value = getattr(_dispatcher, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'attn_dispatch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 try:
     __version__ = _metadata.version("attn-dispatch")

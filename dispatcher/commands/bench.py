@@ -8,12 +8,10 @@ import json
 import sys
 from pathlib import Path
 
-import torch
+from attn_dispatch.dispatcher.commands._common import CommandError, one_line, resolve_device
 
-from attn_dispatch.dispatcher.kernel_set import KERNEL_SETS
-from attn_dispatch.dispatcher.memory import parse_memory_size
-from attn_dispatch.kernels import AccuracyPolicy
-
+NAME = "bench"
+HELP = "time the dispatcher against PyTorch's default, math and every kernel on prefill/fill/decode/video shapes"
 SCENARIO_CHOICES = ("prefill", "fill", "decode", "video", "heldout", "all")
 SIZE_CHOICES = ("auto", "small", "full")
 # Harness defaults per device kind (see calibration.scenario_bench.BenchSettings): on a GPU,
@@ -28,9 +26,11 @@ FIRST_PASS_SHARE = 3.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from attn_dispatch.dispatcher.kernel_set import KERNEL_SETS
+
     parser = subparsers.add_parser(
-        "bench",
-        help="time the dispatcher against PyTorch's default, math and every kernel on prefill/fill/decode/video shapes",
+        NAME,
+        help=HELP,
         description="For each scenario's shapes, time the dispatcher (a fresh one), PyTorch's default SDPA, the math "
         "path and every single kernel, interleaved round-robin, and report medians, spreads, the kernel the "
         "dispatcher chose, its ratio to the oracle (the best single kernel) and to PyTorch's default, and failures "
@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _settings(args: argparse.Namespace, device: torch.device):
+def _settings(args: argparse.Namespace, device):
     from attn_dispatch.calibration.scenario_bench import BenchSettings
 
     gpu = device.type != "cpu"
@@ -86,11 +86,15 @@ def _progress(result) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from attn_dispatch.calibration.scenarios import default_size, scenario_shapes
     from attn_dispatch.dispatcher.commands._bench_run import run_bench
+    from attn_dispatch.dispatcher.memory import parse_memory_size
+    from attn_dispatch.kernels import AccuracyPolicy
 
     try:
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = resolve_device(args.device)
         size = default_size(device.type) if args.size == "auto" else args.size
         shapes = scenario_shapes(args.scenario, size=size, device_type=device.type, small_dtype=args.small_dtype)
         budget = None if args.memory_budget is None else parse_memory_size(args.memory_budget, name="--memory-budget")
@@ -101,8 +105,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"--threads must be at least 1, got {args.threads}")
             torch.set_num_threads(args.threads)
     except (ValueError, RuntimeError) as error:
-        print(f"attn-dispatch bench: error: {error}", file=sys.stderr)
-        return 2
+        raise CommandError(one_line(error)) from None
     report = run_bench(shapes, device, kernels=args.kernels, policy=policy, memory_budget=budget, settings=settings,
                        size=size, progress=None if args.quiet else _progress, tune=args.tune)
     text = report.markdown()

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-import torch
+from attn_dispatch.dispatcher.commands._common import CommandError, one_line, resolve_device
 
+NAME = "calibrate"
+HELP = "measure every kernel on this card and write its threshold table"
 # Seconds per minute, for --budget-minutes.
 SECONDS_PER_MINUTE = 60.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "calibrate",
-        help="measure every kernel on this card and write its threshold table",
+        NAME,
+        help=HELP,
         description="Time every kernel over a seeded sweep of problem shapes on this card, tune chunk "
         "sizes and splits with optuna, fit the cost model and write the card's threshold table. "
         "Resumable: a killed run continues where it stopped (same options, same journal). "
@@ -52,13 +53,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace):
+    """The `CalibrationConfig` of the options; ValueError naming a bad one (an unknown kernel
+    among them, before anything is measured)."""
+    from attn_dispatch.calibration.candidates import kernel_set
     from attn_dispatch.calibration.config import REFINE_ROUNDS, CalibrationConfig
     from attn_dispatch.dispatcher.memory import parse_memory_size
+    from attn_dispatch.kernels import AccuracyPolicy
 
     if args.devices:
         devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
     else:
-        devices = (args.device or ("cuda" if torch.cuda.is_available() else "cpu"),)
+        devices = (args.device or str(resolve_device(None)),)
+    kernel_set(args.kernels, policy=AccuracyPolicy.allowing(*args.allow_lossy) if args.allow_lossy else AccuracyPolicy())
     return CalibrationConfig(
         devices=devices, quick=args.quick,
         budget_s=None if args.budget_minutes is None else args.budget_minutes * SECONDS_PER_MINUTE,
@@ -77,8 +83,7 @@ def run(args: argparse.Namespace) -> int:
         config = _config(args)
         summary = calibrate(config, out=args.out, show_progress=not args.quiet, fit=not args.measure_only)
     except ValueError as error:
-        print(f"attn-dispatch calibrate: error: {error}", file=sys.stderr)
-        return 2
+        raise CommandError(one_line(error)) from None
     for line in summary.lines():
         print(line)
     if args.summary_json:

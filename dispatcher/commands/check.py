@@ -5,21 +5,20 @@ new points (whether or not a decision changed) and stores it for this device."""
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
-import torch
+from attn_dispatch.dispatcher.commands._common import CommandError, one_line, resolve_device
 
-from attn_dispatch.dispatcher.memory import parse_memory_size
-
+NAME = "check"
+HELP = "re-measure a sample of the table's buckets and report drift (exit 1 when decisions changed)"
 DEFAULT_POINTS = 12
 MS = 1e3
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "check",
-        help="re-measure a sample of the table's buckets and report drift (exit 1 when decisions changed)",
+        NAME,
+        help=HELP,
         description="Re-measure N buckets of the table this device uses (or TABLE) with every kernel each bucket "
         "ranks, and compare with the table's predicted times: per kernel, the median measured / predicted ratio; "
         "per bucket, whether the table's first choice is still the fastest (within 10%). Exits 1 and recommends "
@@ -55,9 +54,12 @@ def _print_report(report) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from attn_dispatch.calibration.drift import base_points, check_table
     from attn_dispatch.calibration.finish import fit_and_write, merge
     from attn_dispatch.dispatcher.commands.show import resolve_table
+    from attn_dispatch.dispatcher.memory import parse_memory_size
     from attn_dispatch.models import DeviceIdentity, TableError
 
     try:
@@ -68,15 +70,14 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"--threads must be at least 1, got {args.threads}")
             torch.set_num_threads(args.threads)
         table, source = resolve_table(args.table, args.device, "check")
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = resolve_device(args.device)
         budget = None if args.memory_budget is None else parse_memory_size(args.memory_budget, name="--memory-budget")
         identity = DeviceIdentity.detect(device)
         started = time.perf_counter()
         report = check_table(table, device, points=args.points, seed=args.seed, memory_budget=budget,
                              device_key=identity.key)
     except (TableError, LookupError, ValueError) as error:
-        print(f"attn-dispatch check: error: {error}", file=sys.stderr)
-        return 2
+        raise CommandError(one_line(error)) from None
     print(f"table: {source}")
     print(f"re-measured {len(report.points)} buckets ({len(report.measurements)} points) on {device} "
           f"({identity.software_key}) in {time.perf_counter() - started:.1f} s")
@@ -98,8 +99,7 @@ def run(args: argparse.Namespace) -> int:
     outcome = fit_and_write(merge(report.measurements, base), identity, out=None, seed=args.seed,
                             wall_s=time.perf_counter() - started)
     if not outcome.table_paths:
-        print(f"attn-dispatch check: error: the refit built no table: {outcome.note}", file=sys.stderr)
-        return 2
+        raise CommandError(f"the refit built no table: {outcome.note}")
     print(f"refit on the new points and {where}; quality: {outcome.quality}")
     print(f"stored: {outcome.table_paths[0]}")
     return 0

@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 
-import torch
-
+NAME = "devices"
+HELP = "list visible devices, their identity and model/family keys, and which table serves each"
 GIB = 2**30
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "devices",
-        help="list visible devices, their identity and model/family keys, and which table serves each",
+        NAME,
+        help=HELP,
         description="For the CPU and every visible GPU: name, architecture, compute units, memory, the card model "
         "and family keys tables are shared by, the fingerprint (card + software stack), and the table lookup level "
         "that would serve it (exact, model: other stack, family: scaled stand-in, prior: no table).",
@@ -22,13 +22,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def visible_devices() -> list[torch.device]:
-    """The CPU, then every CUDA / ROCm device."""
+def visible_devices() -> list:
+    """The CPU, then every CUDA / ROCm device (`torch.device` objects)."""
+    import torch
+
     gpus = [torch.device("cuda", i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     return [torch.device("cpu"), *gpus]
 
 
-def device_record(device: torch.device) -> dict:
+def device_record(device) -> dict:
     """Identity, keys and table lookup of one device."""
     from attn_dispatch.models import DeviceIdentity, lookup_table
 

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-import torch
+from attn_dispatch.dispatcher.commands._common import CommandError, one_line, resolve_device
 
-from attn_dispatch.dispatcher.kernel_set import KERNEL_SETS
-from attn_dispatch.kernels import AccuracyPolicy, Problem
-from attn_dispatch.kernels.accuracy import LONG_DTYPE_NAMES
-from attn_dispatch.kernels.problem import MASK_KINDS
+NAME = "explain"
+HELP = "show the kernel chosen for a problem shape, every candidate's predicted time and why others were dropped"
 
-DTYPE_CHOICES = ("float16", "bfloat16", "float32", "float64", *LONG_DTYPE_NAMES)
+
+def dtype_choices() -> tuple[str, ...]:
+    """Short dtype names and the long ``torch.float16``-style aliases."""
+    from attn_dispatch.kernels.accuracy import LONG_DTYPE_NAMES
+
+    return ("float16", "bfloat16", "float32", "float64", *LONG_DTYPE_NAMES)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from attn_dispatch.dispatcher.kernel_set import KERNEL_SETS
+    from attn_dispatch.kernels.problem import MASK_KINDS
+
     parser = subparsers.add_parser(
-        "explain",
-        help="show the kernel chosen for a problem shape, every candidate's predicted time and why others were dropped",
+        NAME,
+        help=HELP,
         description="Decide, without running anything, which kernel attention of this shape would use on "
         "this device: the chosen kernel, predicted time of every candidate, the reason each other kernel "
         "was dropped, and which table (or prior) served the decision.",
@@ -31,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA; default: --heads)")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--value-dim", type=int, default=None, help="value head dim (default: --head-dim)")
-    parser.add_argument("--dtype", default="float16", choices=DTYPE_CHOICES)
+    parser.add_argument("--dtype", default="float16", choices=dtype_choices())
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--mask", default="none", choices=MASK_KINDS, help="attention mask kind, shape [B, 1, Lq, Lk]")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -45,23 +50,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attn_dispatch.dispatcher.core import Dispatcher
+    from attn_dispatch.dispatcher.errors import NoKernelError
+    from attn_dispatch.kernels import AccuracyPolicy
 
     try:
-        problem = problem_from_args(args)
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = resolve_device(args.device)
+        problem = problem_from_args(args, device.type)
         policy = AccuracyPolicy.allowing(*args.allow_lossy) if args.allow_lossy else AccuracyPolicy()
         dispatcher = Dispatcher(kernels=args.kernels, policy=policy, memory_budget=args.memory_budget)
         decision = dispatcher.decide(problem, device=device)
+    except NoKernelError as error:
+        raise CommandError(error.cause) from None
     except (ValueError, RuntimeError) as error:
-        print(f"attn-dispatch explain: error: {error}", file=sys.stderr)
-        return 2
+        raise CommandError(one_line(error)) from None
     print(json.dumps(decision.to_dict(), indent=1) if args.json else decision)
     return 0
 
 
-def problem_from_args(args: argparse.Namespace) -> Problem:
-    """The `Problem` the arguments describe (ValueError naming the bad option otherwise)."""
-    device_type = torch.device(args.device).type if args.device else ("cuda" if torch.cuda.is_available() else "cpu")
+def problem_from_args(args: argparse.Namespace, device_type: str):
+    """The `Problem` the arguments describe on a `device_type` device (ValueError naming the bad
+    option otherwise)."""
+    from attn_dispatch.kernels import Problem
+    from attn_dispatch.kernels.accuracy import LONG_DTYPE_NAMES
+
     kv_len = args.lq if args.lk is None else args.lk
     kv_heads = args.heads if args.kv_heads is None else args.kv_heads
     if kv_heads < 1 or args.heads % kv_heads:

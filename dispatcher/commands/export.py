@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from attn_dispatch.dispatcher.commands._common import CommandError, one_line
 from attn_dispatch.dispatcher.commands.show import resolve_table
 
+NAME = "export"
+HELP = "write this device's threshold table to one JSON file to share"
 KIBI = 1024
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "export",
-        help="write this device's threshold table to one JSON file to share",
+        NAME,
+        help=HELP,
         description="Validate the table the dispatcher uses on --device (or TABLE given with --table) and write it "
         "to OUT: one self-contained JSON file other owners of the same card model or family can import.",
     )
@@ -34,17 +36,16 @@ def describe(table) -> str:
 def run(args: argparse.Namespace) -> int:
     from attn_dispatch.models import TableError, export_table
 
+    table, source = resolve_table(args.table, args.device, "export")
+    if args.table is None and "family match" in source:
+        raise CommandError(
+            f"the table serving this device is a stand-in of another card of its family, with scaled times: "
+            f"{source}. Share the original file instead (attn-dispatch export OUT --table PATH)"
+        )
     try:
-        table, source = resolve_table(args.table, args.device, "export")
-        if args.table is None and "family match" in source:
-            raise LookupError(
-                f"the table serving this device is a stand-in of another card of its family, with scaled times: "
-                f"{source}. Share the original file instead (export --table PATH)"
-            )
         written = export_table(table, args.out)
-    except (TableError, LookupError, OSError) as error:
-        print(f"attn-dispatch export: error: {error}", file=sys.stderr)
-        return 2
+    except (TableError, OSError) as error:
+        raise CommandError(one_line(error)) from None
     print(f"exported {describe(table)}")
     print(f"  from {source}")
     print(f"  to {written} ({written.stat().st_size / KIBI:.0f} KiB)")

@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 
-import torch
+from attn_dispatch.dispatcher.commands._common import resolve_device
 
-from attn_dispatch.calibration.kernel_bench import SELF_CHECK_SHAPES, run_kernel_table
+NAME = "kernels"
+HELP = "list every kernel, whether it supports this device, and its time on a few shapes"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "kernels",
-        help="list every kernel, whether it supports this device, and its time on a few shapes",
+        NAME,
+        help=HELP,
         description="Self-check every kernel against the float64 reference and time it on a few "
         "small shapes on this device.",
     )
@@ -23,7 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from attn_dispatch.calibration.kernel_bench import SELF_CHECK_SHAPES, run_kernel_table
+
+    device = resolve_device(args.device)
     table, records = run_kernel_table(device, SELF_CHECK_SHAPES)
     print(table)
     if args.json:

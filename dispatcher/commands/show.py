@@ -4,15 +4,17 @@ kernel wins) and, with --plot, its decision map as a PNG."""
 from __future__ import annotations
 
 import argparse
-import sys
 
-import torch
+from attn_dispatch.dispatcher.commands._common import CommandError, one_line, resolve_device
+
+NAME = "show"
+HELP = "summarise a threshold table (card, provenance, quality, thresholds) and plot its decision map"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "show",
-        help="summarise a threshold table (card, provenance, quality, thresholds) and plot its decision map",
+        NAME,
+        help=HELP,
         description="Print a threshold table's card, provenance, model quality and thresholds in words. Without "
         "TABLE, show the table the dispatcher uses on --device. --plot draws one heat map per class (x: KV length, "
         "y: query length, colour: predicted fastest kernel, contours: predicted speed-up over PyTorch's default).",
@@ -28,35 +30,36 @@ def resolve_table(path: str | None, device: str | None, command: str):
 
     Raises
     ------
-    models.TableError: the file is not a valid table.
-    LookupError: no TABLE given and no table serves this device (message says what to run).
+    CommandError: TABLE is not a valid table (message names the file), or no TABLE given and no
+        table serves this device (message names any table file skipped as corrupt, and says what
+        to run).
     """
-    from attn_dispatch.models import DeviceIdentity, load_table, lookup_table
+    from attn_dispatch.models import DeviceIdentity, TableError, load_table, lookup_table
 
     if path is not None:
-        return load_table(path), path
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        try:
+            return load_table(path), path
+        except (TableError, OSError) as error:
+            raise CommandError(one_line(error)) from None
+    device = resolve_device(device)
     identity = DeviceIdentity.detect(device)
     found = lookup_table(identity, warn=False)
     if found.table is None:
-        raise LookupError(
-            f"no threshold table serves {device} ({identity.model_key}, {identity.software_key}): the analytic prior "
-            f"decides there. Run `attn-dispatch calibrate` on it, `attn-dispatch import FILE` a shared table, or pass "
-            f"`attn-dispatch {command} TABLE`"
+        skipped = "".join(f" (skipped a damaged table file: {note.split(': ', 1)[1]})"
+                          for note in found.warnings if note.startswith("skipped table "))
+        raise CommandError(
+            f"no threshold table serves {device} ({identity.model_key}, {identity.software_key}){skipped}: the "
+            f"analytic prior decides there. Run `attn-dispatch calibrate` on it, `attn-dispatch import FILE` a "
+            f"shared table, or pass `attn-dispatch {'export OUT --table PATH' if command == 'export' else command + ' TABLE'}`"
         )
     notes = "".join(f"\n  note: {w}" for w in found.warnings)
     return found.table, f"{found.path} ({found.level} match for {identity.model_key} on {device}){notes}"
 
 
 def run(args: argparse.Namespace) -> int:
-    from attn_dispatch.models import TableError
     from attn_dispatch.models.table_summary import summary_lines
 
-    try:
-        table, source = resolve_table(args.table, args.device, "show")
-    except (TableError, LookupError) as error:
-        print(f"attn-dispatch show: error: {error}", file=sys.stderr)
-        return 2
+    table, source = resolve_table(args.table, args.device, "show")
     print(f"table: {source}")
     for line in summary_lines(table):
         print(line)
@@ -66,7 +69,6 @@ def run(args: argparse.Namespace) -> int:
         try:
             written = plot_decision_map(table, args.plot)
         except (ImportError, ValueError, OSError) as error:
-            print(f"attn-dispatch show: error: --plot {args.plot}: {error}", file=sys.stderr)
-            return 2
+            raise CommandError(f"--plot {args.plot}: {one_line(error)}") from None
         print(f"decision map: {written}")
     return 0

@@ -60,3 +60,24 @@ def test_family_of():
     assert family_of(SLOW) == "chunked"
     assert family_of("convert[bf16->fp32]+small_q[splits=8]") == "convert+small_q"
     assert family_of("sdpa_flash") == "sdpa_flash"
+
+
+def test_map_colours_hue_per_family_shade_per_variant_hatch_per_conversion():
+    pytest.importorskip("matplotlib")
+    import colorsys
+
+    from attn_dispatch.models.decision_plot import convert_hatches, kernel_colours
+
+    names = ["small_q[splits=1]", "small_q[splits=8]", "chunked[q=512,kv=4096]", "chunked[q=128,kv=1024]",
+             "sdpa_default", "convert[fp16->fp32]+chunked[q=512,kv=4096]", "convert[bf16->fp32]+small_q[splits=8]",
+             "convert[fp32->bf16]+small_q[splits=8]"]
+    colours = kernel_colours(names)
+    hues = {name: round(colorsys.rgb_to_hls(*colours[name][:3])[0], 3) for name in names}
+    assert hues["small_q[splits=1]"] == hues["small_q[splits=8]"] != hues["chunked[q=512,kv=4096]"]
+    assert hues["chunked[q=512,kv=4096]"] == hues["chunked[q=128,kv=1024]"]
+    assert colours["small_q[splits=1]"] != colours["small_q[splits=8]"]
+    assert len({colours[n] for n in names if not n.startswith("convert")}) == 5
+    hatches = convert_hatches(names)
+    assert set(hatches) == {n for n in names if n.startswith("convert")}
+    assert len(set(hatches.values())) == 3
+    assert colours["convert[fp16->fp32]+chunked[q=512,kv=4096]"] == colours["chunked[q=512,kv=4096]"]

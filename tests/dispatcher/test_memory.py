@@ -8,7 +8,8 @@ import torch
 
 import attn_dispatch as dispatcher
 from attn_dispatch.dispatcher import Dispatcher, NoKernelError, core, parse_memory_size, planner
-from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
+from attn_dispatch.dispatcher.memory import MAX_MEMORY_BUDGET, format_bytes, free_bytes
+from attn_dispatch.dispatcher.patching import install, is_installed, patched
 from attn_dispatch.dispatcher.planning import RECHECK_FRACTION, failure_bucket
 from attn_dispatch.kernels import ChunkedKernel, MathKernel, Problem, all_kernels
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
@@ -110,15 +111,50 @@ def test_nothing_fits_builds_smaller_chunks(monkeypatch):
     assert_matches_reference(ours.attention(**inputs), inputs)
 
 
-def test_budget_below_the_output_raises_listing_every_kernel():
+@pytest.mark.parametrize("budget", [0, "100B", 1024])
+def test_budget_below_every_kernel_leads_with_the_cause(budget):
     inputs = _prefill()
-    ours = Dispatcher(kernels="portable", memory_budget=1024)
+    problem = _problem(inputs)
+    ours = Dispatcher(kernels="portable", memory_budget=budget)
     with pytest.raises(NoKernelError) as raised:
         ours.attention(**inputs)
-    message = str(raised.value)
-    assert "q_len=256" in message and "budget" in message
-    for kernel in ours.kernels:
-        assert kernel.name in message
+    error = raised.value
+    first, *rest = str(error).splitlines()
+    smallest = min([k.workspace_bytes(problem) for k in ours.kernels if not k.reasons(problem)]
+                   + [ChunkedKernel(q=16, kv=16).workspace_bytes(problem)])
+    assert first == error.cause
+    assert first.startswith(f"no attention kernel fits the memory budget of {format_bytes(parse_memory_size(budget))}")
+    assert f"the smallest workspace this problem needs is {format_bytes(smallest)}" in first
+    assert "ATTN_DISPATCH_MEMORY_BUDGET" in first
+    assert len(rest) == 2 and "q_len=256" in rest[0]
+    assert {name for name, _ in error.reasons} == {k.name for k in ours.kernels}
+
+
+def test_unsupported_problem_leads_with_the_first_reason():
+    inputs = _prefill()
+    ours = Dispatcher(kernels=["sdpa_cudnn"])
+    with pytest.raises(NoKernelError) as raised:
+        ours.attention(**inputs)
+    first = str(raised.value).splitlines()[0]
+    assert first.startswith("no attention kernel in this dispatcher's set can run this problem on cpu")
+    assert "sdpa_cudnn: " in first and "pass a kernel set" in first
+
+
+@pytest.mark.parametrize("value", ["99999999999TiB", "2PiB", "lots", "-1G"])
+def test_a_bad_environment_budget_fails_when_the_dispatcher_starts(monkeypatch, value):
+    dispatcher.default_dispatcher()  # made before the variable was set: install() still checks it
+    monkeypatch.setenv("ATTN_DISPATCH_MEMORY_BUDGET", value)
+    for start in (Dispatcher, install, lambda: patched().__enter__()):
+        with pytest.raises(ValueError, match=r"ATTN_DISPATCH_MEMORY_BUDGET=.*unset it") as raised:
+            start()
+        assert "\n" not in str(raised.value)
+    assert not is_installed()
+
+
+def test_an_absurd_budget_is_refused_under_the_named_limit():
+    with pytest.raises(ValueError, match="more memory than any machine has"):
+        parse_memory_size(MAX_MEMORY_BUDGET + 1)
+    assert parse_memory_size(MAX_MEMORY_BUDGET) == MAX_MEMORY_BUDGET
 
 
 def test_large_workspace_is_rechecked_against_free_memory(monkeypatch):
@@ -233,3 +269,13 @@ def test_portable_last_resort_waits_for_a_shrunk_chunked_kernel(monkeypatch):
     decision = ours.explain(query, key, key)
     assert decision.kernel.startswith("chunked[") and decision.candidates[0].workspace_bytes <= budget
     assert decision.candidates[-1].name == "sdpa_default"
+
+
+def test_too_little_free_memory_leads_with_the_free_bytes(monkeypatch):
+    monkeypatch.setattr(planner, "free_bytes", lambda device: 64)
+    inputs = _prefill()
+    with pytest.raises(NoKernelError) as raised:
+        Dispatcher(kernels="portable").attention(**inputs)
+    first = str(raised.value).splitlines()[0]
+    assert first.startswith("no attention kernel fits in the 64 B free on cpu: the smallest workspace this problem needs")
+    assert "free device memory" in first

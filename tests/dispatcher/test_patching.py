@@ -139,3 +139,16 @@ def test_torch_compile_under_patched_traces_pytorch_sdpa():
     with patched():
         out = compiled(inputs["query"], inputs["key"], inputs["value"])
     assert_matches_reference(out, inputs)
+
+
+def test_what_patching_reaches_and_what_it_cannot():
+    """The documented limit (patching module docstring, README): a name bound before patching and
+    the C++ binding go to PyTorch's SDPA and are not counted; `F.scaled_dot_product_attention` is."""
+    from torch.nn.functional import scaled_dot_product_attention as bound_before
+
+    inputs = qkv(heads=2, kv_heads=2)
+    with patched(Dispatcher(kernels=["math"])) as ours:
+        for call in (F.scaled_dot_product_attention, bound_before, torch._C._nn.scaled_dot_product_attention):
+            assert_matches_reference(call(**inputs), inputs)
+        assert ours.stats() == {"math": 1}
+    assert F.scaled_dot_product_attention is bound_before

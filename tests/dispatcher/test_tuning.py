@@ -3,8 +3,7 @@ for the whole bucket, and nothing is timed when tuning is off or only one candid
 
 from __future__ import annotations
 
-import time
-
+import pytest
 import torch
 
 from attn_dispatch.dispatcher import Dispatcher, tuning
@@ -14,11 +13,30 @@ from attn_dispatch.dispatcher.tuning_store import TuningStore
 from attn_dispatch.kernels import MathKernel, Problem
 from tests.dispatcher.helpers import FailingKernel, FixedRanker, assert_matches_reference, qkv, use_ranking
 
-SLOW_S = 5e-3  # far above the run-to-run noise of a tiny math call on a loaded CI machine
+SLOW_S = 5e-3  # the slow double's virtual seconds per call (see `virtual_stopwatch`)
+FAST_S = 1e-4
+CLOCK = [0.0]  # virtual seconds: CountingMath calls advance it, the tuning stopwatch reads it
+
+
+@pytest.fixture(autouse=True)
+def virtual_stopwatch(monkeypatch):
+    """Tuning times contenders with a stopwatch that reads `CLOCK`, not the wall clock: which
+    kernel is faster must not depend on how busy the machine running the tests is."""
+    from attn_dispatch.calibration import timer
+
+    def time_batch(run, first, calls, device):
+        start = CLOCK[0]
+        for index in range(calls):
+            run(first + index)
+        return (CLOCK[0] - start) / calls
+
+    monkeypatch.setattr(timer, "time_batch", time_batch)
+    monkeypatch.setattr(timer, "calls_per_sample", lambda single_call_s: 1)
 
 
 class CountingMath(MathKernel):
-    """The math kernel under another name, counting its runs; `delay_s` makes it slow."""
+    """The math kernel under another name, counting its runs; each run takes `delay_s` (default
+    `FAST_S`) on the virtual clock."""
 
     family = "counting"
 
@@ -31,8 +49,7 @@ class CountingMath(MathKernel):
 
     def run(self, query, key, value, attn_mask, scale, enable_gqa, problem):
         self.runs += 1
-        if self.delay_s:
-            time.sleep(self.delay_s)
+        CLOCK[0] += self.delay_s or FAST_S
         return super().run(query, key, value, attn_mask, scale, enable_gqa, problem)
 
 

@@ -1,0 +1,65 @@
+"""What every command shares: the one error type `cli.main` prints as one line (exit 2) and the
+check of ``--device`` / ``--devices``, made once before any command runs."""
+
+from __future__ import annotations
+
+import argparse
+
+
+class CommandError(Exception):
+    """A user error in a command: `cli.main` prints ``attn-dispatch COMMAND: error: <message>``
+    (one line) and exits 2."""
+
+
+def one_line(error: BaseException) -> str:
+    """An exception's message on one line (line breaks joined with ``; ``)."""
+    text = str(error).strip() or type(error).__name__
+    return "; ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def resolve_device(text: str | None):
+    """``--device`` -> a `torch.device` this build and machine have (default: ``cuda`` when
+    PyTorch sees a GPU, else ``cpu``).
+
+    Raises
+    ------
+    CommandError
+        One line naming the device, what is missing, and what to pass instead.
+    """
+    import torch
+
+    if text is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError) as error:
+        raise CommandError(f"--device {text!r} is not a torch device ({one_line(error)}); "
+                           f"use e.g. cpu, cuda or cuda:1") from None
+    if device.type == "cpu":
+        return device
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            built = (f"built with CUDA {torch.version.cuda}" if torch.version.cuda
+                     else f"built with ROCm {torch.version.hip}" if torch.version.hip else "built without CUDA or ROCm")
+            raise CommandError(f"--device {text}: this PyTorch ({torch.__version__}, {built}) sees no GPU; "
+                               f"use --device cpu, or run on a machine with a GPU and a CUDA/ROCm build of PyTorch")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise CommandError(f"--device {text}: only {count} GPU(s) visible (cuda:0 .. cuda:{count - 1})")
+        return device
+    backend = getattr(torch, device.type, None)
+    is_available = getattr(backend, "is_available", None)
+    if is_available is None or not is_available():
+        raise CommandError(f"--device {text}: this PyTorch ({torch.__version__}) has no {device.type} device; "
+                           f"use --device cpu or cuda")
+    return device
+
+
+def check_devices(args: argparse.Namespace) -> None:
+    """Validate the command's ``--device`` and ``--devices`` options, if it has them and they
+    are set (raises `CommandError`)."""
+    if getattr(args, "device", None) is not None:
+        resolve_device(args.device)
+    for text in (getattr(args, "devices", None) or "").split(","):
+        if text.strip():
+            resolve_device(text.strip())
