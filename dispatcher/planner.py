@@ -30,7 +30,19 @@ from attn_dispatch.dispatcher.planning import (
     over_limit_reason,
     rank_options,
 )
+from attn_dispatch.dispatcher.ranking import FALLBACK_FIRST
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
+
+UNMEASURED_LEVELS = ("prior", "none")
+"""Ranking sources that measured nothing on this card: the analytic prior and the bare kernel order."""
+
+DEFAULT_KEPT_UNMEASURED = ("no table measured on this card: PyTorch's own choice (sdpa_default) runs wherever it fits; "
+                           "the prior only orders the kernels behind it (calibrate, or turn tuning on, to replace it)")
+
+
+def _is_default(option) -> bool:
+    """PyTorch's own choice as a contender (not the portable set's last resort)."""
+    return option.kernel.name == FALLBACK_FIRST and not getattr(option.kernel, "last_resort", False)
 
 
 @dataclass(frozen=True)
@@ -145,6 +157,9 @@ class DevicePlanner:
         if not fit.options:
             raise NoKernelError.nothing_fits(ranked, fit, str(self.device), free=free, budget=budget)
         options, notes, dropped, pending = fit.options, fit.notes, fit.dropped + ranked.dropped, False
+        if state.ranking.source.level in UNMEASURED_LEVELS and any(_is_default(o) for o in options[1:]):
+            options = (*(o for o in options if _is_default(o)), *(o for o in options if not _is_default(o)))
+            notes = (*notes, DEFAULT_KEPT_UNMEASURED)  # nothing measured on this card says another kernel is faster
         seconds: dict[str, float] = {}
         if tune:
             state.open_store(config.tunings_root, config.signature)

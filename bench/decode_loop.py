@@ -1,0 +1,146 @@
+"""A decode loop with a growing KV cache, at the attention level: what transformers' DynamicCache
+does to attention (the key length grows by one per token; every layer calls attention once per
+token with the same shape).
+
+Each run is its own process (`--child`), so "cold" really is a fresh process: pass 1 is a fresh
+process's first pass over the key lengths, pass 2 runs the same lengths again in the same process
+(per-shape state warm: a long-running server). PyTorch's SDPA and the dispatcher run the same
+loop, in separate processes, interleaved by repetition.
+
+Usage (from the repository root):
+    python -m bench.decode_loop --device cuda --contexts 1024,8192,32768 --batches 1,8 --tokens 64 \\
+        --layers 32 --repeats 2 --out bench/results/decode_loop.jsonl
+Prints per-token medians (ms) with the 10th-90th percentile range and the dispatcher/SDPA ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def child(args) -> dict:
+    """One process: `args.impl` over `args.tokens` tokens from `args.context` keys, twice."""
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    total = args.context + args.tokens
+    q_heads, kv_heads, dim = args.heads, args.kv_heads, args.head_dim
+    query = torch.randn(args.batch, q_heads, 1, dim, device=device, dtype=dtype)
+    cache_k = torch.randn(args.batch, kv_heads, total, dim, device=device, dtype=dtype)
+    cache_v = torch.randn(args.batch, kv_heads, total, dim, device=device, dtype=dtype)
+    if args.impl == "sdpa":
+        attend = torch.nn.functional.scaled_dot_product_attention
+        stats = None
+    else:
+        import attn_dispatch as ad
+
+        ours = ad.Dispatcher(kernels=args.kernels, memory_budget=args.memory_budget)
+        attend, stats = ours.attention, ours.stats
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    passes = []
+    for _ in range(2):
+        per_token = []
+        for step in range(args.tokens):
+            length = args.context + step
+            key, value = cache_k[:, :, :length], cache_v[:, :, :length]
+            sync()
+            start = time.perf_counter()
+            for _layer in range(args.layers):
+                attend(query, key, value, enable_gqa=True)
+            sync()
+            per_token.append(time.perf_counter() - start)
+        passes.append(per_token)
+    return {"passes": passes, "stats": stats() if stats else None}
+
+
+def summary(seconds: list[float]) -> dict:
+    ordered = sorted(seconds)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"median_ms": statistics.median(ordered) * 1e3, "p10_ms": pick(0.1) * 1e3, "p90_ms": pick(0.9) * 1e3,
+            "total_ms": sum(ordered) * 1e3}
+
+
+def run_child(base: list[str], impl: str, context: int, batch: int) -> dict:
+    command = [sys.executable, "-m", "bench.decode_loop", *base, "--child", "--impl", impl,
+               "--context", str(context), "--batch", str(batch)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--contexts", default="1024,8192,32768")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--kernels", default="all", help="the dispatcher's kernel set: all or portable")
+    parser.add_argument("--memory-budget", default=None)
+    parser.add_argument("--repeats", type=int, default=2, help="fresh processes per implementation and shape")
+    parser.add_argument("--out", default=None, help="append one JSON line per shape here")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--impl", default="sdpa", help=argparse.SUPPRESS)
+    parser.add_argument("--context", type=int, default=1024, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args)))
+        return 0
+    base = ["--device", args.device, "--dtype", args.dtype, "--tokens", str(args.tokens), "--layers", str(args.layers),
+            "--heads", str(args.heads), "--kv-heads", str(args.kv_heads), "--head-dim", str(args.head_dim),
+            "--kernels", args.kernels] + (["--memory-budget", args.memory_budget] if args.memory_budget else [])
+    print(f"decode loop: {args.layers} attention calls per token, Lq=1, {args.heads}/{args.kv_heads} heads, "
+          f"D={args.head_dim}, {args.dtype}, {args.tokens} tokens from each context, device {args.device}, "
+          f"torch {torch.__version__}; each run a fresh process (pass 1 cold, pass 2 warm); {args.repeats} runs each, "
+          f"interleaved; per-token medians over tokens and runs (p10-p90)")
+    for batch in (int(b) for b in args.batches.split(",")):
+        for context in (int(c) for c in args.contexts.split(",")):
+            runs = {"sdpa": [], "dispatch": []}
+            for _ in range(args.repeats):
+                for impl in runs:
+                    runs[impl].append(run_child(base, impl, context, batch))
+            row = {"batch": batch, "context": context, "conditions": vars(args) | {"torch": torch.__version__}}
+            for impl, results in runs.items():
+                ok = [r for r in results if "passes" in r]
+                if not ok:
+                    row[impl] = {"error": results[0].get("error")}
+                    continue
+                row[impl] = {"cold": summary([s for r in ok for s in r["passes"][0]]),
+                             "warm": summary([s for r in ok for s in r["passes"][1]]), "stats": ok[-1]["stats"]}
+            if "cold" in row["sdpa"] and "cold" in row["dispatch"]:
+                for when in ("cold", "warm"):
+                    row[f"ratio_{when}"] = row["dispatch"][when]["median_ms"] / row["sdpa"][when]["median_ms"]
+                row["ratio_vs_warm_sdpa"] = row["dispatch"]["warm"]["median_ms"] / row["sdpa"]["warm"]["median_ms"]
+                print(f"B={batch} ctx={context}: SDPA cold {row['sdpa']['cold']['median_ms']:.3f} ms/token "
+                      f"warm {row['sdpa']['warm']['median_ms']:.3f}; dispatcher cold "
+                      f"{row['dispatch']['cold']['median_ms']:.3f} warm {row['dispatch']['warm']['median_ms']:.3f} "
+                      f"(ratio cold {row['ratio_cold']:.2f}x, warm {row['ratio_warm']:.2f}x) kernels {row['dispatch']['stats']}")
+            else:
+                print(f"B={batch} ctx={context}: {row}")
+            if args.out:
+                os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+                with open(args.out, "a") as handle:
+                    handle.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
