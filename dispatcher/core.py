@@ -25,6 +25,7 @@ from attn_dispatch.dispatcher.planning import Ranked, failure_bucket, fit_option
 from attn_dispatch.dispatcher.ranking import resolve_ranking
 from attn_dispatch.dispatcher.tuning import put_first, tune_from_env
 from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
+from attn_dispatch.dispatcher.training_route import TrainingRoute
 from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
 from attn_dispatch.kernels.failures import is_out_of_memory
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
@@ -94,6 +95,7 @@ class Dispatcher:
         self._plan_get = self._plans.get  # bound once for the warm path
         self._devices: dict[torch.device, DeviceState] = {}
         self._counts: dict[str, list[int]] = {}
+        self._training_route = TrainingRoute()  # forward+backward decisions (`training_route`)
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ configuration
@@ -175,13 +177,16 @@ class Dispatcher:
             plan = self._plans.get(key_)
             if plan is None or plan.recheck:
                 plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
-            if plan.kernel.supports_backward:
-                plan.count[0] += 1
+            choice = self._training_route.choose(plan, self.memory_budget)
+            if choice.kernel is not None:
+                count = self._count_cell(choice.kernel.name)
+                count[0] += 1
                 try:
-                    return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
-                except Exception as error:  # noqa: BLE001
-                    return self._recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa,
-                                         training=True)
+                    return choice.kernel.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+                except Exception as error:  # noqa: BLE001 - remembered; PyTorch's SDPA runs this call
+                    count[0] -= 1
+                    self._training_route.failed(plan, self.memory_budget, choice.kernel, error)
+                    _log.fallback(choice.kernel.name, error, TRAINING_KERNEL)
         return self._pytorch_training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
     def _pytorch_training(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -350,14 +355,10 @@ class Dispatcher:
         if plan is None or plan.recheck:
             plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         grad = _grad_enabled()
-        why = _route(
-            dropout_p,
-            grad and (query.requires_grad or key.requires_grad or value.requires_grad),
-            grad and attn_mask is not None and attn_mask.requires_grad,
-            plan.kernel,
-        )
+        inputs_grad = grad and (query.requires_grad or key.requires_grad or value.requires_grad)
+        why = _route(dropout_p, False, grad and attn_mask is not None and attn_mask.requires_grad, plan.kernel)
         if why is None:
-            return plan.decision
+            return self._training_route.decision(plan, self.memory_budget) if inputs_grad else plan.decision
         return replace(plan.decision, kernel=TRAINING_KERNEL, params={}, route=ROUTE_TRAINING,
                        notes=(*plan.decision.notes, f"training: {why}"))
 
@@ -381,3 +382,4 @@ class Dispatcher:
             self._plans.clear()
             self._devices.clear()
             self._counts.clear()
+            self._training_route.reset()
