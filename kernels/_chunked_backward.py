@@ -172,11 +172,12 @@ def _tile_bytes(problem: Problem, q_rows: int, kv_cols: int) -> tuple[int, int]:
     score_elem = acc + (item if half else 0) + mask_elem
     per_row = E * item + (E * acc if widen else 0) + 6 * acc  # scaled query rows, row statistics
     per_col = (E * acc if widen else 0) + (E + Ev) * item  # widened key block, matmul input copies
-    forward = tile * (score_elem + item) + rows * (per_row + Ev * (item + 2 * acc)) + cols * per_col
+    casts = item if half else 0  # a cast to the input dtype copies only for half inputs
+    forward = tile * (score_elem + casts) + rows * (per_row + Ev * (item + 2 * acc)) + cols * per_col
     # backward: P (fp32) and its cast, dP in the input dtype and fp32, dS's cast; dO, O and their
     # fp32 copies, delta, lse rows, dQ's fp32 accumulator, product and cast; dK and dV products
     backward = (
-        tile * (score_elem + acc + 3 * item)
+        tile * (score_elem + acc + 3 * casts)
         + rows * (per_row + Ev * 2 * (item + acc) + 2 * acc + E * (2 * acc + 2 * item))
         + cols * (per_col + (E + Ev) * item)
     )
