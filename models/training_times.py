@@ -7,8 +7,9 @@ Format (``format_version`` 1)::
      "entries": [{"problem": {...Problem.to_dict()...}, "kernel": "chunked[q=128,kv=1024]",
                   "seconds": 0.0123, "peak_bytes": 123456}]}
 
-An entry serves every problem in its bucket (`planning.failure_bucket`: lengths and batch rounded
-up to powers of two) on a device with the same label (`device_label`). The profile is found
+An entry serves every problem of its class and length bucket (`profile_key`: dtype, causality,
+mask kind, head dim, GQA ratio, work size and log2 length buckets, `models.buckets`) on a device
+with the same label (`device_label`). The profile is found
 through ``ATTN_DISPATCH_TRAINING_PROFILE`` (a path). A missing, corrupt or foreign profile is a
 warning and no measurements: an attention call never fails because of a profile.
 """
@@ -23,12 +24,17 @@ from pathlib import Path
 
 import torch
 
-from attn_dispatch.dispatcher.planning import failure_bucket
-from attn_dispatch.kernels import Problem
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models.buckets import OPTIONAL_FIELDS, bucket_of, class_key
 
 PROFILE_ENV = "ATTN_DISPATCH_TRAINING_PROFILE"
 FORMAT_VERSION = 1
 KIND = "attn_dispatch.training_profile"
+
+
+def profile_key(problem: Problem) -> tuple:
+    """What one measurement serves: the problem's finest class and its length buckets."""
+    return (class_key(problem, fields=OPTIONAL_FIELDS), bucket_of(problem))
 
 
 def device_label(device: torch.device) -> str:
@@ -76,7 +82,7 @@ class TrainingTimes:
             seconds = row.get("seconds")
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
                 raise ValueError(f"entry for {row['kernel']} needs positive finite 'seconds', got {seconds!r}")
-            bucket = failure_bucket(Problem.from_dict(row.get("problem")))
+            bucket = profile_key(Problem.from_dict(row.get("problem")))
             times = entries.setdefault((device, bucket), {})
             times[row["kernel"]] = min(float(seconds), times.get(row["kernel"], math.inf))
         return cls(entries)
@@ -85,4 +91,4 @@ class TrainingTimes:
         """Kernel name -> measured seconds for `problem`'s bucket on `device` (empty: none)."""
         if not self._entries:
             return {}
-        return dict(self._entries.get((device_label(device), failure_bucket(problem)), {}))
+        return dict(self._entries.get((device_label(device), profile_key(problem)), {}))
