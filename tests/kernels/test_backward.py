@@ -13,6 +13,7 @@ from attn_dispatch.kernels.tolerances import Tolerance
 from tests.kernels.cases import Case
 from tests.kernels.contract import RUNNABLE_HERE, TEST_DEVICE, problem_of
 from tests.kernels.test_contract import NAMED_CASES
+from tests.kernels.test_workspace import CUDA_ALLOCATOR_SLACK_BYTES
 
 GRADIENT_TOLERANCE_FACTOR = 2
 """Gradients may err up to twice the forward's tolerance (issue 16's target): the backward chains
@@ -124,6 +125,8 @@ def test_backward_workspace_bounds_measured_peak(kernel, name):
     train_step()  # warm-up
     peak, grads = measure_peak_bytes(train_step, leaves[0].device)
     bound = kernel.backward_workspace_bytes(problem)
+    if leaves[0].device.type == "cuda":
+        bound += CUDA_ALLOCATOR_SLACK_BYTES
     assert len(grads) == 3
     gradients_seen = problem.q_bytes + problem.kv_bytes  # the tracker saw the backward run
     assert gradients_seen < peak <= bound, f"{kernel.name}: peak {peak} B, bound {bound} B"
