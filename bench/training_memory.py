@@ -100,8 +100,7 @@ def _train_step(attention, leaves, grad_out, causal: bool):
     return torch.autograd.grad(attention(*leaves, is_causal=causal), leaves, grad_out)
 
 
-def run(device: torch.device, *, compare_math: bool, check_heads: int, reps: int) -> dict:
-    scenario = SCENARIOS[device.type]
+def run(device: torch.device, scenario: dict, *, compare_math: bool, check_heads: int, reps: int) -> dict:
     causal = scenario["causal"]
     leaves, grad_out = _inputs(scenario, device)
     dispatcher = Dispatcher(kernels="portable", memory_budget=scenario["budget"])
@@ -146,12 +145,18 @@ def _float64_check(leaves, grad_out, grads, causal: bool, heads: int, dtype: str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=sorted(SCENARIOS))
+    parser.add_argument("--scenario", default=None, choices=sorted(SCENARIOS), help="default: the device's")
+    parser.add_argument("--length", type=int, default=None, help="override the scenario's tokens (a quick try)")
+    parser.add_argument("--heads", type=int, default=None, help="override the scenario's heads")
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--compare-math", action="store_true", help="also run PyTorch's math backend (O(L*S) memory)")
     parser.add_argument("--check-heads", type=int, default=1, help="heads checked against float64 (0: none)")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args(argv)
-    result = run(torch.device(args.device), compare_math=args.compare_math, check_heads=args.check_heads, reps=args.reps)
+    scenario = dict(SCENARIOS[args.scenario or args.device])
+    scenario.update({name: value for name, value in (("length", args.length), ("heads", args.heads)) if value})
+    result = run(torch.device(args.device), scenario, compare_math=args.compare_math, check_heads=args.check_heads,
+                 reps=args.reps)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -106,8 +106,8 @@ def _backward(grad_out, query, key, value, mask, out, lse, problem: Problem, sca
             mask_scores_(probs, mask, problem.causal, rows, cols, problem)
             probs = probs.sub_(row_lse).exp_()  # P = exp(S - lse), in place
             d_value[:, :, cols] += torch.matmul(probs.to(dtype).transpose(-1, -2), do_block)
-            d_probs = torch.matmul(do_block, value_block.transpose(-1, -2)).to(acc)
-            d_scores = probs.mul_(d_probs.sub_(delta)).to(dtype)  # dS = P * (dP - delta)
+            d_probs = torch.sub(torch.matmul(do_block, value_block.transpose(-1, -2)), delta)  # fp32: dP - delta
+            d_scores = probs.mul_(d_probs).to(dtype)  # dS = P * (dP - delta)
             del probs, d_probs
             dq_block += torch.matmul(d_scores, key_block)
             d_key[:, :, cols] += torch.matmul(d_scores.transpose(-1, -2), q_block)
