@@ -20,6 +20,16 @@ RANK = 4
 LEARNING_RATE = 1e-2
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: the tiny matmuls gain nothing from two, and xdist workers share the cores
+    (a loaded 2-core machine took 38 s with two threads, 6 s with one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 class LoRALinear(nn.Module):
     """``base(x) + (alpha / r) * B(A(x))`` with `base` frozen and ``B`` starting at zero."""
 
