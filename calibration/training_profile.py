@@ -1,9 +1,11 @@
 """The training profile: forward+backward times of every kernel with a backward, per problem, so
 the dispatcher's training route (`dispatcher.training_route`) is ordered by measurements.
 
-    python -m attn_dispatch.calibration.training_profile --device cuda --kernels portable \\
-        --memory-budget-gib 16 --out ~/.cache/attn_dispatch/training_profile.json
-    export ATTN_DISPATCH_TRAINING_PROFILE=~/.cache/attn_dispatch/training_profile.json
+    attn-dispatch calibrate --training ...    (after the inference sweep, on the first device)
+    python -m attn_dispatch.calibration.training_profile --device cuda --kernels portable --memory-budget-gib 16
+
+Both write ``<home>/training_profile.json``, where the dispatcher's training route looks (or
+``--out PATH`` and ``ATTN_DISPATCH_TRAINING_PROFILE=PATH``).
 
 A kernel is timed on a problem only where its declared forward+backward memory
 (`kernels.backward_memory.training_bytes`) fits the budget and a share of free memory; a kernel
@@ -26,7 +28,7 @@ from attn_dispatch.calibration.timer import DEFAULT, QUICK, TimerSettings, time_
 from attn_dispatch.kernels import Kernel, Problem, all_kernels, portable_kernels
 from attn_dispatch.kernels.backward_memory import training_bytes
 from attn_dispatch.kernels.sdpa_backends import SdpaDefaultKernel
-from attn_dispatch.models.training_times import FORMAT_VERSION, KIND, device_label
+from attn_dispatch.models.training_times import FORMAT_VERSION, KIND, default_profile_path, device_label
 
 FREE_MEMORY_SHARE = 0.5
 """Largest share of the device's free memory one timed forward+backward may plan for: the
@@ -115,6 +117,19 @@ def measure_profile(
     }
 
 
+def write_profile(device: torch.device | str, *, kernel_set: str, budget: int | None, quick: bool,
+                  path: str | Path | None = None) -> str:
+    """Measure and write the profile (default: `models.training_times.default_profile_path`,
+    where the training route finds it); returns a one-line summary."""
+    device = torch.device(device)
+    profile = measure_profile(device, training_problems(device.type, quick=quick), training_kernels(kernel_set),
+                              budget=budget, settings=QUICK if quick else DEFAULT)
+    target = Path(path).expanduser() if path is not None else default_profile_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(profile, indent=1) + "\n")
+    return f"training profile: {len(profile['entries'])} forward+backward timings, {len(profile['skipped'])} skipped -> {target}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Time forward+backward of every kernel with a backward.")
     parser.add_argument("--device", default="cpu")
@@ -122,15 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-budget-gib", type=float, default=None,
                         help="e.g. 16: kernels whose forward+backward needs more GiB are skipped")
     parser.add_argument("--quick", action="store_true", help="fewer problems, a looser timer")
-    parser.add_argument("--out", required=True, help="profile JSON to write (point ATTN_DISPATCH_TRAINING_PROFILE at it)")
+    parser.add_argument("--out", default=None,
+                        help="profile JSON to write (default: <home>/training_profile.json, where the dispatcher looks)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     budget = None if args.memory_budget_gib is None else int(args.memory_budget_gib * 2**30)
-    profile = measure_profile(device, training_problems(device.type, quick=args.quick), training_kernels(args.kernels),
-                              budget=budget, settings=QUICK if args.quick else DEFAULT)
-    Path(args.out).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).expanduser().write_text(json.dumps(profile, indent=1) + "\n")
-    print(f"{len(profile['entries'])} timings, {len(profile['skipped'])} skipped -> {args.out}")
+    print(write_profile(device, kernel_set=args.kernels, budget=budget, quick=args.quick, path=args.out))
     return 0
 
 

@@ -10,7 +10,8 @@ Format (``format_version`` 1)::
 An entry serves every problem of its class and length bucket (`profile_key`: dtype, causality,
 mask kind, head dim, GQA ratio, work size and log2 length buckets, `models.buckets`) on a device
 with the same label (`device_label`). The profile is found
-through ``ATTN_DISPATCH_TRAINING_PROFILE`` (a path). A missing, corrupt or foreign profile is a
+through ``ATTN_DISPATCH_TRAINING_PROFILE`` (a path), else at ``<home>/training_profile.json``
+(`default_profile_path`: where ``attn-dispatch calibrate --training`` writes it). A missing, corrupt or foreign profile is a
 warning and no measurements: an attention call never fails because of a profile.
 """
 
@@ -26,8 +27,10 @@ import torch
 
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.buckets import OPTIONAL_FIELDS, bucket_of, class_key
+from attn_dispatch.models.paths import home
 
 PROFILE_ENV = "ATTN_DISPATCH_TRAINING_PROFILE"
+PROFILE_FILE = "training_profile.json"
 FORMAT_VERSION = 1
 KIND = "attn_dispatch.training_profile"
 
@@ -35,6 +38,11 @@ KIND = "attn_dispatch.training_profile"
 def profile_key(problem: Problem) -> tuple:
     """What one measurement serves: the problem's finest class and its length buckets."""
     return (class_key(problem, fields=OPTIONAL_FIELDS), bucket_of(problem))
+
+
+def default_profile_path(home_override: str | os.PathLike | None = None) -> Path:
+    """``<home>/training_profile.json`` (`models.paths.home`)."""
+    return home(home_override) / PROFILE_FILE
 
 
 def device_label(device: torch.device) -> str:
@@ -52,8 +60,12 @@ class TrainingTimes:
 
     @classmethod
     def from_env(cls) -> TrainingTimes:
+        """The profile ``ATTN_DISPATCH_TRAINING_PROFILE`` names, else the home's, else none."""
         path = os.environ.get(PROFILE_ENV, "").strip()
-        return cls.load(path) if path else cls()
+        if path:
+            return cls.load(path)
+        default = default_profile_path()
+        return cls.load(default) if default.is_file() else cls()
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> TrainingTimes:
