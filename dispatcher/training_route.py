@@ -56,11 +56,14 @@ class TrainingChoice:
 
 def order_for_training(options: Sequence[Option], measured: Mapping[str, float] | None) -> list[Option]:
     """Options with measured forward+backward times first (fastest first), then the rest in the
-    ranked order they came in."""
-    if not measured:
-        return list(options)
-    timed = sorted((o for o in options if o.kernel.name in measured), key=lambda o: measured[o.kernel.name])
-    return timed + [o for o in options if o.kernel.name not in measured]
+    ranked order they came in; a last-resort option (`kernel_set.LastResortDefault`) stays last
+    whatever its time, as on the inference route."""
+    last = [o for o in options if getattr(o.kernel, "last_resort", False)]
+    ranked = [o for o in options if o not in last]
+    if measured:
+        timed = sorted((o for o in ranked if o.kernel.name in measured), key=lambda o: measured[o.kernel.name])
+        ranked = timed + [o for o in ranked if o.kernel.name not in measured]
+    return ranked + last
 
 
 def shrink_for_training(problem: Problem, limit: int, failed: Mapping[str, str]) -> ChunkedKernel | None:

@@ -82,6 +82,16 @@ def test_measured_times_reorder_the_candidates():
     assert [c.name for c in choice.candidates] == [names[1], names[0]]
 
 
+def test_the_last_resort_stays_last_even_when_measured_fastest():
+    from attn_dispatch.dispatcher.kernel_set import LastResortDefault
+
+    last = LastResortDefault()
+    ordered = options("chunked[q=128,kv=1024]") + [Option(last, None, last.workspace_bytes(PROBLEM))]
+    choice = choose_training(ordered, PROBLEM, free=None, budget=None,
+                             measured={"sdpa_default": 1e-6, "chunked[q=128,kv=1024]": 1.0})
+    assert choice.kernel.name == "chunked[q=128,kv=1024]"
+
+
 def test_failed_kernels_are_not_chosen_again():
     choice = choose_training(options("chunked[q=128,kv=1024]", "chunked[q=512,kv=4096]"), PROBLEM, free=None,
                              budget=None, failed={"chunked[q=128,kv=1024]": "RuntimeError: boom"})
