@@ -61,6 +61,11 @@ class Plan:
         self._decision: Decision | None = None
 
     @property
+    def ranked(self):
+        """The bucket's ranked options (`planning.Ranked` of its first problem)."""
+        return self.bucket.ranked
+
+    @property
     def tune_pending(self) -> bool:
         return self.bucket.tune_pending
 

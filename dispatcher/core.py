@@ -31,6 +31,7 @@ from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.ranking import resolve_ranking
 from attn_dispatch.dispatcher.tuning import tune_from_env
 from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
+from attn_dispatch.dispatcher.training_route import TrainingRoute
 from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
 from attn_dispatch.kernels.failures import is_out_of_memory
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
@@ -105,6 +106,7 @@ class Dispatcher:
         self._config = PlannerConfig(self._kernels, policy, self._signature,
                                      (lambda: tunings_dir(self.home)) if remember_tunings else None)
         self._counts: dict[str, list[int]] = {}  # calls of evicted plans and of the training route
+        self._training_route = TrainingRoute()  # forward+backward decisions (`training_route`)
         self._lock = threading.RLock()
         self._traced_shapes: set[tuple] = set()  # exact shapes traced into compiled graphs (`compiled`)
         self.compile_id = dispatcher_id(self)
@@ -193,13 +195,16 @@ class Dispatcher:
             plan = self._plans.get(key_)
             if plan is None or plan.recheck:
                 plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
-            if plan.kernel.supports_backward:
-                plan.count[0] += 1
+            choice = self._training_route.choose(plan, self.memory_budget)
+            if choice.kernel is not None:
+                count = self._count_cell(choice.kernel.name)
+                count[0] += 1
                 try:
-                    return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
-                except Exception as error:  # noqa: BLE001
-                    return self._recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa,
-                                         training=True)
+                    return choice.kernel.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+                except Exception as error:  # noqa: BLE001 - remembered; PyTorch's SDPA runs this call
+                    count[0] -= 1
+                    self._training_route.failed(plan, self.memory_budget, choice.kernel, error)
+                    _log.fallback(choice.kernel.name, error, TRAINING_KERNEL)
         return self._pytorch_training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
     def _pytorch_training(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -308,11 +313,8 @@ class Dispatcher:
             self._count_cell(plan.kernel.name)[0] += plan.count[0]
 
     # ------------------------------------------------------------------ failing
-    def _recover(
-        self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa, *, training=False
-    ) -> torch.Tensor:
-        """`plan`'s kernel raised: remember it for the bucket, run the next candidate (repeatedly).
-        On the training route a next candidate without backward hands over to PyTorch's SDPA."""
+    def _recover(self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:
+        """`plan`'s kernel raised: remember it for the bucket, run the next candidate (repeatedly)."""
         check_scale(scale)
         planner = self._planner(plan.device)
         while True:
@@ -332,9 +334,6 @@ class Dispatcher:
             except NoKernelError as no_kernel:
                 self._forget_out_of_memory(plan)
                 raise no_kernel from error
-            if training and not plan.kernel.supports_backward:
-                _log.fallback(failed, error, TRAINING_KERNEL)
-                return self._pytorch_training(query, key, value, attn_mask, 0.0, plan.problem.causal, scale, enable_gqa)
             _log.fallback(failed, error, plan.kernel.name)
             plan.count[0] += 1
             try:
@@ -377,14 +376,10 @@ class Dispatcher:
         if plan is None or plan.recheck:
             plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         grad = _grad_enabled()
-        why = _route(
-            dropout_p,
-            grad and (query.requires_grad or key.requires_grad or value.requires_grad),
-            grad and attn_mask is not None and attn_mask.requires_grad,
-            plan.kernel,
-        )
+        inputs_grad = grad and (query.requires_grad or key.requires_grad or value.requires_grad)
+        why = _route(dropout_p, False, grad and attn_mask is not None and attn_mask.requires_grad, plan.kernel)
         if why is None:
-            return plan.decision
+            return self._training_route.decision(plan, self.memory_budget) if inputs_grad else plan.decision
         return replace(plan.decision, kernel=TRAINING_KERNEL, params={}, route=ROUTE_TRAINING,
                        notes=(*plan.decision.notes, f"training: {why}"))
 
@@ -416,3 +411,4 @@ class Dispatcher:
             self._traced_shapes.clear()
             self._planners.clear()
             self._counts.clear()
+            self._training_route.reset()

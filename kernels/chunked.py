@@ -20,6 +20,11 @@ from attn_dispatch.kernels._blocks import (
     scatter_rows,
     softmax_partials,
 )
+from attn_dispatch.kernels._chunked_backward import (
+    chunked_attention_with_backward,
+    needs_backward,
+    training_workspace_bytes,
+)
 from attn_dispatch.kernels._single_pass import single_pass_attention, single_pass_workspace_bytes
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
@@ -42,6 +47,7 @@ class ChunkedKernel(Kernel):
     """
 
     family = "chunked"
+    supports_backward = True  # FlashAttention-2's backward: `kernels._chunked_backward`
     PARAM_SPACE = {"q": [64, 128, 256, 512, 1024, 2048, 4096], "kv": [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]}
 
     def __init__(self, q: int = 512, kv: int = 4096) -> None:
@@ -64,7 +70,13 @@ class ChunkedKernel(Kernel):
             + block
         )
 
+    def backward_workspace_bytes(self, problem: Problem) -> int:
+        """Extra peak memory of forward plus backward of one call (the training route's bound)."""
+        return training_workspace_bytes(problem, self.q_chunk, self.kv_chunk)
+
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
+        if needs_backward(query, key, value):
+            return chunked_attention_with_backward(query, key, value, mask, problem, scale, self.q_chunk, self.kv_chunk)
         L, S = problem.q_len, problem.kv_len
         out = query.new_empty(problem.batch, problem.q_heads, L, problem.value_dim)
         one_kv_block = self.kv_chunk >= S

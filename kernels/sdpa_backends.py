@@ -58,6 +58,8 @@ def additive_bias(
 def zero_fully_masked_rows_(out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Set rows of ``out [B, H, L, Ev]`` whose every key is blocked in ``bias`` to zero."""
     dead = (bias == float("-inf")).all(dim=-1, keepdim=True)  # [B|1, H|1, L, 1]
+    if out.requires_grad:  # in place would break autograd (the backend saved `out`)
+        return out.masked_fill(dead, 0.0)
     return out.masked_fill_(dead, 0.0)  # unconditionally: testing dead.any() would sync the GPU
 
 

@@ -49,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--measure-only", action="store_true", help="stop after measuring (no fit, no table)")
     parser.add_argument("--summary-json", default=None, metavar="PATH", help="also write the summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--training", action="store_true",
+                        help="then time forward+backward of the kernels with a backward on the first device and write "
+                        "the training profile the training route reads (calibration/training_profile.py)")
     parser.set_defaults(run=run)
 
 
@@ -86,6 +89,11 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(one_line(error)) from None
     for line in summary.lines():
         print(line)
+    if args.training:
+        from attn_dispatch.calibration.training_profile import write_profile
+
+        kernel_set = args.kernels if args.kernels in ("all", "portable") else "all"
+        print(write_profile(config.devices[0], kernel_set=kernel_set, budget=config.memory_budget, quick=config.quick))
     if args.summary_json:
         statuses = dict(summary.statuses)
         with open(args.summary_json, "w") as handle:

@@ -104,10 +104,10 @@ def test_explain_reports_the_route_attention_takes(kernel, grad_enabled, dropout
         decision = ours.explain(**inputs, dropout_p=dropout_p)
         ours.attention(**inputs, dropout_p=dropout_p)
     ran = next(iter(ours.stats()))
-    expected = "training" if ran == TRAINING_COUNT else "dispatch"
-    assert decision.route == expected, (decision.route, ran)
-    assert decision.kernel == (TRAINING_KERNEL if expected == "training" else ran)
-    if expected == "training":
+    training = dropout_p != 0.0 or (grad_enabled and (query_grad or bool(mask_grad)))
+    assert decision.route == ("training" if training else "dispatch"), (decision.route, ran)
+    assert decision.kernel == (TRAINING_KERNEL if ran == TRAINING_COUNT else ran)
+    if ran == TRAINING_COUNT:
         note = decision.notes[-1]
         assert ("dropout_p=0.5" in note) == (dropout_p != 0.0)
         assert ("has no backward" in note) == (dropout_p == 0.0 and not (grad_enabled and mask_grad))

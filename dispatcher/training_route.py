@@ -1,0 +1,212 @@
+"""The training route: a call whose inputs require grad runs the fastest kernel with a backward
+whose forward-plus-backward memory fits the budget.
+
+`choose_training` is the decision (a pure function of the ranked options, the problem and the
+memory limits); `TrainingRoute` caches it per problem, logs it once, says loudly (a WARNING, once
+per problem) when nothing fits and the route goes over the budget, and builds the `Decision`
+that `Dispatcher.explain` returns. Dropout and a mask that requires grad never come here: only
+PyTorch's SDPA does them (`Dispatcher._pytorch_training`).
+
+Order: measured forward+backward times from a training profile (`calibration.training_profile`,
+found through `models.training_times`) where there are some, else the inference ranking's
+order (a kernel fast forward is fast backward: both are the same tiles).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from attn_dispatch.dispatcher import _log
+from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Candidate, Decision
+from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
+from attn_dispatch.dispatcher.planning import MIN_CHUNK, Option, memory_limit, over_limit_reason
+from attn_dispatch.kernels import ChunkedKernel, Kernel, Problem
+from attn_dispatch.kernels.backward_memory import training_bytes
+from attn_dispatch.models.buckets import length_bucket
+from attn_dispatch.models.training_times import TrainingTimes
+
+
+@dataclass(frozen=True)
+class TrainingChoice:
+    """What the training route runs for one problem.
+
+    Attributes
+    ----------
+    kernel: the chosen kernel; None means PyTorch's SDPA (no kernel with a backward can run).
+    workspace_bytes: its forward+backward bound (None when unknown).
+    candidates: kernels with a backward that fit, in the order they would be tried.
+    dropped: ``(name, reason)`` for kernels without a backward or over the memory limit.
+    over_budget: nothing with a backward fits; the smallest runs anyway.
+    notes: why, in words (`explain` and the log show them).
+    """
+
+    kernel: Kernel | None
+    workspace_bytes: int | None
+    candidates: tuple[Candidate, ...]
+    dropped: tuple[tuple[str, str], ...]
+    over_budget: bool
+    notes: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return TRAINING_KERNEL if self.kernel is None else self.kernel.name
+
+
+def order_for_training(options: Sequence[Option], measured: Mapping[str, float] | None) -> list[Option]:
+    """Options with measured forward+backward times first (fastest first), then the rest in the
+    ranked order they came in; a last-resort option (`kernel_set.LastResortDefault`) stays last
+    whatever its time, as on the inference route."""
+    last = [o for o in options if getattr(o.kernel, "last_resort", False)]
+    ranked = [o for o in options if o not in last]
+    if measured:
+        timed = sorted((o for o in ranked if o.kernel.name in measured), key=lambda o: measured[o.kernel.name])
+        ranked = timed + [o for o in ranked if o.kernel.name not in measured]
+    return ranked + last
+
+
+def shrink_for_training(problem: Problem, limit: int, failed: Mapping[str, str]) -> ChunkedKernel | None:
+    """The largest-chunked `ChunkedKernel` whose forward+backward bound fits `limit`: halve the
+    larger chunk from the default (clipped to the problem's length buckets) down to `MIN_CHUNK`
+    (the forward's smallest useful block, `planning.MIN_CHUNK`). None when even that is over."""
+    default = ChunkedKernel()
+    q = max(MIN_CHUNK, min(default.q_chunk, 1 << length_bucket(problem.q_len)))
+    kv = max(MIN_CHUNK, min(default.kv_chunk, 1 << length_bucket(problem.kv_len)))
+    while True:
+        kernel = ChunkedKernel(q=q, kv=kv)
+        if kernel.name not in failed and not kernel.reasons(problem) and training_bytes(kernel, problem) <= limit:
+            return kernel
+        if q <= MIN_CHUNK and kv <= MIN_CHUNK:
+            return None
+        if kv >= q and kv > MIN_CHUNK:
+            kv //= 2
+        else:
+            q //= 2
+
+
+def choose_training(
+    options: Sequence[Option],
+    problem: Problem,
+    *,
+    free: int | None,
+    budget: int | None,
+    failed: Mapping[str, str] | None = None,
+    measured: Mapping[str, float] | None = None,
+) -> TrainingChoice:
+    """The training route's decision for `problem`.
+
+    Parameters
+    ----------
+    options: the problem's runnable kernels in inference-ranking order (`planning.Ranked.options`).
+    free, budget: free device memory and the configured budget in bytes (None: unknown / none).
+    failed: kernel name -> why it failed on this route (not chosen again).
+    measured: kernel name -> measured forward+backward seconds for this problem's bucket.
+    """
+    failed = failed or {}
+    limit = memory_limit(free, budget)
+    fitting: list[tuple[Option, int]] = []
+    over: list[tuple[Option, int]] = []
+    dropped: list[tuple[str, str]] = []
+    for option in order_for_training(options, measured):
+        kernel = option.kernel
+        if not kernel.supports_backward:
+            dropped.append((kernel.name, "no backward (training needs one)"))
+            continue
+        if kernel.name in failed:
+            dropped.append((kernel.name, f"failed on the training route: {failed[kernel.name]}"))
+            continue
+        need = training_bytes(kernel, problem)
+        why = over_limit_reason(need, free, budget)
+        if why is None:
+            fitting.append((option, need))
+        else:
+            over.append((option, need))
+            dropped.append((kernel.name, f"forward+backward {why}"))
+    order = "measured forward+backward times" if measured else "the inference ranking"
+    notes: list[str] = []
+    if not fitting and over and limit is not None:  # kernels with a backward run, none fits: smaller chunks
+        shrunk = shrink_for_training(problem, limit, failed)
+        if shrunk is not None:
+            fitting.append((Option(shrunk, None, int(shrunk.workspace_bytes(problem))), training_bytes(shrunk, problem)))
+            notes.append(f"training: no ranked kernel's backward fits; {shrunk.name} uses smaller chunks to fit")
+    candidates = tuple(Candidate(o.kernel.name, (measured or {}).get(o.kernel.name, o.predicted_s), need)
+                       for o, need in fitting)
+    if fitting:
+        option, need = fitting[0]
+        notes.append(f"training: {option.kernel.name} is the fastest kernel with a backward that fits "
+                     f"(forward+backward {format_bytes(need)}; ordered by {order})")
+        return TrainingChoice(option.kernel, need, candidates, tuple(dropped), False, tuple(notes))
+    if over:
+        option, need = min(over, key=lambda pair: pair[1])
+        notes.append(f"OVER BUDGET: no kernel with a backward fits the memory limit of {format_bytes(limit)}; "
+                     f"running {option.kernel.name}, the smallest, whose forward+backward needs {format_bytes(need)}")
+        return TrainingChoice(option.kernel, need, (), tuple(dropped), True, tuple(notes))
+    notes.append("training: every kernel of this dispatcher that can run it has no backward; PyTorch's SDPA runs it")
+    return TrainingChoice(None, None, (), tuple(dropped), False, tuple(notes))
+
+
+def training_decision(decision: Decision, choice: TrainingChoice) -> Decision:
+    """The inference `decision` turned into the training route's (what `explain` returns)."""
+    return replace(
+        decision, kernel=choice.name, params={} if choice.kernel is None else dict(choice.kernel.params),
+        route=ROUTE_TRAINING, candidates=choice.candidates or decision.candidates,
+        dropped=choice.dropped, notes=(*decision.notes, *choice.notes),
+    )
+
+
+class TrainingRoute:
+    """The dispatcher's training decisions, one per (problem, device, budget), made once.
+
+    Parameters
+    ----------
+    times: measured forward+backward times (default: the profile `TrainingTimes.from_env` finds).
+    """
+
+    def __init__(self, times: TrainingTimes | None = None) -> None:
+        self._times = times
+        self._choices: dict[tuple, tuple[TrainingChoice, Decision]] = {}
+        self._failed: dict[tuple, dict[str, str]] = {}
+        self._lock = threading.Lock()
+
+    def _times_now(self) -> TrainingTimes:
+        if self._times is None:
+            self._times = TrainingTimes.from_env()
+        return self._times
+
+    def choose(self, plan, budget: int | None) -> TrainingChoice:
+        """The choice for `plan` (a `_plan.Plan`: problem, device, ranked options, decision)."""
+        return self._entry(plan, budget)[0]
+
+    def decision(self, plan, budget: int | None) -> Decision:
+        """The training route's `Decision` for `plan` (`explain`)."""
+        return self._entry(plan, budget)[1]
+
+    def _entry(self, plan, budget: int | None) -> tuple[TrainingChoice, Decision]:
+        key = (plan.problem, plan.device, budget)
+        entry = self._choices.get(key)
+        if entry is not None:
+            return entry
+        with self._lock:
+            entry = self._choices.get(key)
+            if entry is None:
+                choice = choose_training(
+                    plan.ranked.options, plan.problem, free=free_bytes(plan.device), budget=budget,
+                    failed=self._failed.get(key), measured=self._times_now().lookup(plan.problem, plan.device))
+                entry = self._choices[key] = (choice, training_decision(plan.decision, choice))
+                _log.new_decision(entry[1])
+                if choice.over_budget:
+                    _log.logger.warning("%s", choice.notes[-1])
+        return entry
+
+    def failed(self, plan, budget: int | None, kernel: Kernel, error: BaseException) -> None:
+        """`kernel` raised on the training route: decide again without it."""
+        key = (plan.problem, plan.device, budget)
+        with self._lock:
+            self._failed.setdefault(key, {})[kernel.name] = f"{type(error).__name__}: {error}"
+            self._choices.pop(key, None)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._choices.clear()
+            self._failed.clear()

@@ -1,0 +1,106 @@
+"""Measured forward+backward times for the training route: a training profile written by
+``python -m attn_dispatch.calibration.training_profile`` (JSON; loading it never runs code).
+
+Format (``format_version`` 1)::
+
+    {"format_version": 1, "kind": "attn_dispatch.training_profile", "device": "cpu",
+     "entries": [{"problem": {...Problem.to_dict()...}, "kernel": "chunked[q=128,kv=1024]",
+                  "seconds": 0.0123, "peak_bytes": 123456}]}
+
+An entry serves every problem of its class and length bucket (`profile_key`: dtype, causality,
+mask kind, head dim, GQA ratio, work size and log2 length buckets, `models.buckets`) on a device
+with the same label (`device_label`). The profile is found
+through ``ATTN_DISPATCH_TRAINING_PROFILE`` (a path), else at ``<home>/training_profile.json``
+(`default_profile_path`: where ``attn-dispatch calibrate --training`` writes it). A missing, corrupt or foreign profile is a
+warning and no measurements: an attention call never fails because of a profile.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models.buckets import OPTIONAL_FIELDS, bucket_of, class_key
+from attn_dispatch.models.paths import home
+
+PROFILE_ENV = "ATTN_DISPATCH_TRAINING_PROFILE"
+PROFILE_FILE = "training_profile.json"
+FORMAT_VERSION = 1
+KIND = "attn_dispatch.training_profile"
+
+
+def profile_key(problem: Problem) -> tuple:
+    """What one measurement serves: the problem's finest class and its length buckets."""
+    return (class_key(problem, fields=OPTIONAL_FIELDS), bucket_of(problem))
+
+
+def default_profile_path(home_override: str | os.PathLike | None = None) -> Path:
+    """``<home>/training_profile.json`` (`models.paths.home`)."""
+    return home(home_override) / PROFILE_FILE
+
+
+def device_label(device: torch.device) -> str:
+    """``"cpu"``, or ``"cuda:<card name>"`` for a GPU (a profile serves cards of that name)."""
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return device.type
+
+
+class TrainingTimes:
+    """Forward+backward seconds by (device label, problem bucket, kernel name)."""
+
+    def __init__(self, entries: dict[tuple[str, tuple], dict[str, float]] | None = None) -> None:
+        self._entries = entries or {}
+
+    @classmethod
+    def from_env(cls) -> TrainingTimes:
+        """The profile ``ATTN_DISPATCH_TRAINING_PROFILE`` names, else the home's, else none."""
+        path = os.environ.get(PROFILE_ENV, "").strip()
+        if path:
+            return cls.load(path)
+        default = default_profile_path()
+        return cls.load(default) if default.is_file() else cls()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> TrainingTimes:
+        """Read a profile; a bad one warns (naming the file and the fix) and gives no times."""
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as error:
+            warnings.warn(f"training profile {path} not used ({error}); re-run "
+                          "`python -m attn_dispatch.calibration.training_profile`", stacklevel=2)
+            return cls()
+
+    @classmethod
+    def from_dict(cls, data: object) -> TrainingTimes:
+        """Validate a profile's JSON; ValueError names what is wrong."""
+        if not isinstance(data, dict) or data.get("kind") != KIND:
+            raise ValueError(f"not a training profile (expected kind {KIND!r})")
+        if data.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"format_version {data.get('format_version')!r}, this version reads {FORMAT_VERSION}")
+        device, rows = data.get("device"), data.get("entries")
+        if not isinstance(device, str) or not isinstance(rows, list):
+            raise ValueError("a profile needs a 'device' string and an 'entries' list")
+        entries: dict[tuple[str, tuple], dict[str, float]] = {}
+        for row in rows:
+            if not isinstance(row, dict) or not isinstance(row.get("kernel"), str):
+                raise ValueError(f"entry {row!r} needs a 'kernel' name")
+            seconds = row.get("seconds")
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
+                raise ValueError(f"entry for {row['kernel']} needs positive finite 'seconds', got {seconds!r}")
+            bucket = profile_key(Problem.from_dict(row.get("problem")))
+            times = entries.setdefault((device, bucket), {})
+            times[row["kernel"]] = min(float(seconds), times.get(row["kernel"], math.inf))
+        return cls(entries)
+
+    def lookup(self, problem: Problem, device: torch.device) -> dict[str, float]:
+        """Kernel name -> measured seconds for `problem`'s bucket on `device` (empty: none)."""
+        if not self._entries:
+            return {}
+        return dict(self._entries.get((device_label(device), profile_key(problem)), {}))
