@@ -20,6 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("out", metavar="OUT", help="the JSON file to write")
     parser.add_argument("--device", default=None, help="whose table (default: cuda if available, else cpu)")
     parser.add_argument("--table", default=None, metavar="PATH", help="export this table file instead (validated)")
+    parser.add_argument("--no-tunings", action="store_true",
+                        help="leave out the first-call tunings remembered for the table's card (default: they go in as measured entries)")
     parser.set_defaults(run=run)
 
 
@@ -29,6 +31,14 @@ def describe(table) -> str:
     merged = f", merged from {len(p.identities)} cards" if p.merged_from else ""
     return (f"{table.identity.model_key} ({table.identity.software_key}), created {p.created}, "
             f"{p.points_measured} points, {len(table.classes)} classes{merged}")
+
+
+def with_remembered_tunings(table):
+    """`table` with this machine's remembered tunings of its card as measured entries."""
+    from attn_dispatch.dispatcher.tuning_store import tuning_entries
+    from attn_dispatch.models.paths import tunings_dir
+
+    return table.with_entries(tuning_entries(tunings_dir(), table.identity.key))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,11 +51,13 @@ def run(args: argparse.Namespace) -> int:
                 f"the table serving this device is a stand-in of another card of its family, with scaled times: "
                 f"{source}. Share the original file instead (export --table PATH)"
             )
+        if not args.no_tunings:
+            table = with_remembered_tunings(table)
         written = export_table(table, args.out)
     except (TableError, LookupError, OSError) as error:
         print(f"attn-dispatch export: error: {error}", file=sys.stderr)
         return 2
-    print(f"exported {describe(table)}")
+    print(f"exported {describe(table)}, {len(table.entries)} measured entries")
     print(f"  from {source}")
     print(f"  to {written} ({written.stat().st_size / KIBI:.0f} KiB)")
     return 0
