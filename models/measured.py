@@ -34,6 +34,12 @@ MIN_RELATIVE_SPREAD = 0.01
 """... and at least +-1%: below what repeated calibrations of one point reproduce
 (`models.quality.TIE_TOLERANCE`)."""
 
+KERNELS_PER_ENTRY = 8
+"""Times an entry keeps: the fastest 8 (plus PyTorch's default wherever it was timed). The
+winner and enough runners-up for the dispatcher to fall back on when one does not fit in memory
+(a table cell keeps 4 predicted candidates, `models.table_build.CANDIDATES_PER_CELL`); a tuned
+calibration times up to ~70 kernels per problem, and the slow tail never wins."""
+
 SOURCES = ("calibration", "tuning", "merged")
 KEY_FIELDS = (
     "batch_log2", "q_heads", "kv_heads", "q_log2", "kv_log2", "head_dim", "value_dim", "dtype", "causal",
@@ -152,7 +158,7 @@ def combine(first: MeasuredEntry, second: MeasuredEntry) -> MeasuredEntry:
             kept.kernel, kept.median_s, min(mine.low_s, other.low_s), max(mine.high_s, other.high_s),
             mine.samples + other.samples,
         )
-    times = tuple(sorted(by_name.values(), key=lambda t: (t.median_s, t.kernel)))
+    times = _trimmed(by_name.values())
     source = first.source if first.source == second.source else "merged"
     return replace(first, times=times, source=source)
 
@@ -182,9 +188,15 @@ def entries_from_measurements(measurements: Iterable[Measurement]) -> dict[tuple
     return union(sorted(entries, key=lambda e: -sum(t.samples for t in e.times)))
 
 
+def _trimmed(times: Iterable[MeasuredTime]) -> tuple[MeasuredTime, ...]:
+    """The fastest `KERNELS_PER_ENTRY` times, fastest first, and PyTorch's default's if timed."""
+    ordered = sorted(times, key=lambda t: (t.median_s, t.kernel))
+    kept = ordered[:KERNELS_PER_ENTRY]
+    return tuple(kept + [t for t in ordered[KERNELS_PER_ENTRY:] if t.kernel == DEFAULT_KERNEL])
+
+
 def _single(problem: Problem, *times: MeasuredTime) -> MeasuredEntry:
-    ordered = tuple(sorted(times, key=lambda t: (t.median_s, t.kernel)))
-    return MeasuredEntry(entry_key(problem), problem.batch, problem.q_len, problem.kv_len, ordered)
+    return MeasuredEntry(entry_key(problem), problem.batch, problem.q_len, problem.kv_len, _trimmed(times))
 
 
 def entry_from_tuning(key: tuple, seconds: Sequence[tuple[str, float]], *, rounds: int) -> MeasuredEntry | None:
@@ -196,6 +208,5 @@ def entry_from_tuning(key: tuple, seconds: Sequence[tuple[str, float]], *, round
     if len(finite) < 2:
         return None
     k = dict(zip(KEY_FIELDS, key, strict=True))
-    times = tuple(sorted((MeasuredTime(name, s, *spread_of(s, 0.0), rounds) for name, s in finite),
-                         key=lambda t: (t.median_s, t.kernel)))
+    times = _trimmed(MeasuredTime(name, s, *spread_of(s, 0.0), rounds) for name, s in finite)
     return MeasuredEntry(tuple(key), 2 ** k["batch_log2"], 2 ** k["q_log2"], 2 ** k["kv_log2"], times, "tuning")
