@@ -18,6 +18,8 @@ from attn_dispatch.models.cards import CardSpec, spec_for
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import TrainingSet, training_set
 from attn_dispatch.models.guard import (
+    Guard,
+    choose_default_margin,
     decide_verdict,
     default_choice_quality,
     out_of_fold_predictions,
@@ -105,16 +107,21 @@ def fit_and_build(
             oof[train], oof[test] = train_oof, train_model.predict(held_out.X)
             build = dict(kernel_names=kernel_names, candidates=candidates)
             unguarded = build_table(train_model, spec, identity, train_points, measured_entries=False, **build)
+            train_margin = choose_default_margin(data.subset(train), train_oof)
             train_regions = regions_losing_to_default(data.subset(train), train_oof, class_fields=DEFAULT_CLASS_FIELDS,
-                                                      work_step=WORK_STEP)
+                                                      work_step=WORK_STEP, margin=train_margin)
             regioned = with_regions(unguarded, train_regions).with_entries(entries_from_measurements(train_points).values())
+            regioned = replace(regioned, guard=Guard("table", "", train_margin))
             default = default_choice_quality(held_out)
-            guard = decide_verdict(scored(regioned), holdout.quality.prior, default)
+            train_guard = decide_verdict(scored(regioned), holdout.quality.prior, default, default_margin=train_margin)
             quality = replace(
                 holdout.quality, table=scored(unguarded), decision_map=scored(replace(unguarded, models=())),
-                default=default, guarded=scored(replace(regioned, guard=guard)), verdict=guard.describe(),
+                default=default, guarded=scored(replace(regioned, guard=train_guard)), verdict=train_guard.describe(),
             )
-            keep_default = regions_losing_to_default(data, oof, class_fields=DEFAULT_CLASS_FIELDS, work_step=WORK_STEP)
+            margin = choose_default_margin(data, oof)
+            guard = replace(train_guard, default_margin=margin)
+            keep_default = regions_losing_to_default(data, oof, class_fields=DEFAULT_CLASS_FIELDS, work_step=WORK_STEP,
+                                                     margin=margin)
         else:
             notes.append(f"only {data.n_problems} problems measured: no held-out quality (needs {MIN_PROBLEMS_FOR_HOLDOUT})")
         final = clone(template).fit(data.X, data.y)

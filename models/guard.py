@@ -4,9 +4,12 @@ Two references are scored on the same held-out problems as the table (`models.fi
 analytic prior, and "always PyTorch's default" (``sdpa_default``). The table's verdict
 (`decide_verdict`) is the one that measured best; a table that loses to either reference is
 stored saying so and ranks by that reference (measured entries still come first). Inside a table
-that keeps its verdict, every (class, bucket) region where the model's out-of-fold pick for a
-measured problem was slower than PyTorch's default beyond the measurements' spread keeps the
-default first (`regions_losing_to_default`).
+that keeps its verdict, two guards keep PyTorch's default where the data says the model's pick
+loses to it:
+- a margin (`choose_default_margin`): the model's pick replaces the default only when it is
+  predicted faster by more than this fraction; chosen per table from out-of-fold predictions;
+- regions (`regions_losing_to_default`): every (class, bucket) where the out-of-fold pick, after
+  the margin, still measured slower than the default beyond both spreads keeps the default first.
 """
 
 from __future__ import annotations
@@ -33,17 +36,30 @@ predicted by a model that did not see it); 4 fits of ~1-2 s each on the 2-core d
 160-254 problems of a calibration."""
 
 
+DEFAULT_MARGINS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
+"""Margins `choose_default_margin` tries. Out-of-fold on the committed 2-core CPU calibration the
+best was 0.2 (geomean pick / fastest 1.047 -> 1.033, picks slower than the default 20 -> 1 of 160
+problems); on the H200's run 6 it was 0 (every margin cost: 1.104 -> 1.121 at 0.2)."""
+
+MARGIN_TIE = 0.002
+"""Margins whose out-of-fold geomean is within this of the best count as equal: the larger (more
+cautious) one is kept."""
+
+
 @dataclass(frozen=True)
 class Guard:
-    """A table's verdict and why (one line: the three mean slowdowns it was decided on)."""
+    """A table's verdict and why (one line: the three mean slowdowns it was decided on), and the
+    margin by which the model's pick must beat PyTorch's default's predicted time."""
 
     verdict: str
     reason: str
+    default_margin: float = 0.0
 
     def describe(self) -> str:
         """One line for `show`, `explain`, `devices` and the calibrate summary."""
         if self.verdict == "table":
-            return f"quality guard: the table's choices serve ({self.reason})"
+            margin = f"; the model's pick must beat PyTorch's default by {self.default_margin:.0%}" if self.default_margin else ""
+            return f"quality guard: the table's choices serve ({self.reason}{margin})"
         who = "PyTorch's default" if self.verdict == "default" else "the analytic prior"
         return f"quality guard: the table's model lost on its held-out data, {who} serves outside measured buckets ({self.reason})"
 
@@ -63,7 +79,8 @@ def _mean(quality: ChoiceQuality | None) -> float:
     return value if np.isfinite(value) else float("inf")
 
 
-def decide_verdict(table: ChoiceQuality, prior: ChoiceQuality, default: ChoiceQuality | None) -> Guard:
+def decide_verdict(table: ChoiceQuality, prior: ChoiceQuality, default: ChoiceQuality | None, *,
+                   default_margin: float = 0.0) -> Guard:
     """The reference (or the table) with the lowest held-out mean slowdown; the table keeps the
     verdict on a tie, and PyTorch's default beats the prior on one."""
     scores = {"table": _mean(table), "default": _mean(default), "prior": _mean(prior)}
@@ -71,7 +88,7 @@ def decide_verdict(table: ChoiceQuality, prior: ChoiceQuality, default: ChoiceQu
     reason = f"held-out mean slowdown: {reason}" if reason else "not evaluated"
     preference = ("table", "default", "prior")
     best = min(preference, key=lambda name: (scores[name], preference.index(name)))
-    return Guard(best if np.isfinite(scores[best]) else "table", reason)
+    return Guard(best if np.isfinite(scores[best]) else "table", reason, default_margin)
 
 
 def out_of_fold_predictions(data: TrainingSet, template, *, folds: int = GUARD_FOLDS) -> np.ndarray:
@@ -85,20 +102,52 @@ def out_of_fold_predictions(data: TrainingSet, template, *, folds: int = GUARD_F
     return predicted
 
 
-def regions_losing_to_default(
-    data: TrainingSet, predicted: np.ndarray, *, class_fields: Sequence[str], work_step: int
-) -> set[tuple]:
-    """``{(ClassKey, (q bucket, kv bucket))}`` where, for some measured problem, the kernel with
-    the lowest `predicted` time measured slower than ``sdpa_default`` beyond both spreads
-    (`models.measured.spread_of`). Rows whose prediction is NaN are skipped."""
-    regions: set[tuple] = set()
-    fields = tuple(class_fields)
+def _guarded_row(rows: np.ndarray, names: list[str], predicted: np.ndarray, margin: float) -> int:
+    """The row the guarded model picks among `rows`: its fastest prediction, unless PyTorch's
+    default is predicted within `margin` of it."""
+    chosen = rows[int(np.argmin(predicted[rows]))]
+    if DEFAULT_KERNEL in names:
+        default = rows[names.index(DEFAULT_KERNEL)]
+        if predicted[default] <= predicted[chosen] + np.log1p(margin):
+            return default
+    return chosen
+
+
+def _groups_with_default(data: TrainingSet, predicted: np.ndarray):
+    """(rows, kernel names) of each problem with a timed default, at least two predicted rows."""
     for group in np.unique(data.groups):
         rows = np.flatnonzero((data.groups == group) & np.isfinite(predicted))
         names = [data.kernels[i] for i in rows]
-        if DEFAULT_KERNEL not in names or len(rows) < 2:
-            continue
-        chosen = rows[int(np.argmin(predicted[rows]))]
+        if DEFAULT_KERNEL in names and len(rows) >= 2:
+            yield rows, names
+
+
+def choose_default_margin(data: TrainingSet, predicted: np.ndarray, margins: Sequence[float] = DEFAULT_MARGINS) -> float:
+    """The margin of `margins` whose guarded out-of-fold picks (`predicted`: log seconds) have the
+    lowest geomean measured time over the fastest; within `MARGIN_TIE`, the larger. 0 when no
+    problem has a timed default."""
+    groups = list(_groups_with_default(data, predicted))
+    if not groups:
+        return 0.0
+    scores = []
+    for margin in margins:
+        logs = [data.y[_guarded_row(rows, names, predicted, margin)] - data.y[rows].min() for rows, names in groups]
+        scores.append(float(np.expm1(np.mean(logs))))
+    best = min(scores)
+    return max(m for m, score in zip(margins, scores, strict=True) if score <= best + MARGIN_TIE)
+
+
+def regions_losing_to_default(
+    data: TrainingSet, predicted: np.ndarray, *, class_fields: Sequence[str], work_step: int, margin: float = 0.0,
+) -> set[tuple]:
+    """``{(ClassKey, (q bucket, kv bucket))}`` where, for some measured problem, the guarded pick
+    (the lowest `predicted` time, unless PyTorch's default is within `margin` of it) measured
+    slower than ``sdpa_default`` beyond both spreads (`models.measured.spread_of`). Rows whose
+    prediction is NaN are skipped."""
+    regions: set[tuple] = set()
+    fields = tuple(class_fields)
+    for rows, names in _groups_with_default(data, predicted):
+        chosen = _guarded_row(rows, names, predicted, margin)
         default = rows[names.index(DEFAULT_KERNEL)]
         chosen_low, _ = spread_of(float(np.exp(data.y[chosen])), float(data.median_error[chosen]))
         _, default_high = spread_of(float(np.exp(data.y[default])), float(data.median_error[default]))

@@ -14,6 +14,7 @@ from attn_dispatch.models._json_checks import (
     _int,
     _kernel,
     _list,
+    _num,
     _obj,
     _seconds,
     _str,
@@ -25,6 +26,7 @@ MAX_ENTRIES = 20000
 """Entries per table: a merged table of a dozen owners' calibrations (~300 problems each) and
 their tunings stays far below; at ~300 bytes an entry, 20000 fit the 8 MiB cap."""
 MAX_SAMPLES = 10**9
+MAX_MARGIN = 100.0  # a model must beat the default 101-fold: past any real use
 DEVICE_TYPES_MAX_TEXT = 32
 
 
@@ -91,9 +93,10 @@ def entries_to_list(entries: dict[tuple, MeasuredEntry]) -> list[dict]:
 
 
 def parse_guard(value: object) -> Guard:
-    data = _obj(value, "guard", ("verdict", "reason"))
-    return Guard(_str(data["verdict"], "guard.verdict", VERDICTS), _str(data["reason"], "guard.reason"))
+    data = _obj(value, "guard", ("verdict", "reason"), ("default_margin",))
+    return Guard(_str(data["verdict"], "guard.verdict", VERDICTS), _str(data["reason"], "guard.reason"),
+                 _num(data.get("default_margin", 0.0), "guard.default_margin", 0.0, MAX_MARGIN))
 
 
 def guard_to_dict(guard: Guard) -> dict:
-    return {"verdict": guard.verdict, "reason": guard.reason}
+    return {"verdict": guard.verdict, "reason": guard.reason, "default_margin": guard.default_margin}

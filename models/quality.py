@@ -36,6 +36,7 @@ class ChoiceQuality:
     mean_slowdown, worst_slowdown: measured time of the choice / the fastest - 1 (0.02 = 2%).
     spearman: mean over problems of the rank correlation of predicted and measured times.
     n_problems: problems with at least two timed kernels (the only ones with a choice).
+    geomean_slowdown: geometric mean of (measured time of the choice / the fastest) - 1.
     """
 
     top1_accuracy: float
@@ -44,6 +45,7 @@ class ChoiceQuality:
     worst_slowdown: float
     spearman: float
     n_problems: int
+    geomean_slowdown: float = float("nan")
 
 
 def choice_quality(
@@ -80,6 +82,7 @@ def choice_quality(
         top1_accuracy=float(np.mean(hits)), top1_within_noise=float(np.mean(tie_hits)),
         mean_slowdown=float(np.mean(slowdowns)), worst_slowdown=float(np.max(slowdowns)),
         spearman=float(np.mean(correlations)) if correlations else float("nan"), n_problems=len(hits),
+        geomean_slowdown=float(np.expm1(np.mean(np.log1p(slowdowns)))),
     )
 
 

@@ -255,7 +255,8 @@ class ThresholdTable:
     def rank_unmeasured(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
         """By the guard's verdict: the analytic prior ("prior"), PyTorch's default then the prior
         ("default"), else the model or decision map (`rank_by_model`) with the default first in
-        the regions the guard kept for it (`Cell.keep_default`)."""
+        the regions the guard kept for it (`Cell.keep_default`) and wherever it is predicted within
+        the guard's margin of the best (`models.guard.Guard.default_margin`)."""
         kernels = list(kernels)
         if self.verdict != "table":
             ranked = PriorRanker(self.spec).rank(problem, kernels)
@@ -263,7 +264,10 @@ class ThresholdTable:
         table_class = self.find_class(problem)
         cell = table_class.nearest_cell(bucket_of(problem))[1] if table_class is not None else None
         ranked = self.rank_by_model(problem, kernels, cell)
-        return _default_first(ranked) if cell is not None and cell.keep_default else ranked
+        margin = self.guard.default_margin if self.guard is not None else 0.0
+        default_s = next((seconds for name, seconds in ranked if name == DEFAULT_KERNEL), math.inf)
+        close = bool(ranked) and default_s <= ranked[0][1] * (1.0 + margin)
+        return _default_first(ranked) if close or (cell is not None and cell.keep_default) else ranked
 
     def rank_by_model(self, problem: Problem, kernels: list[Kernel], cell: Cell | None) -> list[tuple[str, float]]:
         """With embedded models: every supported kernel predicted for this exact problem (the
