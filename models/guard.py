@@ -37,12 +37,12 @@ predicted by a model that did not see it); 4 fits of ~1-2 s each on the 2-core d
 
 
 DEFAULT_MARGINS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
-"""Margins `choose_default_margin` tries. Out-of-fold on the committed 2-core CPU calibration the
-best was 0.2 (geomean pick / fastest 1.047 -> 1.033, picks slower than the default 20 -> 1 of 160
-problems); on the H200's run 6 it was 0 (every margin cost: 1.104 -> 1.121 at 0.2)."""
+"""Margins `choose_default_margin` tries. 5-fold out-of-fold on the committed 2-core CPU
+calibration the best was 0.2 (mean pick / fastest 1.056 -> 1.038, picks slower than the default
+20 -> 1 of 160 problems); on the H200's run 6 it was 0 (every margin cost: 1.167 -> 1.207 at 0.2)."""
 
 MARGIN_TIE = 0.002
-"""Margins whose out-of-fold geomean is within this of the best count as equal: the larger (more
+"""Margins whose out-of-fold mean slowdown is within this of the best count as equal: the larger (more
 cautious) one is kept."""
 
 
@@ -124,7 +124,7 @@ def _groups_with_default(data: TrainingSet, predicted: np.ndarray):
 
 def choose_default_margin(data: TrainingSet, predicted: np.ndarray, margins: Sequence[float] = DEFAULT_MARGINS) -> float:
     """The margin of `margins` whose guarded out-of-fold picks (`predicted`: log seconds) have the
-    lowest geomean measured time over the fastest; within `MARGIN_TIE`, the larger. 0 when no
+    lowest mean slowdown over the fastest (the verdict's measure); within `MARGIN_TIE`, the larger. 0 when no
     problem has a timed default."""
     groups = list(_groups_with_default(data, predicted))
     if not groups:
@@ -132,7 +132,7 @@ def choose_default_margin(data: TrainingSet, predicted: np.ndarray, margins: Seq
     scores = []
     for margin in margins:
         logs = [data.y[_guarded_row(rows, names, predicted, margin)] - data.y[rows].min() for rows, names in groups]
-        scores.append(float(np.expm1(np.mean(logs))))
+        scores.append(float(np.mean(np.expm1(logs))))
     best = min(scores)
     return max(m for m, score in zip(margins, scores, strict=True) if score <= best + MARGIN_TIE)
 
