@@ -90,6 +90,7 @@ def main() -> None:
     with gzip.open(f"{args.run}_measurements.jsonl.gz", "rt") as handle:
         points = [Measurement.from_dict(json.loads(line)) for line in handle]
     identity = DeviceIdentity.from_dict(summary["identity"])
+    before = load_table(args.before) if args.before else None  # read before --out may replace it
     gated, _ = apply_numerics_gate(points)  # calibrate's own steps (`calibration.finish.fit_and_write`)
     names = sorted({m.kernel for m in gated if m.ok})
     with assume_backends_available():
@@ -112,8 +113,8 @@ def main() -> None:
         unguarded = replace(table, entries={}, guard=None, classes={
             key: replace(tc, cells={b: replace(c, keep_default=False) for b, c in tc.cells.items()})
             for key, tc in table.classes.items()})
-        tables = ([("before (bundled)", load_table(args.before))] if args.before else []) + [
-            ("refit, no guard or entries", unguarded), ("refit, regions only", replace(table, entries={})),
+        tables = ([("before", before)] if before is not None else []) + [
+            ("refit, no guard or entries", unguarded), ("refit, guard only (margin, regions)", replace(table, entries={})),
             ("refit, entries only", replace(unguarded, entries=table.entries)), ("after", table)]
         for path in args.bench:
             shapes = bench_shapes(path)
