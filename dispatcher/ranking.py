@@ -66,6 +66,19 @@ class DeviceRanking:
                 self.prior = None
         return fallback_order(problem, kernels)
 
+    def measured_note(self, problem: Problem) -> str | None:
+        """A line for `explain` when the table holds a measured entry for `problem`'s exact bucket
+        (its winner, median and spread), else None. Never raises."""
+        try:
+            entry = self.table.measured_entry(problem) if self.table is not None else None
+        except Exception:  # noqa: BLE001 - an explanation must never fail a call
+            return None
+        if entry is None:
+            return None
+        times = ", ".join(f"{t.kernel} {t.median_s * 1e3:.3g} ms [{t.low_s * 1e3:.3g}-{t.high_s * 1e3:.3g}]"
+                          for t in entry.ordered()[:3])
+        return f"measured in this bucket ({entry.source}, B{entry.batch} Lq={entry.q_len} Lk={entry.kv_len}): {times}"
+
     def _drop_table(self, error: Exception) -> None:
         with self._lock:
             if self.table is None:

@@ -27,7 +27,7 @@ MAX_ENTRIES = 20000
 their tunings stays far below; at ~300 bytes an entry, 20000 fit the 8 MiB cap."""
 MAX_SAMPLES = 10**9
 MAX_MARGIN = 100.0  # a model must beat the default 101-fold: past any real use
-DEVICE_TYPES_MAX_TEXT = 32
+MAX_DEVICE_TYPE_CHARS = 32
 
 
 def _key(value: object, path: str) -> tuple:
@@ -39,7 +39,7 @@ def _key(value: object, path: str) -> tuple:
     broadcast = tuple(_bool(v, f"{path}.mask_broadcast[{i}]")
                       for i, v in enumerate(_list(data["mask_broadcast"], f"{path}.mask_broadcast", 8)))
     device_type = _str(data["device_type"], f"{path}.device_type")
-    if not device_type.isalnum() or len(device_type) > DEVICE_TYPES_MAX_TEXT:
+    if not device_type.isalnum() or len(device_type) > MAX_DEVICE_TYPE_CHARS:
         raise _fail(f"{path}.device_type", f"must be a device type such as cuda or cpu, got {device_type!r:.40}")
     return (
         ints["batch_log2"], ints["q_heads"], ints["kv_heads"], ints["q_log2"], ints["kv_log2"], ints["head_dim"],

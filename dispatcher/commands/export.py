@@ -30,7 +30,8 @@ def describe(table) -> str:
     p = table.provenance
     merged = f", merged from {len(p.identities)} cards" if p.merged_from else ""
     return (f"{table.identity.model_key} ({table.identity.software_key}), created {p.created}, "
-            f"{p.points_measured} points, {len(table.classes)} classes{merged}")
+            f"{p.points_measured} points, {len(table.classes)} classes, {len(table.entries)} measured entries, "
+            f"verdict {table.verdict}{merged}")
 
 
 def with_remembered_tunings(table):
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     except (TableError, LookupError, OSError) as error:
         print(f"attn-dispatch export: error: {error}", file=sys.stderr)
         return 2
-    print(f"exported {describe(table)}, {len(table.entries)} measured entries")
+    print(f"exported {describe(table)}")
     print(f"  from {source}")
     print(f"  to {written} ({written.stat().st_size / KIBI:.0f} KiB)")
     return 0
