@@ -255,8 +255,9 @@ class ThresholdTable:
     def rank_unmeasured(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
         """By the guard's verdict: the analytic prior ("prior"), PyTorch's default then the prior
         ("default"), else the model or decision map (`rank_by_model`) with the default first in
-        the regions the guard kept for it (`Cell.keep_default`) and wherever it is predicted within
-        the guard's margin of the best (`models.guard.Guard.default_margin`)."""
+        the regions the guard kept for it (`Cell.keep_default`) and, with an embedded model,
+        wherever it is predicted within the guard's margin of the best
+        (`models.guard.Guard.default_margin`)."""
         kernels = list(kernels)
         if self.verdict != "table":
             ranked = PriorRanker(self.spec).rank(problem, kernels)
@@ -264,9 +265,11 @@ class ThresholdTable:
         table_class = self.find_class(problem)
         cell = table_class.nearest_cell(bucket_of(problem))[1] if table_class is not None else None
         ranked = self.rank_by_model(problem, kernels, cell)
-        margin = self.guard.default_margin if self.guard is not None else 0.0
+        # the margin compares the model's predictions (the decision map's order is its listed
+        # candidates first, then the prior's: times from two sources)
+        margin = self.guard.default_margin if self.guard is not None and self.usable_models else math.inf
         default_s = next((seconds for name, seconds in ranked if name == DEFAULT_KERNEL), math.inf)
-        close = bool(ranked) and default_s <= ranked[0][1] * (1.0 + margin)
+        close = bool(ranked) and math.isfinite(margin) and default_s <= ranked[0][1] * (1.0 + margin)
         return _default_first(ranked) if close or (cell is not None and cell.keep_default) else ranked
 
     def rank_by_model(self, problem: Problem, kernels: list[Kernel], cell: Cell | None) -> list[tuple[str, float]]:
