@@ -1,6 +1,9 @@
 """Which ranker orders the kernels on a device: its threshold table, else its analytic prior.
 
-Resolved once per device. An attention call never fails because of a table: a corrupt, foreign
+A table ranks in its own lookup order (`models.table.ThresholdTable.rank`): the measured entry of
+the problem's exact bucket first, then whatever its quality guard's verdict says measured best on
+held-out data (its model, the analytic prior, or PyTorch's default); the source says which
+(`table_description`). Resolved once per device. An attention call never fails because of a table: a corrupt, foreign
 or failing table gives a `TableWarning` and the prior serves instead; if even the prior cannot
 rank, PyTorch's own choice (``sdpa_default``) goes first and the other kernels follow.
 """
@@ -19,7 +22,7 @@ from attn_dispatch.kernels import Kernel, Problem
 from attn_dispatch.models.ranking import Ranker, supported
 from attn_dispatch.models.sharing import TableWarning  # one warning class for every table problem
 
-__all__ = ["DeviceRanking", "TableWarning", "fallback_order", "resolve_ranking"]
+__all__ = ["DeviceRanking", "TableWarning", "fallback_order", "resolve_ranking", "table_description"]
 
 FALLBACK_FIRST = "sdpa_default"
 """With nothing to rank by, PyTorch's own choice goes first: it is what the user had before."""
@@ -62,6 +65,19 @@ class DeviceRanking:
                       f"their default order, {FALLBACK_FIRST} first")
                 self.prior = None
         return fallback_order(problem, kernels)
+
+    def measured_note(self, problem: Problem) -> str | None:
+        """A line for `explain` when the table holds a measured entry for `problem`'s exact bucket
+        (its winner, median and spread), else None. Never raises."""
+        try:
+            entry = self.table.measured_entry(problem) if self.table is not None else None
+        except Exception:  # noqa: BLE001 - an explanation must never fail a call
+            return None
+        if entry is None:
+            return None
+        times = ", ".join(f"{t.kernel} {t.median_s * 1e3:.3g} ms [{t.low_s * 1e3:.3g}-{t.high_s * 1e3:.3g}]"
+                          for t in entry.ordered()[:3])
+        return f"measured in this bucket ({entry.source}, B{entry.batch} Lq={entry.q_len} Lk={entry.kv_len}): {times}"
 
     def _drop_table(self, error: Exception) -> None:
         with self._lock:
@@ -120,8 +136,19 @@ def resolve_ranking(device: torch.device, *, home: str | Path | None = None) -> 
         source = RankingSource(prior_source.level, prior_source.description, None, key, notes)
         return DeviceRanking(table=None, prior=prior, source=source, prior_source=prior_source)
     path = str(lookup.path) if lookup.path is not None else None
-    source = RankingSource(lookup.level, f"threshold table ({lookup.level} match)", path, key, notes)
+    source = RankingSource(lookup.level, table_description(lookup.table, lookup.level), path, key, notes)
     return DeviceRanking(table=lookup.table, prior=prior, source=source, prior_source=prior_source)
+
+
+def table_description(table: object, level: str) -> str:
+    """``threshold table (exact match, 254 measured entries)``, plus the quality guard's line when
+    the table's model lost to a reference on its held-out data."""
+    entries = len(getattr(table, "entries", None) or ())
+    text = f"threshold table ({level} match, {entries} measured entries)" if entries else f"threshold table ({level} match)"
+    guard = getattr(table, "guard", None)
+    if guard is not None and guard.verdict != "table":
+        text += f"; {guard.describe()}"
+    return text
 
 
 def _prior(identity: object, key: str, none_source: RankingSource) -> tuple[Ranker | None, RankingSource]:

@@ -18,7 +18,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from attn_dispatch.dispatcher.tuning import Tuned
+from attn_dispatch.dispatcher.tuning import TUNE_ROUNDS, Tuned
+from attn_dispatch.models.measured import MeasuredEntry, entry_from_tuning
 
 BUCKET_FIELDS = 14
 """Length of a `planning.failure_bucket` key (a line whose bucket differs is from another version)."""
@@ -98,3 +99,19 @@ class TuningStore:
         except OSError:
             return False
         return True
+
+    def entries(self) -> list[MeasuredEntry]:
+        """Every tuning of the file as a measured table entry (`models.measured.entry_from_tuning`:
+        the bucket is the entry key; contenders that failed are left out)."""
+        found = (entry_from_tuning(bucket, tuned.seconds, rounds=TUNE_ROUNDS) for bucket, tuned in self.load().items())
+        return [entry for entry in found if entry is not None]
+
+
+def tuning_entries(root: Path, device_key: str) -> list[MeasuredEntry]:
+    """The remembered tunings of a device (every kernel set's file under ``root/device_key``) as
+    measured table entries; empty when there are none or the folder cannot be read."""
+    try:
+        paths = sorted((Path(root) / device_key).glob("*.jsonl"))
+    except OSError:
+        return []
+    return [entry for path in paths for entry in TuningStore(path).entries()]

@@ -6,8 +6,9 @@ Identity and paths: `DeviceIdentity`, `home`, `tables_dir`, `models_dir`, `journ
 Priors: `CardSpec`, `spec_for`, `prior_seconds`, `roofline_seconds`, `PriorRanker`, `Ranker`.
 Learning: `feature_matrix`, `FEATURE_NAMES`, `CostModel`, `training_set`, `holdout_quality`,
 `Quality`, `ChoiceQuality`, `save_model`, `load_model`, `ModelVersionError`, `fit_and_build`.
-Tables: `ThresholdTable` (a ranker: the embedded cost model, else its decision map), `build_table`,
-`TableError`, `load_table`, `loads_table`, `save_table`, `class_key`, `bucket_of`.
+Tables: `ThresholdTable` (a ranker: measured entries, then the embedded cost model or its decision
+map as its quality guard allows), `build_table`, `TableError`, `load_table`, `loads_table`,
+`save_table`, `class_key`, `bucket_of`, `MeasuredEntry`, `entry_key`, `Guard`.
 Sharing: `export_table`, `import_table`, `store_table`, `merge_tables`, `lookup_table`,
 `TableLookup`, `TableWarning`.
 """
@@ -18,7 +19,9 @@ from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import TrainingSet, training_set
 from attn_dispatch.models.features import FEATURE_NAMES, feature_matrix
 from attn_dispatch.models.fit import fit_and_build
+from attn_dispatch.models.guard import Guard
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measured import MeasuredEntry, entry_key
 from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.merge import card_scale, merge_tables
 from attn_dispatch.models.paths import home, journals_dir, models_dir, tables_dir
@@ -47,5 +50,5 @@ __all__ = [
     "ModelVersionError", "load_model", "save_model", "PriorRanker", "prior_seconds", "roofline_seconds",
     "ChoiceQuality", "Quality", "holdout_quality", "Ranker", "TableLookup", "TableWarning", "export_table",
     "import_table", "local_table_path", "lookup_table", "store_table", "ThresholdTable", "build_table", "load_table",
-    "loads_table", "save_table", "TableError",
+    "loads_table", "save_table", "TableError", "Guard", "MeasuredEntry", "entry_key",
 ]

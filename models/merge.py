@@ -4,6 +4,13 @@ Per bucket, each kernel's times from every card are carried to a common represen
 (the prior's ratio) and to the first card's speed (`card_scale`), then pooled: the ranking is by
 the median across cards, and the spread (fastest and slowest card) is kept. Each card's embedded
 cost model is kept too, scaled the same way; the merged table ranks by their median.
+
+Measured entries (`models.measured`) are unioned: an exact bucket measured by several owners
+keeps every kernel any of them timed; a kernel timed by more than one keeps the median with more
+samples and a spread covering all of them, and the entry's winner follows `models.measured.pick`
+(the faster median wins unless the spreads overlap; then PyTorch's default, else the kernel with
+more samples). A region kept for PyTorch's default in any table stays so, and the merged verdict
+is the most cautious one (`merged_guard`).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from datetime import datetime, timezone
 from attn_dispatch.models._json_checks import MAX_CANDIDATES
 from attn_dispatch.models.cards import CardSpec
 from attn_dispatch.models.forest_schema import MAX_MODELS
+from attn_dispatch.models.guard import Guard
+from attn_dispatch.models.measured import union
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import Cell, Provenance, TableClass, ThresholdTable, carried_seconds, quality_kind
 from attn_dispatch.models.table_build import round_seconds
@@ -67,6 +76,7 @@ def _merge_class(key, parts: list[tuple[TableClass, float]], spec: CardSpec, dev
     ranking: dict = defaultdict(lambda: defaultdict(list))
     measured: dict = defaultdict(lambda: defaultdict(list))
     excluded: dict = defaultdict(dict)
+    keep_default = {bucket for table_class, _ in parts for bucket, cell in table_class.cells.items() if cell.keep_default}
     for table_class, scale in parts:
         for bucket, cell in table_class.cells.items():
             source = table_class.problem_at(bucket, device_type)
@@ -80,7 +90,7 @@ def _merge_class(key, parts: list[tuple[TableClass, float]], spec: CardSpec, dev
         ranked, spread = _pool(samples, limit)
         cells[bucket] = Cell(
             ranking=ranked, measured=_pool(measured[bucket], MAX_CANDIDATES)[0] if bucket in measured else (),
-            spread=spread, excluded=tuple(sorted(excluded[bucket].items())),
+            spread=spread, excluded=tuple(sorted(excluded[bucket].items())), keep_default=bucket in keep_default,
         )
     return TableClass(key=key, template=base.template, cells=cells, thresholds=thresholds_for(cells))
 
@@ -105,6 +115,19 @@ def _merged_quality(tables: Sequence[ThresholdTable]) -> dict:
             quality[key] = numbers[0]
     quality["description"] = f"merged from {len(tables)} tables: the worst card's quality per metric"
     return quality
+
+
+CAUTION = ("default", "prior", "table")
+"""Verdicts from most to least cautious: a merged table trusts its models only if every part did."""
+
+
+def merged_guard(tables: Sequence[ThresholdTable]) -> Guard | None:
+    """The most cautious verdict of `tables` (None when none was evaluated), with its reason."""
+    guards = [t.guard for t in tables if t.guard is not None]
+    if not guards:
+        return None
+    worst = min(guards, key=lambda g: CAUTION.index(g.verdict))
+    return Guard(worst.verdict, f"merged from {len(tables)} tables, the most cautious verdict; {worst.reason}"[:400])
 
 
 def merge_tables(tables: Sequence[ThresholdTable]) -> ThresholdTable:
@@ -145,7 +168,10 @@ def merge_tables(tables: Sequence[ThresholdTable]) -> ThresholdTable:
         merged_from=tuple(merged_from),
         notes=(f"merged from {len(tables)} tables of {len(seen)} cards; times carried to {first.identity.model_key}",),
     )
-    merged = replace(first, provenance=provenance, quality=_merged_quality(tables), classes=classes, models=tuple(models))
+    entries = union(entry.scaled(card_scale(t.spec, spec)) if t.identity.model_key != first.identity.model_key else entry
+                    for t in tables for entry in t.entries.values())
+    merged = replace(first, provenance=provenance, quality=_merged_quality(tables), classes=classes, models=tuple(models),
+                     entries=entries, guard=merged_guard(tables))
     size = table_bytes(merged)
     if size > MAX_TABLE_BYTES:
         raise TableError(

@@ -36,6 +36,7 @@ class ChoiceQuality:
     mean_slowdown, worst_slowdown: measured time of the choice / the fastest - 1 (0.02 = 2%).
     spearman: mean over problems of the rank correlation of predicted and measured times.
     n_problems: problems with at least two timed kernels (the only ones with a choice).
+    geomean_slowdown: geometric mean of (measured time of the choice / the fastest) - 1.
     """
 
     top1_accuracy: float
@@ -44,6 +45,7 @@ class ChoiceQuality:
     worst_slowdown: float
     spearman: float
     n_problems: int
+    geomean_slowdown: float = float("nan")
 
 
 def choice_quality(
@@ -80,6 +82,7 @@ def choice_quality(
         top1_accuracy=float(np.mean(hits)), top1_within_noise=float(np.mean(tie_hits)),
         mean_slowdown=float(np.mean(slowdowns)), worst_slowdown=float(np.max(slowdowns)),
         spearman=float(np.mean(correlations)) if correlations else float("nan"), n_problems=len(hits),
+        geomean_slowdown=float(np.expm1(np.mean(np.log1p(slowdowns)))),
     )
 
 
@@ -104,12 +107,20 @@ class Quality:
     """The threshold table's choices on the same held-out problems, when evaluated."""
     decision_map: ChoiceQuality | None = None
     """The table's decision map alone (its fallback without an embedded model), when evaluated."""
+    default: ChoiceQuality | None = None
+    """"Always PyTorch's default" on the same held-out problems (`models.guard`), when evaluated."""
+    guarded: ChoiceQuality | None = None
+    """The table after the quality guard (verdict and regions, no measured entries of the held-out
+    problems: they were held out), when evaluated."""
+    verdict: str | None = None
+    """The quality guard's line (`models.guard.Guard.describe`), when evaluated."""
 
     def to_dict(self) -> dict:
         """Flat JSON-ready dict (the table's ``quality`` section)."""
         flat = {f"{key}": value for key, value in asdict(self.model).items()}
         flat.update({f"prior_{key}": value for key, value in asdict(self.prior).items()})
-        for prefix, part in (("table", self.table), ("map", self.decision_map)):
+        for prefix, part in (("table", self.table), ("map", self.decision_map), ("default", self.default),
+                             ("guarded", self.guarded)):
             if part is not None:
                 flat.update({f"{prefix}_{key}": value for key, value in asdict(part).items()})
         flat = {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in flat.items()}
@@ -132,6 +143,11 @@ class Quality:
                if self.table is not None else "")
             + (f"; decision map alone: top-1 {self.decision_map.top1_accuracy:.1%}, mean slowdown "
                f"{self.decision_map.mean_slowdown:.2%}" if self.decision_map is not None else "")
+            + (f"; always PyTorch's default: top-1 {self.default.top1_accuracy:.1%}, mean slowdown "
+               f"{self.default.mean_slowdown:.2%}" if self.default is not None and self.default.n_problems else "")
+            + (f"; guarded table: top-1 {self.guarded.top1_accuracy:.1%}, mean slowdown {self.guarded.mean_slowdown:.2%}, "
+               f"worst {self.guarded.worst_slowdown:.1%}" if self.guarded is not None else "")
+            + (f"; {self.verdict}" if self.verdict else "")
         )
 
 

@@ -22,11 +22,15 @@ from attn_dispatch.models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP, ClassK
 from attn_dispatch.models.cards import CardSpec
 from attn_dispatch.models.features import feature_matrix
 from attn_dispatch.models.forest import EmbeddedModel
+from attn_dispatch.models.guard import Guard
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measured import DEFAULT_KERNEL, MeasuredEntry, entry_key
 from attn_dispatch.models.priors import PriorRanker, prior_seconds
 from attn_dispatch.models.ranking import UNPRICED, priceable, supported
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Version 1 tables (no measured entries, no guard) still load: they rank as before."""
 TABLE_KIND = "attn-dispatch threshold table"
 Candidate = tuple[str, float]
 # Measured statuses that bar a kernel from a bucket (it ran and was wrong, or it raised): a
@@ -60,12 +64,15 @@ def carried_seconds(seconds: float, kernel: Kernel, source: Problem, target: Pro
 
 @dataclass(frozen=True)
 class Cell:
-    """One (q bucket, kv bucket) of a class: ranked candidates and what was measured there."""
+    """One (q bucket, kv bucket) of a class: ranked candidates and what was measured there.
+    `keep_default`: the region guard found the model's pick slower than PyTorch's default here
+    (`models.guard.regions_losing_to_default`): the default goes first."""
 
     ranking: tuple[Candidate, ...]
     measured: tuple[Candidate, ...] = ()
     spread: dict[str, tuple[float, float]] = field(default_factory=dict)
     excluded: tuple[tuple[str, str], ...] = ()
+    keep_default: bool = False
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,8 @@ class ThresholdTable:
         merged table); when present and compatible, `rank` uses them for the exact problem.
     class_fields: the optional class fields the table splits on (`models.buckets`).
     work_step: width of the work-size buckets (when "work" is a class field).
+    entries: measured decisions by exact bucket (`models.measured.entry_key`), consulted first.
+    guard: the quality guard's verdict (`models.guard`); None for tables older than the guard.
     """
 
     provenance: Provenance
@@ -155,14 +164,22 @@ class ThresholdTable:
     models: tuple[EmbeddedModel, ...] = ()
     class_fields: tuple[str, ...] = DEFAULT_CLASS_FIELDS
     work_step: int = WORK_STEP
+    entries: dict[tuple, MeasuredEntry] = field(default_factory=dict)
+    guard: Guard | None = None
     format_version: int = FORMAT_VERSION
 
     def __repr__(self) -> str:
         cells = sum(len(c.cells) for c in self.classes.values())
         return (
             f"ThresholdTable({self.identity.model_key!r}, {len(self.classes)} classes, {cells} buckets, "
-            f"{len(self.models)} embedded models, created {self.provenance.created})"
+            f"{len(self.entries)} measured entries, {len(self.models)} embedded models, "
+            f"verdict {self.verdict!r}, created {self.provenance.created})"
         )
+
+    @property
+    def verdict(self) -> str:
+        """What ranks outside measured entries: "table", "prior" or "default" (`models.guard`)."""
+        return self.guard.verdict if self.guard is not None else "table"
 
     @property
     def identity(self) -> DeviceIdentity:
@@ -210,21 +227,59 @@ class ThresholdTable:
         return np.median(predictions, axis=0)
 
     def rank(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
-        """Supported kernels of `kernels` with predicted seconds, fastest first.
-
-        With embedded models: every supported kernel predicted for this exact problem (the median
-        over the cards of a merged table), except those calibration measured inaccurate or failing
-        in the cell `rank_by_map` would read: the problem's bucket in its class, else the nearest
-        cell of the nearest class (`find_class`, `TableClass.nearest_cell`). Without: the decision
-        map, see `rank_by_map`.
-        """
+        """Supported kernels of `kernels` with predicted seconds, fastest first, in the table's
+        lookup order: the measured entry of the problem's exact bucket (`rank_measured`), then, for
+        the kernels it does not list, whatever the quality guard's verdict says ranks best
+        (`rank_unmeasured`)."""
         kernels = list(kernels)
+        measured = self.rank_measured(problem, kernels)
+        listed = {name for name, _ in measured}
+        return measured + self.rank_unmeasured(problem, [k for k in kernels if k.name not in listed])
+
+    def measured_entry(self, problem: Problem) -> MeasuredEntry | None:
+        """The measured decision of `problem`'s exact bucket, if any."""
+        return self.entries.get(entry_key(problem)) if self.entries else None
+
+    def rank_measured(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
+        """The kernels the problem's measured entry timed that `kernels` holds and can run here,
+        the entry's winner first (`models.measured.pick`), seconds carried from the measured
+        problem by the prior's ratio; empty without an entry."""
+        entry = self.measured_entry(problem)
+        if entry is None:
+            return []
+        usable = {kernel.name: kernel for kernel in supported(problem, kernels) if priceable(kernel)}
+        source = entry.problem()
+        return [(t.kernel, carried_seconds(t.median_s, usable[t.kernel], source, problem, self.spec))
+                for t in entry.ordered() if t.kernel in usable]
+
+    def rank_unmeasured(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
+        """By the guard's verdict: the analytic prior ("prior"), PyTorch's default then the prior
+        ("default"), else the model or decision map (`rank_by_model`) with the default first in
+        the regions the guard kept for it (`Cell.keep_default`) and, with an embedded model,
+        wherever it is predicted within the guard's margin of the best
+        (`models.guard.Guard.default_margin`)."""
+        kernels = list(kernels)
+        if self.verdict != "table":
+            ranked = PriorRanker(self.spec).rank(problem, kernels)
+            return _default_first(ranked) if self.verdict == "default" else ranked
+        table_class = self.find_class(problem)
+        cell = table_class.nearest_cell(bucket_of(problem))[1] if table_class is not None else None
+        ranked = self.rank_by_model(problem, kernels, cell)
+        # the margin compares the model's predictions (the decision map's order is its listed
+        # candidates first, then the prior's: times from two sources)
+        margin = self.guard.default_margin if self.guard is not None and self.usable_models else math.inf
+        default_s = next((seconds for name, seconds in ranked if name == DEFAULT_KERNEL), math.inf)
+        close = bool(ranked) and math.isfinite(margin) and default_s <= ranked[0][1] * (1.0 + margin)
+        return _default_first(ranked) if close or (cell is not None and cell.keep_default) else ranked
+
+    def rank_by_model(self, problem: Problem, kernels: list[Kernel], cell: Cell | None) -> list[tuple[str, float]]:
+        """With embedded models: every supported kernel predicted for this exact problem (the
+        median over the cards of a merged table), except those calibration measured inaccurate or
+        failing in `cell` (the cell `rank_by_map` would read: the problem's bucket in its class,
+        else the nearest cell of the nearest class). Without: the decision map (`rank_by_map`)."""
         if not self.usable_models:
             return self.rank_by_map(problem, kernels)
-        table_class = self.find_class(problem)
-        barred = set()
-        if table_class is not None:
-            barred = {name for name, _ in table_class.nearest_cell(bucket_of(problem))[1].excluded}
+        barred = {name for name, _ in cell.excluded} if cell is not None else set()
         usable = [kernel for kernel in supported(problem, kernels) if kernel.name not in barred]
         names = [kernel.name for kernel in usable if priceable(kernel)]
         foreign = [(kernel.name, UNPRICED) for kernel in usable if not priceable(kernel)]
@@ -281,7 +336,14 @@ class ThresholdTable:
         }
         provenance = replace(self.provenance, notes=(*self.provenance.notes, note))
         models = tuple(model.scaled(factor) for model in self.models)
-        return replace(self, classes=classes, spec=spec, provenance=provenance, models=models)
+        entries = {key: entry.scaled(factor) for key, entry in self.entries.items()}
+        return replace(self, classes=classes, spec=spec, provenance=provenance, models=models, entries=entries)
+
+    def with_entries(self, entries: Iterable[MeasuredEntry]) -> ThresholdTable:
+        """A copy holding `entries` too (a key both hold: combined, `models.measured.union`)."""
+        from attn_dispatch.models.measured import union
+
+        return replace(self, entries=union([*self.entries.values(), *entries]))
 
     def to_dict(self) -> dict:
         from attn_dispatch.models.table_io import table_to_dict
@@ -294,3 +356,8 @@ class ThresholdTable:
         from attn_dispatch.models.table_schema import table_from_dict
 
         return table_from_dict(data)
+
+
+def _default_first(ranked: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """`ranked` with PyTorch's default (when listed) moved to the front."""
+    return [item for item in ranked if item[0] == DEFAULT_KERNEL] + [item for item in ranked if item[0] != DEFAULT_KERNEL]

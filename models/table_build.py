@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import numpy as np
@@ -16,7 +17,9 @@ from attn_dispatch.models.cards import CardSpec
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.features import feature_matrix
 from attn_dispatch.models.forest import embed
+from attn_dispatch.models.guard import Guard
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measured import entries_from_measurements
 from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import EXCLUDING_STATUSES, Cell, Provenance, TableClass, Template, ThresholdTable
@@ -76,7 +79,7 @@ def _fastest_measured(times: dict[str, float]) -> tuple[tuple[str, float], ...]:
 
 def _build_class(
     key: ClassKey, points: list[Measurement], grid: list[tuple[int, int]], model: CostModel, spec: CardSpec,
-    kernel_names: Sequence[str], device_type: str, candidates: int,
+    kernel_names: Sequence[str], device_type: str, candidates: int, keep_default: set,
 ) -> tuple[TableClass, np.ndarray]:
     shell = TableClass(key=key, template=_template([m.problem for m in points]), cells={})
     measured, excluded = _measured_cells(points)
@@ -98,6 +101,7 @@ def _build_class(
             ranking=tuple(entries[:candidates]),
             measured=_fastest_measured(measured.get(bucket, {})),
             excluded=tuple(sorted(excluded.get(bucket, {}).items())),
+            keep_default=(key, bucket) in keep_default,
         )
     if not cells:
         raise ValueError(
@@ -121,6 +125,9 @@ def build_table(
     calibration_wall_s: float | None = None,
     notes: Sequence[str] = (),
     embed_model: bool = True,
+    measured_entries: bool = True,
+    keep_default: Iterable[tuple] = (),
+    guard: Guard | None = None,
 ) -> ThresholdTable:
     """A decision map for every problem class that was measured.
 
@@ -135,6 +142,11 @@ def build_table(
     class_fields, work_step: how finely classes are split (`models.buckets`).
     embed_model: carry the cost model's trees in the table (JSON) so `rank` predicts each exact
         problem; False leaves only the decision map.
+    measured_entries: keep every measured problem's timings as an exact entry consulted before
+        the model (`models.measured`).
+    keep_default: ``(ClassKey, bucket)`` regions where PyTorch's default goes first
+        (`models.guard.regions_losing_to_default`).
+    guard: the quality guard's verdict (`models.guard.decide_verdict`); None: not evaluated.
     """
     if not measurements:
         raise ValueError("build_table needs the measurements calibration made; got none (run `attn-dispatch calibrate`)")
@@ -149,7 +161,7 @@ def build_table(
     problems = [m.problem for m in measurements]
     built = {
         key: _build_class(key, points, _grid(problems, key.causal), cost_model, spec, kernel_names,
-                          identity.device_type, candidates)
+                          identity.device_type, candidates, set(keep_default))
         for key, points in sorted(by_class.items())
     }
     classes = {key: table_class for key, (table_class, _) in built.items()}
@@ -162,7 +174,22 @@ def build_table(
         software=software_versions(), notes=tuple(notes),
     )
     return ThresholdTable(provenance=provenance, spec=spec, quality=dict(quality or {}), classes=classes,
-                          models=(embedded,) if embedded else (), class_fields=fields, work_step=work_step)
+                          models=(embedded,) if embedded else (), class_fields=fields, work_step=work_step,
+                          entries=entries_from_measurements(measurements) if measured_entries else {}, guard=guard)
+
+
+def with_regions(table: ThresholdTable, keep_default: Iterable[tuple]) -> ThresholdTable:
+    """A copy of `table` whose cells in `keep_default` (``(ClassKey, bucket)``) put PyTorch's
+    default first (`models.guard.regions_losing_to_default`); other cells unchanged."""
+    regions = set(keep_default)
+    classes = {
+        key: replace(table_class, cells={
+            bucket: replace(cell, keep_default=cell.keep_default or (key, bucket) in regions)
+            for bucket, cell in table_class.cells.items()
+        })
+        for key, table_class in table.classes.items()
+    }
+    return replace(table, classes=classes)
 
 
 # The embedded trees are checked against the estimator on at most this many grid rows (evenly

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from attn_dispatch.models._json_checks import _spec_dict
 from attn_dispatch.models.forest_schema import models_to_dict
+from attn_dispatch.models.measured_schema import entries_to_list, guard_to_dict
 from attn_dispatch.models.table import TABLE_KIND, Cell, ThresholdTable
 from attn_dispatch.models.table_schema import FIX, TableError, table_from_dict
 
@@ -126,6 +127,8 @@ def _cell_dict(bucket: tuple[int, int], cell: Cell) -> dict:
         out["spread"] = {n: [lo, hi] for n, (lo, hi) in cell.spread.items()}
     if cell.excluded:
         out["excluded"] = [[n, why] for n, why in cell.excluded]
+    if cell.keep_default:
+        out["keep_default"] = True
     return out
 
 
@@ -145,7 +148,7 @@ def table_to_dict(table: ThresholdTable) -> dict:
                             "cells_won": t.cells_won, "cells_in_box": t.cells_in_box, "text": t.text}
                            for t in c.thresholds],
         })
-    return {
+    out = {
         "format_version": table.format_version, "kind": TABLE_KIND,
         "provenance": {
             "identity": p.identity.to_dict(), "created": p.created, "points_measured": p.points_measured,
@@ -156,3 +159,8 @@ def table_to_dict(table: ThresholdTable) -> dict:
         "class_fields": list(table.class_fields), "work_step": table.work_step,
         "classes": classes, "models": models_to_dict(table.models),
     }
+    if table.entries:
+        out["measured_entries"] = entries_to_list(table.entries)
+    if table.guard is not None:
+        out["guard"] = guard_to_dict(table.guard)
+    return out

@@ -37,9 +37,11 @@ from attn_dispatch.models._json_checks import (
 from attn_dispatch.models.buckets import OPTIONAL_FIELDS, ClassKey
 from attn_dispatch.models.forest_schema import parse_models
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measured_schema import parse_entries, parse_guard
 from attn_dispatch.models.table import (
     EXCLUDING_STATUSES,
     FORMAT_VERSION,
+    READABLE_VERSIONS,
     TABLE_KIND,
     Cell,
     Provenance,
@@ -53,6 +55,8 @@ from attn_dispatch.models.table import (
 HEADER_KEYS = (
     "format_version", "kind", "provenance", "spec", "quality", "class_fields", "work_step", "classes", "models",
 )
+OPTIONAL_HEADER_KEYS = ("measured_entries", "guard")
+"""Added in format_version 2 (a version 1 table has neither: no entries, no verdict)."""
 __all__ = ["TableError", "table_from_dict", "FIX"]
 
 
@@ -111,7 +115,7 @@ def _quality(value: object) -> dict:
 
 
 def _cell(value: object, path: str) -> tuple[tuple[int, int], Cell]:
-    data = _obj(value, path, ("q", "kv", "ranking"), ("measured", "spread", "excluded"))
+    data = _obj(value, path, ("q", "kv", "ranking"), ("measured", "spread", "excluded", "keep_default"))
     spread = _mapping(data.get("spread", {}), f"{path}.spread", MAX_CANDIDATES)
     spreads = {}
     for name, pair in spread.items():
@@ -128,7 +132,7 @@ def _cell(value: object, path: str) -> tuple[tuple[int, int], Cell]:
     cell = Cell(
         ranking=_candidates(data["ranking"], f"{path}.ranking", MAX_CANDIDATES),
         measured=_candidates(data.get("measured", []), f"{path}.measured", MAX_CANDIDATES),
-        spread=spreads, excluded=tuple(excluded),
+        spread=spreads, excluded=tuple(excluded), keep_default=_bool(data.get("keep_default", False), f"{path}.keep_default"),
     )
     return bucket, cell
 
@@ -192,12 +196,12 @@ def table_from_dict(data: object) -> ThresholdTable:
     if data.get("kind") != TABLE_KIND and ("kind" in data or "format_version" not in data):
         raise TableError(f"not an attn-dispatch table (its \"kind\" is {data.get('kind')!r}, not {TABLE_KIND!r}); {FIX}")
     version = data.get("format_version")
-    if version != FORMAT_VERSION or isinstance(version, bool):
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
         raise TableError(
             f"threshold table format_version {version!r} is not supported (this attn-dispatch reads "
-            f"version {FORMAT_VERSION}); upgrade attn-dispatch or {FIX}"
+            f"versions {', '.join(map(str, READABLE_VERSIONS))}); upgrade attn-dispatch or {FIX}"
         )
-    data = _obj(data, "(top level)", HEADER_KEYS)
+    data = _obj(data, "(top level)", HEADER_KEYS, OPTIONAL_HEADER_KEYS)
     _str(data["kind"], "kind", (TABLE_KIND,))
     fields = tuple(_str(v, f"class_fields[{i}]", OPTIONAL_FIELDS)
                    for i, v in enumerate(_list(data["class_fields"], "class_fields", len(OPTIONAL_FIELDS))))
@@ -212,5 +216,6 @@ def table_from_dict(data: object) -> ThresholdTable:
     return ThresholdTable(
         provenance=_provenance(data["provenance"]), spec=_spec(data["spec"]), quality=_quality(data["quality"]),
         classes=classes, class_fields=fields, work_step=_int(data["work_step"], "work_step", 0, 8),
-        models=parse_models(data["models"]),
+        models=parse_models(data["models"]), entries=parse_entries(data.get("measured_entries", [])),
+        guard=parse_guard(data["guard"]) if "guard" in data else None, format_version=FORMAT_VERSION,
     )

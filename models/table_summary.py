@@ -67,10 +67,28 @@ def quality_lines(table: ThresholdTable) -> list[str]:
     if "prior_top1_accuracy" in q:
         lines.append(f"the analytic prior alone: fastest {_percent(q['prior_top1_accuracy'])}, mean slowdown "
                      f"{_percent(q.get('prior_mean_slowdown'))}")
+    if "default_mean_slowdown" in q:
+        lines.append(f"always PyTorch's default: fastest {_percent(q.get('default_top1_accuracy'))}, mean slowdown "
+                     f"{_percent(q.get('default_mean_slowdown'))}")
+    if "guarded_mean_slowdown" in q:
+        lines.append(f"the table after its quality guard: fastest {_percent(q.get('guarded_top1_accuracy'))}, mean slowdown "
+                     f"{_percent(q.get('guarded_mean_slowdown'))}, at worst {_percent(q.get('guarded_worst_slowdown'))}")
     if "n_points_fit" in q:
         lines.append(f"fit on {q['n_points_fit']} points of {q.get('n_problems_fit', '?')} problems; "
                      f"{q.get('description', '')}".rstrip("; "))
     return lines
+
+
+def guard_lines(table: ThresholdTable) -> list[str]:
+    """The quality guard's verdict, the regions kept for PyTorch's default, the measured entries."""
+    kept = sum(cell.keep_default for c in table.classes.values() for cell in c.cells.values())
+    guard = table.guard.describe() if table.guard is not None else "quality guard: not evaluated (an older table, or too few problems)"
+    sources = sorted({e.source for e in table.entries.values()})
+    return [
+        guard,
+        f"regions kept for PyTorch's default (the model's pick lost there): {kept} buckets",
+        f"measured entries (consulted before the model): {len(table.entries)}" + (f" from {', '.join(sources)}" if sources else ""),
+    ]
 
 
 def threshold_lines(table: ThresholdTable) -> list[str]:
@@ -93,4 +111,4 @@ def threshold_lines(table: ThresholdTable) -> list[str]:
 
 def summary_lines(table: ThresholdTable) -> list[str]:
     """Everything above, in order."""
-    return [*card_lines(table), *provenance_lines(table), *quality_lines(table), *threshold_lines(table)]
+    return [*card_lines(table), *provenance_lines(table), *quality_lines(table), *guard_lines(table), *threshold_lines(table)]

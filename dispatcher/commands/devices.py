@@ -42,6 +42,8 @@ def device_record(device) -> dict:
         "model_key": identity.model_key, "family_key": identity.family_key, "software_key": identity.software_key,
         "fingerprint": identity.key, "gfx906": identity.is_gfx906,
         "table_level": found.level, "table_path": None if found.path is None else str(found.path),
+        "table_verdict": None if found.table is None else found.table.verdict,
+        "table_guard": None if found.table is None or found.table.guard is None else found.table.guard.describe(),
         "notes": list(found.warnings),
     }
 
@@ -68,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  table: {r['table_level']}: {LEVEL_WORDS.get(r['table_level'], r['table_level'])}")
         if r["table_path"]:
             print(f"    {r['table_path']}")
+            print(f"    {r['table_guard'] or 'quality guard: not evaluated (an older table)'}")
         for note in r["notes"]:
             print(f"    note: {note}")
     return 0

@@ -22,6 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("out", metavar="OUT", help="the JSON file to write")
     parser.add_argument("--device", default=None, help="whose table (default: cuda if available, else cpu)")
     parser.add_argument("--table", default=None, metavar="PATH", help="export this table file instead (validated)")
+    parser.add_argument("--no-tunings", action="store_true",
+                        help="leave out the first-call tunings remembered for the table's card (default: they go in as measured entries)")
     parser.set_defaults(run=run)
 
 
@@ -30,7 +32,16 @@ def describe(table) -> str:
     p = table.provenance
     merged = f", merged from {len(p.identities)} cards" if p.merged_from else ""
     return (f"{table.identity.model_key} ({table.identity.software_key}), created {p.created}, "
-            f"{p.points_measured} points, {len(table.classes)} classes{merged}")
+            f"{p.points_measured} points, {len(table.classes)} classes, {len(table.entries)} measured entries, "
+            f"verdict {table.verdict}{merged}")
+
+
+def with_remembered_tunings(table):
+    """`table` with this machine's remembered tunings of its card as measured entries."""
+    from attn_dispatch.dispatcher.tuning_store import tuning_entries
+    from attn_dispatch.models.paths import tunings_dir
+
+    return table.with_entries(tuning_entries(tunings_dir(), table.identity.key))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
             f"{source}. Share the original file instead (attn-dispatch export OUT --table PATH)"
         )
     try:
+        if not args.no_tunings:
+            table = with_remembered_tunings(table)
         written = export_table(table, args.out)
     except (TableError, OSError) as error:
         raise CommandError(one_line(error)) from None

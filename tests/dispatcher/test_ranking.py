@@ -81,3 +81,25 @@ def test_real_resolution_never_raises(tmp_path):
         warnings.simplefilter("ignore", TableWarning)
         ranking = resolve_ranking(__import__("torch").device("cpu"), home=tmp_path)
     assert ranking.source.level in ("exact", "model", "family", "prior", "none")
+
+
+def test_a_measured_entry_is_explained_in_words(tmp_path):
+    from attn_dispatch.dispatcher.decision import RankingSource
+    from attn_dispatch.dispatcher.ranking import DeviceRanking
+    from attn_dispatch.kernels import Problem
+    from attn_dispatch.models.measured import MeasuredEntry, MeasuredTime, entry_key
+
+    problem = Problem(1, 4, 2, 8, 8, 64, 64, "float32")
+    entry = MeasuredEntry(entry_key(problem), 1, 8, 8, (MeasuredTime("math", 1e-5, 0.9e-5, 1.1e-5, 20),
+                                                         MeasuredTime("sdpa_default", 3e-5, 2.9e-5, 3.1e-5, 20)))
+
+    class WithEntry:
+        def measured_entry(self, asked):
+            return entry if entry_key(asked) == entry.key else None
+
+    source = RankingSource("exact", "test")
+    ranking = DeviceRanking(table=WithEntry(), prior=None, source=source, prior_source=source)
+    note = ranking.measured_note(problem)
+    assert note.startswith("measured in this bucket (calibration") and "math 0.01 ms" in note
+    assert ranking.measured_note(Problem(1, 4, 2, 800, 800, 64, 64, "float32")) is None
+    assert DeviceRanking(table=None, prior=None, source=source, prior_source=source).measured_note(problem) is None

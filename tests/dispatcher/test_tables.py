@@ -78,3 +78,41 @@ def test_reset_picks_up_a_new_table(monkeypatch, tmp_path, cpu_table):
     assert dispatcher.explain(**inputs).source.level == "prior"  # decided once, cached
     dispatcher.reset()
     assert dispatcher.explain(**inputs).source.level == "exact"
+
+
+def test_a_table_whose_model_lost_says_so_in_explain_and_its_default_serves(monkeypatch, tmp_path, cpu_table):
+    from dataclasses import replace
+
+    from attn_dispatch.models.guard import Guard
+
+    identity, table = cpu_table
+    home = _home(monkeypatch, tmp_path)
+    store_table(replace(table, entries={}, guard=Guard("default", "held-out mean slowdown: table 30%, default 5%")), home=home)
+    inputs = qkv(heads=4, kv_heads=2, q_len=8, kv_len=8, dim=64)
+    decision = dispatcher.explain(**inputs)
+    assert decision.kernel == "sdpa_default"
+    assert "PyTorch's default serves" in decision.source.description and "PyTorch's default serves" in str(decision)
+    assert_matches_reference(dispatcher.attention(**inputs), inputs)
+
+
+def test_export_carries_the_remembered_tunings_as_measured_entries(monkeypatch, tmp_path, cpu_table):
+    from attn_dispatch.dispatcher.cli import main
+    from attn_dispatch.dispatcher.tuning import Tuned
+    from attn_dispatch.dispatcher.tuning_store import TuningStore, tuning_entries
+    from attn_dispatch.kernels import Problem
+    from attn_dispatch.models.measured import entry_key
+    from attn_dispatch.models.paths import tunings_dir
+    from attn_dispatch.models.table_io import load_table, save_table
+
+    identity, table = cpu_table
+    home = _home(monkeypatch, tmp_path)
+    bucket = entry_key(Problem(1, 4, 2, 8, 8, 64, 64, "float32"))
+    store = TuningStore.at(tunings_dir(home), identity.key, "set")
+    assert store.append(bucket, Tuned("math", (("math", 1e-5), ("sdpa_default", 3e-5))))
+    (entry,) = tuning_entries(tunings_dir(home), identity.key)
+    assert entry.key == bucket and entry.winner == "math" and entry.source == "tuning"
+    source = save_table(table, tmp_path / "mine.json")
+    assert main(["export", str(tmp_path / "shared.json"), "--table", str(source)]) == 0
+    assert load_table(tmp_path / "shared.json").entries[bucket].winner == "math"
+    assert main(["export", str(tmp_path / "bare.json"), "--table", str(source), "--no-tunings"]) == 0
+    assert bucket not in load_table(tmp_path / "bare.json").entries

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Regenerate the bundled H200 table (models/tables/nvidia-h200-140gb.json) from run 6's recorded
+# measurements: the same gate, fit, quality guard and measured entries as `attn-dispatch
+# calibrate`'s last step; prints run 6's held-out quality before/after the guard and both tables'
+# choices on the recorded benches. About a minute of CPU, no GPU work.
+#
+# RUN IT ON THE H200 HOST: the features of `sdpa_default` (its workspace, which follows the backend
+# PyTorch picks) differ off the card, so a table fitted off the card is ranked with other
+# features than on the card it serves (and the bundled table scored off the card picks cuDNN or
+# flash over the default on 19 of 35 bench shapes where the card chose the default).
+#   bash bench/regenerate_h200_table.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-.venv/bin/python}"
+"$PYTHON" -m bench.guard_rescore bench/results/h200_calibrations/run6_more_problems \
+  --bench bench/results/h200_session3/bench_heldout.json.gz bench/results/h200_session3/bench_all.json.gz \
+  --before models/tables/nvidia-h200-140gb.json --out models/tables/nvidia-h200-140gb.json \
+  --note "bundled with attn-dispatch: measured by \`attn-dispatch calibrate --device cuda:0 --problems 320 --budget-minutes 7.4 --allow-lossy any\` on one H200, 2026-11-30 (254 problems measured before the deadline; bench/results/h200_calibrations/run6_more_problems_*; docs/RESULTS.md)" \
+  --note "refit off the card with the quality guard and measured entries (issue 15) by \`bash bench/regenerate_h200_table.sh\`"

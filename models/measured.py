@@ -1,0 +1,212 @@
+"""Measured decisions: exact entries a threshold table consults before its cost model.
+
+MIOpen keeps a find-db of measured solver choices and asks its heuristics only for problems not in
+it; a table does the same. Every calibrated problem and every remembered first-call tuning
+(`dispatcher.tuning_store`) becomes a `MeasuredEntry`: the problem's exact bucket (`entry_key`:
+batch and lengths rounded up to powers of two, every other field exact: the dispatcher's
+per-bucket key) with each timed kernel's median, spread and sample count.
+
+Which kernel an entry picks (`MeasuredEntry.winner`, also the rule a merge resolves conflicts by):
+the fastest median wins, unless another kernel's spread overlaps it (the measurements cannot
+tell them apart): then PyTorch's default (``sdpa_default``) if it is among those tied, else the
+tied kernel measured with more samples (then the faster median, then the name).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models.buckets import length_bucket
+from attn_dispatch.models.dataset import median_standard_error
+from attn_dispatch.models.measurement import Measurement
+
+DEFAULT_KERNEL = "sdpa_default"
+"""PyTorch's own choice: what the user had before the dispatcher; it wins every tie."""
+
+SPREAD_STANDARD_ERRORS = 2.0
+"""A measured median's spread is +-2 standard errors (a two-sided ~95% interval), as
+`models.quality.TIE_STANDARD_ERRORS` judges ties."""
+
+MIN_RELATIVE_SPREAD = 0.01
+"""... and at least +-1%: below what repeated calibrations of one point reproduce
+(`models.quality.TIE_TOLERANCE`)."""
+
+KERNELS_PER_ENTRY = 8
+"""Times an entry keeps: the fastest 8 (plus PyTorch's default wherever it was timed). The
+winner and enough runners-up for the dispatcher to fall back on when one does not fit in memory
+(a table cell keeps 4 predicted candidates, `models.table_build.CANDIDATES_PER_CELL`); a tuned
+calibration times up to ~70 kernels per problem, and the slow tail never wins."""
+
+SOURCES = ("calibration", "tuning", "merged")
+KEY_FIELDS = (
+    "batch_log2", "q_heads", "kv_heads", "q_log2", "kv_log2", "head_dim", "value_dim", "dtype", "causal",
+    "mask_kind", "mask_broadcast", "device_type", "strided", "broadcast_inputs",
+)
+"""The fields of `entry_key`, in order (the JSON names of a table's ``measured_entries[i].key``)."""
+
+
+def entry_key(problem: Problem) -> tuple:
+    """The exact bucket of `problem`: batch and lengths rounded up to powers of two (their
+    exponents), the mask reduced to which of its dimensions broadcast, every other field exact.
+    Equal to the dispatcher's per-bucket key (`dispatcher.planning.failure_bucket`), so a
+    remembered tuning's bucket is an entry key."""
+    return (
+        length_bucket(problem.batch), problem.q_heads, problem.kv_heads,
+        length_bucket(problem.q_len), length_bucket(problem.kv_len), problem.head_dim,
+        problem.value_dim, problem.dtype, problem.causal, problem.mask_kind,
+        tuple(size > 1 for size in problem.mask_shape), problem.device_type, problem.strided,
+        problem.broadcast_inputs,
+    )
+
+
+@dataclass(frozen=True)
+class MeasuredTime:
+    """One kernel's measured seconds in an entry: median, spread ``[low, high]`` and how many
+    timed samples (repetitions) stand behind it."""
+
+    kernel: str
+    median_s: float
+    low_s: float
+    high_s: float
+    samples: int
+
+    def overlaps(self, other: MeasuredTime) -> bool:
+        """True when the two spreads overlap: the measurements cannot order the kernels."""
+        return self.low_s <= other.high_s and other.low_s <= self.high_s
+
+    def scaled(self, factor: float) -> MeasuredTime:
+        return replace(self, median_s=self.median_s * factor, low_s=self.low_s * factor, high_s=self.high_s * factor)
+
+
+def spread_of(median_s: float, relative_error: float) -> tuple[float, float]:
+    """``(low, high)`` seconds: a factor of 1 + `SPREAD_STANDARD_ERRORS` relative standard errors
+    either side (at least 1 + `MIN_RELATIVE_SPREAD`)."""
+    factor = 1.0 + max(SPREAD_STANDARD_ERRORS * relative_error, MIN_RELATIVE_SPREAD)
+    return median_s / factor, median_s * factor
+
+
+def pick(times: Sequence[MeasuredTime]) -> str:
+    """The winner of a set of measured times (see module docstring)."""
+    fastest = min(times, key=lambda t: (t.median_s, t.kernel))
+    tied = [t for t in times if t.overlaps(fastest)]
+    if any(t.kernel == DEFAULT_KERNEL for t in tied):
+        return DEFAULT_KERNEL
+    return min(tied, key=lambda t: (-t.samples, t.median_s, t.kernel)).kernel
+
+
+@dataclass(frozen=True)
+class MeasuredEntry:
+    """What was measured in one exact bucket.
+
+    Attributes
+    ----------
+    key: `entry_key` of the measured problem.
+    batch, q_len, kv_len: the measured problem's exact sizes (times carry from it to another
+        problem of the bucket by the prior's ratio).
+    times: each timed kernel, fastest median first.
+    source: "calibration", "tuning" (a remembered first-call tuning) or "merged" (several owners').
+    """
+
+    key: tuple
+    batch: int
+    q_len: int
+    kv_len: int
+    times: tuple[MeasuredTime, ...]
+    source: str = "calibration"
+
+    @property
+    def winner(self) -> str:
+        return pick(self.times)
+
+    def ordered(self) -> tuple[MeasuredTime, ...]:
+        """The times with the winner first, then the others fastest first."""
+        first = self.winner
+        return tuple(sorted(self.times, key=lambda t: (t.kernel != first, t.median_s, t.kernel)))
+
+    def problem(self) -> Problem:
+        """The measured problem (mask sizes rebuilt from which dimensions broadcast)."""
+        k = dict(zip(KEY_FIELDS, self.key, strict=True))
+        sizes = (self.batch, k["q_heads"], self.q_len, self.kv_len)
+        broadcast = k["mask_broadcast"]
+        mask_shape = tuple(size if full else 1 for size, full in zip(sizes[len(sizes) - len(broadcast):], broadcast))
+        return Problem(
+            self.batch, k["q_heads"], k["kv_heads"], self.q_len, self.kv_len, k["head_dim"], k["value_dim"],
+            k["dtype"], k["causal"], k["mask_kind"], mask_shape, k["device_type"], k["strided"], k["broadcast_inputs"],
+        )
+
+    def scaled(self, factor: float) -> MeasuredEntry:
+        return replace(self, times=tuple(t.scaled(factor) for t in self.times))
+
+
+def combine(first: MeasuredEntry, second: MeasuredEntry) -> MeasuredEntry:
+    """Two entries of one key (two owners, or two problems of one bucket): the union of their
+    kernels; a kernel both measured keeps the median with more samples (tie: the first's) and a
+    spread widened to cover both. Times are taken as they are (same card: no carrying)."""
+    if first.key != second.key:
+        raise ValueError("combine() needs two entries of the same key")
+    by_name = {t.kernel: t for t in first.times}
+    for other in second.times:
+        mine = by_name.get(other.kernel)
+        if mine is None:
+            by_name[other.kernel] = other
+            continue
+        kept = other if other.samples > mine.samples else mine
+        by_name[other.kernel] = MeasuredTime(
+            kept.kernel, kept.median_s, min(mine.low_s, other.low_s), max(mine.high_s, other.high_s),
+            mine.samples + other.samples,
+        )
+    times = _trimmed(by_name.values())
+    source = first.source if first.source == second.source else "merged"
+    return replace(first, times=times, source=source)
+
+
+def union(entries: Iterable[MeasuredEntry]) -> dict[tuple, MeasuredEntry]:
+    """Entries by key, those sharing a key combined (`combine`) in order."""
+    out: dict[tuple, MeasuredEntry] = {}
+    for entry in entries:
+        out[entry.key] = combine(out[entry.key], entry) if entry.key in out else entry
+    return out
+
+
+def entries_from_measurements(measurements: Iterable[Measurement]) -> dict[tuple, MeasuredEntry]:
+    """One entry per measured bucket from calibration's points (status "ok" only); a problem
+    with fewer than two timed kernels decides nothing and makes no entry."""
+    by_problem: dict[Problem, dict[str, MeasuredTime]] = {}
+    for m in measurements:
+        if not (m.ok and m.median_s > 0):
+            continue
+        low, high = spread_of(m.median_s, median_standard_error(m.median_s, m.iqr_s, m.reps))
+        time = MeasuredTime(m.kernel, m.median_s, low, high, max(m.reps, 1))
+        times = by_problem.setdefault(m.problem, {})
+        if m.kernel in times:  # a point measured twice (a resumed run): combine as owners do
+            time = combine(_single(m.problem, times[m.kernel]), _single(m.problem, time)).times[0]
+        times[m.kernel] = time
+    entries = [_single(problem, *times.values()) for problem, times in by_problem.items() if len(times) >= 2]
+    return union(sorted(entries, key=lambda e: -sum(t.samples for t in e.times)))
+
+
+def _trimmed(times: Iterable[MeasuredTime]) -> tuple[MeasuredTime, ...]:
+    """The fastest `KERNELS_PER_ENTRY` times, fastest first, and PyTorch's default's if timed."""
+    ordered = sorted(times, key=lambda t: (t.median_s, t.kernel))
+    kept = ordered[:KERNELS_PER_ENTRY]
+    return tuple(kept + [t for t in ordered[KERNELS_PER_ENTRY:] if t.kernel == DEFAULT_KERNEL])
+
+
+def _single(problem: Problem, *times: MeasuredTime) -> MeasuredEntry:
+    return MeasuredEntry(entry_key(problem), problem.batch, problem.q_len, problem.kv_len, _trimmed(times))
+
+
+def entry_from_tuning(key: tuple, seconds: Sequence[tuple[str, float]], *, rounds: int) -> MeasuredEntry | None:
+    """A remembered first-call tuning (`dispatcher.tuning.Tuned.seconds` of bucket `key`) as an
+    entry: each contender's median over `rounds` interleaved samples, its spread the minimum
+    (`MIN_RELATIVE_SPREAD`: a tuning keeps no spread). Contenders that failed are left out;
+    None when fewer than two ran. The bucket's sizes stand for the problem (lengths ``2^b``)."""
+    finite = [(name, s) for name, s in seconds if math.isfinite(s) and s > 0]
+    if len(finite) < 2:
+        return None
+    k = dict(zip(KEY_FIELDS, key, strict=True))
+    times = _trimmed(MeasuredTime(name, s, *spread_of(s, 0.0), rounds) for name, s in finite)
+    return MeasuredEntry(tuple(key), 2 ** k["batch_log2"], 2 ** k["q_log2"], 2 ** k["kv_log2"], times, "tuning")
