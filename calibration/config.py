@@ -33,6 +33,17 @@ REFINE_ROUNDS = 1
 REFINE_SHARE = 0.25
 
 
+def workload_digest(path: str | None) -> str | None:
+    """Hash of a workload file's bytes (a changed workload is a different calibration)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()[:CONFIG_HASH_HEX]
+    except OSError as error:
+        raise ValueError(f"--workload {path}: cannot read it ({error.strerror}); record one with ATTN_DISPATCH_RECORD={path}") from None
+
+
 def package_version() -> str:
     try:
         return metadata.version(PACKAGE)
@@ -58,6 +69,10 @@ class CalibrationConfig:
     tune_trials: optuna trials per tuned study (None: by profile).
     refine_rounds: crossover refinement rounds after the sweep.
     seed: the sample's and the samplers' seed.
+    allow_busy: calibrate even when `calibration.noise` finds the machine too busy (the timer is
+        widened and the summary says so); not part of the id (it changes no timing setting).
+    workload: a recorded workload (`dispatcher.recording`, JSON Lines) whose problems are
+        measured first, as recorded (not shrunk), before the sweep.
     """
 
     devices: tuple[str, ...] = ("cpu",)
@@ -73,6 +88,8 @@ class CalibrationConfig:
     refine_rounds: int = REFINE_ROUNDS
     seed: int = 0
     threads: int | None = field(default=None)
+    workload: str | None = None
+    allow_busy: bool = False
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -117,5 +134,7 @@ class CalibrationConfig:
             "problems": self.problems, "seed": self.seed, "tune_trials": self.effective_tune_trials,
             "refine_rounds": self.refine_rounds, "threads": self.threads,
         }
+        if self.workload is not None:  # only then, so ids of calibrations without one stay as they were
+            options["workload"] = workload_digest(self.workload)
         digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:CONFIG_HASH_HEX]
         return f"{PACKAGE}|{identity.key}|{digest}"

@@ -14,6 +14,9 @@ register_transformers()
     ``attn_implementation="attn_dispatch"`` in Hugging Face transformers.
 Dispatcher(*, kernels, policy, memory_budget, home)
     A dispatcher of your own (kernel set, accuracy policy, memory budget, table directory).
+record(path)
+    Context manager: write the problem buckets the dispatcher meets to `path` (JSON Lines) for
+    ``attn-dispatch calibrate --workload path`` (or set ``ATTN_DISPATCH_RECORD=path``).
 AccuracyPolicy, LOSSLESS
     Which lossy conversions (e.g. fp32 -> bf16) a dispatcher may use; LOSSLESS allows none.
 
@@ -29,10 +32,11 @@ from attn_dispatch.dispatcher.hf import register_transformers
 from attn_dispatch.dispatcher.memory import free_bytes, parse_memory_size
 from attn_dispatch.dispatcher.patching import install, is_installed, patched, uninstall
 from attn_dispatch.dispatcher.ranking import TableWarning
+from attn_dispatch.dispatcher.recording import record
 
 __all__ = [
     "attention", "explain", "stats", "reset", "default_dispatcher", "Dispatcher", "Decision",
     "Candidate", "RankingSource", "NoKernelError", "register_transformers", "free_bytes",
     "parse_memory_size", "install", "uninstall", "patched", "is_installed", "TableWarning",
-    "AccuracyPolicy", "LOSSLESS",
+    "AccuracyPolicy", "LOSSLESS", "record",
 ]

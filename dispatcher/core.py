@@ -23,6 +23,7 @@ from attn_dispatch.dispatcher.kernel_set import kernel_set
 from attn_dispatch.dispatcher.memory import budget_from_env, free_bytes, parse_memory_size, release_cached_memory
 from attn_dispatch.dispatcher.planning import Ranked, failure_bucket, fit_options, memory_limit, needs_recheck, rank_options
 from attn_dispatch.dispatcher.ranking import resolve_ranking
+from attn_dispatch.dispatcher.recording import record_problem
 from attn_dispatch.dispatcher.tuning import put_first, tune_from_env
 from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
 from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
@@ -238,6 +239,7 @@ class Dispatcher:
 
     def _new_plan(self, problem: Problem, device: torch.device, inputs: tuple | None = None) -> Plan:
         """Rank and fit; `inputs` (query, key, value, mask, scale, enable_gqa) let tuning time them."""
+        record_problem(problem)  # a no-op unless a workload is being recorded (dispatcher.recording)
         state = self._state(device)
         failed = state.failures.get(failure_bucket(problem), {})
         ranked = rank_options(problem, self._kernels, state.ranking, failed, policy=self.policy)
