@@ -149,16 +149,17 @@ def print_report(result: dict, header: str) -> None:
         print(f"{size:8d} " + " ".join(f"{c:>22s}" for c in cells))
     for name, s in strategies.items():
         at = s["reaches_reference_at"]
-        share = f"{at} problems ({at / result['pool_problems']:.0%} of the pool)" if at else "never"
-        if at and at >= s["sizes"][-1]:
-            share = "only with the whole pool"
-        print(f"  {name}: reaches the reference at {share}")
+        if at is None or at >= s["sizes"][-1]:
+            print(f"  {name}: reaches the reference only with the whole pool")
+        else:
+            print(f"  {name}: reaches the reference at {at} problems ({at / result['pool_problems']:.0%} of the pool)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", default="run6_more_problems")
     parser.add_argument("--seeds", type=int, default=3, help="seeded 5-fold splits (and start sets)")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds run are first-seed .. first-seed + seeds - 1")
     parser.add_argument("--start", type=int, default=16, help="random problems before the first choice")
     parser.add_argument("--step", type=int, default=16, help="problems added per choice")
     parser.add_argument("--bags", type=int, default=4, help="bootstrap fits of the bagged strategy")
@@ -173,7 +174,7 @@ def main() -> None:
     problems = np.unique(data.groups)
     curves: dict[str, list] = {name: [] for name in args.strategies}
     references = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for pool, test in fold_splits(problems, seed):
             references.append(whole_pool(data, pool, test))
             up_to = int(round(args.up_to * len(pool)))
@@ -181,7 +182,7 @@ def main() -> None:
                 curves[strategy].append(learning_curve(
                     strategy, data, pool, test, seed=seed, start=args.start, step=args.step, bags=args.bags, up_to=up_to))
     result = summarise(curves, references, pool_size=float(np.mean([r[0] for r in references])))
-    result.update(run=args.run, seeds=args.seeds, start=args.start, step=args.step, bags=args.bags,
+    result.update(run=args.run, seeds=list(range(args.first_seed, args.first_seed + args.seeds)), start=args.start, step=args.step, bags=args.bags,
                   wall_s=round(time.time() - began, 1))
     print_report(result, f"{args.run}: {data.n_problems} problems, {len(data)} points; {args.seeds} seeds x "
                  f"{FOLDS} folds; start {args.start}, step {args.step}; {result['wall_s']:.0f} s")

@@ -1,8 +1,8 @@
 """Is this machine quiet enough to time kernels? A fixed reference point, timed as a series of
 short samples before measuring starts and again when it ends, says how noisy timings are now.
 
-The spread is the interquartile range of the samples over their median (each sample is a batch of
-back-to-back calls lasting ~2 ms, as in `calibration.timer`). Over `BUSY_SPREAD` the machine is
+The spread is the interquartile range of the samples over their median (each sample is one call,
+or a batch of back-to-back calls lasting ~2 ms where one call is shorter, as in `calibration.timer`). Over `BUSY_SPREAD` the machine is
 called busy: the calibration widens its timer (`widened`: more samples per point) and says so;
 over `STOP_SPREAD` it stops before measuring, with a message, unless the user allows a busy
 machine (``calibrate --allow-busy``): timings that noisy rank kernels at random.
@@ -21,8 +21,9 @@ from attn_dispatch.calibration.timer import TimerSettings, interquartile_range, 
 from attn_dispatch.kernels.math_kernel import MathKernel
 from attn_dispatch.kernels.problem import Problem
 
-# The reference point: the math kernel on a 256 x 256, 4-head, fp32 problem (~17 MFLOP: ~2 ms on a
-# 2-core CPU at ~10 GFLOP/s, models/_cpu_probe.py; microseconds on a GPU, batched to ~2 ms samples).
+# The reference point: the math kernel on a 256 x 256, 4-head, D=64 fp32 problem (67 MFLOP: ~7 ms
+# on a 2-core CPU at ~10 GFLOP/s, models/_cpu_probe.py, so a probe takes ~0.1 s on a quiet one;
+# microseconds on a GPU, batched to ~2 ms samples there).
 REFERENCE_LENGTH = 256
 REFERENCE_HEADS = 4
 REFERENCE_HEAD_DIM = 64
