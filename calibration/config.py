@@ -31,6 +31,20 @@ FULL_TUNE_TRIALS = 10
 # Crossover refinement: rounds after the sweep, and new problems per round as a share of the sweep.
 REFINE_ROUNDS = 1
 REFINE_SHARE = 0.25
+# Active rounds (`calibration.active_round`, off by default until tried on a card): candidates
+# are the next points of the seeded sample, this many times the sweep's size.
+ACTIVE_POOL_FACTOR = 4
+
+
+def workload_digest(path: str | None) -> str | None:
+    """Hash of a workload file's bytes (a changed workload is a different calibration)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()[:CONFIG_HASH_HEX]
+    except OSError as error:
+        raise ValueError(f"--workload {path}: cannot read it ({error.strerror}); record one with ATTN_DISPATCH_RECORD={path}") from None
 
 
 def package_version() -> str:
@@ -58,6 +72,12 @@ class CalibrationConfig:
     tune_trials: optuna trials per tuned study (None: by profile).
     refine_rounds: crossover refinement rounds after the sweep.
     seed: the sample's and the samplers' seed.
+    active_rounds: rounds after the sweep that measure the problems bootstrap fits disagree on
+        most (`calibration.active_round`), each `REFINE_SHARE` of the problems so far.
+    allow_busy: calibrate even when `calibration.noise` finds the machine too busy (the timer is
+        widened and the summary says so); not part of the id (it changes no timing setting).
+    workload: a recorded workload (`dispatcher.recording`, JSON Lines) whose problems are
+        measured first, as recorded (not shrunk), before the sweep.
     """
 
     devices: tuple[str, ...] = ("cpu",)
@@ -73,6 +93,9 @@ class CalibrationConfig:
     refine_rounds: int = REFINE_ROUNDS
     seed: int = 0
     threads: int | None = field(default=None)
+    workload: str | None = None
+    allow_busy: bool = False
+    active_rounds: int = 0
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -81,6 +104,8 @@ class CalibrationConfig:
             raise ValueError(f"the budget must be a positive number of seconds, got {self.budget_s}")
         if self.memory_budget is not None and self.memory_budget <= 0:
             raise ValueError(f"the memory budget must be positive, got {self.memory_budget} bytes")
+        if self.active_rounds < 0:
+            raise ValueError(f"--active-rounds must be 0 or more, got {self.active_rounds}")
         if self.problems is not None and self.problems < 1:
             raise ValueError(f"--problems must be at least 1, got {self.problems}")
 
@@ -117,5 +142,9 @@ class CalibrationConfig:
             "problems": self.problems, "seed": self.seed, "tune_trials": self.effective_tune_trials,
             "refine_rounds": self.refine_rounds, "threads": self.threads,
         }
+        if self.workload is not None:  # only then, so ids of calibrations without one stay as they were
+            options["workload"] = workload_digest(self.workload)
+        if self.active_rounds:
+            options["active_rounds"] = self.active_rounds
         digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:CONFIG_HASH_HEX]
         return f"{PACKAGE}|{identity.key}|{digest}"

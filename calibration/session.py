@@ -13,13 +13,16 @@ from pathlib import Path
 from attn_dispatch.calibration.config import CalibrationConfig
 from attn_dispatch.calibration.finish import FitOutcome, fit_and_write, merge
 from attn_dispatch.calibration.launch import launch_workers
+from attn_dispatch.calibration.noise import WIDE_BUDGET_FACTOR, WIDE_MIN_REPS, Noise, check_quiet, probe_noise
 from attn_dispatch.calibration.paths import default_results, default_storage
 from attn_dispatch.calibration.progress import Progress, StoragePoller
 from attn_dispatch.calibration.recorder import storage_measurements
 from attn_dispatch.calibration.results import ResultsStore
 from attn_dispatch.calibration.storage import describe_storage, open_storage
 from attn_dispatch.calibration.worker import Worker, WorkerReport
+from attn_dispatch.calibration.workload import for_device, read_workload
 from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measurement import Measurement
 
@@ -39,6 +42,9 @@ class CalibrationSummary:
     reports: list[WorkerReport] = field(default_factory=list)
     measurements: list[Measurement] = field(default_factory=list)
     fit: FitOutcome = field(default_factory=FitOutcome)
+    workload: list[Problem] = field(default_factory=list)
+    noise_start: Noise | None = None  # the machine's noise before and after measuring (`calibration.noise`)
+    noise_end: Noise | None = None
 
     @property
     def statuses(self) -> Counter:
@@ -47,6 +53,26 @@ class CalibrationSummary:
     @property
     def timed_now(self) -> int:
         return sum(r.timed for r in self.reports)
+
+    def noise_lines(self) -> list[str]:
+        if self.noise_start is None:
+            return []
+        out = [f"machine before measuring: {self.noise_start.describe()}"]
+        if self.noise_end is not None:
+            out.append(f"machine after measuring: {self.noise_end.describe()}")
+        if any(r.widened for r in self.reports):
+            out.append(f"timer widened for a busy machine: at least {WIDE_MIN_REPS} samples per point, "
+                       f"{WIDE_BUDGET_FACTOR:g}x the per-point budget")
+        if any(n is not None and n.busy for n in (self.noise_start, self.noise_end)):
+            out.append("warning: these timings were taken on a busy machine and may rank kernels wrongly; the "
+                       "held-out quality below says how the table compares; calibrate again when the machine is quiet")
+        return out
+
+    def workload_measured(self) -> tuple[int, int]:
+        """(recorded workload buckets with at least one timed kernel, recorded buckets)."""
+        timed = {m.problem for m in self.measurements if m.ok}
+        measured = sum(1 for p in self.workload if p in timed)
+        return measured, len(self.workload)
 
     def lines(self) -> list[str]:
         s = self.statuses
@@ -62,6 +88,11 @@ class CalibrationSummary:
             f"predicted hopeless), {s['inaccurate']} inaccurate, {s['failed']} failed; "
             f"{s['unsupported']} unsupported kernel/problem pairs skipped",
         ]
+        out += self.noise_lines()
+        if self.workload:
+            measured, recorded = self.workload_measured()
+            hint = "" if measured == recorded else " (raise --budget-minutes to measure the rest; the run resumes)"
+            out.append(f"workload: {measured} of {recorded} recorded buckets measured{hint}")
         out += [f"numerics gate: {line}" for line in self.fit.excluded]
         if self.fit.table_paths:
             out.append("table: " + ", ".join(str(p) for p in self.fit.table_paths))
@@ -103,24 +134,33 @@ def calibrate(
         describe_storage(config.storage, default_journal=journal),
     )
     summary.resumed_points = sum(1 for r in store.read() if r.get("run") == calibration_id)
+    if config.workload is not None:  # a bad file fails here, before any worker starts
+        summary.workload = for_device(read_workload(config.workload), identity.device_type)
     progress = Progress(enabled=show_progress)
     try:
         if len(config.devices) == 1:
             worker = Worker(
                 config, device=config.devices[0], calibration_id=calibration_id, deadline=deadline,
                 kernels=kernels, on_record=progress.record, on_plan=progress.plan, on_problem=progress.problem,
-            )
+            )  # sets the thread count the probe must run with
+            worker.noise = summary.noise_start = probe_noise(worker.device)
+            check_quiet(summary.noise_start, allow_busy=config.allow_busy)
             summary.reports = [worker.run()]
         else:
             if kernels is not None:
                 raise ValueError("a kernel override works with one device only (workers build their own kernels)")
+            summary.noise_start = probe_noise(config.devices[0])  # each worker probes its own device too
+            check_quiet(summary.noise_start, allow_busy=config.allow_busy)
             storage = open_storage(config.storage, default_journal=journal)
-            stages = ["sweep"] + [f"refine{i}" for i in range(1, config.refine_rounds + 1)]
+            stages = (["workload"] if config.workload else []) + ["sweep"] + [
+                f"refine{i}" for i in range(1, config.refine_rounds + 1)] + [
+                f"active{i}" for i in range(1, config.active_rounds + 1)]
             poller = StoragePoller(progress, ResultsStore(store.path), storage, calibration_id, stages=stages)
             summary.reports = launch_workers(config, calibration_id=calibration_id, deadline=deadline, poll=poller)
     finally:
         progress.close()
     summary.measuring_s = time.time() - started
+    summary.noise_end = probe_noise(config.devices[0])
     storage = open_storage(config.storage, default_journal=journal)
     summary.measurements = merge(store.measurements(run=calibration_id), storage_measurements(storage, calibration_id))
     if fit:

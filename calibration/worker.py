@@ -20,15 +20,18 @@ import torch
 
 from attn_dispatch.calibration.candidates import CostEstimator, kernel_set
 from attn_dispatch.calibration.claims import ClaimBoard, Owner
-from attn_dispatch.calibration.config import REFINE_SHARE, CalibrationConfig
+from attn_dispatch.calibration.active_round import uncertain_problems
+from attn_dispatch.calibration.config import ACTIVE_POOL_FACTOR, REFINE_SHARE, CalibrationConfig
 from attn_dispatch.calibration.paths import default_results, default_storage
+from attn_dispatch.calibration.noise import Noise, probe_noise, widened
 from attn_dispatch.calibration.plan import agree_on, build_sweep
 from attn_dispatch.calibration.problem_run import DeadlineReached, ProblemContext, run_problem
 from attn_dispatch.calibration.recorder import Recorder, storage_measurements
 from attn_dispatch.calibration.refine import crossover_problems
 from attn_dispatch.calibration.results import ResultsStore, problem_id
-from attn_dispatch.calibration.space import fit_problem, profile_for
+from attn_dispatch.calibration.space import fit_problem, profile_for, sample_problems
 from attn_dispatch.calibration.storage import open_storage
+from attn_dispatch.calibration.workload import for_device, read_workload
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
@@ -50,6 +53,8 @@ class WorkerReport:
     timed: int = 0
     stopped: str = "done"  # "done" | "deadline" | "interrupted"
     seconds: float = 0.0
+    noise_spread: float | None = None  # the reference point's spread when the worker started
+    widened: bool = False  # the machine was busy: more samples per point (`calibration.noise`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,8 +101,10 @@ class Worker:
         on_record: Callable[[dict], None] | None = None,
         on_plan: Callable[[int], None] = lambda added: None,
         on_problem: Callable[[], None] = lambda: None,
+        noise: Noise | None = None,
     ) -> None:
         self.config = config
+        self.noise = noise
         self.on_plan, self.on_problem = on_plan, on_problem
         self.device = torch.device(device)
         self.identity = DeviceIdentity.detect(self.device)
@@ -114,7 +121,8 @@ class Worker:
         self.kernels = kernels if kernels is not None else kernel_set(config.kernels, policy=self.policy)
         self.memory_budget = effective_memory_budget(config, self.identity)
         spec = spec_for(self.identity)
-        self.estimator = CostEstimator(spec.with_memory(self.memory_budget) if self.memory_budget else spec)
+        self.spec = spec.with_memory(self.memory_budget) if self.memory_budget else spec
+        self.estimator = CostEstimator(self.spec)
         self.storage = open_storage(config.storage, default_journal=default_storage(calibration_id))
         store = ResultsStore(config.results or default_results(calibration_id))
         self.recorder = Recorder(store, self.storage, calibration_id, worker, on_record=on_record)
@@ -149,13 +157,46 @@ class Worker:
         )
         return agree_on(self.storage, self.calibration_id, "sweep", problems)
 
+    def workload_plan(self) -> list[Problem]:
+        """The recorded workload's problems (`calibration.workload`), as recorded; [] without one."""
+        if self.config.workload is None:
+            return []
+        problems = for_device(read_workload(self.config.workload), self.device.type)
+        return agree_on(self.storage, self.calibration_id, "workload", problems)
+
+    def active_plan(self, done: list[Problem], round_index: int) -> list[Problem]:
+        """The next points of the seeded sample the bootstrap fits disagree on most."""
+        profile = profile_for(self.device.type, quick=self.config.quick)
+        planned = set(done)
+        pool = sample_problems(
+            profile, device_type=self.device.type, memory_bytes=self.memory_budget or self.identity.memory_bytes,
+            seed=self.config.seed, count=ACTIVE_POOL_FACTOR * (self.config.problems or profile.problems),
+            fastest_s=lambda p: self.estimator.fastest(p, self.kernels),
+        )
+        chosen = uncertain_problems(
+            storage_measurements(self.storage, self.calibration_id), [p for p in pool if p not in planned],
+            self.kernels, self.spec, count=max(1, int(REFINE_SHARE * len(done))), seed=self.config.seed + round_index,
+        )
+        return agree_on(self.storage, self.calibration_id, f"active{round_index}", chosen)
+
     def run(self) -> WorkerReport:
-        """Sweep, then refinement rounds; stops cleanly at the deadline."""
+        """The recorded workload first, then the sweep, then crossover and active refinement
+        rounds; stops cleanly at the deadline."""
         started = time.time()
+        noise = self.noise if self.noise is not None else probe_noise(self.device)
+        self.report.noise_spread = noise.spread
+        if noise.busy:  # more samples per point; the summary says so
+            self.context.settings = widened(self.context.settings)
+            self.report.widened = True
         try:
-            done = self.sweep_plan()
-            self.on_plan(len(done))
-            self._process(done, phase="sweep")
+            done = self.workload_plan()
+            if done:
+                self.on_plan(len(done))
+                self._process(done, phase="workload")
+            sweep = self.sweep_plan()
+            self.on_plan(len(sweep))
+            self._process(sweep, phase="sweep")
+            done = done + sweep
             for round_index in range(1, self.config.refine_rounds + 1):
                 if not self._wait_for(done):
                     break
@@ -166,6 +207,13 @@ class Worker:
                 new = agree_on(self.storage, self.calibration_id, f"refine{round_index}", fresh)
                 self.on_plan(len(new))
                 self._process(new, phase=f"refine{round_index}")
+                done = done + new
+            for round_index in range(1, self.config.active_rounds + 1):
+                if not self._wait_for(done):
+                    break
+                new = self.active_plan(done, round_index)
+                self.on_plan(len(new))
+                self._process(new, phase=f"active{round_index}")
                 done = done + new
         except DeadlineReached:
             self.report.stopped = "deadline"

@@ -14,6 +14,9 @@ register_transformers()
     ``attn_implementation="attn_dispatch"`` in Hugging Face transformers.
 Dispatcher(*, kernels, policy, memory_budget, home)
     A dispatcher of your own (kernel set, accuracy policy, memory budget, table directory).
+record(path)
+    Context manager: write the problem buckets the dispatcher meets to `path` (JSON Lines) for
+    ``attn-dispatch calibrate --workload path`` (or set ``ATTN_DISPATCH_RECORD=path``).
 AccuracyPolicy, LOSSLESS
     Which lossy conversions (e.g. fp32 -> bf16) a dispatcher may use; LOSSLESS allows none.
 
@@ -31,7 +34,7 @@ _PUBLIC = {
     "Dispatcher": "core", "Decision": "decision", "Candidate": "decision", "RankingSource": "decision",
     "NoKernelError": "errors", "register_transformers": "hf", "free_bytes": "memory",
     "parse_memory_size": "memory", "install": "patching", "uninstall": "patching", "patched": "patching",
-    "is_installed": "patching", "TableWarning": "ranking",
+    "is_installed": "patching", "TableWarning": "ranking", "record": "recording", "PreparedAttention": "prepared",
 }
 _KERNELS = {"AccuracyPolicy": "attn_dispatch.kernels.accuracy", "LOSSLESS": "attn_dispatch.kernels.accuracy"}
 
@@ -39,7 +42,7 @@ __all__ = [
     "attention", "explain", "stats", "reset", "default_dispatcher", "Dispatcher", "Decision",
     "Candidate", "RankingSource", "NoKernelError", "register_transformers", "free_bytes",
     "parse_memory_size", "install", "uninstall", "patched", "is_installed", "TableWarning",
-    "AccuracyPolicy", "LOSSLESS",
+    "AccuracyPolicy", "LOSSLESS", "record", "PreparedAttention",
 ]
 
 

@@ -31,6 +31,7 @@ from attn_dispatch.dispatcher.planning import (
     rank_options,
 )
 from attn_dispatch.dispatcher.ranking import FALLBACK_FIRST
+from attn_dispatch.dispatcher.recording import record_problem
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
 
 UNMEASURED_LEVELS = ("prior", "none")
@@ -90,6 +91,8 @@ class DevicePlanner:
         bucket = self.buckets.get(key)
         decided = bucket is None or (inputs is not None and bucket.tune_pending)
         if decided:
+            if bucket is None:
+                record_problem(problem)  # a no-op unless a workload is being recorded (`recording`)
             budget, tune = settings()
             bucket = self.decide(problem, inputs, budget=budget, tune=tune, on_failure=on_failure)
             self.buckets.put(key, bucket)

@@ -27,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     where.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     where.add_argument("--devices", default=None, metavar="LIST",
                        help="comma-separated devices, one worker process each (e.g. cuda:0,cuda:1)")
-    parser.add_argument("--quick", action="store_true", help="a small sweep with fewer repetitions (minutes)")
+    parser.add_argument("--quick", action="store_true", help="a small sweep with fewer repetitions; measuring stops after 100 s. On a 2-core "
+                        "CPU: 21 s quiet (an earlier run); 160-171 s (7-9 problems) at a load average of 13, where it now stops "
+                        "after ~25 s as too busy unless --allow-busy")
     parser.add_argument("--budget-minutes", type=float, default=None, metavar="N",
                         help="wall time for measuring (default: 100 s with --quick, 8 min otherwise); the fit comes after")
     parser.add_argument("--storage", default=None, metavar="URL",
@@ -44,6 +46,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--problems", type=int, default=None, metavar="N", help="problems in the sweep (default: by profile)")
     parser.add_argument("--tune-trials", type=int, default=None, metavar="N", help="optuna trials per tuned kernel family and problem")
     parser.add_argument("--refine-rounds", type=int, default=None, metavar="N", help="crossover refinement rounds after the sweep")
+    parser.add_argument("--active-rounds", type=int, default=0, metavar="N",
+                        help="rounds after the sweep measuring the next sample points that bootstrap cost-model fits "
+                        "disagree on most (off by default; simulated on H200 run 6: docs/RESULTS.md section 7)")
+    parser.add_argument("--workload", default=None, metavar="PATH",
+                        help="measure first the problems a real run recorded (ATTN_DISPATCH_RECORD=PATH or "
+                        "attn_dispatch.record(PATH)), as recorded, then the sweep")
+    parser.add_argument("--allow-busy", action="store_true",
+                        help="calibrate even when a reference point timed first shows the machine too busy to time "
+                        "kernels reliably; the samples are widened and the summary warns")
     parser.add_argument("--seed", type=int, default=0, help="seed of the problem sample and the samplers")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (CPU calibration)")
     parser.add_argument("--measure-only", action="store_true", help="stop after measuring (no fit, no table)")
@@ -75,7 +86,8 @@ def _config(args: argparse.Namespace):
         memory_budget=None if args.memory_budget is None else parse_memory_size(args.memory_budget, name="--memory-budget"),
         allow_lossy=tuple(args.allow_lossy), problems=args.problems, tune_trials=args.tune_trials,
         refine_rounds=REFINE_ROUNDS if args.refine_rounds is None else args.refine_rounds,
-        seed=args.seed, threads=args.threads,
+        seed=args.seed, threads=args.threads, workload=args.workload,
+        allow_busy=args.allow_busy, active_rounds=args.active_rounds,
     )
 
 
@@ -105,5 +117,8 @@ def run(args: argparse.Namespace) -> int:
                 "workers": [r.to_dict() for r in summary.reports],
                 "tables": [str(p) for p in summary.fit.table_paths], "quality": summary.fit.quality,
                 "excluded": summary.fit.excluded, "note": summary.fit.note,
+                "workload_measured": list(summary.workload_measured()),
+                "noise_start": None if summary.noise_start is None else summary.noise_start.spread,
+                "noise_end": None if summary.noise_end is None else summary.noise_end.spread,
             }, handle, indent=1)
     return 0

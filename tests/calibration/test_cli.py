@@ -13,7 +13,7 @@ from attn_dispatch.dispatcher.cli import main
 
 SCRIPT = Path(sys.executable).with_name("attn-dispatch")
 CI_ARGS = ["--device", "cpu", "--quick", "--problems", "4", "--kernels", "portable", "--threads", "1",
-           "--tune-trials", "2", "--budget-minutes", "1.5"]
+           "--tune-trials", "2", "--budget-minutes", "1.5", "--allow-busy"]
 
 
 def test_quick_calibration_end_to_end(tmp_path, private_home, capsys):

@@ -20,7 +20,7 @@ from attn_dispatch.models.identity import DeviceIdentity
 from tests.calibration.helpers import small_config
 
 KILL_AFTER_RECORDS = 8
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 180.0  # a fresh worker process imports torch and probes the noise first; slow on a loaded machine
 POLL_S = 0.01
 
 

@@ -1,0 +1,85 @@
+"""Noise on a busy machine: the reference probe's spread, widened samples when busy, and a clear
+stop (no measurement, no table) when too busy unless the user allows it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import attn_dispatch.calibration.session as session
+from attn_dispatch.calibration.noise import (
+    BUSY_SPREAD,
+    STOP_SPREAD,
+    MachineBusy,
+    Noise,
+    check_quiet,
+    probe_noise,
+    widened,
+)
+from attn_dispatch.calibration.session import calibrate
+from attn_dispatch.calibration.timer import QUICK
+from attn_dispatch.dispatcher.cli import main
+from attn_dispatch.kernels.math_kernel import MathKernel
+from tests.calibration.helpers import small_config
+
+QUIET = Noise(median_s=2e-3, spread=BUSY_SPREAD / 4)
+BUSY = Noise(median_s=2e-3, spread=(BUSY_SPREAD + STOP_SPREAD) / 2)
+TOO_BUSY = Noise(median_s=2e-3, spread=STOP_SPREAD * 2)
+
+
+def test_spread_is_the_relative_interquartile_range_of_the_samples():
+    steady = probe_noise("cpu", samples=[1.0] * 14 + [9.0])  # one context switch moves no quartile
+    assert steady.spread == 0.0 and not steady.busy
+    jittery = probe_noise("cpu", samples=[1.0, 2.0] * 7 + [1.5])
+    assert jittery.median_s == 1.5 and jittery.spread == pytest.approx(1.0 / 1.5) and jittery.too_busy
+
+
+def test_the_real_probe_gives_a_time_and_a_spread():
+    noise = probe_noise("cpu")
+    assert noise.median_s > 0 and math.isfinite(noise.spread) and noise.spread >= 0
+    assert noise.describe().split(":")[0] in ("quiet", "busy", "too busy to calibrate")
+
+
+def test_too_busy_stops_with_what_to_do_unless_allowed():
+    with pytest.raises(MachineBusy, match="--allow-busy"):
+        check_quiet(TOO_BUSY, allow_busy=False)
+    check_quiet(TOO_BUSY, allow_busy=True)
+    check_quiet(BUSY, allow_busy=False)
+
+
+def test_widened_settings_take_more_samples():
+    wide = widened(QUICK)
+    assert wide.min_reps > QUICK.min_reps and wide.max_reps >= wide.min_reps and wide.budget_s > QUICK.budget_s
+
+
+def test_a_too_busy_machine_measures_nothing_and_writes_no_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(session, "probe_noise", lambda device: TOO_BUSY)
+    config = small_config(tmp_path, problems=2, allow_busy=False)
+    with pytest.raises(MachineBusy, match="too busy"):
+        calibrate(config, show_progress=False, kernels=[MathKernel()], out=tmp_path / "table.json")
+    assert not (tmp_path / "table.json").exists() and not (tmp_path / "results.jsonl").exists()
+
+
+def test_a_busy_machine_widens_the_timer_and_the_summary_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(session, "probe_noise", lambda device: BUSY)
+    summary = calibrate(small_config(tmp_path, problems=2), show_progress=False, kernels=[MathKernel()], fit=False)
+    assert summary.reports[0].widened and summary.reports[0].noise_spread == BUSY.spread
+    text = "\n".join(summary.lines())
+    assert "machine before measuring: busy" in text and "timer widened" in text and "warning:" in text
+    timed = [m for m in summary.measurements if m.ok]
+    assert timed and all(m.reps >= widened(QUICK).min_reps or m.extra.get("stopped") == "budget" for m in timed)
+
+
+def test_a_quiet_machine_keeps_the_timer(tmp_path, monkeypatch):
+    monkeypatch.setattr(session, "probe_noise", lambda device: QUIET)
+    summary = calibrate(small_config(tmp_path, problems=1), show_progress=False, kernels=[MathKernel()], fit=False)
+    assert not summary.reports[0].widened
+    assert not any(line.startswith("warning:") for line in summary.lines())
+
+
+def test_cli_stops_with_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(session, "probe_noise", lambda device: TOO_BUSY)
+    assert main(["calibrate", "--device", "cpu", "--quick", "--quiet", "--problems", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attn-dispatch calibrate: error: this machine is too busy") and len(err.splitlines()) == 1
