@@ -71,18 +71,20 @@ def time_round(call, calls: int, sync) -> tuple[float, float]:
     return (host - start) / calls, (end - start) / calls
 
 
-def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, null: bool = False) -> dict:
+def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, null: bool = False,
+                kernels: str | list[str] = "all") -> dict:
     inputs = make_inputs(shape[1], device)
     q, k, v, mask, gqa = inputs.query, inputs.key, inputs.value, inputs.attn_mask, inputs.enable_gqa
-    ours = Dispatcher(kernels=[NullKernel()]) if null else Dispatcher()
+    ours = Dispatcher(kernels=[NullKernel()]) if null else Dispatcher(kernels=kernels)
     ours.attention(q, k, v, mask, enable_gqa=gqa)
-    plan = ours._plans[cache_key(q, k, v, mask, False, gqa)]
+    plan = ours._plans.get(cache_key(q, k, v, mask, False, gqa))
     kernel, problem = plan.kernel, plan.problem
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     methods = {
         "dispatcher.attention": lambda: ours.attention(q, k, v, mask, enable_gqa=gqa),
         "kernel.run": lambda: kernel.run(q, k, v, mask, None, gqa, problem),
         "kernel(...)": lambda: kernel(q, k, v, attn_mask=mask, enable_gqa=gqa),
+        "F.sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, mask, enable_gqa=gqa),
     }
     for call in methods.values():  # warm-up
         time_round(call, calls, sync)
@@ -93,14 +95,17 @@ def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, 
             shift = round_index % len(order)  # rotate: no method always follows the same one
             for name in order[shift:] + order[:shift]:
                 samples[name].append(time_round(methods[name], calls, sync))
-    result = {"shape": shape[0], "kernel": kernel.name, "calls_per_round": calls, "rounds": rounds, "null": null}
+    result = {"shape": shape[0], "kernel": kernel.name, "kernel_set": "null" if null else str(kernels), "calls_per_round": calls, "rounds": rounds, "null": null}
     for index, clock in ((0, "host"), (1, "sync")):
         med = {name: statistics.median(s[index] for s in values) * 1e6 for name, values in samples.items()}
         extra_run = statistics.median((a[index] - b[index]) * 1e6 for a, b in
                                       zip(samples["dispatcher.attention"], samples["kernel.run"], strict=True))
         extra_call = statistics.median((a[index] - b[index]) * 1e6 for a, b in
                                        zip(samples["dispatcher.attention"], samples["kernel(...)"], strict=True))
-        result[clock] = {"median_us": med, "extra_us_vs_run": extra_run, "extra_us_vs_call": extra_call}
+        extra_sdpa = statistics.median((a[index] - b[index]) * 1e6 for a, b in
+                                       zip(samples["dispatcher.attention"], samples["F.sdpa"], strict=True))
+        result[clock] = {"median_us": med, "extra_us_vs_run": extra_run, "extra_us_vs_call": extra_call,
+                         "extra_us_vs_sdpa": extra_sdpa}
     return result
 
 
@@ -134,12 +139,14 @@ def main() -> None:
     shapes = CUDA_SHAPES if device.type == "cuda" else CPU_SHAPES
     rows = [bench_shape(s, device, args.rounds, args.calls, null=True) for s in shapes[:1]]
     rows += [bench_shape(s, device, args.rounds, args.calls) for s in shapes]
+    rows += [bench_shape(s, device, args.rounds, args.calls, kernels=["sdpa_default"]) for s in shapes]
     results = {"conditions": conditions(device), "shapes": rows}
     for r in results["shapes"]:
         host = r["host"]
         print(f"{r['shape'][:36]:<36} {r['kernel']:<24} dispatcher {host['median_us']['dispatcher.attention']:8.2f} us  "
               f"run {host['median_us']['kernel.run']:8.2f} us  call {host['median_us']['kernel(...)']:8.2f} us  "
-              f"extra vs run {host['extra_us_vs_run']:+6.2f} us  vs call {host['extra_us_vs_call']:+6.2f} us")
+              f"F.sdpa {host['median_us']['F.sdpa']:8.2f} us  extra vs run {host['extra_us_vs_run']:+6.2f} us  "
+              f"vs call {host['extra_us_vs_call']:+6.2f} us  vs F.sdpa {host['extra_us_vs_sdpa']:+6.2f} us")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"dispatch_overhead_{device.type}.json"

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The H200 runs of issue 14 (loops users run), one stage per argument; everything lands in $OUT/loops.tgz.
+#   setup       install the carried wheels (.whl: attn_dispatch built from this tree, optuna, diffusers, ...) into /tmp/site
+#   coldshape   measure per-shape set-up costs (python -m attn_dispatch.calibration.cold_shape) into $ATTN_DISPATCH_HOME
+#   overhead    bench/dispatch_overhead.py (dispatcher vs F.sdpa, interleaved)
+#   decode      bench/decode_loop.py: 32 layers per token, contexts 1k/8k/32k, batch 1 and 8, fresh processes
+#   llm | llm-batch | llm-static | dit | portable | fp32   bench/e2e.py matrices
+# Wheels: pip download into .whl (see /work/.library/device/README.md) plus `pip wheel --no-deps -w .whl .`.
+set -u
+OUT=${OUT:?set OUT to the output folder}
+export ATTN_DISPATCH_HOME=${ATTN_DISPATCH_HOME:-$OUT/home} PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD  # $PWD for bench/; attn_dispatch itself comes from the wheel in /tmp/site
+mkdir -p "$OUT/loops"
+run() { echo "== $(date +%T) $*" | tee -a "$OUT/loops/log.txt" >&2; "$@" 2>&1 | tee -a "$OUT/loops/log.txt"; }
+for stage in "$@"; do
+  case $stage in
+    setup) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ;;
+    coldshape) run timeout 240 python3 -m attn_dispatch.calibration.cold_shape --device cuda --store --json "$OUT/loops/cold_shape.json"
+               cp -r "$ATTN_DISPATCH_HOME/cold_shape" "$OUT/loops/cold_shape_store" 2>/dev/null ;;
+    overhead) run timeout 240 python3 -m bench.dispatch_overhead --device cuda --rounds 100 --calls 50 --out "$OUT/loops" ;;
+    decode) run timeout 420 python3 -m bench.decode_loop --device cuda --contexts ${CONTEXTS:-1024,8192,32768} --batches ${BATCHES:-1,8} \
+              --tokens ${TOKENS:-32} --layers 32 --repeats ${REPEATS:-1} --out "$OUT/loops/decode_loop.jsonl" ;;
+    llm|llm-batch|llm-static|dit|portable|fp32)
+      run timeout ${STAGE_TIMEOUT:-540} python3 -m bench.e2e --matrix "$stage" --layers ${LAYERS:-8} --tokens ${TOKENS:-32} \
+        --timeout ${CONFIG_TIMEOUT:-240} --out "$OUT/loops/e2e.jsonl" ;;
+    *) echo "unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
+(cd "$OUT" && tar czf loops.tgz loops && rm -rf loops)
