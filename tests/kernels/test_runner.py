@@ -1,0 +1,62 @@
+"""The warm path's shortcut (`Kernel.runner`): the fused backends' bare ATen call gives what `run`
+gives. The CUDA operators are stood in for by PyTorch's SDPA on the CPU, so the shortcut's own
+logic (GQA folded into rows or passed natively, causality, the fall-back to `run`) is what runs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attn_dispatch.kernels import Problem, SdpaDefaultKernel, SdpaEfficientKernel, SdpaFlashKernel
+
+
+def _stand_in(query, key, value, causal, scale):
+    return F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scale,
+                                          enable_gqa=query.shape[1] != key.shape[1])
+
+
+def _inputs(q_heads, kv_heads, q_len, kv_len, dim=16, batch=2):
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randn(batch, heads, length, dim, generator=generator)
+            for heads, length in ((q_heads, q_len), (kv_heads, kv_len), (kv_heads, kv_len))]
+
+
+@pytest.mark.parametrize(("kernel_type", "native"), [(SdpaFlashKernel, True), (SdpaFlashKernel, False),
+                                                     (SdpaEfficientKernel, False)])
+@pytest.mark.parametrize(("q_heads", "kv_heads", "q_len", "kv_len", "causal"),
+                         [(4, 4, 5, 9, True), (8, 2, 1, 33, False), (8, 2, 3, 17, False), (8, 2, 6, 6, True)])
+def test_the_bare_call_gives_what_run_gives(monkeypatch, kernel_type, native, q_heads, kv_heads, q_len, kv_len, causal):
+    kernel = kernel_type()
+    monkeypatch.setattr(kernel, "_bare_op", lambda: _stand_in)
+    monkeypatch.setattr(kernel, "native_gqa", lambda device_type, dtype: native)
+    query, key, value = _inputs(q_heads, kv_heads, q_len, kv_len)
+    problem = replace(Problem.from_tensors(query, key, value, None, causal, q_heads != kv_heads), device_type="cuda")
+    runner = kernel.runner(problem)
+    repeats_kv = q_heads != kv_heads and causal and not native  # K/V copied per group: `run` does it
+    assert (runner == kernel.run) == repeats_kv
+    out = runner(query, key, value, None, None, q_heads != kv_heads, problem)
+    expected = F.scaled_dot_product_attention(query, key, value, is_causal=causal, enable_gqa=q_heads != kv_heads)
+    torch.testing.assert_close(out, expected)
+
+
+def test_masks_strided_inputs_and_the_cpu_keep_run(monkeypatch):
+    kernel = SdpaFlashKernel()
+    monkeypatch.setattr(kernel, "_bare_op", lambda: _stand_in)
+    query, key, value = _inputs(4, 4, 5, 9)
+    plain = replace(Problem.from_tensors(query, key, value), device_type="cuda")
+    assert kernel.runner(replace(plain, device_type="cpu")) == kernel.run
+    assert kernel.runner(replace(plain, strided=True)) == kernel.run
+    assert kernel.runner(replace(plain, mask_kind="bool", mask_shape=(1, 1, 5, 9))) == kernel.run
+
+
+def test_sdpa_default_without_a_mask_calls_pytorch_directly():
+    query, key, value = _inputs(8, 2, 1, 33)
+    problem = Problem.from_tensors(query, key, value, None, False, True)
+    kernel = SdpaDefaultKernel()
+    runner = kernel.runner(problem)
+    assert runner != kernel.run
+    torch.testing.assert_close(runner(query, key, value, None, None, True, problem),
+                               F.scaled_dot_product_attention(query, key, value, enable_gqa=True))
