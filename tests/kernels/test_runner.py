@@ -37,6 +37,8 @@ def test_the_bare_call_gives_what_run_gives(monkeypatch, kernel_type, native, q_
     runner = kernel.runner(problem)
     repeats_kv = q_heads != kv_heads and causal and not native  # K/V copied per group: `run` does it
     assert (runner == kernel.run) == repeats_kv
+    if repeats_kv:
+        return
     out = runner(query, key, value, None, None, q_heads != kv_heads, problem)
     expected = F.scaled_dot_product_attention(query, key, value, is_causal=causal, enable_gqa=q_heads != kv_heads)
     torch.testing.assert_close(out, expected)
