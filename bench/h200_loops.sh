@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The H200 runs of issue 14 (loops users run), one stage per argument; everything lands in $OUT/loops.tgz.
 #   setup       install the carried wheels (.whl: attn_dispatch built from this tree, optuna, diffusers, ...) into /tmp/site
+#   table       refit the bundled H200 table with the quality guard and measured entries (on the host: see
+#               bench/regenerate_h200_table.sh) and import it into $ATTN_DISPATCH_HOME
 #   coldshape   measure per-shape set-up costs (python -m attn_dispatch.calibration.cold_shape) into $ATTN_DISPATCH_HOME
 #   overhead    bench/dispatch_overhead.py (dispatcher vs F.sdpa, interleaved)
 #   decode      bench/decode_loop.py: 32 layers per token, contexts 1k/8k/32k, batch 1 and 8, fresh processes
@@ -15,6 +17,8 @@ run() { echo "== $(date +%T) $*" | tee -a "$OUT/loops/log.txt" >&2; "$@" 2>&1 | 
 for stage in "$@"; do
   case $stage in
     setup) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ;;
+    table) PYTHON=python3 run timeout 240 bash bench/regenerate_h200_table.sh && cp models/tables/nvidia-h200-140gb.json "$OUT/loops/" \
+             && run python3 -m attn_dispatch import models/tables/nvidia-h200-140gb.json ;;
     coldshape) run timeout 240 python3 -m attn_dispatch.calibration.cold_shape --device cuda --store --json "$OUT/loops/cold_shape.json"
                cp -r "$ATTN_DISPATCH_HOME/cold_shape" "$OUT/loops/cold_shape_store" 2>/dev/null ;;
     overhead) run timeout 240 python3 -m bench.dispatch_overhead --device cuda --rounds 100 --calls 50 --out "$OUT/loops" ;;
