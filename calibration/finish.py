@@ -80,6 +80,8 @@ def fit_and_write(
     wall_s: float,
 ) -> FitOutcome:
     """Gate, fit, build and write the table (see module docstring)."""
+    # One order whatever the hosts' and workers' interleaving: the same points give the same table.
+    measurements = sorted(measurements, key=lambda m: unit_key(m.problem, m.kernel))
     gated, excluded = apply_numerics_gate(measurements)
     outcome = FitOutcome(excluded=[
         f"{kernel} unusable for {describe_class(key)}: {m.reason}"

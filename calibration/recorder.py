@@ -8,13 +8,18 @@ flight); the storage gets a problem's points in one write when the problem ends 
 (a kill in between) are copied there when their problem is next claimed (`sync_problem`). Points
 decided without timing (unsupported, over the budget) go to the results store only: any worker
 recomputes them from the kernels' declarations.
+
+On a database storage (``postgresql://``, several hosts) the hosts share no results store, so each
+point goes to the storage first, as soon as it is measured, and the decided points of a problem go
+there too (another host's fit needs them): a host killed mid-problem leaves every finished point
+where the others see it, and none is measured again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from optuna.storages import BaseStorage
+from optuna.storages import BaseStorage, RDBStorage
 
 from attn_dispatch.calibration.results import ResultsStore, measurement_record, problem_id, unit_key
 from attn_dispatch.calibration.storage import StudyIds, add_record_trial, find_study, record_trials, study_name
@@ -53,6 +58,7 @@ class Recorder:
         self._pending: dict[Problem, list[dict]] = {}  # timed records not yet in the storage
         self._ids = StudyIds(storage)
         self.written = 0
+        self.write_through = isinstance(storage, RDBStorage)  # see module docstring
 
     def _points_study(self, problem: Problem) -> int:
         return self._ids(study_name(self.calibration_id, POINTS, problem_id(problem)))
@@ -90,11 +96,15 @@ class Recorder:
         return len(missing)
 
     def record(self, measurement: Measurement) -> dict:
-        """Append one point to the results store (fsync); the storage gets it at `flush`."""
+        """Append one point to the results store (fsync); the storage gets it at `flush` (on a
+        database, before the results store)."""
         record = measurement_record(measurement, run=self.calibration_id, worker=self.worker)
+        if self.write_through:
+            add_record_trial(self.storage, self._points_study(measurement.problem), {"measurements": [record]})
         self.store.append([record])
         self._local.setdefault(record["unit"], record)
-        self._pending.setdefault(measurement.problem, []).append(record)
+        if not self.write_through:
+            self._pending.setdefault(measurement.problem, []).append(record)
         self.written += 1
         if self.on_record is not None:
             self.on_record(record)
@@ -105,13 +115,15 @@ class Recorder:
         records = [measurement_record(m, run=self.calibration_id, worker=self.worker) for m in measurements]
         if not records:
             return
+        shared = [r for r in records if r.get("status") != "unsupported"]
+        if self.write_through and shared:
+            add_record_trial(self.storage, self._points_study(measurements[0].problem), {"measurements": shared})
         self.store.append(records)
         for record in records:
             self._local.setdefault(record["unit"], record)
             if self.on_record is not None:
                 self.on_record(record)
         self.written += len(records)
-
 
     def flush(self, problem: Problem) -> None:
         """Write `problem`'s timed points not yet in the storage (one storage write)."""

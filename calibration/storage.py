@@ -9,8 +9,11 @@ problem.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import random
+import time
 from pathlib import Path
 
 import optuna
@@ -25,6 +28,11 @@ SEPARATOR = "|"
 # (optuna's default is 30 s). Every holder keeps the lock for one append + fsync (milliseconds),
 # so 10 s never breaks a live lock and a resumed run waits at most 10 s.
 JOURNAL_LOCK_GRACE_S = 10
+# Workers of several hosts start together on an empty database: each creates optuna's tables, and
+# PostgreSQL lets only one `CREATE TABLE` of a name win (the others fail on a unique index). A
+# loser finds the tables made on its next attempt; a few attempts over about a second cover it.
+OPEN_ATTEMPTS = 5
+OPEN_RETRY_S = 0.3
 
 
 def quiet_optuna() -> None:
@@ -48,22 +56,58 @@ def open_storage(storage: str | os.PathLike | None, *, default_journal: str | os
         storage = default_journal
     text = os.fspath(storage)
     if is_url(text):
-        try:
-            return RDBStorage(text)
-        except Exception as error:  # noqa: BLE001 - sqlalchemy raises many types; name the URL
-            raise ValueError(f"cannot open optuna storage {text!r}: {error}") from error
+        return _open_database(text)
     path = Path(text)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = JournalFileSymlinkLock(str(path), grace_period=JOURNAL_LOCK_GRACE_S)
     return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
 
 
+def with_installed_driver(url: str) -> str:
+    """SQLAlchemy reads a bare ``postgresql://`` URL as psycopg2's; where only psycopg 3 (the
+    maintained driver, the one the `test` extra installs) is present, the URL names it."""
+    scheme, separator, rest = url.partition("://")
+    if scheme == "postgresql" and not _installed("psycopg2") and _installed("psycopg"):
+        return f"postgresql+psycopg{separator}{rest}"
+    return url
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _open_database(url: str) -> RDBStorage:
+    """optuna's RDBStorage on `url`, retried while a peer is creating the tables (`OPEN_ATTEMPTS`).
+
+    Raises
+    ------
+    ValueError: when the database cannot be opened (the message names it, without a password).
+    """
+    attempt = 1
+    while True:
+        try:
+            return RDBStorage(with_installed_driver(url))
+        except Exception as error:  # noqa: BLE001 - sqlalchemy and the drivers raise many types
+            if attempt >= OPEN_ATTEMPTS or not _lost_a_creation_race(error):
+                raise ValueError(f"cannot open optuna storage {_without_password(url)}: {error}") from error
+        attempt += 1
+        time.sleep(OPEN_RETRY_S * random.uniform(0.5, 1.5))
+
+
+def _lost_a_creation_race(error: Exception) -> bool:
+    """Another process created optuna's tables (or a row of them) at the same moment."""
+    text = str(error).lower()
+    return "already exists" in text or "duplicate key" in text or "unique" in text
+
+
+def _without_password(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.rpartition('@')[2]}"
+
+
 def describe_storage(storage: str | os.PathLike | None, *, default_journal: str | os.PathLike) -> str:
     text = os.fspath(storage if storage is not None else default_journal)
-    if is_url(text):
-        scheme, _, rest = text.partition("://")
-        return f"{scheme}://{rest.rpartition('@')[2]}"  # never print a password
-    return text
+    return _without_password(text) if is_url(text) else text  # never print a password
 
 
 def study_name(calibration_id: str, *parts: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -30,9 +31,10 @@ def _busy(seconds: float):
 def test_median_and_iqr_of_a_known_delay():
     settings = TimerSettings(warmup=1, min_reps=5, max_reps=20, target_relative_iqr=0.5, budget_s=2.0)
     timing = time_repetitions(_busy(0.002), CPU, settings)
-    # a busy wait can only take longer than asked (a loaded CI machine preempts it)
-    assert 0.0019 < timing.median_s < 0.05
-    assert 0.0 <= timing.iqr_s < 0.05
+    # a busy wait can only take longer than asked; how much longer depends on how loaded the
+    # machine is, so no upper bound is asserted
+    assert 0.0019 < timing.median_s and math.isfinite(timing.median_s)
+    assert 0.0 <= timing.iqr_s and math.isfinite(timing.iqr_s)
     assert settings.min_reps <= timing.reps <= settings.max_reps
 
 
@@ -59,11 +61,18 @@ def test_batches_short_calls_to_the_target_sample_length():
 
 def test_stops_at_the_budget_before_min_reps():
     settings = TimerSettings(warmup=2, min_reps=10, max_reps=50, target_relative_iqr=0.0, budget_s=0.05)
-    started = time.perf_counter()
-    timing = time_repetitions(_busy(0.03), CPU, settings)
+    calls = []
+    busy = _busy(0.03)
+
+    def run(index: int) -> None:
+        calls.append(index)
+        busy(index)
+
+    timing = time_repetitions(run, CPU, settings)
     assert timing.stopped == "budget"
     assert 1 <= timing.reps <= 2
-    assert time.perf_counter() - started < 0.2
+    # each sample of a 30 ms call is one call: the budget stopped it after two warm-ups and the samples
+    assert len(calls) == settings.warmup + timing.reps
 
 
 def test_stops_when_stable_and_when_told():

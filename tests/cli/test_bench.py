@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -11,6 +12,9 @@ from attn_dispatch.calibration.bench_report import geometric_mean
 from attn_dispatch.calibration.scenarios import SCENARIOS, scenario_shapes
 
 FAST = ("--size", "small", "--rounds", "1", "--shape-budget", "0.2", "--quiet")
+# Every reason `bench` gives for not running a path: over the budget and predicted hopeless are
+# decided before timing; the first-pass guard depends on how busy the machine is.
+SKIP_REASONS = ("skipped: over budget", "skipped: predicted hopeless", "skipped: the shape's first pass took")
 
 
 def test_scenario_shapes_have_the_issue_structure():
@@ -53,8 +57,19 @@ def test_bench_decode_markdown_and_json(cli, tmp_path):
         assert {"dispatcher", "pytorch_default", "math"} <= set(paths)
         assert paths["dispatcher"]["status"] == "ok" and paths["dispatcher"]["reps"] >= 1
         assert shape["chosen"] and shape["oracle"] in paths
-        # the oracle is the best single kernel: the dispatcher cannot beat it by much (noise aside)
-        assert shape["ratio_to_oracle"] > 0.5
+        _assert_ratios_consistent(shape, paths)
+
+
+def _assert_ratios_consistent(shape: dict, paths: dict) -> None:
+    """The report's oracle and ratios follow from its own medians. Speed itself is never asserted:
+    on a busy machine any path can be preempted (ratios belong in benchmarks, not in tests)."""
+    timed = {label: p["median_s"] for label, p in paths.items() if p["status"] == "ok"}
+    assert all(math.isfinite(t) and t > 0 for t in timed.values())
+    singles = {label: t for label, t in timed.items() if paths[label]["role"] != "dispatcher"}
+    assert shape["oracle"] == min(singles, key=singles.get)
+    mine = timed["dispatcher"]
+    assert shape["ratio_to_oracle"] == pytest.approx(mine / singles[shape["oracle"]])
+    assert shape["ratio_to_pytorch"] == pytest.approx(mine / timed["pytorch_default"])
 
 
 def test_bench_memory_budget_skips_and_records(cli, tmp_path):
@@ -65,8 +80,16 @@ def test_bench_memory_budget_skips_and_records(cli, tmp_path):
     assert report["conditions"]["memory budget"] == "12.0 MiB"
     statuses = {(p["path"], p["status"]) for s in report["shapes"] for p in s["paths"]}
     assert ("math", "skipped") in statuses  # its 1024 x 1024 x 4 heads score matrix is over 12 MiB
-    reasons = [p["reason"] for s in report["shapes"] for p in s["paths"] if p["status"] == "skipped"]
-    assert all(r.startswith("skipped: over budget") for r in reasons)
+    skipped = [p for s in report["shapes"] for p in s["paths"] if p["status"] == "skipped"]
+    assert all(p["reason"].startswith(SKIP_REASONS) for p in skipped), [p["reason"] for p in skipped]
+    # over the budget is decided from declared sizes before anything runs, the same on any machine,
+    # and the first-pass time guard never skips math (a baseline)
+    maths = {p["status"]: p["reason"] for s in report["shapes"] for p in s["paths"] if p["path"] == "math"}
+    assert set(maths) <= {"ok", "skipped"} and maths["skipped"].startswith("skipped: over budget")
+    for p in skipped:
+        if p["reason"].startswith("skipped: over budget"):
+            inputs, workspace, limit = map(int, re.findall(r"(\d+) B", p["reason"]))
+            assert inputs + workspace > limit == 12 * 2**20 and workspace == p["workspace_bytes"]
     assert "math: skipped" in out
 
 

@@ -4,15 +4,9 @@ reset default dispatcher and nothing installed."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, settings
 
 import attn_dispatch as dispatcher
 from attn_dispatch.dispatcher import patching
-
-settings.register_profile(
-    "dispatcher-ci", max_examples=10, deadline=None, derandomize=True,
-    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
 
 
 @pytest.fixture(autouse=True)

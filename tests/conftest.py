@@ -1,0 +1,38 @@
+"""Settings every test shares, loaded before any test module is imported.
+
+Hypothesis: the project profile has no deadline (a pass/fail test never depends on how fast the
+machine is; timings belong in benchmarks) and deterministic draws. It must be loaded here, at the
+root: ``@given`` captures the profile loaded when its module is imported, and a module can be
+imported from another directory's tests (``tests.kernels.test_contract`` from the dispatcher's)
+before its own directory's conftest runs. ``HYPOTHESIS_PROFILE=explore`` draws more examples.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+# Draws per property in CI: enough to cover the case strategies' corners, small enough for 2 cores.
+CI_EXAMPLES = 12
+EXPLORE_EXAMPLES = 200
+# Slow draws and filtered strategies are expected (tensor cases, `assume`); function-scoped
+# fixtures (a private cache directory per test) need not be reset between examples.
+SUPPRESSED = [HealthCheck.filter_too_much, HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+
+settings.register_profile("ci", max_examples=CI_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=SUPPRESSED)
+settings.register_profile("explore", max_examples=EXPLORE_EXAMPLES, deadline=None, suppress_health_check=SUPPRESSED)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Refuse a run where any hypothesis test carries a deadline (a module imported before this
+    profile was loaded, or an explicit ``@settings(deadline=...)``)."""
+    for item in items:
+        chosen = getattr(getattr(item, "obj", None), "_hypothesis_internal_use_settings", None)
+        if chosen is not None and chosen.deadline is not None:
+            raise pytest.UsageError(
+                f"{item.nodeid} runs with a hypothesis deadline of {chosen.deadline}: pass/fail tests must not "
+                "depend on speed; drop the deadline (tests/conftest.py loads the project profile)"
+            )
