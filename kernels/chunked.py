@@ -18,6 +18,9 @@ from attn_dispatch.kernels._blocks import (
     mask_scores_,
     query_rows,
     scatter_rows,
+    score_keys,
+    score_keys_bytes,
+    score_operand_dtype,
     softmax_partials,
 )
 from attn_dispatch.kernels._single_pass import single_pass_attention, single_pass_workspace_bytes
@@ -62,17 +65,20 @@ class ChunkedKernel(Kernel):
             problem.out_bytes
             + self.input_copy_bytes(problem)
             + block
+            + score_keys_bytes(problem)
         )
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
         L, S = problem.q_len, problem.kv_len
         out = query.new_empty(problem.batch, problem.q_heads, L, problem.value_dim)
         one_kv_block = self.kv_chunk >= S
+        operand = score_operand_dtype(query.dtype, query.device, scale)  # fp32 scores: no fp16 overflow
+        score_key = score_keys(key, operand)
         for q_start in range(0, L, self.q_chunk):
             rows = slice(q_start, min(L, q_start + self.q_chunk))
-            q_block = query_rows(query, rows, problem, scale)
+            q_block = query_rows(query, rows, problem, scale, operand)
             if one_kv_block:  # no online merge needed: PyTorch's fused softmax, one pass
-                block = single_pass_attention(q_block, key, value, mask, rows, problem)
+                block = single_pass_attention(q_block, score_key, value, mask, rows, problem)
                 scatter_rows(out, block, rows, problem)
                 continue
             state = OnlineSoftmax()
@@ -80,7 +86,7 @@ class ChunkedKernel(Kernel):
                 cols = slice(kv_start, min(S, kv_start + self.kv_chunk))
                 if problem.causal and fully_blocked_by_causality(rows, cols):
                     break
-                scores = block_scores(q_block, key[:, :, cols])
+                scores = block_scores(q_block, score_key[:, :, cols])
                 mask_scores_(scores, mask, problem.causal, rows, cols, problem)
                 state.update(*softmax_partials(scores, value[:, :, cols]))
                 del scores  # free this block before the next one is allocated
