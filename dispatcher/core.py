@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from attn_dispatch.dispatcher import _log
+from attn_dispatch.dispatcher import _log, sdpa_context
 from attn_dispatch.dispatcher._plan import Plan, cache_key, check_scale
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
@@ -31,6 +31,7 @@ from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.models.paths import tunings_dir
 
 _grad_enabled = torch.is_grad_enabled
+_needs_context = sdpa_context.needs_context
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
 """`stats` key of calls that went to PyTorch's SDPA on the training route."""
@@ -157,6 +158,10 @@ class Dispatcher:
         except AttributeError:  # not tensors: validation raises SDPA's TypeError
             Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
             raise
+        if _needs_context(query, attn_mask):  # issue 13 hook: sdpa_kernel restrictions, CausalBias, meta
+            routed = sdpa_context.route(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+            if routed is not None:
+                return routed
         if training:
             return self._training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_)
         plan = self._plan_get(key_)
@@ -345,6 +350,7 @@ class Dispatcher:
         enable_gqa: bool = False,
     ) -> Decision:
         """The decision `attention` makes (or made) for these arguments, without running it."""
+        attn_mask, is_causal = sdpa_context.explain_arguments(query, key, attn_mask, is_causal)  # issue 13 hook
         key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
         plan = self._plans.get(key_)
         if plan is None or plan.recheck:

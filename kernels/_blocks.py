@@ -93,19 +93,20 @@ def block_scores(rows: torch.Tensor, key_block: torch.Tensor) -> torch.Tensor:
     return scores.view(B, H, R, -1)
 
 
-def causal_blocked(rows: slice, cols: slice, device: torch.device) -> torch.Tensor | None:
-    """``[Lc, Sc]`` bool, True where key position > query position (top-left causal); None when
-    nothing in the block is blocked."""
-    if cols.stop - 1 <= rows.start:
+def causal_blocked(rows: slice, cols: slice, device: torch.device, offset: int = 0) -> torch.Tensor | None:
+    """``[Lc, Sc]`` bool, True where key position > query position + `offset` (0: top-left
+    causal; ``S - L``: bottom-right, `Problem.causal_offset`); None when nothing in the block is
+    blocked."""
+    if cols.stop - 1 <= rows.start + offset:
         return None
-    q_pos = torch.arange(rows.start, rows.stop, device=device)
+    q_pos = torch.arange(rows.start + offset, rows.stop + offset, device=device)
     k_pos = torch.arange(cols.start, cols.stop, device=device)
     return k_pos[None, :] > q_pos[:, None]
 
 
-def fully_blocked_by_causality(rows: slice, cols: slice) -> bool:
-    """Every key in `cols` lies after every query in `rows`."""
-    return cols.start > rows.stop - 1
+def fully_blocked_by_causality(rows: slice, cols: slice, offset: int = 0) -> bool:
+    """Every key in `cols` lies after every query in `rows` (shifted by `offset`)."""
+    return cols.start > rows.stop - 1 + offset
 
 
 def mask_scores_(
@@ -139,7 +140,7 @@ def mask_scores_(
         else:
             scores5.add_(block)
     if causal:
-        blocked = causal_blocked(rows, cols, scores.device)
+        blocked = causal_blocked(rows, cols, scores.device, problem.causal_offset)
         if blocked is not None:
             scores5.masked_fill_(blocked, NEG_INF)
 

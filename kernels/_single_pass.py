@@ -89,7 +89,7 @@ def single_pass_attention(
     mask_scores_(scores.view(rows.shape[:-1] + (problem.kv_len,)), mask, problem.causal, q_positions,
                  slice(0, problem.kv_len), problem)
     # Softmax on the contiguous buffer (on the transposed view it would copy first).
-    probs = softmax_rows(scores.transpose(0, 1), may_have_dead_rows=mask is not None)
+    probs = softmax_rows(scores.transpose(0, 1), may_have_dead_rows=mask is not None or problem.causal_offset < 0)
     del scores
     probs = probs.to(value.dtype).transpose(0, 1)  # keeps the row-outermost layout
     return split_kv_product(probs, value, splits).view(rows.shape[:-1] + (value.shape[-1],))

@@ -84,11 +84,14 @@ class ChunkedKernel(Kernel):
             state = OnlineSoftmax()
             for kv_start in range(0, S, self.kv_chunk):
                 cols = slice(kv_start, min(S, kv_start + self.kv_chunk))
-                if problem.causal and fully_blocked_by_causality(rows, cols):
+                if problem.causal and fully_blocked_by_causality(rows, cols, problem.causal_offset):
                     break
                 scores = block_scores(q_block, score_key[:, :, cols])
                 mask_scores_(scores, mask, problem.causal, rows, cols, problem)
                 state.update(*softmax_partials(scores, value[:, :, cols]))
                 del scores  # free this block before the next one is allocated
+            if state.out is None:  # every key lies after these queries (bottom-right causal, L > S)
+                out[:, :, rows] = 0
+                continue
             scatter_rows(out, state.result(query.dtype), rows, problem)
         return out
