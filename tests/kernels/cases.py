@@ -89,10 +89,13 @@ class Case:
 def cases(draw, dtypes=("float32", "float16", "bfloat16"), head_dims=(64, 80, 128, 256), large_magnitudes=True) -> Case:
     """Hypothesis strategy over every axis of SDPA semantics (small sizes: CPU-friendly).
 
-    `large_magnitudes`: sometimes draw inputs of magnitude `LARGE_MAGNITUDE` (off for lossy
-    conversions, whose error is the accuracy policy's business)."""
+    `large_magnitudes`: sometimes draw half-precision inputs of magnitude `LARGE_MAGNITUDE` (off
+    for lossy conversions, whose error is the accuracy policy's business)."""
     mask = draw(st.sampled_from(["none", "bool", "float"]))
-    magnitudes = [1.0, LARGE_MAGNITUDE] if large_magnitudes else [1.0]
+    dtype = draw(st.sampled_from(dtypes))
+    # Half inputs only: there the magnitude tests overflow; fp32's error grows with the logits'
+    # size (for PyTorch's SDPA alike), past a tolerance set on unit-variance inputs.
+    magnitudes = [1.0, LARGE_MAGNITUDE] if large_magnitudes and dtype in ("float16", "bfloat16") else [1.0]
     return Case(
         lead=draw(st.sampled_from([(), (1,), (2,), (2, 1), (1, 2)])),
         kv_heads=draw(st.sampled_from([1, 2])),
@@ -100,7 +103,7 @@ def cases(draw, dtypes=("float32", "float16", "bfloat16"), head_dims=(64, 80, 12
         q_len=draw(st.integers(1, 40)),
         kv_len=draw(st.integers(1, 70)),
         head_dim=draw(st.sampled_from(head_dims)),
-        dtype=draw(st.sampled_from(dtypes)),
+        dtype=dtype,
         causal=draw(st.booleans()),
         mask=mask,
         mask_dims=tuple(draw(st.lists(st.booleans(), min_size=4, max_size=4))),
