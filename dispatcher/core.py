@@ -140,8 +140,8 @@ class Dispatcher:
         ``[..., Hq, L, Ev]`` in the query's dtype.
         """
         if _is_compiling():  # torch.compile traces PyTorch's SDPA, not our Python dispatch
-            gqa = {"enable_gqa": True} if enable_gqa else {}
-            return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
+            # issue 13 hook: a CausalBias through PyTorch's own handling, never as a tensor mask
+            return sdpa_context.pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         try:  # `cache_key`, inlined: this is the warm path
             key_ = (
                 query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,

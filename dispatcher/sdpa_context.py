@@ -63,8 +63,9 @@ def needs_context(query: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
     )
 
 
-def _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """PyTorch's SDPA with the arguments as given (a `CausalBias` through its own handling)."""
+def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """PyTorch's SDPA with the arguments as given (a `CausalBias` through its own handling, also
+    under torch.compile, where it must not reach the operator as a tensor)."""
     if is_causal_bias(attn_mask):
         gqa = {"enable_gqa": True} if enable_gqa else {}  # torch < 2.5 has no enable_gqa there
         return type(attn_mask)._dispatch(query, key, value, attn_mask, dropout_p, is_causal, scale, **gqa)
@@ -76,7 +77,7 @@ def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale,
     """The output when the context decides the call, else None (the dispatcher goes on with the
     same arguments: a lower-right `CausalBias` on the inference route, or a mask subclass)."""
     if query.is_meta or backends_restricted():
-        return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if not is_causal_bias(attn_mask):
         return None
     alignment = causal_bias_alignment(attn_mask, is_causal, query.shape[-2], key.shape[-2])  # ValueError with is_causal
@@ -86,7 +87,7 @@ def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale,
         torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     )
     if training:
-        return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return None
 
 
