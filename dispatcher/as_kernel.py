@@ -7,6 +7,7 @@ import torch
 
 from attn_dispatch.dispatcher.core import Dispatcher
 from attn_dispatch.dispatcher.errors import NoKernelError
+from attn_dispatch.kernels._layout import is_causal_bias
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.tolerances import Tolerance
@@ -42,7 +43,8 @@ class DispatchedKernel(Kernel):
         return decision.candidates[0].workspace_bytes if decision.candidates else 0
 
     def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
-        return self.dispatcher.attention(query, key, value, attn_mask, 0.0, problem.causal, scale=scale,
+        causal = problem.causal and not is_causal_bias(attn_mask)  # a CausalBias carries it (issue 13)
+        return self.dispatcher.attention(query, key, value, attn_mask, 0.0, causal, scale=scale,
                                          enable_gqa=enable_gqa)
 
     def tolerance(self, problem: Problem) -> Tolerance:

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from attn_dispatch.dispatcher import sdpa_context
 from attn_dispatch.dispatcher._plan import cache_key
+from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher.core import Dispatcher
@@ -97,6 +99,9 @@ def _traced(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_ma
     if any(isinstance(size, torch.SymInt) for tensor in tensors for size in tensor.shape):
         return torch.ops.attn_dispatch.attention_at_run_time(query, key, value, attn_mask, is_causal, scale,
                                                              enable_gqa, dispatcher)
+    if sdpa_context.backends_restricted():  # the caller's sdpa_kernel(...) decides, as in eager calls
+        gqa = {"enable_gqa": True} if enable_gqa else {}
+        return pytorch_sdpa(query, key, value, attn_mask, 0.0, is_causal, scale=scale, **gqa)
     ours = _dispatcher(dispatcher)
     key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
     with _disable_current_modes():  # deciding may probe PyTorch with real tensors: not into the graph

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import torch
 
-from attn_dispatch.dispatcher import _log
+from attn_dispatch.dispatcher import _log, sdpa_context
 from attn_dispatch.dispatcher._plan import Plan, cache_key, check_scale, family_key, problem_at_key_length
 from attn_dispatch.dispatcher.buckets import MAX_PLANS, BoundedCache
 from attn_dispatch.dispatcher.cold_shape import measured_costs
@@ -25,19 +25,25 @@ from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, D
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.kernel_set import kernel_set
-from attn_dispatch.dispatcher.memory import budget_from_env, check_budget_env, parse_memory_size, release_cached_memory
+from attn_dispatch.dispatcher.memory import (
+    budget_from_env,
+    check_budget_env,
+    parse_memory_size,
+    release_cached_memory,
+)
 from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
 from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.ranking import resolve_ranking
+from attn_dispatch.dispatcher.training_route import TrainingRoute
 from attn_dispatch.dispatcher.tuning import tune_from_env
 from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
-from attn_dispatch.dispatcher.training_route import TrainingRoute
 from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
 from attn_dispatch.kernels.failures import is_out_of_memory
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.models.paths import tunings_dir
 
 _grad_enabled = torch.is_grad_enabled
+_needs_context = sdpa_context.needs_context
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
 """`stats` key of calls that went to PyTorch's SDPA on the training route."""
@@ -155,11 +161,12 @@ class Dispatcher:
         ``[..., Hq, L, Ev]`` in the query's dtype.
         """
         if _is_compiling():  # torch.compile: the choice is made and traced in `compiled`
-            if dropout_p != 0.0 or (_grad_enabled() and (
-                    query.requires_grad or key.requires_grad or value.requires_grad
-                    or (attn_mask is not None and attn_mask.requires_grad))):
-                gqa = {"enable_gqa": True} if enable_gqa else {}  # the training route: PyTorch's SDPA
-                return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
+            if dropout_p != 0.0 or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor) or (
+                    _grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad
+                                         or (attn_mask is not None and attn_mask.requires_grad))):
+                # the training route, and a CausalBias through PyTorch's own handling: PyTorch's SDPA
+                return sdpa_context.pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                      enable_gqa)
             return compiled_attention(self, query, key, value, attn_mask, is_causal, scale, enable_gqa)
         try:  # `cache_key`, inlined: this is the warm path
             key_ = (
@@ -177,6 +184,10 @@ class Dispatcher:
         except AttributeError:  # not tensors: validation raises SDPA's TypeError
             Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
             raise
+        if _needs_context(query, attn_mask):  # issue 13 hook: sdpa_kernel restrictions, CausalBias, meta
+            routed = sdpa_context.route(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+            if routed is not None:
+                return routed
         if training:
             return self._training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_)
         plan = self._plan_get(key_)
@@ -371,6 +382,7 @@ class Dispatcher:
         enable_gqa: bool = False,
     ) -> Decision:
         """The decision `attention` makes (or made) for these arguments, without running it."""
+        attn_mask, is_causal = sdpa_context.explain_arguments(query, key, attn_mask, is_causal)  # issue 13 hook
         key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
         plan = self._plans.get(key_)
         if plan is None or plan.recheck:

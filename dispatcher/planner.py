@@ -24,6 +24,7 @@ from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.memory import free_bytes
 from attn_dispatch.dispatcher.planning import (
     FASTER_DID_NOT_FIT,
+    decision_bucket,
     failure_bucket,
     fit_options,
     needs_recheck,
@@ -87,7 +88,7 @@ class DevicePlanner:
         `settings() -> (memory budget, tune)`, read only when a bucket is decided (a decided bucket
         keeps its budget: `Dispatcher.reset` after changing it); `new_shape`: the shape has no plan
         yet (it joins the bucket's history)."""
-        key = failure_bucket(problem)
+        key = decision_bucket(problem)
         bucket = self.buckets.get(key)
         decided = bucket is None or (inputs is not None and bucket.tune_pending)
         if decided:
@@ -183,4 +184,4 @@ class DevicePlanner:
 
     def forget_bucket(self, problem: Problem) -> None:
         """Drop `problem`'s bucket decision (a kernel of it failed: the next shape decides anew)."""
-        self.buckets.pop(failure_bucket(problem))
+        self.buckets.pop(decision_bucket(problem))

@@ -16,6 +16,7 @@ from attn_dispatch.dispatcher.memory import format_bytes
 from attn_dispatch.dispatcher.ranking import FALLBACK_FIRST, DeviceRanking
 from attn_dispatch.kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
 from attn_dispatch.models.buckets import length_bucket
+from attn_dispatch.models.measured import entry_key
 
 MIN_CHUNK = 16
 """Smallest query or key block `shrink_chunked` goes down to: below 16 rows a block's matmul no
@@ -199,13 +200,15 @@ def shrink_chunked(problem: Problem, limit: int | None, failed: Mapping[str, str
 
 
 def failure_bucket(problem: Problem) -> tuple:
-    """The bucket a run-time failure is remembered for: the problem with batch and lengths rounded
-    up to powers of two (`models.buckets.length_bucket`, the threshold tables' length buckets;
-    the key holds the exponents), and the mask reduced to which of its dimensions broadcast."""
-    return (
-        length_bucket(problem.batch), problem.q_heads, problem.kv_heads,
-        length_bucket(problem.q_len), length_bucket(problem.kv_len), problem.head_dim,
-        problem.value_dim, problem.dtype, problem.causal, problem.mask_kind,
-        tuple(size > 1 for size in problem.mask_shape), problem.device_type, problem.strided,
-        problem.broadcast_inputs,
-    )
+    """The bucket a run-time failure or a tuning is remembered for: the problem with batch and
+    lengths rounded up to powers of two (`models.buckets.length_bucket`, the threshold tables'
+    length buckets; the key holds the exponents), and the mask reduced to which of its dimensions
+    broadcast. It is a table's measured-entry key (`models.measured.entry_key`), so a remembered
+    tuning is a measured entry."""
+    return entry_key(problem)
+
+
+def decision_bucket(problem: Problem) -> tuple:
+    """The bucket a decision is made once for (`planner.DevicePlanner`): `failure_bucket` and the
+    causal alignment (a lower-right `CausalBias` runs on other kernels than top-left causality)."""
+    return (*entry_key(problem), problem.causal_alignment)

@@ -4,7 +4,11 @@ block of keys, masking, partial softmax, and the online-softmax merge.
 Layout: query heads are grouped by the key/value head they read (GQA without repeating K/V).
 A block of ``Lc`` query positions becomes ``R = G * Lc`` rows per key/value head:
 ``rows [B, Hkv, R, E]``; scores ``[B, Hkv, R, Sc]`` are viewed as ``[B, Hkv, G, Lc, Sc]`` to mask.
-Softmax statistics accumulate in fp32 (fp64 for fp64 inputs).
+Scores and softmax statistics are fp32 (fp64 for fp64 inputs), as in PyTorch's math path: an
+fp16 QK^T overflows once a dot product passes 65504 (PyTorch's regression test for its issue
+#160841), and half-precision scores round large logits by whole units. Half inputs are multiplied
+with an fp32 result where the device has such a product (`aten::bmm.dtype`, CUDA builds of
+torch >= 2.8), otherwise they are upcast first (`score_operand_dtype`).
 """
 
 from __future__ import annotations
@@ -25,33 +29,84 @@ def accumulation_itemsize(problem: Problem) -> int:
     return 8 if problem.dtype == "float64" else 4
 
 
-def query_rows(query: torch.Tensor, rows: slice, problem: Problem, scale: float) -> torch.Tensor:
-    """``query [B, Hq, L, E]`` positions `rows`, scaled -> ``[B, Hkv, G * Lc, E]`` (a new tensor)."""
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+_fp32_product: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def has_fp32_output_product(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `torch.bmm` multiplies `dtype` inputs into an fp32 result on this device type
+    (``aten::bmm.dtype``; probed once per device type and dtype with a 1x1 product)."""
+    cache_key = (device.type, dtype)
+    known = _fp32_product.get(cache_key)
+    if known is None:
+        known = False
+        if device.type == "cuda" and hasattr(torch.ops.aten.bmm, "dtype_out"):
+            try:
+                one = torch.ones(1, 1, 1, dtype=dtype, device=device)
+                known = torch.ops.aten.bmm.dtype(one, one, torch.float32).dtype == torch.float32
+            except (RuntimeError, NotImplementedError):
+                known = False
+        _fp32_product[cache_key] = known
+    return known
+
+
+def score_operand_dtype(dtype: torch.dtype, device: torch.device, scale: float) -> torch.dtype:
+    """The dtype Q and K enter the QK^T product in: the input dtype where the product can give fp32
+    scores directly (and the scale, folded into Q, cannot overflow it: scale <= 1), else fp32."""
+    if dtype not in HALF_DTYPES:
+        return dtype
+    if abs(scale) <= 1.0 and has_fp32_output_product(device, dtype):
+        return dtype
+    return torch.float32
+
+
+def query_rows(
+    query: torch.Tensor, rows: slice, problem: Problem, scale: float, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """``query [B, Hq, L, E]`` positions `rows`, scaled, in `dtype` (default: the query's; see
+    `score_operand_dtype`) -> ``[B, Hkv, G * Lc, E]`` (a new contiguous tensor)."""
     source = query[:, :, rows]
-    block = torch.empty(source.shape, dtype=source.dtype, device=source.device)  # contiguous
-    torch.mul(source, scale, out=block)
+    dtype = source.dtype if dtype is None else dtype
+    block = torch.empty(source.shape, dtype=dtype, device=source.device)  # contiguous
+    if dtype == source.dtype:
+        torch.mul(source, scale, out=block)
+    else:  # upcast first: the scale is applied in fp32
+        block.copy_(source).mul_(scale)
     return block.view(problem.batch, problem.kv_heads, -1, problem.head_dim)
 
 
+def score_keys(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``key [B, Hkv, S, E]`` in the score operand dtype (the tensor itself when it already is)."""
+    return key if key.dtype == dtype else key.to(dtype)
+
+
 def block_scores(rows: torch.Tensor, key_block: torch.Tensor) -> torch.Tensor:
-    """``rows [B, Hkv, R, E] @ key_block [B, Hkv, Sc, E]^T`` -> fp32 scores ``[B, Hkv, R, Sc]``."""
-    scores = torch.matmul(rows, key_block.transpose(-1, -2))
-    return scores.to(accumulation_dtype(scores.dtype))
+    """``rows [B, Hkv, R, E] @ key_block [B, Hkv, Sc, E]^T`` -> fp32 (fp64) scores ``[B, Hkv, R, Sc]``.
+
+    Half operands (only where `has_fp32_output_product`) are multiplied into an fp32 result."""
+    if rows.dtype not in HALF_DTYPES:
+        return torch.matmul(rows, key_block.transpose(-1, -2))
+    B, H, R, E = rows.shape
+    scores = torch.ops.aten.bmm.dtype(
+        rows.reshape(B * H, R, E), key_block.reshape(B * H, -1, E).transpose(1, 2), torch.float32
+    )
+    return scores.view(B, H, R, -1)
 
 
-def causal_blocked(rows: slice, cols: slice, device: torch.device) -> torch.Tensor | None:
-    """``[Lc, Sc]`` bool, True where key position > query position (top-left causal); None when
-    nothing in the block is blocked."""
-    if cols.stop - 1 <= rows.start:
+def causal_blocked(rows: slice, cols: slice, device: torch.device, offset: int = 0) -> torch.Tensor | None:
+    """``[Lc, Sc]`` bool, True where key position > query position + `offset` (0: top-left
+    causal; ``S - L``: bottom-right, `Problem.causal_offset`); None when nothing in the block is
+    blocked."""
+    if cols.stop - 1 <= rows.start + offset:
         return None
-    q_pos = torch.arange(rows.start, rows.stop, device=device)
+    q_pos = torch.arange(rows.start + offset, rows.stop + offset, device=device)
     k_pos = torch.arange(cols.start, cols.stop, device=device)
     return k_pos[None, :] > q_pos[:, None]
 
 
-def fully_blocked_by_causality(rows: slice, cols: slice) -> bool:
-    """Every key in `cols` lies after every query in `rows`."""
-    return cols.start > rows.stop - 1
+def fully_blocked_by_causality(rows: slice, cols: slice, offset: int = 0) -> bool:
+    """Every key in `cols` lies after every query in `rows` (shifted by `offset`)."""
+    return cols.start > rows.stop - 1 + offset
 
 
 def mask_scores_(
@@ -85,7 +140,7 @@ def mask_scores_(
         else:
             scores5.add_(block)
     if causal:
-        blocked = causal_blocked(rows, cols, scores.device)
+        blocked = causal_blocked(rows, cols, scores.device, problem.causal_offset)
         if blocked is not None:
             scores5.masked_fill_(blocked, NEG_INF)
 
@@ -152,13 +207,21 @@ def scatter_rows(out: torch.Tensor, block: torch.Tensor, rows: slice, problem: P
     grouped[:, :, :, rows] = block.view(problem.batch, problem.kv_heads, problem.gqa_ratio, -1, block.shape[-1])
 
 
+def score_keys_bytes(problem: Problem) -> int:
+    """Bytes of `score_keys`'s fp32 copy of the keys: half inputs on a device not known to give
+    fp32 scores from half operands (`has_fp32_output_product`; counted until the probe has run)."""
+    if problem.itemsize >= 4 or _fp32_product.get((problem.device_type, problem.torch_dtype)):
+        return 0
+    return problem.batch * problem.kv_heads * problem.kv_len * problem.head_dim * 4
+
+
 def block_workspace_bytes(problem: Problem, q_rows: int, kv_cols: int) -> int:
     """Peak extra bytes of one (query block x key block) step, for `q_rows` query positions and
     `kv_cols` keys, counted tensor by tensor from `query_rows` .. `softmax_partials`:
 
-    - scaled query rows: ``B*Hq*Lc*E`` elements in the input dtype;
-    - scores in the input dtype, their fp32 copy and the probabilities cast back for the PV
-      product (two of the three alive at once; we count all three);
+    - scaled query rows: ``B*Hq*Lc*E`` elements (fp32 counted);
+    - fp32 scores and the probabilities cast back to the input dtype for the PV product (the
+      input dtype counted twice: bounds the older fp16-scores path too);
     - the inverted bool mask block and the causal block: 1 byte each per (row, col);
     - partial output in the input dtype and fp32, plus the running accumulator (fp32);
     - row statistics (max, safe max, sum, weights): 6 fp32 values per row.
@@ -168,7 +231,7 @@ def block_workspace_bytes(problem: Problem, q_rows: int, kv_cols: int) -> int:
     score_elem = acc + (2 * item if item != acc else 0)
     mask_elem = int(problem.causal) + int(problem.mask_kind == "bool")
     return (
-        rows * problem.head_dim * item
+        rows * problem.head_dim * acc
         + rows * kv_cols * (score_elem + mask_elem)
         + rows * problem.value_dim * (item + 2 * acc)
         + rows * 6 * acc

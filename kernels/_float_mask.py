@@ -39,7 +39,7 @@ def rebased_float_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
     ``[B|1, H|1, L|1 (L when causal), S]`` in the mask's dtype."""
     visible = mask
     if problem.causal:
-        blocked = causal_blocked(slice(0, problem.q_len), slice(0, problem.kv_len), mask.device)
+        blocked = causal_blocked(slice(0, problem.q_len), slice(0, problem.kv_len), mask.device, problem.causal_offset)
         if blocked is not None:
             visible = mask.expand(*mask.shape[:2], problem.q_len, problem.kv_len).masked_fill(blocked, -math.inf)
     top = visible.amax(dim=-1, keepdim=True)

@@ -16,6 +16,36 @@ import torch
 from attn_dispatch.kernels._float_mask import needs_rebase, rebase_bytes, rebased_float_mask
 from attn_dispatch.kernels.problem import DTYPE_NAMES, Problem
 
+try:  # torch >= 2.2
+    from torch.nn.attention.bias import CausalBias, CausalVariant
+except ImportError:  # pragma: no cover - older torch has no causal bias objects
+    CausalBias = CausalVariant = None
+
+
+def is_causal_bias(attn_mask: object) -> bool:
+    """Whether `attn_mask` is a `torch.nn.attention.bias.CausalBias` (a tensor subclass whose
+    storage is uninitialised: it must never be read as a mask)."""
+    return CausalBias is not None and isinstance(attn_mask, CausalBias)
+
+
+def causal_bias_alignment(bias, is_causal: bool, q_len: int, kv_len: int) -> str:
+    """The causal alignment a `CausalBias` means for an ``L x S`` problem: ``"top_left"``
+    (`causal_upper_left`, or any variant when L == S) or ``"bottom_right"``.
+
+    As PyTorch's `CausalBias._dispatch`: raises ValueError with ``is_causal=True``; a bias made
+    for L == S, or upper-left, is ``is_causal`` whatever the inputs' lengths; a lower-right bias
+    made for other lengths than the inputs' raises RuntimeError (PyTorch's broadcast error)."""
+    if is_causal:
+        raise ValueError("CausalBias should not be used with causal=True: pass the bias or is_causal, not both")
+    if bias.seq_len_q == bias.seq_len_kv or bias.variant != CausalVariant.LOWER_RIGHT:
+        return "top_left"  # PyTorch passes is_causal=True on, whatever the lengths
+    if (bias.seq_len_q, bias.seq_len_kv) != (q_len, kv_len):
+        raise RuntimeError(
+            f"attn_mask is a CausalBias for seq_len_q={bias.seq_len_q}, seq_len_kv={bias.seq_len_kv} but the "
+            f"query and key have lengths {q_len} and {kv_len}; build it with causal_lower_right({q_len}, {kv_len})"
+        )
+    return "bottom_right"
+
 
 class CanonicalInputs(NamedTuple):
     """Inputs in canonical 4-D form plus the shape the output must be given back in."""
@@ -35,6 +65,11 @@ def _check_tensors(query: object, key: object, value: object) -> None:
         raise RuntimeError(
             "Expected query, key and value to be at least 2-D ([..., L, E]), got "
             f"query.dim()={query.dim()}, key.dim()={key.dim()}, value.dim()={value.dim()}"
+        )
+    if query.dtype.is_complex:
+        raise NotImplementedError(
+            f"attention is not implemented for complex inputs (query dtype {query.dtype}); pass float16, "
+            "bfloat16, float32 or float64 tensors"
         )
     if not (query.dtype == key.dtype == value.dtype):
         raise RuntimeError(
@@ -137,8 +172,11 @@ def describe_inputs(cls, query, key, value, attn_mask, is_causal, enable_gqa) ->
     _check_tensors(query, key, value)
     batch_shape, q_heads, kv_heads, broadcast = _lead_shapes(query, key, value, enable_gqa)
     q_len, kv_len = query.shape[-2], key.shape[-2]
-    mask_kind, mask_shape = "none", ()
-    if attn_mask is not None:
+    mask_kind, mask_shape, alignment = "none", (), "top_left"
+    if is_causal_bias(attn_mask):  # causality as an object: no mask is read
+        alignment = causal_bias_alignment(attn_mask, is_causal, q_len, kv_len)
+        is_causal = True
+    elif attn_mask is not None:
         mask_kind, mask_shape = _mask_shape(attn_mask, query, batch_shape, q_heads, q_len, kv_len)
     strided = not (query.is_contiguous() and key.is_contiguous() and value.is_contiguous())
     return cls(
@@ -156,6 +194,7 @@ def describe_inputs(cls, query, key, value, attn_mask, is_causal, enable_gqa) ->
         device_type=query.device.type,
         strided=strided,
         broadcast_inputs=broadcast,
+        causal_alignment=alignment,
     )
 
 
@@ -195,7 +234,7 @@ def canonicalise(query, key, value, attn_mask, problem: Problem, enable_gqa: boo
         lead = query.shape[:-2]
         out_shape = (*lead, problem.q_len, problem.value_dim)
     mask4 = None
-    if attn_mask is not None:
+    if attn_mask is not None and problem.mask_kind != "none":  # a CausalBias is in `problem` already
         mask4 = _mask_to_4d(attn_mask, problem, tuple(out_shape[:-3]))
         if needs_rebase(problem):
             mask4 = rebased_float_mask(mask4, problem)

@@ -1,9 +1,9 @@
 """One-pass attention of a block of query rows against all (or one block of) keys, with
 PyTorch's fused softmax: few kernel launches and no fp32 copy of the score matrix.
 
-Scores come out of the QK^T product in the input dtype (the product itself accumulates in fp32
-on GPUs and CPUs); `torch.softmax` reads them, accumulates max and sum in fp32 and writes the
-probabilities in the input dtype. Rows whose every key is blocked give zeros (`_safe_softmax`).
+Scores come out of the QK^T product in fp32 (`_blocks.block_scores`: fp16 scores overflow past
+65504); `torch.softmax` normalises them in fp32 and the probabilities are cast to the value dtype
+for the PV product. Rows whose every key is blocked give zeros (`_safe_softmax`).
 Used by `small_q` and by `chunked` when one key block covers every key.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from attn_dispatch.kernels._blocks import mask_scores_
+from attn_dispatch.kernels._blocks import HALF_DTYPES, accumulation_dtype, mask_scores_
 from attn_dispatch.kernels.problem import Problem
 
 _safe_softmax = getattr(torch.ops.aten, "_safe_softmax", None)  # PyTorch >= 2.5
@@ -34,7 +34,8 @@ def _batched(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def row_major_scores(rows: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """``rows [B, Hkv, R, E] @ key [B, Hkv, S, E]^T`` in the input dtype, stored row-outermost.
+    """``rows [B, Hkv, R, E] @ key [B, Hkv, S, E]^T`` in fp32 (fp64 for fp64 operands), stored
+    row-outermost (half operands only where `has_fp32_output_product`).
 
     The result is a ``[B * Hkv, R, S]`` view of a contiguous ``[R, B * Hkv, S]`` buffer: each
     row of scores stays contiguous (for the fused softmax), and a block of ``C`` keys of every
@@ -43,9 +44,12 @@ def row_major_scores(rows: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     """
     R, S = rows.shape[-2], key.shape[-2]
     heads = rows.shape[0] * rows.shape[1]
-    buffer = torch.empty(R, heads, S, dtype=rows.dtype, device=rows.device)
+    buffer = torch.empty(R, heads, S, dtype=accumulation_dtype(rows.dtype), device=rows.device)
     scores = buffer.transpose(0, 1)  # [B*Hkv, R, S], strides (S, B*Hkv*S, 1)
-    torch.bmm(_batched(rows), _batched(key).transpose(1, 2), out=scores)
+    if rows.dtype in HALF_DTYPES:
+        torch.ops.aten.bmm.dtype_out(_batched(rows), _batched(key).transpose(1, 2), torch.float32, out=scores)
+    else:
+        torch.bmm(_batched(rows), _batched(key).transpose(1, 2), out=scores)
     return scores
 
 
@@ -78,30 +82,32 @@ def single_pass_attention(
 ) -> torch.Tensor:
     """Scaled query rows ``[B, Hkv, G*Lc, E]`` (positions `q_positions`) against every key.
 
-    key ``[B, Hkv, S, E]``, value ``[B, Hkv, S, Ev]``; mask ``[B|1, Hq|1, L|1, S|1]`` or None.
-    Returns ``[B, Hkv, G*Lc, Ev]`` in the input dtype.
+    key ``[B, Hkv, S, E]`` in the rows' dtype (`_blocks.score_keys`), value ``[B, Hkv, S, Ev]``;
+    mask ``[B|1, Hq|1, L|1, S|1]`` or None. Returns ``[B, Hkv, G*Lc, Ev]`` in the value dtype.
     """
     scores = row_major_scores(rows, key)  # [B*Hkv, R, S]
     mask_scores_(scores.view(rows.shape[:-1] + (problem.kv_len,)), mask, problem.causal, q_positions,
                  slice(0, problem.kv_len), problem)
     # Softmax on the contiguous buffer (on the transposed view it would copy first).
-    probs = softmax_rows(scores.transpose(0, 1), may_have_dead_rows=mask is not None).transpose(0, 1)
+    probs = softmax_rows(scores.transpose(0, 1), may_have_dead_rows=mask is not None or problem.causal_offset < 0)
     del scores
+    probs = probs.to(value.dtype).transpose(0, 1)  # keeps the row-outermost layout
     return split_kv_product(probs, value, splits).view(rows.shape[:-1] + (value.shape[-1],))
 
 
 def single_pass_workspace_bytes(problem: Problem, q_rows: int, splits: int) -> int:
     """Peak extra bytes of `single_pass_attention` for `q_rows` query positions, tensor by tensor:
-    scaled query rows; scores and probabilities in the input dtype (both alive in the softmax;
-    where the split product copies the probabilities, half dtypes on a CPU, the scores are gone);
-    `_safe_softmax`'s all-blocked test (1 byte per score) and the causal block; with splits, the
-    per-split partial outputs; the block's output."""
-    item = problem.itemsize
+    scaled query rows (fp32 counted); fp32 scores and probabilities (both alive in the softmax),
+    then the probabilities cast to the input dtype (the fp32 scores are gone by then; counted
+    anyway); `_safe_softmax`'s all-blocked test (1 byte per score) and the causal block; with
+    splits, the per-split partial outputs; the block's output. The keys' fp32 copy, where one is
+    made, is the caller's (`_blocks.score_keys_bytes`)."""
+    item, acc = problem.itemsize, (8 if problem.dtype == "float64" else 4)
     rows = problem.batch * problem.q_heads * q_rows
     scores = rows * problem.kv_len
-    extra = rows * problem.head_dim * item + scores * (2 * item)
+    extra = rows * problem.head_dim * acc + scores * (2 * acc + (item if item < acc else 0))
     if problem.mask_kind != "none":
-        extra += scores * (item + 1)  # `_safe_softmax`'s all-blocked test
+        extra += scores * (acc + 1)  # `_safe_softmax`'s all-blocked test
     if problem.mask_kind == "bool":
         extra += scores  # the inverted mask block (at most one byte per score)
     if problem.causal:

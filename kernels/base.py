@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import torch
 
+from attn_dispatch.kernels._degenerate import direct_attention
 from attn_dispatch.kernels._layout import canonicalisation_bytes, canonicalise
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.tolerances import TOLERANCES, Tolerance
@@ -118,9 +119,10 @@ class Kernel(ABC):
         """Run on inputs already validated as `problem` (the dispatcher's path: no checks)."""
         inputs = canonicalise(query, key, value, attn_mask, problem, enable_gqa)
         if scale is None:
-            scale = 1.0 / math.sqrt(problem.head_dim)
-        if problem.q_len == 0 or problem.kv_len == 0:  # nothing to attend: SDPA gives zeros
-            return query.new_zeros(inputs.out_shape)
+            scale = 1.0 / math.sqrt(problem.head_dim) if problem.head_dim else math.inf
+        if problem.is_degenerate or problem.device_type == "meta":  # a size of 0, or shapes only
+            out = direct_attention(inputs.query, inputs.key, inputs.value, inputs.mask, problem, scale)
+            return out.reshape(inputs.out_shape)  # in the autograd graph, unlike new_zeros
         out = self._forward(inputs.query, inputs.key, inputs.value, inputs.mask, problem, scale)
         return out.reshape(inputs.out_shape)
 

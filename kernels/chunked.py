@@ -18,6 +18,9 @@ from attn_dispatch.kernels._blocks import (
     mask_scores_,
     query_rows,
     scatter_rows,
+    score_keys,
+    score_keys_bytes,
+    score_operand_dtype,
     softmax_partials,
 )
 from attn_dispatch.kernels._chunked_backward import (
@@ -68,6 +71,7 @@ class ChunkedKernel(Kernel):
             problem.out_bytes
             + self.input_copy_bytes(problem)
             + block
+            + score_keys_bytes(problem)
         )
 
     def backward_workspace_bytes(self, problem: Problem) -> int:
@@ -80,21 +84,26 @@ class ChunkedKernel(Kernel):
         L, S = problem.q_len, problem.kv_len
         out = query.new_empty(problem.batch, problem.q_heads, L, problem.value_dim)
         one_kv_block = self.kv_chunk >= S
+        operand = score_operand_dtype(query.dtype, query.device, scale)  # fp32 scores: no fp16 overflow
+        score_key = score_keys(key, operand)
         for q_start in range(0, L, self.q_chunk):
             rows = slice(q_start, min(L, q_start + self.q_chunk))
-            q_block = query_rows(query, rows, problem, scale)
+            q_block = query_rows(query, rows, problem, scale, operand)
             if one_kv_block:  # no online merge needed: PyTorch's fused softmax, one pass
-                block = single_pass_attention(q_block, key, value, mask, rows, problem)
+                block = single_pass_attention(q_block, score_key, value, mask, rows, problem)
                 scatter_rows(out, block, rows, problem)
                 continue
             state = OnlineSoftmax()
             for kv_start in range(0, S, self.kv_chunk):
                 cols = slice(kv_start, min(S, kv_start + self.kv_chunk))
-                if problem.causal and fully_blocked_by_causality(rows, cols):
+                if problem.causal and fully_blocked_by_causality(rows, cols, problem.causal_offset):
                     break
-                scores = block_scores(q_block, key[:, :, cols])
+                scores = block_scores(q_block, score_key[:, :, cols])
                 mask_scores_(scores, mask, problem.causal, rows, cols, problem)
                 state.update(*softmax_partials(scores, value[:, :, cols]))
                 del scores  # free this block before the next one is allocated
+            if state.out is None:  # every key lies after these queries (bottom-right causal, L > S)
+                out[:, :, rows] = 0
+                continue
             scatter_rows(out, state.result(query.dtype), rows, problem)
         return out

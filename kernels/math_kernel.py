@@ -14,6 +14,9 @@ from attn_dispatch.kernels._blocks import (
     mask_scores_,
     normalise,
     query_rows,
+    score_keys,
+    score_keys_bytes,
+    score_operand_dtype,
     softmax_partials,
 )
 from attn_dispatch.kernels.base import Kernel
@@ -30,11 +33,13 @@ class MathKernel(Kernel):
             problem.out_bytes
             + self.input_copy_bytes(problem)
             + block_workspace_bytes(problem, problem.q_len, problem.kv_len)
+            + score_keys_bytes(problem)
         )
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
         rows, cols = slice(0, problem.q_len), slice(0, problem.kv_len)
-        scores = block_scores(query_rows(query, rows, problem, scale), key)
+        operand = score_operand_dtype(query.dtype, query.device, scale)
+        scores = block_scores(query_rows(query, rows, problem, scale, operand), score_keys(key, operand))
         mask_scores_(scores, mask, problem.causal, rows, cols, problem)
         _, row_sum, out = softmax_partials(scores, value)
         out = normalise(out, row_sum, query.dtype)

@@ -22,6 +22,10 @@ DTYPES_BY_NAME: dict[str, torch.dtype] = {name: dtype for dtype, name in DTYPE_N
 SHORT_DTYPE_NAMES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 ITEMSIZE: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 MASK_KINDS = ("none", "bool", "float")
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+"""Where the causal diagonal starts: ``is_causal`` / `causal_upper_left` align it top-left (query
+i sees keys 0..i); `torch.nn.attention.bias.causal_lower_right` aligns it bottom-right (query i
+sees keys 0..i + S - L: the last query sees every key, as in a decode step against a cache)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +47,11 @@ class Problem:
     broadcast_inputs:
         Query, key and value leading dimensions differ and broadcast (or key and value have
         different head counts under GQA): canonicalisation materialises them at one layout.
+    causal_alignment:
+        ``"top_left"`` (``is_causal``) or ``"bottom_right"`` (`causal_lower_right` with
+        ``q_len != kv_len``; see `CAUSAL_ALIGNMENTS`). Only ever bottom-right when causal.
+
+    Sizes may be 0 (SDPA returns an empty or zero output for them; `is_degenerate`).
     """
 
     batch: int
@@ -59,16 +68,14 @@ class Problem:
     device_type: str = "cpu"
     strided: bool = False
     broadcast_inputs: bool = False
+    causal_alignment: str = "top_left"
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("batch", "q_heads", "kv_heads", "head_dim", "value_dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"Problem.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("q_len", "kv_len"):
+        for name in ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "value_dim"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Problem.{name} must be >= 0, got {getattr(self, name)}")
-        if self.q_heads % self.kv_heads:
+        if (self.kv_heads == 0) != (self.q_heads == 0) or (self.kv_heads and self.q_heads % self.kv_heads):
             raise ValueError(
                 f"Problem.q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})"
             )
@@ -80,6 +87,10 @@ class Problem:
             raise ValueError("Problem.mask_shape must be () exactly when mask_kind is 'none'")
         if self.mask_shape and len(self.mask_shape) != 4:
             raise ValueError(f"Problem.mask_shape must have 4 dims, got {self.mask_shape}")
+        if self.causal_alignment not in CAUSAL_ALIGNMENTS:
+            raise ValueError(f"Problem.causal_alignment must be one of {CAUSAL_ALIGNMENTS}, got {self.causal_alignment!r}")
+        if self.causal_alignment != "top_left" and not self.causal:
+            raise ValueError("Problem.causal_alignment is 'bottom_right' only for causal problems")
         object.__setattr__(self, "_hash", hash(self.key()))
 
     def __hash__(self) -> int:
@@ -90,14 +101,26 @@ class Problem:
         return (
             self.batch, self.q_heads, self.kv_heads, self.q_len, self.kv_len, self.head_dim,
             self.value_dim, self.dtype, self.causal, self.mask_kind, self.mask_shape,
-            self.device_type, self.strided, self.broadcast_inputs,
+            self.device_type, self.strided, self.broadcast_inputs, self.causal_alignment,
         )
 
     # ------------------------------------------------------------------ derived sizes
     @property
     def gqa_ratio(self) -> int:
-        """Query heads per key/value head (1 without GQA)."""
-        return self.q_heads // self.kv_heads
+        """Query heads per key/value head (1 without GQA, and with no heads at all)."""
+        return self.q_heads // self.kv_heads if self.kv_heads else 1
+
+    @property
+    def causal_offset(self) -> int:
+        """Query i sees keys ``0 .. i + causal_offset`` when causal: 0 top-left, ``S - L``
+        bottom-right (negative when L > S: the first ``L - S`` queries see no key)."""
+        return self.kv_len - self.q_len if self.causal_alignment == "bottom_right" else 0
+
+    @property
+    def is_degenerate(self) -> bool:
+        """Some size is 0: nothing to multiply (an empty output, zeros, or the mean of the values
+        when the head dim is 0), computed by `kernels._degenerate`, never by a kernel's body."""
+        return 0 in (self.batch, self.q_heads, self.q_len, self.kv_len, self.head_dim, self.value_dim)
 
     @property
     def itemsize(self) -> int:
@@ -155,6 +178,7 @@ class Problem:
             "mask_kind": self.mask_kind, "mask_shape": list(self.mask_shape),
             "device_type": self.device_type, "strided": self.strided,
             "broadcast_inputs": self.broadcast_inputs,
+            **({"causal_alignment": self.causal_alignment} if self.causal_alignment != "top_left" else {}),
         }
 
     @classmethod
@@ -164,7 +188,7 @@ class Problem:
             raise ValueError(f"a problem must be a JSON object, got {type(data).__name__}")
         ints = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "value_dim")
         bools = ("causal", "strided", "broadcast_inputs")
-        strs = ("dtype", "mask_kind", "device_type")
+        strs = ("dtype", "mask_kind", "device_type", "causal_alignment")
         known = set(ints) | set(bools) | set(strs) | {"mask_shape"}
         unknown = set(data) - known
         if unknown:
@@ -181,13 +205,13 @@ class Problem:
                 raise ValueError(f"problem field {name!r} must be true or false, got {value!r}")
             kwargs[name] = value
         for name in strs:
-            value = data.get(name, "cpu" if name == "device_type" else None)
+            value = data.get(name, {"device_type": "cpu", "causal_alignment": "top_left"}.get(name))
             if not isinstance(value, str):
                 raise ValueError(f"problem field {name!r} must be a string, got {value!r}")
             kwargs[name] = value
         shape = data.get("mask_shape", [])
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape):
-            raise ValueError(f"problem field 'mask_shape' must be a list of positive integers, got {shape!r}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise ValueError(f"problem field 'mask_shape' must be a list of non-negative integers, got {shape!r}")
         kwargs["mask_shape"] = tuple(shape)
         return cls(**kwargs)
 
@@ -216,7 +240,8 @@ class Problem:
         query: ``[..., L, E]``; key: ``[..., S, E]``; value: ``[..., S, Ev]``. With
             ``enable_gqa`` the heads dimension (-3) of key/value may divide the query's.
         attn_mask: bool (True = attend) or float (added to scores), broadcastable to
-            ``[..., L, S]``.
+            ``[..., L, S]``; or a `torch.nn.attention.bias.CausalBias` (causality, aligned
+            top-left or bottom-right: `causal_alignment`).
 
         Raises
         ------
@@ -224,6 +249,10 @@ class Problem:
             Where `F.scaled_dot_product_attention` raises RuntimeError (shapes, dtypes, devices).
         TypeError
             For arguments that are not tensors.
+        ValueError
+            For a `CausalBias` together with ``is_causal=True`` (as PyTorch).
+        NotImplementedError
+            For complex inputs (as PyTorch's softmax).
         """
         from attn_dispatch.kernels._layout import describe_inputs
 

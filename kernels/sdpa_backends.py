@@ -35,30 +35,34 @@ FUSED_HEAD_DIM_MULTIPLE = 8
 
 
 def additive_bias(
-    mask: torch.Tensor | None, causal: bool, dtype: torch.dtype, L: int, S: int, align: int = 1
+    mask: torch.Tensor | None, causal: bool, dtype: torch.dtype, L: int, S: int, align: int = 1, offset: int = 0,
+    device: torch.device | None = None,
 ) -> torch.Tensor | None:
-    """``[B|1, H|1, L|1, S|1]`` mask (+ causality) -> additive float bias ``[B|1, H|1, L, S]`` in
-    `dtype`, rows padded to a multiple of `align` elements (then sliced back to S)."""
+    """``[B|1, H|1, L|1, S|1]`` mask (+ causality, diagonal shifted by `offset`:
+    `Problem.causal_offset`) -> additive float bias ``[B|1, H|1, L, S]`` in `dtype` on `device`
+    (the mask's when given), rows padded to a multiple of `align` elements (then sliced back to S)."""
     if mask is None and not causal:
         return None
     shape = (mask.shape[0], mask.shape[1]) if mask is not None else (1, 1)
     padded_s = -(-S // align) * align
-    bias = torch.zeros(*shape, L, padded_s, dtype=dtype, device=(mask.device if mask is not None else None))[..., :S]
+    bias = torch.zeros(*shape, L, padded_s, dtype=dtype, device=(mask.device if mask is not None else device))[..., :S]
     if mask is not None:
         if mask.dtype == torch.bool:
             bias.masked_fill_(~mask, float("-inf"))
         else:
             bias.add_(mask.to(dtype))
-    blocked = causal_blocked(slice(0, L), slice(0, S), bias.device) if causal else None
+    blocked = causal_blocked(slice(0, L), slice(0, S), bias.device, offset) if causal else None
     if blocked is not None:
         bias.masked_fill_(blocked, float("-inf"))
     return bias
 
 
 def zero_fully_masked_rows_(out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Set rows of ``out [B, H, L, Ev]`` whose every key is blocked in ``bias`` to zero."""
+    """Set rows of ``out [B, H, L, Ev]`` whose every key is blocked in ``bias`` to zero: in place,
+    except where autograd records `out` (the operator saved it for its backward: an in-place
+    write would fail the backward with "modified by an inplace operation")."""
     dead = (bias == float("-inf")).all(dim=-1, keepdim=True)  # [B|1, H|1, L, 1]
-    if out.requires_grad:  # in place would break autograd (the backend saved `out`)
+    if out.requires_grad:
         return out.masked_fill(dead, 0.0)
     return out.masked_fill_(dead, 0.0)  # unconditionally: testing dead.any() would sync the GPU
 
@@ -85,6 +89,8 @@ class SdpaBackendKernel(Kernel):
         reasons += self._shape_reasons(problem)
         if not self._takes_mask(problem) and problem.mask_kind != "none":
             reasons.append(f"{self.backend} takes no attention mask")
+        elif not self._takes_mask(problem) and self._bias_needed(problem):
+            reasons.append(f"{self.backend} takes no attention mask, and bottom-right causality travels as one")
         if reasons:
             return reasons
         for feature in self._features(problem):
@@ -119,8 +125,9 @@ class SdpaBackendKernel(Kernel):
         return features
 
     def _bias_needed(self, problem: Problem) -> bool:
-        """Masks, and causality combined with a mask, travel as an additive bias."""
-        return problem.mask_kind != "none"
+        """Masks, causality combined with a mask, and bottom-right causality (the operators'
+        ``is_causal`` is top-left) travel as an additive bias."""
+        return problem.mask_kind != "none" or problem.causal_offset != 0
 
     # Only FlashAttention checks K/V head counts itself (its `mha_fwd` takes num_heads_k dividing
     # num_heads); other operators are never handed fewer K/V heads, so a probe cannot read out of
@@ -167,7 +174,8 @@ class SdpaBackendKernel(Kernel):
         causal = problem.causal
         bias = None
         if self._bias_needed(problem):
-            bias = additive_bias(mask, causal, query.dtype, problem.q_len, problem.kv_len, BIAS_ALIGNMENT)
+            bias = additive_bias(mask, causal, query.dtype, problem.q_len, problem.kv_len, BIAS_ALIGNMENT,
+                                 problem.causal_offset, query.device)
             causal = False
         query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
         mode = self._gqa_mode(problem)
@@ -203,7 +211,7 @@ class SdpaBackendKernel(Kernel):
         (bench/dispatch_overhead.py, 2026-12-01), which in a decode loop is the whole call."""
         op = self._bare_op() if problem.device_type == "cuda" else None
         if (op is None or problem.mask_kind != "none" or problem.broadcast_inputs or problem.strided
-                or not (problem.q_len and problem.kv_len)):
+                or problem.causal_offset or not (problem.q_len and problem.kv_len)):
             return self.run
         mode, causal, run = self._gqa_mode(problem), problem.causal, self.run
         if mode in ("none", "native"):
@@ -326,11 +334,15 @@ class SdpaMathKernel(SdpaBackendKernel):
             + scaled_q_and_k
             + problem.score_elements * 12
             + problem.mask_bytes * 4
+            + (problem.q_len * problem.kv_len * (problem.itemsize + 1) if problem.causal_offset else 0)
         )
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
         # The operator takes masks as additive biases (public SDPA converts bool masks first).
-        bias = additive_bias(mask, problem.causal, query.dtype, problem.q_len, problem.kv_len) if mask is not None else None
+        bias = None
+        if self._bias_needed(problem):
+            bias = additive_bias(mask, problem.causal, query.dtype, problem.q_len, problem.kv_len,
+                                 offset=problem.causal_offset, device=query.device)
         causal = problem.causal and bias is None
         kwargs = {"enable_gqa": True} if problem.gqa_ratio > 1 else {}
         out = torch.ops.aten._scaled_dot_product_attention_math(query, key, value, bias, 0.0, causal, None, scale=scale, **kwargs)[0]
@@ -366,6 +378,8 @@ class SdpaDefaultKernel(SdpaBackendKernel):
             if problem.mask_shape[-1] != problem.kv_len:
                 extra += dense_elements * (problem.mask_bytes // math.prod(problem.mask_shape))
             extra += dense_elements
+        if problem.causal_offset:  # bottom-right causality as a bool mask: ones, causal block, combined
+            extra += 3 * problem.q_len * problem.kv_len
         return extra
 
     def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
@@ -386,7 +400,8 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         """Without a mask, on inputs PyTorch takes as given, the bare
         ``torch._C._nn.scaled_dot_product_attention`` call with the flags bound: the warm path of a
         20 us call then adds no Python frame of ours around PyTorch's (`run` adds three)."""
-        if problem.mask_kind != "none" or problem.broadcast_inputs or not (problem.q_len and problem.kv_len):
+        if (problem.mask_kind != "none" or problem.broadcast_inputs or problem.causal_offset
+                or not (problem.q_len and problem.kv_len)):
             return self.run
         causal = problem.causal
         if problem.gqa_ratio > 1:
@@ -398,8 +413,10 @@ class SdpaDefaultKernel(SdpaBackendKernel):
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
         causal = problem.causal
-        if mask is not None and causal:
-            mask = combine_mask_and_causal(mask, problem.q_len, problem.kv_len)
+        if causal and (mask is not None or problem.causal_offset):
+            if mask is None:  # bottom-right causality alone: PyTorch's is_causal is top-left
+                mask = torch.ones(1, 1, problem.q_len, problem.kv_len, dtype=torch.bool, device=query.device)
+            mask = combine_mask_and_causal(mask, problem.q_len, problem.kv_len, problem.causal_offset)
             causal = False
         return self._call_pytorch(query, key, value, mask, causal, scale, problem.gqa_ratio > 1)
 
@@ -429,10 +446,11 @@ def key_dim_is_dense(mask: torch.Tensor, S: int) -> bool:
     return mask.shape[-1] == S and (mask.stride(-1) == 1 or S == 1)
 
 
-def combine_mask_and_causal(mask: torch.Tensor, L: int, S: int) -> torch.Tensor:
-    """One mask meaning both `mask` and top-left causality (PyTorch's math backend refuses the
-    pair; its fused CPU path combines them, which is the semantics we keep)."""
-    blocked = causal_blocked(slice(0, L), slice(0, S), mask.device)
+def combine_mask_and_causal(mask: torch.Tensor, L: int, S: int, offset: int = 0) -> torch.Tensor:
+    """One mask meaning both `mask` and causality (top-left, or shifted by `offset`). PyTorch's
+    math backend refuses a mask with ``is_causal``; its default CPU path combines them, which is
+    the semantics we keep (README, "Masks with is_causal")."""
+    blocked = causal_blocked(slice(0, L), slice(0, S), mask.device, offset)
     if blocked is None:
         return mask
     if mask.dtype == torch.bool:

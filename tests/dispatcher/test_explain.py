@@ -82,10 +82,11 @@ def test_several_devices_keep_separate_state():
     inputs = qkv()
     meta = {name: t.to("meta") if isinstance(t, torch.Tensor) else t for name, t in inputs.items()}
     ours.attention(**inputs)
-    out = ours.attention(**meta)
+    out = ours.attention(**meta)  # shapes only: PyTorch's SDPA serves meta calls, no decision (issue 13)
     assert out.device.type == "meta" and out.shape == (1, 4, 8, 16)
-    assert set(ours._planners) == {torch.device("cpu"), torch.device("meta")}
+    assert set(ours._planners) == {torch.device("cpu")}
     assert ours.explain(**meta).device == "meta" and ours.explain(**inputs).device == "cpu"
+    assert set(ours._planners) == {torch.device("cpu"), torch.device("meta")}
 
 
 @pytest.mark.parametrize("kernel", ["sdpa_math", "math"])  # with and without backward

@@ -23,6 +23,14 @@ def dtypes_for(kernel: Kernel) -> tuple[str, ...]:
     return (source,) if source else SUPPORTED_DTYPES
 
 
+def lossy(kernel: Kernel) -> bool:
+    """A dtype conversion that loses precision (its error is the accuracy policy's business)."""
+    from attn_dispatch.kernels.accuracy import is_lossless
+
+    source, target = getattr(kernel, "source", None), getattr(kernel, "target", None)
+    return source is not None and not is_lossless(source, target)
+
+
 def basic_problems(kernel: Kernel, device_type: str = TEST_DEVICE) -> list[Problem]:
     """Plain problems in every dtype (and layout) the kernel might take."""
     return [

@@ -17,6 +17,7 @@ from tests.kernels.contract import (
     check_against_reference,
     dtypes_for,
     every_kernel,
+    lossy,
     problem_of,
     runnable_kernel,
     runs_here,
@@ -33,7 +34,7 @@ def test_kernels_unavailable_here_say_why(kernel):
 @runnable_kernel
 @given(data=st.data())
 def test_random_problems_match_reference(kernel, data):
-    case = data.draw(cases(dtypes=dtypes_for(kernel)))
+    case = data.draw(cases(dtypes=dtypes_for(kernel), large_magnitudes=not lossy(kernel)))
     assume(check_against_reference(kernel, case, skip_unsupported=False))
 
 

@@ -1,0 +1,99 @@
+"""What the caller's context asks of an SDPA call before the dispatcher may choose a kernel
+(issue 13): PyTorch's backend restrictions, `CausalBias` objects, meta tensors.
+
+- **`sdpa_kernel` restrictions.** ``with torch.nn.attention.sdpa_kernel([...])`` (and
+  ``torch.backends.cuda.enable_*_sdp(False)``) switch PyTorch's backends off through global flags
+  (`torch._C._get_{flash,mem_efficient,math,cudnn}_sdp_enabled`, torch 2.4 .. 2.13; the context
+  manager itself reads them the same way). While any is off, the user asked for exactly PyTorch's
+  behaviour, so the call goes to PyTorch's SDPA as given: its backend choice, its errors (the
+  MATH backend refuses a mask together with ``is_causal``). Opt out with
+  ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1`` or `respect_sdpa_kernel(False)`.
+- **`CausalBias`** (`causal_upper_left`, `causal_lower_right`): a tensor subclass with
+  uninitialised storage, never read as a mask. Upper-left (and any bias made for L == S) is
+  ``is_causal=True``; lower-right goes on to the kernels, which read its alignment from the
+  `Problem` (`causal_alignment`), except on the training route, which PyTorch's own
+  `CausalBias` handling serves. With ``is_causal=True`` it raises ValueError, as PyTorch.
+- **Meta tensors** (model init under ``torch.device("meta")``, shape inference): PyTorch's SDPA,
+  which gives a meta tensor of the right shape (no table lookup, no memory query).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from attn_dispatch.kernels._layout import causal_bias_alignment, is_causal_bias
+from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
+
+IGNORE_ENV = "ATTN_DISPATCH_IGNORE_SDPA_KERNEL"
+_BACKEND_FLAGS = tuple(
+    getattr(torch._C, f"_get_{name}_sdp_enabled")
+    for name in ("flash", "mem_efficient", "math", "cudnn")
+    if hasattr(torch._C, f"_get_{name}_sdp_enabled")
+)
+_respect = [os.environ.get(IGNORE_ENV, "") not in ("1", "true", "yes")]
+
+
+def respect_sdpa_kernel(enabled: bool = True) -> None:
+    """Whether calls made while PyTorch's SDPA backends are restricted go to PyTorch's SDPA
+    (default, unless ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``). `False` lets the dispatcher choose
+    among its own kernels even inside ``sdpa_kernel(...)``."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"respect_sdpa_kernel takes True or False, got {enabled!r}")
+    _respect[0] = enabled
+
+
+def backends_restricted() -> bool:
+    """Whether some PyTorch SDPA backend is switched off now (and restrictions are respected)."""
+    if not _respect[0]:
+        return False
+    for enabled in _BACKEND_FLAGS:
+        if not enabled():
+            return True
+    return False
+
+
+def needs_context(query: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    """The per-call test (cheap): a restriction, meta tensors or a mask that is not a plain tensor."""
+    return (
+        query.is_meta
+        or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor)
+        or backends_restricted()
+    )
+
+
+def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """PyTorch's SDPA with the arguments as given (a `CausalBias` through its own handling, also
+    under torch.compile, where it must not reach the operator as a tensor)."""
+    if is_causal_bias(attn_mask):
+        gqa = {"enable_gqa": True} if enable_gqa else {}  # torch < 2.5 has no enable_gqa there
+        return type(attn_mask)._dispatch(query, key, value, attn_mask, dropout_p, is_causal, scale, **gqa)
+    gqa = {"enable_gqa": True} if enable_gqa else {}
+    return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
+
+
+def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor | None:
+    """The output when the context decides the call, else None (the dispatcher goes on with the
+    same arguments: a lower-right `CausalBias` on the inference route, or a mask subclass)."""
+    if query.is_meta or backends_restricted():
+        return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if not is_causal_bias(attn_mask):
+        return None
+    alignment = causal_bias_alignment(attn_mask, is_causal, query.shape[-2], key.shape[-2])  # ValueError with is_causal
+    if alignment == "top_left":
+        return dispatcher.attention(query, key, value, None, dropout_p, True, scale=scale, enable_gqa=enable_gqa)
+    training = dropout_p != 0.0 or (
+        torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    )
+    if training:
+        return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return None
+
+
+def explain_arguments(query, key, attn_mask, is_causal) -> tuple[torch.Tensor | None, bool]:
+    """``(attn_mask, is_causal)`` as the dispatcher decides on them: an upper-left `CausalBias`
+    becomes ``is_causal=True`` (ValueError with ``is_causal`` already set)."""
+    if is_causal_bias(attn_mask) and causal_bias_alignment(attn_mask, is_causal, query.shape[-2], key.shape[-2]) == "top_left":
+        return None, True
+    return attn_mask, is_causal

@@ -1,0 +1,144 @@
+"""The caller's context before a decision (issue 13, `dispatcher.sdpa_context`): `sdpa_kernel`
+restrictions, `CausalBias` objects, meta tensors, and the errors PyTorch gives."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+from attn_dispatch.dispatcher import Dispatcher, patched
+from attn_dispatch.dispatcher import sdpa_context
+from attn_dispatch.kernels import reference_attention, relative_errors
+
+pytestmark = pytest.mark.filterwarnings("ignore:Lower right causal bias will produce NaNs")
+
+
+def qkv(L=6, S=9, **kwargs):
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, L, 16, generator=generator, **kwargs)
+    k = torch.randn(1, 2, S, 16, generator=generator, **kwargs)
+    v = torch.randn(1, 2, S, 16, generator=generator, **kwargs)
+    return q, k, v
+
+
+@pytest.mark.parametrize("make", [causal_upper_left, causal_lower_right])
+@pytest.mark.parametrize("lengths", [(23, 56), (6, 6), (7, 3)])
+def test_causal_bias_under_patched_is_exact(make, lengths):
+    """The issue's repro: a bias under `patched()` read as a float mask gave errors of 0.85."""
+    L, S = lengths
+    q, k, v = qkv(L, S)
+    offset = S - L if make is causal_lower_right else 0
+    allowed = torch.ones(L, S, dtype=torch.bool).tril(diagonal=offset)
+    with patched(Dispatcher(kernels="portable")) as ours:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=make(L, S))
+        again = F.scaled_dot_product_attention(q, k, v, attn_mask=make(L, S))  # the warm path
+    assert sum(ours.stats().values()) == 2
+    for result in (out, again):
+        assert relative_errors(result, reference_attention(q, k, v, attn_mask=allowed))[0] < 1e-5
+
+
+def test_upper_and_lower_right_biases_get_separate_decisions():
+    q, k, v = qkv(4, 10)
+    ours = Dispatcher(kernels=["math", "sdpa_default"])
+    upper = ours.attention(q, k, v, attn_mask=causal_upper_left(4, 10))
+    lower = ours.attention(q, k, v, attn_mask=causal_lower_right(4, 10))
+    assert not torch.allclose(upper, lower)
+    assert ours.explain(q, k, v, attn_mask=causal_lower_right(4, 10)).problem.causal_alignment == "bottom_right"
+    assert ours.explain(q, k, v, attn_mask=causal_upper_left(4, 10)).problem.causal_alignment == "top_left"
+
+
+def test_causal_bias_with_is_causal_raises_value_error_like_pytorch():
+    q, k, v = qkv(4, 10)
+    for make in (causal_upper_left, causal_lower_right):
+        with pytest.raises(ValueError):
+            F.scaled_dot_product_attention(q, k, v, attn_mask=make(4, 10), is_causal=True)
+        with pytest.raises(ValueError, match="CausalBias"):
+            Dispatcher().attention(q, k, v, attn_mask=make(4, 10), is_causal=True)
+
+
+def test_lower_right_bias_training_gets_pytorchs_gradients():
+    q, k, v = (t.requires_grad_() for t in qkv(4, 10))
+    out = Dispatcher(kernels="portable").attention(q, k, v, attn_mask=causal_lower_right(4, 10))
+    out.sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(4, 10)).sum().backward()
+    for ours, theirs in zip(grads, (q.grad, k.grad, v.grad), strict=True):
+        torch.testing.assert_close(ours, theirs)
+
+
+def test_sdpa_kernel_restriction_gives_pytorchs_behaviour():
+    """Under ``sdpa_kernel([MATH])`` the call is PyTorch's: its MATH backend refuses a mask with
+    is_causal. Outside it, the dispatcher combines them (PyTorch's default CPU path does too)."""
+    q, k, v = qkv(6, 6)
+    mask = torch.ones(6, 6, dtype=torch.bool)
+    ours = Dispatcher(kernels="portable")
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert sdpa_context.backends_restricted()
+        with pytest.raises(RuntimeError, match="is_causal"):
+            ours.attention(q, k, v, attn_mask=mask, is_causal=True)
+        out = ours.attention(q, k, v)
+    assert not ours.stats(), "a restricted call went to one of our kernels"
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
+    combined = ours.attention(q, k, v, attn_mask=mask, is_causal=True)
+    torch.testing.assert_close(combined, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert sum(ours.stats().values()) == 1
+
+
+def test_sdpa_kernel_restriction_opt_out():
+    q, k, v = qkv()
+    ours = Dispatcher(kernels=["math"])
+    sdpa_context.respect_sdpa_kernel(False)
+    try:
+        with sdpa_kernel([SDPBackend.MATH]):
+            assert not sdpa_context.backends_restricted()
+            ours.attention(q, k, v)
+    finally:
+        sdpa_context.respect_sdpa_kernel(True)
+    assert ours.stats() == {"math": 1}
+    with pytest.raises(TypeError):
+        sdpa_context.respect_sdpa_kernel("no")
+
+
+def test_meta_tensors_give_meta_output_without_warnings():
+    q = torch.empty(2, 4, 16, 8, device="meta")
+    ours = Dispatcher()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = ours.attention(q, q, q, is_causal=True)
+    assert out.device.type == "meta" and out.shape == (2, 4, 16, 8)
+    assert not ours._planners  # no ranking, no table, no memory query
+
+
+@pytest.mark.parametrize("shapes", [
+    ((0, 2, 3, 8), (0, 2, 4, 8), (0, 2, 4, 8)),
+    ((1, 2, 3, 0), (1, 2, 4, 0), (1, 2, 4, 5)),
+    ((1, 2, 3, 8), (1, 2, 0, 8), (1, 2, 0, 8)),
+], ids=["batch_0", "head_dim_0", "kv_len_0"])
+def test_empty_shapes_through_the_dispatcher(shapes):
+    q, k, v = (torch.randn(shape) for shape in shapes)
+    q.requires_grad_()
+    out = Dispatcher(kernels="portable").attention(q, k, v)
+    torch.testing.assert_close(out.detach(), F.scaled_dot_product_attention(q.detach(), k, v))
+    out.sum().backward()
+    assert q.grad.shape == q.shape
+
+
+def test_complex_inputs_raise_not_implemented_error():
+    q = torch.randn(1, 2, 3, 8, dtype=torch.complex64)
+    with pytest.raises(NotImplementedError):
+        Dispatcher().attention(q, q, q)
+
+
+def test_fused_backend_backward_with_mask():
+    """R6: the fused backends' dead-row zeroing wrote into the operator's saved output."""
+    q = torch.randn(1, 1, 4, 8, requires_grad=True)
+    mask = torch.randn(4, 4)
+    Dispatcher(kernels=["sdpa_flash"]).attention(q, q, q, attn_mask=mask).sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
