@@ -35,6 +35,9 @@ kernel families, which launch the same kernels at any shape."""
 NEW_LENGTHS = 5
 """New key lengths timed per kernel and kind: the median of five first calls."""
 
+BACK_TO_BACK = 20
+"""Calls timed back to back (one synchronisation at the end) for a kernel's per-call floor."""
+
 LENGTH_STEP = 13
 """Key lengths probed are base + 13 * i (+ a per-kernel offset): each one new to every kernel."""
 
@@ -53,24 +56,32 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_call(kernel: Kernel, problem: Problem, device: torch.device) -> tuple[float, float]:
-    """(first call seconds, second call seconds) of `kernel` on new inputs of `problem`."""
+def _timed_call(kernel: Kernel, problem: Problem, device: torch.device) -> tuple[float, float, float]:
+    """(first call seconds, second call seconds, seconds per call of `BACK_TO_BACK` more) of
+    `kernel` on new inputs of `problem` (the run the dispatcher's warm path calls)."""
     inputs = make_inputs(problem, device)
     args = (inputs.query, inputs.key, inputs.value, inputs.attn_mask, None, inputs.enable_gqa, problem)
+    run = kernel.runner(problem)
     times = []
     for _ in range(2):
         _sync(device)
         start = time.perf_counter()
-        kernel.run(*args)
+        run(*args)
         _sync(device)
         times.append(time.perf_counter() - start)
-    return times[0], times[1]
+    start = time.perf_counter()
+    for _ in range(BACK_TO_BACK):
+        run(*args)
+    _sync(device)
+    return times[0], times[1], (time.perf_counter() - start) / BACK_TO_BACK
 
 
 def measure(device: torch.device, kernels: Iterable[Kernel], problems: dict[str, Problem]) -> dict:
-    """``{"seconds": {kernel: {kind: set-up seconds}}, "warm": {...}, "skipped": {...}}``."""
+    """``{"seconds": {kernel: {kind: set-up seconds}}, "warm": {...}, "floor": {kernel: {kind: seconds
+    per call back to back}}, "skipped": {...}}``."""
     seconds: dict[str, dict[str, float]] = {}
     warm: dict[str, dict[str, float]] = {}
+    floor: dict[str, dict[str, float]] = {}
     skipped: dict[str, str] = {}
     for offset, kernel in enumerate(kernels):
         for kind, base in problems.items():
@@ -78,7 +89,7 @@ def measure(device: torch.device, kernels: Iterable[Kernel], problems: dict[str,
             if why:
                 skipped[f"{kernel.name} {kind}"] = "; ".join(why)
                 continue
-            extras, warms = [], []
+            extras, warms, floors = [], [], []
             try:
                 _timed_call(kernel, base, device)  # the kernel's own first use (libraries loading) is not per shape
                 for i in range(1, NEW_LENGTHS + 1):
@@ -86,15 +97,17 @@ def measure(device: torch.device, kernels: Iterable[Kernel], problems: dict[str,
                     shape = Problem(base.batch, base.q_heads, base.kv_heads,
                                     length if kind == "prefill" else base.q_len, length, base.head_dim,
                                     base.value_dim, base.dtype, causal=base.causal, device_type=base.device_type)
-                    first, second = _timed_call(kernel, shape, device)
+                    first, second, per_call = _timed_call(kernel, shape, device)
                     extras.append(max(0.0, first - second))
                     warms.append(second)
+                    floors.append(per_call)
             except Exception as error:  # noqa: BLE001 - a kernel that fails here is reported, not fatal
                 skipped[f"{kernel.name} {kind}"] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
                 continue
             seconds.setdefault(kernel.name, {})[kind] = statistics.median(extras)
             warm.setdefault(kernel.name, {})[kind] = statistics.median(warms)
-    return {"seconds": seconds, "warm": warm, "skipped": skipped}
+            floor.setdefault(kernel.name, {})[kind] = min(floors)
+    return {"seconds": seconds, "warm": warm, "floor": floor, "skipped": skipped}
 
 
 def conditions(device: torch.device) -> dict:
@@ -121,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     result["conditions"] = conditions(device)
     result["measured"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     for name, by_kind in result["seconds"].items():
-        cells = ", ".join(f"{kind} {s * 1e3:.3g} ms (warm {result['warm'][name][kind] * 1e3:.3g} ms)"
+        cells = ", ".join(f"{kind} {s * 1e3:.3g} ms (warm {result['warm'][name][kind] * 1e3:.3g} ms, "
+                          f"floor {result['floor'][name][kind] * 1e3:.3g} ms/call)"
                           for kind, s in by_kind.items())
         print(f"{name:<24} set-up per new shape: {cells}")
     for what, why in result["skipped"].items():
@@ -133,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         from attn_dispatch.models.identity import DeviceIdentity
 
         path = save_cold_costs(DeviceIdentity.detect(device), result["seconds"], measured=result["measured"],
-                               conditions=result["conditions"])
+                               conditions=result["conditions"], floors=result["floor"])
         print(f"stored: {path}")
     return 0
 

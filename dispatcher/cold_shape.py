@@ -18,10 +18,11 @@ only for a kernel that has not run this exact shape in this process yet (`SeenSh
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
+from attn_dispatch.dispatcher.decision import format_seconds
 from attn_dispatch.kernels import Kernel, Problem
 from attn_dispatch.kernels.sdpa_probe import default_backend_choice
 from attn_dispatch.models.cold_shape_store import kind_of, load_cold_costs
@@ -106,14 +107,39 @@ class SeenShapes:
 
 
 
-def measured_costs(device: torch.device, home: str | None) -> dict[str, dict[str, float]]:
-    """The per-shape set-up costs measured for this device's card (`models.cold_shape_store`); {}
-    where none were, off GPUs (where no kernel is known to set up per shape) and on any error."""
+def measured_costs(device: torch.device, home: str | None, field: str = "seconds") -> dict[str, dict[str, float]]:
+    """The per-shape set-up costs (``field="floor_seconds"``: per-call floors) measured for this
+    device's card (`models.cold_shape_store`); {} where none were, off GPUs (where no kernel is
+    known to set up per shape) and on any error."""
     if device.type != "cuda":
         return {}
     try:
         from attn_dispatch.models.identity import DeviceIdentity
 
-        return load_cold_costs(DeviceIdentity.detect(device), home=home)
+        return load_cold_costs(DeviceIdentity.detect(device), home=home, field=field)
     except Exception:  # noqa: BLE001 - a missing or damaged file never fails a call: the priors serve
         return {}
+
+
+def floor_order(options: tuple, problem: Problem, warm: Sequence[float | None],
+                floors: Mapping[str, Mapping[str, float]]) -> tuple[tuple, str | None]:
+    """`options` reordered by ``max(warm seconds, the kernel's measured per-call floor)`` where
+    the floor moves a kernel behind another (None: unchanged). A kernel's floor, its time per call
+    back to back on a small problem of this kind on this card (`calibration.cold_shape`), bounds
+    any larger problem of the kind from below: a table that predicts a many-launch kernel under it
+    (a Python kernel on a 20 us decode call) extrapolated past what the card can do."""
+    kind = kind_of(problem.q_len)
+    effective = []
+    for option, seconds in zip(options, warm, strict=True):
+        floor = floors.get(option.kernel.name, {}).get(kind)
+        effective.append(None if seconds is None else max(seconds, floor or 0.0))
+    known = [i for i, s in enumerate(effective) if s is not None]
+    if not known or effective[0] is None:
+        return options, None
+    best = min(known, key=effective.__getitem__)
+    if best == 0 or effective[best] >= effective[0]:
+        return options, None
+    first, chosen = options[0], options[best]
+    note = (f"{first.kernel.name} takes at least {format_seconds(floors[first.kernel.name][kind])} per call on this card "
+            f"(its measured floor): {chosen.kernel.name} is predicted faster ({format_seconds(effective[best])})")
+    return (chosen, *(o for o in options if o is not chosen)), note

@@ -303,8 +303,9 @@ class Dispatcher:
                 planner = self._planners.get(device)
                 if planner is None:
                     state = DeviceState(resolve_ranking(device, home=self.home))
-                    planner = self._planners[device] = DevicePlanner(device, state, self._config,
-                                                                     measured_costs(device, self.home))
+                    planner = self._planners[device] = DevicePlanner(
+                        device, state, self._config, measured_costs(device, self.home),
+                        measured_costs(device, self.home, "floor_seconds"))
         return planner
 
     def _state(self, device: torch.device) -> DeviceState:

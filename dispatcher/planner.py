@@ -17,7 +17,7 @@ import torch
 
 from attn_dispatch.dispatcher._plan import Plan
 from attn_dispatch.dispatcher.buckets import MAX_BUCKETS, BoundedCache, Bucket
-from attn_dispatch.dispatcher.cold_shape import SeenShapes
+from attn_dispatch.dispatcher.cold_shape import SeenShapes, floor_order
 from attn_dispatch.dispatcher.decision import Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.errors import NoKernelError
@@ -68,16 +68,19 @@ class DevicePlanner:
     seen: exact shapes each kernel with a per-shape set-up has already run (`cold_shape`).
     cold_costs: measured seconds of per-shape set-up, kernel name or backend family -> problem
         kind -> seconds (`models.cold_shape_store`; empty: the priors of `cold_shape` serve).
+    floors: measured per-call floors, kernel name -> problem kind -> seconds (`cold_shape.floor_order`).
     """
 
     def __init__(self, device: torch.device, state: DeviceState, config: PlannerConfig,
-                 cold_costs: Mapping[str, Mapping[str, float]] | None = None) -> None:
+                 cold_costs: Mapping[str, Mapping[str, float]] | None = None,
+                 floors: Mapping[str, Mapping[str, float]] | None = None) -> None:
         self.device = device
         self.state = state
         self.config = config
         self.buckets: BoundedCache[tuple, Bucket] = BoundedCache(MAX_BUCKETS)
         self.seen = SeenShapes()
         self.cold_costs = {name: dict(by_kind) for name, by_kind in (cold_costs or {}).items()}
+        self.floors = {name: dict(by_kind) for name, by_kind in (floors or {}).items()}
 
     # ------------------------------------------------------------------ per exact shape
     def plan(self, problem: Problem, shape_key: tuple, inputs: tuple | None, *,
@@ -161,6 +164,9 @@ class DevicePlanner:
         if not fit.options:
             raise NoKernelError.nothing_fits(ranked, fit, str(self.device), free=free, budget=budget)
         options, notes, dropped, pending = fit.options, fit.notes, fit.dropped + ranked.dropped, False
+        if self.floors:
+            options, floor_note = floor_order(options, problem, [o.predicted_s for o in options], self.floors)
+            notes = notes if floor_note is None else (*notes, floor_note)
         if state.ranking.source.level in UNMEASURED_LEVELS and any(_is_default(o) for o in options[1:]):
             options = (*(o for o in options if _is_default(o)), *(o for o in options if not _is_default(o)))
             notes = (*notes, DEFAULT_KEPT_UNMEASURED)  # nothing measured on this card says another kernel is faster

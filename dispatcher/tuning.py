@@ -154,7 +154,10 @@ def spread(samples: list[float]) -> float:
 def _time_contenders(timed: tuple[Option, ...], inputs: tuple, problem, device: torch.device,
                      on_failure: Callable[[str, BaseException], None] | None) -> dict[str, list[float]]:
     """Seconds per call of each contender that ran, one sample per round (see `tune`), by name."""
-    from attn_dispatch.calibration.timer import calls_per_sample, time_batch  # calibration's timer, only when tuning
+    from attn_dispatch.calibration.timer import (  # calibration's timer, only when tuning
+        calls_per_sample,
+        time_batch,
+    )
 
     query, key, value, attn_mask, scale, enable_gqa = inputs
     runs, calls, samples = {}, {}, {}

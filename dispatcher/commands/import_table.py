@@ -8,7 +8,6 @@ import sys
 from attn_dispatch.dispatcher.commands._common import one_line
 from attn_dispatch.dispatcher.commands.export import describe
 
-
 NAME = "import"
 HELP = "validate shared table files and store them under their card model"
 

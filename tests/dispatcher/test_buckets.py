@@ -187,3 +187,13 @@ def test_bucket_of_a_problem_ignores_exact_lengths_within_powers_of_two():
     q = Problem(1, 4, 2, 1, 128, 16, 16, "float32")
     r = Problem(1, 4, 2, 1, 129, 16, 16, "float32")
     assert failure_bucket(p) == failure_bucket(q) != failure_bucket(r)
+
+
+def test_a_kernel_predicted_under_its_measured_floor_gives_way(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["setup_math", "math"]))  # 1 us and 2 us predicted
+    ours = Dispatcher(kernels=[SetUpKernel(), MathKernel()])
+    ours._planner(torch.device("cpu")).floors["setup_math"] = {"decode": 1e-3}  # measured: 1 ms per call at least
+    decision = ours.explain(**_decode(100))
+    assert decision.kernel == "math"
+    assert any("measured floor" in note for note in decision.notes)
+    assert ours.explain(**qkv(q_len=8, kv_len=100)).kernel == "setup_math"  # a prefill: no floor measured
