@@ -4,6 +4,9 @@
 #   table       refit the bundled H200 table with the quality guard and measured entries (on the host: see
 #               bench/regenerate_h200_table.sh) and import it into $ATTN_DISPATCH_HOME
 #   coldshape   measure per-shape set-up costs (python -m attn_dispatch.calibration.cold_shape) into $ATTN_DISPATCH_HOME
+#   r5          bench/r5_overflow_cost.py (fp32 scores for half inputs: cost on decode and prefill)
+#   kerneltests the kernel suite on the GPU (ATTN_DISPATCH_TEST_DEVICE=cuda)
+#   training    bench/training_memory.py (Wan2.1-shaped forward+backward under 16 GiB, portable)
 #   overhead    bench/dispatch_overhead.py (dispatcher vs F.sdpa, interleaved)
 #   decode      bench/decode_loop.py: 32 layers per token, contexts 1k/8k/32k, batch 1 and 8, fresh processes
 #   llm | llm-batch | llm-static | dit | portable | fp32   bench/e2e.py matrices
@@ -21,6 +24,9 @@ for stage in "$@"; do
              && run python3 -m attn_dispatch import models/tables/nvidia-h200-140gb.json ;;
     coldshape) run timeout 240 python3 -m attn_dispatch.calibration.cold_shape --device cuda --store --json "$OUT/loops/cold_shape.json"
                cp -r "$ATTN_DISPATCH_HOME/cold_shape" "$OUT/loops/cold_shape_store" 2>/dev/null ;;
+    r5) run timeout 240 python3 -m bench.r5_overflow_cost --device cuda:0 --out "$OUT/loops/r5_overflow_cost.json" ;;
+    kerneltests) ATTN_DISPATCH_TEST_DEVICE=cuda run timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -n 8 -p no:cacheprovider tests/kernels ;;
+    training) run timeout 300 python3 -m bench.training_memory --device cuda --out "$OUT/loops/training_memory_h200.json" ;;
     overhead) run timeout 240 python3 -m bench.dispatch_overhead --device cuda --rounds 100 --calls 50 --out "$OUT/loops" ;;
     decode) run timeout 420 python3 -m bench.decode_loop --device cuda --contexts ${CONTEXTS:-1024,8192,32768} --batches ${BATCHES:-1,8} \
               --tokens ${TOKENS:-32} --layers 32 --repeats ${REPEATS:-1} --out "$OUT/loops/decode_loop.jsonl" ;;
