@@ -67,6 +67,13 @@ def zero_fully_masked_rows_(out: torch.Tensor, bias: torch.Tensor) -> torch.Tens
     return out.masked_fill_(dead, 0.0)  # unconditionally: testing dead.any() would sync the GPU
 
 
+def _backward_needs_logsumexp(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether the operator must keep each row's logsumexp: its backward needs it (as
+    `F.scaled_dot_product_attention` asks; without it the efficient backward raised "LSE is not
+    correctly aligned" on the H200, torch 2.11)."""
+    return torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+
+
 class SdpaBackendKernel(Kernel):
     """One PyTorch SDPA backend, called directly."""
 
@@ -279,12 +286,13 @@ class SdpaEfficientKernel(SdpaBackendKernel):
 
     def _call_op(self, query, key, value, bias, causal, scale):
         return torch.ops.aten._scaled_dot_product_efficient_attention(
-            query, key, value, bias, False, 0.0, causal, scale=scale
+            query, key, value, bias, _backward_needs_logsumexp(query, key, value), 0.0, causal, scale=scale
         )[0]
 
     def _bare_op(self):
         op = torch.ops.aten._scaled_dot_product_efficient_attention.default
-        return lambda query, key, value, causal, scale: op(query, key, value, None, False, 0.0, causal, scale=scale)[0]
+        return lambda query, key, value, causal, scale: op(
+            query, key, value, None, _backward_needs_logsumexp(query, key, value), 0.0, causal, scale=scale)[0]
 
 
 class SdpaCudnnKernel(SdpaBackendKernel):
@@ -296,13 +304,13 @@ class SdpaCudnnKernel(SdpaBackendKernel):
 
     def _call_op(self, query, key, value, bias, causal, scale):
         return torch.ops.aten._scaled_dot_product_cudnn_attention(
-            query, key, value, bias, False, 0.0, causal, False, scale=scale
+            query, key, value, bias, _backward_needs_logsumexp(query, key, value), 0.0, causal, False, scale=scale
         )[0]
 
     def _bare_op(self):
         op = torch.ops.aten._scaled_dot_product_cudnn_attention.default
-        return lambda query, key, value, causal, scale: op(query, key, value, None, False, 0.0, causal, False,
-                                                           scale=scale)[0]
+        return lambda query, key, value, causal, scale: op(
+            query, key, value, None, _backward_needs_logsumexp(query, key, value), 0.0, causal, False, scale=scale)[0]
 
 
 class SdpaMathKernel(SdpaBackendKernel):
