@@ -25,7 +25,7 @@ for stage in "$@"; do
     coldshape) run timeout 240 python3 -m attn_dispatch.calibration.cold_shape --device cuda --store --json "$OUT/loops/cold_shape.json"
                cp -r "$ATTN_DISPATCH_HOME/cold_shape" "$OUT/loops/cold_shape_store" 2>/dev/null ;;
     r5) run timeout 240 python3 -m bench.r5_overflow_cost --device cuda:0 --out "$OUT/loops/r5_overflow_cost.json" ;;
-    kerneltests) ATTN_DISPATCH_TEST_DEVICE=cuda run timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -n 8 -p no:cacheprovider tests/kernels ;;
+    kerneltests) ATTN_DISPATCH_TEST_DEVICE=cuda run timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -n 8 -p no:cacheprovider tests/kernels 2>&1 | tail -40 ;;
     training) run timeout 300 python3 -m bench.training_memory --device cuda --out "$OUT/loops/training_memory_h200.json" ;;
     overhead) run timeout 240 python3 -m bench.dispatch_overhead --device cuda --rounds 100 --calls 50 --out "$OUT/loops" ;;
     decode) run timeout 420 python3 -m bench.decode_loop --device cuda --contexts ${CONTEXTS:-1024,8192,32768} --batches ${BATCHES:-1,8} \
