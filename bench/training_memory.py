@@ -27,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attn_dispatch.dispatcher import Dispatcher
 from attn_dispatch.dispatcher.memory import parse_memory_size
+from attn_dispatch.dispatcher.sdpa_context import respect_sdpa_kernel
 from attn_dispatch.kernels import TOLERANCES, kernel_from_name, reference_attention, relative_errors
 from attn_dispatch.kernels.backward_memory import training_bytes
 
@@ -104,6 +105,7 @@ def run(device: torch.device, scenario: dict, *, compare_math: bool, check_heads
     causal = scenario["causal"]
     leaves, grad_out = _inputs(scenario, device)
     dispatcher = Dispatcher(kernels="portable", memory_budget=scenario["budget"])
+    respect_sdpa_kernel(False)  # PyTorch is held to math below as on gfx906; the dispatcher must still decide
     with sdpa_kernel([SDPBackend.MATH]):  # what PyTorch has on gfx906
         decision = dispatcher.explain(*leaves, is_causal=causal)
         with PeakMemory(device) as peak:
