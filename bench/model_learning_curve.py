@@ -19,9 +19,9 @@ import argparse
 
 import numpy as np
 
-from bench.model_quality_compare import _row, kfold_splits, load
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import TrainingSet, training_set
+from bench.model_quality_compare import _row, kfold_splits, load
 
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 TARGET_SLOWDOWN = 0.02  # the bar for mean slowdown

@@ -17,9 +17,9 @@ import argparse
 
 import numpy as np
 
-from bench.model_quality_compare import kfold_splits, load
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import TrainingSet, training_set
+from bench.model_quality_compare import kfold_splits, load
 
 BANDS_S = ((0.0, 1e-4, "< 0.1 ms"), (1e-4, 1e-3, "0.1-1 ms"), (1e-3, float("inf"), "> 1 ms"))
 

@@ -22,7 +22,13 @@ from collections.abc import Callable
 from optuna.storages import BaseStorage, RDBStorage
 
 from attn_dispatch.calibration.results import ResultsStore, measurement_record, problem_id, unit_key
-from attn_dispatch.calibration.storage import StudyIds, add_record_trial, find_study, record_trials, study_name
+from attn_dispatch.calibration.storage import (
+    StudyIds,
+    add_record_trial,
+    find_study,
+    record_trials,
+    study_name,
+)
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.measurement import Measurement
 

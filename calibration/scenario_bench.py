@@ -27,7 +27,12 @@ import torch
 from attn_dispatch.calibration.inputs import InputCache, rotation_count
 from attn_dispatch.calibration.measure import SINGLE_SHOT, empty_cache, measure
 from attn_dispatch.calibration.scenarios import Shape
-from attn_dispatch.calibration.timer import TimerSettings, calls_per_sample, interquartile_range, time_repetitions
+from attn_dispatch.calibration.timer import (
+    TimerSettings,
+    calls_per_sample,
+    interquartile_range,
+    time_repetitions,
+)
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_backends import SdpaDefaultKernel, pytorch_sdpa

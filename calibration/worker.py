@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from attn_dispatch.calibration.active_round import uncertain_problems
 from attn_dispatch.calibration.candidates import CostEstimator, kernel_set
 from attn_dispatch.calibration.claims import ClaimBoard, Owner
-from attn_dispatch.calibration.active_round import uncertain_problems
 from attn_dispatch.calibration.config import ACTIVE_POOL_FACTOR, REFINE_SHARE, CalibrationConfig
-from attn_dispatch.calibration.paths import default_results, default_storage
 from attn_dispatch.calibration.noise import Noise, probe_noise, widened
+from attn_dispatch.calibration.paths import default_results, default_storage
 from attn_dispatch.calibration.plan import agree_on, build_sweep
 from attn_dispatch.calibration.problem_run import DeadlineReached, ProblemContext, run_problem
 from attn_dispatch.calibration.recorder import Recorder, storage_measurements

@@ -69,7 +69,9 @@ def _copy_bandwidth() -> float:
 
 def _softmax_rate() -> float:
     """FLOP/s of `torch.softmax` on fp32 rows, counted as the prior counts them."""
-    from attn_dispatch.models.priors import SOFTMAX_FLOPS_PER_ELEMENT  # priors imports cards, which imports this lazily
+    from attn_dispatch.models.priors import (
+        SOFTMAX_FLOPS_PER_ELEMENT,  # priors imports cards, which imports this lazily
+    )
 
     scores = torch.randn(SOFTMAX_N, SOFTMAX_N)
     return SOFTMAX_N * SOFTMAX_N * SOFTMAX_FLOPS_PER_ELEMENT / _best_seconds(lambda: torch.softmax(scores, -1), SOFTMAX_REPEATS)

@@ -14,6 +14,7 @@ import numpy as np
 from sklearn.base import clone
 
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available
+from attn_dispatch.models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP
 from attn_dispatch.models.cards import CardSpec, spec_for
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import TrainingSet, training_set
@@ -26,12 +27,11 @@ from attn_dispatch.models.guard import (
     regions_losing_to_default,
 )
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measured import entries_from_measurements
 from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.quality import Quality, choice_quality, holdout_fit
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
-from attn_dispatch.models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP
-from attn_dispatch.models.measured import entries_from_measurements
 from attn_dispatch.models.table_build import CANDIDATES_PER_CELL, build_table, with_regions
 
 # Fewer measured problems than this and a held-out split says nothing: the table is built

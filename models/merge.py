@@ -27,7 +27,14 @@ from attn_dispatch.models.forest_schema import MAX_MODELS
 from attn_dispatch.models.guard import Guard
 from attn_dispatch.models.measured import union
 from attn_dispatch.models.ranking import kernel_named
-from attn_dispatch.models.table import Cell, Provenance, TableClass, ThresholdTable, carried_seconds, quality_kind
+from attn_dispatch.models.table import (
+    Cell,
+    Provenance,
+    TableClass,
+    ThresholdTable,
+    carried_seconds,
+    quality_kind,
+)
 from attn_dispatch.models.table_build import round_seconds
 from attn_dispatch.models.table_io import MAX_TABLE_BYTES, table_bytes
 from attn_dispatch.models.table_schema import TableError

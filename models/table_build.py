@@ -12,7 +12,14 @@ import numpy as np
 
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models._json_checks import MAX_CANDIDATES
-from attn_dispatch.models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP, ClassKey, bucket_of, check_class_fields, class_key
+from attn_dispatch.models.buckets import (
+    DEFAULT_CLASS_FIELDS,
+    WORK_STEP,
+    ClassKey,
+    bucket_of,
+    check_class_fields,
+    class_key,
+)
 from attn_dispatch.models.cards import CardSpec
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.features import feature_matrix
@@ -22,7 +29,14 @@ from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measured import entries_from_measurements
 from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.ranking import kernel_named
-from attn_dispatch.models.table import EXCLUDING_STATUSES, Cell, Provenance, TableClass, Template, ThresholdTable
+from attn_dispatch.models.table import (
+    EXCLUDING_STATUSES,
+    Cell,
+    Provenance,
+    TableClass,
+    Template,
+    ThresholdTable,
+)
 from attn_dispatch.models.thresholds import thresholds_for
 from attn_dispatch.models.versions import software_versions
 

@@ -12,7 +12,13 @@ import torch
 import attn_dispatch as ad
 from attn_dispatch.calibration.session import calibrate
 from attn_dispatch.calibration.workload import WORKLOAD_FORMAT, for_device, read_workload
-from attn_dispatch.dispatcher.recording import ENV_VAR, FORMAT, WorkloadRecorder, record_problem, workload_bucket
+from attn_dispatch.dispatcher.recording import (
+    ENV_VAR,
+    FORMAT,
+    WorkloadRecorder,
+    record_problem,
+    workload_bucket,
+)
 from attn_dispatch.kernels.chunked import ChunkedKernel
 from attn_dispatch.kernels.math_kernel import MathKernel
 from tests.calibration.helpers import problem, small_config

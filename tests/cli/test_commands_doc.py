@@ -3,8 +3,8 @@ match what the commands print (`bench.commands_doc`; regenerate with `python -m 
 
 from __future__ import annotations
 
-from bench.commands_doc import DOC, EXAMPLES, blocks, normalise, replace_block, stale_blocks
 from attn_dispatch.dispatcher.cli import COMMAND_MODULES, _module
+from bench.commands_doc import DOC, EXAMPLES, blocks, normalise, replace_block, stale_blocks
 
 
 def test_every_command_has_an_example_in_the_doc():

@@ -7,7 +7,14 @@ import torch
 from attn_dispatch.dispatcher import core
 from attn_dispatch.dispatcher.decision import RankingSource
 from attn_dispatch.dispatcher.ranking import DeviceRanking
-from attn_dispatch.kernels import TOLERANCES, Kernel, MathKernel, Problem, reference_attention, relative_errors
+from attn_dispatch.kernels import (
+    TOLERANCES,
+    Kernel,
+    MathKernel,
+    Problem,
+    reference_attention,
+    relative_errors,
+)
 
 TEST_SOURCE = RankingSource("exact", "test table (fixed order)", "<test>", "test-device")
 PRIOR_SOURCE = RankingSource("prior", "test prior", None, "test-device")

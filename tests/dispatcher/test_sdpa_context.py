@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
-from attn_dispatch.dispatcher import Dispatcher, patched
-from attn_dispatch.dispatcher import sdpa_context
+from attn_dispatch.dispatcher import Dispatcher, patched, sdpa_context
 from attn_dispatch.kernels import reference_attention, relative_errors
 
 pytestmark = pytest.mark.filterwarnings("ignore:Lower right causal bias will produce NaNs")

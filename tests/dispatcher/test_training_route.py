@@ -15,7 +15,6 @@ from attn_dispatch.dispatcher.training_route import choose_training
 from attn_dispatch.kernels import ChunkedKernel, MathKernel, Problem, kernel_from_name, reference_attention
 from attn_dispatch.kernels.backward_memory import training_bytes
 from attn_dispatch.models.training_times import FORMAT_VERSION, KIND, PROFILE_ENV, TrainingTimes
-
 from tests.dispatcher.helpers import FixedRanker, use_ranking
 
 PROBLEM = Problem(1, 8, 8, 1024, 1024, 64, 64, "float32", causal=True)

@@ -7,7 +7,14 @@ import os
 import pytest
 import torch
 
-from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem, all_kernels, reference_attention, relative_errors
+from attn_dispatch.kernels import (
+    AccuracyPolicy,
+    Kernel,
+    Problem,
+    all_kernels,
+    reference_attention,
+    relative_errors,
+)
 from tests.kernels.cases import Case
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")

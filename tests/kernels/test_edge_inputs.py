@@ -13,7 +13,15 @@ from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
 from attn_dispatch.kernels import reference_attention, relative_errors
 from tests.kernels.cases import Case
-from tests.kernels.contract import EVERY_KERNEL, TEST_DEVICE, check_against_reference, dtypes_for, every_kernel, lossy, problem_of
+from tests.kernels.contract import (
+    EVERY_KERNEL,
+    TEST_DEVICE,
+    check_against_reference,
+    dtypes_for,
+    every_kernel,
+    lossy,
+    problem_of,
+)
 
 HALF = ("float16", "bfloat16")
 pytestmark = pytest.mark.filterwarnings("ignore:Lower right causal bias will produce NaNs")

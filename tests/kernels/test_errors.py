@@ -6,7 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attn_dispatch.kernels import AccuracyPolicy, MathKernel, Problem, UnsupportedProblemError, kernel_from_name
+from attn_dispatch.kernels import (
+    AccuracyPolicy,
+    MathKernel,
+    Problem,
+    UnsupportedProblemError,
+    kernel_from_name,
+)
 from attn_dispatch.kernels.small_q import effective_splits
 
 q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
