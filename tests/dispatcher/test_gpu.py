@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_dispatch.dispatcher import Dispatcher
+from attn_dispatch.dispatcher import Dispatcher, planner
 from attn_dispatch.dispatcher.memory import free_bytes
 from attn_dispatch.kernels import MathKernel, Problem
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
