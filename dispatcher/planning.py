@@ -8,7 +8,7 @@ fits, a chunked kernel with smaller chunks).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from attn_dispatch.dispatcher.decision import Candidate
@@ -174,22 +174,22 @@ def fit_options(
     return Fit(tuple(fitting), tuple(dropped), tuple(notes), recheck)
 
 
-def shrink_chunked(problem: Problem, limit: int | None, failed: Mapping[str, str]) -> ChunkedKernel | None:
-    """The largest-chunked `ChunkedKernel` whose workspace fits `limit`, halving the larger of the
-    query and key chunks from the kernel's defaults (clipped to the problem) down to `MIN_CHUNK`.
-    None when even the smallest does not fit (the output alone may not)."""
+def shrink_chunked(problem: Problem, limit: int | None, failed: Mapping[str, str],
+                   bytes_needed: Callable[[ChunkedKernel, Problem], int] | None = None) -> ChunkedKernel | None:
+    """The largest-chunked `ChunkedKernel` whose memory (`bytes_needed(kernel, problem)`, default
+    its forward workspace) fits `limit`, halving the larger of the query and key chunks from the
+    kernel's defaults (clipped to the problem) down to `MIN_CHUNK`. None when even the smallest
+    does not fit (the output alone may not)."""
     if limit is None:
         return None
+    if bytes_needed is None:
+        bytes_needed = ChunkedKernel.workspace_bytes
     default = ChunkedKernel()
     q = max(MIN_CHUNK, min(default.q_chunk, 1 << length_bucket(problem.q_len)))
     kv = max(MIN_CHUNK, min(default.kv_chunk, 1 << length_bucket(problem.kv_len)))
     while True:
         kernel = ChunkedKernel(q=q, kv=kv)
-        if (
-            kernel.name not in failed
-            and not kernel.reasons(problem)
-            and kernel.workspace_bytes(problem) <= limit
-        ):
+        if kernel.name not in failed and not kernel.reasons(problem) and bytes_needed(kernel, problem) <= limit:
             return kernel
         if q <= MIN_CHUNK and kv <= MIN_CHUNK:
             return None

@@ -21,10 +21,9 @@ from dataclasses import dataclass, replace
 from attn_dispatch.dispatcher import _log
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Candidate, Decision
 from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
-from attn_dispatch.dispatcher.planning import MIN_CHUNK, Option, memory_limit, over_limit_reason
+from attn_dispatch.dispatcher.planning import Option, memory_limit, over_limit_reason, shrink_chunked
 from attn_dispatch.kernels import ChunkedKernel, Kernel, Problem
 from attn_dispatch.kernels.backward_memory import training_bytes
-from attn_dispatch.models.buckets import length_bucket
 from attn_dispatch.models.training_times import TrainingTimes
 
 
@@ -67,22 +66,9 @@ def order_for_training(options: Sequence[Option], measured: Mapping[str, float] 
 
 
 def shrink_for_training(problem: Problem, limit: int, failed: Mapping[str, str]) -> ChunkedKernel | None:
-    """The largest-chunked `ChunkedKernel` whose forward+backward bound fits `limit`: halve the
-    larger chunk from the default (clipped to the problem's length buckets) down to `MIN_CHUNK`
-    (the forward's smallest useful block, `planning.MIN_CHUNK`). None when even that is over."""
-    default = ChunkedKernel()
-    q = max(MIN_CHUNK, min(default.q_chunk, 1 << length_bucket(problem.q_len)))
-    kv = max(MIN_CHUNK, min(default.kv_chunk, 1 << length_bucket(problem.kv_len)))
-    while True:
-        kernel = ChunkedKernel(q=q, kv=kv)
-        if kernel.name not in failed and not kernel.reasons(problem) and training_bytes(kernel, problem) <= limit:
-            return kernel
-        if q <= MIN_CHUNK and kv <= MIN_CHUNK:
-            return None
-        if kv >= q and kv > MIN_CHUNK:
-            kv //= 2
-        else:
-            q //= 2
+    """The largest-chunked `ChunkedKernel` whose forward+backward bound fits `limit`
+    (`planning.shrink_chunked` with `training_bytes`). None when even the smallest is over."""
+    return shrink_chunked(problem, limit, failed, training_bytes)
 
 
 def choose_training(
