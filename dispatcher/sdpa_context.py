@@ -44,14 +44,21 @@ def respect_sdpa_kernel(enabled: bool = True) -> None:
     _respect[0] = enabled
 
 
+def _every_backend_enabled():
+    """``() -> bool``: are all of PyTorch's SDPA backends on? One expression, no loop: it runs on
+    every dispatcher call."""
+    if len(_BACKEND_FLAGS) == 4:
+        flash, efficient, math, cudnn = _BACKEND_FLAGS
+        return lambda: flash() and efficient() and math() and cudnn()
+    return lambda: all(enabled() for enabled in _BACKEND_FLAGS)
+
+
+_all_enabled = _every_backend_enabled()
+
+
 def backends_restricted() -> bool:
     """Whether some PyTorch SDPA backend is switched off now (and restrictions are respected)."""
-    if not _respect[0]:
-        return False
-    for enabled in _BACKEND_FLAGS:
-        if not enabled():
-            return True
-    return False
+    return _respect[0] and not _all_enabled()
 
 
 def needs_context(query: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
@@ -59,7 +66,7 @@ def needs_context(query: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
     return (
         query.is_meta
         or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor)
-        or backends_restricted()
+        or (_respect[0] and not _all_enabled())
     )
 
 
