@@ -218,7 +218,7 @@ class SdpaBackendKernel(Kernel):
         (bench/dispatch_overhead.py, 2026-12-01), which in a decode loop is the whole call."""
         op = self._bare_op() if problem.device_type == "cuda" else None
         if (op is None or problem.mask_kind != "none" or problem.broadcast_inputs or problem.strided
-                or problem.causal_offset or not (problem.q_len and problem.kv_len)):
+                or problem.causal_offset or problem.is_degenerate):
             return self.run
         mode, causal, run = self._gqa_mode(problem), problem.causal, self.run
         if mode in ("none", "native"):
@@ -395,11 +395,12 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         call on the H200 host (bench/results: our wrapper 29.5 us against 22.2 us for the bare
         call on a 512-token prefill). The cases PyTorch does not take as given (a mask together
         with causality, a 1-D mask (PyTorch raises IndexError on it; SDPA's broadcasting allows
-        it), broadcast inputs, empty lengths) go through the base class."""
+        it), broadcast inputs, a size of 0 (PyTorch's CUDA efficient backward asserts on zero heads,
+        torch 2.11) go through the base class."""
         if (
             attn_mask is not None and (problem.causal or attn_mask.dim() < 2)
             or problem.broadcast_inputs
-            or not (problem.q_len and problem.kv_len)
+            or problem.is_degenerate
         ):
             return super().run(query, key, value, attn_mask, scale, enable_gqa, problem)
         return self._call_pytorch(query, key, value, attn_mask, problem.causal, scale, enable_gqa)
@@ -408,8 +409,7 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         """Without a mask, on inputs PyTorch takes as given, the bare
         ``torch._C._nn.scaled_dot_product_attention`` call with the flags bound: the warm path of a
         20 us call then adds no Python frame of ours around PyTorch's (`run` adds three)."""
-        if (problem.mask_kind != "none" or problem.broadcast_inputs or problem.causal_offset
-                or not (problem.q_len and problem.kv_len)):
+        if problem.mask_kind != "none" or problem.broadcast_inputs or problem.causal_offset or problem.is_degenerate:
             return self.run
         causal = problem.causal
         if problem.gqa_ratio > 1:
