@@ -50,15 +50,19 @@ def scores_fp32(q_rows: torch.Tensor, key_block: torch.Tensor) -> torch.Tensor:
 
 def _grouped_rows(tensor: torch.Tensor, rows: slice, problem: Problem) -> torch.Tensor:
     """``tensor [B, Hq, L, X]`` at positions `rows` -> ``[B, Hkv, G * Lc, X]`` (contiguous)."""
-    block = tensor[:, :, rows].contiguous()
-    return block.view(problem.batch, problem.kv_heads, -1, block.shape[-1])
+    whole = rows.start == 0 and rows.stop >= tensor.shape[2]
+    block = tensor if whole else tensor[:, :, rows]  # a full-length slice is an alias, which vmap cannot batch
+    if not block.is_contiguous():
+        block = block.contiguous()
+    return block.reshape(problem.batch, problem.kv_heads, -1, block.shape[-1])
 
 
 def _kv_blocks(rows: slice, problem: Problem, kv_chunk: int):
-    """Key blocks a query block reads (causal: up to the last one any of its rows sees)."""
+    """Key blocks a query block reads (causal: up to the last one any of its rows sees, with the
+    diagonal where the problem's alignment puts it: `Problem.causal_offset`)."""
     for kv_start in range(0, problem.kv_len, kv_chunk):
         cols = slice(kv_start, min(problem.kv_len, kv_start + kv_chunk))
-        if problem.causal and fully_blocked_by_causality(rows, cols):
+        if problem.causal and fully_blocked_by_causality(rows, cols, problem.causal_offset):
             return
         yield cols
 

@@ -146,3 +146,24 @@ def test_backward_peak_does_not_grow_with_the_score_matrix():
                                   leaves[0].device)[0]
 
     assert peak(512) <= 4.5 * peak(128)
+
+
+@pytest.mark.parametrize(("q_len", "kv_len"), [(16, 300), (128, 256), (40, 24)])
+def test_lower_right_causality_spanning_several_key_blocks(q_len, kv_len):
+    """A `causal_lower_right` bias on the training path reads every key block its rows see (the
+    diagonal shifted by S - L), as the inference path does: outputs and gradients as PyTorch's."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    generator = torch.Generator().manual_seed(0)
+    leaves = [torch.randn(1, 2, length, 16, generator=generator, dtype=torch.float64).requires_grad_()
+              for length in (q_len, kv_len, kv_len)]
+    bias = causal_lower_right(q_len, kv_len)
+    out = ChunkedKernel(q=32, kv=64)(*leaves, attn_mask=bias)
+    grads = torch.autograd.grad(out.sum(), leaves)
+    expected_leaves = [leaf.detach().clone().requires_grad_() for leaf in leaves]
+    expected = torch.nn.functional.scaled_dot_product_attention(*expected_leaves, attn_mask=bias)
+    expected_grads = torch.autograd.grad(expected.sum(), expected_leaves)
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want)
+
