@@ -106,7 +106,7 @@ def check_quiet(noise: Noise, *, allow_busy: bool) -> None:
     """Raise `MachineBusy` (a one-line message saying what to do) when the machine is too busy."""
     if noise.too_busy and not allow_busy:
         raise MachineBusy(
-            f"this machine is too busy to calibrate ({noise.describe()}): nothing was measured and no "
+            f"this machine is too busy to calibrate ({noise.describe().split(': ', 1)[-1]}): nothing was measured and no "
             "table was written. Run it again when the machine is quieter (stop other jobs), or pass "
             "--allow-busy to measure anyway with widened samples (the summary will say the timings are noisy)"
         )
