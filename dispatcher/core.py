@@ -23,22 +23,20 @@ from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, dispatcher_id
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
-from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.kernel_set import kernel_set
 from attn_dispatch.dispatcher.memory import (
     budget_from_env,
     check_budget_env,
     parse_memory_size,
-    release_cached_memory,
 )
 from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
 from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.ranking import resolve_ranking
+from attn_dispatch.dispatcher.recovery import RecoveringDispatcher
 from attn_dispatch.dispatcher.training_route import TrainingRoute
 from attn_dispatch.dispatcher.tuning import tune_from_env
 from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
 from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
-from attn_dispatch.kernels.failures import is_out_of_memory
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.models.paths import tunings_dir
 
@@ -63,7 +61,7 @@ def _route(dropout_p: float, inputs_grad: bool, mask_grad: bool, kernel: Kernel)
     return None
 
 
-class Dispatcher:
+class Dispatcher(RecoveringDispatcher):
     """Runs each attention call with the fastest kernel that fits in memory on its device.
 
     Parameters
@@ -323,51 +321,6 @@ class Dispatcher:
         """An evicted or replaced plan's calls stay in `stats`."""
         if plan.count[0]:
             self._count_cell(plan.kernel.name)[0] += plan.count[0]
-
-    # ------------------------------------------------------------------ failing
-    def _recover(self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:
-        """`plan`'s kernel raised: remember it for the bucket, run the next candidate (repeatedly)."""
-        check_scale(scale)
-        planner = self._planner(plan.device)
-        while True:
-            plan.count[0] -= 1  # count calls that returned, not attempts
-            failed = plan.kernel.name
-            self._remember(plan.device, plan.problem, failed, error)
-            try:
-                with self._lock:
-                    old = self._plans.pop(key_, None)
-                    if old is not None:
-                        self._fold_count(old)
-                    planner.forget_bucket(plan.problem)
-                    plan, decided = planner.plan(plan.problem, key_, None, settings=self._settings,
-                                                 on_failure=self._failure_handler(plan.device, plan.problem),
-                                                 new_shape=False)
-                    self._plans.put(key_, plan)
-            except NoKernelError as no_kernel:
-                self._forget_out_of_memory(plan)
-                raise no_kernel from error
-            _log.fallback(failed, error, plan.kernel.name)
-            plan.count[0] += 1
-            try:
-                return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
-            except Exception as next_error:  # noqa: BLE001
-                error = next_error
-
-    def _failure_handler(self, device: torch.device, problem: Problem):
-        """Where tuning reports a contender that raised on `problem`."""
-        return lambda name, error: self._remember(device, problem, name, error)
-
-    def _remember(self, device: torch.device, problem: Problem, name: str, error: BaseException) -> None:
-        """Kernel `name` raised `error` on `problem` (`DeviceState.remember`)."""
-        out_of_memory = is_out_of_memory(error)
-        if out_of_memory:
-            release_cached_memory(device)
-        with self._lock:
-            self._state(device).remember(problem, name, error, out_of_memory)
-
-    def _forget_out_of_memory(self, plan: Plan) -> None:
-        with self._lock:
-            self._state(plan.device).forget_out_of_memory(plan.problem)
 
     # ------------------------------------------------------------------ explaining
     def explain(

@@ -1,0 +1,62 @@
+"""What a `Dispatcher` does when a kernel raises at run time: remember the failure for the kernel's
+bucket, decide again without it, and run the next candidate (`RecoveringDispatcher`)."""
+
+from __future__ import annotations
+
+import torch
+
+from attn_dispatch.dispatcher import _log
+from attn_dispatch.dispatcher._plan import Plan, check_scale
+from attn_dispatch.dispatcher.errors import NoKernelError
+from attn_dispatch.dispatcher.memory import release_cached_memory
+from attn_dispatch.kernels import Problem
+from attn_dispatch.kernels.failures import is_out_of_memory
+
+
+class RecoveringDispatcher:
+    """The failure handling of `core.Dispatcher` (a base class of it: it uses the dispatcher's
+    plans, planners, lock and counts)."""
+
+    def _recover(self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:
+        """`plan`'s kernel raised: remember it for the bucket, run the next candidate (repeatedly)."""
+        check_scale(scale)
+        planner = self._planner(plan.device)
+        while True:
+            plan.count[0] -= 1  # count calls that returned, not attempts
+            failed = plan.kernel.name
+            self._remember(plan.device, plan.problem, failed, error)
+            try:
+                with self._lock:
+                    old = self._plans.pop(key_, None)
+                    if old is not None:
+                        self._fold_count(old)
+                    planner.forget_bucket(plan.problem)
+                    plan, decided = planner.plan(plan.problem, key_, None, settings=self._settings,
+                                                 on_failure=self._failure_handler(plan.device, plan.problem),
+                                                 new_shape=False)
+                    self._plans.put(key_, plan)
+            except NoKernelError as no_kernel:
+                self._forget_out_of_memory(plan)
+                raise no_kernel from error
+            _log.fallback(failed, error, plan.kernel.name)
+            plan.count[0] += 1
+            try:
+                return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+            except Exception as next_error:  # noqa: BLE001
+                error = next_error
+
+    def _failure_handler(self, device: torch.device, problem: Problem):
+        """Where tuning reports a contender that raised on `problem`."""
+        return lambda name, error: self._remember(device, problem, name, error)
+
+    def _remember(self, device: torch.device, problem: Problem, name: str, error: BaseException) -> None:
+        """Kernel `name` raised `error` on `problem` (`DeviceState.remember`)."""
+        out_of_memory = is_out_of_memory(error)
+        if out_of_memory:
+            release_cached_memory(device)
+        with self._lock:
+            self._state(device).remember(problem, name, error, out_of_memory)
+
+    def _forget_out_of_memory(self, plan: Plan) -> None:
+        with self._lock:
+            self._state(plan.device).forget_out_of_memory(plan.problem)
