@@ -35,7 +35,8 @@ from attn_dispatch.calibration.timer import (
 )
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.kernels.sdpa_backends import SdpaDefaultKernel, pytorch_sdpa
+from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
+from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 
 ROLES = ("dispatcher", "pytorch", "kernel")
 SKIPPED = "skipped"

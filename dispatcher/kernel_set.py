@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, all_kernels, kernel_from_name, portable_kernels
-from attn_dispatch.kernels.sdpa_backends import SdpaDefaultKernel
+from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 
 KERNEL_SETS = ("all", "portable")
 """The named kernel sets (`Dispatcher(kernels=...)` and the CLI's ``--kernels`` choices)."""

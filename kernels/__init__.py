@@ -20,11 +20,11 @@ from attn_dispatch.kernels.registry import (
 )
 from attn_dispatch.kernels.sdpa_backends import (
     SdpaCudnnKernel,
-    SdpaDefaultKernel,
     SdpaEfficientKernel,
     SdpaFlashKernel,
     SdpaMathKernel,
 )
+from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 from attn_dispatch.kernels.small_q import SmallQKernel
 from attn_dispatch.kernels.tolerances import TOLERANCES, Tolerance
 

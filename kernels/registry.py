@@ -14,7 +14,7 @@ from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.chunked import ChunkedKernel
 from attn_dispatch.kernels.convert import CONTIGUOUS, ConvertKernel
 from attn_dispatch.kernels.math_kernel import MathKernel
-from attn_dispatch.kernels.sdpa_backends import SDPA_BACKEND_KERNELS
+from attn_dispatch.kernels.sdpa_default import SDPA_BACKEND_KERNELS
 from attn_dispatch.kernels.small_q import SmallQKernel
 
 PLAIN_FAMILIES: dict[str, type[Kernel]] = {

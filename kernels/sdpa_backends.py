@@ -12,7 +12,6 @@ tiny inputs checked against the float64 reference.
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import torch
@@ -20,7 +19,7 @@ import torch
 from attn_dispatch.kernels._blocks import causal_blocked
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.kernels.sdpa_probe import default_backend_choice, default_zeroes_dead_rows, probe_backend
+from attn_dispatch.kernels.sdpa_probe import probe_backend
 
 # PyTorch's SDPA itself; `F.scaled_dot_product_attention` may be patched by the dispatcher.
 pytorch_sdpa = torch._C._nn.scaled_dot_product_attention
@@ -357,115 +356,5 @@ class SdpaMathKernel(SdpaBackendKernel):
         return zero_fully_masked_rows_(out, bias) if bias is not None else out
 
 
-class SdpaDefaultKernel(SdpaBackendKernel):
-    """`F.scaled_dot_product_attention` as PyTorch dispatches it by itself (the baseline)."""
-
-    family = "sdpa_default"
-    backend = "default"
-
-    def _own_reasons(self, problem: Problem) -> list[str]:
-        if problem.gqa_ratio > 1 and not TORCH_HAS_ENABLE_GQA:
-            return ["PyTorch < 2.5 has no enable_gqa in scaled_dot_product_attention"]
-        default_backend_choice(problem)  # ask PyTorch now which backend it would take
-        return []
-
-    def workspace_bytes(self, problem: Problem) -> int:
-        """The workspace of the backend PyTorch picks for problems of this kind on this device
-        (asked once per kind of problem with tiny inputs, then cached: see
-        `default_backend_choice`; on gfx906, which has no fused kernel, that is the math path's).
-        PyTorch repeats K/V for GQA on backends without native support. With a mask, add what
-        `_call_pytorch` builds around the call: the mask stored out over keys (when broadcast
-        there) and the blocked-key test of the fully-masked-row repair (one byte per element)."""
-        family = default_backend_choice(problem)
-        chosen = FORCED_BACKENDS[family]()
-        extra = chosen.workspace_bytes(problem)
-        if family in ("sdpa_efficient", "sdpa_cudnn") and problem.gqa_ratio > 1 and chosen._gqa_mode(problem) != "repeat":
-            extra += problem.kv_bytes * problem.gqa_ratio  # counted once: `chosen` may repeat already
-        if problem.mask_shape:
-            dense_elements = math.prod(problem.mask_shape[:-1]) * problem.kv_len
-            if problem.mask_shape[-1] != problem.kv_len:
-                extra += dense_elements * (problem.mask_bytes // math.prod(problem.mask_shape))
-            extra += dense_elements
-        if problem.causal_offset:  # bottom-right causality as a bool mask: ones, causal block, combined
-            extra += 3 * problem.q_len * problem.kv_len
-        return extra
-
-    def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
-        """PyTorch's SDPA on the caller's own tensors: no canonicalisation, which cost ~10 us per
-        call on the H200 host (bench/results: our wrapper 29.5 us against 22.2 us for the bare
-        call on a 512-token prefill). The cases PyTorch does not take as given (a mask together
-        with causality, a 1-D mask (PyTorch raises IndexError on it; SDPA's broadcasting allows
-        it), broadcast inputs, a size of 0 (PyTorch's CUDA efficient backward asserts on zero heads,
-        torch 2.11) go through the base class."""
-        if (
-            attn_mask is not None and (problem.causal or attn_mask.dim() < 2)
-            or problem.broadcast_inputs
-            or problem.is_degenerate
-        ):
-            return super().run(query, key, value, attn_mask, scale, enable_gqa, problem)
-        return self._call_pytorch(query, key, value, attn_mask, problem.causal, scale, enable_gqa)
-
-    def runner(self, problem: Problem):
-        """Without a mask, on inputs PyTorch takes as given, the bare
-        ``torch._C._nn.scaled_dot_product_attention`` call with the flags bound: the warm path of a
-        20 us call then adds no Python frame of ours around PyTorch's (`run` adds three)."""
-        if problem.mask_kind != "none" or problem.broadcast_inputs or problem.causal_offset or problem.is_degenerate:
-            return self.run
-        causal = problem.causal
-        if problem.gqa_ratio > 1:
-            if not TORCH_HAS_ENABLE_GQA:
-                return self.run
-            return lambda q, k, v, mask, scale, gqa, problem: pytorch_sdpa(q, k, v, None, 0.0, causal, scale=scale,
-                                                                           enable_gqa=True)
-        return lambda q, k, v, mask, scale, gqa, problem: pytorch_sdpa(q, k, v, None, 0.0, causal, scale=scale)
-
-    def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
-        causal = problem.causal
-        if causal and (mask is not None or problem.causal_offset):
-            if mask is None:  # bottom-right causality alone: PyTorch's is_causal is top-left
-                mask = torch.ones(1, 1, problem.q_len, problem.kv_len, dtype=torch.bool, device=query.device)
-            mask = combine_mask_and_causal(mask, problem.q_len, problem.kv_len, problem.causal_offset)
-            causal = False
-        return self._call_pytorch(query, key, value, mask, causal, scale, problem.gqa_ratio > 1)
-
-    @staticmethod
-    def _call_pytorch(query, key, value, mask, causal: bool, scale: float | None, gqa: bool) -> torch.Tensor:
-        """``F.scaled_dot_product_attention`` with the two repairs the H200 (torch 2.11) needed,
-        made only where needed: on a GPU a mask whose key dimension is broadcast is stored out in
-        full (the memory-efficient backend raised "(*bias): last dimension must be contiguous"),
-        and rows the mask blocks entirely are zeroed unless PyTorch does so itself
-        (`default_zeroes_dead_rows`: the fused GPU backends returned garbage there)."""
-        if mask is not None and query.device.type != "cpu" and not key_dim_is_dense(mask, key.shape[-2]):
-            mask = mask.expand(*mask.shape[:-1], key.shape[-2]).contiguous()
-        kwargs = {"enable_gqa": True} if gqa and TORCH_HAS_ENABLE_GQA else {}
-        out = pytorch_sdpa(query, key, value, mask, 0.0, causal, scale=scale, **kwargs)
-        if mask is None or default_zeroes_dead_rows(out.device, out.dtype, mask.dtype == torch.bool):
-            return out
-        if mask.dtype == torch.bool:
-            dead = mask.any(dim=-1, keepdim=True).logical_not_()  # [..., L|1, 1]
-        else:
-            dead = (mask == float("-inf")).all(dim=-1, keepdim=True)
-        return out.masked_fill(dead, 0.0) if out.requires_grad else out.masked_fill_(dead, 0.0)
-
-
-def key_dim_is_dense(mask: torch.Tensor, S: int) -> bool:
-    """Whether a mask's key dimension is stored in full with unit stride (PyTorch's
-    memory-efficient CUDA backend takes no other)."""
-    return mask.shape[-1] == S and (mask.stride(-1) == 1 or S == 1)
-
-
-def combine_mask_and_causal(mask: torch.Tensor, L: int, S: int, offset: int = 0) -> torch.Tensor:
-    """One mask meaning both `mask` and causality (top-left, or shifted by `offset`). PyTorch's
-    math backend refuses a mask with ``is_causal``; its default CPU path combines them, which is
-    the semantics we keep (README, "Masks with is_causal")."""
-    blocked = causal_blocked(slice(0, L), slice(0, S), mask.device, offset)
-    if blocked is None:
-        return mask
-    if mask.dtype == torch.bool:
-        return mask & ~blocked
-    return mask.masked_fill(blocked, float("-inf"))
-
-
-SDPA_BACKEND_KERNELS = (SdpaFlashKernel, SdpaEfficientKernel, SdpaCudnnKernel, SdpaMathKernel, SdpaDefaultKernel)
-FORCED_BACKENDS = {cls.family: cls for cls in SDPA_BACKEND_KERNELS if cls is not SdpaDefaultKernel}
-
+FORCED_BACKENDS = {cls.family: cls for cls in (SdpaFlashKernel, SdpaEfficientKernel, SdpaCudnnKernel, SdpaMathKernel)}
+"""The backends a kernel can force, by family (PyTorch's own choice is `sdpa_default.SdpaDefaultKernel`)."""

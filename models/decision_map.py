@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attn_dispatch.kernels.sdpa_backends import SdpaDefaultKernel
+from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 from attn_dispatch.models.buckets import ClassKey
 from attn_dispatch.models.priors import prior_seconds
 from attn_dispatch.models.table import TableClass, ThresholdTable

@@ -161,5 +161,5 @@ def test_sdpa_default_repairs_dead_rows_when_pytorch_does_not(monkeypatch, mask)
     from attn_dispatch.kernels.sdpa_probe import default_zeroes_dead_rows
 
     assert not default_zeroes_dead_rows(torch.device("meta"), torch.float32, mask == "bool")  # GPUs alike
-    monkeypatch.setattr("attn_dispatch.kernels.sdpa_backends.default_zeroes_dead_rows", lambda device, dtype, bool_mask: False)
+    monkeypatch.setattr("attn_dispatch.kernels.sdpa_default.default_zeroes_dead_rows", lambda device, dtype, bool_mask: False)
     check_against_reference(kernel_from_name("sdpa_default"), Case(mask=mask, fully_masked_rows=True))
