@@ -82,14 +82,14 @@ class Bucket:
     ranked: the first problem's ranked options (kept to refit when memory changes).
     options: the options that fitted when decided, in try order (a tuned kernel first).
     decision: the decision made for the first problem (`explain` adapts it per exact shape).
-    seconds: kernel name -> measured seconds per call from the bucket's tuning (empty untuned).
+    warm: seconds per warm call of each option: measured by the bucket's tuning (`seconds`,
+        kernel name -> seconds; empty untuned), else predicted.
     tune_pending: tuning is on, but the decision was made without inputs to time.
     free: bytes free on the device when decided (None: unknown, e.g. the CPU).
     history: the call counters of the bucket's most recent exact shapes (`cold_shape`).
     """
 
-    __slots__ = ("key", "ranked", "options", "decision", "seconds", "tune_pending", "free", "history", "warm",
-                 "_cold")
+    __slots__ = ("key", "ranked", "options", "decision", "tune_pending", "free", "history", "warm", "_cold")
 
     def __init__(self, key: tuple, ranked: Ranked, options: tuple[Option, ...], decision: Decision, *,
                  seconds: Mapping[str, float], tune_pending: bool, free: int | None) -> None:
@@ -97,12 +97,10 @@ class Bucket:
         self.ranked = ranked
         self.options = options
         self.decision = decision
-        self.seconds = dict(seconds)
         self.tune_pending = tune_pending
         self.free = free
         self.history: deque[list[int]] = deque(maxlen=HISTORY)
-        self.warm = tuple(self.seconds.get(o.kernel.name, o.predicted_s) for o in options)
-        """Seconds per warm call of each option: measured by the bucket's tuning, else predicted."""
+        self.warm = tuple(seconds.get(o.kernel.name, o.predicted_s) for o in options)
         self._cold: tuple[float, ...] | None = None
 
     @property

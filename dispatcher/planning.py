@@ -64,7 +64,6 @@ class Fit:
     options: tuple[Option, ...]
     dropped: tuple[tuple[str, str], ...]
     notes: tuple[str, ...]
-    recheck: bool
 
 
 def rank_options(
@@ -142,8 +141,7 @@ def fit_options(
     ranked: Ranked, *, free: int | None, budget: int | None, ranking: DeviceRanking, failed: Mapping[str, str]
 ) -> Fit:
     """Keep the options whose workspace fits; where none does, shrink a chunked kernel until one
-    does. A last-resort option (`kernel_set.LastResortDefault`) comes after all of them. `recheck` is set when the chosen kernel's workspace is a large part of free memory
-    (`needs_recheck`)."""
+    does. A last-resort option (`kernel_set.LastResortDefault`) comes after all of them."""
     fitting: list[Option] = []
     dropped: list[tuple[str, str]] = []
     dropped_for_free_memory = False
@@ -170,8 +168,7 @@ def fit_options(
             fitting.append(option)
         else:
             dropped.append((option.kernel.name, why))
-    recheck = bool(fitting) and needs_recheck(fitting[0].workspace_bytes, free)
-    return Fit(tuple(fitting), tuple(dropped), tuple(notes), recheck)
+    return Fit(tuple(fitting), tuple(dropped), tuple(notes))
 
 
 def shrink_chunked(problem: Problem, limit: int | None, failed: Mapping[str, str],
