@@ -5,8 +5,9 @@
 
 Before the fix the portable kernels multiplied fp16 Q and K into fp16 scores, which overflow past
 65504 (NaN output; PyTorch's regression test for its issue #160841). Now half inputs are
-multiplied into fp32 scores (`aten::bmm.dtype` on CUDA, an fp32 upcast elsewhere) and the
-probabilities are cast back for the value product. `old_score_path()` puts the old fp16-score
+multiplied into fp32 scores (`aten::bmm.dtype` on CUDA, the scale applied to the fp32 scores
+unless it is a power of two; an fp32 upcast elsewhere) and the probabilities are cast back for
+the value product. `old_score_path()` puts the old fp16-score
 path back for the duration of a `with` block (this script only), so both are timed in one
 process, alternating old and new rounds so drift hits both alike.
 
@@ -52,15 +53,15 @@ KERNELS = {
 }
 
 
-def _old_operand_dtype(dtype, device, scale):
-    return dtype
+def _old_recipe(dtype, device, scale):
+    return _blocks.ScoreRecipe(dtype, scale, 1.0)
 
 
-def _old_block_scores(rows, key_block):
+def _old_block_scores(rows, key_block, score_scale=1.0):
     return torch.matmul(rows, key_block.transpose(-1, -2)).to(_blocks.accumulation_dtype(rows.dtype))
 
 
-def _old_row_major_scores(rows, key):
+def _old_row_major_scores(rows, key, score_scale=1.0):
     R, S = rows.shape[-2], key.shape[-2]
     heads = rows.shape[0] * rows.shape[1]
     buffer = torch.empty(R, heads, S, dtype=rows.dtype, device=rows.device)
@@ -73,7 +74,7 @@ def _old_row_major_scores(rows, key):
 def old_score_path():
     """The pre-fix path: fp16 operands into fp16 scores (softmax then stays in fp16 too)."""
     patches = [
-        mock.patch.object(module, "score_operand_dtype", _old_operand_dtype) for module in (chunked, math_kernel, small_q)
+        mock.patch.object(module, "score_recipe", _old_recipe) for module in (chunked, math_kernel, small_q)
     ] + [
         mock.patch.object(module, "block_scores", _old_block_scores) for module in (chunked, math_kernel)
     ] + [mock.patch.object(_single_pass, "row_major_scores", _old_row_major_scores)]

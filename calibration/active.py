@@ -26,7 +26,7 @@ import numpy as np
 def _rows_by_group(groups: np.ndarray) -> dict[int, np.ndarray]:
     order = np.argsort(groups, kind="stable")
     values, starts = np.unique(groups[order], return_index=True)
-    return {int(g): rows for g, rows in zip(values, np.split(order, starts[1:]))}
+    return {int(g): rows for g, rows in zip(values, np.split(order, starts[1:]), strict=True)}
 
 
 def top_margins(groups: np.ndarray, predicted_log: np.ndarray) -> dict[int, float]:

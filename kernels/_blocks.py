@@ -8,12 +8,13 @@ Scores and softmax statistics are fp32 (fp64 for fp64 inputs), as in PyTorch's m
 fp16 QK^T overflows once a dot product passes 65504 (PyTorch's regression test for its issue
 #160841), and half-precision scores round large logits by whole units. Half inputs are multiplied
 with an fp32 result where the device has such a product (`aten::bmm.dtype`, CUDA builds of
-torch >= 2.8), otherwise they are upcast first (`score_operand_dtype`).
+torch >= 2.8), otherwise they are upcast first (`score_recipe`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -52,21 +53,41 @@ def has_fp32_output_product(device: torch.device, dtype: torch.dtype) -> bool:
     return known
 
 
-def score_operand_dtype(dtype: torch.dtype, device: torch.device, scale: float) -> torch.dtype:
-    """The dtype Q and K enter the QK^T product in: the input dtype where the product can give fp32
-    scores directly (and the scale, folded into Q, cannot overflow it: scale <= 1), else fp32."""
+class ScoreRecipe(NamedTuple):
+    """How the scores ``scale * Q K^T`` are formed (`score_recipe`)."""
+
+    operand: torch.dtype
+    """The dtype Q and K enter the product in."""
+    query_scale: float
+    """Multiplies Q before the product (1.0: Q enters unscaled)."""
+    score_scale: float
+    """Multiplies the fp32 scores after the product (1.0: nothing to do)."""
+
+
+def score_recipe(dtype: torch.dtype, device: torch.device, scale: float) -> ScoreRecipe:
+    """Scores in fp32 from half inputs, at the least cost the device allows.
+
+    - fp32 / fp64 inputs, or half inputs whose scale is a power of two <= 1 on a device with an
+      fp32-result product: the scale is folded into Q (exact) and Q, K enter in their own dtype.
+    - half inputs with any other scale (1/sqrt(128) is not a power of two) on such a device: Q
+      and K enter unscaled and the fp32 scores are scaled (one pass over the scores, where
+      upcasting cost a full fp32 copy of the keys: +15-17% per H200 decode call, 2026-12-01).
+    - half inputs elsewhere (CPU): Q and K are upcast to fp32 and the scale folded into Q.
+    """
     if dtype not in HALF_DTYPES:
-        return dtype
-    if abs(scale) <= 1.0 and _exact_in_half(scale) and has_fp32_output_product(device, dtype):
-        return dtype
-    return torch.float32
+        return ScoreRecipe(dtype, scale, 1.0)
+    if not has_fp32_output_product(device, dtype):
+        return ScoreRecipe(torch.float32, scale, 1.0)
+    if abs(scale) <= 1.0 and _exact_in_half(scale):
+        return ScoreRecipe(dtype, scale, 1.0)
+    return ScoreRecipe(dtype, 1.0, scale)
 
 
 def _exact_in_half(scale: float) -> bool:
     """Whether multiplying a half-precision query by `scale` rounds nothing: a power of two. Any
     other scale (1/sqrt(128)) rounds each scaled element by up to 2^-11 of itself, which moved
     logits of magnitude-64 fp16 inputs by whole units on the H200 (a relative error of 3e-2 in the
-    GPU contract suite, 2026-12-01): such queries are upcast and scaled in fp32 instead."""
+    GPU contract suite, 2026-12-01): such scales are applied to the fp32 scores instead."""
     mantissa, _ = math.frexp(abs(scale))
     return scale != 0.0 and mantissa == 0.5
 
@@ -74,12 +95,14 @@ def _exact_in_half(scale: float) -> bool:
 def query_rows(
     query: torch.Tensor, rows: slice, problem: Problem, scale: float, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """``query [B, Hq, L, E]`` positions `rows`, scaled, in `dtype` (default: the query's; see
-    `score_operand_dtype`) -> ``[B, Hkv, G * Lc, E]`` (a new contiguous tensor)."""
+    """``query [B, Hq, L, E]`` positions `rows`, multiplied by `scale`, in `dtype` (default: the
+    query's; see `score_recipe`) -> ``[B, Hkv, G * Lc, E]`` (a new contiguous tensor)."""
     source = query[:, :, rows]
     dtype = source.dtype if dtype is None else dtype
     block = torch.empty(source.shape, dtype=dtype, device=source.device)  # contiguous
-    if dtype == source.dtype:
+    if scale == 1.0:
+        block.copy_(source)
+    elif dtype == source.dtype:
         torch.mul(source, scale, out=block)
     else:  # upcast first: the scale is applied in fp32
         block.copy_(source).mul_(scale)
@@ -91,17 +114,19 @@ def score_keys(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return key if key.dtype == dtype else key.to(dtype)
 
 
-def block_scores(rows: torch.Tensor, key_block: torch.Tensor) -> torch.Tensor:
-    """``rows [B, Hkv, R, E] @ key_block [B, Hkv, Sc, E]^T`` -> fp32 (fp64) scores ``[B, Hkv, R, Sc]``.
+def block_scores(rows: torch.Tensor, key_block: torch.Tensor, score_scale: float = 1.0) -> torch.Tensor:
+    """``score_scale * rows [B, Hkv, R, E] @ key_block [B, Hkv, Sc, E]^T`` -> fp32 (fp64) scores
+    ``[B, Hkv, R, Sc]``.
 
     Half operands (only where `has_fp32_output_product`) are multiplied into an fp32 result."""
     if rows.dtype not in HALF_DTYPES:
-        return torch.matmul(rows, key_block.transpose(-1, -2))
-    B, H, R, E = rows.shape
-    scores = torch.ops.aten.bmm.dtype(
-        rows.reshape(B * H, R, E), key_block.reshape(B * H, -1, E).transpose(1, 2), torch.float32
-    )
-    return scores.view(B, H, R, -1)
+        scores = torch.matmul(rows, key_block.transpose(-1, -2))
+    else:
+        B, H, R, E = rows.shape
+        scores = torch.ops.aten.bmm.dtype(
+            rows.reshape(B * H, R, E), key_block.reshape(B * H, -1, E).transpose(1, 2), torch.float32
+        ).view(B, H, R, -1)
+    return scores if score_scale == 1.0 else scores.mul_(score_scale)
 
 
 def causal_blocked(rows: slice, cols: slice, device: torch.device, offset: int = 0) -> torch.Tensor | None:

@@ -33,8 +33,8 @@ def _batched(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1, *tensor.shape[-2:])
 
 
-def row_major_scores(rows: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """``rows [B, Hkv, R, E] @ key [B, Hkv, S, E]^T`` in fp32 (fp64 for fp64 operands), stored
+def row_major_scores(rows: torch.Tensor, key: torch.Tensor, score_scale: float = 1.0) -> torch.Tensor:
+    """``score_scale * rows [B, Hkv, R, E] @ key [B, Hkv, S, E]^T`` in fp32 (fp64 for fp64 operands), stored
     row-outermost (half operands only where `has_fp32_output_product`).
 
     The result is a ``[B * Hkv, R, S]`` view of a contiguous ``[R, B * Hkv, S]`` buffer: each
@@ -50,7 +50,7 @@ def row_major_scores(rows: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         torch.ops.aten.bmm.dtype_out(_batched(rows), _batched(key).transpose(1, 2), torch.float32, out=scores)
     else:
         torch.bmm(_batched(rows), _batched(key).transpose(1, 2), out=scores)
-    return scores
+    return scores if score_scale == 1.0 else scores.mul_(score_scale)
 
 
 def split_kv_product(probs: torch.Tensor, value: torch.Tensor, splits: int) -> torch.Tensor:
@@ -79,13 +79,15 @@ def single_pass_attention(
     q_positions: slice,
     problem: Problem,
     splits: int = 1,
+    score_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Scaled query rows ``[B, Hkv, G*Lc, E]`` (positions `q_positions`) against every key.
+    """Query rows ``[B, Hkv, G*Lc, E]`` (positions `q_positions`; their scores are multiplied by
+    `score_scale`, the rest of the scale is already in the rows) against every key.
 
     key ``[B, Hkv, S, E]`` in the rows' dtype (`_blocks.score_keys`), value ``[B, Hkv, S, Ev]``;
     mask ``[B|1, Hq|1, L|1, S|1]`` or None. Returns ``[B, Hkv, G*Lc, Ev]`` in the value dtype.
     """
-    scores = row_major_scores(rows, key)  # [B*Hkv, R, S]
+    scores = row_major_scores(rows, key, score_scale)  # [B*Hkv, R, S]
     mask_scores_(scores.view(rows.shape[:-1] + (problem.kv_len,)), mask, problem.causal, q_positions,
                  slice(0, problem.kv_len), problem)
     # Softmax on the contiguous buffer (on the transposed view it would copy first).

@@ -20,7 +20,7 @@ from attn_dispatch.kernels._blocks import (
     scatter_rows,
     score_keys,
     score_keys_bytes,
-    score_operand_dtype,
+    score_recipe,
     softmax_partials,
 )
 from attn_dispatch.kernels._chunked_backward import (
@@ -84,13 +84,13 @@ class ChunkedKernel(Kernel):
         L, S = problem.q_len, problem.kv_len
         out = query.new_empty(problem.batch, problem.q_heads, L, problem.value_dim)
         one_kv_block = self.kv_chunk >= S
-        operand = score_operand_dtype(query.dtype, query.device, scale)  # fp32 scores: no fp16 overflow
-        score_key = score_keys(key, operand)
+        recipe = score_recipe(query.dtype, query.device, scale)  # fp32 scores: no fp16 overflow
+        score_key = score_keys(key, recipe.operand)
         for q_start in range(0, L, self.q_chunk):
             rows = slice(q_start, min(L, q_start + self.q_chunk))
-            q_block = query_rows(query, rows, problem, scale, operand)
+            q_block = query_rows(query, rows, problem, recipe.query_scale, recipe.operand)
             if one_kv_block:  # no online merge needed: PyTorch's fused softmax, one pass
-                block = single_pass_attention(q_block, score_key, value, mask, rows, problem)
+                block = single_pass_attention(q_block, score_key, value, mask, rows, problem, score_scale=recipe.score_scale)
                 scatter_rows(out, block, rows, problem)
                 continue
             state = OnlineSoftmax()
@@ -98,7 +98,7 @@ class ChunkedKernel(Kernel):
                 cols = slice(kv_start, min(S, kv_start + self.kv_chunk))
                 if problem.causal and fully_blocked_by_causality(rows, cols, problem.causal_offset):
                     break
-                scores = block_scores(q_block, score_key[:, :, cols])
+                scores = block_scores(q_block, score_key[:, :, cols], recipe.score_scale)
                 mask_scores_(scores, mask, problem.causal, rows, cols, problem)
                 state.update(*softmax_partials(scores, value[:, :, cols]))
                 del scores  # free this block before the next one is allocated

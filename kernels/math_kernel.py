@@ -16,7 +16,7 @@ from attn_dispatch.kernels._blocks import (
     query_rows,
     score_keys,
     score_keys_bytes,
-    score_operand_dtype,
+    score_recipe,
     softmax_partials,
 )
 from attn_dispatch.kernels.base import Kernel
@@ -38,8 +38,9 @@ class MathKernel(Kernel):
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
         rows, cols = slice(0, problem.q_len), slice(0, problem.kv_len)
-        operand = score_operand_dtype(query.dtype, query.device, scale)
-        scores = block_scores(query_rows(query, rows, problem, scale, operand), score_keys(key, operand))
+        recipe = score_recipe(query.dtype, query.device, scale)
+        q_rows = query_rows(query, rows, problem, recipe.query_scale, recipe.operand)
+        scores = block_scores(q_rows, score_keys(key, recipe.operand), recipe.score_scale)
         mask_scores_(scores, mask, problem.causal, rows, cols, problem)
         _, row_sum, out = softmax_partials(scores, value)
         out = normalise(out, row_sum, query.dtype)

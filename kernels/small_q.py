@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from attn_dispatch.kernels._blocks import query_rows, score_keys, score_keys_bytes, score_operand_dtype
+from attn_dispatch.kernels._blocks import query_rows, score_keys, score_keys_bytes, score_recipe
 from attn_dispatch.kernels._single_pass import single_pass_attention, single_pass_workspace_bytes
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.chunked import _positive_int
@@ -59,8 +59,9 @@ class SmallQKernel(Kernel):
         )
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
-        operand = score_operand_dtype(query.dtype, query.device, scale)  # fp32 scores: no fp16 overflow
-        rows = query_rows(query, slice(0, problem.q_len), problem, scale, operand)  # [B, Hkv, G*L, E]
+        recipe = score_recipe(query.dtype, query.device, scale)  # fp32 scores: no fp16 overflow
+        rows = query_rows(query, slice(0, problem.q_len), problem, recipe.query_scale, recipe.operand)  # [B, Hkv, G*L, E]
         splits = effective_splits(self.splits, problem.kv_len)
-        out = single_pass_attention(rows, score_keys(key, operand), value, mask, slice(0, problem.q_len), problem, splits)
+        out = single_pass_attention(rows, score_keys(key, recipe.operand), value, mask, slice(0, problem.q_len), problem,
+                                    splits, recipe.score_scale)
         return out.view(problem.batch, problem.q_heads, problem.q_len, problem.value_dim)

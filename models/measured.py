@@ -131,7 +131,7 @@ class MeasuredEntry:
         k = dict(zip(KEY_FIELDS, self.key, strict=True))
         sizes = (self.batch, k["q_heads"], self.q_len, self.kv_len)
         broadcast = k["mask_broadcast"]
-        mask_shape = tuple(size if full else 1 for size, full in zip(sizes[len(sizes) - len(broadcast):], broadcast))
+        mask_shape = tuple(size if full else 1 for size, full in zip(sizes[len(sizes) - len(broadcast):], broadcast, strict=True))
         return Problem(
             self.batch, k["q_heads"], k["kv_heads"], self.q_len, self.kv_len, k["head_dim"], k["value_dim"],
             k["dtype"], k["causal"], k["mask_kind"], mask_shape, k["device_type"], k["strided"], k["broadcast_inputs"],
