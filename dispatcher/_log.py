@@ -49,3 +49,12 @@ def fallback(failed: str, error: BaseException, replacement: str) -> None:
         "%s raised %s; falling back to %s (remembered for problems of this size)",
         failed, failure_message(error), replacement,
     )
+
+
+def settled(kernel: str, previous: str, calls: int) -> None:
+    """An exact shape called `calls` times moves from `previous` to `kernel` (`cold_shape.settle_after`)."""
+    level = logging.INFO if enabled() else logging.DEBUG
+    if enabled():
+        _ensure_handler()
+    logger.log(level, "a shape called %d times now runs %s instead of %s (its per-shape set-up pays off)",
+               calls, kernel, previous)

@@ -32,10 +32,12 @@ class Plan:
     bucket: the `buckets.Bucket` whose decision this is; `decision` is built from it on demand.
     notes, skipped: what this exact shape's plan adds to the bucket's decision: notes, and
         ``(kernel, why)`` for the bucket's options passed over here (memory, capability, failure).
+    settle_at: the call count at which this shape is planned again on the bucket's decided order
+        (`cold_shape.settle_after`; 0: never): it runs a kernel chosen to spare a per-shape set-up.
     """
 
     __slots__ = ("problem", "device", "kernel", "run", "workspace", "recheck", "count", "bucket", "notes",
-                 "skipped", "_decision")
+                 "skipped", "settle_at", "_decision")
 
     def __init__(
         self,
@@ -47,6 +49,8 @@ class Plan:
         bucket: Bucket,
         notes: tuple[str, ...] = (),
         skipped: tuple[tuple[str, str], ...] = (),
+        *,
+        settle_at: int = 0,
     ) -> None:
         self.problem = problem
         self.device = device
@@ -58,6 +62,7 @@ class Plan:
         self.bucket = bucket
         self.notes = notes
         self.skipped = skipped
+        self.settle_at = settle_at
         self._decision: Decision | None = None
 
     @property

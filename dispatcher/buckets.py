@@ -14,10 +14,18 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import replace
 from typing import Generic, TypeVar
 
-from attn_dispatch.dispatcher.cold_shape import HISTORY, calls_per_shape, cold_seconds, expected_seconds
+from attn_dispatch.dispatcher.cold_shape import (
+    HISTORY,
+    calls_per_shape,
+    cold_seconds,
+    expected_seconds,
+    floor_seconds,
+    settle_after,
+)
 from attn_dispatch.dispatcher.decision import Candidate, Decision, format_seconds
 from attn_dispatch.dispatcher.planning import Option, Ranked
 from attn_dispatch.kernels import Kernel, Problem
+from attn_dispatch.models.cold_shape_store import kind_of
 
 MAX_PLANS = 4096
 """Exact call shapes whose plans are kept per dispatcher: a decode loop with a growing cache makes
@@ -115,31 +123,41 @@ class Bucket:
             self._cold = tuple(cold_seconds(o.kernel, self.ranked.problem, measured) for o in self.options)
         return self._cold
 
-    def order_for_new_shape(self, is_set_up: Callable[[str], bool],
-                            measured_cold: Mapping[str, float]) -> tuple[tuple[Option, ...], tuple[str, ...]]:
-        """The options in try order for a new exact shape, with notes: the decided order, except
-        that a kernel paying a per-shape set-up (`cold_shape`) it has not paid for this shape yet
-        moves behind one that is faster once that cost is spread over the calls this bucket's
-        shapes get. `is_set_up(name)`: has kernel `name` run this exact shape already?"""
+    def order_for_new_shape(self, is_set_up: Callable[[str], bool], measured_cold: Mapping[str, float],
+                            floors: Mapping[str, Mapping[str, float]] | None = None,
+                            ) -> tuple[tuple[Option, ...], tuple[str, ...], int]:
+        """The options in try order for a new exact shape, with notes and the calls after which
+        to settle (0: never): the decided order, except that a kernel paying a per-shape set-up
+        (`cold_shape`) it has not paid for this shape yet moves behind one that is faster once
+        that cost is spread over the calls this bucket's shapes get. If that one is slower warm,
+        the shape settles on the decided kernel once it has lost as much per call as the set-up
+        costs (`cold_shape.settle_after`). `is_set_up(name)`: has kernel `name` run this exact
+        shape already? `floors`: measured per-call floors (`cold_shape.floor_seconds`)."""
         cold = self.cold(measured_cold)
         if not cold or not cold[0]:
-            return self.options, ()
+            return self.options, (), 0
         expected_calls = calls_per_shape(cell[0] for cell in self.history)
         first = self.options[0]
         if expected_calls is None or is_set_up(first.kernel.name):
-            return self.options, ()
+            return self.options, (), 0
         costs = [
             expected_seconds(warm, 0.0 if c and is_set_up(o.kernel.name) else c, expected_calls)
             for o, warm, c in zip(self.options, self.warm, cold, strict=True)
         ]
         best = min((i for i, cost in enumerate(costs) if cost is not None), key=costs.__getitem__, default=0)
         if best == 0:
-            return self.options, ()
+            return self.options, (), 0
         chosen = self.options[best]
+        kind = kind_of(self.ranked.problem.q_len)
+        warm = [None if w is None else max(w, floor_seconds(o.kernel, kind, floors or {}) or 0.0)
+                for o, w in zip(self.options, self.warm, strict=True)]
+        settle = settle_after(cold[0], warm[0], warm[best])
         note = (f"{first.kernel.name} sets up per exact shape (~{format_seconds(cold[0])} on a new shape) and this "
                 f"bucket's shapes get ~{expected_calls:g} calls each: {chosen.kernel.name} is faster over a shape's "
                 f"life ({format_seconds(costs[best])} against {format_seconds(costs[0])} per call)")
-        return (chosen, *(o for o in self.options if o is not chosen)), (note,)
+        if settle:
+            note += f"; a shape called {settle} times settles on {first.kernel.name}"
+        return (chosen, *(o for o in self.options if o is not chosen)), (note,), settle
 
     def decision_for(self, problem: Problem, kernel: Kernel, workspace: int, notes: tuple[str, ...],
                      skipped: tuple[tuple[str, str], ...] = ()) -> Decision:

@@ -17,6 +17,7 @@ only for a kernel that has not run this exact shape in this process yet (`SeenSh
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -90,6 +91,18 @@ def expected_seconds(warm_s: float | None, cold_s: float, expected_calls: float 
     return warm_s + extra
 
 
+def settle_after(cold_s: float, warm_first_s: float | None, warm_chosen_s: float | None) -> int:
+    """Calls of one exact shape after which its plan moves to the kernel that sets up per shape
+    (0: never). Until then the shape runs a kernel slower per call but free of set-up; once the
+    calls have lost as much as the set-up costs, paying it is the better bet for a shape that
+    keeps being called (the ski-rental rule: never more than twice the best cost in hindsight).
+    A repeated decode loop (a server generating over the same key lengths again and again) then
+    ends up on PyTorch's warm choice; a loop that meets every shape a few times never pays."""
+    if not cold_s or warm_first_s is None or warm_chosen_s is None or warm_chosen_s <= warm_first_s:
+        return 0
+    return max(1, math.ceil(round(cold_s / (warm_chosen_s - warm_first_s), 6)))  # 1e-3 / 1e-6 is 1000.0000000000001
+
+
 class SeenShapes:
     """Per kernel, the exact shapes (plan cache keys) it has already run in this process: its
     per-shape set-up is paid there, so a kernel with a cold-shape cost is not charged it again."""
@@ -121,6 +134,23 @@ def measured_costs(device: torch.device, home: str | None, field: str = "seconds
         return {}
 
 
+def floor_seconds(kernel: Kernel, kind: str, floors: Mapping[str, Mapping[str, float]]) -> float | None:
+    """`kernel`'s measured per-call floor for this kind of problem: its own, else the smallest
+    measured for another variant of its family (the floor is the launch sequence's host time,
+    which the variants share: ``small_q[splits=1]`` launches what ``small_q[splits=16]`` does),
+    else its inner kernel's for a conversion (which only adds to it); None when none was measured."""
+    own = floors.get(kernel.name, {}).get(kind)
+    if own is not None:
+        return own
+    inner = getattr(kernel, "inner", None)
+    if inner is not None:
+        return floor_seconds(inner, kind, floors)
+    prefix = kernel.family + "["
+    variants = [by_kind[kind] for name, by_kind in floors.items()
+                if (name == kernel.family or name.startswith(prefix)) and kind in by_kind]
+    return min(variants) if variants else None
+
+
 def floor_order(options: tuple, problem: Problem, warm: Sequence[float | None],
                 floors: Mapping[str, Mapping[str, float]]) -> tuple[tuple, str | None]:
     """`options` reordered by ``max(warm seconds, the kernel's measured per-call floor)`` where
@@ -131,7 +161,7 @@ def floor_order(options: tuple, problem: Problem, warm: Sequence[float | None],
     kind = kind_of(problem.q_len)
     effective = []
     for option, seconds in zip(options, warm, strict=True):
-        floor = floors.get(option.kernel.name, {}).get(kind)
+        floor = floor_seconds(option.kernel, kind, floors)
         effective.append(None if seconds is None else max(seconds, floor or 0.0))
     known = [i for i, s in enumerate(effective) if s is not None]
     if not known or effective[0] is None:
@@ -140,6 +170,6 @@ def floor_order(options: tuple, problem: Problem, warm: Sequence[float | None],
     if best == 0 or effective[best] >= effective[0]:
         return options, None
     first, chosen = options[0], options[best]
-    note = (f"{first.kernel.name} takes at least {format_seconds(floors[first.kernel.name][kind])} per call on this card "
+    note = (f"{first.kernel.name} takes at least {format_seconds(effective[0])} per call on this card "
             f"(its measured floor): {chosen.kernel.name} is predicted faster ({format_seconds(effective[best])})")
     return (chosen, *(o for o in options if o is not chosen)), note

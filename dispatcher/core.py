@@ -191,7 +191,10 @@ class Dispatcher(RecoveringDispatcher):
         plan = self._plan_get(key_)
         if plan is None or plan.recheck:
             plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
-        plan.count[0] += 1
+        count = plan.count
+        count[0] += 1
+        if count[0] == plan.settle_at:
+            plan = self._settle(key_, plan)
         try:
             return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
         except Exception as error:  # noqa: BLE001 - any kernel failure falls back to the next kernel
@@ -289,6 +292,20 @@ class Dispatcher(RecoveringDispatcher):
             if decided:
                 _log.new_decision(new.decision)
         return new
+
+    def _settle(self, key_, plan: Plan) -> Plan:
+        """`plan`'s shape has been called `plan.settle_at` times: from now on it runs the bucket's
+        decided kernel, paying that kernel's per-shape set-up once (`cold_shape.settle_after`)."""
+        with self._lock:
+            settled = self._planner(plan.device).settled(plan, key_)
+            if settled is None or self._plans.get(key_) is not plan:
+                return plan
+            plan.count[0] -= 1  # this call runs the settled plan: counted there
+            settled.count[0] += 1
+            self._fold_count(plan)
+            self._plans.put(key_, settled)
+            _log.settled(settled.kernel.name, plan.kernel.name, plan.settle_at)
+        return settled
 
     def _settings(self) -> tuple[int | None, bool]:
         """(memory budget, tune): what a new bucket decision reads."""

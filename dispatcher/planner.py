@@ -38,6 +38,9 @@ from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
 UNMEASURED_LEVELS = ("prior", "none")
 """Ranking sources that measured nothing on this card: the analytic prior and the bare kernel order."""
 
+SETTLED = ("this exact shape has been called often enough to pay the chosen kernel's per-shape set-up "
+           "(cold_shape.settle_after): it now runs the bucket's decided kernel")
+
 DEFAULT_KEPT_UNMEASURED = ("no table measured on this card: PyTorch's own choice (sdpa_default) runs wherever it fits; "
                            "the prior only orders the kernels behind it (calibrate, or turn tuning on, to replace it)")
 
@@ -111,14 +114,27 @@ class DevicePlanner:
             plan.bucket.history.append(plan.count)
         return plan, decided
 
-    def _plan_in(self, bucket: Bucket, problem: Problem, shape_key: tuple, *, first: bool) -> Plan | None:
-        """The first of the bucket's options (in its order for a new shape) that runs `problem`
-        and fits; None when none does. The memory free now is asked only for a workspace large
-        next to what was free when the bucket was decided."""
+    def settled(self, plan: Plan, shape_key: tuple) -> Plan | None:
+        """`plan`'s shape, planned on its bucket's decided order with no regard to per-shape
+        set-up (`cold_shape.settle_after`: the shape has been called often enough to pay it);
+        None when nothing else runs or fits it."""
+        settled = self._plan_in(plan.bucket, plan.problem, shape_key, first=False, settled=True)
+        return None if settled is None or settled.kernel is plan.kernel else settled
+
+    def _plan_in(self, bucket: Bucket, problem: Problem, shape_key: tuple, *, first: bool,
+                 settled: bool = False) -> Plan | None:
+        """The first of the bucket's options (in its order for a new shape, or its decided order
+        when `first` or `settled`) that runs `problem` and fits; None when none does. The memory
+        free now is asked only for a workspace large next to what was free when the bucket was
+        decided."""
+        settle_at = 0
         if first:
             order, notes = bucket.options, ()
+        elif settled:
+            order, notes = bucket.options, (SETTLED,)
         else:
-            order, notes = bucket.order_for_new_shape(lambda name: self.seen.has(name, shape_key), self.cold_costs)
+            order, notes, settle_at = bucket.order_for_new_shape(
+                lambda name: self.seen.has(name, shape_key), self.cold_costs, self.floors)
         own_problem = problem == bucket.ranked.problem
         failed = self.state.failures.get(bucket.key, {})
         free, skipped, budget = bucket.free, [], bucket.budget
@@ -148,7 +164,8 @@ class DevicePlanner:
                 notes = (*notes, FASTER_DID_NOT_FIT)
             recheck = needs_recheck(workspace, free) or bucket.tune_pending
             return Plan(problem, self.device, kernel, workspace, recheck, bucket,
-                        notes if option is order[0] or skipped else (), tuple(skipped))
+                        notes if option is order[0] or skipped else (), tuple(skipped),
+                        settle_at=settle_at if option is order[0] else 0)
         return None
 
     # ------------------------------------------------------------------ per bucket

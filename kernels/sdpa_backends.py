@@ -56,6 +56,13 @@ def additive_bias(
     return bias
 
 
+def aten_binding(name: str):
+    """ATen operator `name` through its generated ``torch.<name>`` binding where torch has one
+    (parsed in C++: ~2 us less host time per call than ``torch.ops.aten.<name>.default``, measured
+    on a CPU with torch 2.13; the warm path's whole budget is ~1 us), else the operator overload."""
+    return getattr(torch._C._VariableFunctions, name, None) or getattr(torch.ops.aten, name).default
+
+
 def zero_fully_masked_rows_(out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Set rows of ``out [B, H, L, Ev]`` whose every key is blocked in ``bias`` to zero: in place,
     except where autograd records `out` (the operator saved it for its backward: an in-place
@@ -266,7 +273,7 @@ class SdpaFlashKernel(SdpaBackendKernel):
         return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, causal, False, scale=scale)[0]
 
     def _bare_op(self):
-        op = torch.ops.aten._scaled_dot_product_flash_attention.default
+        op = aten_binding("_scaled_dot_product_flash_attention")
         return lambda query, key, value, causal, scale: op(query, key, value, 0.0, causal, False, scale=scale)[0]
 
 
@@ -289,7 +296,7 @@ class SdpaEfficientKernel(SdpaBackendKernel):
         )[0]
 
     def _bare_op(self):
-        op = torch.ops.aten._scaled_dot_product_efficient_attention.default
+        op = aten_binding("_scaled_dot_product_efficient_attention")
         return lambda query, key, value, causal, scale: op(
             query, key, value, None, _backward_needs_logsumexp(query, key, value), 0.0, causal, scale=scale)[0]
 
@@ -307,7 +314,7 @@ class SdpaCudnnKernel(SdpaBackendKernel):
         )[0]
 
     def _bare_op(self):
-        op = torch.ops.aten._scaled_dot_product_cudnn_attention.default
+        op = aten_binding("_scaled_dot_product_cudnn_attention")
         return lambda query, key, value, causal, scale: op(
             query, key, value, None, _backward_needs_logsumexp(query, key, value), 0.0, causal, False, scale=scale)[0]
 

@@ -165,6 +165,25 @@ def test_a_kernel_that_sets_up_per_shape_gives_way_where_shapes_keep_changing(mo
     assert_matches_reference(ours.attention(**second), second)
 
 
+def test_a_shape_called_often_enough_settles_on_the_kernel_that_sets_up(monkeypatch):
+    """Ski rental: math loses 1 us per call against setup_math's 1 ms set-up, so the 1000th call
+    of one exact shape moves it to setup_math (a repeated decode loop ends on PyTorch's warm choice)."""
+    ours = _cold_dispatcher(monkeypatch, cold_s=1e-3)
+    for _ in range(4):
+        ours.attention(**_decode(100))
+    second = _decode(101)
+    decision = ours.explain(**second)
+    assert decision.kernel == "math" and any("1000 times settles on setup_math" in n for n in decision.notes)
+    for _ in range(999):
+        ours.attention(**second)
+    assert ours.stats() == {"setup_math": 4, "math": 999}
+    out = ours.attention(**second)
+    assert ours.stats() == {"setup_math": 5, "math": 999}
+    assert_matches_reference(out, second)
+    settled = ours.explain(**second)
+    assert settled.kernel == "setup_math" and any("called often enough" in n for n in settled.notes)
+
+
 def test_a_repeating_shape_keeps_the_kernel_that_sets_up(monkeypatch):
     ours = _cold_dispatcher(monkeypatch, cold_s=1e-5)  # 10 us per new shape, spread over 200 calls
     first = _decode(100)
@@ -197,3 +216,17 @@ def test_a_kernel_predicted_under_its_measured_floor_gives_way(monkeypatch):
     assert decision.kernel == "math"
     assert any("measured floor" in note for note in decision.notes)
     assert ours.explain(**qkv(q_len=8, kv_len=100)).kernel == "setup_math"  # a prefill: no floor measured
+
+
+def test_a_floor_measured_for_one_variant_bounds_the_others_of_its_family():
+    from attn_dispatch.dispatcher.cold_shape import floor_seconds
+    from attn_dispatch.kernels import kernel_from_name
+
+    floors = {"small_q[splits=16]": {"decode": 1e-4}, "small_q[splits=4]": {"decode": 2e-4},
+              "sdpa_flash": {"decode": 3e-5}}
+    assert floor_seconds(kernel_from_name("small_q[splits=16]"), "decode", floors) == 1e-4
+    assert floor_seconds(kernel_from_name("small_q[splits=1]"), "decode", floors) == 1e-4  # the family's smallest
+    assert floor_seconds(kernel_from_name("convert[fp32->bf16]+sdpa_flash"), "decode",
+                         floors) == 3e-5
+    assert floor_seconds(kernel_from_name("small_q[splits=1]"), "prefill", floors) is None
+    assert floor_seconds(kernel_from_name("chunked[q=64,kv=64]"), "decode", floors) is None
