@@ -50,7 +50,7 @@ def child(args) -> dict:
             torch.cuda.synchronize(device)
 
     passes = []
-    for _ in range(2):
+    for _ in range(args.passes):
         per_token = []
         for step in range(args.tokens):
             length = args.context + step
@@ -62,7 +62,8 @@ def child(args) -> dict:
             sync()
             per_token.append(time.perf_counter() - start)
         passes.append(per_token)
-    return {"passes": passes, "stats": stats() if stats else None}
+    return {"passes": [passes[0], passes[1], passes[-1]] if len(passes) > 2 else passes,
+            "stats": stats() if stats else None}
 
 
 def summary(seconds: list[float]) -> dict:
@@ -95,6 +96,9 @@ def main() -> int:
     parser.add_argument("--kernels", default="all", help="the dispatcher's kernel set: all or portable")
     parser.add_argument("--memory-budget", default=None)
     parser.add_argument("--repeats", type=int, default=2, help="fresh processes per implementation and shape")
+    parser.add_argument("--passes", type=int, default=2,
+                        help="passes over the key lengths per process (> 2: the last is reported as 'steady', a "
+                             "long-running server that has met every length many times)")
     parser.add_argument("--out", default=None, help="append one JSON line per shape here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", default="sdpa", help=argparse.SUPPRESS)
@@ -106,10 +110,10 @@ def main() -> int:
         return 0
     base = ["--device", args.device, "--dtype", args.dtype, "--tokens", str(args.tokens), "--layers", str(args.layers),
             "--heads", str(args.heads), "--kv-heads", str(args.kv_heads), "--head-dim", str(args.head_dim),
-            "--kernels", args.kernels] + (["--memory-budget", args.memory_budget] if args.memory_budget else [])
+            "--kernels", args.kernels, "--passes", str(args.passes)] + (["--memory-budget", args.memory_budget] if args.memory_budget else [])
     print(f"decode loop: {args.layers} attention calls per token, Lq=1, {args.heads}/{args.kv_heads} heads, "
           f"D={args.head_dim}, {args.dtype}, {args.tokens} tokens from each context, device {args.device}, "
-          f"torch {torch.__version__}; each run a fresh process (pass 1 cold, pass 2 warm); {args.repeats} runs each, "
+          f"torch {torch.__version__}; each run a fresh process (pass 1 cold, pass 2 warm, {args.passes} passes); {args.repeats} runs each, "
           f"interleaved; per-token medians over tokens and runs (p10-p90)")
     for batch in (int(b) for b in args.batches.split(",")):
         for context in (int(c) for c in args.contexts.split(",")):
@@ -125,14 +129,21 @@ def main() -> int:
                     continue
                 row[impl] = {"cold": summary([s for r in ok for s in r["passes"][0]]),
                              "warm": summary([s for r in ok for s in r["passes"][1]]), "stats": ok[-1]["stats"]}
+                if args.passes > 2:
+                    row[impl]["steady"] = summary([s for r in ok for s in r["passes"][-1]])
             if "cold" in row["sdpa"] and "cold" in row["dispatch"]:
                 for when in ("cold", "warm"):
                     row[f"ratio_{when}"] = row["dispatch"][when]["median_ms"] / row["sdpa"][when]["median_ms"]
                 row["ratio_vs_warm_sdpa"] = row["dispatch"]["warm"]["median_ms"] / row["sdpa"]["warm"]["median_ms"]
+                steady = ""
+                if args.passes > 2:
+                    row["ratio_steady"] = row["dispatch"]["steady"]["median_ms"] / row["sdpa"]["steady"]["median_ms"]
+                    steady = (f"; pass {args.passes}: SDPA {row['sdpa']['steady']['median_ms']:.3f} dispatcher "
+                              f"{row['dispatch']['steady']['median_ms']:.3f} ({row['ratio_steady']:.2f}x)")
                 print(f"B={batch} ctx={context}: SDPA cold {row['sdpa']['cold']['median_ms']:.3f} ms/token "
                       f"warm {row['sdpa']['warm']['median_ms']:.3f}; dispatcher cold "
                       f"{row['dispatch']['cold']['median_ms']:.3f} warm {row['dispatch']['warm']['median_ms']:.3f} "
-                      f"(ratio cold {row['ratio_cold']:.2f}x, warm {row['ratio_warm']:.2f}x) kernels {row['dispatch']['stats']}")
+                      f"(ratio cold {row['ratio_cold']:.2f}x, warm {row['ratio_warm']:.2f}x){steady} kernels {row['dispatch']['stats']}")
             else:
                 print(f"B={batch} ctx={context}: {row}")
             if args.out:

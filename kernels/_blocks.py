@@ -38,15 +38,18 @@ _fp32_product: dict[tuple[str, torch.dtype], bool] = {}
 
 def has_fp32_output_product(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether `torch.bmm` multiplies `dtype` inputs into an fp32 result on this device type
-    (``aten::bmm.dtype``; probed once per device type and dtype with a 1x1 product)."""
+    (``aten::bmm.dtype`` and ``aten::baddbmm.dtype``; probed once per device type and dtype with a
+    1x1 product)."""
     cache_key = (device.type, dtype)
     known = _fp32_product.get(cache_key)
     if known is None:
         known = False
-        if device.type == "cuda" and hasattr(torch.ops.aten.bmm, "dtype_out"):
+        if device.type == "cuda" and hasattr(torch.ops.aten.baddbmm, "dtype_out"):
             try:
                 one = torch.ones(1, 1, 1, dtype=dtype, device=device)
-                known = torch.ops.aten.bmm.dtype(one, one, torch.float32).dtype == torch.float32
+                out = torch.empty(1, 1, 1, device=device)
+                known = (torch.ops.aten.bmm.dtype(one, one, torch.float32).dtype == torch.float32
+                         and float(fp32_product(one, one, out, 0.5)) == 0.5)
             except (RuntimeError, NotImplementedError):
                 known = False
         _fp32_product[cache_key] = known
@@ -62,6 +65,16 @@ class ScoreRecipe(NamedTuple):
     """Multiplies Q before the product (1.0: Q enters unscaled)."""
     score_scale: float
     """Multiplies the fp32 scores after the product (1.0: nothing to do)."""
+
+
+def fp32_product(batch1: torch.Tensor, batch2: torch.Tensor, out: torch.Tensor, scale: float) -> torch.Tensor:
+    """``out = scale * batch1 @ batch2`` in fp32 from half operands ``[N, R, E] @ [N, E, S]``
+    (only where `has_fp32_output_product`): the scale is the GEMM's alpha, so the scores are
+    scaled with no pass of their own (a separate multiply cost 22-45% on H200 decode and prefill
+    calls of the portable kernels, bench/r5_overflow_cost.py, 2026-12-01)."""
+    if scale == 1.0:
+        return torch.ops.aten.bmm.dtype_out(batch1, batch2, torch.float32, out=out)
+    return torch.ops.aten.baddbmm.dtype_out(out, batch1, batch2, torch.float32, beta=0, alpha=scale, out=out)
 
 
 def score_recipe(dtype: torch.dtype, device: torch.device, scale: float) -> ScoreRecipe:
@@ -121,12 +134,11 @@ def block_scores(rows: torch.Tensor, key_block: torch.Tensor, score_scale: float
     Half operands (only where `has_fp32_output_product`) are multiplied into an fp32 result."""
     if rows.dtype not in HALF_DTYPES:
         scores = torch.matmul(rows, key_block.transpose(-1, -2))
-    else:
-        B, H, R, E = rows.shape
-        scores = torch.ops.aten.bmm.dtype(
-            rows.reshape(B * H, R, E), key_block.reshape(B * H, -1, E).transpose(1, 2), torch.float32
-        ).view(B, H, R, -1)
-    return scores if score_scale == 1.0 else scores.mul_(score_scale)
+        return scores if score_scale == 1.0 else scores.mul_(score_scale)
+    B, H, R, E = rows.shape
+    scores = torch.empty(B * H, R, key_block.shape[-2], dtype=torch.float32, device=rows.device)
+    fp32_product(rows.reshape(B * H, R, E), key_block.reshape(B * H, -1, E).transpose(1, 2), scores, score_scale)
+    return scores.view(B, H, R, -1)
 
 
 def causal_blocked(rows: slice, cols: slice, device: torch.device, offset: int = 0) -> torch.Tensor | None:

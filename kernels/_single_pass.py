@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from attn_dispatch.kernels._blocks import HALF_DTYPES, accumulation_dtype, mask_scores_
+from attn_dispatch.kernels._blocks import HALF_DTYPES, accumulation_dtype, fp32_product, mask_scores_
 from attn_dispatch.kernels.problem import Problem
 
 _safe_softmax = getattr(torch.ops.aten, "_safe_softmax", None)  # PyTorch >= 2.5
@@ -47,9 +47,8 @@ def row_major_scores(rows: torch.Tensor, key: torch.Tensor, score_scale: float =
     buffer = torch.empty(R, heads, S, dtype=accumulation_dtype(rows.dtype), device=rows.device)
     scores = buffer.transpose(0, 1)  # [B*Hkv, R, S], strides (S, B*Hkv*S, 1)
     if rows.dtype in HALF_DTYPES:
-        torch.ops.aten.bmm.dtype_out(_batched(rows), _batched(key).transpose(1, 2), torch.float32, out=scores)
-    else:
-        torch.bmm(_batched(rows), _batched(key).transpose(1, 2), out=scores)
+        return fp32_product(_batched(rows), _batched(key).transpose(1, 2), scores, score_scale)
+    torch.bmm(_batched(rows), _batched(key).transpose(1, 2), out=scores)
     return scores if score_scale == 1.0 else scores.mul_(score_scale)
 
 
