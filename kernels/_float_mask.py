@@ -47,6 +47,23 @@ def rebased_float_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
     return mask - torch.where(removable, top, torch.zeros_like(top))
 
 
+FUSED_PENALTY_FLOOR = 2.0**100
+"""Most negative finite mask entry a fused GPU backend is given (~1.3e30). The fused kernels scale
+scores by log2(e) (and the softmax scale) before exp2, so a penalty of bf16's or fp32's lowest
+value (-3.4e38: transformers' padding masks) overflows to -inf there and a row whose visible keys
+all carry it came out as zeros (H200, torch 2.11, PyTorch's own backends too), where SDPA's
+float64 answer attends uniformly over them: fp32 and fp64 both lose the scores next to either
+penalty, so -2^100 gives the same answer without the overflow; -inf stays -inf."""
+
+
+def floor_penalties_(bias: torch.Tensor) -> torch.Tensor:
+    """``bias`` (float, any shape) with finite entries below `-FUSED_PENALTY_FLOOR` raised to it,
+    in place (fp16 cannot hold such entries: returned unchanged)."""
+    if bias.dtype == torch.float16:
+        return bias
+    return bias.masked_fill_((bias < -FUSED_PENALTY_FLOOR) & (bias > -math.inf), -FUSED_PENALTY_FLOOR)
+
+
 PER_ROW_TEMPORARY_BYTES = 32
 """`rebased_float_mask`'s per-row temporaries: the row max, its finiteness, magnitude, limit test
 and their conjunction, the zeros and the selected shift (4 + 1 + 4 + 1 + 1 + 4 + 4 bytes with

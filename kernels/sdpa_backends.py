@@ -17,6 +17,7 @@ from typing import ClassVar
 import torch
 
 from attn_dispatch.kernels._blocks import causal_blocked
+from attn_dispatch.kernels._float_mask import floor_penalties_
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_probe import probe_backend
@@ -49,7 +50,7 @@ def additive_bias(
         if mask.dtype == torch.bool:
             bias.masked_fill_(~mask, float("-inf"))
         else:
-            bias.add_(mask.to(dtype))
+            floor_penalties_(bias.add_(mask.to(dtype)))
     blocked = causal_blocked(slice(0, L), slice(0, S), bias.device, offset) if causal else None
     if blocked is not None:
         bias.masked_fill_(blocked, float("-inf"))

@@ -8,6 +8,7 @@ import math
 import torch
 
 from attn_dispatch.kernels._blocks import causal_blocked
+from attn_dispatch.kernels._float_mask import floor_penalties_
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_backends import (
     FORCED_BACKENDS,
@@ -47,6 +48,8 @@ class SdpaDefaultKernel(SdpaBackendKernel):
             if problem.mask_shape[-1] != problem.kv_len:
                 extra += dense_elements * (problem.mask_bytes // math.prod(problem.mask_shape))
             extra += dense_elements
+        if problem.mask_kind == "float" and problem.device_type != "cpu":  # narrowed or copied to floor penalties
+            extra += math.prod(problem.mask_shape[:-1]) * problem.kv_len * 4
         if problem.causal_offset:  # bottom-right causality as a bool mask: ones, causal block, combined
             extra += 3 * problem.q_len * problem.kv_len
         return extra
@@ -62,6 +65,7 @@ class SdpaDefaultKernel(SdpaBackendKernel):
             attn_mask is not None and (problem.causal or attn_mask.dim() < 2)
             or problem.broadcast_inputs
             or problem.is_degenerate
+            or _mask_needs_query_dtype(problem)
         ):
             return super().run(query, key, value, attn_mask, scale, enable_gqa, problem)
         return self._call_pytorch(query, key, value, attn_mask, problem.causal, scale, enable_gqa)
@@ -81,12 +85,16 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         return lambda q, k, v, mask, scale, gqa, problem: pytorch_sdpa(q, k, v, None, 0.0, causal, scale=scale)
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
-        causal = problem.causal
+        causal, user_mask = problem.causal, mask
         if causal and (mask is not None or problem.causal_offset):
             if mask is None:  # bottom-right causality alone: PyTorch's is_causal is top-left
                 mask = torch.ones(1, 1, problem.q_len, problem.kv_len, dtype=torch.bool, device=query.device)
             mask = combine_mask_and_causal(mask, problem.q_len, problem.kv_len, problem.causal_offset)
             causal = False
+        if mask is not None and mask.dtype != torch.bool and problem.device_type != "cpu":
+            if mask.dtype != query.dtype and _mask_needs_query_dtype(problem):
+                mask = mask.to(query.dtype)  # rebased by `canonicalise`: the row's largest entry is 0
+            mask = floor_penalties_(mask.clone() if mask is user_mask else mask)
         return self._call_pytorch(query, key, value, mask, causal, scale, problem.gqa_ratio > 1)
 
     @staticmethod
@@ -107,6 +115,15 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         else:
             dead = (mask == float("-inf")).all(dim=-1, keepdim=True)
         return out.masked_fill(dead, 0.0) if out.requires_grad else out.masked_fill_(dead, 0.0)
+
+
+def _mask_needs_query_dtype(problem: Problem) -> bool:
+    """A float mask on half inputs on a GPU: PyTorch's SDPA there takes a float32 mask on bf16 or
+    fp16 inputs and its cuDNN backend gave wrong rows (relative error 1.1-1.9 on 3 rows of 4,
+    H200, torch 2.11; the memory-efficient backend refuses it: "invalid dtype for bias"); a
+    mask in the query's dtype was right. The mask is rebased first (`kernels._float_mask`), so
+    narrowing it to fp16 turns only penalties below -65504 into -inf, which block exactly."""
+    return problem.mask_kind == "float" and problem.itemsize < 4 and problem.device_type != "cpu"
 
 
 def key_dim_is_dense(mask: torch.Tensor, S: int) -> bool:

@@ -8,7 +8,13 @@ import torch
 
 from attn_dispatch.calibration.peak_memory import StoragePeakTracker
 from attn_dispatch.kernels import Problem
-from attn_dispatch.kernels._float_mask import REBASE_LIMIT, rebase_bytes, rebased_float_mask
+from attn_dispatch.kernels._float_mask import (
+    FUSED_PENALTY_FLOOR,
+    REBASE_LIMIT,
+    floor_penalties_,
+    rebase_bytes,
+    rebased_float_mask,
+)
 
 
 def _problem(mask: torch.Tensor, q_len: int, kv_len: int, causal: bool) -> Problem:
@@ -45,3 +51,21 @@ def test_memory_within_rebase_bytes(shape, causal):
     with StoragePeakTracker() as tracker:
         rebased_float_mask(mask, problem)
     assert 0 < tracker.peak <= rebase_bytes(problem)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_penalties_past_the_fused_floor_are_raised_to_it_and_blocked_keys_stay_blocked(dtype):
+    lowest = torch.finfo(dtype).min
+    bias = torch.tensor([[lowest, -1e5, 0.0, float("-inf"), -FUSED_PENALTY_FLOOR]], dtype=dtype)
+    floor_penalties_(bias)
+    assert bias.tolist() == [[-FUSED_PENALTY_FLOOR, float(torch.tensor(-1e5, dtype=dtype)), 0.0, float("-inf"),
+                              -FUSED_PENALTY_FLOOR]]
+    # Next to either penalty fp32 loses the scores alike: the row attends uniformly in both.
+    scores = torch.tensor([0.5, -2.0, 3.0])
+    assert torch.equal(torch.softmax(scores + lowest if dtype == torch.float32 else scores - FUSED_PENALTY_FLOOR, 0),
+                       torch.full((3,), 1 / 3))
+
+
+def test_fp16_biases_cannot_hold_such_penalties_and_are_left_alone():
+    bias = torch.tensor([-65504.0, float("-inf")], dtype=torch.float16)
+    assert floor_penalties_(bias).tolist() == [-65504.0, float("-inf")]
