@@ -55,6 +55,8 @@ def child(args) -> dict:
         for step in range(args.tokens):
             length = args.context + step
             key, value = cache_k[:, :, :length], cache_v[:, :, :length]
+            if args.layout == "contiguous":  # transformers' DynamicCache: a new dense tensor per token (torch.cat)
+                key, value = key.contiguous(), value.contiguous()
             sync()
             start = time.perf_counter()
             for _layer in range(args.layers):
@@ -96,6 +98,8 @@ def main() -> int:
     parser.add_argument("--kernels", default="all", help="the dispatcher's kernel set: all or portable")
     parser.add_argument("--memory-budget", default=None)
     parser.add_argument("--repeats", type=int, default=2, help="fresh processes per implementation and shape")
+    parser.add_argument("--layout", choices=["slice", "contiguous"], default="slice",
+                        help="K/V as slices of one preallocated cache (strided), or dense per token (outside the timing)")
     parser.add_argument("--passes", type=int, default=2,
                         help="passes over the key lengths per process (> 2: the last is reported as 'steady', a "
                              "long-running server that has met every length many times)")
@@ -110,9 +114,9 @@ def main() -> int:
         return 0
     base = ["--device", args.device, "--dtype", args.dtype, "--tokens", str(args.tokens), "--layers", str(args.layers),
             "--heads", str(args.heads), "--kv-heads", str(args.kv_heads), "--head-dim", str(args.head_dim),
-            "--kernels", args.kernels, "--passes", str(args.passes)] + (["--memory-budget", args.memory_budget] if args.memory_budget else [])
+            "--kernels", args.kernels, "--passes", str(args.passes), "--layout", args.layout] + (["--memory-budget", args.memory_budget] if args.memory_budget else [])
     print(f"decode loop: {args.layers} attention calls per token, Lq=1, {args.heads}/{args.kv_heads} heads, "
-          f"D={args.head_dim}, {args.dtype}, {args.tokens} tokens from each context, device {args.device}, "
+          f"D={args.head_dim}, {args.dtype}, K/V {args.layout}, {args.tokens} tokens from each context, device {args.device}, "
           f"torch {torch.__version__}; each run a fresh process (pass 1 cold, pass 2 warm, {args.passes} passes); {args.repeats} runs each, "
           f"interleaved; per-token medians over tokens and runs (p10-p90)")
     for batch in (int(b) for b in args.batches.split(",")):

@@ -218,34 +218,37 @@ class SdpaBackendKernel(Kernel):
         return None
 
     def runner(self, problem: Problem):
-        """On CUDA without a mask, on contiguous 4-D inputs that do not broadcast: the backend's
-        ATen operator, called directly (with GQA folded into rows or passed natively, as `_forward`
-        does). `run` canonicalises, checks strides and picks the GQA mode on every call: 33 us of
-        host time per H200 decode call against 20 us for `F.scaled_dot_product_attention`
-        (bench/dispatch_overhead.py, 2026-12-01), which in a decode loop is the whole call."""
+        """On CUDA without a mask, on 4-D inputs that do not broadcast: the backend's ATen operator,
+        called directly (with GQA folded into rows or passed natively, as `_forward` does), also on
+        strided inputs whose last dimension is dense (a slice of a KV cache, transformers'
+        ``[B, L, H, D]`` transposed), which the operators take as they are. `run` canonicalises,
+        checks strides and picks the GQA mode on every call: 33 us of host time per H200 decode
+        call against 20 us for `F.scaled_dot_product_attention` (bench/dispatch_overhead.py,
+        2026-12-01), which in a decode loop is the whole call; on a sliced cache the decode loop
+        took 78 us per call that way (bench/decode_loop.py, B1, 8k keys)."""
         op = self._bare_op() if problem.device_type == "cuda" else None
-        if (op is None or problem.mask_kind != "none" or problem.broadcast_inputs or problem.strided
+        if (op is None or problem.mask_kind != "none" or problem.broadcast_inputs
                 or problem.causal_offset or problem.is_degenerate):
             return self.run
-        mode, causal, run = self._gqa_mode(problem), problem.causal, self.run
-        if mode in ("none", "native"):
-            def bare(query, key, value, mask, scale, enable_gqa, problem):
-                if query.dim() != 4:
-                    return run(query, key, value, mask, scale, enable_gqa, problem)
+        mode, causal, run, strided = self._gqa_mode(problem), problem.causal, self.run, problem.strided
+        if mode not in ("none", "native", "fold"):
+            return self.run
+        if mode == "fold":
+            rows = (problem.batch, problem.kv_heads, problem.gqa_ratio * problem.q_len, problem.head_dim)
+            out_shape = (problem.batch, problem.q_heads, problem.q_len, problem.value_dim)
+
+            def call(query, key, value, scale):
+                return op(query.reshape(rows), key, value, False, scale).reshape(out_shape)
+        else:
+            def call(query, key, value, scale):
                 return op(query, key, value, causal, scale)
 
-            return bare
-        if mode != "fold":
-            return self.run
-        rows = (problem.batch, problem.kv_heads, problem.gqa_ratio * problem.q_len, problem.head_dim)
-        out_shape = (problem.batch, problem.q_heads, problem.q_len, problem.value_dim)
-
-        def folded(query, key, value, mask, scale, enable_gqa, problem):
-            if query.dim() != 4:
+        def bare(query, key, value, mask, scale, enable_gqa, problem):
+            if query.dim() != 4 or strided and not (query.stride(-1) == key.stride(-1) == value.stride(-1) == 1):
                 return run(query, key, value, mask, scale, enable_gqa, problem)
-            return op(query.reshape(rows), key, value, False, scale).reshape(out_shape)
+            return call(query, key, value, scale)
 
-        return folded
+        return bare
 
 
 class SdpaFlashKernel(SdpaBackendKernel):

@@ -44,14 +44,34 @@ def test_the_bare_call_gives_what_run_gives(monkeypatch, kernel_type, native, q_
     torch.testing.assert_close(out, expected)
 
 
-def test_masks_strided_inputs_and_the_cpu_keep_run(monkeypatch):
+def test_masks_and_the_cpu_keep_run(monkeypatch):
     kernel = SdpaFlashKernel()
     monkeypatch.setattr(kernel, "_bare_op", lambda: _stand_in)
     query, key, value = _inputs(4, 4, 5, 9)
     plain = replace(Problem.from_tensors(query, key, value), device_type="cuda")
     assert kernel.runner(replace(plain, device_type="cpu")) == kernel.run
-    assert kernel.runner(replace(plain, strided=True)) == kernel.run
     assert kernel.runner(replace(plain, mask_kind="bool", mask_shape=(1, 1, 5, 9))) == kernel.run
+
+
+def test_strided_inputs_take_the_bare_call_where_their_last_dim_is_dense(monkeypatch):
+    """A slice of a KV cache (decode) goes straight to the operator; a transposed last dim goes
+    through `run`, which makes it dense first."""
+    kernel = SdpaFlashKernel()
+    calls = []
+    monkeypatch.setattr(kernel, "_bare_op", lambda: lambda *args: calls.append(1) or _stand_in(*args))
+    monkeypatch.setattr(kernel, "native_gqa", lambda device_type, dtype: True)
+    query, cache_k, cache_v = _inputs(8, 2, 1, 40)
+    key, value = cache_k[:, :, :33], cache_v[:, :, :33]  # the first 33 of 40 cached positions
+    problem = replace(Problem.from_tensors(query, key, value, None, False, True), device_type="cuda")
+    assert problem.strided
+    runner = kernel.runner(problem)
+    expected = F.scaled_dot_product_attention(query, key, value, enable_gqa=True)
+    torch.testing.assert_close(runner(query, key, value, None, None, True, problem), expected)
+    assert calls == [1]
+    transposed = value.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, last dim strided
+    monkeypatch.setattr(kernel, "_call_op", lambda q, k, v, bias, causal, scale: _stand_in(q, k, v, causal, scale))
+    torch.testing.assert_close(runner(query, key, transposed, None, None, True, problem), expected)
+    assert calls == [1]  # through `run`
 
 
 def test_sdpa_default_without_a_mask_calls_pytorch_directly():
