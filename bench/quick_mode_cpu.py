@@ -67,7 +67,9 @@ def main() -> None:
         if summary_path.exists():
             summary = json.loads(summary_path.read_text())
             result.update(problems=summary["problems"], workers=summary["workers"], quality=summary["quality"],
-                          noise_start=summary.get("noise_start"), noise_end=summary.get("noise_end"))
+                          noise_start=summary.get("noise_start"), noise_end=summary.get("noise_end"),
+                          cpu_share_start=summary.get("cpu_share_start"), cpu_share_end=summary.get("cpu_share_end"),
+                          noise_verdicts=summary.get("noise_verdicts"))
         bench_json = Path(home) / "bench.json"
         code, seconds, text = run([str(SCRIPT), "bench", "--scenario", args.scenario, "--device", "cpu", "--quiet",
                                    "--json", str(bench_json)], env)

@@ -54,7 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "attn_dispatch.record(PATH)), as recorded, then the sweep")
     parser.add_argument("--allow-busy", action="store_true",
                         help="calibrate even when a reference point timed first shows the machine too busy to time "
-                        "kernels reliably; the samples are widened and the summary warns")
+                        "kernels reliably (its timings spread too wide, or this process gets too small a share of "
+                        "the CPU); the samples are widened and the summary warns")
     parser.add_argument("--seed", type=int, default=0, help="seed of the problem sample and the samplers")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (CPU calibration)")
     parser.add_argument("--measure-only", action="store_true", help="stop after measuring (no fit, no table)")
@@ -120,5 +121,8 @@ def run(args: argparse.Namespace) -> int:
                 "workload_measured": list(summary.workload_measured()),
                 "noise_start": None if summary.noise_start is None else summary.noise_start.spread,
                 "noise_end": None if summary.noise_end is None else summary.noise_end.spread,
+                "noise_verdicts": [n.describe() for n in (summary.noise_start, summary.noise_end) if n is not None],
+                "cpu_share_start": None if summary.noise_start is None else summary.noise_start.cpu_share,
+                "cpu_share_end": None if summary.noise_end is None else summary.noise_end.cpu_share,
             }, handle, indent=1)
     return 0
