@@ -138,11 +138,13 @@ def probe_noise(device: torch.device | str, *, samples: list[float] | None = Non
             collected[:] = series
             return False
 
-        with torch.inference_mode(), ShareMeter(cores) as meter:
-            time_repetitions(
-                lambda i: kernel.run(inputs.query, inputs.key, inputs.value, None, None, False, problem),
-                device, PROBE, should_stop=keep,
-            )
+        def run(i: int):
+            return kernel.run(inputs.query, inputs.key, inputs.value, None, None, False, problem)
+
+        with torch.inference_mode():
+            run(0)  # a process's first call waits on lazily loaded code and thread start-up, not on the CPU
+            with ShareMeter(cores) as meter:
+                time_repetitions(run, device, PROBE, should_stop=keep)
         samples = collected
         cpu_share = host_share() if host_only else meter.share
     median = statistics.median(samples)
