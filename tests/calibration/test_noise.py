@@ -41,6 +41,7 @@ def test_spread_is_the_relative_interquartile_range_of_the_samples():
 def test_the_real_probe_gives_a_time_and_a_spread():
     noise = probe_noise("cpu")
     assert noise.median_s > 0 and math.isfinite(noise.spread) and noise.spread >= 0
+    assert noise.cpu_share is not None and noise.cpu_share >= 0 and not noise.host_only and noise.cores >= 1
     assert noise.describe().split(":")[0] in ("quiet", "busy", "too busy to calibrate")
 
 
