@@ -32,9 +32,9 @@ from attn_dispatch.calibration.timer import TimerSettings, interquartile_range, 
 from attn_dispatch.kernels.math_kernel import MathKernel
 from attn_dispatch.kernels.problem import Problem
 
-# The reference point: the math kernel on a 256 x 256, 4-head, D=64 fp32 problem (67 MFLOP: ~7 ms
-# on a 2-core CPU at ~10 GFLOP/s, models/_cpu_probe.py, so a probe takes ~0.1 s on a quiet one;
-# microseconds on a GPU, batched to ~2 ms samples there).
+# The reference point: the math kernel on a 256 x 256, 4-head, D=64 fp32 problem (67 MFLOP: 0.6 ms
+# with 2 threads and 1.1 ms with 1 on this project's quiet 2-core VM, batched to ~2 ms samples, so
+# a probe takes ~30 ms there; microseconds on a GPU, batched to ~2 ms samples too).
 REFERENCE_LENGTH = 256
 REFERENCE_HEADS = 4
 REFERENCE_HEAD_DIM = 64
@@ -44,8 +44,12 @@ PROBE = TimerSettings(warmup=2, min_reps=PROBE_SAMPLES, max_reps=PROBE_SAMPLES, 
                       budget_s=math.inf)
 # Busy above this spread: `calibration.timer.QUICK` stops a point at a 10% relative IQR and DEFAULT
 # at 5%; a reference point whose IQR is twice QUICK's target cannot reach it in QUICK's 3-10
-# samples, so its medians carry noise comparable to the 10-30% gaps between close kernels.
-BUSY_SPREAD = 0.20
+# samples, so its medians carry noise comparable to the 10-30% gaps between close kernels. But
+# quiet probes (a CPU share of 0.92 or more) on the 2-core dev VM spread 2-25% (25 probes:
+# bench/results/noise_cpu_share.txt, the calibrate runs of docs/RESULTS.md section 8 and a first
+# exploration), 2 of them over 20%: 30% keeps a quiet machine from being called busy; a steadily
+# starved one is the CPU share's to catch.
+BUSY_SPREAD = 0.30
 # Stop above this spread: samples of one call varying by half their median (measured on this
 # project's shared 2-core VM with ~6 other processes running: see docs/RESULTS.md, "quick mode on a
 # busy machine") leave most of a quick sweep's kernel orderings to chance.
