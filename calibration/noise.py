@@ -57,14 +57,14 @@ STOP_SPREAD = 0.50
 # CPU share thresholds, from `python -m bench.noise_cpu_share --probes 10` on this project's shared
 # 2-core VM (torch's 2 threads; bench/results/noise_cpu_share.txt, docs/RESULTS.md section 8).
 # Quiet probes had a share of 0.92-1.04. With one core taken by another process the share was
-# 0.49-0.52 and the probe 1-90x slow (0.7-64 ms against 0.6-0.7 ms quiet), with one spinning
-# process besides 0.33-0.37 and 50-140x slow, with two 0.22-0.27: an OpenMP team whose thread is
+# 0.48-0.52 and the probe 1-100x slow (0.6-64 ms against 0.6-0.7 ms quiet), with one spinning
+# process besides 0.33-0.37 and 4-150x slow, with two 0.22-0.26: an OpenMP team whose thread is
 # off its core stalls at every barrier, so a lost share stretches times far more than in
 # proportion, unevenly across kernels, and sometimes steadily (spreads of 6-10% at 95-100 ms).
 # Busy under this share: below every quiet probe, with margin for a stray context switch.
 BUSY_CPU_SHARE = 0.85
-# Stop under this share: above the 0.49-0.52 of a machine with one of its two cores taken (the
-# probe up to 90x slow there), below every quiet probe.
+# Stop under this share: above the 0.48-0.52 of a machine with one of its two cores taken (the
+# probe up to 100x slow there), below every quiet probe.
 STOP_CPU_SHARE = 0.6
 # A busy machine's timer: at least this many samples per point, and this many times the budget.
 WIDE_MIN_REPS = 7
