@@ -9,6 +9,7 @@ adds to it.
 
     python -m bench.quick_mode_cpu                      # quiet as the machine is
     python -m bench.quick_mode_cpu --busy 2             # both cores kept busy
+    python -m bench.quick_mode_cpu --busy 2 --bench-unloaded  # busy while calibrating only
     python -m bench.quick_mode_cpu --allow-busy --json bench/results/quick_mode_cpu.json
 """
 
@@ -35,6 +36,14 @@ def spin(stop_after_s: float) -> None:
         value = (value * 31 + 7) % 1000003
 
 
+def stop(spinners: list) -> None:
+    """End the spinning processes (those still running) and wait for them."""
+    for process in spinners:
+        if process.is_alive():
+            process.terminate()
+            process.join()
+
+
 def load_average() -> float:
     return os.getloadavg()[0]
 
@@ -48,6 +57,8 @@ def run(command: list[str], env: dict) -> tuple[int, float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--busy", type=int, default=0, help="spinning processes kept running meanwhile")
+    parser.add_argument("--bench-unloaded", action="store_true",
+                        help="stop the spinning processes before the bench (its ratios then judge the table, not the load)")
     parser.add_argument("--allow-busy", action="store_true", help="pass --allow-busy to calibrate")
     parser.add_argument("--scenario", default="heldout", help="bench scenario (default: heldout)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON")
@@ -67,7 +78,12 @@ def main() -> None:
         if summary_path.exists():
             summary = json.loads(summary_path.read_text())
             result.update(problems=summary["problems"], workers=summary["workers"], quality=summary["quality"],
-                          noise_start=summary.get("noise_start"), noise_end=summary.get("noise_end"))
+                          noise_start=summary.get("noise_start"), noise_end=summary.get("noise_end"),
+                          cpu_share_start=summary.get("cpu_share_start"), cpu_share_end=summary.get("cpu_share_end"),
+                          noise_verdicts=summary.get("noise_verdicts"))
+        if args.bench_unloaded:
+            stop(spinners)
+            result["load_before_bench"] = load_average()
         bench_json = Path(home) / "bench.json"
         code, seconds, text = run([str(SCRIPT), "bench", "--scenario", args.scenario, "--device", "cpu", "--quiet",
                                    "--json", str(bench_json)], env)
@@ -77,8 +93,7 @@ def main() -> None:
         else:
             result["bench_output"] = text.strip().splitlines()[-5:]
     finally:
-        for process in spinners:
-            process.terminate()
+        stop(spinners)
     print(json.dumps(result, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

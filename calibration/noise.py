@@ -1,11 +1,21 @@
 """Is this machine quiet enough to time kernels? A fixed reference point, timed as a series of
 short samples before measuring starts and again when it ends, says how noisy timings are now.
 
-The spread is the interquartile range of the samples over their median (each sample is one call,
-or a batch of back-to-back calls lasting ~2 ms where one call is shorter, as in `calibration.timer`). Over `BUSY_SPREAD` the machine is
-called busy: the calibration widens its timer (`widened`: more samples per point) and says so;
-over `STOP_SPREAD` it stops before measuring, with a message, unless the user allows a busy
-machine (``calibrate --allow-busy``): timings that noisy rank kernels at random.
+Two signals, either can call the machine busy:
+- the spread: the interquartile range of the samples over their median (each sample is one call,
+  or a batch of back-to-back calls lasting ~2 ms where one call is shorter, as in
+  `calibration.timer`). It catches jitter, not a machine where every sample is slow alike;
+- the CPU share (`calibration.cpu_share`): this process's CPU time during the probe over wall
+  time x the cores torch uses. It catches the steady case (other processes keep every core
+  busy; issue 15 saw a calibration ~100x slow and "quiet" by its spread) without knowing how
+  fast the machine should be. On a GPU it is the launching host thread's share of one core,
+  which can widen the timer but never stops a calibration alone (the kernels' times are the GPU's).
+The load average per CPU is reported beside them, never decisive.
+
+Busy (spread over `BUSY_SPREAD`, or a share under `BUSY_CPU_SHARE`): the calibration widens its
+timer (`widened`: more samples per point) and says so. Too busy (spread over `STOP_SPREAD`, or a
+CPU device's share under `STOP_CPU_SHARE`): it stops before measuring, with a message, unless the
+user allows a busy machine (``calibrate --allow-busy``): such timings rank kernels at random.
 """
 
 from __future__ import annotations
@@ -16,14 +26,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from attn_dispatch.calibration.cpu_share import ShareMeter, cores_in_use, host_share, load_per_cpu
 from attn_dispatch.calibration.inputs import make_inputs
 from attn_dispatch.calibration.timer import TimerSettings, interquartile_range, time_repetitions
 from attn_dispatch.kernels.math_kernel import MathKernel
 from attn_dispatch.kernels.problem import Problem
 
-# The reference point: the math kernel on a 256 x 256, 4-head, D=64 fp32 problem (67 MFLOP: ~7 ms
-# on a 2-core CPU at ~10 GFLOP/s, models/_cpu_probe.py, so a probe takes ~0.1 s on a quiet one;
-# microseconds on a GPU, batched to ~2 ms samples there).
+# The reference point: the math kernel on a 256 x 256, 4-head, D=64 fp32 problem (67 MFLOP: 0.6 ms
+# with 2 threads and 1.1 ms with 1 on this project's quiet 2-core VM, batched to ~2 ms samples, so
+# a probe takes ~30 ms there; microseconds on a GPU, batched to ~2 ms samples too).
 REFERENCE_LENGTH = 256
 REFERENCE_HEADS = 4
 REFERENCE_HEAD_DIM = 64
@@ -33,12 +44,28 @@ PROBE = TimerSettings(warmup=2, min_reps=PROBE_SAMPLES, max_reps=PROBE_SAMPLES, 
                       budget_s=math.inf)
 # Busy above this spread: `calibration.timer.QUICK` stops a point at a 10% relative IQR and DEFAULT
 # at 5%; a reference point whose IQR is twice QUICK's target cannot reach it in QUICK's 3-10
-# samples, so its medians carry noise comparable to the 10-30% gaps between close kernels.
-BUSY_SPREAD = 0.20
+# samples, so its medians carry noise comparable to the 10-30% gaps between close kernels. But
+# quiet probes (a CPU share of 0.92 or more) on the 2-core dev VM spread 2-25% (25 probes:
+# bench/results/noise_cpu_share.txt, the calibrate runs of docs/RESULTS.md section 8 and a first
+# exploration), 2 of them over 20%: 30% keeps a quiet machine from being called busy; a steadily
+# starved one is the CPU share's to catch.
+BUSY_SPREAD = 0.30
 # Stop above this spread: samples of one call varying by half their median (measured on this
 # project's shared 2-core VM with ~6 other processes running: see docs/RESULTS.md, "quick mode on a
 # busy machine") leave most of a quick sweep's kernel orderings to chance.
 STOP_SPREAD = 0.50
+# CPU share thresholds, from `python -m bench.noise_cpu_share --probes 10` on this project's shared
+# 2-core VM (torch's 2 threads; bench/results/noise_cpu_share.txt, docs/RESULTS.md section 8).
+# Quiet probes had a share of 0.92-1.04. With one core taken by another process the share was
+# 0.48-0.52 and the probe 1-100x slow (0.6-64 ms against 0.6-0.7 ms quiet), with one spinning
+# process besides 0.33-0.37 and 4-150x slow, with two 0.22-0.26: an OpenMP team whose thread is
+# off its core stalls at every barrier, so a lost share stretches times far more than in
+# proportion, unevenly across kernels, and sometimes steadily (spreads of 6-10% at 95-100 ms).
+# Busy under this share: below every quiet probe, with margin for a stray context switch.
+BUSY_CPU_SHARE = 0.85
+# Stop under this share: above the 0.48-0.52 of a machine with one of its two cores taken (the
+# probe up to 100x slow there), below every quiet probe.
+STOP_CPU_SHARE = 0.6
 # A busy machine's timer: at least this many samples per point, and this many times the budget.
 WIDE_MIN_REPS = 7
 WIDE_BUDGET_FACTOR = 2.0
@@ -46,23 +73,47 @@ WIDE_BUDGET_FACTOR = 2.0
 
 @dataclass(frozen=True)
 class Noise:
-    """One probe: the reference point's median seconds and relative spread (IQR / median)."""
+    """One probe: the reference point's median seconds and relative spread (IQR / median); the
+    CPU share (`calibration.cpu_share`; None when not measured), `host_only` when it is the
+    launching host thread's share on a GPU device; the load average per CPU (reported only)."""
 
     median_s: float
     spread: float
+    cpu_share: float | None = None
+    host_only: bool = False
+    load_per_cpu: float | None = None
+    cores: int | None = None  # the cores the CPU share is of (torch's threads, or 1 host thread)
+
+    @property
+    def starved(self) -> bool:
+        """Other processes take a busy machine's share of the cores from this one."""
+        return self.cpu_share is not None and self.cpu_share < BUSY_CPU_SHARE
 
     @property
     def busy(self) -> bool:
-        return self.spread > BUSY_SPREAD
+        return self.spread > BUSY_SPREAD or self.starved
 
     @property
     def too_busy(self) -> bool:
-        return self.spread > STOP_SPREAD
+        starved = self.cpu_share is not None and not self.host_only and self.cpu_share < STOP_CPU_SHARE
+        return self.spread > STOP_SPREAD or starved
 
     def describe(self) -> str:
+        """``verdict: the numbers it was decided on, with their thresholds`` (one line)."""
         verdict = "too busy to calibrate" if self.too_busy else "busy" if self.busy else "quiet"
-        return (f"{verdict}: reference point {self.median_s * 1e3:.2f} ms, spread {self.spread:.0%} "
-                f"(busy over {BUSY_SPREAD:.0%}, stop over {STOP_SPREAD:.0%})")
+        parts = [f"reference point {self.median_s * 1e3:.2f} ms, spread {self.spread:.0%} "
+                 f"(busy over {BUSY_SPREAD:.0%}, stop over {STOP_SPREAD:.0%})"]
+        if self.cpu_share is None:
+            parts.append("CPU share not measured")
+        elif self.host_only:
+            parts.append(f"host thread's CPU share {self.cpu_share:.0%} (busy under {BUSY_CPU_SHARE:.0%}; "
+                         "never stops alone: the kernels' times are the GPU's)")
+        else:
+            parts.append(f"CPU share {self.cpu_share:.0%} of {self.cores or '?'} cores "
+                         f"(busy under {BUSY_CPU_SHARE:.0%}, stop under {STOP_CPU_SHARE:.0%})")
+        if self.load_per_cpu is not None:
+            parts.append(f"load average {self.load_per_cpu:.2f} per CPU (reported only)")
+        return f"{verdict}: " + ", ".join(parts)
 
 
 def reference_problem(device_type: str) -> Problem:
@@ -73,13 +124,16 @@ def reference_problem(device_type: str) -> Problem:
     )
 
 
-def probe_noise(device: torch.device | str, *, samples: list[float] | None = None) -> Noise:
-    """Time the reference point (`PROBE_SAMPLES` samples) and return its spread.
+def probe_noise(device: torch.device | str, *, samples: list[float] | None = None,
+                cpu_share: float | None = None) -> Noise:
+    """Time the reference point (`PROBE_SAMPLES` samples) and return its spread and CPU share.
 
-    `samples` (seconds) skips the timing: tests and benches score a series they have.
+    `samples` (seconds) and `cpu_share` skip the timing: tests and benches score a series they have.
     """
+    device = torch.device(device)
+    host_only = device.type != "cpu"
+    cores = 1 if host_only else cores_in_use()
     if samples is None:
-        device = torch.device(device)
         problem, kernel = reference_problem(device.type), MathKernel()
         inputs = make_inputs(problem, device)
         collected: list[float] = []
@@ -88,18 +142,24 @@ def probe_noise(device: torch.device | str, *, samples: list[float] | None = Non
             collected[:] = series
             return False
 
+        def run(i: int):
+            return kernel.run(inputs.query, inputs.key, inputs.value, None, None, False, problem)
+
         with torch.inference_mode():
-            time_repetitions(
-                lambda i: kernel.run(inputs.query, inputs.key, inputs.value, None, None, False, problem),
-                device, PROBE, should_stop=keep,
-            )
+            run(0)  # a process's first call waits on lazily loaded code and thread start-up, not on the CPU
+            with ShareMeter(cores) as meter:
+                time_repetitions(run, device, PROBE, should_stop=keep)
         samples = collected
+        cpu_share = host_share() if host_only else meter.share
     median = statistics.median(samples)
-    return Noise(median, interquartile_range(samples) / median if median > 0 else math.inf)
+    spread = interquartile_range(samples) / median if median > 0 else math.inf
+    return Noise(median, spread, cpu_share=cpu_share, host_only=host_only,
+                 load_per_cpu=load_per_cpu(), cores=cores)
 
 
 class MachineBusy(ValueError):
-    """The reference point's spread is over `STOP_SPREAD`: calibrating now would store noise."""
+    """The reference point's spread is over `STOP_SPREAD`, or its CPU share under `STOP_CPU_SHARE`:
+    calibrating now would store noise."""
 
 
 def check_quiet(noise: Noise, *, allow_busy: bool) -> None:

@@ -66,6 +66,9 @@ class CalibrationSummary:
         if any(n is not None and n.busy for n in (self.noise_start, self.noise_end)):
             out.append("warning: these timings were taken on a busy machine and may rank kernels wrongly; the "
                        "held-out quality below says how the table compares; calibrate again when the machine is quiet")
+        if any(n is not None and n.starved for n in (self.noise_start, self.noise_end)):
+            out.append("warning: other processes kept this machine's cores busy (a low CPU share above): every "
+                       "timing is stretched, and unevenly across kernels")
         return out
 
     def workload_measured(self) -> tuple[int, int]:

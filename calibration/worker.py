@@ -54,6 +54,7 @@ class WorkerReport:
     stopped: str = "done"  # "done" | "deadline" | "interrupted"
     seconds: float = 0.0
     noise_spread: float | None = None  # the reference point's spread when the worker started
+    noise_cpu_share: float | None = None  # and this process's CPU share during it (`calibration.cpu_share`)
     widened: bool = False  # the machine was busy: more samples per point (`calibration.noise`)
 
     def to_dict(self) -> dict:
@@ -184,7 +185,7 @@ class Worker:
         rounds; stops cleanly at the deadline."""
         started = time.time()
         noise = self.noise if self.noise is not None else probe_noise(self.device)
-        self.report.noise_spread = noise.spread
+        self.report.noise_spread, self.report.noise_cpu_share = noise.spread, noise.cpu_share
         if noise.busy:  # more samples per point; the summary says so
             self.context.settings = widened(self.context.settings)
             self.report.widened = True

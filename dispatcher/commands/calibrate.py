@@ -28,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     where.add_argument("--devices", default=None, metavar="LIST",
                        help="comma-separated devices, one worker process each (e.g. cuda:0,cuda:1)")
     parser.add_argument("--quick", action="store_true", help="a small sweep with fewer repetitions; measuring stops after 100 s. On a 2-core "
-                        "CPU: 21 s quiet (an earlier run); 160-171 s (7-9 problems) at a load average of 13, where it now stops "
-                        "after ~25 s as too busy unless --allow-busy")
+                        "CPU: 30 s quiet (36 problems); with both cores busy with other processes it stops after 8-9 s as too "
+                        "busy (93 s for 39 problems with --allow-busy)")
     parser.add_argument("--budget-minutes", type=float, default=None, metavar="N",
                         help="wall time for measuring (default: 100 s with --quick, 8 min otherwise); the fit comes after")
     parser.add_argument("--storage", default=None, metavar="URL",
@@ -54,7 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "attn_dispatch.record(PATH)), as recorded, then the sweep")
     parser.add_argument("--allow-busy", action="store_true",
                         help="calibrate even when a reference point timed first shows the machine too busy to time "
-                        "kernels reliably; the samples are widened and the summary warns")
+                        "kernels reliably (its timings spread too wide, or this process gets too small a share of "
+                        "the CPU); the samples are widened and the summary warns")
     parser.add_argument("--seed", type=int, default=0, help="seed of the problem sample and the samplers")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (CPU calibration)")
     parser.add_argument("--measure-only", action="store_true", help="stop after measuring (no fit, no table)")
@@ -120,5 +121,8 @@ def run(args: argparse.Namespace) -> int:
                 "workload_measured": list(summary.workload_measured()),
                 "noise_start": None if summary.noise_start is None else summary.noise_start.spread,
                 "noise_end": None if summary.noise_end is None else summary.noise_end.spread,
+                "noise_verdicts": [n.describe() for n in (summary.noise_start, summary.noise_end) if n is not None],
+                "cpu_share_start": None if summary.noise_start is None else summary.noise_start.cpu_share,
+                "cpu_share_end": None if summary.noise_end is None else summary.noise_end.cpu_share,
             }, handle, indent=1)
     return 0

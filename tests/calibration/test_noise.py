@@ -10,6 +10,7 @@ import pytest
 import attn_dispatch.calibration.session as session
 from attn_dispatch.calibration.noise import (
     BUSY_SPREAD,
+    STOP_CPU_SHARE,
     STOP_SPREAD,
     MachineBusy,
     Noise,
@@ -26,6 +27,8 @@ from tests.calibration.helpers import small_config
 QUIET = Noise(median_s=2e-3, spread=BUSY_SPREAD / 4)
 BUSY = Noise(median_s=2e-3, spread=(BUSY_SPREAD + STOP_SPREAD) / 2)
 TOO_BUSY = Noise(median_s=2e-3, spread=STOP_SPREAD * 2)
+# Issue 15's machine: every sample alike (no spread) but this process gets a fraction of its cores.
+STARVED = Noise(median_s=0.2, spread=0.0, cpu_share=STOP_CPU_SHARE / 2, cores=2, load_per_cpu=2.0)
 
 
 def test_spread_is_the_relative_interquartile_range_of_the_samples():
@@ -38,6 +41,7 @@ def test_spread_is_the_relative_interquartile_range_of_the_samples():
 def test_the_real_probe_gives_a_time_and_a_spread():
     noise = probe_noise("cpu")
     assert noise.median_s > 0 and math.isfinite(noise.spread) and noise.spread >= 0
+    assert noise.cpu_share is not None and noise.cpu_share >= 0 and not noise.host_only and noise.cores >= 1
     assert noise.describe().split(":")[0] in ("quiet", "busy", "too busy to calibrate")
 
 
@@ -83,3 +87,20 @@ def test_cli_stops_with_one_line(monkeypatch, capsys):
     assert main(["calibrate", "--device", "cpu", "--quick", "--quiet", "--problems", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("attn-dispatch calibrate: error: this machine is too busy") and len(err.splitlines()) == 1
+
+
+def test_a_steady_but_starved_machine_stops_with_its_cpu_share(monkeypatch, capsys):
+    monkeypatch.setattr(session, "probe_noise", lambda device: STARVED)
+    assert main(["calibrate", "--device", "cpu", "--quick", "--quiet", "--problems", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "too busy" in err and f"CPU share {STOP_CPU_SHARE / 2:.0%}" in err
+    assert "load average 2.00 per CPU (reported only)" in err
+
+
+def test_a_starved_machine_allowed_widens_the_timer_and_the_summary_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(session, "probe_noise", lambda device: STARVED)
+    summary = calibrate(small_config(tmp_path, problems=1), show_progress=False, kernels=[MathKernel()], fit=False)
+    report = summary.reports[0]
+    assert report.widened and report.noise_spread == 0.0 and report.noise_cpu_share == STARVED.cpu_share
+    text = "\n".join(summary.lines())
+    assert "machine before measuring: too busy to calibrate" in text and "CPU share" in text and "warning:" in text
