@@ -31,8 +31,8 @@ from attn_dispatch.dispatcher.planning import (
     over_limit_reason,
     rank_options,
 )
-from attn_dispatch.dispatcher.ranking import FALLBACK_FIRST
 from attn_dispatch.dispatcher.recording import record_problem
+from attn_dispatch.dispatcher.verify import is_default, verification_wanted, verify_against_default
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
 
 UNMEASURED_LEVELS = ("prior", "none")
@@ -43,11 +43,6 @@ SETTLED = ("this exact shape has been called often enough to pay the chosen kern
 
 DEFAULT_KEPT_UNMEASURED = ("no table measured on this card: PyTorch's own choice (sdpa_default) runs wherever it fits; "
                            "the prior only orders the kernels behind it (calibrate, or turn tuning on, to replace it)")
-
-
-def _is_default(option) -> bool:
-    """PyTorch's own choice as a contender (not the portable set's last resort)."""
-    return option.kernel.name == FALLBACK_FIRST and not getattr(option.kernel, "last_resort", False)
 
 
 @dataclass(frozen=True)
@@ -184,10 +179,14 @@ class DevicePlanner:
         if self.floors:
             options, floor_note = floor_order(options, problem, [o.predicted_s for o in options], self.floors)
             notes = notes if floor_note is None else (*notes, floor_note)
-        if state.ranking.source.level in UNMEASURED_LEVELS and any(_is_default(o) for o in options[1:]):
-            options = (*(o for o in options if _is_default(o)), *(o for o in options if not _is_default(o)))
+        if state.ranking.source.level in UNMEASURED_LEVELS and any(is_default(o) for o in options[1:]):
+            options = (*(o for o in options if is_default(o)), *(o for o in options if not is_default(o)))
             notes = (*notes, DEFAULT_KEPT_UNMEASURED)  # nothing measured on this card says another kernel is faster
         seconds: dict[str, float] = {}
+        if not tune and inputs is not None and verification_wanted(
+                options, self.device, state.ranking.measured_note(problem) is not None):
+            options, notes, seconds = verify_against_default(
+                options, notes, problem, self.device, inputs, on_failure=lambda name, error: on_failure(name, error))
         if tune:
             state.open_store(config.tunings_root, config.signature)
             options, notes, dropped, pending = state.apply_tuning(
