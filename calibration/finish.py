@@ -10,7 +10,7 @@ store and the summary says so: nothing measured is lost, and the table can be bu
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from attn_dispatch.calibration.gate import apply_numerics_gate, describe_class
@@ -71,6 +71,9 @@ def store_for_lookup(table, identity: DeviceIdentity) -> Path:
     return Path(store_table(table))
 
 
+TOO_BUSY_REASON = "measured on a machine too busy to time kernels (calibrate --allow-busy)"
+
+
 def fit_and_write(
     measurements: list[Measurement],
     identity: DeviceIdentity,
@@ -78,8 +81,11 @@ def fit_and_write(
     out: str | os.PathLike | None,
     seed: int,
     wall_s: float,
+    too_busy: bool = False,
 ) -> FitOutcome:
-    """Gate, fit, build and write the table (see module docstring)."""
+    """Gate, fit, build and write the table (see module docstring). `too_busy`: the machine was
+    too busy to time kernels (measured anyway under ``--allow-busy``): the table's verdict is
+    PyTorch's default, whatever its held-out scores say (they were timed on the same noise)."""
     # One order whatever the hosts' and workers' interleaving: the same points give the same table.
     measurements = sorted(measurements, key=lambda m: unit_key(m.problem, m.kernel))
     gated, excluded = apply_numerics_gate(measurements)
@@ -97,6 +103,7 @@ def fit_and_write(
         return outcome
     try:
         from attn_dispatch.models.fit import fit_and_build
+        from attn_dispatch.models.guard import Guard
         from attn_dispatch.models.persist import save_model
         from attn_dispatch.models.table_io import save_table
     except ImportError as missing:  # FALLBACK: models' fit is not available in this checkout
@@ -108,6 +115,9 @@ def fit_and_write(
         measured, identity, kernel_names=kernel_names, holdout_fraction=HOLDOUT_FRACTION, seed=seed,
         calibration_wall_s=wall_s,
     )
+    if too_busy:
+        table = replace(table, guard=Guard("default", TOO_BUSY_REASON))
+        outcome.note += f"{TOO_BUSY_REASON}: PyTorch's default serves outside measured buckets. "
     outcome.quality = quality.summary() if quality is not None else "not evaluated (too few problems)"
     outcome.table_paths = [store_for_lookup(table, identity)]
     if out is not None and Path(out).resolve() != outcome.table_paths[0].resolve():

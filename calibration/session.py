@@ -167,6 +167,8 @@ def calibrate(
     storage = open_storage(config.storage, default_journal=journal)
     summary.measurements = merge(store.measurements(run=calibration_id), storage_measurements(storage, calibration_id))
     if fit:
-        summary.fit = fit_and_write(summary.measurements, identity, out=out, seed=config.seed, wall_s=summary.measuring_s)
+        too_busy = any(noise is not None and noise.too_busy for noise in (summary.noise_start, summary.noise_end))
+        summary.fit = fit_and_write(summary.measurements, identity, out=out, seed=config.seed, wall_s=summary.measuring_s,
+                                    too_busy=too_busy)
     summary.wall_s = time.time() - started
     return summary

@@ -61,3 +61,19 @@ def test_calibration_saves_the_fitted_model_beside_its_tables(tmp_path, monkeypa
     assert outcome.model_path == model_path(identity) and outcome.model_path.parent == tmp_path / "models"
     model = load_model(identity)
     assert model.n_features_in_ > 0 and "not saved" not in outcome.note
+
+
+def test_a_calibration_too_busy_to_time_kernels_gets_the_default_verdict(tmp_path, monkeypatch):
+    """Measured under ``--allow-busy`` on a machine too busy to time kernels: the stored table's
+    guard says PyTorch's default serves (its held-out scores were timed on the same noise)."""
+    from attn_dispatch.calibration.finish import TOO_BUSY_REASON, fit_and_write
+    from attn_dispatch.models.identity import DeviceIdentity
+    from attn_dispatch.models.table_io import load_table
+    from tests.models.synthetic import synthetic_measurements
+
+    monkeypatch.setenv("ATTN_DISPATCH_HOME", str(tmp_path))
+    points = synthetic_measurements(8, seed=7)
+    outcome = fit_and_write(points, DeviceIdentity.cpu(), out=tmp_path / "t.json", seed=0, wall_s=1.0, too_busy=True)
+    table = load_table(outcome.table_paths[-1])
+    assert table.guard.verdict == "default" and table.guard.reason == TOO_BUSY_REASON
+    assert TOO_BUSY_REASON in outcome.note
