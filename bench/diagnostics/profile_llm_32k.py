@@ -1,0 +1,41 @@
+"""Where does warm decode time go at a 32k prompt (transformers, 8 Llama-3-8B layers, bf16)?"""
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.argv = ["e2e"]
+from bench.e2e import LLM  # noqa: E402
+
+
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import attn_dispatch as ad  # noqa: E402
+from attn_dispatch.dispatcher.hf import register_transformers  # noqa: E402
+
+for impl in ("dispatch", "sdpa"):
+    ours = ad.Dispatcher() if impl == "dispatch" else None
+    name = register_transformers(dispatcher=ours) if ours else "sdpa"
+    config = LlamaConfig(**LLM, num_hidden_layers=8, max_position_embeddings=32768 + 96)
+    config._attn_implementation = name
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    prompt = torch.randint(0, LLM["vocab_size"], (1, 32768), device="cuda")
+    gen = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        for _ in range(2):
+            model.generate(prompt, **gen)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        model.generate(prompt, **gen)
+        torch.cuda.synchronize()
+        print(f"== {impl}: warm generate {time.perf_counter() - t:.3f} s; stats {ours.stats() if ours else None}")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            model.generate(prompt, **gen)
+            torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=14, max_name_column_width=60))
+    del model
+    torch.cuda.empty_cache()
