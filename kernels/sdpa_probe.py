@@ -170,11 +170,17 @@ def default_backend_choice(problem: Problem) -> str:
     return _choices[key]
 
 
+_BACKEND_SWITCHES = tuple(
+    getattr(torch._C, f"_get_{name}_sdp_enabled", lambda: True) for name in ("flash", "mem_efficient", "math", "cudnn")
+)
+
+
 def _enabled_backends() -> tuple[bool, ...]:
-    """PyTorch's global backend switches (`sdpa_kernel` flips them): part of the choice's key."""
-    flags = torch.backends.cuda
-    return (flags.flash_sdp_enabled(), flags.mem_efficient_sdp_enabled(), flags.math_sdp_enabled(),
-            flags.cudnn_sdp_enabled())
+    """PyTorch's global backend switches (`sdpa_kernel` flips them): part of the choice's key.
+    Read from `torch._C` directly (what `torch.backends.cuda.*_sdp_enabled()` wrap): this runs
+    twice per new exact shape."""
+    flash, efficient, math_, cudnn = _BACKEND_SWITCHES
+    return (flash(), efficient(), math_(), cudnn())
 
 
 def _ask_pytorch(problem: Problem) -> str:
