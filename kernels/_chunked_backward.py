@@ -57,6 +57,12 @@ def _grouped_rows(tensor: torch.Tensor, rows: slice, problem: Problem) -> torch.
     return block.reshape(problem.batch, problem.kv_heads, -1, block.shape[-1])
 
 
+def _keys(tensor: torch.Tensor, cols: slice) -> torch.Tensor:
+    """``tensor [B, Hkv, S, X]`` at key positions `cols`: the tensor itself when they are all of
+    them (a full-length slice is an alias, which vmap cannot batch), else a view."""
+    return tensor if cols.start == 0 and cols.stop >= tensor.shape[2] else tensor[:, :, cols]
+
+
 def _kv_blocks(rows: slice, problem: Problem, kv_chunk: int):
     """Key blocks a query block reads (causal: up to the last one any of its rows sees, with the
     diagonal where the problem's alignment puts it: `Problem.causal_offset`)."""
@@ -94,27 +100,29 @@ def _backward(grad_out, query, key, value, mask, out, lse, problem: Problem, sca
     """Gradients of canonical query, key, value (input dtype, shapes as the inputs)."""
     B, Hkv, L, dtype = problem.batch, problem.kv_heads, problem.q_len, query.dtype
     acc = accumulation_dtype(dtype)
-    d_query = query.new_empty(B, problem.q_heads, L, problem.head_dim)
-    d_key = torch.zeros(key.shape, dtype=acc, device=key.device)
-    d_value = torch.zeros(value.shape, dtype=acc, device=value.device)
+    # Buffers made from `grad_out`: under vmap (batched gradients: gradcheck's check_batched_grad,
+    # jacobians) they are batched like it, so the in-place accumulation below stays possible.
+    d_query = grad_out.new_empty(B, problem.q_heads, L, problem.head_dim, dtype=dtype)
+    d_key = grad_out.new_zeros(key.shape, dtype=acc)
+    d_value = grad_out.new_zeros(value.shape, dtype=acc)
     for q_start in range(0, L, q_chunk):
         rows = slice(q_start, min(L, q_start + q_chunk))
         q_block = query_rows(query, rows, problem, scale)  # [B, Hkv, R, E], scaled
         do_block = _grouped_rows(grad_out, rows, problem)  # [B, Hkv, R, Ev]
         delta = (do_block.to(acc) * _grouped_rows(out, rows, problem).to(acc)).sum(dim=-1, keepdim=True)
         row_lse = lse[:, :, :, rows].reshape(B, Hkv, -1, 1)
-        dq_block = torch.zeros(q_block.shape, dtype=acc, device=q_block.device)
+        dq_block = grad_out.new_zeros(q_block.shape, dtype=acc)
         for cols in _kv_blocks(rows, problem, kv_chunk):
-            key_block, value_block = key[:, :, cols], value[:, :, cols]
+            key_block, value_block = _keys(key, cols), _keys(value, cols)
             probs = scores_fp32(q_block, key_block)
             mask_scores_(probs, mask, problem.causal, rows, cols, problem)
             probs = probs.sub_(row_lse).exp_()  # P = exp(S - lse), in place
-            d_value[:, :, cols] += torch.matmul(probs.to(dtype).transpose(-1, -2), do_block)
+            _keys(d_value, cols).add_(torch.matmul(probs.to(dtype).transpose(-1, -2), do_block))
             d_probs = torch.sub(torch.matmul(do_block, value_block.transpose(-1, -2)), delta)  # fp32: dP - delta
-            d_scores = probs.mul_(d_probs).to(dtype)  # dS = P * (dP - delta)
+            d_scores = d_probs.mul_(probs).to(dtype)  # dS = P * (dP - delta), into dP: batched under vmap
             del probs, d_probs
             dq_block += torch.matmul(d_scores, key_block)
-            d_key[:, :, cols] += torch.matmul(d_scores.transpose(-1, -2), q_block)
+            _keys(d_key, cols).add_(torch.matmul(d_scores.transpose(-1, -2), q_block))
             del d_scores
         scatter_rows(d_query, dq_block.mul_(scale).to(dtype), rows, problem)
     return d_query, d_key.to(dtype), d_value.to(dtype)

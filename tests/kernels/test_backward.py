@@ -88,7 +88,8 @@ def test_gradcheck_tiny_fp64(name):
     inputs = GRADCHECK_CASES[name].build(TEST_DEVICE)
     leaves = tuple(inputs.pop(name).requires_grad_(True) for name in ("query", "key", "value"))
     kernel = ChunkedKernel(q=2, kv=3)
-    assert torch.autograd.gradcheck(lambda q, k, v: kernel(q, k, v, **inputs), leaves, eps=1e-6, atol=1e-7)
+    assert torch.autograd.gradcheck(lambda q, k, v: kernel(q, k, v, **inputs), leaves, eps=1e-6, atol=1e-7,
+                                    check_batched_grad=True)  # the backward under vmap, as PyTorch's own tests run it
 
 
 def test_mask_requiring_grad_is_refused():
