@@ -161,3 +161,17 @@ def test_a_bad_profile_warns_and_gives_no_times(tmp_path, content):
     with pytest.warns(UserWarning, match="training profile"):
         times = TrainingTimes.load(path)
     assert times.lookup(PROBLEM, torch.device("cpu")) == {}
+
+
+def test_with_no_table_training_runs_pytorchs_default_as_inference_does(monkeypatch, tmp_path):
+    """No table measured this card: the decision keeps PyTorch's default first, and the training
+    route follows that order (not the analytic prior's, which put `chunked` first on the CPU)."""
+    monkeypatch.setenv("ATTN_DISPATCH_HOME", str(tmp_path))
+    ours = Dispatcher()
+    q = torch.randn(1, 4, 64, 32, requires_grad=True)
+    k, v = torch.randn(1, 4, 64, 32, requires_grad=True), torch.randn(1, 4, 64, 32, requires_grad=True)
+    assert ours.explain(q.detach(), k.detach(), v.detach(), is_causal=True).source.level == "prior"
+    out = ours.attention(q, k, v, is_causal=True)
+    out.sum().backward()
+    assert ours.stats() == {"sdpa_default": 1}
+    torch.testing.assert_close(out, reference_attention(q, k, v, is_causal=True).float(), rtol=1e-5, atol=1e-5)
