@@ -95,8 +95,11 @@ def cache_key(
     dtypes, devices and contiguity of every input, the mask's shape, dtype and device, and the
     flags. Two calls with equal keys have the same `Problem` and the same validity.
 
-    Raises AttributeError for inputs that are not tensors (the caller validates those).
+    Raises AttributeError for inputs that are not tensors (the caller validates those), and
+    `Problem.from_tensors`'s NotImplementedError for nested tensors (one has no `.shape`).
     """
+    if query.is_nested or key.is_nested or value.is_nested:
+        Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
     mask = None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device)
     return (
         query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,

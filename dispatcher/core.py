@@ -166,8 +166,15 @@ class Dispatcher(RecoveringDispatcher):
                 return sdpa_context.pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                       enable_gqa)
             return compiled_attention(self, query, key, value, attn_mask, is_causal, scale, enable_gqa)
-        try:  # `cache_key`, inlined: this is the warm path
-            key_ = (
+        try:
+            # issue 13 hook, before any size is read: sdpa_kernel restrictions, CausalBias, meta and
+            # nested tensors (a strided nested tensor has no `.shape`)
+            if _needs_context(query, attn_mask):
+                routed = sdpa_context.route(self, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                            enable_gqa)
+                if routed is not None:
+                    return routed
+            key_ = (  # `cache_key`, inlined: this is the warm path
                 query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
                 query.device, key.device, value.device,
                 query.is_contiguous(), key.is_contiguous(), value.is_contiguous(),
@@ -182,10 +189,6 @@ class Dispatcher(RecoveringDispatcher):
         except AttributeError:  # not tensors: validation raises SDPA's TypeError
             Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
             raise
-        if _needs_context(query, attn_mask):  # issue 13 hook: sdpa_kernel restrictions, CausalBias, meta
-            routed = sdpa_context.route(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-            if routed is not None:
-                return routed
         if training:
             return self._training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_)
         plan = self._plan_get(key_)

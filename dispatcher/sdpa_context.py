@@ -15,6 +15,8 @@
   `CausalBias` handling serves. With ``is_causal=True`` it raises ValueError, as PyTorch.
 - **Meta tensors** (model init under ``torch.device("meta")``, shape inference): PyTorch's SDPA,
   which gives a meta tensor of the right shape (no table lookup, no memory query).
+- **Nested tensors** (``torch.nested``, jagged or strided: variable-length batches): PyTorch's
+  SDPA, which has kernels for them; ours take strided tensors of one shape (a `Problem`).
 """
 
 from __future__ import annotations
@@ -62,9 +64,11 @@ def backends_restricted() -> bool:
 
 
 def needs_context(query: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
-    """The per-call test (cheap): a restriction, meta tensors or a mask that is not a plain tensor."""
+    """The per-call test (cheap): a restriction, meta or nested tensors, or a mask that is not a
+    plain tensor."""
     return (
         query.is_meta
+        or query.is_nested
         or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor)
         or (_respect[0] and not _all_enabled())
     )
@@ -83,7 +87,7 @@ def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
 def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor | None:
     """The output when the context decides the call, else None (the dispatcher goes on with the
     same arguments: a lower-right `CausalBias` on the inference route, or a mask subclass)."""
-    if query.is_meta or backends_restricted():
+    if query.is_meta or query.is_nested or backends_restricted():
         return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if not is_causal_bias(attn_mask):
         return None

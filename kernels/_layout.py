@@ -61,6 +61,11 @@ def _check_tensors(query: object, key: object, value: object) -> None:
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if query.is_nested or key.is_nested or value.is_nested:
+        raise NotImplementedError(
+            "nested tensors (torch.nested) are not described by one Problem: call "
+            "attn_dispatch.attention (or F.scaled_dot_product_attention), which runs PyTorch's SDPA for them"
+        )
     if query.dim() < 2 or key.dim() < 2 or value.dim() < 2:
         raise RuntimeError(
             "Expected query, key and value to be at least 2-D ([..., L, E]), got "

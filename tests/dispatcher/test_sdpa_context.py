@@ -141,3 +141,26 @@ def test_fused_backend_backward_with_mask():
     mask = torch.randn(4, 4)
     Dispatcher(kernels=["sdpa_flash"]).attention(q, q, q, attn_mask=mask).sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+@pytest.mark.parametrize("layout", [torch.jagged, torch.strided])
+def test_nested_tensors_run_pytorchs_sdpa(layout):
+    """Variable-length batches as `torch.nested` tensors: PyTorch's SDPA has kernels for them, ours
+    take one shape; the dispatcher hands them over (under `patched()` too)."""
+    generator = torch.Generator().manual_seed(0)
+    parts = [torch.randn(length, 4, 32, generator=generator) for length in (5, 7)]
+    nested = torch.nested.nested_tensor(parts, layout=layout).transpose(1, 2)
+    if layout == torch.strided:  # PyTorch's strided nested SDPA takes contiguous components only
+        nested = torch.nested.nested_tensor([p.transpose(0, 1).contiguous() for p in parts], layout=layout)
+    expected = F.scaled_dot_product_attention(nested, nested, nested)
+    ours = Dispatcher()
+    out = ours.attention(nested, nested, nested)
+    with patched(ours):
+        patched_out = F.scaled_dot_product_attention(nested, nested, nested)
+    for got in (out, patched_out):
+        for a, b in zip(got.unbind(), expected.unbind(), strict=True):
+            torch.testing.assert_close(a, b)
+    assert ours.stats() == {}
+    with pytest.raises(NotImplementedError, match="nested tensors"):
+        ours.explain(nested, nested, nested)
