@@ -36,10 +36,18 @@ def _module(name: str):
     return importlib.import_module(f"attn_dispatch.dispatcher.commands.{name}")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with usage errors as one line (``attn-dispatch explain: error: ...``) and no usage
+    block before it; the subcommands' parsers are of this class too (argparse makes them so)."""
+
+    def error(self, message: str):
+        self.exit(ERROR_EXIT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(full: Iterable[str] | None = None) -> argparse.ArgumentParser:
     """The parser. `full`: the commands (names as typed, e.g. ``import``) that get their whole
     parser; the others get a help-only one (default: every command gets its whole parser)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="attn-dispatch",
         description="Adaptive attention dispatcher: calibrate a card, inspect and share its tables.",
     )

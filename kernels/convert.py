@@ -83,7 +83,8 @@ class ConvertKernel(Kernel):
             if not self.policy.allows(self.source, self.target):
                 return [
                     f"{self.conversion} is lossy and the accuracy policy ({self.policy.describe()}) does not "
-                    f"allow it; pass AccuracyPolicy.allowing({self.conversion!r}) to accept its error"
+                    f"allow it; pass AccuracyPolicy.allowing({self.conversion!r}) (command line: --allow-lossy "
+                    f"{self.conversion}) to accept its error"
                 ]
         return [f"after {self.conversion}: {why}" for why in self.inner.reasons(self.converted(problem))]
 

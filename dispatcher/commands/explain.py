@@ -18,6 +18,17 @@ def dtype_choices() -> tuple[str, ...]:
     return ("float16", "bfloat16", "float32", "float64", *LONG_DTYPE_NAMES)
 
 
+def size(text: str) -> int:
+    """An argparse type: a size of 0 or more (argparse names the flag in its one-line error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     from attn_dispatch.dispatcher.kernel_set import KERNEL_SETS
     from attn_dispatch.kernels.problem import MASK_KINDS
@@ -29,13 +40,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "this device: the chosen kernel, predicted time of every candidate, the reason each other kernel "
         "was dropped, and which table (or prior) served the decision.",
     )
-    parser.add_argument("--lq", type=int, required=True, help="query length (1 for decode)")
-    parser.add_argument("--lk", type=int, default=None, help="key/value length (default: --lq)")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--heads", type=int, default=32, help="query heads")
-    parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA; default: --heads)")
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--value-dim", type=int, default=None, help="value head dim (default: --head-dim)")
+    parser.add_argument("--lq", type=size, required=True, help="query length (1 for decode)")
+    parser.add_argument("--lk", type=size, default=None, help="key/value length (default: --lq)")
+    parser.add_argument("--batch", type=size, default=1)
+    parser.add_argument("--heads", type=size, default=32, help="query heads")
+    parser.add_argument("--kv-heads", type=size, default=None, help="key/value heads (GQA; default: --heads)")
+    parser.add_argument("--head-dim", type=size, default=128)
+    parser.add_argument("--value-dim", type=size, default=None, help="value head dim (default: --head-dim)")
     parser.add_argument("--dtype", default="float16", choices=dtype_choices())
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--mask", default="none", choices=MASK_KINDS, help="attention mask kind, shape [B, 1, Lq, Lk]")

@@ -1,0 +1,22 @@
+"""Command-line usage errors are one line naming the argument (no usage block), exit status 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from attn_dispatch.dispatcher.cli import ERROR_EXIT, main
+
+
+@pytest.mark.parametrize(("argv", "names"), [
+    (["explain", "--lq", "1", "--dtype", "foo"], "argument --dtype: invalid choice: 'foo'"),
+    (["explain", "--lq", "-1"], "argument --lq: must be 0 or more, got -1"),
+    (["explain", "--lq", "x"], "argument --lq: expected a whole number, got 'x'"),
+    ([], "the following arguments are required: COMMAND"),
+    (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
+])
+def test_usage_errors_are_one_line(capsys, argv, names):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == ERROR_EXIT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and names in err and "usage:" not in err
