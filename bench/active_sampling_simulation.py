@@ -19,7 +19,8 @@ what it has measured, scores that fit on the test fold, and adds `--step` pool p
 `--regret linear` scores bagged strategies by the bags' mean slowdown (exp of the log regret,
 minus 1) instead of their mean log regret (what `calibrate --active-rounds` uses);
 `--bags` and `--bag-iterations` set the bootstrap fits; `--late-step N` adds N problems per
-choice from `--late-from` problems on (smaller batches later).
+choice from `--late-from` problems on (smaller batches later); `--model-pick` scores the bags' regret
+of the fitted model's pick instead of their consensus pick.
 
 The reference is run 6 itself: the model fitted on the whole pool (all of run 6's training
 problems), scored on the same test folds. Printed per strategy: mean slowdown of the predicted
@@ -42,7 +43,11 @@ import time
 import numpy as np
 
 from attn_dispatch.calibration.active import (
-    bagged_regret, diverse_batch, most_uncertain, problem_descriptors, top_margins,
+    bagged_regret,
+    diverse_batch,
+    most_uncertain,
+    problem_descriptors,
+    top_margins,
 )
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import TrainingSet, training_set
@@ -73,7 +78,7 @@ def fit(data: TrainingSet, rows: np.ndarray, seed: int = 0, max_iter: int = 300)
 
 def next_problems(strategy: str, data: TrainingSet, chosen: list[int], left: list[int], count: int,
                   model: CostModel, rng: np.random.Generator, bags: int, *, linear: bool = False,
-                  pool_factor: int = 3, bag_iterations: int = BAG_ITERATIONS) -> list[int]:
+                  pool_factor: int = 3, bag_iterations: int = BAG_ITERATIONS, model_pick: bool = False) -> list[int]:
     """`count` problems of `left` to measure next (the random order is `left`'s own, pre-shuffled)."""
     if strategy == "random":
         return left[:count]
@@ -84,7 +89,8 @@ def next_problems(strategy: str, data: TrainingSet, chosen: list[int], left: lis
             resample = rng.choice(chosen, size=len(chosen), replace=True)
             rows = np.concatenate([np.flatnonzero(data.groups == g) for g in resample])
             predictions.append(fit(data, rows, seed=bag, max_iter=bag_iterations).predict(data.X[candidates]))
-        regrets = bagged_regret(data.groups[candidates], np.array(predictions), linear=linear)
+        pick_log = model.predict(data.X[candidates]) if model_pick else None
+        regrets = bagged_regret(data.groups[candidates], np.array(predictions), linear=linear, pick_log=pick_log)
         if strategy == "bagged+diverse":
             descriptors = problem_descriptors(data.groups[candidates], data.X[candidates])
             return diverse_batch(regrets, descriptors, count, pool_factor=pool_factor)
@@ -136,7 +142,7 @@ def summarise(curves: dict[str, list[list[tuple[int, float, float]]]], reference
     """Per strategy: sizes, mean slowdown and top-1 averaged over folds, std over seeds, and the
     smallest size at or below the reference (the whole pool's mean slowdown, last on each curve)."""
     reference = float(np.mean([r[1] for r in references]))
-    curves = {name: [run + [ref] for run, ref in zip(runs, references)] for name, runs in curves.items()}
+    curves = {name: [run + [ref] for run, ref in zip(runs, references, strict=True)] for name, runs in curves.items()}
     out = {"reference_mean_slowdown": reference, "reference_top1": float(np.mean([r[2] for r in references])),
            "pool_problems": pool_size, "strategies": {}}
     for strategy, runs in curves.items():
@@ -145,7 +151,7 @@ def summarise(curves: dict[str, list[list[tuple[int, float, float]]]], reference
         top1 = np.array([[point[2] for point in run] for run in runs])
         per_seed = slow.reshape(-1, FOLDS, len(sizes)).mean(axis=1)
         mean = slow.mean(axis=0)
-        reached = next((size for size, value in zip(sizes, mean) if value <= reference), None)
+        reached = next((size for size, value in zip(sizes, mean, strict=True) if value <= reference), None)
         out["strategies"][strategy] = {
             "sizes": sizes, "mean_slowdown": mean.tolist(), "std_over_seeds": per_seed.std(axis=0).tolist(),
             "top1": top1.mean(axis=0).tolist(), "reaches_reference_at": reached,
@@ -186,6 +192,8 @@ def main() -> None:
     parser.add_argument("--up-to", type=float, default=0.6, help="curves stop at this share of the pool, "
                         "rounded down (then the whole pool's point, the reference)")
     parser.add_argument("--bag-iterations", type=int, default=BAG_ITERATIONS, help="boosting iterations of each bootstrap fit")
+    parser.add_argument("--model-pick", action="store_true", help="bagged regret of the fitted model's pick "
+                        "(the one a table would use) instead of the bags' consensus pick")
     parser.add_argument("--regret", choices=("log", "linear"), default="log",
                         help="bagged score: mean log regret or mean slowdown over the bags")
     parser.add_argument("--pool-factor", type=int, default=3,
@@ -207,10 +215,10 @@ def main() -> None:
                 curves[strategy].append(learning_curve(
                     strategy, data, pool, test, seed=seed, start=args.start, step=args.step, bags=args.bags, up_to=up_to,
                     late_step=args.late_step, late_from=args.late_from, linear=args.regret == "linear", pool_factor=args.pool_factor,
-                    bag_iterations=args.bag_iterations))
+                    bag_iterations=args.bag_iterations, model_pick=args.model_pick))
     result = summarise(curves, references, pool_size=float(np.mean([r[0] for r in references])))
     result.update(run=args.run, seeds=list(range(args.first_seed, args.first_seed + args.seeds)), start=args.start, step=args.step, bags=args.bags,
-                  late_step=args.late_step, late_from=args.late_from, regret=args.regret, bag_iterations=args.bag_iterations, pool_factor=args.pool_factor, wall_s=round(time.time() - began, 1))
+                  late_step=args.late_step, late_from=args.late_from, regret=args.regret, bag_iterations=args.bag_iterations, model_pick=args.model_pick, pool_factor=args.pool_factor, wall_s=round(time.time() - began, 1))
     print_report(result, f"{args.run}: {data.n_problems} problems, {len(data)} points; {args.seeds} seeds x "
                  f"{FOLDS} folds; start {args.start}, step {args.step}; {result['wall_s']:.0f} s")
     if args.json:

@@ -49,17 +49,19 @@ def top_margins(groups: np.ndarray, predicted_log: np.ndarray) -> dict[int, floa
     return out
 
 
-def bagged_regret(groups: np.ndarray, predicted_log: np.ndarray, *, linear: bool = False) -> dict[int, float]:
+def bagged_regret(groups: np.ndarray, predicted_log: np.ndarray, *, linear: bool = False,
+                  pick_log: np.ndarray | None = None) -> dict[int, float]:
     """Problem id -> mean over bags of (bag's log time of the consensus pick - bag's best), or of
     ``exp`` of it minus 1 with ``linear``.
 
-    ``predicted_log`` is ``[bags, n]``; the consensus pick minimises the bags' mean prediction.
+    ``predicted_log`` is ``[bags, n]``; the consensus pick minimises the bags' mean prediction, or
+    ``pick_log [n]`` when given (the pick of the model that will be used).
     """
     predicted_log = np.atleast_2d(predicted_log)
     out = {}
     for group, rows in _rows_by_group(np.asarray(groups)).items():
         block = predicted_log[:, rows]  # [bags, kernels of this problem]
-        consensus = int(np.argmin(block.mean(axis=0)))
+        consensus = int(np.argmin(block.mean(axis=0) if pick_log is None else pick_log[rows]))
         regret = block[:, consensus] - block.min(axis=1)
         out[group] = float(np.mean(np.expm1(regret) if linear else regret))
     return out

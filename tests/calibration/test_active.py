@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 
 from attn_dispatch.calibration.active import (
-    bagged_regret, diverse_batch, most_uncertain, problem_descriptors, top_margins,
+    bagged_regret,
+    diverse_batch,
+    most_uncertain,
+    problem_descriptors,
+    top_margins,
 )
 from attn_dispatch.models.features import FEATURE_NAMES, PROBLEM_COLUMNS
 
@@ -65,3 +69,12 @@ def test_a_diverse_batch_takes_one_problem_per_cluster_of_the_best_scored():
     assert diverse_batch(scores, descriptors, 3, pool_factor=2) == [0, 3, 4]
     assert diverse_batch(scores, descriptors, 2, pool_factor=1) == [0, 1]  # no wider pool: the best as they are
     assert diverse_batch(scores, descriptors, 10, pool_factor=3) == [0, 1, 2, 3, 4, 5]
+
+
+def test_regret_of_a_given_pick_counts_against_each_bags_best():
+    bags = np.stack([PREDICTED, PREDICTED])  # both bags: kernel 0 of problem 0 is 4x faster than kernel 1
+    pick = PREDICTED.copy()
+    pick[1] = math.log(0.5)  # the model in use would pick kernel 1 of problem 0
+    regrets = bagged_regret(GROUPS, bags, pick_log=pick)
+    assert regrets[0] == pytest.approx(math.log(4.0)) and regrets[1] == pytest.approx(0.0)
+    assert bagged_regret(GROUPS, bags)[0] == pytest.approx(0.0)  # the bags' own consensus: no regret
