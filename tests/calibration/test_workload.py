@@ -21,6 +21,7 @@ from attn_dispatch.dispatcher.recording import (
 )
 from attn_dispatch.kernels.chunked import ChunkedKernel
 from attn_dispatch.kernels.math_kernel import MathKernel
+from attn_dispatch.models.table_io import load_table
 from tests.calibration.helpers import problem, small_config
 
 
@@ -79,17 +80,25 @@ def test_a_bad_line_is_named(tmp_path):
         read_workload(path)
 
 
-def test_calibrate_measures_every_recorded_bucket_first(tmp_path):
+def test_calibrate_measures_every_recorded_bucket_first_and_stores_each_as_a_measured_entry(tmp_path):
     path = tmp_path / "workload.jsonl"
     recorder = WorkloadRecorder(path)
     recorded = [problem(q_len=3, kv_len=700, device_type="cuda"), problem(q_len=40, kv_len=40, q_heads=2, kv_heads=2)]
     for p in recorded:
         recorder.add(p)
     config = small_config(tmp_path, problems=2, workload=str(path))
-    summary = calibrate(config, show_progress=False, kernels=[MathKernel(), ChunkedKernel(q=128, kv=1024)], fit=False)
+    summary = calibrate(config, show_progress=False, kernels=[MathKernel(), ChunkedKernel(q=128, kv=1024)])
     assert summary.workload_measured() == (2, 2)
     workload_phase = [m for m in summary.measurements if m.extra.get("phase") == "workload"]
     assert {m.problem for m in workload_phase} == set(for_device(recorded, "cpu"))
     assert min(m.timestamp for m in workload_phase) < min(
         m.timestamp for m in summary.measurements if m.extra.get("phase") == "sweep")
     assert any(line.startswith("workload: 2 of 2 recorded buckets measured") for line in summary.lines())
+    # The target: every recorded bucket has an exact measured entry in the stored table,
+    # which the dispatcher consults before its model (`ThresholdTable.measured_entry`).
+    stored = load_table(summary.fit.table_paths[0])
+    for p in for_device(recorded, "cpu"):
+        entry = stored.measured_entry(p)
+        assert entry is not None, f"no measured entry for the recorded bucket of {p}"
+        assert {t.kernel for t in entry.times} == {"math", "chunked[q=128,kv=1024]"}
+        assert stored.rank(p, [MathKernel(), ChunkedKernel(q=128, kv=1024)])[0][0] == entry.winner
