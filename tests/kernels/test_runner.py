@@ -82,3 +82,25 @@ def test_sdpa_default_without_a_mask_calls_pytorch_directly():
     assert runner != kernel.run
     torch.testing.assert_close(runner(query, key, value, None, None, True, problem),
                                F.scaled_dot_product_attention(query, key, value, enable_gqa=True))
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_sdpa_default_with_a_mask_on_the_cpu_calls_pytorch_directly_where_pytorch_zeroes_dead_rows(monkeypatch, kind):
+    from attn_dispatch.kernels import sdpa_default
+
+    query, key, value = _inputs(8, 2, 5, 33)
+    mask = torch.rand(5, 33, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[2] = False  # a fully masked row
+    if kind == "float":
+        mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    problem = Problem.from_tensors(query, key, value, mask, False, True)
+    kernel = SdpaDefaultKernel()
+    monkeypatch.setattr(sdpa_default, "default_zeroes_dead_rows", lambda device, dtype, bool_mask: True)
+    runner = kernel.runner(problem)
+    assert runner != kernel.run
+    torch.testing.assert_close(runner(query, key, value, mask, None, True, problem),
+                               kernel.run(query, key, value, mask, None, True, problem))
+    monkeypatch.setattr(sdpa_default, "default_zeroes_dead_rows", lambda device, dtype, bool_mask: False)
+    assert kernel.runner(problem) == kernel.run  # PyTorch's rows need the repair: `run` makes it
+    causal = Problem.from_tensors(query, key, value, mask, True, True)
+    assert kernel.runner(causal) == kernel.run  # mask and causality combined by `run`
