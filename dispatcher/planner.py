@@ -185,8 +185,8 @@ class DevicePlanner:
         seconds: dict[str, float] = {}
         if not tune and inputs is not None and verification_wanted(
                 options, self.device, state.ranking.measured_note(problem) is not None):
-            options, notes, seconds = verify_against_default(
-                options, notes, problem, self.device, inputs, on_failure=lambda name, error: on_failure(name, error))
+            options, notes, seconds = verify_against_default(options, notes, problem, self.device, inputs,
+                                                             on_failure=on_failure)
         if tune:
             state.open_store(config.tunings_root, config.signature)
             options, notes, dropped, pending = state.apply_tuning(

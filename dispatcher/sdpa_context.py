@@ -27,13 +27,9 @@ import torch
 
 from attn_dispatch.kernels._layout import causal_bias_alignment, is_causal_bias
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
+from attn_dispatch.kernels.sdpa_probe import BACKEND_SWITCHES
 
 IGNORE_ENV = "ATTN_DISPATCH_IGNORE_SDPA_KERNEL"
-_BACKEND_FLAGS = tuple(
-    getattr(torch._C, f"_get_{name}_sdp_enabled")
-    for name in ("flash", "mem_efficient", "math", "cudnn")
-    if hasattr(torch._C, f"_get_{name}_sdp_enabled")
-)
 _respect = [os.environ.get(IGNORE_ENV, "") not in ("1", "true", "yes")]
 
 
@@ -49,10 +45,8 @@ def respect_sdpa_kernel(enabled: bool = True) -> None:
 def _every_backend_enabled():
     """``() -> bool``: are all of PyTorch's SDPA backends on? One expression, no loop: it runs on
     every dispatcher call."""
-    if len(_BACKEND_FLAGS) == 4:
-        flash, efficient, math, cudnn = _BACKEND_FLAGS
-        return lambda: flash() and efficient() and math() and cudnn()
-    return lambda: all(enabled() for enabled in _BACKEND_FLAGS)
+    flash, efficient, math, cudnn = BACKEND_SWITCHES
+    return lambda: flash() and efficient() and math() and cudnn()
 
 
 _all_enabled = _every_backend_enabled()

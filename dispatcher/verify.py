@@ -50,7 +50,7 @@ def verify_against_default(options: tuple[Option, ...], notes: tuple[str, ...], 
     tuned = tune((options[0], default), inputs, problem, device, on_failure=on_failure)
     if tuned is None:
         return options, notes, {}
-    timed = ", ".join(f"{name} {seconds * 1e3:.3g} ms" for name, seconds in tuned.seconds)
+    timed = tuned.timings()
     if tuned.kernel != options[0].kernel.name:
         options = put_first(options, tuned.kernel)
         note = f"the table's pick was checked against PyTorch's own choice on the first call and lost: {timed}"

@@ -59,8 +59,9 @@ def additive_bias(
 
 def aten_binding(name: str):
     """ATen operator `name` through its generated ``torch.<name>`` binding where torch has one
-    (parsed in C++: ~2 us less host time per call than ``torch.ops.aten.<name>.default``, measured
-    on a CPU with torch 2.13; the warm path's whole budget is ~1 us), else the operator overload."""
+    (parsed in C++: 6.5 against 8.8 us per call for ``torch.ops.aten.<name>.default``, timeit of
+    the CPU flash operator on a 1x4x1x16 decode, 2-core dev VM, torch 2.13; the warm path's whole
+    budget is ~1 us), else the operator overload."""
     return getattr(torch._C._VariableFunctions, name, None) or getattr(torch.ops.aten, name).default
 
 

@@ -170,16 +170,21 @@ def default_backend_choice(problem: Problem) -> str:
     return _choices[key]
 
 
-_BACKEND_SWITCHES = tuple(
-    getattr(torch._C, f"_get_{name}_sdp_enabled", lambda: True) for name in ("flash", "mem_efficient", "math", "cudnn")
+def _always_on() -> bool:
+    return True
+
+
+BACKEND_SWITCHES = tuple(
+    getattr(torch._C, f"_get_{name}_sdp_enabled", _always_on) for name in ("flash", "mem_efficient", "math", "cudnn")
 )
+"""Readers of PyTorch's global SDPA backend switches (flash, memory-efficient, math, cuDNN), read
+from `torch._C` directly (what `torch.backends.cuda.*_sdp_enabled()` and `sdpa_kernel` use); a
+switch this torch build lacks reads as on."""
 
 
 def _enabled_backends() -> tuple[bool, ...]:
-    """PyTorch's global backend switches (`sdpa_kernel` flips them): part of the choice's key.
-    Read from `torch._C` directly (what `torch.backends.cuda.*_sdp_enabled()` wrap): this runs
-    twice per new exact shape."""
-    flash, efficient, math_, cudnn = _BACKEND_SWITCHES
+    """PyTorch's global backend switches (`sdpa_kernel` flips them): part of the choice's key."""
+    flash, efficient, math_, cudnn = BACKEND_SWITCHES
     return (flash(), efficient(), math_(), cudnn())
 
 
