@@ -8,6 +8,7 @@
 #   kerneltests the kernel suite on the GPU (ATTN_DISPATCH_TEST_DEVICE=cuda)
 #   training    bench/training_memory.py (Wan2.1-shaped forward+backward under 16 GiB, portable)
 #   overhead    bench/dispatch_overhead.py (dispatcher vs F.sdpa, interleaved)
+#   grid        bench/llm_grid.py: the 580-shape LLM grid, warm (PyTorch's default, every kernel, the table alone, as shipped, tuned)
 #   decode      bench/decode_loop.py: 32 layers per token, contexts 1k/8k/32k, batch 1 and 8, fresh processes
 #   llm | llm-batch | llm-static | dit | portable | fp32   bench/e2e.py matrices
 # Wheels: pip download into .whl (see /work/.library/device/README.md) plus `pip wheel --no-deps -w .whl .`.
@@ -28,6 +29,7 @@ for stage in "$@"; do
     kerneltests) ATTN_DISPATCH_TEST_DEVICE=cuda run timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -n 8 -p no:cacheprovider tests/kernels 2>&1 | tail -40 ;;
     training) run timeout 300 python3 -m bench.training_memory --device cuda --out "$OUT/loops/training_memory_h200.json" ;;
     overhead) run timeout 240 python3 -m bench.dispatch_overhead --device cuda --rounds 100 --calls 50 --out "$OUT/loops" ;;
+    grid) run timeout ${GRID_TIMEOUT:-480} python3 -m bench.llm_grid --device cuda --budget-s ${GRID_BUDGET:-400} --out "$OUT/loops/llm_grid.jsonl" ;;
     decode) run timeout 420 python3 -m bench.decode_loop --device cuda --contexts ${CONTEXTS:-1024,8192,32768} --batches ${BATCHES:-1,8} \
               --tokens ${TOKENS:-32} --layers 32 --repeats ${REPEATS:-1} --out "$OUT/loops/decode_loop.jsonl" ;;
     llm|llm-batch|llm-static|dit|portable|fp32)
