@@ -15,6 +15,8 @@ dit: a Wan2.1-shaped diffusers video transformer (40 heads, D=128; `--layers` bl
 `--impl`: sdpa (PyTorch's own), dispatch (the dispatcher, all kernels), portable (`--kernels
 portable --memory-budget 16GiB`: the gfx906 stand-in), math (PyTorch held to its math backend).
 `--lossy fp32->bf16` lets the dispatcher convert an fp32 model. Every run appends one JSON line.
+With `--matrix`, each configuration runs in a fresh process with a fresh ``ATTN_DISPATCH_HOME``
+(the bundled table; no tunings remembered from another configuration).
 
 Usage (from the repository root; one process per configuration):
     python -m bench.e2e --case llm --impl dispatch --prompt 8192 --batch 1 --layers 8 --out OUT.jsonl
@@ -29,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -169,7 +172,9 @@ def run_matrix(args) -> int:
             if value is not None:
                 command += [f"--{name}", str(value)]
         started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+        # a fresh home per configuration: no tunings remembered from another one (the bundled table serves)
+        env = {**os.environ, "ATTN_DISPATCH_HOME": tempfile.mkdtemp(prefix="e2e-home-")}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, env=env)
         tail = (done.stdout.strip().splitlines() or [""])[-1]
         if done.returncode != 0:
             tail = "FAILED: " + ((done.stderr.strip().splitlines() or ["?"])[-1])
