@@ -33,7 +33,7 @@ for stage in "$@"; do
     decode) run timeout 420 python3 -m bench.decode_loop --device cuda --contexts ${CONTEXTS:-1024,8192,32768} --batches ${BATCHES:-1,8} \
               --tokens ${TOKENS:-32} --layers 32 --repeats ${REPEATS:-1} --out "$OUT/loops/decode_loop.jsonl" ;;
     llm|llm-batch|llm-static|dit|portable|fp32)
-      run timeout ${STAGE_TIMEOUT:-540} python3 -m bench.e2e --matrix "$stage" --layers ${LAYERS:-8} --tokens ${TOKENS:-32} \
+      run timeout ${STAGE_TIMEOUT:-540} python3 -m bench.e2e --matrix "$stage" --layers ${LAYERS:-8} --tokens ${TOKENS:-32} --repeats ${E2E_REPEATS:-2} \
         --timeout ${CONFIG_TIMEOUT:-240} --out "$OUT/loops/e2e.jsonl" ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
