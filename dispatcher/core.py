@@ -34,7 +34,7 @@ from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.ranking import resolve_ranking
 from attn_dispatch.dispatcher.recovery import RecoveringDispatcher
 from attn_dispatch.dispatcher.training_route import TrainingRoute
-from attn_dispatch.dispatcher.tuning import tune_from_env, tunes_by_default
+from attn_dispatch.dispatcher.tuning import tune_from_env
 from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
 from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
@@ -75,8 +75,8 @@ class Dispatcher(RecoveringDispatcher):
         ``ATTN_DISPATCH_MEMORY_BUDGET`` (read when a decision is made), else no budget.
     home: directory holding threshold tables (default: ``ATTN_DISPATCH_HOME`` or the user cache).
     tune: time the closest candidates on the first call of each problem bucket and keep the
-        fastest (`dispatcher.tuning`); default ``ATTN_DISPATCH_TUNE`` (1 / 0, read when a decision
-        is made), else on for GPUs and off on the CPU (`tuning.tunes_by_default`).
+        fastest (`dispatcher.tuning`); default ``ATTN_DISPATCH_TUNE`` (read when a decision is
+        made), else off.
     remember_tunings: keep tunings across processes under the home directory
         (`dispatcher.tuning_store`; default on). ``attn-dispatch bench`` turns it off so every run
         tunes afresh.
@@ -128,15 +128,9 @@ class Dispatcher(RecoveringDispatcher):
         return self._budget if self._budget is not None else budget_from_env()
 
     @property
-    def tune(self) -> bool | None:
-        """First-call tuning on? The argument, else ``ATTN_DISPATCH_TUNE``, else None: the
-        device's default (`tunes_on`)."""
+    def tune(self) -> bool:
+        """First-call tuning on? The argument, else ``ATTN_DISPATCH_TUNE``."""
         return self._tune if self._tune is not None else tune_from_env()
-
-    def tunes_on(self, device: torch.device | str) -> bool:
-        """Whether a new bucket on `device` is tuned on its first call."""
-        tune = self.tune
-        return tunes_by_default(torch.device(device)) if tune is None else tune
 
     # ------------------------------------------------------------------ the call
     def attention(
@@ -316,8 +310,8 @@ class Dispatcher(RecoveringDispatcher):
             _log.settled(settled.kernel.name, plan.kernel.name, plan.settle_at)
         return settled
 
-    def _settings(self) -> tuple[int | None, bool | None]:
-        """(memory budget, tune; None: the device's default): what a new bucket decision reads."""
+    def _settings(self) -> tuple[int | None, bool]:
+        """(memory budget, tune): what a new bucket decision reads."""
         return self.memory_budget, self.tune
 
     def _planner(self, device: torch.device) -> DevicePlanner:
@@ -382,7 +376,7 @@ class Dispatcher(RecoveringDispatcher):
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         planner = self._planner(device)
-        return planner.decide(problem, None, budget=self.memory_budget, tune=self.tunes_on(device),
+        return planner.decide(problem, None, budget=self.memory_budget, tune=self.tune,
                               on_failure=lambda name, error: None).decision
 
     def stats(self) -> dict[str, int]:

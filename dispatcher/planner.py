@@ -32,7 +32,6 @@ from attn_dispatch.dispatcher.planning import (
     rank_options,
 )
 from attn_dispatch.dispatcher.recording import record_problem
-from attn_dispatch.dispatcher.tuning import tunes_by_default
 from attn_dispatch.dispatcher.verify import is_default, verification_wanted, verify_against_default
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
 
@@ -83,11 +82,11 @@ class DevicePlanner:
 
     # ------------------------------------------------------------------ per exact shape
     def plan(self, problem: Problem, shape_key: tuple, inputs: tuple | None, *,
-             settings: Callable[[], tuple[int | None, bool | None]], on_failure: Callable[[str, BaseException], None],
+             settings: Callable[[], tuple[int | None, bool]], on_failure: Callable[[str, BaseException], None],
              new_shape: bool = True) -> tuple[Plan, bool]:
         """The plan for one exact shape, and whether a new bucket decision was made for it.
         `inputs` (query, key, value, mask, scale, enable_gqa) let a new bucket be tuned on them;
-        `settings() -> (memory budget, tune; None: `tuning.tunes_by_default`)`, read only when a bucket is decided (a decided bucket
+        `settings() -> (memory budget, tune)`, read only when a bucket is decided (a decided bucket
         keeps its budget: `Dispatcher.reset` after changing it); `new_shape`: the shape has no plan
         yet (it joins the bucket's history)."""
         key = decision_bucket(problem)
@@ -97,7 +96,6 @@ class DevicePlanner:
             if bucket is None:
                 record_problem(problem)  # a no-op unless a workload is being recorded (`recording`)
             budget, tune = settings()
-            tune = tunes_by_default(self.device) if tune is None else tune
             bucket = self.decide(problem, inputs, budget=budget, tune=tune, on_failure=on_failure)
             self.buckets.put(key, bucket)
         plan = self._plan_in(bucket, problem, shape_key, first=decided)

@@ -68,28 +68,8 @@ more than either one's spread over the rounds, if larger): the dispatcher's rule
 slower than doing nothing, and issue 14 allows no shape more than 3% slower than the default."""
 
 
-def tune_from_env() -> bool | None:
-    """``ATTN_DISPATCH_TUNE``: True (1/true/yes/on), False (0/false/no/off), None (unset or other)."""
-    value = os.environ.get(TUNE_ENV, "").strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    return None
-
-
-def tunes_by_default(device: torch.device) -> bool:
-    """First-call tuning when neither `Dispatcher(tune=)` nor ``ATTN_DISPATCH_TUNE`` says: on for
-    GPUs, off on the CPU.
-
-    GPU: on the H200's 580-shape LLM grid (bench/llm_grid.py, 2026-12-01, docs/RESULTS.md section
-    12) the table with its first-call check (`verify`) ran at 1.29x PyTorch's default (geomean,
-    1.17x the fastest kernel measured, worst 3.3x), tuned at 1.44x (1.05x the fastest, worst 2.0x),
-    for a first call per bucket of 34 ms median instead of 4.5 ms: about what PyTorch's default
-    pays for every new shape there (cuDNN's per-shape plan, 35-60 ms), once per bucket, and kept
-    across processes (`tuning_store`). CPU: the calls share the cores the model runs on, and its
-    table comes from the user's own calibration of that machine."""
-    return device.type != "cpu"
+def tune_from_env() -> bool:
+    return os.environ.get(TUNE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)

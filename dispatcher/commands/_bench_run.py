@@ -114,7 +114,7 @@ def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape]
                              "default runs the math backend); the dispatcher's last resort, PyTorch's default, is not benched")
         if baseline is not None and baseline.label == PYTORCH_MATH_PATH else "F.scaled_dot_product_attention as called by a user",
         "first-call tuning": ("on: the dispatcher times its closest candidates on its first call of each bucket "
-                              "(that call is the gated first call, outside the timed rounds)") if dispatcher.tunes_on(device) else "off",
+                              "(that call is the gated first call, outside the timed rounds)") if dispatcher.tune else "off",
         "timing": (f"{timer}; each path: 1 gated first call + {settings.warmup} warm-up + 1 timed sample; then up to "
                    f"{settings.rounds} interleaved rounds of one sample per path (back-to-back calls lasting ~{TARGET_SAMPLE_S * 1e3:g} ms, "
                    f"divided by their count; at least {settings.min_rounds} rounds, no new round after "
@@ -131,10 +131,10 @@ def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape]
 
 def run_bench(
     shapes: list[Shape], device: torch.device, *, kernels: str, policy: AccuracyPolicy, memory_budget: int | None,
-    settings: BenchSettings, size: str, progress: Callable[[ShapeResult], None] | None = None, tune: bool | None = None,
+    settings: BenchSettings, size: str, progress: Callable[[ShapeResult], None] | None = None, tune: bool = False,
 ) -> BenchReport:
     """Time every shape on `device` with a fresh dispatcher (tuning on its first call of each
-    bucket when `tune`; None: as installed, `Dispatcher.tunes_on`); see module docstring."""
+    bucket when `tune`); see module docstring."""
     # remember_tunings=False: every bench run tunes afresh, whatever earlier runs left in the home
     dispatcher = Dispatcher(kernels=kernels, policy=policy, memory_budget=memory_budget, tune=tune, remember_tunings=False)
     subject = DispatchedKernel(dispatcher, device)

@@ -50,10 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kernels", default="all", choices=KERNEL_SETS, help="the dispatcher's kernel set")
     parser.add_argument("--allow-lossy", action="append", default=[], metavar="CONVERSION",
                         help="let the dispatcher use a lossy conversion, e.g. fp32->bf16 (repeatable)")
-    parser.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
-                        help="let the dispatcher time its closest candidates on its first call of each problem bucket, "
-                        "or not (default: ATTN_DISPATCH_TUNE, else on for GPUs and off on the CPU, as installed; "
-                        "see dispatcher/tuning.py)")
+    parser.add_argument("--tune", action="store_true",
+                        help="let the dispatcher time its closest candidates on its first call of each problem bucket "
+                        "(ATTN_DISPATCH_TUNE=1; see dispatcher/tuning.py)")
     parser.add_argument("--rounds", type=int, default=None, metavar="N", help="interleaved rounds per shape (default: 10 GPU, 5 CPU)")
     parser.add_argument("--shape-budget", type=float, default=None, metavar="SECONDS",
                         help="no new round after this many seconds on a shape (default: 2.5 GPU, 1 CPU)")

@@ -94,7 +94,6 @@ def test_candidates_predicted_far_behind_are_not_timed(monkeypatch):
 
 def test_without_tuning_the_ranking_decides_and_nothing_is_timed(monkeypatch):
     slow, fast = _pair(monkeypatch)
-    monkeypatch.delenv(tuning.TUNE_ENV, raising=False)  # a CPU dispatcher left to its default does not tune
     ours = Dispatcher(kernels=[slow, fast])
     ours.attention(**qkv())
     assert ours.explain(**qkv()).kernel == "slow"
@@ -109,25 +108,6 @@ def test_environment_variable_turns_tuning_on(monkeypatch):
     ours.attention(**qkv())
     assert ours.explain(**qkv()).kernel == "fast"
     assert not Dispatcher(tune=False).tune
-
-
-@pytest.mark.parametrize("value, expected", [("1", True), ("on", True), ("0", False), ("off", False), ("", None),
-                                             ("maybe", None)])
-def test_environment_variable_reads_as_on_off_or_unset(monkeypatch, value, expected):
-    monkeypatch.setenv(tuning.TUNE_ENV, value)
-    assert tuning.tune_from_env() is expected
-
-
-def test_by_default_gpus_tune_and_the_cpu_does_not(monkeypatch):
-    monkeypatch.delenv(tuning.TUNE_ENV, raising=False)
-    ours = Dispatcher()
-    assert ours.tune is None
-    assert ours.tunes_on("cuda:0") and not ours.tunes_on("cpu")
-    monkeypatch.setenv(tuning.TUNE_ENV, "0")
-    assert not ours.tunes_on("cuda:0")
-    monkeypatch.setenv(tuning.TUNE_ENV, "1")
-    assert ours.tunes_on("cpu")
-    assert not Dispatcher(tune=False).tunes_on("cuda:0")
 
 
 def test_a_contender_that_fails_is_not_chosen(monkeypatch):
