@@ -1,0 +1,105 @@
+"""How much would a wider first-call check gain? Simulated on a recorded LLM-grid run
+(`bench/llm_grid.py`), off the card.
+
+For every grid shape the table ranks the kernels that were timed there (`ThresholdTable.rank`,
+PyTorch's backends assumed available), and each policy picks among the recorded medians as if its
+first-call timing had measured exactly those: a kernel other than PyTorch's default must beat it
+by `tuning.MIN_WIN_MARGIN`. Dispatch overhead is not counted (it is what `llm_grid` adds).
+
+Policies:
+- ``table``: the table's first choice;
+- ``check``: today's check (`dispatcher/verify.py`): the table's first choice against PyTorch's
+  default, when it is not the default;
+- ``top2`` / ``top3``: the table's first two / three choices and PyTorch's default;
+- ``top2+flash``: those and ``sdpa_flash`` (the backend fastest on 303 of the probe's 580 shapes);
+- ``tuned``: first-call tuning's contenders (`tuning.contenders`: predicted within `TUNE_MARGIN`
+  of the best, at most `MAX_TUNED`) and PyTorch's default.
+
+Usage: python -m bench.first_call_check_simulation bench/results/h200_session6/run1_llm_grid.jsonl \\
+    [--table models/tables/nvidia-h200-140gb.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+
+from attn_dispatch.dispatcher.tuning import MAX_TUNED, MIN_WIN_MARGIN, TUNE_MARGIN
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.sdpa_probe import assume_backends_available
+from attn_dispatch.models.measured import DEFAULT_KERNEL
+from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.table_io import load_table
+
+SMALL_Q_ROWS = (2, 64)
+
+
+def recorded_times(row: dict) -> dict[str, float]:
+    """Kernel name -> seconds of one grid shape (median, or the single call of a pruned loser)."""
+    times = {}
+    for label, path in row["paths"].items():
+        seconds = path.get("median_s") or path.get("once_s")
+        if seconds and label == "pytorch":
+            times[DEFAULT_KERNEL] = seconds
+        elif seconds and label.startswith("kernel:"):
+            times[label.removeprefix("kernel:")] = seconds
+    return times
+
+
+def measured_choice(contenders: list[str], times: dict[str, float]) -> str:
+    """The fastest contender, where one other than PyTorch's default must beat it by the margin."""
+    default = times[DEFAULT_KERNEL]
+    best, best_s = DEFAULT_KERNEL, default
+    for name in contenders:
+        seconds = times.get(name)
+        if name != DEFAULT_KERNEL and seconds is not None and seconds * (1 + MIN_WIN_MARGIN) < default and seconds < best_s:
+            best, best_s = name, seconds
+    return best
+
+
+def policies(ranked: list[tuple[str, float]]) -> dict[str, list[str] | str]:
+    """Policy -> its contenders (a list) or its fixed pick (a name)."""
+    names = [name for name, _ in ranked]
+    first = names[0]
+    best_predicted = ranked[0][1]
+    return {
+        "table": first,
+        "check": first if first == DEFAULT_KERNEL else [first],
+        "top2": names[:2], "top3": names[:3], "top2+flash": [*names[:2], "sdpa_flash"],
+        "tuned": [name for name, seconds in ranked if seconds <= best_predicted * TUNE_MARGIN][:MAX_TUNED],
+    }
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else math.nan
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("grid", help="a bench/llm_grid.py results file")
+    parser.add_argument("--table", default="models/tables/nvidia-h200-140gb.json")
+    args = parser.parse_args()
+    rows = [row for row in map(json.loads, open(args.grid)) if "problem" in row]
+    table = load_table(args.table)
+    results: dict[str, list[tuple[float, float, int]]] = {}
+    with assume_backends_available():
+        for row in rows:
+            times = recorded_times(row)
+            problem = Problem.from_dict(row["problem"])
+            ranked = table.rank(problem, [kernel_named(name) for name in times])
+            fastest, default = min(times.values()), times[DEFAULT_KERNEL]
+            for policy, contenders in policies(ranked).items():
+                pick = contenders if isinstance(contenders, str) else measured_choice(contenders, times)
+                results.setdefault(policy, []).append((default / times[pick], times[pick] / fastest, problem.q_len))
+    print(f"{len(rows)} shapes of {args.grid}; table {args.table}; no dispatch overhead counted")
+    for policy, values in results.items():
+        small_q = [speed for speed, _, q_len in values if SMALL_Q_ROWS[0] <= q_len <= SMALL_Q_ROWS[1]]
+        print(f"{policy:11s} over PyTorch's default {geomean([v[0] for v in values]):.3f}x (Lq 2-64 "
+              f"{geomean(small_q):.3f}x, worst {min(v[0] for v in values):.2f}x); against the fastest "
+              f"{geomean([v[1] for v in values]):.3f}, worst {max(v[1] for v in values):.2f}")
+
+
+if __name__ == "__main__":
+    main()
