@@ -51,7 +51,8 @@ class NoKernelError(RuntimeError):
 def smallest_workspace(ranked) -> tuple[str, int] | None:
     """(name, workspace bytes) of the runnable option of a `planning.Ranked` that needs the least
     workspace, counting the chunked kernel shrunk to its smallest chunks (`planning.MIN_CHUNK`),
-    which the dispatcher tries when nothing else fits; None when no kernel supports the problem."""
+    which the dispatcher tries when nothing else fits (of equal workspaces, the first name); None when no kernel
+    supports the problem."""
     from attn_dispatch.dispatcher.planning import MIN_CHUNK
     from attn_dispatch.kernels import ChunkedKernel
 
@@ -59,7 +60,7 @@ def smallest_workspace(ranked) -> tuple[str, int] | None:
     tiniest = ChunkedKernel(q=MIN_CHUNK, kv=MIN_CHUNK)
     if sizes and not tiniest.reasons(ranked.problem):
         sizes.append((tiniest.name, int(tiniest.workspace_bytes(ranked.problem))))
-    return min(sizes, key=lambda item: item[1], default=None)
+    return min(sizes, key=lambda item: (item[1], item[0]), default=None)  # ties by name: one message whatever the ranking
 
 
 def _over(smallest: tuple[str, int], limit: int | None) -> bool:

@@ -279,3 +279,19 @@ def test_too_little_free_memory_leads_with_the_free_bytes(monkeypatch):
     first = str(raised.value).splitlines()[0]
     assert first.startswith("no attention kernel fits in the 64 B free on cpu: the smallest workspace this problem needs")
     assert "free device memory" in first
+
+
+def test_the_smallest_workspace_is_named_the_same_whatever_the_ranking(monkeypatch):
+    """Two kernels needing the same workspace: the message names the first by name, not by rank
+    (a docs example changed with the fitted table's order)."""
+    inputs = qkv(q_len=1, kv_len=64)
+    causes = []
+    for order in (["chunked[q=16,kv=16]", "math"], ["math", "chunked[q=16,kv=16]"]):
+        use_ranking(monkeypatch, FixedRanker(order))
+        tie = {kernel: 8192 for kernel in ("math", "chunked[q=16,kv=16]")}
+        monkeypatch.setattr(MathKernel, "workspace_bytes", lambda self, problem: tie["math"])
+        monkeypatch.setattr(ChunkedKernel, "workspace_bytes", lambda self, problem: tie["chunked[q=16,kv=16]"])
+        with pytest.raises(NoKernelError) as raised:
+            Dispatcher(kernels=["math", "chunked[q=16,kv=16]"], memory_budget=100).attention(**inputs)
+        causes.append(raised.value.cause)
+    assert all("needs is 8.0 KiB (chunked[q=16,kv=16])" in cause for cause in causes), causes
