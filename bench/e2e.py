@@ -82,6 +82,16 @@ class StepClock:
         return scores
 
 
+def decisions(ours) -> list[dict] | None:
+    """What the dispatcher planned, per exact shape: problem, kernel, calls, the decision's notes
+    (tuning or check timings, set-up weighing): an e2e anomaly then explains itself."""
+    if ours is None:
+        return None
+    return [{"problem": str(plan.problem), "kernel": plan.kernel.name, "calls": plan.count[0],
+             "settle_at": plan.settle_at, "notes": list(plan.decision.notes)}
+            for plan in list(ours._plans.values())]
+
+
 def run_llm(args) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessorList
 
@@ -116,7 +126,7 @@ def run_llm(args) -> dict:
         decode_s = end - first if len(clock.stamps) > 1 else float("nan")
         runs.append({"prefill_s": first - start, "decode_tokens_per_s": (len(clock.stamps) - 1) * args.batch / decode_s,
                      "total_s": end - start})
-    return {"runs": runs, "stats": ours.stats() if ours is not None else None}
+    return {"runs": runs, "stats": ours.stats() if ours is not None else None, "decisions": decisions(ours)}
 
 
 def run_dit(args) -> dict:
@@ -140,7 +150,7 @@ def run_dit(args) -> dict:
         _sync()
         runs.append({"step_s": time.perf_counter() - start,
                      "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None})
-    return {"runs": runs, "stats": ours.stats() if ours is not None else None,
+    return {"runs": runs, "stats": ours.stats() if ours is not None else None, "decisions": decisions(ours),
             "tokens": args.frames * WAN_LATENT[0] * WAN_LATENT[1] // 4}
 
 
