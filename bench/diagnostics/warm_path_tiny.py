@@ -30,31 +30,46 @@ def cases() -> dict[str, tuple]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc: str) -> argparse.Namespace:
+    """``--rounds`` and ``--calls`` (one CPU thread set as well: these are single-call timings)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--calls", type=int, default=10000)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    sdpa = torch._C._nn.scaled_dot_product_attention
     print(f"torch {torch.__version__}, load average {os.getloadavg()[0]:.2f}, min of {args.rounds} x {args.calls} calls")
-    for name, (q, k, v, mask, gqa) in cases().items():
-        ours = Dispatcher(kernels=["sdpa_default"])
-        with torch.inference_mode(), patched(ours):
-            ours.attention(q, k, v, mask, enable_gqa=gqa)
-            calls = {
-                "sdpa": lambda: sdpa(q, k, v, mask, enable_gqa=gqa),
-                "attention": lambda: ours.attention(q, k, v, mask, enable_gqa=gqa),
-                "patched F.sdpa": lambda: F.scaled_dot_product_attention(q, k, v, mask, enable_gqa=gqa),
-            }
-            best = dict.fromkeys(calls, float("inf"))
-            for _ in range(args.rounds):  # interleaved: drift hits every call alike
-                for label, call in calls.items():
-                    best[label] = min(best[label], timeit.timeit(call, number=args.calls))
-        base = best["sdpa"] / args.calls * 1e6
-        extra = "  ".join(f"{label} {best[label] / args.calls * 1e6 - base:+.2f} us" for label in calls if label != "sdpa")
-        print(f"{name:22s} sdpa {base:6.2f} us  {extra}")
+    return args
 
+
+def fastest_us(calls: dict, rounds: int, number: int) -> dict[str, float]:
+    """label -> the fastest round's us per call, rounds interleaved so drift hits every call alike."""
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(rounds):
+        for label, call in calls.items():
+            best[label] = min(best[label], timeit.timeit(call, number=number))
+    return {label: seconds / number * 1e6 for label, seconds in best.items()}
+
+
+def added_cost(query, key, value, mask, enable_gqa, rounds: int, number: int) -> dict[str, float]:
+    """us per call of PyTorch's SDPA (``"sdpa"``), and of the dispatcher's two entries over it."""
+    sdpa = torch._C._nn.scaled_dot_product_attention
+    ours = Dispatcher(kernels=["sdpa_default"])
+    with torch.inference_mode(), patched(ours):
+        ours.attention(query, key, value, mask, enable_gqa=enable_gqa)
+        best = fastest_us({
+            "sdpa": lambda: sdpa(query, key, value, mask, enable_gqa=enable_gqa),
+            "attention": lambda: ours.attention(query, key, value, mask, enable_gqa=enable_gqa),
+            "patched F.sdpa": lambda: F.scaled_dot_product_attention(query, key, value, mask, enable_gqa=enable_gqa),
+        }, rounds, number)
+    return {label: us if label == "sdpa" else us - best["sdpa"] for label, us in best.items()}
+
+
+def main() -> None:
+    args = arguments(__doc__)
+    for name, inputs in cases().items():
+        cost = added_cost(*inputs, args.rounds, args.calls)
+        extra = "  ".join(f"{label} {us:+.2f} us" for label, us in cost.items() if label != "sdpa")
+        print(f"{name:22s} sdpa {cost['sdpa']:6.2f} us  {extra}")
 
 if __name__ == "__main__":
     main()
