@@ -33,7 +33,7 @@ from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
 from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.ranking import resolve_ranking
 from attn_dispatch.dispatcher.recovery import RecoveringDispatcher
-from attn_dispatch.dispatcher.training_route import TrainingRoute
+from attn_dispatch.dispatcher.training_route import TrainingRoute, pytorch_route_reason
 from attn_dispatch.dispatcher.tuning import tune_from_env
 from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
 from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
@@ -50,19 +50,6 @@ _dynamo_compiling, _compile_flags = compiling_readers()  # `torch.compiler.is_co
 TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
 """`stats` key of calls that went to PyTorch's SDPA on the training route."""
 _NOT_GIVEN = object()  # `_plan_for` without the call's scale: nothing to tune on
-
-
-def _route(dropout_p: float, inputs_grad: bool, mask_grad: bool, kernel: Kernel) -> str | None:
-    """Why a call goes to PyTorch's SDPA on the training route; None when `kernel` (the decision)
-    runs it. `inputs_grad` / `mask_grad`: grad is enabled and query, key or value / the mask
-    requires it. `Dispatcher.attention` and `_training` apply the same rule inline (warm path)."""
-    if dropout_p != 0.0:
-        return f"dropout_p={dropout_p} (only PyTorch's SDPA does dropout)"
-    if mask_grad:
-        return "the mask requires grad (only PyTorch's SDPA gives the mask a gradient)"
-    if inputs_grad and not kernel.supports_backward:
-        return f"inputs require grad and {kernel.name} has no backward"
-    return None
 
 
 class Dispatcher(RecoveringDispatcher):
@@ -373,7 +360,7 @@ class Dispatcher(RecoveringDispatcher):
             plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         grad = _grad_enabled()
         inputs_grad = grad and (query.requires_grad or key.requires_grad or value.requires_grad)
-        why = _route(dropout_p, False, grad and attn_mask is not None and attn_mask.requires_grad, plan.kernel)
+        why = pytorch_route_reason(dropout_p, False, grad and attn_mask is not None and attn_mask.requires_grad, plan.kernel)
         if why is None:
             return self._training_route.decision(plan, self.memory_budget) if inputs_grad else plan.decision
         return replace(plan.decision, kernel=TRAINING_KERNEL, params={}, route=ROUTE_TRAINING,
