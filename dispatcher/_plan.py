@@ -34,10 +34,12 @@ class Plan:
         ``(kernel, why)`` for the bucket's options passed over here (memory, capability, failure).
     settle_at: the call count at which this shape is planned again on the bucket's decided order
         (`cold_shape.settle_after`; 0: never): it runs a kernel chosen to spare a per-shape set-up.
+    sdpa_call: ``(takes_mask, is_causal, enable_gqa)`` where running this shape is exactly one
+        call of PyTorch's SDPA, which the warm path then makes itself (`Kernel.sdpa_call`); else None.
     """
 
-    __slots__ = ("problem", "device", "kernel", "run", "workspace", "recheck", "count", "bucket", "notes",
-                 "skipped", "settle_at", "_decision")
+    __slots__ = ("problem", "device", "kernel", "run", "sdpa_call", "workspace", "recheck", "count", "bucket",
+                 "notes", "skipped", "settle_at", "_decision")
 
     def __init__(
         self,
@@ -56,6 +58,7 @@ class Plan:
         self.device = device
         self.kernel = kernel
         self.run = kernel.runner(problem)
+        self.sdpa_call = kernel.sdpa_call(problem)
         self.workspace = workspace
         self.recheck = recheck
         self.count = [0]
@@ -92,19 +95,21 @@ def cache_key(
     enable_gqa: bool,
 ) -> tuple:
     """Everything `Problem.from_tensors` validates and reads, from tensor attributes only: shapes,
-    dtypes, devices and contiguity of every input, the mask's shape, dtype and device, and the
-    flags. Two calls with equal keys have the same `Problem` and the same validity.
+    dtypes and devices of every input, whether all three are contiguous (the `Problem` reads no
+    more of their layout: `Problem.strided`), the mask's shape, dtype, device and class (a
+    `CausalBias` is no mask), and the flags. Two calls with equal keys have the same `Problem`
+    and the same validity.
 
     Raises AttributeError for inputs that are not tensors (the caller validates those), and
     `Problem.from_tensors`'s NotImplementedError for nested tensors (one has no `.shape`).
     """
     if query.is_nested or key.is_nested or value.is_nested:
         Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
-    mask = None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device)
+    mask = None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device, attn_mask.__class__)
     return (
         query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
         query.device, key.device, value.device,
-        query.is_contiguous(), key.is_contiguous(), value.is_contiguous(),
+        query.is_contiguous() and key.is_contiguous() and value.is_contiguous(),
         mask, is_causal, enable_gqa,
     )
 
@@ -121,11 +126,11 @@ def family_key(
     the key length growing by one each) share it, and their `Problem`s differ only in the key
     length (`problem_at_key_length`). Whether the mask's key dimension broadcasts is part of it."""
     mask = None if attn_mask is None else (attn_mask.shape[:-1], attn_mask.shape[-1] == 1, attn_mask.dtype,
-                                           attn_mask.device)
+                                           attn_mask.device, attn_mask.__class__)
     return (
         query.shape, key.shape[:-2], key.shape[-1], value.shape[:-2], value.shape[-1],
         query.dtype, key.dtype, value.dtype, query.device, key.device, value.device,
-        query.is_contiguous(), key.is_contiguous(), value.is_contiguous(),
+        query.is_contiguous() and key.is_contiguous() and value.is_contiguous(),
         mask, is_causal, enable_gqa,
     )
 

@@ -20,7 +20,7 @@ from attn_dispatch.dispatcher import _log, sdpa_context
 from attn_dispatch.dispatcher._plan import Plan, cache_key, check_scale, family_key, problem_at_key_length
 from attn_dispatch.dispatcher.buckets import MAX_PLANS, BoundedCache
 from attn_dispatch.dispatcher.cold_shape import measured_costs
-from attn_dispatch.dispatcher.compiled import compiled_attention, dispatcher_id
+from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.kernel_set import kernel_set
@@ -33,32 +33,23 @@ from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
 from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.ranking import resolve_ranking
 from attn_dispatch.dispatcher.recovery import RecoveringDispatcher
-from attn_dispatch.dispatcher.training_route import TrainingRoute
+from attn_dispatch.dispatcher.training_route import TrainingRoute, pytorch_route_reason
 from attn_dispatch.dispatcher.tuning import tune_from_env
 from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
 from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
+from attn_dispatch.kernels.sdpa_probe import BACKEND_SWITCHES
 from attn_dispatch.models.paths import tunings_dir
 
 _grad_enabled = torch.is_grad_enabled
-_needs_context = sdpa_context.needs_context
-_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+_Tensor = torch.Tensor
+_respecting = sdpa_context.RESPECTING
+_flash_on, _efficient_on, _math_on, _cudnn_on = BACKEND_SWITCHES
+_sdpa = pytorch_sdpa
+_dynamo_compiling, _compile_flags = compiling_readers()  # `torch.compiler.is_compiling()`, in two cheap reads
 TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
 """`stats` key of calls that went to PyTorch's SDPA on the training route."""
 _NOT_GIVEN = object()  # `_plan_for` without the call's scale: nothing to tune on
-
-
-def _route(dropout_p: float, inputs_grad: bool, mask_grad: bool, kernel: Kernel) -> str | None:
-    """Why a call goes to PyTorch's SDPA on the training route; None when `kernel` (the decision)
-    runs it. `inputs_grad` / `mask_grad`: grad is enabled and query, key or value / the mask
-    requires it. `Dispatcher.attention` and `_training` apply the same rule inline (warm path)."""
-    if dropout_p != 0.0:
-        return f"dropout_p={dropout_p} (only PyTorch's SDPA does dropout)"
-    if mask_grad:
-        return "the mask requires grad (only PyTorch's SDPA gives the mask a gradient)"
-    if inputs_grad and not kernel.supports_backward:
-        return f"inputs require grad and {kernel.name} has no backward"
-    return None
 
 
 class Dispatcher(RecoveringDispatcher):
@@ -158,7 +149,7 @@ class Dispatcher(RecoveringDispatcher):
         -------
         ``[..., Hq, L, Ev]`` in the query's dtype.
         """
-        if _is_compiling():  # torch.compile: the choice is made and traced in `compiled`
+        if _dynamo_compiling() or _compile_flags._is_compiling_flag:  # torch.compile: made and traced in `compiled`
             if dropout_p != 0.0 or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor) or (
                     _grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad
                                          or (attn_mask is not None and attn_mask.requires_grad))):
@@ -168,8 +159,10 @@ class Dispatcher(RecoveringDispatcher):
             return compiled_attention(self, query, key, value, attn_mask, is_causal, scale, enable_gqa)
         try:
             # issue 13 hook, before any size is read: sdpa_kernel restrictions, CausalBias, meta and
-            # nested tensors (a strided nested tensor has no `.shape`)
-            if _needs_context(query, attn_mask):
+            # nested tensors (a strided nested tensor has no `.shape`); the switches are read inline
+            # (a function call here cost 0.1 us of the warm path)
+            if (query.is_meta or query.is_nested or (attn_mask is not None and attn_mask.__class__ is not _Tensor)
+                    or (_respecting[0] and not (_flash_on() and _efficient_on() and _math_on() and _cudnn_on()))):
                 routed = sdpa_context.route(self, query, key, value, attn_mask, dropout_p, is_causal, scale,
                                             enable_gqa)
                 if routed is not None:
@@ -177,8 +170,8 @@ class Dispatcher(RecoveringDispatcher):
             key_ = (  # `cache_key`, inlined: this is the warm path
                 query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
                 query.device, key.device, value.device,
-                query.is_contiguous(), key.is_contiguous(), value.is_contiguous(),
-                None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device),
+                query.is_contiguous() and key.is_contiguous() and value.is_contiguous(),
+                None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device, attn_mask.__class__),
                 is_causal, enable_gqa,
             )
             training = dropout_p != 0.0 or (
@@ -198,7 +191,11 @@ class Dispatcher(RecoveringDispatcher):
         count[0] += 1
         if count[0] == plan.settle_at:
             plan = self._settle(key_, plan)
+        call = plan.sdpa_call
         try:
+            if call is not None:  # PyTorch's SDPA on the call's tensors and scale: no frame of ours between
+                return _sdpa(query, key, value, attn_mask if call[0] else None, is_causal=call[1], scale=scale,
+                             enable_gqa=call[2])
             return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
         except Exception as error:  # noqa: BLE001 - any kernel failure falls back to the next kernel
             return self._recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa)
@@ -363,7 +360,7 @@ class Dispatcher(RecoveringDispatcher):
             plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         grad = _grad_enabled()
         inputs_grad = grad and (query.requires_grad or key.requires_grad or value.requires_grad)
-        why = _route(dropout_p, False, grad and attn_mask is not None and attn_mask.requires_grad, plan.kernel)
+        why = pytorch_route_reason(dropout_p, False, grad and attn_mask is not None and attn_mask.requires_grad, plan.kernel)
         if why is None:
             return self._training_route.decision(plan, self.memory_budget) if inputs_grad else plan.decision
         return replace(plan.decision, kernel=TRAINING_KERNEL, params={}, route=ROUTE_TRAINING,

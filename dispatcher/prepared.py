@@ -69,8 +69,8 @@ class PreparedAttention:
 
 
 _FIELDS = ("query shape", "key shape", "value shape", "query dtype", "key dtype", "value dtype", "query device",
-           "key device", "value device", "query contiguous", "key contiguous", "value contiguous",
-           "mask (shape, dtype, device)", "is_causal", "enable_gqa")
+           "key device", "value device", "query, key and value contiguous", "mask (shape, dtype, device, class)",
+           "is_causal", "enable_gqa")
 
 
 def _mismatch(planned: tuple, given: tuple) -> str:

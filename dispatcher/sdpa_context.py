@@ -31,6 +31,10 @@ from attn_dispatch.kernels.sdpa_probe import BACKEND_SWITCHES
 
 IGNORE_ENV = "ATTN_DISPATCH_IGNORE_SDPA_KERNEL"
 _respect = [os.environ.get(IGNORE_ENV, "") not in ("1", "true", "yes")]
+RESPECTING = _respect
+"""``[bool]``: whether restrictions are respected now (`respect_sdpa_kernel`), read in place by the
+per-call test, which is inlined in `Dispatcher.attention`: a restriction, a meta or nested query,
+or a mask that is not a plain tensor sends the call to `route`."""
 
 
 def respect_sdpa_kernel(enabled: bool = True) -> None:
@@ -55,17 +59,6 @@ _all_enabled = _every_backend_enabled()
 def backends_restricted() -> bool:
     """Whether some PyTorch SDPA backend is switched off now (and restrictions are respected)."""
     return _respect[0] and not _all_enabled()
-
-
-def needs_context(query: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
-    """The per-call test (cheap): a restriction, meta or nested tensors, or a mask that is not a
-    plain tensor."""
-    return (
-        query.is_meta
-        or query.is_nested
-        or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor)
-        or (_respect[0] and not _all_enabled())
-    )
 
 
 def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):

@@ -27,6 +27,19 @@ from attn_dispatch.kernels.backward_memory import training_bytes
 from attn_dispatch.models.training_times import TrainingTimes
 
 
+def pytorch_route_reason(dropout_p: float, inputs_grad: bool, mask_grad: bool, kernel: Kernel) -> str | None:
+    """Why a call goes to PyTorch's SDPA on the training route; None when `kernel` (the decision)
+    runs it. `inputs_grad` / `mask_grad`: grad is enabled and query, key or value / the mask
+    requires it. `Dispatcher.attention` and `Dispatcher._training` apply the same rule inline (warm path)."""
+    if dropout_p != 0.0:
+        return f"dropout_p={dropout_p} (only PyTorch's SDPA does dropout)"
+    if mask_grad:
+        return "the mask requires grad (only PyTorch's SDPA gives the mask a gradient)"
+    if inputs_grad and not kernel.supports_backward:
+        return f"inputs require grad and {kernel.name} has no backward"
+    return None
+
+
 @dataclass(frozen=True)
 class TrainingChoice:
     """What the training route runs for one problem.

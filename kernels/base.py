@@ -132,6 +132,14 @@ class Kernel(ABC):
         dispatcher's warm path calls it once per call)."""
         return self.run
 
+    def sdpa_call(self, problem: Problem) -> tuple[bool, bool, bool] | None:
+        """``(takes_mask, is_causal, enable_gqa)`` where running `problem` is exactly
+        ``torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask if takes_mask else
+        None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)`` on the call's own tensors
+        and scale: the dispatcher's warm path then makes that call itself, with no frame of ours
+        around PyTorch's. None (the default): run through `runner`."""
+        return None
+
     def _forward(
         self,
         query: torch.Tensor,

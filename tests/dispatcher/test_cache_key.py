@@ -1,12 +1,15 @@
-"""The warm path's inlined key equals `cache_key`, and every attribute that changes the Problem
-or its validity changes the key."""
+"""The warm path's inlined key equals `cache_key`, every attribute that changes the Problem or its
+validity changes the key, and equal keys mean equal Problems."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from attn_dispatch.dispatcher import Dispatcher
 from attn_dispatch.dispatcher._plan import cache_key
+from attn_dispatch.kernels import Problem
 from tests.dispatcher.helpers import qkv
 
 
@@ -36,3 +39,37 @@ def test_key_changes_with_everything_validated():
     ]
     assert all(variant != base for variant in variants)
     assert len(set(variants)) == len(variants)
+
+
+def _strided(tensor: torch.Tensor) -> torch.Tensor:
+    """The same values with the last two dimensions' storage swapped (not contiguous)."""
+    return tensor.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def test_equal_keys_mean_equal_problems_whichever_input_is_strided():
+    """The key holds one contiguity flag for query, key and value together: the `Problem` reads no
+    more of their layout, and any one of them strided changes the key."""
+    inputs = qkv()
+    q, k, v = inputs["query"], inputs["key"], inputs["value"]
+    dense = cache_key(q, k, v, None, False, True)
+    calls = [(_strided(q), k, v), (q, _strided(k), v), (q, k, _strided(v))]
+    keys = [cache_key(*call, None, False, True) for call in calls]
+    problems = [Problem.from_tensors(*call, None, False, True) for call in calls]
+    assert all(key != dense for key in keys)
+    assert len(set(keys)) == 1 and all(problem == problems[0] for problem in problems)
+
+
+def test_a_causal_bias_and_a_mask_of_its_shape_and_dtype_are_planned_apart():
+    """A `CausalBias` reports a shape and dtype a plain float mask can have; the key tells them
+    apart by class, so neither call runs the other's plan (either order)."""
+    inputs = qkv(heads=2, kv_heads=2, q_len=4, kv_len=8)
+    q, k, v = inputs["query"], inputs["key"], inputs["value"]
+    bias = causal_lower_right(4, 8)
+    mask = torch.randn(bias.shape, generator=torch.Generator().manual_seed(1))
+    assert (mask.shape, mask.dtype) == (bias.shape, bias.dtype)
+    assert cache_key(q, k, v, bias, False, False) != cache_key(q, k, v, mask, False, False)
+    for order in ((bias, mask), (mask, bias)):
+        ours = Dispatcher(kernels=["sdpa_default", "math"])
+        with torch.inference_mode():
+            for attn_mask in order:
+                torch.testing.assert_close(ours.attention(q, k, v, attn_mask), F.scaled_dot_product_attention(q, k, v, attn_mask))

@@ -104,3 +104,52 @@ def test_sdpa_default_with_a_mask_on_the_cpu_calls_pytorch_directly_where_pytorc
     assert kernel.runner(problem) == kernel.run  # PyTorch's rows need the repair: `run` makes it
     causal = Problem.from_tensors(query, key, value, mask, True, True)
     assert kernel.runner(causal) == kernel.run  # mask and causality combined by `run`
+
+
+def _direct(call, query, key, value, mask, scale):
+    takes_mask, is_causal, enable_gqa = call
+    return torch._C._nn.scaled_dot_product_attention(query, key, value, mask if takes_mask else None,
+                                                     is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+@pytest.mark.parametrize(("q_heads", "kv_heads", "q_len", "mask_rows", "causal", "scale"),
+                         [(8, 2, 1, None, False, None), (4, 4, 5, None, True, 0.3), (8, 2, 5, 5, False, None),
+                          (4, 4, 5, 5, False, 0.7)])
+def test_sdpa_default_names_the_one_call_that_runs_it(monkeypatch, q_heads, kv_heads, q_len, mask_rows, causal, scale):
+    """`sdpa_call`'s flags, given the call's tensors and scale, give what `run` gives."""
+    from attn_dispatch.kernels import sdpa_default
+
+    monkeypatch.setattr(sdpa_default, "default_zeroes_dead_rows", lambda device, dtype, bool_mask: True)
+    query, key, value = _inputs(q_heads, kv_heads, q_len, 33)
+    mask = None if mask_rows is None else torch.rand(mask_rows, 33, generator=torch.Generator().manual_seed(2)) > 0.3
+    problem = Problem.from_tensors(query, key, value, mask, causal, q_heads != kv_heads)
+    kernel = SdpaDefaultKernel()
+    call = kernel.sdpa_call(problem)
+    assert call == (mask is not None, causal, q_heads != kv_heads)
+    torch.testing.assert_close(_direct(call, query, key, value, mask, scale),
+                               kernel.run(query, key, value, mask, scale, q_heads != kv_heads, problem))
+
+
+def test_sdpa_call_is_none_where_run_does_more_than_one_call(monkeypatch):
+    """A mask without a query dimension (1-D, which PyTorch refuses, or one row), a mask PyTorch's
+    rows need repairing for, a mask with causality, broadcast inputs, bottom-right causality:
+    `run` (or the runner) handles them. Other kernels never name such a call."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    from attn_dispatch.kernels import MathKernel, sdpa_default
+
+    monkeypatch.setattr(sdpa_default, "default_zeroes_dead_rows", lambda device, dtype, bool_mask: True)
+    kernel = SdpaDefaultKernel()
+    query, key, value = _inputs(4, 4, 5, 9)
+    rows = torch.rand(5, 9, generator=torch.Generator().manual_seed(3)) > 0.3
+    cases = {
+        "1-D mask": Problem.from_tensors(query, key, value, rows[0]),
+        "one-row mask": Problem.from_tensors(query, key, value, rows[:1]),
+        "mask and causality": Problem.from_tensors(query, key, value, rows, True),
+        "broadcast inputs": Problem.from_tensors(query, key[:1], value[:1]),
+        "bottom-right causality": Problem.from_tensors(query, key, value, causal_lower_right(5, 9)),
+    }
+    assert {name: kernel.sdpa_call(problem) for name, problem in cases.items()} == dict.fromkeys(cases)
+    monkeypatch.setattr(sdpa_default, "default_zeroes_dead_rows", lambda device, dtype, bool_mask: False)
+    assert kernel.sdpa_call(Problem.from_tensors(query, key, value, rows)) is None
+    assert MathKernel().sdpa_call(Problem.from_tensors(query, key, value)) is None
