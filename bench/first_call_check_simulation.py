@@ -12,6 +12,8 @@ Policies:
   default, when it is not the default;
 - ``top2`` / ``top3``: the table's first two / three choices and PyTorch's default;
 - ``top2+flash``: those and ``sdpa_flash`` (the backend fastest on 303 of the probe's 580 shapes);
+- ``shipped``: what `dispatcher/verify.py` does on a GPU: ``check`` for decode (one query row),
+  ``top2+flash`` otherwise;
 - ``tuned``: first-call tuning's contenders (`tuning.contenders`: predicted within `TUNE_MARGIN`
   of the best, at most `MAX_TUNED`) and PyTorch's default.
 
@@ -59,15 +61,17 @@ def measured_choice(contenders: list[str], times: dict[str, float]) -> str:
     return best
 
 
-def policies(ranked: list[tuple[str, float]]) -> dict[str, list[str] | str]:
+def policies(ranked: list[tuple[str, float]], q_len: int) -> dict[str, list[str] | str]:
     """Policy -> its contenders (a list) or its fixed pick (a name)."""
     names = [name for name, _ in ranked]
     first = names[0]
     best_predicted = ranked[0][1]
+    check = first if first == DEFAULT_KERNEL else [first]
     return {
         "table": first,
-        "check": first if first == DEFAULT_KERNEL else [first],
+        "check": check,
         "top2": names[:2], "top3": names[:3], "top2+flash": [*names[:2], "sdpa_flash"],
+        "shipped": check if q_len == 1 else [*names[:2], "sdpa_flash"],  # dispatcher/verify.py on a GPU
         "tuned": [name for name, seconds in ranked if seconds <= best_predicted * TUNE_MARGIN][:MAX_TUNED],
     }
 
@@ -90,7 +94,7 @@ def main() -> None:
             problem = Problem.from_dict(row["problem"])
             ranked = table.rank(problem, [kernel_named(name) for name in times])
             fastest, default = min(times.values()), times[DEFAULT_KERNEL]
-            for policy, contenders in policies(ranked).items():
+            for policy, contenders in policies(ranked, problem.q_len).items():
                 pick = contenders if isinstance(contenders, str) else measured_choice(contenders, times)
                 results.setdefault(policy, []).append((default / times[pick], times[pick] / fastest, problem.q_len))
     print(f"{len(rows)} shapes of {args.grid}; table {args.table}; no dispatch overhead counted")

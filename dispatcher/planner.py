@@ -184,7 +184,8 @@ class DevicePlanner:
             notes = (*notes, DEFAULT_KEPT_UNMEASURED)  # nothing measured on this card says another kernel is faster
         seconds: dict[str, float] = {}
         if not tune and inputs is not None and verification_wanted(
-                options, self.device, state.ranking.measured_note(problem) is not None):
+                options, self.device, problem, measured_here=state.ranking.measured_note(problem) is not None,
+                table_measured=state.ranking.source.level not in UNMEASURED_LEVELS):
             options, notes, seconds = verify_against_default(options, notes, problem, self.device, inputs,
                                                              on_failure=on_failure)
         if tune:

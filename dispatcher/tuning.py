@@ -122,13 +122,14 @@ def _on(device: torch.device):
 
 
 def tune(options: tuple[Option, ...], inputs: tuple, problem, device: torch.device,
-         on_failure: Callable[[str, BaseException], None] | None = None) -> Tuned | None:
-    """Time `contenders(options)` on ``inputs = (query, key, value, attn_mask, scale, enable_gqa)``:
+         on_failure: Callable[[str, BaseException], None] | None = None, *, exactly: bool = False) -> Tuned | None:
+    """Time `contenders(options)` (`exactly`: `options` as given) on ``inputs = (query, key, value,
+    attn_mask, scale, enable_gqa)``:
     `SIZING_CALLS` calls each (a warm-up, then a warm call that sizes the samples; a contender
     that raises is out, and reported to `on_failure` with its name), then `TUNE_ROUNDS` interleaved rounds of one batched sample each (`calibration.timer`:
     back-to-back calls lasting ~2 ms). None when there is nothing to settle (one contender) or
     nothing ran."""
-    timed = contenders(options)
+    timed = tuple(options) if exactly else contenders(options)
     if len(timed) < 2 or not can_time(device):
         return None
     with _on(device):
@@ -166,7 +167,7 @@ def _time_contenders(timed: tuple[Option, ...], inputs: tuple, problem, device: 
     runs, calls, samples = {}, {}, {}
     started = time.perf_counter()
     for option in timed:
-        run = option.kernel.run
+        run = option.kernel.runner(problem)  # what a plan runs: `run` adds 10-30 us of host time to a fused backend's call
         try:
             warm_call_s = math.inf
             for _ in range(SIZING_CALLS):  # the first is the warm-up; the fastest sizes the samples

@@ -1,13 +1,29 @@
-"""A table's pick checked against PyTorch's own choice before a bucket follows it.
+"""A table's picks checked by the stopwatch on a bucket's first call, before the bucket follows them.
 
 A threshold table predicts; it does not measure the bucket in hand. On the H200 the bundled table
 predicted `small_q[splits=1]` for a batch-8 decode over a sliced 8k cache at 0.35 ms per call,
-where PyTorch's default took 0.07 ms (bench/decode_loop.py, 2026-12-01: 5.4x slower per token).
-So where a table (without a measured entry for the bucket) puts another kernel before
-``sdpa_default`` on a GPU, the bucket's first call times the two on the call's own inputs (the
-tuner's interleaved rounds, `tuning.tune`) and PyTorch's choice stays unless the other is faster
-beyond the noise (`tuning.MIN_WIN_MARGIN`). Once per bucket; off with ``ATTN_DISPATCH_VERIFY=0``.
-Full tuning (``ATTN_DISPATCH_TUNE=1``) times every close contender instead.
+where PyTorch's default took 0.07 ms (bench/decode_loop.py, 2026-12-01: 5.4x slower per token);
+on the 580-shape LLM grid it kept PyTorch's default where flash was 2.5-3.3x faster (small-Q
+calls against 32k-128k keys; bench/llm_grid.py, docs/RESULTS.md section 12). So where a table
+measured on this card (not the prior) decides a bucket that has no measured entry, its first call
+times a few options on the call's own inputs (the tuner's interleaved rounds, `tuning.tune`) and
+the bucket takes the fastest; PyTorch's choice stays unless another is faster beyond the noise
+(`tuning.MIN_WIN_MARGIN`). Which options (`checked_options`):
+
+- the table's first `CHECKED_CHOICES`, PyTorch's default, and on a GPU ``sdpa_flash``: simulated
+  on the grid's measurements (bench/first_call_check_simulation.py), this picks 1.51x PyTorch's
+  default (1.006x the fastest kernel), against 1.39x for the table's first choice checked alone,
+  and as well as tuning's up to seven contenders; on the 2-core CPU, after three quick
+  calibrations each, the held-out shapes ran at 0.89-1.01x PyTorch's default (geomean) with the
+  check, against 1.06-1.15x without it (bench/quick_mode_cpu.py, 2026-12-01);
+- except decode on a GPU (one query row), where only a table pick other than the default is
+  checked against it: there PyTorch's default was within 2% of the fastest kernel on the grid,
+  these calls are host-bound (a stopwatch on one decode call is least reliable there), and the
+  one transformers run that timed wider there (tuning) chose a kernel that ran at 0.6x PyTorch.
+
+Once per bucket, and only where the first choice is predicted under `MAX_CHECKED_SECONDS` per call.
+Off with ``ATTN_DISPATCH_VERIFY=0``. Full tuning (``ATTN_DISPATCH_TUNE=1``) times every close
+contender instead.
 """
 
 from __future__ import annotations
@@ -25,35 +41,73 @@ from attn_dispatch.kernels import Problem
 VERIFY_ENV = "ATTN_DISPATCH_VERIFY"
 OFF_VALUES = ("0", "false", "no", "off")
 
+CHECKED_CHOICES = 2
+"""The table's first choices a bucket's first call times (with PyTorch's default): two reached
+1.456x PyTorch's default on the H200 grid simulation, three 1.471x, two plus flash 1.508x."""
+
+GPU_ALSO_CHECKED = "sdpa_flash"
+"""Timed on a GPU bucket's first call wherever it can run: the fastest backend on 303 of the
+probe's 580 H200 shapes (shared/reference/h200-probe.md), and what the table most often passed
+over where it cost most (small-Q calls against long caches)."""
+
+MAX_CHECKED_SECONDS = 0.05
+"""No check where the first choice is predicted slower than this per call: a check costs at least
+two calls of each option timed plus a round of samples (`tuning.SIZING_CALLS`, `TUNE_ROUNDS`), so
+about 7 calls of 50 ms (0.35 s) once per bucket at most; a slower call (a long video attention on
+a CPU takes seconds) is left to the table, or to tuning where the user asks for it."""
+
 
 def is_default(option: Option) -> bool:
     """PyTorch's own choice as a contender (not the portable set's last resort)."""
     return option.kernel.name == FALLBACK_FIRST and not getattr(option.kernel, "last_resort", False)
 
 
-def verification_wanted(options: tuple[Option, ...], device: torch.device, measured_here: bool) -> bool:
-    """A GPU bucket whose first option is not PyTorch's default, with the default among the
-    options and no measured entry for the bucket (`measured_here`), while verification is on."""
+def checked_options(options: tuple[Option, ...], device: torch.device, problem: Problem) -> tuple[Option, ...]:
+    """The options a bucket's first call times (module docstring), in the table's order, PyTorch's
+    default among them; empty where there is nothing to check."""
+    default = next((option for option in options if is_default(option)), None)
+    if default is None or not options:
+        return ()
+    if device.type == "cuda" and problem.q_len == 1:  # decode on a GPU: the table's pick against the default
+        picked = [options[0]] if not is_default(options[0]) else []
+    else:
+        picked = list(options[:CHECKED_CHOICES])
+        if device.type == "cuda":
+            picked += [option for option in options if option.kernel.name == GPU_ALSO_CHECKED]
+    names = {option.kernel.name for option in picked} | {default.kernel.name}
+    checked = tuple(option for option in options if option.kernel.name in names)
+    return checked if len(checked) > 1 else ()
+
+
+def verification_wanted(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
+                        measured_here: bool, table_measured: bool) -> bool:
+    """Whether a bucket's first call checks the table (module docstring): verification on, the
+    ranking is a table measured on this card (`table_measured`; the prior keeps PyTorch's default
+    first), the bucket has no measured entry (`measured_here`), the first choice is predicted under
+    `MAX_CHECKED_SECONDS`, and there is something to check."""
     if os.environ.get(VERIFY_ENV, "").strip().lower() in OFF_VALUES:
         return False
-    if device.type != "cuda" or measured_here or not options or is_default(options[0]):
+    if measured_here or not table_measured or not options:
         return False
-    return any(is_default(option) for option in options[1:])
+    predicted = options[0].predicted_s
+    if predicted is not None and predicted > MAX_CHECKED_SECONDS:
+        return False
+    return bool(checked_options(options, device, problem))
 
 
 def verify_against_default(options: tuple[Option, ...], notes: tuple[str, ...], problem: Problem,
                            device: torch.device, inputs: tuple,
                            on_failure: Callable[[str, BaseException], None]):
-    """Time the first option against ``sdpa_default`` on `inputs`; returns (options, notes,
-    seconds per timed kernel name): the default first unless the other won beyond the noise."""
-    default = next(option for option in options if is_default(option))
-    tuned = tune((options[0], default), inputs, problem, device, on_failure=on_failure)
+    """Time `checked_options` on `inputs`; returns (options, notes, seconds per timed kernel name):
+    the measured fastest first, PyTorch's default unless another won beyond the noise."""
+    checked = checked_options(options, device, problem)
+    tuned = tune(checked, inputs, problem, device, on_failure=on_failure, exactly=True)
     if tuned is None:
         return options, notes, {}
     timed = tuned.timings()
     if tuned.kernel != options[0].kernel.name:
         options = put_first(options, tuned.kernel)
-        note = f"the table's pick was checked against PyTorch's own choice on the first call and lost: {timed}"
+        note = f"the table's first choice was checked on the first call, with PyTorch's own choice, and lost: {timed}"
     else:
-        note = f"the table's pick was checked against PyTorch's own choice on the first call: {timed}"
+        note = f"the table's first choice was checked on the first call, with PyTorch's own choice: {timed}"
     return options, (*notes, note), dict(tuned.seconds)

@@ -1,8 +1,10 @@
-"""A table's pick is checked against PyTorch's own choice on a GPU bucket's first call
-(`dispatcher.verify`): the default stays unless the measurement says otherwise. The stopwatch is
-stood in for (timings never decide a test)."""
+"""A measured table's first choices are checked, with PyTorch's own choice, on a bucket's first
+call (`dispatcher.verify`): the default stays unless the measurement says otherwise. The stopwatch
+is stood in for (timings never decide a test)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from attn_dispatch.kernels import MathKernel, Problem, SdpaDefaultKernel
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
 
 CUDA = torch.device("cuda")  # a device object only: nothing runs on it
+PREFILL = Problem(1, 4, 4, 64, 64, 16, 16, "float32")
 
 
 def _options(monkeypatch, order):
@@ -21,17 +24,56 @@ def _options(monkeypatch, order):
     return ours, ours._planner(torch.device("cpu"))
 
 
-def test_verification_is_wanted_only_where_a_table_displaced_the_default_on_a_gpu(monkeypatch):
-    _, cpu = _options(monkeypatch, ["math", "sdpa_default"])
-    options = cpu.decide(qkv_problem(), None, budget=None, tune=False, on_failure=lambda *a: None).options
+def _decided(monkeypatch, order):
+    _, cpu = _options(monkeypatch, order)
+    return cpu.decide(qkv_problem(), None, budget=None, tune=False, on_failure=lambda *a: None).options
+
+
+def _wanted(options, device, problem=None, *, measured_here=False, table_measured=True):
+    return verify.verification_wanted(options, device, problem or qkv_problem(), measured_here=measured_here,
+                                      table_measured=table_measured)
+
+
+def test_a_measured_table_is_checked_on_every_device(monkeypatch):
+    options = _decided(monkeypatch, ["math", "sdpa_default"])
     assert [o.kernel.name for o in options] == ["math", "sdpa_default"]
-    assert verify.verification_wanted(options, CUDA, measured_here=False)
-    assert not verify.verification_wanted(options, torch.device("cpu"), measured_here=False)
-    assert not verify.verification_wanted(options, CUDA, measured_here=True)  # a measured entry decides
-    assert not verify.verification_wanted(options[::-1], CUDA, measured_here=False)  # the default is first
-    assert not verify.verification_wanted(options[:1], CUDA, measured_here=False)  # no default to check against
+    assert _wanted(options, CUDA) and _wanted(options, torch.device("cpu"))
+    assert _wanted(options[::-1], CUDA, PREFILL)  # the default first: the table's second choice is checked
+    assert not _wanted(options, CUDA, measured_here=True)  # a measured entry decides
+    assert not _wanted(options, CUDA, table_measured=False)  # the prior keeps PyTorch's default
+    assert not _wanted(options[:1], CUDA)  # no default to check against
     monkeypatch.setenv(verify.VERIFY_ENV, "0")
-    assert not verify.verification_wanted(options, CUDA, measured_here=False)
+    assert not _wanted(options, CUDA)
+
+
+def test_decode_on_a_gpu_checks_only_a_pick_that_displaced_the_default(monkeypatch):
+    options = _decided(monkeypatch, ["math", "sdpa_default"])
+    decode = qkv_problem()  # one query row
+    assert [o.kernel.name for o in verify.checked_options(options, CUDA, decode)] == ["math", "sdpa_default"]
+    assert verify.checked_options(options[::-1], CUDA, decode) == ()
+    assert not _wanted(options[::-1], CUDA, decode)
+    assert [o.kernel.name for o in verify.checked_options(options[::-1], CUDA, PREFILL)] == ["sdpa_default", "math"]
+
+
+def test_a_slow_first_choice_is_left_to_the_table(monkeypatch):
+    options = _decided(monkeypatch, ["math", "sdpa_default"])
+    slow = (replace(options[0], predicted_s=verify.MAX_CHECKED_SECONDS * 2), *options[1:])
+    assert not _wanted(slow, CUDA)
+
+
+def test_the_checked_options_are_the_first_two_the_default_and_on_a_gpu_flash(monkeypatch):
+    kernels = ["small_q[splits=8]", "math", "chunked[q=128,kv=1024]", "sdpa_flash", "sdpa_default"]
+    use_ranking(monkeypatch, FixedRanker(kernels))
+    ours = Dispatcher(kernels=kernels)
+    options = ours._planner(torch.device("cpu")).decide(Problem(1, 4, 4, 16, 64, 16, 16, "float32"), None, budget=None,
+                                                        tune=False, on_failure=lambda *a: None).options
+    names = [o.kernel.name for o in options]
+    assert names[:2] == ["small_q[splits=8]", "math"]
+    prefill = Problem(1, 4, 4, 16, 64, 16, 16, "float16", device_type="cuda")
+    cpu = [o.kernel.name for o in verify.checked_options(options, torch.device("cpu"), prefill)]
+    gpu = [o.kernel.name for o in verify.checked_options(options, CUDA, prefill)]
+    assert cpu == ["small_q[splits=8]", "math", "sdpa_default"]
+    assert gpu == ["small_q[splits=8]", "math", "sdpa_flash", "sdpa_default"]
 
 
 def qkv_problem():
@@ -43,17 +85,17 @@ def test_the_bucket_follows_the_measurement(monkeypatch, winner, first):
     ours, _ = _options(monkeypatch, ["math", "sdpa_default"])
     timed = []
 
-    def stopwatch(options, inputs, problem, device, on_failure=None):
+    def stopwatch(options, inputs, problem, device, on_failure=None, exactly=False):
         timed.append([o.kernel.name for o in options])
         return Tuned(winner, (("math", 2e-3 if winner == "sdpa_default" else 1e-3), ("sdpa_default", 1.5e-3)))
 
     monkeypatch.setattr(verify, "tune", stopwatch)
-    monkeypatch.setattr(planner, "verification_wanted", lambda options, device, measured_here: True)
+    monkeypatch.setattr(planner, "verification_wanted", lambda *args, **kwargs: True)
     call = qkv(q_len=1, kv_len=60)
     assert_matches_reference(ours.attention(**call), call)
     assert timed == [["math", "sdpa_default"]]  # once, the two of them
     decision = ours.explain(**call)
     assert decision.kernel == first
-    assert any("checked against PyTorch's own choice" in note for note in decision.notes)
+    assert any("checked on the first call, with PyTorch's own choice" in note for note in decision.notes)
     ours.attention(**qkv(q_len=1, kv_len=63))  # another shape of the bucket (lengths 33-64): no second check
     assert len(timed) == 1
