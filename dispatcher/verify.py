@@ -16,8 +16,6 @@ the bucket takes the fastest; PyTorch's choice stays unless another is faster be
   and as well as tuning's up to seven contenders; on the 2-core CPU, after three quick
   calibrations each, the held-out shapes ran at 0.89-1.01x PyTorch's default (geomean) with the
   check, against 1.06-1.15x without it (bench/quick_mode_cpu.py, 2026-12-01);
-- the table's first two alone in the portable set (a card without fused backends, gfx906), where
-  PyTorch's default is the last resort, not a contender;
 - except decode on a GPU (one query row), where only a table pick other than the default is
   checked against it: there PyTorch's default was within 2% of the fastest kernel on the grid,
   these calls are host-bound (a stopwatch on one decode call is least reliable there), and the
@@ -65,11 +63,11 @@ def is_default(option: Option) -> bool:
 
 
 def checked_options(options: tuple[Option, ...], device: torch.device, problem: Problem) -> tuple[Option, ...]:
-    """The options a bucket's first call times (module docstring), in the table's order (PyTorch's
-    default among them where it is a contender); empty where there is nothing to check."""
+    """The options a bucket's first call times (module docstring), in the table's order, PyTorch's
+    default among them; empty where there is nothing to check."""
     default = next((option for option in options if is_default(option)), None)
-    if default is None:  # the portable set (gfx906): PyTorch's default is only its last resort
-        return tuple(options[:CHECKED_CHOICES]) if len(options) > 1 else ()
+    if default is None or not options:
+        return ()
     if device.type == "cuda" and problem.q_len == 1:  # decode on a GPU: the table's pick against the default
         picked = [options[0]] if not is_default(options[0]) else []
     else:

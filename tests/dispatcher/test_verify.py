@@ -99,15 +99,3 @@ def test_the_bucket_follows_the_measurement(monkeypatch, winner, first):
     assert any("checked on the first call, with PyTorch's own choice" in note for note in decision.notes)
     ours.attention(**qkv(q_len=1, kv_len=63))  # another shape of the bucket (lengths 33-64): no second check
     assert len(timed) == 1
-
-
-def test_the_portable_set_checks_its_first_two_choices(monkeypatch):
-    kernels = ["small_q[splits=8]", "chunked[q=128,kv=1024]", "math"]
-    use_ranking(monkeypatch, FixedRanker(kernels))
-    ours = Dispatcher(kernels="portable")
-    options = ours._planner(torch.device("cpu")).decide(PREFILL, None, budget=None, tune=False,
-                                                        on_failure=lambda *a: None).options
-    assert not any(verify.is_default(o) for o in options)  # PyTorch's default is only the last resort
-    checked = [o.kernel.name for o in verify.checked_options(options, CUDA, qkv_problem())]
-    assert checked == [o.kernel.name for o in options[:2]]
-    assert _wanted(options, CUDA, qkv_problem())
