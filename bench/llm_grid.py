@@ -112,7 +112,7 @@ def make_paths(problem: Problem, inputs, dispatchers: dict) -> dict:
     """label -> ``() -> tensor`` for every path of `problem`."""
     q, k, v, gqa = inputs.query, inputs.key, inputs.value, inputs.enable_gqa
     extra = {"enable_gqa": True} if gqa else {}
-    paths = {"pytorch": lambda: pytorch_sdpa(q, k, v, None, 0.0, problem.causal, **extra)}
+    paths = {"pytorch": lambda: pytorch_sdpa(q, k, v, is_causal=problem.causal, **extra)}  # as users call it
     for label, kernel in oracle_kernels(dispatchers["table"], problem).items():
         run = kernel.runner(problem)
         paths[label] = lambda run=run: run(q, k, v, None, None, gqa, problem)

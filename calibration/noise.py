@@ -165,9 +165,13 @@ class MachineBusy(ValueError):
 def check_quiet(noise: Noise, *, allow_busy: bool) -> None:
     """Raise `MachineBusy` (a one-line message saying what to do) when the machine is too busy."""
     if noise.too_busy and not allow_busy:
+        fewer = ""
+        if noise.cpu_share is not None and not noise.host_only and (noise.cores or 1) > 1:
+            fewer = (f", with --threads N to use only the N cores other work leaves free (torch's threads used "
+                     f"{noise.cores}: a thread off its core stalls the others)")
         raise MachineBusy(
             f"this machine is too busy to calibrate ({noise.describe().split(': ', 1)[-1]}): nothing was measured and no "
-            "table was written. Run it again when the machine is quieter (stop other jobs), or pass "
+            f"table was written. Run it again when the machine is quieter (stop other jobs){fewer}, or pass "
             "--allow-busy to measure anyway with widened samples (the summary will say the timings are noisy)"
         )
 

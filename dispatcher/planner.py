@@ -185,7 +185,8 @@ class DevicePlanner:
         seconds: dict[str, float] = {}
         if not tune and inputs is not None and verification_wanted(
                 options, self.device, problem, measured_here=state.ranking.measured_note(problem) is not None,
-                table_measured=state.ranking.source.level not in UNMEASURED_LEVELS):
+                table_measured=(state.ranking.source.level not in UNMEASURED_LEVELS
+                                and getattr(state.ranking.table, "verdict", "table") == "table")):
             options, notes, seconds = verify_against_default(options, notes, problem, self.device, inputs,
                                                              on_failure=on_failure)
         if tune:

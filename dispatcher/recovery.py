@@ -19,10 +19,10 @@ class RecoveringDispatcher:
 
     def _recover(self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:
         """`plan`'s kernel raised: remember it for the bucket, run the next candidate (repeatedly)."""
+        plan.count[0] -= 1  # count calls that returned, not attempts (a bad `scale` raises here, uncounted)
         check_scale(scale)
         planner = self._planner(plan.device)
         while True:
-            plan.count[0] -= 1  # count calls that returned, not attempts
             failed = plan.kernel.name
             self._remember(plan.device, plan.problem, failed, error)
             try:
@@ -43,6 +43,7 @@ class RecoveringDispatcher:
             try:
                 return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
             except Exception as next_error:  # noqa: BLE001
+                plan.count[0] -= 1
                 error = next_error
 
     def _failure_handler(self, device: torch.device, problem: Problem):

@@ -21,9 +21,13 @@ the bucket takes the fastest; PyTorch's choice stays unless another is faster be
   these calls are host-bound (a stopwatch on one decode call is least reliable there), and the
   one transformers run that timed wider there (tuning) chose a kernel that ran at 0.6x PyTorch.
 
-Once per bucket, and only where the first choice is predicted under `MAX_CHECKED_SECONDS` per call.
-Off with ``ATTN_DISPATCH_VERIFY=0``. Full tuning (``ATTN_DISPATCH_TUNE=1``) times every close
-contender instead.
+Once per bucket, on the CPU and CUDA/ROCm devices (the stopwatch, `calibration.timer.time_batch`,
+synchronises only those), with options predicted under `MAX_CHECKED_SECONDS` per call. Not where
+the table's quality guard did not keep its model (its verdict is the prior's or PyTorch's default:
+those serve unchecked), nor for a bucket first decided on the training route or while a CUDA graph
+was captured (no inputs to time: its later inference calls keep that decision). Off with
+``ATTN_DISPATCH_VERIFY=0``. Full tuning (``ATTN_DISPATCH_TUNE=1``) times every close contender
+instead.
 """
 
 from __future__ import annotations
@@ -50,11 +54,18 @@ GPU_ALSO_CHECKED = "sdpa_flash"
 probe's 580 H200 shapes (shared/reference/h200-probe.md), and what the table most often passed
 over where it cost most (small-Q calls against long caches)."""
 
-MAX_CHECKED_SECONDS = 0.05
-"""No check where the first choice is predicted slower than this per call: a check costs at least
-two calls of each option timed plus a round of samples (`tuning.SIZING_CALLS`, `TUNE_ROUNDS`), so
-about 7 calls of 50 ms (0.35 s) once per bucket at most; a slower call (a long video attention on
-a CPU takes seconds) is left to the table, or to tuning where the user asks for it."""
+MAX_CHECKED_SECONDS = 0.02
+"""Options predicted slower than this per call are not timed (and no check runs where PyTorch's
+default is one): each timed option costs two sizing calls and up to `tuning.TUNE_ROUNDS` samples
+of at least one call (rounds stop after `tuning.TUNE_BUDGET_S`), so up to 4 options x 7 calls of
+20 ms, about 0.6 s, once per bucket; calls of ~1 ms cost a check ~0.1 s (the CPU's quick-mode
+held-out buckets: first calls of 80-114 ms with the check against 5-15 ms without, a new user's
+run, 2026-12-01). Slower calls (a long video attention on a CPU takes seconds) are left to the
+table, or to tuning where the user asks for it."""
+
+TIMED_DEVICE_TYPES = ("cpu", "cuda")
+"""Where the stopwatch's times are the kernels' own (`calibration.timer.time_batch` synchronises
+CUDA/ROCm; other accelerators queue work and would be timed at launch)."""
 
 
 def is_default(option: Option) -> bool:
@@ -75,22 +86,25 @@ def checked_options(options: tuple[Option, ...], device: torch.device, problem: 
         if device.type == "cuda":
             picked += [option for option in options if option.kernel.name == GPU_ALSO_CHECKED]
     names = {option.kernel.name for option in picked} | {default.kernel.name}
-    checked = tuple(option for option in options if option.kernel.name in names)
+    if not _fast_enough(default):
+        return ()
+    checked = tuple(option for option in options if option.kernel.name in names and _fast_enough(option))
     return checked if len(checked) > 1 else ()
+
+
+def _fast_enough(option: Option) -> bool:
+    return option.predicted_s is None or option.predicted_s <= MAX_CHECKED_SECONDS
 
 
 def verification_wanted(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
                         measured_here: bool, table_measured: bool) -> bool:
-    """Whether a bucket's first call checks the table (module docstring): verification on, the
-    ranking is a table measured on this card (`table_measured`; the prior keeps PyTorch's default
-    first), the bucket has no measured entry (`measured_here`), the first choice is predicted under
-    `MAX_CHECKED_SECONDS`, and there is something to check."""
+    """Whether a bucket's first call checks the table (module docstring): verification on, a
+    device the stopwatch times, the ranking is a table measured on this card whose guard kept its
+    model (`table_measured`; the prior keeps PyTorch's default first), the bucket has no measured
+    entry (`measured_here`), and there is something to check."""
     if os.environ.get(VERIFY_ENV, "").strip().lower() in OFF_VALUES:
         return False
-    if measured_here or not table_measured or not options:
-        return False
-    predicted = options[0].predicted_s
-    if predicted is not None and predicted > MAX_CHECKED_SECONDS:
+    if device.type not in TIMED_DEVICE_TYPES or measured_here or not table_measured or not options:
         return False
     return bool(checked_options(options, device, problem))
 
@@ -104,10 +118,8 @@ def verify_against_default(options: tuple[Option, ...], notes: tuple[str, ...], 
     tuned = tune(checked, inputs, problem, device, on_failure=on_failure, exactly=True)
     if tuned is None:
         return options, notes, {}
-    timed = tuned.timings()
-    if tuned.kernel != options[0].kernel.name:
-        options = put_first(options, tuned.kernel)
-        note = f"the table's first choice was checked on the first call, with PyTorch's own choice, and lost: {timed}"
-    else:
-        note = f"the table's first choice was checked on the first call, with PyTorch's own choice: {timed}"
+    first = options[0].kernel.name
+    options = put_first(options, tuned.kernel)
+    outcome = "the table's first choice stays" if tuned.kernel == first else f"{tuned.kernel} replaces the table's {first}"
+    note = f"checked on the first call (the table's first choices and PyTorch's own): {tuned.timings()}; {outcome}"
     return options, (*notes, note), dict(tuned.seconds)

@@ -56,7 +56,8 @@ def loads_table(raw: bytes, *, source: str = "<bytes>") -> ThresholdTable:
         data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as error:
         raise TableError(
-            f"{source}: truncated or malformed JSON ({error.msg} at line {error.lineno} column {error.colno}); {FIX}"
+            f"{source}: truncated or malformed JSON ({error.msg.removesuffix(' at')} at line {error.lineno} column "
+            f"{error.colno}); {FIX}"  # json's "Unterminated string starting at" ends where ours goes on
         ) from None
     except RecursionError:
         raise TableError(f"{source}: JSON nested too deeply to be a table; {FIX}") from None

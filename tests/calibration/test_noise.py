@@ -52,6 +52,16 @@ def test_too_busy_stops_with_what_to_do_unless_allowed():
     check_quiet(BUSY, allow_busy=False)
 
 
+def test_a_starved_multi_threaded_probe_suggests_fewer_threads():
+    with pytest.raises(MachineBusy, match="--threads N") as raised:
+        check_quiet(STARVED, allow_busy=False)
+    assert "used 2" in str(raised.value) and len(str(raised.value).splitlines()) == 1
+    one_core = Noise(median_s=0.2, spread=0.0, cpu_share=STOP_CPU_SHARE / 2, cores=1)
+    with pytest.raises(MachineBusy) as raised:
+        check_quiet(one_core, allow_busy=False)
+    assert "--threads" not in str(raised.value)  # one thread already: fewer cannot help
+
+
 def test_widened_settings_take_more_samples():
     wide = widened(QUICK)
     assert wide.min_reps > QUICK.min_reps and wide.max_reps >= wide.min_reps and wide.budget_s > QUICK.budget_s

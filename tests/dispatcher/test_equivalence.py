@@ -93,11 +93,14 @@ def test_bad_inputs_raise_sdpa_exception_types(name):
 
 def test_bad_scale_is_not_blamed_on_the_kernels():
     inputs = qkv()
+    ours = dispatcher.Dispatcher()
+    ours.attention(inputs["query"], inputs["key"], inputs["value"], enable_gqa=True)  # a warm plan
     with pytest.raises(TypeError, match="scale"):
-        dispatcher.attention(inputs["query"], inputs["key"], inputs["value"], scale="0.1", enable_gqa=True)
-    out = dispatcher.attention(inputs["query"], inputs["key"], inputs["value"], enable_gqa=True)
+        ours.attention(inputs["query"], inputs["key"], inputs["value"], scale="0.1", enable_gqa=True)
+    out = ours.attention(inputs["query"], inputs["key"], inputs["value"], enable_gqa=True)
     assert torch.isfinite(out).all()  # nothing was remembered as failed for the bucket
-    assert not any("failed" in why for _, why in dispatcher.explain(**inputs).dropped)
+    assert not any("failed" in why for _, why in ours.explain(**inputs).dropped)
+    assert sum(ours.stats().values()) == 2  # the call that raised is not counted
 
 
 def test_inference_mode():

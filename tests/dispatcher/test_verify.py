@@ -55,10 +55,18 @@ def test_decode_on_a_gpu_checks_only_a_pick_that_displaced_the_default(monkeypat
     assert [o.kernel.name for o in verify.checked_options(options[::-1], CUDA, PREFILL)] == ["sdpa_default", "math"]
 
 
-def test_a_slow_first_choice_is_left_to_the_table(monkeypatch):
+def test_options_predicted_slow_are_not_timed(monkeypatch):
     options = _decided(monkeypatch, ["math", "sdpa_default"])
-    slow = (replace(options[0], predicted_s=verify.MAX_CHECKED_SECONDS * 2), *options[1:])
-    assert not _wanted(slow, CUDA)
+    slow_first = (replace(options[0], predicted_s=verify.MAX_CHECKED_SECONDS * 2), *options[1:])
+    assert not _wanted(slow_first, CUDA)  # only the default would be left
+    slow_default = (options[0], replace(options[1], predicted_s=verify.MAX_CHECKED_SECONDS * 2))
+    assert not _wanted(slow_default, CUDA)
+
+
+def test_only_devices_the_stopwatch_synchronises_are_checked(monkeypatch):
+    options = _decided(monkeypatch, ["math", "sdpa_default"])
+    assert not _wanted(options, torch.device("mps"))
+    assert not _wanted(options, torch.device("meta"))
 
 
 def test_the_checked_options_are_the_first_two_the_default_and_on_a_gpu_flash(monkeypatch):
@@ -96,6 +104,26 @@ def test_the_bucket_follows_the_measurement(monkeypatch, winner, first):
     assert timed == [["math", "sdpa_default"]]  # once, the two of them
     decision = ours.explain(**call)
     assert decision.kernel == first
-    assert any("checked on the first call, with PyTorch's own choice" in note for note in decision.notes)
+    outcome = "the table's first choice stays" if winner == "math" else "sdpa_default replaces the table's math"
+    assert any(note.startswith("checked on the first call") and note.endswith(outcome) for note in decision.notes)
     ours.attention(**qkv(q_len=1, kv_len=63))  # another shape of the bucket (lengths 33-64): no second check
     assert len(timed) == 1
+
+
+class _GuardedRanker(FixedRanker):
+    """A table whose quality guard gave `verdict` (the ranking as given: what serves is not the point)."""
+
+    def __init__(self, order, verdict):
+        super().__init__(order)
+        self.verdict = verdict
+
+
+@pytest.mark.parametrize(("verdict", "checked"), [("table", True), ("default", False), ("prior", False)])
+def test_only_a_table_whose_guard_kept_its_model_is_checked(monkeypatch, verdict, checked):
+    use_ranking(monkeypatch, _GuardedRanker(["math", "sdpa_default"], verdict))
+    ours = Dispatcher(kernels=[MathKernel(), SdpaDefaultKernel()])
+    seen = []
+    monkeypatch.setattr(planner, "verification_wanted",
+                        lambda *args, table_measured, **kwargs: seen.append(table_measured) or False)
+    ours.attention(**qkv(q_len=1, kv_len=60))
+    assert seen == [checked]
