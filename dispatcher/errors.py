@@ -63,6 +63,10 @@ def smallest_workspace(ranked) -> tuple[str, int] | None:
     return min(sizes, key=lambda item: (item[1], item[0]), default=None)  # ties by name: one message whatever the ranking
 
 
+BUDGET_FIX = f"raise {BUDGET_ENV} or Dispatcher(memory_budget=...)"
+"""What a `NoKernelError` over the memory budget tells a Python user to do (the CLI names its flag)."""
+
+
 def _over(smallest: tuple[str, int], limit: int | None) -> bool:
     return limit is not None and smallest[1] > limit
 
@@ -75,8 +79,7 @@ def _cause(device: str, reasons: Sequence[tuple[str, str]], smallest: tuple[str,
     if smallest is not None and _over(smallest, budget):
         name, need = smallest
         return (f"no attention kernel fits the memory budget of {format_bytes(budget)}: the smallest workspace this "
-                f"problem needs is {format_bytes(need)} ({name}); raise {BUDGET_ENV} or Dispatcher(memory_budget=...) "
-                f"to at least that")
+                f"problem needs is {format_bytes(need)} ({name}); {BUDGET_FIX} to at least that")
     if smallest is not None and _over(smallest, free):
         name, need = smallest
         return (f"no attention kernel fits in the {format_bytes(free)} free on {device}: the smallest workspace this "

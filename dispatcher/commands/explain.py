@@ -61,17 +61,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attn_dispatch.dispatcher.core import Dispatcher
-    from attn_dispatch.dispatcher.errors import NoKernelError
+    from attn_dispatch.dispatcher.errors import BUDGET_FIX, NoKernelError
+    from attn_dispatch.dispatcher.memory import parse_memory_size
     from attn_dispatch.kernels import AccuracyPolicy
 
     try:
         device = resolve_device(args.device)
         problem = problem_from_args(args, device.type)
         policy = AccuracyPolicy.allowing(*args.allow_lossy) if args.allow_lossy else AccuracyPolicy()
-        dispatcher = Dispatcher(kernels=args.kernels, policy=policy, memory_budget=args.memory_budget)
+        budget = None if args.memory_budget is None else parse_memory_size(args.memory_budget, name="--memory-budget")
+        dispatcher = Dispatcher(kernels=args.kernels, policy=policy, memory_budget=budget)
         decision = dispatcher.decide(problem, device=device)
     except NoKernelError as error:
-        raise CommandError(error.cause) from None
+        raise CommandError(error.cause.replace(BUDGET_FIX, "raise --memory-budget")) from None
     except (ValueError, RuntimeError) as error:
         raise CommandError(one_line(error)) from None
     print(json.dumps(decision.to_dict(), indent=1) if args.json else decision)

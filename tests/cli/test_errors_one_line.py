@@ -20,3 +20,13 @@ def test_usage_errors_are_one_line(capsys, argv, names):
     assert exit_.value.code == ERROR_EXIT
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and names in err and "usage:" not in err
+
+
+@pytest.mark.parametrize(("budget", "names"), [
+    ("100B", "raise --memory-budget to at least that"),
+    ("lots", "--memory-budget='lots' is not a memory size"),
+])
+def test_a_memory_budget_error_names_the_flag(capsys, budget, names):
+    code = main(["explain", "--lq", "1", "--lk", "4096", "--device", "cpu", "--memory-budget", budget])
+    err = capsys.readouterr().err
+    assert code == ERROR_EXIT and err.count("\n") == 1 and names in err and "Dispatcher(" not in err

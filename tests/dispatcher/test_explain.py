@@ -66,7 +66,7 @@ def test_cli_explain_json_with_mask(capsys):
 
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [(["--lq", "8", "--memory-budget", "lots"], "memory_budget"),
+    [(["--lq", "8", "--memory-budget", "lots"], "--memory-budget"),
      (["--lq", "8", "--heads", "6", "--kv-heads", "4"], "--kv-heads"),
      (["--lq", "8", "--allow-lossy", "fp32->int8"], "conversion")],
 )
