@@ -183,12 +183,13 @@ class DevicePlanner:
             options = (*(o for o in options if is_default(o)), *(o for o in options if not is_default(o)))
             notes = (*notes, DEFAULT_KEPT_UNMEASURED)  # nothing measured on this card says another kernel is faster
         seconds: dict[str, float] = {}
+        portable = any(getattr(kernel, "last_resort", False) for kernel in config.kernels.values())
         if not tune and inputs is not None and verification_wanted(
                 options, self.device, problem, measured_here=state.ranking.measured_note(problem) is not None,
                 table_measured=(state.ranking.source.level not in UNMEASURED_LEVELS
-                                and getattr(state.ranking.table, "verdict", "table") == "table")):
+                                and getattr(state.ranking.table, "verdict", "table") == "table"), portable=portable):
             options, notes, seconds = verify_against_default(options, notes, problem, self.device, inputs,
-                                                             on_failure=on_failure)
+                                                             on_failure=on_failure, portable=portable)
         if tune:
             state.open_store(config.tunings_root, config.signature)
             options, notes, dropped, pending = state.apply_tuning(

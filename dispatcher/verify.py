@@ -16,7 +16,9 @@ the bucket takes the fastest; PyTorch's choice stays unless another is faster be
   and as well as tuning's up to seven contenders; on the 2-core CPU, after three quick
   calibrations each, the held-out shapes ran at 0.89-1.01x PyTorch's default (geomean) with the
   check, against 1.06-1.15x without it (bench/quick_mode_cpu.py, 2026-12-01);
-- except decode on a GPU (one query row), where only a table pick other than the default is
+- the table's first two alone in the portable set (a card without fused backends: gfx906), where
+  PyTorch's default is the last resort, not a contender;
+- except decode on a GPU (one query row) with PyTorch's backends, where only a table pick other than the default is
   checked against it: there PyTorch's default was within 2% of the fastest kernel on the grid,
   these calls are host-bound (a stopwatch on one decode call is least reliable there), and the
   one transformers run that timed wider there (tuning) chose a kernel that ran at 0.6x PyTorch.
@@ -73,9 +75,14 @@ def is_default(option: Option) -> bool:
     return option.kernel.name == FALLBACK_FIRST and not getattr(option.kernel, "last_resort", False)
 
 
-def checked_options(options: tuple[Option, ...], device: torch.device, problem: Problem) -> tuple[Option, ...]:
+def checked_options(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
+                    portable: bool = False) -> tuple[Option, ...]:
     """The options a bucket's first call times (module docstring), in the table's order, PyTorch's
-    default among them; empty where there is nothing to check."""
+    default among them (`portable`: the portable set, whose default is its last resort: the first
+    two alone); empty where there is nothing to check."""
+    if portable:
+        checked = tuple(option for option in options[:CHECKED_CHOICES] if _fast_enough(option))
+        return checked if len(checked) > 1 else ()
     default = next((option for option in options if is_default(option)), None)
     if default is None or not options:
         return ()
@@ -97,7 +104,7 @@ def _fast_enough(option: Option) -> bool:
 
 
 def verification_wanted(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
-                        measured_here: bool, table_measured: bool) -> bool:
+                        measured_here: bool, table_measured: bool, portable: bool = False) -> bool:
     """Whether a bucket's first call checks the table (module docstring): verification on, a
     device the stopwatch times, the ranking is a table measured on this card whose guard kept its
     model (`table_measured`; the prior keeps PyTorch's default first), the bucket has no measured
@@ -106,20 +113,21 @@ def verification_wanted(options: tuple[Option, ...], device: torch.device, probl
         return False
     if device.type not in TIMED_DEVICE_TYPES or measured_here or not table_measured or not options:
         return False
-    return bool(checked_options(options, device, problem))
+    return bool(checked_options(options, device, problem, portable=portable))
 
 
 def verify_against_default(options: tuple[Option, ...], notes: tuple[str, ...], problem: Problem,
                            device: torch.device, inputs: tuple,
-                           on_failure: Callable[[str, BaseException], None]):
+                           on_failure: Callable[[str, BaseException], None], *, portable: bool = False):
     """Time `checked_options` on `inputs`; returns (options, notes, seconds per timed kernel name):
     the measured fastest first, PyTorch's default unless another won beyond the noise."""
-    checked = checked_options(options, device, problem)
+    checked = checked_options(options, device, problem, portable=portable)
     tuned = tune(checked, inputs, problem, device, on_failure=on_failure, exactly=True)
     if tuned is None:
         return options, notes, {}
     first = options[0].kernel.name
     options = put_first(options, tuned.kernel)
     outcome = "the table's first choice stays" if tuned.kernel == first else f"{tuned.kernel} replaces the table's {first}"
-    note = f"checked on the first call (the table's first choices and PyTorch's own): {tuned.timings()}; {outcome}"
+    timed = "the table's first choices" if portable else "the table's first choices and PyTorch's own"
+    note = f"checked on the first call ({timed}): {tuned.timings()}; {outcome}"
     return options, (*notes, note), dict(tuned.seconds)

@@ -14,7 +14,8 @@ from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, use_ranking
 from tests.kernels.cases import Case
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device"),
+              pytest.mark.stopwatch]  # the first-call check on, as installed
 GIB = 2**30
 
 CUDA_CASES = {

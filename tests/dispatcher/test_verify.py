@@ -14,6 +14,8 @@ from attn_dispatch.dispatcher.tuning import Tuned
 from attn_dispatch.kernels import MathKernel, Problem, SdpaDefaultKernel
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
 
+pytestmark = pytest.mark.stopwatch  # the first-call check on, as installed
+
 CUDA = torch.device("cuda")  # a device object only: nothing runs on it
 PREFILL = Problem(1, 4, 4, 64, 64, 16, 16, "float32")
 
@@ -127,3 +129,19 @@ def test_only_a_table_whose_guard_kept_its_model_is_checked(monkeypatch, verdict
                         lambda *args, table_measured, **kwargs: seen.append(table_measured) or False)
     ours.attention(**qkv(q_len=1, kv_len=60))
     assert seen == [checked]
+
+
+def test_the_portable_set_checks_its_first_two_choices(monkeypatch):
+    """gfx906's set: PyTorch's default is only the last resort, so the table's first two are timed."""
+    use_ranking(monkeypatch, FixedRanker(["small_q[splits=8]", "chunked[q=128,kv=1024]", "math"]))
+    ours = Dispatcher(kernels="portable")
+    options = ours._planner(torch.device("cpu")).decide(PREFILL, None, budget=None, tune=False,
+                                                        on_failure=lambda *a: None).options
+    assert not any(verify.is_default(o) for o in options)
+    assert verify.checked_options(options, CUDA, qkv_problem()) == ()  # no default: nothing without `portable`
+    checked = verify.checked_options(options, CUDA, qkv_problem(), portable=True)
+    assert [o.kernel.name for o in checked] == [o.kernel.name for o in options[:2]]
+    timed = []
+    monkeypatch.setattr(verify, "tune", lambda options, *a, **k: timed.append([o.kernel.name for o in options]))
+    ours.attention(**qkv(q_len=8, kv_len=64))
+    assert timed == [[o.kernel.name for o in options[:2]]]  # the dispatcher passes its set's kind along
