@@ -16,12 +16,13 @@ the bucket takes the fastest; PyTorch's choice stays unless another is faster be
   and as well as tuning's up to seven contenders; on the 2-core CPU, after three quick
   calibrations each, the held-out shapes ran at 0.89-1.01x PyTorch's default (geomean) with the
   check, against 1.06-1.15x without it (bench/quick_mode_cpu.py, 2026-12-01);
+- except decode on a GPU (one query row) with PyTorch's backends, where only a table pick other
+  than the default is checked against it: there PyTorch's default was within 2% of the fastest
+  kernel on the grid, these calls are host-bound (a stopwatch on one decode call is least
+  reliable there), and the one transformers run that timed wider there (tuning) chose a kernel
+  that ran at 0.6x PyTorch;
 - the table's first two alone in the portable set (a card without fused backends: gfx906), where
-  PyTorch's default is the last resort, not a contender;
-- except decode on a GPU (one query row) with PyTorch's backends, where only a table pick other than the default is
-  checked against it: there PyTorch's default was within 2% of the fastest kernel on the grid,
-  these calls are host-bound (a stopwatch on one decode call is least reliable there), and the
-  one transformers run that timed wider there (tuning) chose a kernel that ran at 0.6x PyTorch.
+  PyTorch's default is the last resort, not a contender.
 
 Once per bucket, on the CPU and CUDA/ROCm devices (the stopwatch, `calibration.timer.time_batch`,
 synchronises only those), with options predicted under `MAX_CHECKED_SECONDS` per call. Not where
