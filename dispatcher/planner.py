@@ -79,6 +79,8 @@ class DevicePlanner:
         self.seen = SeenShapes()
         self.cold_costs = {name: dict(by_kind) for name, by_kind in (cold_costs or {}).items()}
         self.floors = {name: dict(by_kind) for name, by_kind in (floors or {}).items()}
+        # the portable set (gfx906's): PyTorch's default is its last resort, not a contender (`verify`)
+        self.portable = any(getattr(kernel, "last_resort", False) for kernel in config.kernels.values())
 
     # ------------------------------------------------------------------ per exact shape
     def plan(self, problem: Problem, shape_key: tuple, inputs: tuple | None, *,
@@ -183,7 +185,7 @@ class DevicePlanner:
             options = (*(o for o in options if is_default(o)), *(o for o in options if not is_default(o)))
             notes = (*notes, DEFAULT_KEPT_UNMEASURED)  # nothing measured on this card says another kernel is faster
         seconds: dict[str, float] = {}
-        portable = any(getattr(kernel, "last_resort", False) for kernel in config.kernels.values())
+        portable = self.portable
         if not tune and inputs is not None and verification_wanted(
                 options, self.device, problem, measured_here=state.ranking.measured_note(problem) is not None,
                 table_measured=(state.ranking.source.level not in UNMEASURED_LEVELS

@@ -30,8 +30,7 @@ from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.kernels.sdpa_probe import BACKEND_SWITCHES
 
 IGNORE_ENV = "ATTN_DISPATCH_IGNORE_SDPA_KERNEL"
-_respect = [os.environ.get(IGNORE_ENV, "") not in ("1", "true", "yes")]
-RESPECTING = _respect
+RESPECTING = [os.environ.get(IGNORE_ENV, "") not in ("1", "true", "yes")]
 """``[bool]``: whether restrictions are respected now (`respect_sdpa_kernel`), read in place by the
 per-call test, which is inlined in `Dispatcher.attention`: a restriction, a meta or nested query,
 or a mask that is not a plain tensor sends the call to `route`."""
@@ -43,7 +42,7 @@ def respect_sdpa_kernel(enabled: bool = True) -> None:
     among its own kernels even inside ``sdpa_kernel(...)``."""
     if not isinstance(enabled, bool):
         raise TypeError(f"respect_sdpa_kernel takes True or False, got {enabled!r}")
-    _respect[0] = enabled
+    RESPECTING[0] = enabled
 
 
 def _every_backend_enabled():
@@ -58,7 +57,7 @@ _all_enabled = _every_backend_enabled()
 
 def backends_restricted() -> bool:
     """Whether some PyTorch SDPA backend is switched off now (and restrictions are respected)."""
-    return _respect[0] and not _all_enabled()
+    return RESPECTING[0] and not _all_enabled()
 
 
 def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):

@@ -85,7 +85,7 @@ def checked_options(options: tuple[Option, ...], device: torch.device, problem: 
         checked = tuple(option for option in options[:CHECKED_CHOICES] if _fast_enough(option))
         return checked if len(checked) > 1 else ()
     default = next((option for option in options if is_default(option)), None)
-    if default is None or not options:
+    if default is None or not _fast_enough(default):
         return ()
     if device.type == "cuda" and problem.q_len == 1:  # decode on a GPU: the table's pick against the default
         picked = [options[0]] if not is_default(options[0]) else []
@@ -94,8 +94,6 @@ def checked_options(options: tuple[Option, ...], device: torch.device, problem: 
         if device.type == "cuda":
             picked += [option for option in options if option.kernel.name == GPU_ALSO_CHECKED]
     names = {option.kernel.name for option in picked} | {default.kernel.name}
-    if not _fast_enough(default):
-        return ()
     checked = tuple(option for option in options if option.kernel.name in names and _fast_enough(option))
     return checked if len(checked) > 1 else ()
 
