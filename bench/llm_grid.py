@@ -229,11 +229,11 @@ def summarize(path: str) -> None:
                               ("Lq 2-64", lambda p: SMALL_Q_ROWS[0] <= p["q_len"] <= SMALL_Q_ROWS[1]),
                               ("Lq 1", lambda p: p["q_len"] == 1), ("Lq > 64", lambda p: p["q_len"] > 64)):
         chosen = [r for r in rows if keep(r["problem"]) and median(r, "pytorch")]
-        best_fused = [min(m for m in (median(r, f) for f in fused) if m) for r in chosen
-                      if any(median(r, f) for f in fused)]
+        fused_pairs = [(r, min(m for m in (median(r, f) for f in fused) if m)) for r in chosen
+                       if any(median(r, f) for f in fused)]  # shapes where a fused backend ran
         line = [f"{subset_name} ({len(chosen)}):",
                 f"oracle {_geomean([median(r, 'pytorch') / oracle(r) for r in chosen]):.3f}x",
-                f"best fused {_geomean([median(r, 'pytorch') / b for r, b in zip(chosen, best_fused)]):.3f}x"]
+                f"best fused {_geomean([median(r, 'pytorch') / b for r, b in fused_pairs]):.3f}x"]
         for name in DISPATCHERS:
             mine = [(r, median(r, name)) for r in chosen if median(r, name)]
             speed = [median(r, "pytorch") / m for r, m in mine]

@@ -12,13 +12,11 @@ from torch.profiler import ProfilerActivity, profile
 PROMPT = int(sys.argv[1]) if len(sys.argv) > 1 else 32768
 IMPLS = sys.argv[2].split(",") if len(sys.argv) > 2 else ["dispatch", "sdpa"]
 sys.argv = ["e2e"]
-from bench.e2e import LLM  # noqa: E402
-
-
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import attn_dispatch as ad  # noqa: E402
 from attn_dispatch.dispatcher.hf import register_transformers  # noqa: E402
+from bench.e2e import LLM  # noqa: E402
 
 for impl in IMPLS:
     ours = ad.Dispatcher() if impl == "dispatch" else None

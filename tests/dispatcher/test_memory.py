@@ -286,11 +286,11 @@ def test_the_smallest_workspace_is_named_the_same_whatever_the_ranking(monkeypat
     (a docs example changed with the fitted table's order)."""
     inputs = qkv(q_len=1, kv_len=64)
     causes = []
+    tie_bytes = 8192  # both kernels need the same workspace
+    monkeypatch.setattr(MathKernel, "workspace_bytes", lambda self, problem: tie_bytes)
+    monkeypatch.setattr(ChunkedKernel, "workspace_bytes", lambda self, problem: tie_bytes)
     for order in (["chunked[q=16,kv=16]", "math"], ["math", "chunked[q=16,kv=16]"]):
         use_ranking(monkeypatch, FixedRanker(order))
-        tie = {kernel: 8192 for kernel in ("math", "chunked[q=16,kv=16]")}
-        monkeypatch.setattr(MathKernel, "workspace_bytes", lambda self, problem: tie["math"])
-        monkeypatch.setattr(ChunkedKernel, "workspace_bytes", lambda self, problem: tie["chunked[q=16,kv=16]"])
         with pytest.raises(NoKernelError) as raised:
             Dispatcher(kernels=["math", "chunked[q=16,kv=16]"], memory_budget=100).attention(**inputs)
         causes.append(raised.value.cause)
