@@ -90,14 +90,16 @@ class Bucket:
     ranked: the first problem's ranked options (kept to refit when memory changes).
     options: the options that fitted when decided, in try order (a tuned kernel first).
     decision: the decision made for the first problem (`explain` adapts it per exact shape).
-    warm: seconds per warm call of each option: measured by the bucket's tuning (`seconds`,
-        kernel name -> seconds; empty untuned), else predicted.
+    warm: seconds per warm call of each option: measured by the bucket's tuning or first-call
+        check (`seconds`, kernel name -> seconds; empty where nothing was timed), else predicted.
+    measured: the options whose warm time was measured (the names in `seconds`).
     tune_pending: tuning is on, but the decision was made without inputs to time.
     free: bytes free on the device when decided (None: unknown, e.g. the CPU).
     history: the call counters of the bucket's most recent exact shapes (`cold_shape`).
     """
 
-    __slots__ = ("key", "ranked", "options", "decision", "tune_pending", "free", "history", "warm", "_cold")
+    __slots__ = ("key", "ranked", "options", "decision", "tune_pending", "free", "history", "warm", "measured",
+                 "_cold")
 
     def __init__(self, key: tuple, ranked: Ranked, options: tuple[Option, ...], decision: Decision, *,
                  seconds: Mapping[str, float], tune_pending: bool, free: int | None) -> None:
@@ -109,6 +111,7 @@ class Bucket:
         self.free = free
         self.history: deque[list[int]] = deque(maxlen=HISTORY)
         self.warm = tuple(seconds.get(o.kernel.name, o.predicted_s) for o in options)
+        self.measured = frozenset(seconds)
         self._cold: tuple[float, ...] | None = None
 
     @property
@@ -140,17 +143,18 @@ class Bucket:
         first = self.options[0]
         if expected_calls is None or is_set_up(first.kernel.name):
             return self.options, (), 0
+        kind = kind_of(self.ranked.problem.q_len)
+        warm = [None if w is None else max(w, floor_seconds(o.kernel, kind, floors or {}) or 0.0)
+                for o, w in zip(self.options, self.warm, strict=True)]
         costs = [
-            expected_seconds(warm, 0.0 if c and is_set_up(o.kernel.name) else c, expected_calls)
-            for o, warm, c in zip(self.options, self.warm, cold, strict=True)
+            expected_seconds(w, 0.0 if c and is_set_up(o.kernel.name) else c, expected_calls)
+            if i == 0 or self.may_replace_first(o) else None
+            for i, (o, w, c) in enumerate(zip(self.options, warm, cold, strict=True))
         ]
         best = min((i for i, cost in enumerate(costs) if cost is not None), key=costs.__getitem__, default=0)
         if best == 0:
             return self.options, (), 0
         chosen = self.options[best]
-        kind = kind_of(self.ranked.problem.q_len)
-        warm = [None if w is None else max(w, floor_seconds(o.kernel, kind, floors or {}) or 0.0)
-                for o, w in zip(self.options, self.warm, strict=True)]
         settle = settle_after(cold[0], warm[0], warm[best])
         note = (f"{first.kernel.name} sets up per exact shape (~{format_seconds(cold[0])} on a new shape) and this "
                 f"bucket's shapes get ~{expected_calls:g} calls each: {chosen.kernel.name} is faster over a shape's "
@@ -158,6 +162,14 @@ class Bucket:
         if settle:
             note += f"; a shape called {settle} times settles on {first.kernel.name}"
         return (chosen, *(o for o in self.options if o is not chosen)), (note,), settle
+
+    def may_replace_first(self, option: Option) -> bool:
+        """Whether `option` may run a new shape in place of the decided kernel: where the bucket's
+        first call timed options (`verify`, tuning), only a timed one, since a table's prediction
+        can be far off (the H200's batch-8 32k decode: `math` predicted under PyTorch's default
+        plus its set-up, measured 5.6x slower per token; `verify.SETUP_FREE_CHECKED`); where
+        nothing was timed, any option, on the table's prediction."""
+        return not self.measured or option.kernel.name in self.measured
 
     def decision_for(self, problem: Problem, kernel: Kernel, workspace: int, notes: tuple[str, ...],
                      skipped: tuple[tuple[str, str], ...] = ()) -> Decision:

@@ -17,7 +17,7 @@ import torch
 
 from attn_dispatch.dispatcher._plan import Plan
 from attn_dispatch.dispatcher.buckets import MAX_BUCKETS, BoundedCache, Bucket
-from attn_dispatch.dispatcher.cold_shape import SeenShapes, floor_order
+from attn_dispatch.dispatcher.cold_shape import SeenShapes, cold_seconds, floor_order
 from attn_dispatch.dispatcher.decision import Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.errors import NoKernelError
@@ -186,12 +186,14 @@ class DevicePlanner:
             notes = (*notes, DEFAULT_KEPT_UNMEASURED)  # nothing measured on this card says another kernel is faster
         seconds: dict[str, float] = {}
         portable = self.portable
+        sets_up = frozenset(o.kernel.name for o in options if cold_seconds(o.kernel, problem, self.cold_costs))
         if not tune and inputs is not None and verification_wanted(
                 options, self.device, problem, measured_here=state.ranking.measured_note(problem) is not None,
                 table_measured=(state.ranking.source.level not in UNMEASURED_LEVELS
-                                and getattr(state.ranking.table, "verdict", "table") == "table"), portable=portable):
+                                and getattr(state.ranking.table, "verdict", "table") == "table"), portable=portable,
+                sets_up=sets_up):
             options, notes, seconds = verify_against_default(options, notes, problem, self.device, inputs,
-                                                             on_failure=on_failure, portable=portable)
+                                                             on_failure=on_failure, portable=portable, sets_up=sets_up)
         if tune:
             state.open_store(config.tunings_root, config.signature)
             options, notes, dropped, pending = state.apply_tuning(

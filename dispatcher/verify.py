@@ -22,7 +22,13 @@ the bucket takes the fastest; PyTorch's choice stays unless another is faster be
   reliable there), and the one transformers run that timed wider there (tuning) chose a kernel
   that ran at 0.6x PyTorch;
 - the table's first two alone in the portable set (a card without fused backends: gfx906), where
-  PyTorch's default is the last resort, not a contender.
+  PyTorch's default is the last resort, not a contender;
+- and where PyTorch's default sets up per exact shape (cuDNN on the H200: ~36 ms per new length),
+  the first option that does not (`SETUP_FREE_CHECKED`), so that a bucket whose shapes keep changing
+  swaps to a kernel whose warm time was measured, not predicted (`buckets.Bucket.order_for_new_shape`).
+  On the H200 a batch-8 decode over 32k keys swapped, on the table's prediction, to our `math`
+  kernel: 1.4 ms a call where PyTorch's warm default takes 0.25 ms, 5.6x slower per token once its
+  shapes settled on the default (bench/decode_loop.py, 2026-12-01, docs/RESULTS.md section 13).
 
 Once per bucket, on the CPU and CUDA/ROCm devices (the stopwatch, `calibration.timer.time_batch`,
 synchronises only those), with options predicted under `MAX_CHECKED_SECONDS` per call. Not where
@@ -57,6 +63,10 @@ GPU_ALSO_CHECKED = "sdpa_flash"
 probe's 580 H200 shapes (shared/reference/h200-probe.md), and what the table most often passed
 over where it cost most (small-Q calls against long caches)."""
 
+SETUP_FREE_CHECKED = 1
+"""Options free of per-shape set-up also timed where PyTorch's default pays one (besides flash on a
+GPU): the table's first such; a new shape of the bucket swaps only to a kernel timed here."""
+
 MAX_CHECKED_SECONDS = 0.02
 """Options predicted slower than this per call are not timed (and no check runs where PyTorch's
 default is one): each timed option costs two sizing calls and up to `tuning.TUNE_ROUNDS` samples
@@ -77,10 +87,11 @@ def is_default(option: Option) -> bool:
 
 
 def checked_options(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
-                    portable: bool = False) -> tuple[Option, ...]:
+                    portable: bool = False, sets_up: frozenset[str] = frozenset()) -> tuple[Option, ...]:
     """The options a bucket's first call times (module docstring), in the table's order, PyTorch's
     default among them (`portable`: the portable set, whose default is its last resort: the first
-    two alone); empty where there is nothing to check."""
+    two alone); empty where there is nothing to check. `sets_up`: names of the options that pay a
+    per-shape set-up (`cold_shape.cold_seconds`)."""
     if portable:
         checked = tuple(option for option in options[:CHECKED_CHOICES] if _fast_enough(option))
         return checked if len(checked) > 1 else ()
@@ -93,6 +104,9 @@ def checked_options(options: tuple[Option, ...], device: torch.device, problem: 
         picked = list(options[:CHECKED_CHOICES])
         if device.type == "cuda":
             picked += [option for option in options if option.kernel.name == GPU_ALSO_CHECKED]
+    if default.kernel.name in sets_up:
+        picked += [option for option in options if option.kernel.name == GPU_ALSO_CHECKED]
+        picked += [option for option in options if option.kernel.name not in sets_up][:SETUP_FREE_CHECKED]
     names = {option.kernel.name for option in picked} | {default.kernel.name}
     checked = tuple(option for option in options if option.kernel.name in names and _fast_enough(option))
     return checked if len(checked) > 1 else ()
@@ -103,7 +117,8 @@ def _fast_enough(option: Option) -> bool:
 
 
 def verification_wanted(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
-                        measured_here: bool, table_measured: bool, portable: bool = False) -> bool:
+                        measured_here: bool, table_measured: bool, portable: bool = False,
+                        sets_up: frozenset[str] = frozenset()) -> bool:
     """Whether a bucket's first call checks the table (module docstring): verification on, a
     device the stopwatch times, the ranking is a table measured on this card whose guard kept its
     model (`table_measured`; the prior keeps PyTorch's default first), the bucket has no measured
@@ -112,15 +127,16 @@ def verification_wanted(options: tuple[Option, ...], device: torch.device, probl
         return False
     if device.type not in TIMED_DEVICE_TYPES or measured_here or not table_measured or not options:
         return False
-    return bool(checked_options(options, device, problem, portable=portable))
+    return bool(checked_options(options, device, problem, portable=portable, sets_up=sets_up))
 
 
 def verify_against_default(options: tuple[Option, ...], notes: tuple[str, ...], problem: Problem,
                            device: torch.device, inputs: tuple,
-                           on_failure: Callable[[str, BaseException], None], *, portable: bool = False):
+                           on_failure: Callable[[str, BaseException], None], *, portable: bool = False,
+                           sets_up: frozenset[str] = frozenset()):
     """Time `checked_options` on `inputs`; returns (options, notes, seconds per timed kernel name):
     the measured fastest first, PyTorch's default unless another won beyond the noise."""
-    checked = checked_options(options, device, problem, portable=portable)
+    checked = checked_options(options, device, problem, portable=portable, sets_up=sets_up)
     tuned = tune(checked, inputs, problem, device, on_failure=on_failure, exactly=True)
     if tuned is None:
         return options, notes, {}

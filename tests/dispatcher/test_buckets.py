@@ -230,3 +230,29 @@ def test_a_floor_measured_for_one_variant_bounds_the_others_of_its_family():
                          floors) == 3e-5
     assert floor_seconds(kernel_from_name("small_q[splits=1]"), "prefill", floors) is None
     assert floor_seconds(kernel_from_name("chunked[q=64,kv=64]"), "decode", floors) is None
+
+
+def test_a_new_shape_swaps_only_to_a_kernel_the_first_call_timed(monkeypatch):
+    """Where the bucket's first call timed options (`verify`), a new shape leaves the kernel that
+    sets up per shape only for a timed one: chunked is predicted fastest, but only math was timed."""
+    from attn_dispatch.dispatcher import planner
+
+    chunked = "chunked[q=128,kv=1024]"
+    use_ranking(monkeypatch, FixedRanker(["setup_math", chunked, "math"]))
+    monkeypatch.setattr(planner, "verification_wanted", lambda *args, **kwargs: True)
+    timed = {"setup_math": 1e-6, "math": 3e-6}
+    monkeypatch.setattr(planner, "verify_against_default",
+                        lambda options, notes, *args, **kwargs: (options, notes, dict(timed)))
+    ours = Dispatcher(kernels=[SetUpKernel(), "chunked[q=128,kv=1024]", MathKernel()])
+    ours._planner(torch.device("cpu")).cold_costs["setup_math"] = {"decode": 1e-3, "prefill": 1e-3}
+    for _ in range(4):
+        ours.attention(**_decode(100))
+    second = _decode(101)
+    assert ours.explain(**second).kernel == "math"
+    assert_matches_reference(ours.attention(**second), second)
+    timed.clear()  # nothing timed: the table's prediction decides, as before
+    ours.reset()
+    ours._planner(torch.device("cpu")).cold_costs["setup_math"] = {"decode": 1e-3, "prefill": 1e-3}
+    for _ in range(4):
+        ours.attention(**_decode(100))
+    assert ours.explain(**second).kernel == chunked
