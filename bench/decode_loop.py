@@ -27,7 +27,9 @@ import torch
 
 
 def child(args) -> dict:
-    """One process: `args.impl` over `args.tokens` tokens from `args.context` keys, twice."""
+    """One process: `args.impl` over `args.tokens` tokens from `args.context` keys, `args.passes` times.
+    `--impl both`: SDPA and the dispatcher in this one process, SDPA's first pass first, then the
+    two alternating pass by pass (warm against warm on the same host state)."""
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
@@ -36,21 +38,20 @@ def child(args) -> dict:
     query = torch.randn(args.batch, q_heads, 1, dim, device=device, dtype=dtype)
     cache_k = torch.randn(args.batch, kv_heads, total, dim, device=device, dtype=dtype)
     cache_v = torch.randn(args.batch, kv_heads, total, dim, device=device, dtype=dtype)
-    if args.impl == "sdpa":
-        attend = torch.nn.functional.scaled_dot_product_attention
-        stats = None
-    else:
+    attends, stats = {}, None
+    if args.impl in ("sdpa", "both"):
+        attends["sdpa"] = torch.nn.functional.scaled_dot_product_attention
+    if args.impl in ("dispatch", "both"):
         import attn_dispatch as ad
 
         ours = ad.Dispatcher(kernels=args.kernels, memory_budget=args.memory_budget)
-        attend, stats = ours.attention, ours.stats
+        attends["dispatch"], stats = ours.attention, ours.stats
 
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    passes = []
-    for _ in range(args.passes):
+    def one_pass(attend) -> list[float]:
         per_token = []
         for step in range(args.tokens):
             length = args.context + step
@@ -63,9 +64,18 @@ def child(args) -> dict:
                 attend(query, key, value, enable_gqa=True)
             sync()
             per_token.append(time.perf_counter() - start)
-        passes.append(per_token)
-    return {"passes": [passes[0], passes[1], passes[-1]] if len(passes) > 2 else passes,
-            "stats": stats() if stats else None}
+        return per_token
+
+    passes: dict[str, list[list[float]]] = {name: [] for name in attends}
+    names = list(attends)
+    for index in range(args.passes):
+        for name in names if index % 2 == 0 else names[::-1]:
+            passes[name].append(one_pass(attends[name]))
+    keep = lambda runs: [runs[0], runs[1], runs[-1]] if len(runs) > 2 else runs  # noqa: E731
+    if args.impl == "both":
+        return {"passes_by_impl": {name: keep(runs) for name, runs in passes.items()},
+                "stats": stats() if stats else None}
+    return {"passes": keep(passes[args.impl]), "stats": stats() if stats else None}
 
 
 def summary(seconds: list[float]) -> dict:
@@ -103,6 +113,11 @@ def main() -> int:
     parser.add_argument("--passes", type=int, default=2,
                         help="passes over the key lengths per process (> 2: the last is reported as 'steady', a "
                              "long-running server that has met every length many times)")
+    parser.add_argument("--same-process", action="store_true",
+                        help="SDPA and the dispatcher in one process per run, passes alternating: warm against warm on "
+                             "the same host state (the host's speed differed by up to 1.7x between processes on the "
+                             "H200 host); the dispatcher's pass 1 then follows SDPA's, so its 'cold' is not a fresh "
+                             "process's")
     parser.add_argument("--out", default=None, help="append one JSON line per shape here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", default="sdpa", help=argparse.SUPPRESS)
@@ -118,11 +133,18 @@ def main() -> int:
     print(f"decode loop: {args.layers} attention calls per token, Lq=1, {args.heads}/{args.kv_heads} heads, "
           f"D={args.head_dim}, {args.dtype}, K/V {args.layout}, {args.tokens} tokens from each context, device {args.device}, "
           f"torch {torch.__version__}; each run a fresh process (pass 1 cold, pass 2 warm, {args.passes} passes); {args.repeats} runs each, "
-          f"interleaved; per-token medians over tokens and runs (p10-p90)")
+          f"interleaved{'; SDPA and the dispatcher in ONE process, passes alternating' if args.same_process else ''}; "
+          f"per-token medians over tokens and runs (p10-p90)")
     for batch in (int(b) for b in args.batches.split(",")):
         for context in (int(c) for c in args.contexts.split(",")):
             runs = {"sdpa": [], "dispatch": []}
             for _ in range(args.repeats):
+                if args.same_process:  # one process, passes alternating (`child`)
+                    both = run_child(base, "both", context, batch)
+                    for impl in runs:
+                        runs[impl].append({"passes": both["passes_by_impl"][impl], "stats": both["stats"]}
+                                          if "passes_by_impl" in both else both)
+                    continue
                 for impl in runs:
                     runs[impl].append(run_child(base, impl, context, batch))
             row = {"batch": batch, "context": context, "conditions": vars(args) | {"torch": torch.__version__}}

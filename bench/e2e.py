@@ -13,7 +13,9 @@ dit: a Wan2.1-shaped diffusers video transformer (40 heads, D=128; `--layers` bl
     (a forward pass), cold and warm, under `patched()`.
 
 `--impl`: sdpa (PyTorch's own), dispatch (the dispatcher, all kernels), portable (`--kernels
-portable --memory-budget 16GiB`: the gfx906 stand-in), math (PyTorch held to its math backend).
+portable --memory-budget 16GiB`: the gfx906 stand-in), math (PyTorch held to its math backend), both
+(llm only: sdpa and dispatch models in one process, generations interleaved: warm against warm on
+the same host state; `run_llm_interleaved`).
 `--lossy fp32->bf16` lets the dispatcher convert an fp32 model. Every run appends one JSON line.
 With `--matrix`, each configuration runs in a fresh process with a fresh ``ATTN_DISPATCH_HOME``
 (the bundled table; no tunings remembered from another configuration).
@@ -92,41 +94,72 @@ def decisions(ours) -> list[dict] | None:
             for plan in list(ours._plans.values())]
 
 
-def run_llm(args) -> dict:
-    from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessorList
+def _llm_model(args, implementation: str):
+    """The Llama-3-8B-shaped model with `args.layers` layers (the same random weights every time)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    dtype = getattr(torch, args.dtype)
+    config = LlamaConfig(**LLM, num_hidden_layers=args.layers, max_position_embeddings=args.prompt + args.tokens + 64)
+    config._attn_implementation = implementation
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        return LlamaForCausalLM(config).to(getattr(torch, args.dtype)).eval()
+
+
+def _generate(args, model, prompt) -> dict:
+    """One timed `generate()`: prefill seconds (to the first token), decode tokens/s, total seconds."""
+    from transformers import LogitsProcessorList
+
+    generation = dict(max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False, pad_token_id=0,
+                      eos_token_id=None)
+    if args.cache != "dynamic":
+        generation["cache_implementation"] = "static"
+        generation["disable_compile"] = args.cache == "static"
+    clock = StepClock()
+    _sync()
+    start = time.perf_counter()
+    with torch.no_grad():
+        model.generate(prompt, logits_processor=LogitsProcessorList([clock]), **generation)
+    _sync()
+    end = time.perf_counter()
+    first = clock.stamps[0]
+    decode_s = end - first if len(clock.stamps) > 1 else float("nan")
+    return {"prefill_s": first - start, "decode_tokens_per_s": (len(clock.stamps) - 1) * args.batch / decode_s,
+            "total_s": end - start}
+
+
+def run_llm(args) -> dict:
     ours = None if args.impl in ("sdpa", "math") else _dispatcher(args)
     implementation = "sdpa"
     if ours is not None:
         from attn_dispatch.dispatcher.hf import register_transformers
 
         implementation = register_transformers(dispatcher=ours)
-    config = LlamaConfig(**LLM, num_hidden_layers=args.layers, max_position_embeddings=args.prompt + args.tokens + 64)
-    config._attn_implementation = implementation
-    torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = LlamaForCausalLM(config).to(dtype).eval()
+    model = _llm_model(args, implementation)
     prompt = torch.randint(0, LLM["vocab_size"], (args.batch, args.prompt), device=model.device)
-    generation = dict(max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False, pad_token_id=0,
-                      eos_token_id=None)
-    if args.cache != "dynamic":
-        generation["cache_implementation"] = "static"
-        generation["disable_compile"] = args.cache == "static"
-    runs = []
-    for _ in range(args.repeats):
-        clock = StepClock()
-        _sync()
-        start = time.perf_counter()
-        with torch.no_grad():
-            model.generate(prompt, logits_processor=LogitsProcessorList([clock]), **generation)
-        _sync()
-        end = time.perf_counter()
-        first = clock.stamps[0]
-        decode_s = end - first if len(clock.stamps) > 1 else float("nan")
-        runs.append({"prefill_s": first - start, "decode_tokens_per_s": (len(clock.stamps) - 1) * args.batch / decode_s,
-                     "total_s": end - start})
+    runs = [_generate(args, model, prompt) for _ in range(args.repeats)]
     return {"runs": runs, "stats": ours.stats() if ours is not None else None, "decisions": decisions(ours)}
+
+
+def run_llm_interleaved(args) -> dict:
+    """`--impl both`: an `sdpa` model and an `attn_dispatch` model with the same weights in ONE process,
+    their generations alternating (the order swapped every round), so that the host's speed, which
+    differed by up to 1.7x between processes on the H200 host (docs/RESULTS.md section 13), is the
+    same for both. Round 1 warms both (PyTorch's per-shape state is shared by the process: only the
+    later rounds compare warm with warm); `ratios` are dispatch / sdpa decode tokens/s per round."""
+    from attn_dispatch.dispatcher.hf import register_transformers
+
+    ours = _dispatcher(args)
+    models = {"sdpa": _llm_model(args, "sdpa"), "dispatch": _llm_model(args, register_transformers(dispatcher=ours))}
+    prompt = torch.randint(0, LLM["vocab_size"], (args.batch, args.prompt), device=models["sdpa"].device)
+    runs: dict[str, list[dict]] = {"sdpa": [], "dispatch": []}
+    for round_index in range(args.repeats):
+        order = ("sdpa", "dispatch") if round_index % 2 == 0 else ("dispatch", "sdpa")
+        for name in order:
+            runs[name].append(_generate(args, models[name], prompt))
+    ratios = [ours_run["decode_tokens_per_s"] / theirs["decode_tokens_per_s"]
+              for ours_run, theirs in zip(runs["dispatch"][1:], runs["sdpa"][1:], strict=True)]
+    return {"runs": runs["dispatch"], "sdpa_runs": runs["sdpa"], "warm_decode_ratios": ratios,
+            "stats": ours.stats(), "decisions": decisions(ours)}
 
 
 def run_dit(args) -> dict:
@@ -168,6 +201,9 @@ MATRICES = {
     "dit": [dict(case="dit", impl=impl, frames=frames) for frames in (11, 21) for impl in ("sdpa", "dispatch")],
     "portable": [dict(case="dit", impl=impl, frames=21) for impl in ("portable", "math")]
                 + [dict(case="llm", impl=impl, prompt=8192, batch=1) for impl in ("portable", "math")],
+    "llm-interleaved": [dict(case="llm", impl="both", prompt=prompt, batch=batch) for prompt, batch in
+                        ((512, 1), (8192, 1), (32768, 1), (8192, 8))]
+                       + [dict(case="llm", impl="both", prompt=512, batch=1, cache="static")],
     "fp32": [dict(case="llm", impl=impl, prompt=8192, batch=1, dtype="float32", lossy=lossy)
              for impl, lossy in (("sdpa", None), ("dispatch", "fp32->bf16"))],
 }
@@ -197,7 +233,7 @@ def run_matrix(args) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", choices=["llm", "dit"], default="llm")
-    parser.add_argument("--impl", choices=["sdpa", "dispatch", "portable", "math"], default="sdpa")
+    parser.add_argument("--impl", choices=["sdpa", "dispatch", "portable", "math", "both"], default="sdpa")
     parser.add_argument("--matrix", choices=sorted(MATRICES), help="run a set of configurations, a process each")
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--batch", type=int, default=1)
@@ -215,12 +251,16 @@ def main() -> int:
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     if args.matrix:
         return run_matrix(args)
-    result = (run_llm if args.case == "llm" else run_dit)(args)
+    if args.impl == "both" and args.case != "llm":
+        parser.error("--impl both: llm only")
+    runner = run_dit if args.case == "dit" else run_llm_interleaved if args.impl == "both" else run_llm
+    result = runner(args)
     record = {"conditions": conditions(args), **result}
     with open(args.out, "a") as handle:
         handle.write(json.dumps(record) + "\n")
     summary = [{k: round(v, 4) if isinstance(v, float) else v for k, v in run.items()} for run in result["runs"]]
-    print(json.dumps({"impl": args.impl, "case": args.case, "runs": summary, "stats": result["stats"]}))
+    extra = {"warm_decode_ratios": [round(r, 3) for r in result["warm_decode_ratios"]]} if "warm_decode_ratios" in result else {}
+    print(json.dumps({"impl": args.impl, "case": args.case, "runs": summary, **extra, "stats": result["stats"]}))
     return 0
 
 
