@@ -9,6 +9,7 @@ or leading dimensions cannot be merged (both accounted for in `canonicalisation_
 from __future__ import annotations
 
 import math
+import sys
 from typing import NamedTuple
 
 import torch
@@ -16,16 +17,17 @@ import torch
 from attn_dispatch.kernels._float_mask import needs_rebase, rebase_bytes, rebased_float_mask
 from attn_dispatch.kernels.problem import DTYPE_NAMES, Problem
 
-try:  # torch >= 2.2
-    from torch.nn.attention.bias import CausalBias, CausalVariant
-except ImportError:  # pragma: no cover - older torch has no causal bias objects
-    CausalBias = CausalVariant = None
+CAUSAL_BIAS_MODULE = "torch.nn.attention.bias"
+"""Where `CausalBias` lives. It is looked up in `sys.modules`, never imported here: importing it
+imports `torch._dynamo`, 2.2 s of a plain script's `import attn_dispatch` (2-core CPU, torch 2.13),
+and a `CausalBias` can only exist once its module was imported."""
 
 
 def is_causal_bias(attn_mask: object) -> bool:
     """Whether `attn_mask` is a `torch.nn.attention.bias.CausalBias` (a tensor subclass whose
     storage is uninitialised: it must never be read as a mask)."""
-    return CausalBias is not None and isinstance(attn_mask, CausalBias)
+    module = sys.modules.get(CAUSAL_BIAS_MODULE)
+    return module is not None and isinstance(attn_mask, module.CausalBias)
 
 
 def causal_bias_alignment(bias, is_causal: bool, q_len: int, kv_len: int) -> str:
@@ -37,7 +39,7 @@ def causal_bias_alignment(bias, is_causal: bool, q_len: int, kv_len: int) -> str
     made for other lengths than the inputs' raises RuntimeError (PyTorch's broadcast error)."""
     if is_causal:
         raise ValueError("CausalBias should not be used with causal=True: pass the bias or is_causal, not both")
-    if bias.seq_len_q == bias.seq_len_kv or bias.variant != CausalVariant.LOWER_RIGHT:
+    if bias.seq_len_q == bias.seq_len_kv or bias.variant != sys.modules[CAUSAL_BIAS_MODULE].CausalVariant.LOWER_RIGHT:
         return "top_left"  # PyTorch passes is_causal=True on, whatever the lengths
     if (bias.seq_len_q, bias.seq_len_kv) != (q_len, kv_len):
         raise RuntimeError(
@@ -103,9 +105,28 @@ def _check_tensors(query: object, key: object, value: object) -> None:
         )
 
 
+def broadcast_sizes(*shapes) -> tuple[int, ...]:
+    """`torch.broadcast_shapes` of integer sizes, computed here: torch's imports its symbolic-shape
+    machinery (sympy), 0.5 s of a process's first attention call (2-core CPU, torch 2.13). Symbolic
+    sizes (fake tensors under compilation) go to torch's. Raises RuntimeError where they do not
+    broadcast, as torch's."""
+    if not all(type(size) is int for shape in shapes for size in shape):
+        return tuple(torch.broadcast_shapes(*shapes))
+    ndim = max((len(shape) for shape in shapes), default=0)
+    out = [1] * ndim
+    for shape in shapes:
+        for dim, size in enumerate(shape, ndim - len(shape)):
+            if size == out[dim] or size == 1:
+                continue
+            if out[dim] != 1:
+                raise RuntimeError(f"shape {list(shape)} does not broadcast at dimension {dim} (size {out[dim]})")
+            out[dim] = size
+    return tuple(out)
+
+
 def _broadcast(shapes: dict[str, tuple[int, ...]], what: str, hint: str = "") -> tuple[int, ...]:
     try:
-        return tuple(torch.broadcast_shapes(*shapes.values()))
+        return broadcast_sizes(*shapes.values())
     except RuntimeError:
         listed = ", ".join(f"{name} {list(shape)}" for name, shape in shapes.items())
         raise RuntimeError(f"{what} do not broadcast: {listed}{hint}") from None
@@ -157,7 +178,7 @@ def _mask_shape(attn_mask, query, batch_shape, heads, q_len, kv_len) -> tuple[st
         )
     full = (*batch_shape, heads, q_len, kv_len)
     try:
-        fits = tuple(torch.broadcast_shapes(attn_mask.shape, full)) == full
+        fits = broadcast_sizes(attn_mask.shape, full) == full
     except RuntimeError:
         fits = False
     if not fits:
@@ -248,7 +269,7 @@ def canonicalise(query, key, value, attn_mask, problem: Problem, enable_gqa: boo
 
 def _materialise_broadcast(query, key, value, problem: Problem, enable_gqa: bool):
     if enable_gqa:
-        batch_shape = torch.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+        batch_shape = broadcast_sizes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
         hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
         if hk != hv:
             key = key.repeat_interleave(hq // hk, dim=-3)
@@ -257,7 +278,7 @@ def _materialise_broadcast(query, key, value, problem: Problem, enable_gqa: bool
         key = key.expand(*batch_shape, *key.shape[-3:])
         value = value.expand(*batch_shape, *value.shape[-3:])
     else:
-        lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+        lead = broadcast_sizes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
         query = query.expand(*lead, *query.shape[-2:])
         key = key.expand(*lead, *key.shape[-2:])
         value = value.expand(*lead, *value.shape[-2:])

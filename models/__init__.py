@@ -13,35 +13,49 @@ Sharing: `export_table`, `import_table`, `store_table`, `merge_tables`, `lookup_
 `TableLookup`, `TableWarning`.
 """
 
-from attn_dispatch.models.buckets import ClassKey, bucket_of, class_key, length_bucket
-from attn_dispatch.models.cards import CardSpec, spec_for
-from attn_dispatch.models.cost_model import CostModel
-from attn_dispatch.models.dataset import TrainingSet, training_set
-from attn_dispatch.models.features import FEATURE_NAMES, feature_matrix
-from attn_dispatch.models.fit import fit_and_build
-from attn_dispatch.models.guard import Guard
-from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.measured import MeasuredEntry, entry_key
-from attn_dispatch.models.measurement import Measurement
-from attn_dispatch.models.merge import card_scale, merge_tables
-from attn_dispatch.models.paths import home, journals_dir, models_dir, tables_dir
-from attn_dispatch.models.persist import ModelVersionError, load_model, save_model
-from attn_dispatch.models.priors import PriorRanker, prior_seconds, roofline_seconds
-from attn_dispatch.models.quality import ChoiceQuality, Quality, holdout_quality
-from attn_dispatch.models.ranking import Ranker
-from attn_dispatch.models.sharing import (
-    TableLookup,
-    TableWarning,
-    export_table,
-    import_table,
-    local_table_path,
-    lookup_table,
-    store_table,
-)
-from attn_dispatch.models.table import ThresholdTable
-from attn_dispatch.models.table_build import build_table
-from attn_dispatch.models.table_io import load_table, loads_table, save_table
-from attn_dispatch.models.table_schema import TableError
+import importlib
+
+_SUBMODULE_OF = {
+    **dict.fromkeys(('ClassKey', 'bucket_of', 'class_key', 'length_bucket'), 'buckets'),
+    **dict.fromkeys(('CardSpec', 'spec_for'), 'cards'),
+    **dict.fromkeys(('CostModel',), 'cost_model'),
+    **dict.fromkeys(('TrainingSet', 'training_set'), 'dataset'),
+    **dict.fromkeys(('FEATURE_NAMES', 'feature_matrix'), 'features'),
+    **dict.fromkeys(('fit_and_build',), 'fit'),
+    **dict.fromkeys(('Guard',), 'guard'),
+    **dict.fromkeys(('DeviceIdentity',), 'identity'),
+    **dict.fromkeys(('MeasuredEntry', 'entry_key'), 'measured'),
+    **dict.fromkeys(('Measurement',), 'measurement'),
+    **dict.fromkeys(('card_scale', 'merge_tables'), 'merge'),
+    **dict.fromkeys(('home', 'journals_dir', 'models_dir', 'tables_dir'), 'paths'),
+    **dict.fromkeys(('ModelVersionError', 'load_model', 'save_model'), 'persist'),
+    **dict.fromkeys(('PriorRanker', 'prior_seconds', 'roofline_seconds'), 'priors'),
+    **dict.fromkeys(('ChoiceQuality', 'Quality', 'holdout_quality'), 'quality'),
+    **dict.fromkeys(('Ranker',), 'ranking'),
+    **dict.fromkeys(('TableLookup', 'TableWarning', 'export_table', 'import_table', 'local_table_path',
+                     'lookup_table', 'store_table'), 'sharing'),
+    **dict.fromkeys(('ThresholdTable',), 'table'),
+    **dict.fromkeys(('build_table',), 'table_build'),
+    **dict.fromkeys(('load_table', 'loads_table', 'save_table'), 'table_io'),
+    **dict.fromkeys(('TableError',), 'table_schema'),
+}
+"""Public name -> the submodule defining it. Imported on first use (PEP 562): the cost model's
+scikit-learn takes ~2 s to import (2-core CPU), and a process that only reads paths or the prior
+never needs it."""
+
+
+def __getattr__(name: str):
+    submodule = _SUBMODULE_OF.get(name)
+    if submodule is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{submodule}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted((*globals(), *_SUBMODULE_OF))
+
 
 __all__ = [
     "ClassKey", "bucket_of", "class_key", "length_bucket", "CardSpec", "spec_for", "CostModel",

@@ -11,13 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.cards import CardSpec
-from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.features import FEATURE_NAMES, feature_matrix
+
+if TYPE_CHECKING:  # scikit-learn is imported by whoever fits a model; evaluating a table needs numpy only
+    from attn_dispatch.models.cost_model import CostModel
 
 LEAF_DIGITS = 7  # leaf values are log-time increments: 7 significant digits is far below noise
 # Exported trees must reproduce the estimator's predictions to this (log seconds) on the rows

@@ -18,8 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.base import clone
-from sklearn.model_selection import GroupKFold
 
 from attn_dispatch.models.buckets import bucket_of, class_key
 from attn_dispatch.models.dataset import TrainingSet
@@ -97,6 +95,9 @@ def out_of_fold_predictions(data: TrainingSet, template, *, folds: int = GUARD_F
     predicted = np.full(len(data.y), np.nan)
     if data.n_problems < folds:
         return predicted
+    from sklearn.base import clone  # fitting only: a table's guard is read without scikit-learn
+    from sklearn.model_selection import GroupKFold
+
     for train, test in GroupKFold(n_splits=folds).split(data.X, data.y, data.groups):
         predicted[test] = clone(template).fit(data.X[train], data.y[train]).predict(data.X[test])
     return predicted

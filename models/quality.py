@@ -9,14 +9,13 @@ against the best solver.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.stats import spearmanr
-from sklearn.base import clone
-from sklearn.model_selection import GroupShuffleSplit
-
-from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import TrainingSet
+
+if TYPE_CHECKING:  # fitting and rank statistics import scikit-learn and scipy where they run, not here
+    from attn_dispatch.models.cost_model import CostModel
 
 # Two kernels whose measured medians differ by less than this fraction are a tie whatever the
 # noise estimate says: 1% is below what repeated calibrations of one point reproduce.
@@ -59,6 +58,8 @@ def choice_quality(
         monotone transform of them for `predicted_s`).
     median_error: ``[n]`` relative standard error of each measured median (None: zero).
     """
+    from scipy.stats import spearmanr  # imported where quality is scored, never on an inference call
+
     if median_error is None:
         median_error = np.zeros(len(measured_s))
     hits, tie_hits, slowdowns, correlations = [], [], [], []
@@ -159,6 +160,8 @@ def split_by_problem(data: TrainingSet, *, holdout_fraction: float, seed: int) -
         raise ValueError(
             f"a held-out evaluation needs at least 2 measured problems, got {data.n_problems}; measure more shapes"
         )
+    from sklearn.model_selection import GroupShuffleSplit  # fitting only: scoring a table needs numpy alone
+
     splitter = GroupShuffleSplit(n_splits=1, test_size=holdout_fraction, random_state=seed)
     train, test = next(splitter.split(data.X, data.y, data.groups))
     return train, test
@@ -178,6 +181,8 @@ class HoldoutFit:
 def holdout_fit(data: TrainingSet, model: CostModel, *, holdout_fraction: float = 0.2, seed: int = 0) -> HoldoutFit:
     """`holdout_quality`, also returning the fitted clone and the split."""
     train, test = split_by_problem(data, holdout_fraction=holdout_fraction, seed=seed)
+    from sklearn.base import clone  # fitting only
+
     fitted = clone(model).fit(data.X[train], data.y[train])
     measured = np.exp(data.y[test])
     groups, error = data.groups[test], data.median_error[test]

@@ -7,6 +7,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,7 +22,6 @@ from attn_dispatch.models.buckets import (
     class_key,
 )
 from attn_dispatch.models.cards import CardSpec
-from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.features import feature_matrix
 from attn_dispatch.models.forest import embed
 from attn_dispatch.models.guard import Guard
@@ -39,6 +39,9 @@ from attn_dispatch.models.table import (
 )
 from attn_dispatch.models.thresholds import thresholds_for
 from attn_dispatch.models.versions import software_versions
+
+if TYPE_CHECKING:  # the fitted model comes from the caller: building a table never imports scikit-learn here
+    from attn_dispatch.models.cost_model import CostModel
 
 # Candidates kept per bucket: the winner and enough runners-up for the dispatcher to fall back
 # on when the winner does not fit in memory or fails (the prior ranks the rest).
