@@ -10,6 +10,7 @@
 #   overhead    bench/dispatch_overhead.py (dispatcher vs F.sdpa, interleaved)
 #   grid        bench/llm_grid.py: the 580-shape LLM grid, warm (PyTorch's default, every kernel, the table alone, as shipped, tuned)
 #   decode      bench/decode_loop.py: 32 layers per token, contexts 1k/8k/32k, batch 1 and 8, fresh processes
+#               (DECODE_FLAGS="--same-process --passes 3": SDPA and the dispatcher in one process, alternating)
 #   llm | llm-batch | llm-static | llm-interleaved | dit | portable | fp32   bench/e2e.py matrices (llm-interleaved:
 #               sdpa and dispatch models in one process, generations alternating: warm against warm)
 # Wheels: pip download into .whl (see /work/.library/device/README.md) plus `pip wheel --no-deps -w .whl .`.
@@ -32,7 +33,7 @@ for stage in "$@"; do
     overhead) run timeout 240 python3 -m bench.dispatch_overhead --device cuda --rounds 100 --calls 50 --out "$OUT/loops" ;;
     grid) run timeout ${GRID_TIMEOUT:-480} python3 -m bench.llm_grid --device cuda --budget-s ${GRID_BUDGET:-400} --out "$OUT/loops/llm_grid.jsonl" ;;
     decode) run timeout 420 python3 -m bench.decode_loop --device cuda --contexts ${CONTEXTS:-1024,8192,32768} --batches ${BATCHES:-1,8} \
-              --tokens ${TOKENS:-32} --layers 32 --repeats ${REPEATS:-1} --out "$OUT/loops/decode_loop.jsonl" ;;
+              --tokens ${TOKENS:-32} --layers 32 --repeats ${REPEATS:-1} ${DECODE_FLAGS:-} --out "$OUT/loops/decode_loop.jsonl" ;;
     llm|llm-batch|llm-static|llm-interleaved|dit|portable|fp32)
       run timeout ${STAGE_TIMEOUT:-540} python3 -m bench.e2e --matrix "$stage" --layers ${LAYERS:-8} --tokens ${TOKENS:-32} --repeats ${E2E_REPEATS:-2} \
         --timeout ${CONFIG_TIMEOUT:-240} --out "$OUT/loops/e2e.jsonl" ;;
