@@ -1,7 +1,7 @@
 """`torch.compile` runs the dispatcher's choice.
 
-Under compilation `Dispatcher.attention` emits one operator, ``attn_dispatch::attention``, whose
-implementation is CompositeImplicitAutograd: when AOTAutograd traces the graph, it runs with fake
+Under compilation `Dispatcher.attention` puts one call into Dynamo's graph, `attention_in_graph`
+(allowed in the graph: Dynamo does not trace into it). AOTAutograd then traces it with fake
 tensors, and there
 
 - with static shapes, the decision is made from the fake tensors' shapes, dtypes and devices (as
@@ -14,6 +14,14 @@ tensors, and there
 
 So there is no graph break and no recompile beyond PyTorch's own. The training route (dropout, or
 inputs requiring grad) stays PyTorch's SDPA under compilation, traced as usual.
+
+Compile caches: AOTAutograd's cache keys a graph by Dynamo's graph, which names the call but not
+the kernel the dispatcher will choose (that depends on its kernel set, table and tunings). A
+custom operator counts as cache-safe there, so a warm cache replayed another process's kernel
+(a dispatcher limited to `sdpa_default` ran a `chunked` graph compiled earlier, while `stats()`
+said `sdpa_default (traced)`: torch 2.13, CPU, 2026-12-01). A plain function in the graph makes
+AOTAutograd bypass its cache for such graphs; Inductor's own cache still serves them, keyed by the
+traced kernel's ops.
 """
 
 from __future__ import annotations
@@ -39,11 +47,6 @@ COUNT_SUFFIX = " (traced)"
 """`Dispatcher.stats` key suffix counting the exact shapes for which a kernel was traced into
 compiled graphs (not calls: a compiled graph runs without Python)."""
 
-_LIBRARY = torch.library.Library("attn_dispatch", "DEF")  # noqa: TOR901 - the namespace is ours
-_LIBRARY.define(
-    "attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, bool is_causal, float? scale, "
-    "bool enable_gqa, int dispatcher) -> Tensor"
-)
 _dispatchers: weakref.WeakValueDictionary[int, Dispatcher] = weakref.WeakValueDictionary()
 _ids: weakref.WeakKeyDictionary[Dispatcher, int] = weakref.WeakKeyDictionary()
 _next_id = itertools.count(1)
@@ -109,7 +112,7 @@ def _attention_at_run_time_shape(query, key, value, attn_mask, is_causal, scale,
 
 def _traced(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
             is_causal: bool, scale: float | None, enable_gqa: bool, dispatcher: int) -> torch.Tensor:
-    """``attn_dispatch::attention`` as AOTAutograd traces it (see the module docstring)."""
+    """`attention_in_graph` as AOTAutograd (or Dynamo's fake run) traces it (see the module docstring)."""
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
     if any(isinstance(size, torch.SymInt) for tensor in tensors for size in tensor.shape):
         return torch.ops.attn_dispatch.attention_at_run_time(query, key, value, attn_mask, is_causal, scale,
@@ -127,12 +130,17 @@ def _traced(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_ma
     return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
 
 
-_LIBRARY.impl("attention", _traced, "CompositeImplicitAutograd")
+@torch.compiler.allow_in_graph
+def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+                       is_causal: bool, scale: float | None, enable_gqa: bool, dispatcher: int) -> torch.Tensor:
+    """The dispatcher's attention as one node of Dynamo's graph, decided and traced by AOTAutograd
+    (`_traced`): ``[..., Hq, L, Ev]``."""
+    return _traced(query, key, value, attn_mask, is_causal, scale, enable_gqa, dispatcher)
 
 
 def compiled_attention(dispatcher: Dispatcher, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        attn_mask: torch.Tensor | None, is_causal: bool, scale: float | None,
                        enable_gqa: bool) -> torch.Tensor:
     """What `Dispatcher.attention` emits while torch.compile traces it (inference route)."""
-    return torch.ops.attn_dispatch.attention(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa),
-                                             dispatcher.compile_id)
+    return attention_in_graph(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa),
+                              dispatcher.compile_id)
