@@ -121,7 +121,9 @@ def _traced(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_ma
         gqa = {"enable_gqa": True} if enable_gqa else {}
         return pytorch_sdpa(query, key, value, attn_mask, 0.0, is_causal, scale=scale, **gqa)
     ours = _dispatcher(dispatcher)
-    key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
+    # a mask here is a tensor (`Dispatcher.attention` routes a CausalBias elsewhere), seen as a fake tensor by
+    # Dynamo and a functional one by AOTAutograd: one key for both, the eager call's (one plan, one count)
+    key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa, mask_class=torch.Tensor)
     with _disable_current_modes():  # deciding may probe PyTorch with real tensors: not into the graph
         plan = ours._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         if key_ not in ours._traced_shapes:  # PyTorch traces a graph more than once
