@@ -21,7 +21,9 @@ custom operator counts as cache-safe there, so a warm cache replayed another pro
 (a dispatcher limited to `sdpa_default` ran a `chunked` graph compiled earlier, while `stats()`
 said `sdpa_default (traced)`: torch 2.13, CPU, 2026-12-01). A plain function in the graph makes
 AOTAutograd bypass its cache for such graphs; Inductor's own cache still serves them, keyed by the
-traced kernel's ops.
+traced kernel's ops. The price: a process with a warm cache traces such a graph again (seconds for
+a model), where a model compiled with PyTorch's SDPA loads it. `torch.export` holds the chosen
+kernel's ops too (it held ``attn_dispatch::attention``, which needs this process's dispatcher).
 """
 
 from __future__ import annotations
@@ -110,9 +112,12 @@ def _attention_at_run_time_shape(query, key, value, attn_mask, is_causal, scale,
     return _output(query, key, value, enable_gqa)
 
 
-def _traced(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
-            is_causal: bool, scale: float | None, enable_gqa: bool, dispatcher: int) -> torch.Tensor:
-    """`attention_in_graph` as AOTAutograd (or Dynamo's fake run) traces it (see the module docstring)."""
+@torch.compiler.allow_in_graph
+def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+                       is_causal: bool, scale: float | None, enable_gqa: bool, dispatcher: int) -> torch.Tensor:
+    """The dispatcher's attention as one node of Dynamo's graph: ``[..., Hq, L, Ev]``, decided and
+    its kernel traced when AOTAutograd (or Dynamo's fake run, or non-strict export) runs it on
+    fake tensors (see the module docstring)."""
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
     if any(isinstance(size, torch.SymInt) for tensor in tensors for size in tensor.shape):
         return torch.ops.attn_dispatch.attention_at_run_time(query, key, value, attn_mask, is_causal, scale,
@@ -130,14 +135,6 @@ def _traced(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_ma
             ours._traced_shapes.add(key_)
             ours._count_cell(plan.kernel.name + COUNT_SUFFIX)[0] += 1
     return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
-
-
-@torch.compiler.allow_in_graph
-def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
-                       is_causal: bool, scale: float | None, enable_gqa: bool, dispatcher: int) -> torch.Tensor:
-    """The dispatcher's attention as one node of Dynamo's graph, decided and traced by AOTAutograd
-    (`_traced`): ``[..., Hq, L, Ev]``."""
-    return _traced(query, key, value, attn_mask, is_causal, scale, enable_gqa, dispatcher)
 
 
 def compiled_attention(dispatcher: Dispatcher, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
