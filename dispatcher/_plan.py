@@ -93,19 +93,23 @@ def cache_key(
     attn_mask: torch.Tensor | None,
     is_causal: bool,
     enable_gqa: bool,
+    *,
+    mask_class: type | None = None,
 ) -> tuple:
     """Everything `Problem.from_tensors` validates and reads, from tensor attributes only: shapes,
     dtypes and devices of every input, whether all three are contiguous (the `Problem` reads no
     more of their layout: `Problem.strided`), the mask's shape, dtype, device and class (a
-    `CausalBias` is no mask), and the flags. Two calls with equal keys have the same `Problem`
-    and the same validity.
+    `CausalBias` is no mask; `mask_class` overrides it: tracing records a fake or functional
+    tensor as the plain tensor it stands for), and the flags. Two calls with equal keys have the
+    same `Problem` and the same validity.
 
     Raises AttributeError for inputs that are not tensors (the caller validates those), and
     `Problem.from_tensors`'s NotImplementedError for nested tensors (one has no `.shape`).
     """
     if query.is_nested or key.is_nested or value.is_nested:
         Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
-    mask = None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device, attn_mask.__class__)
+    mask = None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device,
+                                           mask_class or attn_mask.__class__)
     return (
         query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
         query.device, key.device, value.device,

@@ -1,7 +1,7 @@
 """`torch.compile` runs the dispatcher's choice.
 
-Under compilation `Dispatcher.attention` emits one operator, ``attn_dispatch::attention``, whose
-implementation is CompositeImplicitAutograd: when AOTAutograd traces the graph, it runs with fake
+Under compilation `Dispatcher.attention` puts one call into Dynamo's graph, `attention_in_graph`
+(allowed in the graph: Dynamo does not trace into it). AOTAutograd then traces it with fake
 tensors, and there
 
 - with static shapes, the decision is made from the fake tensors' shapes, dtypes and devices (as
@@ -14,6 +14,16 @@ tensors, and there
 
 So there is no graph break and no recompile beyond PyTorch's own. The training route (dropout, or
 inputs requiring grad) stays PyTorch's SDPA under compilation, traced as usual.
+
+Compile caches: AOTAutograd's cache keys a graph by Dynamo's graph, which names the call but not
+the kernel the dispatcher will choose (that depends on its kernel set, table and tunings). A
+custom operator counts as cache-safe there, so a warm cache replayed another process's kernel
+(a dispatcher limited to `sdpa_default` ran a `chunked` graph compiled earlier, while `stats()`
+said `sdpa_default (traced)`: torch 2.13, CPU, 2026-12-01). A plain function in the graph makes
+AOTAutograd bypass its cache for such graphs; Inductor's own cache still serves them, keyed by the
+traced kernel's ops. The price: a process with a warm cache traces such a graph again (seconds for
+a model), where a model compiled with PyTorch's SDPA loads it. `torch.export` holds the chosen
+kernel's ops too (it held ``attn_dispatch::attention``, which needs this process's dispatcher).
 """
 
 from __future__ import annotations
@@ -39,11 +49,6 @@ COUNT_SUFFIX = " (traced)"
 """`Dispatcher.stats` key suffix counting the exact shapes for which a kernel was traced into
 compiled graphs (not calls: a compiled graph runs without Python)."""
 
-_LIBRARY = torch.library.Library("attn_dispatch", "DEF")  # noqa: TOR901 - the namespace is ours
-_LIBRARY.define(
-    "attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, bool is_causal, float? scale, "
-    "bool enable_gqa, int dispatcher) -> Tensor"
-)
 _dispatchers: weakref.WeakValueDictionary[int, Dispatcher] = weakref.WeakValueDictionary()
 _ids: weakref.WeakKeyDictionary[Dispatcher, int] = weakref.WeakKeyDictionary()
 _next_id = itertools.count(1)
@@ -107,9 +112,12 @@ def _attention_at_run_time_shape(query, key, value, attn_mask, is_causal, scale,
     return _output(query, key, value, enable_gqa)
 
 
-def _traced(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
-            is_causal: bool, scale: float | None, enable_gqa: bool, dispatcher: int) -> torch.Tensor:
-    """``attn_dispatch::attention`` as AOTAutograd traces it (see the module docstring)."""
+@torch.compiler.allow_in_graph
+def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+                       is_causal: bool, scale: float | None, enable_gqa: bool, dispatcher: int) -> torch.Tensor:
+    """The dispatcher's attention as one node of Dynamo's graph: ``[..., Hq, L, Ev]``, decided and
+    its kernel traced when AOTAutograd (or Dynamo's fake run, or non-strict export) runs it on
+    fake tensors (see the module docstring)."""
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
     if any(isinstance(size, torch.SymInt) for tensor in tensors for size in tensor.shape):
         return torch.ops.attn_dispatch.attention_at_run_time(query, key, value, attn_mask, is_causal, scale,
@@ -118,7 +126,9 @@ def _traced(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_ma
         gqa = {"enable_gqa": True} if enable_gqa else {}
         return pytorch_sdpa(query, key, value, attn_mask, 0.0, is_causal, scale=scale, **gqa)
     ours = _dispatcher(dispatcher)
-    key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
+    # a mask here is a tensor (`Dispatcher.attention` routes a CausalBias elsewhere), seen as a fake tensor by
+    # Dynamo and a functional one by AOTAutograd: one key for both, the eager call's (one plan, one count)
+    key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa, mask_class=torch.Tensor)
     with _disable_current_modes():  # deciding may probe PyTorch with real tensors: not into the graph
         plan = ours._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         if key_ not in ours._traced_shapes:  # PyTorch traces a graph more than once
@@ -127,12 +137,9 @@ def _traced(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_ma
     return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
 
 
-_LIBRARY.impl("attention", _traced, "CompositeImplicitAutograd")
-
-
 def compiled_attention(dispatcher: Dispatcher, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        attn_mask: torch.Tensor | None, is_causal: bool, scale: float | None,
                        enable_gqa: bool) -> torch.Tensor:
     """What `Dispatcher.attention` emits while torch.compile traces it (inference route)."""
-    return torch.ops.attn_dispatch.attention(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa),
-                                             dispatcher.compile_id)
+    return attention_in_graph(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa),
+                              dispatcher.compile_id)

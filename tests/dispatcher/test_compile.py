@@ -111,3 +111,23 @@ def test_a_patched_module_compiles_whole_and_matches_eager(monkeypatch):
         compiled = torch.compile(module, fullgraph=True)(x)
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
     assert ours.stats().get("chunked[q=128,kv=1024] (traced)") == 1
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_exported_program_holds_the_chosen_kernel_not_the_dispatcher(monkeypatch, strict):
+    """torch.export traces the kernel the dispatcher chose (an exported program must run in a
+    process without this dispatcher)."""
+    use_ranking(monkeypatch, FixedRanker(["chunked[q=128,kv=1024]"]))
+    ours = Dispatcher(kernels=["chunked[q=128,kv=1024]"])
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    inputs = qkv(q_len=12, kv_len=12)
+    args = (inputs["query"], inputs["key"], inputs["value"])
+    with patched(ours):
+        exported = torch.export.export(Attention(), args, strict=strict)
+    targets = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
+    assert not any("attn_dispatch" in target or "scaled_dot_product" in target for target in targets), targets
+    assert_matches_reference(exported.module()(*args), {**inputs, "is_causal": True})
