@@ -1,7 +1,10 @@
 """What an inference process imports: `import attn_dispatch`, a `Dispatcher`, its first call and a
-bundled table's ranking need torch and numpy only. scikit-learn and scipy (fitting, scoring),
-sympy (torch's symbolic shapes) and torch._dynamo (`torch.nn.attention.bias`) cost a plain
-script 3.8-4.3 s before the first call when they were imported eagerly (2-core CPU, torch 2.13)."""
+bundled table's ranking need torch and numpy only; scikit-learn and scipy (fitting, scoring),
+joblib and optuna are calibration's. With torch._dynamo they cost a plain script 3.8-4.3 s before
+its first call when imported eagerly (2-core CPU, torch 2.13). torch._dynamo (and its sympy) is
+imported: `dispatcher.compiled` marks its graph node with `torch.compiler.allow_in_graph` at
+import, which cannot be done once a compile has started (1.4-1.5 s here; a transformers or
+diffusers process has imported it already)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import torch
 
 from attn_dispatch.kernels._layout import broadcast_sizes
 
-HEAVY = ("sklearn", "scipy", "sympy", "torch._dynamo", "joblib", "optuna")
+HEAVY = ("sklearn", "scipy", "joblib", "optuna")
 TABLE = Path(__file__).resolve().parents[1] / "models" / "tables" / "nvidia-h200-140gb.json"
 
 SCRIPT = """
