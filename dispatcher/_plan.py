@@ -36,10 +36,11 @@ class Plan:
         (`cold_shape.settle_after`; 0: never): it runs a kernel chosen to spare a per-shape set-up.
     sdpa_call: ``(takes_mask, is_causal, enable_gqa)`` where running this shape is exactly one
         call of PyTorch's SDPA, which the warm path then makes itself (`Kernel.sdpa_call`); else None.
+    sdpa_flags: that call's keyword arguments beyond the scale (`sdpa_flags`), or None.
     """
 
-    __slots__ = ("problem", "device", "kernel", "run", "sdpa_call", "workspace", "recheck", "count", "bucket",
-                 "notes", "skipped", "settle_at", "_decision")
+    __slots__ = ("problem", "device", "kernel", "run", "sdpa_call", "sdpa_flags", "workspace", "recheck", "count",
+                 "bucket", "notes", "skipped", "settle_at", "_decision")
 
     def __init__(
         self,
@@ -59,6 +60,7 @@ class Plan:
         self.kernel = kernel
         self.run = kernel.runner(problem)
         self.sdpa_call = kernel.sdpa_call(problem)
+        self.sdpa_flags = sdpa_flags(self.sdpa_call, problem)
         self.workspace = workspace
         self.recheck = recheck
         self.count = [0]
@@ -84,6 +86,17 @@ class Plan:
             self._decision = self.bucket.decision_for(self.problem, self.kernel, self.workspace, self.notes,
                                                      self.skipped)
         return self._decision
+
+
+def sdpa_flags(call: tuple[bool, bool, bool] | None, problem: Problem) -> dict[str, bool] | None:
+    """The warm path's form of `Kernel.sdpa_call`: PyTorch's SDPA is called as
+    ``sdpa(query, key, value, attn_mask, **flags)`` (``scale=`` added when given), with only the
+    flags that are on: each keyword PyTorch parses costs ~30 ns (2-core CPU, torch 2.13;
+    `bench.diagnostics.warm_path_pieces`). The mask is passed as given, so only where the call
+    takes the mask exactly when the problem has one (an unmasked problem's mask is None); else None."""
+    if call is None or call[0] != (problem.mask_kind != "none"):
+        return None
+    return {name: True for name, on in (("is_causal", call[1]), ("enable_gqa", call[2])) if on}
 
 
 def cache_key(

@@ -50,7 +50,10 @@ class BoundedCache(Generic[K, V]):
             raise ValueError(f"limit must be >= 1, got {limit}")
         self.limit = limit
         self._items: dict[K, V] = {}
-        self.get = self._items.get  # bound once: the warm path's lookup
+        self.get = self._items.get  # bound once
+        self.table = self._items
+        """The dict itself, for lookups by subscript (``table[key]``, KeyError on a miss: the warm
+        path's, 40 ns less than a `get` call); change it through the methods only."""
         self._on_evict = on_evict
 
     def put(self, key: K, value: V) -> None:

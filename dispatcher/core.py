@@ -33,6 +33,7 @@ from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
 from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.ranking import resolve_ranking
 from attn_dispatch.dispatcher.recovery import RecoveringDispatcher
+from attn_dispatch.dispatcher.training_calls import TRAINING_COUNT, TrainingCalls  # noqa: F401 - TRAINING_COUNT: imported from here
 from attn_dispatch.dispatcher.training_route import TrainingRoute, pytorch_route_reason
 from attn_dispatch.dispatcher.tuning import tune_from_env
 from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
@@ -46,13 +47,12 @@ _Tensor = torch.Tensor
 _respecting = sdpa_context.RESPECTING
 _flash_on, _efficient_on, _math_on, _cudnn_on = BACKEND_SWITCHES
 _sdpa = pytorch_sdpa
+_pytorch = sdpa_context.pytorch_attention
 _dynamo_compiling, _compile_flags = compiling_readers()  # `torch.compiler.is_compiling()`, in two cheap reads
-TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
-"""`stats` key of calls that went to PyTorch's SDPA on the training route."""
 _NOT_GIVEN = object()  # `_plan_for` without the call's scale: nothing to tune on
 
 
-class Dispatcher(RecoveringDispatcher):
+class Dispatcher(RecoveringDispatcher, TrainingCalls):
     """Runs each attention call with the fastest kernel that fits in memory on its device.
 
     Parameters
@@ -95,7 +95,7 @@ class Dispatcher(RecoveringDispatcher):
         self._tune = tune
         self.remember_tunings = remember_tunings
         self._plans: BoundedCache[tuple, Plan] = BoundedCache(MAX_PLANS, on_evict=self._fold_count)
-        self._plan_get = self._plans.get  # bound once for the warm path
+        self._plan_table = self._plans.table  # the warm path's lookup
         self._families: BoundedCache[tuple, Problem] = BoundedCache(MAX_PLANS)  # `_plan.family_key` -> a Problem
         self._planners: dict[torch.device, DevicePlanner] = {}
         self._config = PlannerConfig(self._kernels, policy, self._signature,
@@ -158,10 +158,11 @@ class Dispatcher(RecoveringDispatcher):
                                                       enable_gqa)
             return compiled_attention(self, query, key, value, attn_mask, is_causal, scale, enable_gqa)
         try:
-            # issue 13 hook, before any size is read: sdpa_kernel restrictions, CausalBias, meta and
-            # nested tensors (a strided nested tensor has no `.shape`); the switches are read inline
-            # (a function call here cost 0.1 us of the warm path)
-            if (query.is_meta or query.is_nested or (attn_mask is not None and attn_mask.__class__ is not _Tensor)
+            # issue 13 hook, before any size is read: sdpa_kernel restrictions (switches read inline: a
+            # call cost 0.1 us), CausalBias, a query subclass (jagged nested). Meta and strided nested
+            # queries are found where the key misses or fails (no plan is kept for them, `_keep_plan`):
+            # `is_meta` and `is_nested` cost 0.1 us a call (2-core CPU, `bench.diagnostics.warm_path_pieces`)
+            if (type(query) is not _Tensor or (attn_mask is not None and attn_mask.__class__ is not _Tensor)
                     or (_respecting[0] and not (_flash_on() and _efficient_on() and _math_on() and _cudnn_on()))):
                 routed = sdpa_context.route(self, query, key, value, attn_mask, dropout_p, is_causal, scale,
                                             enable_gqa)
@@ -182,48 +183,38 @@ class Dispatcher(RecoveringDispatcher):
         except AttributeError:  # not tensors: validation raises SDPA's TypeError
             Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
             raise
+        except RuntimeError:  # a strided nested query has no `.shape`
+            if query.is_nested:
+                return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+            raise
         if training:
             return self._training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_)
-        plan = self._plan_get(key_)
+        try:
+            plan = self._plan_table[key_]  # a subscript, not `.get`: 40 ns less
+        except KeyError:
+            plan = None
         if plan is None or plan.recheck:
+            if query.is_meta:  # shapes only: PyTorch's SDPA (issue 13), no plan kept
+                return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
         count = plan.count
-        count[0] += 1
-        if count[0] == plan.settle_at:
+        calls = count[0] + 1  # the cell read once, not twice: 25 ns
+        count[0] = calls
+        if calls == plan.settle_at:
             plan = self._settle(key_, plan)
-        call = plan.sdpa_call
+        flags = plan.sdpa_flags
         try:
-            if call is not None:  # PyTorch's SDPA on the call's tensors and scale: no frame of ours between
-                return _sdpa(query, key, value, attn_mask if call[0] else None, is_causal=call[1], scale=scale,
-                             enable_gqa=call[2])
+            if flags is not None:  # PyTorch's SDPA on the call's tensors and scale, no frame of ours between (a
+                # CausalBias never gets here: `route` makes an upper-left one is_causal, a lower-right one has no
+                # `sdpa_call`); default keywords left out: 70 ns
+                if scale is None:
+                    return _sdpa(query, key, value, attn_mask, **flags)
+                return _sdpa(query, key, value, attn_mask, scale=scale, **flags)
             return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
         except Exception as error:  # noqa: BLE001 - any kernel failure falls back to the next kernel
             return self._recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa)
 
     __call__ = attention
-
-    def _training(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_):
-        if dropout_p == 0.0 and not (attn_mask is not None and attn_mask.requires_grad):
-            plan = self._plans.get(key_)
-            if plan is None or plan.recheck:
-                plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
-            choice = self._training_route.choose(plan, self.memory_budget)
-            if choice.kernel is not None:
-                count = self._count_cell(choice.kernel.name)
-                count[0] += 1
-                try:
-                    return choice.kernel.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
-                except Exception as error:  # noqa: BLE001 - remembered; PyTorch's SDPA runs this call
-                    count[0] -= 1
-                    self._training_route.failed(plan, self.memory_budget, choice.kernel, error)
-                    _log.fallback(choice.kernel.name, error, TRAINING_KERNEL)
-        return self._pytorch_training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-
-    def _pytorch_training(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        """PyTorch's own SDPA, arguments unchanged (autograd and dropout as PyTorch does them)."""
-        self._count_cell(TRAINING_COUNT)[0] += 1
-        gqa = {"enable_gqa": True} if enable_gqa else {}
-        return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
 
     # ------------------------------------------------------------------ planning
     def plan(
@@ -250,7 +241,7 @@ class Dispatcher(RecoveringDispatcher):
             Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
             raise
         check_scale(scale)
-        plan = self._plan_get(key_)
+        plan = self._plans.get(key_)
         if plan is None or plan.recheck:
             plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
         return PreparedAttention(self, plan, key_, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
@@ -286,7 +277,7 @@ class Dispatcher(RecoveringDispatcher):
             else:
                 if plan is not None:
                     self._fold_count(plan)
-                self._plans.put(key_, new)
+                self._keep_plan(key_, new)
             if family is not None:
                 self._families.put(family, problem)
             if decided:

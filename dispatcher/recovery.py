@@ -34,7 +34,7 @@ class RecoveringDispatcher:
                     plan, decided = planner.plan(plan.problem, key_, None, settings=self._settings,
                                                  on_failure=self._failure_handler(plan.device, plan.problem),
                                                  new_shape=False)
-                    self._plans.put(key_, plan)
+                    self._keep_plan(key_, plan)
             except NoKernelError as no_kernel:
                 self._forget_out_of_memory(plan)
                 raise no_kernel from error
@@ -45,6 +45,12 @@ class RecoveringDispatcher:
             except Exception as next_error:  # noqa: BLE001
                 plan.count[0] -= 1
                 error = next_error
+
+    def _keep_plan(self, key_: tuple, plan: Plan) -> None:
+        """Cache `plan` under `key_`, unless it is a meta device's (from `explain` or `plan`): a meta
+        call must miss, since `Dispatcher.attention` sends it to PyTorch's SDPA on a miss only."""
+        if plan.device.type != "meta":
+            self._plans.put(key_, plan)
 
     def _failure_handler(self, device: torch.device, problem: Problem):
         """Where tuning reports a contender that raised on `problem`."""

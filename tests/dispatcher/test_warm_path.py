@@ -1,16 +1,21 @@
 """The warm path's shortcuts: a plan that is one call of PyTorch's SDPA is called in place (same
-result as PyTorch, counted, and a failure there still falls back), and the compile check reads
-what `torch.compiler.is_compiling()` reads."""
+result as PyTorch, counted, only the keywords that are not defaults, and a failure there still
+falls back), the compile check reads what `torch.compiler.is_compiling()` reads, and meta queries,
+found where the key misses, keep no plan."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from attn_dispatch.dispatcher import Dispatcher, core
+from attn_dispatch.dispatcher._plan import sdpa_flags
 from attn_dispatch.dispatcher.compiled import compiling_readers
-from attn_dispatch.kernels.sdpa_backends import TORCH_HAS_ENABLE_GQA
+from attn_dispatch.kernels import Problem
+from attn_dispatch.kernels.sdpa_backends import TORCH_HAS_ENABLE_GQA, pytorch_sdpa
 from tests.dispatcher.helpers import FixedRanker, qkv, use_ranking
 
 
@@ -52,3 +57,59 @@ def test_the_compile_check_reads_what_is_compiling_reads(monkeypatch):
     if flags is torch.compiler:  # non-strict export sets the flag: both see it
         monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
         assert (dynamo_compiling() or flags._is_compiling_flag) is torch.compiler.is_compiling() is True
+
+
+@pytest.mark.skipif(not TORCH_HAS_ENABLE_GQA, reason="no in-place call on torch < 2.5")
+@pytest.mark.parametrize(("heads", "arguments", "keywords"), [
+    (2, {}, {}),
+    (2, {"scale": 0.25}, {"scale": 0.25}),
+    (2, {"is_causal": True}, {"is_causal": True}),
+    (4, {"enable_gqa": True}, {"enable_gqa": True}),
+    (2, {"enable_gqa": True}, {}),  # equal head counts: PyTorch's call without the flag, as `runner` makes it
+])
+def test_the_in_place_call_passes_only_the_keywords_that_are_not_defaults(monkeypatch, heads, arguments, keywords):
+    inputs = qkv(heads=heads, kv_heads=2)
+    inputs.pop("enable_gqa")
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append((len(args), kwargs))
+        return pytorch_sdpa(*args, **kwargs)
+
+    ours = Dispatcher(kernels=["sdpa_default"])
+    with torch.inference_mode():
+        ours.attention(**inputs, **arguments)  # cold: planned
+        monkeypatch.setattr(core, "_sdpa", recording)
+        out = ours.attention(**inputs, **arguments)  # warm: the in-place call
+    assert seen == [(4, keywords)]  # query, key, value and the mask (None) positionally
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(**inputs, **arguments))
+
+
+def test_sdpa_flags_are_the_flags_that_are_on_where_the_mask_is_passed_as_given():
+    unmasked = Problem(1, 2, 2, 8, 8, 16, 16, "float32")
+    masked = replace(unmasked, mask_kind="bool", mask_shape=(1, 1, 8, 8))
+    assert sdpa_flags(None, unmasked) is None
+    assert sdpa_flags((False, False, False), unmasked) == {}
+    assert sdpa_flags((False, True, True), unmasked) == {"is_causal": True, "enable_gqa": True}
+    assert sdpa_flags((True, False, False), masked) == {}
+    # a call that drops the problem's mask, or takes one the problem lacks, runs through `run`
+    assert sdpa_flags((False, False, False), masked) is None
+    assert sdpa_flags((True, False, False), unmasked) is None
+
+
+@pytest.mark.filterwarnings("ignore:could not identify meta")
+def test_meta_calls_go_to_pytorch_even_after_explain_planned_them():
+    """`attention` finds a meta query where its key misses, so no meta plan is ever kept (not
+    even the one `explain` makes), and every meta call is PyTorch's, uncounted."""
+    inputs = {name: tensor.to("meta") for name, tensor in qkv(heads=2).items() if name != "enable_gqa"}
+    ours = Dispatcher(kernels=["sdpa_default", "math"])
+    assert ours.explain(**inputs).device == "meta"
+    for _ in range(2):
+        out = ours.attention(**inputs)
+        assert out.device.type == "meta" and out.shape == inputs["query"].shape
+    ours.plan(**inputs)
+    assert len(ours._plans) == 0 and ours.stats() == {}
+    with torch.enable_grad():  # the training route too
+        query = inputs["query"].requires_grad_()
+        assert ours.attention(query, inputs["key"], inputs["value"]).device.type == "meta"
+    assert len(ours._plans) == 0 and ours.stats() == {}
