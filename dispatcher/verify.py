@@ -24,8 +24,11 @@ the bucket takes the fastest; PyTorch's choice stays unless another is faster be
 - the table's first two alone in the portable set (a card without fused backends: gfx906), where
   PyTorch's default is the last resort, not a contender;
 - and where PyTorch's default sets up per exact shape (cuDNN on the H200: ~36 ms per new length),
-  the first option that does not (`SETUP_FREE_CHECKED`), so that a bucket whose shapes keep changing
-  swaps to a kernel whose warm time was measured, not predicted (`buckets.Bucket.order_for_new_shape`).
+  flash, else the table's first option free of set-up (`SETUP_FREE_CHECKED`), so that a bucket
+  whose shapes keep changing swaps to a kernel whose warm time was measured, not predicted
+  (`buckets.Bucket.order_for_new_shape`). With that option timed besides flash, the grid's first
+  calls took a median 30 ms (p90 102 ms; run 5 of docs/RESULTS.md section 13) against 21 ms
+  (p90 55 ms) in run 1 without it; so it is timed only where flash cannot run.
   On the H200 a batch-8 decode over 32k keys swapped, on the table's prediction, to our `math`
   kernel: 1.4 ms a call where PyTorch's warm default takes 0.25 ms, 5.6x slower per token once its
   shapes settled on the default (bench/decode_loop.py, 2026-12-01, docs/RESULTS.md section 13).
@@ -64,8 +67,8 @@ probe's 580 H200 shapes (shared/reference/h200-probe.md), and what the table mos
 over where it cost most (small-Q calls against long caches)."""
 
 SETUP_FREE_CHECKED = 1
-"""Options free of per-shape set-up also timed where PyTorch's default pays one (besides flash on a
-GPU): the table's first such; a new shape of the bucket swaps only to a kernel timed here."""
+"""Options free of per-shape set-up also timed where PyTorch's default pays one and flash cannot run
+the problem: the table's first such; a new shape of the bucket swaps only to a kernel timed here."""
 
 MAX_CHECKED_SECONDS = 0.02
 """Options predicted slower than this per call are not timed (and no check runs where PyTorch's
@@ -104,9 +107,9 @@ def checked_options(options: tuple[Option, ...], device: torch.device, problem: 
         picked = list(options[:CHECKED_CHOICES])
         if device.type == "cuda":
             picked += [option for option in options if option.kernel.name == GPU_ALSO_CHECKED]
-    if default.kernel.name in sets_up:
-        picked += [option for option in options if option.kernel.name == GPU_ALSO_CHECKED]
-        picked += [option for option in options if option.kernel.name not in sets_up][:SETUP_FREE_CHECKED]
+    if default.kernel.name in sets_up:  # what a new shape may swap to must have been timed (`Bucket.may_replace_first`)
+        free = [option for option in options if option.kernel.name not in sets_up]
+        picked += [option for option in free if option.kernel.name == GPU_ALSO_CHECKED] or free[:SETUP_FREE_CHECKED]
     names = {option.kernel.name for option in picked} | {default.kernel.name}
     checked = tuple(option for option in options if option.kernel.name in names and _fast_enough(option))
     return checked if len(checked) > 1 else ()
