@@ -4,6 +4,7 @@ reset default dispatcher and nothing installed."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import attn_dispatch as dispatcher
 from attn_dispatch.dispatcher import patching
@@ -22,3 +23,13 @@ def isolated(tmp_path, monkeypatch):
     while patching.is_installed():
         patching.uninstall()
     assert not leaked, "a test left F.scaled_dot_product_attention patched"
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """torch.compile tests: Dynamo's caches and counters reset before and after (what one test
+    compiled never serves another)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()

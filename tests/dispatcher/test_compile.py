@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from attn_dispatch.dispatcher import Dispatcher, patched
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.usefixtures("fresh_dynamo"), pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
 class GraphCatcher:
@@ -31,14 +31,6 @@ class GraphCatcher:
 
     def targets(self) -> set[str]:
         return {str(node.target) for gm in self.graphs for node in gm.graph.nodes if node.op == "call_function"}
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    yield
-    torch._dynamo.reset()
 
 
 def test_a_dispatcher_limited_to_chunked_traces_chunked_not_sdpa(monkeypatch):

@@ -17,7 +17,8 @@ from attn_dispatch.kernels import sdpa_default
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
+pytestmark = [pytest.mark.usefixtures("fresh_dynamo"),
+              pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")]
 
 DECODE_STEPS = 5
 """New tokens per generation: the prefill runs eagerly, every later token through the compiled step."""
@@ -56,14 +57,6 @@ class GraphCatcher:
     def ops(self) -> collections.Counter:
         return collections.Counter(str(node.target) for gm in self.aten_graphs for node in gm.graph.nodes
                                    if node.op == "call_function")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    yield
-    torch._dynamo.reset()
 
 
 def _generate_compiled(implementation: str) -> tuple[list[int], GraphCatcher, dict]:
