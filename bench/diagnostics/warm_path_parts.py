@@ -1,8 +1,8 @@
 """Where the warm path's time goes: copies of `Dispatcher.attention`'s warm path, each stopping
 after one more step (compile check, context check, key, training check, plan lookup, count),
 timed interleaved against PyTorch's SDPA on a tiny decode call (min over rounds). The copies
-follow `dispatcher/core.py` as of the change that added this script; re-check them after editing
-the warm path.
+follow `dispatcher/core.py` as of the warm path's second pass (meta found on a miss, the lookup by
+subscript, `Plan.sdpa_flags`); re-check them after editing the warm path.
 
 Usage (repository root): python -m bench.diagnostics.warm_path_parts [--rounds 25] [--calls 10000]
 """
@@ -21,7 +21,7 @@ _WARM_PATH = '''
 def warm(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     if STEPS >= 1 and (_dynamo_compiling() or _compile_flags._is_compiling_flag):
         return None
-    if STEPS >= 2 and (query.is_meta or query.is_nested or (attn_mask is not None and attn_mask.__class__ is not _Tensor)
+    if STEPS >= 2 and (type(query) is not _Tensor or (attn_mask is not None and attn_mask.__class__ is not _Tensor)
                        or (_respecting[0] and not (_flash_on() and _efficient_on() and _math_on() and _cudnn_on()))):
         return None
     if STEPS >= 3:
@@ -33,19 +33,27 @@ def warm(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
     if STEPS >= 4 and (dropout_p != 0.0 or (_grad_enabled() and (query.requires_grad or key.requires_grad
                                                                   or value.requires_grad))):
         return None
-    plan = self._plan_get(key_) if STEPS >= 5 else PLAN
-    if STEPS >= 5 and (plan is None or plan.recheck):
-        return None
+    if STEPS >= 5:
+        try:
+            plan = self._plan_table[key_]
+        except KeyError:
+            plan = None
+        if plan is None or plan.recheck:
+            return None
+    else:
+        plan = PLAN
     if STEPS >= 6:
         count = plan.count
-        count[0] += 1
-        if count[0] == plan.settle_at:
+        calls = count[0] + 1
+        count[0] = calls
+        if calls == plan.settle_at:
             return None
-    call = plan.sdpa_call
+    flags = plan.sdpa_flags
     try:
-        if call is not None:
-            return _sdpa(query, key, value, attn_mask if call[0] else None, is_causal=call[1], scale=scale,
-                         enable_gqa=call[2])
+        if flags is not None:
+            if scale is None:
+                return _sdpa(query, key, value, attn_mask, **flags)
+            return _sdpa(query, key, value, attn_mask, scale=scale, **flags)
         return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
     except Exception:
         raise

@@ -113,3 +113,23 @@ def test_meta_calls_go_to_pytorch_even_after_explain_planned_them():
         query = inputs["query"].requires_grad_()
         assert ours.attention(query, inputs["key"], inputs["value"]).device.type == "meta"
     assert len(ours._plans) == 0 and ours.stats() == {}
+
+
+@pytest.mark.parametrize("mixed", ["key", "value"])
+def test_a_warm_plan_still_refuses_mixed_devices_and_dtypes(mixed):
+    """A plan warm for CPU inputs is not reached by a call with the key or value on another device
+    (meta) or of another dtype: the call raises SDPA's RuntimeError, uncounted, and records no
+    kernel failure (the next good call still runs PyTorch's SDPA in place)."""
+    inputs = qkv()
+    ours = Dispatcher(kernels=["sdpa_default", "math"])
+    with torch.inference_mode():
+        ours.attention(**inputs)
+        for changed in (inputs[mixed].to("meta"), inputs[mixed].double()):
+            with pytest.raises(RuntimeError):
+                ours.attention(**{**inputs, mixed: changed})
+            with pytest.raises(RuntimeError):
+                F.scaled_dot_product_attention(**{**inputs, mixed: changed})
+        torch.testing.assert_close(ours.attention(**inputs), F.scaled_dot_product_attention(**inputs))
+    assert ours.stats() == {"sdpa_default": 2}
+    assert ours.explain(**inputs).kernel == "sdpa_default"
+    assert not ours.explain(**inputs).reason_dropped("sdpa_default")

@@ -1,0 +1,126 @@
+"""The dispatcher's warm-path cost as machine instructions per call, counted by valgrind's
+callgrind: unlike a timing, the count does not move with the load of a shared machine, so two
+versions of the warm path compare in one run each (about 9,000 instructions made 1 us on the
+2-core dev VM, 2026-12-01).
+
+PyTorch's SDPA is replaced by a no-op C function taking any arguments (``"".format``), both in
+the warm path's in-place call (`core._sdpa`) and as the direct call it is compared with: the
+kernel's own count varies by 1,000-6,000 instructions between call sites and processes (its
+buffers' addresses), more than the changes being measured. What PyTorch's argument parser spends
+on the keywords passed is left out (~270 instructions a keyword, `warm_path_pieces`). For each
+case, N calls run inside one `functools.reduce`, the only function whose instructions are
+counted (one dump per reduce).
+
+Usage (repository root; needs valgrind, takes ~3 minutes, mostly importing torch under it):
+    python -m bench.diagnostics.warm_path_instructions [--calls 300]
+Another version of the package: put it first on PYTHONPATH (the child process imports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+CASES = ("decode gqa, no mask", "prefill, no mask", "prefill, bool mask", "prefill, scale given", "strided, no mask")
+WARM_UP = 60  # calls before counting: CPython's adaptive interpreter specialises the code first
+
+
+def _inputs() -> dict[str, tuple]:
+    """case -> (args, kwargs) of one tiny CPU call (as in `warm_path_tiny`)."""
+    import torch
+
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 1, 4, 8)
+    x = torch.randn(1, 2, 4, 8)
+    strided = torch.randn(1, 4, 2, 8).transpose(1, 2)
+    return dict(zip(CASES, [
+        ((q, k, k.clone()), {"enable_gqa": True}),
+        ((x, x.clone(), x.clone()), {}),
+        ((x, x.clone(), x.clone(), torch.rand(4, 4) > 0.3), {}),
+        ((x, x.clone(), x.clone()), {"scale": 0.3}),
+        ((strided, strided.clone(), strided.clone()), {}),
+    ], strict=True))
+
+
+def child(calls: int, order_file: str) -> None:
+    """Runs under callgrind: per case, the no-op called directly, then `Dispatcher.attention`
+    (warm, PyTorch's SDPA replaced by the no-op), one reduce each."""
+    import torch
+
+    from attn_dispatch.dispatcher import Dispatcher, core
+
+    torch.set_num_threads(1)
+    ours = Dispatcher(kernels=["sdpa_default"])
+    runs = []
+    with torch.inference_mode():
+        cases = _inputs()
+        for args, kwargs in cases.values():
+            ours.attention(*args, **kwargs)  # planned with PyTorch's SDPA, before it is replaced
+        core._sdpa = NO_OP
+        for case, (args, kwargs) in cases.items():
+            runs.append((f"{case}: no-op", _caller(NO_OP, args, kwargs)))
+            runs.append((f"{case}: attention", _caller(ours.attention, args, kwargs)))
+        for _, call in runs:
+            for _ in range(WARM_UP):
+                call()
+        with open(order_file, "w") as handle:
+            json.dump([label for label, _ in runs], handle)
+        for _, call in runs:
+            functools.reduce(lambda _, __, c=call: c(), range(calls), None)
+
+
+NO_OP = "".format
+"""Takes any positional and keyword arguments and returns at once, as a C function called the way
+PyTorch's SDPA is (``METH_VARARGS | METH_KEYWORDS``)."""
+
+
+def _caller(function, args: tuple, kwargs: dict):
+    """``function(*args, **kwargs)`` spelled out as a caller writes it (a star call costs more)."""
+    if len(args) == 4:
+        return lambda: function(args[0], args[1], args[2], args[3], **kwargs)
+    if "enable_gqa" in kwargs:
+        return lambda: function(args[0], args[1], args[2], enable_gqa=True)
+    if "scale" in kwargs:
+        return lambda: function(args[0], args[1], args[2], scale=kwargs["scale"])
+    return lambda: function(args[0], args[1], args[2])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.calls, args.child)
+        return
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind is not installed (apt-get install valgrind)")
+    with tempfile.TemporaryDirectory() as folder:
+        order = os.path.join(folder, "order.json")
+        subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
+                        "--dump-after=functools_reduce", f"--callgrind-out-file={folder}/cg.out",
+                        sys.executable, os.path.abspath(__file__), "--calls", str(args.calls), "--child", order],
+                       check=True, capture_output=True)
+        labels = json.load(open(order))
+        dumps = sorted(glob.glob(f"{folder}/cg.out.*"), key=lambda path: int(path.rsplit(".", 1)[1]))
+        totals = [_total(path) for path in dumps][-len(labels):]  # torch's import calls reduce too
+    per_call = {label: total / args.calls for label, total in zip(labels, totals, strict=True)}
+    print(f"instructions per call ({args.calls} calls, callgrind; PyTorch's SDPA replaced by a no-op)")
+    for case in CASES:
+        direct, ours = per_call[f"{case}: no-op"], per_call[f"{case}: attention"]
+        print(f"{case:22s} no-op {direct:7.0f}  attention {ours:7.0f}  the dispatcher's own {ours - direct:+7.0f}")
+
+
+def _total(path: str) -> int:
+    with open(path) as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith(("summary:", "totals:")))
+
+
+if __name__ == "__main__":
+    main()
