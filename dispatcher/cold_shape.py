@@ -35,6 +35,14 @@ issue 14 (a decode step: 64 ms for 8 layers at a new key length, against 0.35 ms
 new length: 60 ms), torch 2.11. Every other PyTorch backend and our own kernels launch the same
 kernels at any shape and are taken as free of per-shape set-up unless measured otherwise."""
 
+MATERIAL_SETUP_S = 1e-3
+"""A per-shape set-up worth timing another kernel against on a bucket's first call
+(`verify.checked_options`): cuDNN's measured 36-44 ms on the H200; flash's and the memory-efficient
+backend's measured 2-13 us are the measurement's floor (calibration.cold_shape, torch 2.11). Counting
+flash's 2 us as a set-up left it out of that check: the H200's batch-8 1k decode then swapped to
+`convert[contiguous]+sdpa_flash`, 2.7-3.0x slower per token than PyTorch warm (against 1.33x with flash;
+docs/RESULTS.md section 13)."""
+
 MIN_SHAPES_OF_HISTORY = 1
 """Earlier exact shapes a bucket must have served before its calls per shape are estimated: one
 finished shape tells how many calls a shape gets (a decode step calls every layer once)."""
@@ -72,6 +80,12 @@ def cold_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mappin
     if family is None:
         return 0.0
     return measured.get(family, {}).get(kind, CUDNN_COLD_SHAPE_PRIOR_S)
+
+
+def costly_setups(options: Iterable, problem: Problem, measured: Mapping[str, Mapping[str, float]]) -> frozenset[str]:
+    """Names of the `options` (`planning.Option`) whose per-shape set-up on `problem` is material
+    (`MATERIAL_SETUP_S`): what a bucket whose shapes keep changing should time another kernel against."""
+    return frozenset(o.kernel.name for o in options if cold_seconds(o.kernel, problem, measured) >= MATERIAL_SETUP_S)
 
 
 def calls_per_shape(counts: Iterable[int]) -> float | None:

@@ -17,7 +17,7 @@ import torch
 
 from attn_dispatch.dispatcher._plan import Plan
 from attn_dispatch.dispatcher.buckets import MAX_BUCKETS, BoundedCache, Bucket
-from attn_dispatch.dispatcher.cold_shape import SeenShapes, cold_seconds, floor_order
+from attn_dispatch.dispatcher.cold_shape import SeenShapes, costly_setups, floor_order
 from attn_dispatch.dispatcher.decision import Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.errors import NoKernelError
@@ -186,7 +186,7 @@ class DevicePlanner:
             notes = (*notes, DEFAULT_KEPT_UNMEASURED)  # nothing measured on this card says another kernel is faster
         seconds: dict[str, float] = {}
         portable = self.portable
-        sets_up = frozenset(o.kernel.name for o in options if cold_seconds(o.kernel, problem, self.cold_costs))
+        sets_up = costly_setups(options, problem, self.cold_costs)
         if not tune and inputs is not None and verification_wanted(
                 options, self.device, problem, measured_here=state.ranking.measured_note(problem) is not None,
                 table_measured=(state.ranking.source.level not in UNMEASURED_LEVELS

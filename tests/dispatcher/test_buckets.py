@@ -256,3 +256,18 @@ def test_a_new_shape_swaps_only_to_a_kernel_the_first_call_timed(monkeypatch):
     for _ in range(4):
         ours.attention(**_decode(100))
     assert ours.explain(**second).kernel == chunked
+
+
+def test_only_a_material_set_up_counts_as_one():
+    """Flash's measured 2 us per new shape is the measurement's floor, not a set-up to avoid: it must
+    stay among the options the first-call check may time as set-up-free (`verify.checked_options`)."""
+    from types import SimpleNamespace
+
+    from attn_dispatch.dispatcher.cold_shape import costly_setups
+    from attn_dispatch.kernels import kernel_from_name
+
+    options = [SimpleNamespace(kernel=kernel_from_name(name)) for name in ("sdpa_default", "sdpa_flash", "math")]
+    decode = Problem(8, 32, 8, 1, 1024, 128, 128, "bfloat16", device_type="cuda")
+    measured = {"sdpa_default": {"decode": 0.036}, "sdpa_flash": {"decode": 2e-6}}
+    assert costly_setups(options, decode, measured) == {"sdpa_default"}
+    assert costly_setups(options[1:], decode, {"sdpa_flash": {"decode": 0.002}}) == {"sdpa_flash"}
