@@ -132,8 +132,10 @@ def main() -> int:
             "--kernels", args.kernels, "--passes", str(args.passes), "--layout", args.layout] + (["--memory-budget", args.memory_budget] if args.memory_budget else [])
     print(f"decode loop: {args.layers} attention calls per token, Lq=1, {args.heads}/{args.kv_heads} heads, "
           f"D={args.head_dim}, {args.dtype}, K/V {args.layout}, {args.tokens} tokens from each context, device {args.device}, "
-          f"torch {torch.__version__}; each run a fresh process (pass 1 cold, pass 2 warm, {args.passes} passes); {args.repeats} runs each, "
-          f"interleaved{'; SDPA and the dispatcher in ONE process, passes alternating' if args.same_process else ''}; "
+          f"torch {torch.__version__}; "
+          + ("SDPA and the dispatcher in ONE process per run, passes alternating (SDPA's pass 1 a fresh process's, the "
+             "dispatcher's after it)" if args.same_process else "each run a fresh process, interleaved")
+          + f" (pass 1 cold, pass 2 warm, {args.passes} passes); {args.repeats} runs each; "
           f"per-token medians over tokens and runs (p10-p90)")
     for batch in (int(b) for b in args.batches.split(",")):
         for context in (int(c) for c in args.contexts.split(",")):
@@ -142,7 +144,8 @@ def main() -> int:
                 if args.same_process:  # one process, passes alternating (`child`)
                     both = run_child(base, "both", context, batch)
                     for impl in runs:
-                        runs[impl].append({"passes": both["passes_by_impl"][impl], "stats": both["stats"]}
+                        runs[impl].append({"passes": both["passes_by_impl"][impl],
+                                           "stats": both["stats"] if impl == "dispatch" else None}
                                           if "passes_by_impl" in both else both)
                     continue
                 for impl in runs:

@@ -147,7 +147,8 @@ class Bucket:
         if expected_calls is None or is_set_up(first.kernel.name):
             return self.options, (), 0
         kind = kind_of(self.ranked.problem.q_len)
-        warm = [None if w is None else max(w, floor_seconds(o.kernel, kind, floors or {}) or 0.0)
+        warm = [None if w is None else w if o.kernel.name in self.measured  # a floor bounds predictions only
+                else max(w, floor_seconds(o.kernel, kind, floors or {}) or 0.0)
                 for o, w in zip(self.options, self.warm, strict=True)]
         costs = [
             expected_seconds(w, 0.0 if c and is_set_up(o.kernel.name) else c, expected_calls)

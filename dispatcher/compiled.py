@@ -23,7 +23,9 @@ said `sdpa_default (traced)`: torch 2.13, CPU, 2026-12-01). A plain function in 
 AOTAutograd bypass its cache for such graphs; Inductor's own cache still serves them, keyed by the
 traced kernel's ops. The price: a process with a warm cache traces such a graph again (seconds for
 a model), where a model compiled with PyTorch's SDPA loads it. `torch.export` holds the chosen
-kernel's ops too (it held ``attn_dispatch::attention``, which needs this process's dispatcher).
+kernel's ops too (it held ``attn_dispatch::attention``, which needs this process's dispatcher);
+exported with symbolic shapes, PyTorch's SDPA (an exported program is loaded and run in other
+processes, where no dispatcher of this one exists to decide at run time).
 """
 
 from __future__ import annotations
@@ -120,6 +122,9 @@ def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     fake tensors (see the module docstring)."""
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
     if any(isinstance(size, torch.SymInt) for tensor in tensors for size in tensor.shape):
+        if torch.compiler.is_exporting():  # an exported program outlives this process's dispatchers
+            gqa = {"enable_gqa": True} if enable_gqa else {}
+            return pytorch_sdpa(query, key, value, attn_mask, 0.0, is_causal, scale=scale, **gqa)
         return torch.ops.attn_dispatch.attention_at_run_time(query, key, value, attn_mask, is_causal, scale,
                                                              enable_gqa, dispatcher)
     if sdpa_context.backends_restricted():  # the caller's sdpa_kernel(...) decides, as in eager calls

@@ -157,17 +157,21 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls):
                 return sdpa_context.pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                       enable_gqa)
             return compiled_attention(self, query, key, value, attn_mask, is_causal, scale, enable_gqa)
-        try:
-            # issue 13 hook, before any size is read: sdpa_kernel restrictions (switches read inline: a
-            # call cost 0.1 us), CausalBias, a query subclass (jagged nested). Meta and strided nested
-            # queries are found where the key misses or fails (no plan is kept for them, `_keep_plan`):
-            # `is_meta` and `is_nested` cost 0.1 us a call (2-core CPU, `bench.diagnostics.warm_path_pieces`)
-            if (type(query) is not _Tensor or (attn_mask is not None and attn_mask.__class__ is not _Tensor)
-                    or (_respecting[0] and not (_flash_on() and _efficient_on() and _math_on() and _cudnn_on()))):
+        # issue 13 hook, before any size is read: sdpa_kernel restrictions (switches read inline: a
+        # call cost 0.1 us), CausalBias, a query subclass (jagged nested). Meta and strided nested
+        # queries are found where the key misses or fails (no plan is kept for them, `_keep_plan`):
+        # `is_meta` and `is_nested` cost 0.1 us a call (2-core CPU, `bench.diagnostics.warm_path_pieces`)
+        if (type(query) is not _Tensor or (attn_mask is not None and attn_mask.__class__ is not _Tensor)
+                or (_respecting[0] and not (_flash_on() and _efficient_on() and _math_on() and _cudnn_on()))):
+            try:
                 routed = sdpa_context.route(self, query, key, value, attn_mask, dropout_p, is_causal, scale,
                                             enable_gqa)
-                if routed is not None:
-                    return routed
+            except AttributeError:  # not tensors: validation raises SDPA's TypeError
+                Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
+                raise
+            if routed is not None:
+                return routed
+        try:
             key_ = (  # `cache_key`, inlined: this is the warm path
                 query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
                 query.device, key.device, value.device,

@@ -108,7 +108,7 @@ def checked_options(options: tuple[Option, ...], device: torch.device, problem: 
         if device.type == "cuda":
             picked += [option for option in options if option.kernel.name == GPU_ALSO_CHECKED]
     if default.kernel.name in sets_up:  # what a new shape may swap to must have been timed (`Bucket.may_replace_first`)
-        free = [option for option in options if option.kernel.name not in sets_up]
+        free = [option for option in options if option.kernel.name not in sets_up and _fast_enough(option)]
         picked += [option for option in free if option.kernel.name == GPU_ALSO_CHECKED] or free[:SETUP_FREE_CHECKED]
     names = {option.kernel.name for option in picked} | {default.kernel.name}
     checked = tuple(option for option in options if option.kernel.name in names and _fast_enough(option))

@@ -38,7 +38,7 @@ print(json.dumps({"imported": [m for m in sys.argv[2:] if m in sys.modules], "ra
 """
 
 
-def test_inference_imports_neither_fitting_nor_symbolic_shape_libraries(tmp_path):
+def test_inference_imports_no_fitting_or_tuning_library(tmp_path):
     env = {**os.environ, "ATTN_DISPATCH_HOME": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(TABLE), *HEAVY], capture_output=True, text=True,
                           env=env, timeout=300, check=True)

@@ -123,3 +123,27 @@ def test_an_exported_program_holds_the_chosen_kernel_not_the_dispatcher(monkeypa
     targets = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
     assert not any("attn_dispatch" in target or "scaled_dot_product" in target for target in targets), targets
     assert_matches_reference(exported.module()(*args), {**inputs, "is_causal": True})
+
+
+def test_an_exported_program_with_symbolic_lengths_holds_pytorchs_sdpa(monkeypatch):
+    """Exported with a dynamic length, no decision can be traced, and the program must run where
+    no dispatcher of this process exists: PyTorch's SDPA, not the run-time operator."""
+    use_ranking(monkeypatch, FixedRanker(["chunked[q=128,kv=1024]"]))
+    ours = Dispatcher(kernels=["chunked[q=128,kv=1024]"])
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    inputs = qkv(q_len=12, kv_len=12)
+    args = (inputs["query"], inputs["key"], inputs["value"])
+    length = torch.export.Dim("length", min=2, max=64)
+    shapes = ({2: length}, {2: length}, {2: length})
+    with patched(ours):
+        exported = torch.export.export(Attention(), args, dynamic_shapes=shapes)
+    targets = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
+    assert not any("attn_dispatch" in target for target in targets), targets
+    assert any("scaled_dot_product" in target for target in targets), targets
+    longer = qkv(q_len=20, kv_len=20)
+    assert_matches_reference(exported.module()(longer["query"], longer["key"], longer["value"]),
+                             {**longer, "is_causal": True})
