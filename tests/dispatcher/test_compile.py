@@ -105,45 +105,38 @@ def test_a_patched_module_compiles_whole_and_matches_eager(monkeypatch):
     assert ours.stats().get("chunked[q=128,kv=1024] (traced)") == 1
 
 
+class CausalGqaAttention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def _export_through_chunked(monkeypatch, **export_options) -> tuple[set[str], torch.nn.Module]:
+    """`CausalGqaAttention` exported through a dispatcher limited to chunked -> (the exported graph's
+    call targets, the exported module)."""
+    use_ranking(monkeypatch, FixedRanker(["chunked[q=128,kv=1024]"]))
+    inputs = qkv(q_len=12, kv_len=12)
+    with patched(Dispatcher(kernels=["chunked[q=128,kv=1024]"])):
+        exported = torch.export.export(CausalGqaAttention(), (inputs["query"], inputs["key"], inputs["value"]),
+                                       **export_options)
+    return {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}, exported.module()
+
+
 @pytest.mark.parametrize("strict", [False, True])
 def test_an_exported_program_holds_the_chosen_kernel_not_the_dispatcher(monkeypatch, strict):
     """torch.export traces the kernel the dispatcher chose (an exported program must run in a
     process without this dispatcher)."""
-    use_ranking(monkeypatch, FixedRanker(["chunked[q=128,kv=1024]"]))
-    ours = Dispatcher(kernels=["chunked[q=128,kv=1024]"])
-
-    class Attention(torch.nn.Module):
-        def forward(self, q, k, v):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-
-    inputs = qkv(q_len=12, kv_len=12)
-    args = (inputs["query"], inputs["key"], inputs["value"])
-    with patched(ours):
-        exported = torch.export.export(Attention(), args, strict=strict)
-    targets = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
+    targets, module = _export_through_chunked(monkeypatch, strict=strict)
     assert not any("attn_dispatch" in target or "scaled_dot_product" in target for target in targets), targets
-    assert_matches_reference(exported.module()(*args), {**inputs, "is_causal": True})
+    inputs = qkv(q_len=12, kv_len=12)
+    assert_matches_reference(module(inputs["query"], inputs["key"], inputs["value"]), {**inputs, "is_causal": True})
 
 
 def test_an_exported_program_with_symbolic_lengths_holds_pytorchs_sdpa(monkeypatch):
     """Exported with a dynamic length, no decision can be traced, and the program must run where
     no dispatcher of this process exists: PyTorch's SDPA, not the run-time operator."""
-    use_ranking(monkeypatch, FixedRanker(["chunked[q=128,kv=1024]"]))
-    ours = Dispatcher(kernels=["chunked[q=128,kv=1024]"])
-
-    class Attention(torch.nn.Module):
-        def forward(self, q, k, v):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-
-    inputs = qkv(q_len=12, kv_len=12)
-    args = (inputs["query"], inputs["key"], inputs["value"])
     length = torch.export.Dim("length", min=2, max=64)
-    shapes = ({2: length}, {2: length}, {2: length})
-    with patched(ours):
-        exported = torch.export.export(Attention(), args, dynamic_shapes=shapes)
-    targets = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
+    targets, module = _export_through_chunked(monkeypatch, dynamic_shapes=({2: length}, {2: length}, {2: length}))
     assert not any("attn_dispatch" in target for target in targets), targets
     assert any("scaled_dot_product" in target for target in targets), targets
     longer = qkv(q_len=20, kv_len=20)
-    assert_matches_reference(exported.module()(longer["query"], longer["key"], longer["value"]),
-                             {**longer, "is_causal": True})
+    assert_matches_reference(module(longer["query"], longer["key"], longer["value"]), {**longer, "is_causal": True})
