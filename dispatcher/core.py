@@ -187,8 +187,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls):
         except AttributeError:  # not tensors: validation raises SDPA's TypeError
             Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
             raise
-        except RuntimeError:  # a strided nested query has no `.shape`
-            if query.is_nested:
+        except RuntimeError:  # a strided nested tensor has no `.shape`
+            if query.is_nested or key.is_nested or value.is_nested:
                 return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             raise
         if training:
@@ -198,7 +198,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls):
         except KeyError:
             plan = None
         if plan is None or plan.recheck:
-            if query.is_meta:  # shapes only: PyTorch's SDPA (issue 13), no plan kept
+            if query.is_meta or key.is_nested or value.is_nested:  # shapes only, or nested K/V with a dense
+                # query (PyTorch's error): PyTorch's SDPA (issue 13), no plan kept
                 return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
         count = plan.count

@@ -164,3 +164,15 @@ def test_nested_tensors_run_pytorchs_sdpa(layout):
     assert ours.stats() == {}
     with pytest.raises(NotImplementedError, match="nested tensors"):
         ours.explain(nested, nested, nested)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+@pytest.mark.parametrize("layout", [torch.jagged, torch.strided])
+def test_a_dense_query_with_nested_key_and_value_raises_pytorchs_error(layout):
+    query = torch.randn(2, 2, 3, 8)
+    nested = torch.nested.nested_tensor([torch.randn(2, 3, 8), torch.randn(2, 3, 8)], layout=layout)
+    with pytest.raises(Exception) as theirs:
+        F.scaled_dot_product_attention(query, nested, nested)
+    with pytest.raises(type(theirs.value)) as ours:
+        Dispatcher().attention(query, nested, nested)
+    assert str(ours.value) == str(theirs.value)
