@@ -24,7 +24,7 @@ class PreparedAttention:
     without a backward go through `Dispatcher.attention` (its training route).
     """
 
-    __slots__ = ("_dispatcher", "_plan", "_key", "_causal", "_scale", "_gqa")
+    __slots__ = ("_dispatcher", "_plan", "_key", "_causal", "_scale", "_gqa", "_count")
 
     def __init__(self, dispatcher: Dispatcher, plan: Plan, key: tuple, *, is_causal: bool, scale: float | None,
                  enable_gqa: bool) -> None:
@@ -34,6 +34,8 @@ class PreparedAttention:
         self._causal = is_causal
         self._scale = scale
         self._gqa = enable_gqa
+        # `stats()` counts calls that ran a kernel; meta calls compute shapes only (as `attention`'s)
+        self._count = [0] if plan.problem.device_type == "meta" else plan.count
 
     @property
     def kernel(self) -> str:
@@ -58,7 +60,7 @@ class PreparedAttention:
                 or (attn_mask is not None and attn_mask.requires_grad)):
             return self._dispatcher.attention(query, key, value, attn_mask, 0.0, self._causal, scale=self._scale,
                                               enable_gqa=self._gqa)
-        plan.count[0] += 1
+        self._count[0] += 1
         try:
             return plan.run(query, key, value, attn_mask, self._scale, self._gqa, plan.problem)
         except Exception as error:  # noqa: BLE001 - the dispatcher's fallback takes over

@@ -107,8 +107,9 @@ def test_meta_calls_go_to_pytorch_even_after_explain_planned_them():
     for _ in range(2):
         out = ours.attention(**inputs)
         assert out.device.type == "meta" and out.shape == inputs["query"].shape
-    ours.plan(**inputs)
-    assert len(ours._plans) == 0 and ours.stats() == {}
+    prepared = ours.plan(**inputs)
+    assert prepared(inputs["query"], inputs["key"], inputs["value"]).device.type == "meta"
+    assert len(ours._plans) == 0 and ours.stats() == {}  # a prepared meta call is not counted either
     with torch.enable_grad():  # the training route too
         query = inputs["query"].requires_grad_()
         assert ours.attention(query, inputs["key"], inputs["value"]).device.type == "meta"
