@@ -109,7 +109,8 @@ class Noise:
             parts.append(f"host thread's CPU share {self.cpu_share:.0%} (busy under {BUSY_CPU_SHARE:.0%}; "
                          "never stops alone: the kernels' times are the GPU's)")
         else:
-            parts.append(f"CPU share {self.cpu_share:.0%} of {self.cores or '?'} cores "
+            cores = "?" if not self.cores else f"{self.cores} core" + ("s" if self.cores != 1 else "")
+            parts.append(f"CPU share {self.cpu_share:.0%} of {cores} "
                          f"(busy under {BUSY_CPU_SHARE:.0%}, stop under {STOP_CPU_SHARE:.0%})")
         if self.load_per_cpu is not None:
             parts.append(f"load average {self.load_per_cpu:.2f} per CPU (reported only)")
