@@ -42,7 +42,6 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from attn_dispatch.dispatcher import sdpa_context
 from attn_dispatch.dispatcher._plan import cache_key
-from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher.core import Dispatcher
@@ -121,15 +120,14 @@ def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     its kernel traced when AOTAutograd (or Dynamo's fake run, or non-strict export) runs it on
     fake tensors (see the module docstring)."""
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
-    if any(isinstance(size, torch.SymInt) for tensor in tensors for size in tensor.shape):
-        if torch.compiler.is_exporting():  # an exported program outlives this process's dispatchers
-            gqa = {"enable_gqa": True} if enable_gqa else {}
-            return pytorch_sdpa(query, key, value, attn_mask, 0.0, is_causal, scale=scale, **gqa)
+    symbolic = any(isinstance(size, torch.SymInt) for tensor in tensors for size in tensor.shape)
+    if symbolic and not torch.compiler.is_exporting():
         return torch.ops.attn_dispatch.attention_at_run_time(query, key, value, attn_mask, is_causal, scale,
                                                              enable_gqa, dispatcher)
-    if sdpa_context.backends_restricted():  # the caller's sdpa_kernel(...) decides, as in eager calls
-        gqa = {"enable_gqa": True} if enable_gqa else {}
-        return pytorch_sdpa(query, key, value, attn_mask, 0.0, is_causal, scale=scale, **gqa)
+    # exported with symbolic lengths (an exported program outlives this process's dispatchers), or
+    # the caller's sdpa_kernel(...) decides, as in eager calls: PyTorch's SDPA
+    if symbolic or sdpa_context.backends_restricted():
+        return sdpa_context.pytorch_attention(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
     ours = _dispatcher(dispatcher)
     # a mask here is a tensor (`Dispatcher.attention` routes a CausalBias elsewhere), seen as a fake tensor by
     # Dynamo and a functional one by AOTAutograd: one key for both, the eager call's (one plan, one count)

@@ -26,12 +26,13 @@ the bucket takes the fastest; PyTorch's choice stays unless another is faster be
 - and where PyTorch's default sets up per exact shape (cuDNN on the H200: ~36 ms per new length),
   flash, else the table's first option free of set-up (`SETUP_FREE_CHECKED`), so that a bucket
   whose shapes keep changing swaps to a kernel whose warm time was measured, not predicted
-  (`buckets.Bucket.order_for_new_shape`). With that option timed besides flash, the grid's first
-  calls took a median 30 ms (p90 102 ms; run 5 of docs/RESULTS.md section 13) against 21 ms
-  (p90 55 ms) in run 1 without it; so it is timed only where flash cannot run.
-  On the H200 a batch-8 decode over 32k keys swapped, on the table's prediction, to our `math`
-  kernel: 1.4 ms a call where PyTorch's warm default takes 0.25 ms, 5.6x slower per token once its
-  shapes settled on the default (bench/decode_loop.py, 2026-12-01, docs/RESULTS.md section 13).
+  (`buckets.Bucket.order_for_new_shape`). On the H200 a batch-8 decode over 32k keys had swapped,
+  on the table's prediction, to our `math` kernel: 1.4 ms a call where PyTorch's warm default
+  takes 0.25 ms, 5.6x slower per token once its shapes settled on the default (bench/decode_loop.py,
+  2026-12-01, docs/RESULTS.md section 13). Only one such option is timed, to bound the first
+  call: with the table's first set-up-free option timed besides flash, the grid's first calls took
+  a median 30 ms (p90 102 ms; run 5, a 294-shape sample) against 21 ms (p90 55 ms) in run 1 (all
+  shapes, without it); the two runs differ in their shapes too, so this is indicative only.
 
 Once per bucket, on the CPU and CUDA/ROCm devices (the stopwatch, `calibration.timer.time_batch`,
 synchronises only those), with options predicted under `MAX_CHECKED_SECONDS` per call. Not where
@@ -94,7 +95,7 @@ def checked_options(options: tuple[Option, ...], device: torch.device, problem: 
     """The options a bucket's first call times (module docstring), in the table's order, PyTorch's
     default among them (`portable`: the portable set, whose default is its last resort: the first
     two alone); empty where there is nothing to check. `sets_up`: names of the options that pay a
-    per-shape set-up (`cold_shape.cold_seconds`)."""
+    material per-shape set-up (`cold_shape.costly_setups`)."""
     if portable:
         checked = tuple(option for option in options[:CHECKED_CHOICES] if _fast_enough(option))
         return checked if len(checked) > 1 else ()
