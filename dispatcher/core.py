@@ -23,6 +23,7 @@ from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
+from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HotEntry, promoted, tensor_guard
 from attn_dispatch.dispatcher.kernel_set import kernel_set
 from attn_dispatch.dispatcher.memory import (
     budget_from_env,
@@ -94,7 +95,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls):
         self.home = home
         self._tune = tune
         self.remember_tunings = remember_tunings
-        self._plans: BoundedCache[tuple, Plan] = BoundedCache(MAX_PLANS, on_evict=self._fold_count)
+        self._plans: BoundedCache[tuple, Plan] = BoundedCache(MAX_PLANS, on_evict=self._evicted)
+        self._hot: tuple[HotEntry, ...] = ()  # the plans called last, most recent first (`hot_path`)
         self._plan_table = self._plans.table  # the warm path's lookup
         self._families: BoundedCache[tuple, Problem] = BoundedCache(MAX_PLANS)  # `_plan.family_key` -> a Problem
         self._planners: dict[torch.device, DevicePlanner] = {}
@@ -157,56 +159,68 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls):
                 return sdpa_context.pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                       enable_gqa)
             return compiled_attention(self, query, key, value, attn_mask, is_causal, scale, enable_gqa)
-        # issue 13 hook, before any size is read: sdpa_kernel restrictions (switches read inline: a
-        # call cost 0.1 us), CausalBias, a query subclass (jagged nested). Meta and strided nested
-        # queries are found where the key misses or fails (no plan is kept for them, `_keep_plan`):
-        # `is_meta` and `is_nested` cost 0.1 us a call (2-core CPU, `bench.diagnostics.warm_path_pieces`)
-        if (type(query) is not _Tensor or (attn_mask is not None and attn_mask.__class__ is not _Tensor)
-                or (_respecting[0] and not (_flash_on() and _efficient_on() and _math_on() and _cudnn_on()))):
+        plan = None
+        if dropout_p == 0.0 and not (_respecting[0] and not (_flash_on() and _efficient_on() and _math_on()
+                                                             and _cudnn_on())):  # restrictions: `route` below
+            for entry in self._hot:  # `hot_path`: the plans called last, matched by one C++ check of the tensors
+                if (entry.is_causal == is_causal and entry.enable_gqa == enable_gqa and (
+                        attn_mask is not None and entry.check(query, key, value, attn_mask) if entry.masked
+                        else attn_mask is None and entry.check(query, key, value))):
+                    plan, key_ = entry.plan, entry.key
+                    break
+        if plan is None:
+            # issue 13 hook, before any size is read: sdpa_kernel restrictions (switches read inline: a
+            # call cost 0.1 us), CausalBias, a query subclass (jagged nested). Meta and strided nested
+            # queries are found where the key misses or fails (no plan is kept for them, `_keep_plan`):
+            # `is_meta` and `is_nested` cost 0.1 us a call (2-core CPU, `bench.diagnostics.warm_path_pieces`)
+            if (type(query) is not _Tensor or (attn_mask is not None and attn_mask.__class__ is not _Tensor)
+                    or (_respecting[0] and not (_flash_on() and _efficient_on() and _math_on() and _cudnn_on()))):
+                try:
+                    routed = sdpa_context.route(self, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                enable_gqa)
+                except AttributeError:  # not tensors: validation raises SDPA's TypeError
+                    Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
+                    raise
+                if routed is not None:
+                    return routed
             try:
-                routed = sdpa_context.route(self, query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                            enable_gqa)
+                key_ = (  # `cache_key`, inlined: this is the warm path
+                    query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
+                    query.device, key.device, value.device,
+                    query.is_contiguous() and key.is_contiguous() and value.is_contiguous(),
+                    None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device, attn_mask.__class__),
+                    is_causal, enable_gqa,
+                )
+                training = dropout_p != 0.0 or (
+                    _grad_enabled()  # one call under no_grad / inference_mode, where inference runs
+                    and (query.requires_grad or key.requires_grad or value.requires_grad
+                         or (attn_mask is not None and attn_mask.requires_grad))
+                )
             except AttributeError:  # not tensors: validation raises SDPA's TypeError
                 Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
                 raise
-            if routed is not None:
-                return routed
-        try:
-            key_ = (  # `cache_key`, inlined: this is the warm path
-                query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
-                query.device, key.device, value.device,
-                query.is_contiguous() and key.is_contiguous() and value.is_contiguous(),
-                None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device, attn_mask.__class__),
-                is_causal, enable_gqa,
-            )
-            training = dropout_p != 0.0 or (
-                _grad_enabled()  # one call under no_grad / inference_mode, where inference runs
-                and (query.requires_grad or key.requires_grad or value.requires_grad
-                     or (attn_mask is not None and attn_mask.requires_grad))
-            )
-        except AttributeError:  # not tensors: validation raises SDPA's TypeError
-            Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
-            raise
-        except RuntimeError:  # a strided nested tensor has no `.shape`
-            if query.is_nested or key.is_nested or value.is_nested:
-                return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-            raise
-        if training:
-            return self._training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_)
-        try:
-            plan = self._plan_table[key_]  # a subscript, not `.get`: 40 ns less
-        except KeyError:
-            plan = None
-        if plan is None or plan.recheck:
-            if query.is_meta or key.is_nested or value.is_nested:  # shapes only, or nested K/V with a dense
-                # query (PyTorch's error): PyTorch's SDPA (issue 13), no plan kept
-                return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-            plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
+            except RuntimeError:  # a strided nested tensor has no `.shape`
+                if query.is_nested or key.is_nested or value.is_nested:
+                    return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+                raise
+            if training:
+                return self._training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_)
+            try:
+                plan = self._plan_table[key_]  # a subscript, not `.get`: 40 ns less
+            except KeyError:
+                plan = None
+            if plan is None or plan.recheck:
+                if query.is_meta or key.is_nested or value.is_nested:  # shapes only, or nested K/V with a dense
+                    # query (PyTorch's error): PyTorch's SDPA (issue 13), no plan kept
+                    return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+                plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
         count = plan.count
         calls = count[0] + 1  # the cell read once, not twice: 25 ns
         count[0] = calls
         if calls == plan.settle_at:
             plan = self._settle(key_, plan)
+        elif calls == HOT_AFTER:
+            self._make_hot(key_, plan, query, key, value, attn_mask, is_causal, enable_gqa)
         flags = plan.sdpa_flags
         try:
             if flags is not None:  # PyTorch's SDPA on the call's tensors and scale, no frame of ours between (a
@@ -299,9 +313,25 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls):
             plan.count[0] -= 1  # this call runs the settled plan: counted there
             settled.count[0] += 1
             self._fold_count(plan)
+            self._hot = ()
             self._plans.put(key_, settled)
             _log.settled(settled.kernel.name, plan.kernel.name, plan.settle_at)
         return settled
+
+    def _make_hot(self, key_, plan: Plan, query, key, value, attn_mask, is_causal, enable_gqa) -> None:
+        """Put `plan` first on the hot path (`hot_path`), guarded by this call's tensors: only an
+        inference plan (no tensor requiring grad: a match is then no training call) kept under `key_`."""
+        tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+        if plan.recheck or any(t.requires_grad for t in tensors) or self._plan_table.get(key_) is not plan:
+            return
+        check = tensor_guard(tensors)
+        if check is not None:
+            self._hot = promoted(self._hot, HotEntry(check, plan, key_, is_causal, enable_gqa, attn_mask is not None))
+
+    def _evicted(self, plan: Plan) -> None:
+        """`plan` left the bounded plan cache: its calls stay in `stats`, and it leaves the hot path."""
+        self._fold_count(plan)
+        self._hot = ()
 
     def _settings(self) -> tuple[int | None, bool]:
         """(memory budget, tune): what a new bucket decision reads."""
@@ -386,6 +416,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls):
         after changing ``ATTN_DISPATCH_MEMORY_BUDGET`` / ``ATTN_DISPATCH_HOME``)."""
         with self._lock:
             self._plans.clear()
+            self._hot = ()
             self._families.clear()
             self._traced_shapes.clear()
             self._planners.clear()

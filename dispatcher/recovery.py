@@ -28,6 +28,7 @@ class RecoveringDispatcher:
             try:
                 with self._lock:
                     old = self._plans.pop(key_, None)
+                    self._hot = ()
                     if old is not None:
                         self._fold_count(old)
                     planner.forget_bucket(plan.problem)
@@ -48,8 +49,11 @@ class RecoveringDispatcher:
 
     def _keep_plan(self, key_: tuple, plan: Plan) -> None:
         """Cache `plan` under `key_`, unless it is a meta device's (from `explain` or `plan`): a meta
-        call must miss, since `Dispatcher.attention` sends it to PyTorch's SDPA on a miss only."""
+        call must miss, since `Dispatcher.attention` sends it to PyTorch's SDPA on a miss only. A plan
+        it replaces leaves the hot path (`hot_path`) with every other."""
         if plan.device.type != "meta":
+            if self._plans.get(key_) is not None:
+                self._hot = ()  # a plan replaced leaves the hot path
             self._plans.put(key_, plan)
 
     def _failure_handler(self, device: torch.device, problem: Problem):

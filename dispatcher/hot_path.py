@@ -1,0 +1,73 @@
+"""The hot path: the plans called most recently, matched by one C++ check of the call's tensors
+instead of a key tuple built from their attributes and a dict lookup.
+
+A warm call's key reads shape, dtype and device of query, key and value, their contiguity and the
+mask's fields: about a dozen attribute reads of 60-150 ns each, then a dict lookup that hashes the
+tuple, ~1.2 us in all (2-core CPU, torch 2.13, `bench.diagnostics.warm_path_pieces`). The loops
+users run call one shape many times in a row (every layer of a decode step, every block of a
+denoising step), so the dispatcher keeps its last `HOT_SLOTS` plans with a guard each: Dynamo's own
+tensor check (`torch._C._dynamo.guards.TensorGuards`, what a compiled graph runs before each call),
+which compares in C++ the Python type, dispatch keys, dtype, device, exact sizes and strides and
+``requires_grad`` of every tensor: 0.26-0.43 us for three tensors on the same CPU, 0.16 us to
+reject a call whose first tensor differs.
+
+A guard is stricter than the plan's key (exact strides, not only contiguity; the dispatch keys
+carry inference mode), so a match always falls in the plan's key, and a miss only means the dict
+path. It records ``requires_grad`` as False on every tensor (only inference plans go hot), so a
+match with no dropout is an inference call. Where a torch build lacks the class or refuses the
+arguments, `tensor_guard` returns None and the dict path serves every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+HOT_SLOTS = 2
+"""Plans kept on the hot path, most recent first: two serve a model alternating two shapes (a
+diffusion block's self- and cross-attention), one its decode step; each slot a call misses costs
+one rejected check (~0.16-0.3 us)."""
+
+HOT_AFTER = 2
+"""Calls of one plan (its exact shape) before it goes hot: building a guard costs ~4.6 us (2-core
+CPU, torch 2.13), about four warm calls' keys, so a shape called once (a decode step's first layer
+that never comes back) does not pay it, and one called on every layer pays it once."""
+
+
+def tensor_guard(tensors: tuple[torch.Tensor, ...]) -> Callable[..., bool] | None:
+    """``check(*tensors) -> bool``: True only for tensors of these Python types, dispatch keys
+    (under the calling thread's state), dtypes, devices, sizes, strides and ``requires_grad``;
+    None where this torch has no usable `TensorGuards`."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        guard = TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                             dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        if not guard.check(*tensors):  # a build whose guards mean something else
+            return None
+        return guard.check
+    except Exception:  # noqa: BLE001 - no hot path on this torch: the dict path serves
+        return None
+
+
+class HotEntry:
+    """One hot plan: ``check`` (`tensor_guard` over query, key, value and the mask when there is
+    one), the plan and its cache key, and the call's ``is_causal``, ``enable_gqa`` and whether it
+    had a mask."""
+
+    __slots__ = ("check", "plan", "key", "is_causal", "enable_gqa", "masked")
+
+    def __init__(self, check: Callable[..., bool], plan, key: tuple, is_causal: bool, enable_gqa: bool,
+                 masked: bool) -> None:
+        self.check = check
+        self.plan = plan
+        self.key = key
+        self.is_causal = is_causal
+        self.enable_gqa = enable_gqa
+        self.masked = masked
+
+
+def promoted(slots: tuple, entry: HotEntry) -> tuple:
+    """`slots` with `entry` first, the least recent dropped past `HOT_SLOTS`."""
+    return (entry, *(e for e in slots if e.plan is not entry.plan))[:HOT_SLOTS]

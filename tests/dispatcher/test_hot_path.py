@@ -1,0 +1,168 @@
+"""The hot path (`dispatcher.hot_path`): a plan called again is matched by a guard on its tensors;
+the guard refuses any call the plan's key would not cover, a refused call takes the dict path, and
+everything that changes the plan cache takes plans off the hot path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attn_dispatch.dispatcher import Dispatcher, core
+from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HOT_SLOTS, tensor_guard
+from tests.dispatcher.helpers import FixedRanker, qkv, use_ranking
+
+
+def _inputs(q_len=5, kv_len=7, heads=2, kv_heads=2, dim=8, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(2, h, n, dim, generator=generator)
+                 for h, n in ((heads, q_len), (kv_heads, kv_len), (kv_heads, kv_len)))
+
+
+def _hot_dispatcher(kernels=("math",), calls=HOT_AFTER + 1, **arguments):
+    inputs = _inputs()
+    ours = Dispatcher(kernels=list(kernels))
+    with torch.no_grad():
+        for _ in range(calls):
+            ours.attention(*inputs, **arguments)
+    return ours, inputs
+
+
+def test_a_shape_called_again_goes_hot_and_gives_pytorchs_result():
+    ours, (q, k, v) = _hot_dispatcher(calls=1)
+    assert ours._hot == ()
+    with torch.no_grad():
+        outs = [ours.attention(q, k, v) for _ in range(4)]
+    (entry,) = ours._hot
+    assert entry.plan is next(iter(ours._plans.values()))
+    for out in outs:
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
+    assert ours.stats() == {"math": 5}
+
+
+def test_fresh_tensors_of_the_same_kind_pass_the_guard():
+    q, k, v = _inputs()
+    check = tensor_guard((q, k, v))
+    assert check is not None and check(q, k, v)
+    assert check(*_inputs(seed=1))
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype", "strides", "requires_grad", "subclass", "meta"])
+def test_the_guard_refuses_a_tensor_of_another_kind(change):
+    q, k, v = _inputs()
+    check = tensor_guard((q, k, v))
+    other = {
+        "shape": lambda t: torch.randn(2, 2, 9, 8),
+        "dtype": lambda t: t.double(),
+        "strides": lambda t: t.transpose(1, 2).contiguous().transpose(1, 2),  # same shape, another layout
+        "requires_grad": lambda t: t.clone().requires_grad_(),
+        "subclass": lambda t: t.as_subclass(torch.nn.Parameter),
+        "meta": lambda t: t.to("meta"),
+    }[change](v)
+    assert other.shape == v.shape or change == "shape"
+    assert not check(q, k, other)
+
+
+def test_inference_mode_and_grad_mode_calls_each_get_their_route():
+    ours, (q, k, v) = _hot_dispatcher()
+    with torch.inference_mode():
+        torch.testing.assert_close(ours.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    q_grad = q.clone().requires_grad_()
+    out = ours.attention(q_grad, k, v)  # grad enabled: the training route, not the hot inference plan
+    assert out.requires_grad
+    out.sum().backward()
+    assert q_grad.grad is not None
+
+
+def test_plans_of_tensors_requiring_grad_under_no_grad_never_go_hot():
+    q, k, v = (t.requires_grad_() for t in _inputs())
+    ours = Dispatcher(kernels=["math"])
+    with torch.no_grad():
+        for _ in range(HOT_AFTER + 2):
+            ours.attention(q, k, v)
+    assert ours._hot == ()
+
+
+@pytest.mark.parametrize("arguments", [{"is_causal": True}, {"enable_gqa": True}, {"mask": True}, {"dropout": True}])
+def test_a_call_with_other_arguments_takes_its_own_plan(arguments):
+    ours, (q, k, v) = _hot_dispatcher()
+    call = {}
+    if arguments.get("is_causal"):
+        call["is_causal"] = True
+    if arguments.get("enable_gqa"):
+        call["enable_gqa"] = True
+    if arguments.get("mask"):
+        call["attn_mask"] = torch.rand(5, 7, generator=torch.Generator().manual_seed(1)) > 0.3
+    if arguments.get("dropout"):
+        call["dropout_p"] = 0.5
+        torch.manual_seed(0)
+        out = ours.attention(q, k, v, **call)
+        torch.manual_seed(0)
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, **call))
+        return
+    with torch.no_grad():
+        out = ours.attention(q, k, v, **call)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, **call))
+    assert len(ours._plans) == 2, "the call was served by the hot plan of other arguments"
+
+
+def test_two_alternating_shapes_both_stay_hot():
+    assert HOT_SLOTS >= 2
+    a, b = _inputs(kv_len=7), _inputs(kv_len=11)
+    ours = Dispatcher(kernels=["math"])
+    with torch.no_grad():
+        for _ in range(HOT_AFTER + 1):
+            ours.attention(*a)
+            ours.attention(*b)
+    assert {entry.plan.problem.kv_len for entry in ours._hot} == {7, 11}
+
+
+def test_sdpa_kernel_restrictions_reach_pytorch_from_a_hot_plan():
+    ours, (q, k, v) = _hot_dispatcher()
+    before = ours.stats()
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    with sdpa_kernel([SDPBackend.MATH]), torch.no_grad():
+        out = ours.attention(q, k, v)
+        with pytest.raises(RuntimeError, match="is_causal"):
+            ours.attention(q, k, v, attn_mask=mask, is_causal=True)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
+    assert ours.stats() == before, "a restricted call ran our kernel"
+
+
+def test_reset_and_eviction_take_plans_off_the_hot_path(monkeypatch):
+    ours, inputs = _hot_dispatcher()
+    assert ours._hot
+    ours.reset()
+    assert ours._hot == ()
+    monkeypatch.setattr(core, "MAX_PLANS", 2)
+    small = Dispatcher(kernels=["math"])
+    with torch.no_grad():
+        for kv_len in (7, 7, 7, 9, 11):  # the 7-key plan goes hot, then is evicted
+            small.attention(*_inputs(kv_len=kv_len))
+    assert all(entry.plan.problem.kv_len != 7 for entry in small._hot)
+    assert small.stats() == {"math": 5}
+
+
+def test_a_failure_on_the_hot_path_falls_back_and_leaves_it(monkeypatch):
+    use_ranking(monkeypatch, FixedRanker(["sdpa_default", "math"]))
+    ours, (q, k, v) = _hot_dispatcher(kernels=["sdpa_default", "math"])
+    assert ours._hot and ours._hot[0].plan.kernel.name == "sdpa_default"
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(core, "_sdpa", failing)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    assert ours._hot == ()
+    assert ours.stats() == {"sdpa_default": HOT_AFTER + 1, "math": 1}
+
+
+def test_without_tensor_guards_the_dict_path_serves_every_call(monkeypatch):
+    monkeypatch.setattr(core, "tensor_guard", lambda tensors: None)
+    ours, (q, k, v) = _hot_dispatcher(calls=HOT_AFTER + 3)
+    assert ours._hot == ()
+    assert ours.stats() == {"math": HOT_AFTER + 3}
+    with torch.no_grad():
+        torch.testing.assert_close(ours.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
