@@ -4,9 +4,10 @@ For each shape: warm the dispatcher, look up the kernel and `Problem` it chose, 
 of calls of (a) ``dispatcher.attention(...)``, (b) ``kernel.run(...)`` (no validation, what the
 dispatcher itself calls), (c) ``kernel(...)`` (validating), (d) PyTorch's
 ``F.scaled_dot_product_attention`` and (e) ``F.scaled_dot_product_attention`` looked up at call
-time under ``patched(dispatcher)`` (how transformers and diffusers reach it), interleaved so
-drift hits all alike. Reports the median per-call time of each and the median extra of (a) over
-(b), (c) and (d), and of (e) over (d).
+time under ``patched(dispatcher)`` (how transformers and diffusers reach it) and (f) a second
+dispatcher with its hot path off (`dispatcher.hot_path`: the key tuple and dict lookup every call
+took before it), interleaved so drift hits all alike. Reports the median per-call time of each and
+the median extra of (a) over (b), (c) and (d), and of (e) and (f) over (d).
 On CUDA it reports host time (enqueue, what the dispatcher adds) and synchronised time. The first
 row of each run uses a kernel that does no work (`NullKernel`), so the extra is the dispatcher's
 own cost without the kernel's timing noise.
@@ -80,6 +81,9 @@ def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, 
     q, k, v, mask, gqa = inputs.query, inputs.key, inputs.value, inputs.attn_mask, inputs.enable_gqa
     ours = Dispatcher(kernels=[NullKernel()]) if null else Dispatcher(kernels=kernels)
     ours.attention(q, k, v, mask, enable_gqa=gqa)
+    dict_path = Dispatcher(kernels=[NullKernel()]) if null else Dispatcher(kernels=kernels)
+    dict_path._make_hot = lambda *args: None  # the warm path before `hot_path`: key tuple and dict lookup
+    dict_path.attention(q, k, v, mask, enable_gqa=gqa)
     plan = ours._plans.get(cache_key(q, k, v, mask, False, gqa))
     kernel, problem = plan.kernel, plan.problem
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -87,6 +91,7 @@ def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, 
     sdpa = functional.scaled_dot_product_attention  # PyTorch's, bound before patching
     methods = {
         "dispatcher.attention": lambda: ours.attention(q, k, v, mask, enable_gqa=gqa),
+        "dict path": lambda: dict_path.attention(q, k, v, mask, enable_gqa=gqa),
         "kernel.run": lambda: kernel.run(q, k, v, mask, None, gqa, problem),
         "kernel(...)": lambda: kernel(q, k, v, attn_mask=mask, enable_gqa=gqa),
         "F.sdpa": lambda: sdpa(q, k, v, mask, enable_gqa=gqa),
@@ -110,10 +115,13 @@ def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, 
                                        zip(samples["dispatcher.attention"], samples["kernel(...)"], strict=True))
         extra_sdpa = statistics.median((a[index] - b[index]) * 1e6 for a, b in
                                        zip(samples["dispatcher.attention"], samples["F.sdpa"], strict=True))
+        extra_dict = statistics.median((a[index] - b[index]) * 1e6 for a, b in
+                                       zip(samples["dict path"], samples["F.sdpa"], strict=True))
         extra_patched = statistics.median((a[index] - b[index]) * 1e6 for a, b in
                                           zip(samples["patched F.sdpa"], samples["F.sdpa"], strict=True))
         result[clock] = {"median_us": med, "extra_us_vs_run": extra_run, "extra_us_vs_call": extra_call,
-                         "extra_us_vs_sdpa": extra_sdpa, "patched_extra_us_vs_sdpa": extra_patched}
+                         "extra_us_vs_sdpa": extra_sdpa, "dict_path_extra_us_vs_sdpa": extra_dict,
+                         "patched_extra_us_vs_sdpa": extra_patched}
     return result
 
 
@@ -155,6 +163,7 @@ def main() -> None:
               f"run {host['median_us']['kernel.run']:8.2f} us  call {host['median_us']['kernel(...)']:8.2f} us  "
               f"F.sdpa {host['median_us']['F.sdpa']:8.2f} us  extra vs run {host['extra_us_vs_run']:+6.2f} us  "
               f"vs call {host['extra_us_vs_call']:+6.2f} us  vs F.sdpa {host['extra_us_vs_sdpa']:+6.2f} us  "
+              f"dict path vs F.sdpa {host['dict_path_extra_us_vs_sdpa']:+6.2f} us  "
               f"patched vs F.sdpa {host['patched_extra_us_vs_sdpa']:+6.2f} us")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,10 @@
 """`Dispatcher`: per device, the fastest kernel that fits, decided once per size bucket; a kernel
 that fails at run time is replaced by the next one and remembered.
 
-Warm path (an exact shape seen before): one key tuple from tensor attributes, one dict lookup, the
-kernel's `run` (no validation: a hit means these shapes, dtypes, devices and layouts were
-validated when the plan was made). A new exact shape in a decided bucket (`planner.DevicePlanner`)
+Hot path (`hot_path`: one of the last two plans called): one C++ guard check of the tensors, then
+the kernel's `run`. Warm path (an exact shape seen before): one key tuple from tensor attributes,
+one dict lookup, the kernel's `run` (no validation on either: a hit means these shapes, dtypes,
+devices and layouts were validated when the plan was made). A new exact shape in a decided bucket (`planner.DevicePlanner`)
 is validated and checked against the bucket's kernel, nothing more. Both caches are bounded
 (`buckets.MAX_PLANS`, `buckets.MAX_BUCKETS`).
 """
