@@ -24,7 +24,7 @@ from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
-from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HotEntry, promoted, tensor_guard
+from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HotEntry, hot_path_enabled, promoted, tensor_guard
 from attn_dispatch.dispatcher.kernel_set import kernel_set
 from attn_dispatch.dispatcher.memory import (
     budget_from_env,
@@ -98,6 +98,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls):
         self.remember_tunings = remember_tunings
         self._plans: BoundedCache[tuple, Plan] = BoundedCache(MAX_PLANS, on_evict=self._evicted)
         self._hot: tuple[HotEntry, ...] = ()  # the plans called last, most recent first (`hot_path`)
+        self._hot_enabled = hot_path_enabled()
         self._plan_table = self._plans.table  # the warm path's lookup
         self._families: BoundedCache[tuple, Problem] = BoundedCache(MAX_PLANS)  # `_plan.family_key` -> a Problem
         self._planners: dict[torch.device, DevicePlanner] = {}
@@ -323,7 +324,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls):
         """Put `plan` first on the hot path (`hot_path`), guarded by this call's tensors: only an
         inference plan (no tensor requiring grad: a match is then no training call) kept under `key_`."""
         tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
-        if plan.recheck or any(t.requires_grad for t in tensors) or self._plan_table.get(key_) is not plan:
+        if not self._hot_enabled or plan.recheck or any(t.requires_grad for t in tensors) or self._plan_table.get(key_) is not plan:
             return
         check = tensor_guard(tensors)
         if check is not None:

@@ -20,6 +20,7 @@ arguments, `tensor_guard` returns None and the dict path serves every call.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -33,6 +34,15 @@ HOT_AFTER = 2
 """Calls of one plan (its exact shape) before it goes hot: building a guard costs ~4.6 us (2-core
 CPU, torch 2.13), about four warm calls' keys, so a shape called once (a decode step's first layer
 that never comes back) does not pay it, and one called on every layer pays it once."""
+
+
+HOT_PATH_ENV = "ATTN_DISPATCH_HOT_PATH"
+"""``0`` turns the hot path off (every warm call takes the dict path), read when a `Dispatcher` is made."""
+
+
+def hot_path_enabled() -> bool:
+    """False where ``ATTN_DISPATCH_HOT_PATH`` is 0, false, no or off."""
+    return os.environ.get(HOT_PATH_ENV, "").strip().lower() not in ("0", "false", "no", "off")
 
 
 def tensor_guard(tensors: tuple[torch.Tensor, ...]) -> Callable[..., bool] | None:
