@@ -166,3 +166,13 @@ def test_without_tensor_guards_the_dict_path_serves_every_call(monkeypatch):
     assert ours.stats() == {"math": HOT_AFTER + 3}
     with torch.no_grad():
         torch.testing.assert_close(ours.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+
+
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_the_environment_turns_the_hot_path_off(monkeypatch, value):
+    monkeypatch.setenv("ATTN_DISPATCH_HOT_PATH", value)
+    ours, (q, k, v) = _hot_dispatcher(calls=HOT_AFTER + 2)
+    assert ours._hot == ()
+    assert ours.stats() == {"math": HOT_AFTER + 2}
+    monkeypatch.setenv("ATTN_DISPATCH_HOT_PATH", "1")
+    assert _hot_dispatcher()[0]._hot
