@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 
@@ -22,9 +21,9 @@ from attn_dispatch.dispatcher._plan import Plan, cache_key, check_scale, family_
 from attn_dispatch.dispatcher.buckets import MAX_PLANS, BoundedCache
 from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
-from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
-from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HotEntry, hot_path_enabled, promoted, tensor_guard
+from attn_dispatch.dispatcher.explaining import Explaining
+from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HotEntry, HotPlans, hot_path_enabled
 from attn_dispatch.dispatcher.kernel_set import kernel_set
 from attn_dispatch.dispatcher.memory import (
     budget_from_env,
@@ -33,10 +32,11 @@ from attn_dispatch.dispatcher.memory import (
 )
 from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
 from attn_dispatch.dispatcher.prepared import PreparedAttention
+from attn_dispatch.dispatcher.probe_cache import ProbeCache
 from attn_dispatch.dispatcher.ranking import resolve_ranking
 from attn_dispatch.dispatcher.recovery import RecoveringDispatcher
 from attn_dispatch.dispatcher.training_calls import TRAINING_COUNT, TrainingCalls  # noqa: F401 - TRAINING_COUNT: imported from here
-from attn_dispatch.dispatcher.training_route import TrainingRoute, pytorch_route_reason
+from attn_dispatch.dispatcher.training_route import TrainingRoute
 from attn_dispatch.dispatcher.tuning import tune_from_env
 from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
 from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
@@ -54,7 +54,7 @@ _dynamo_compiling, _compile_flags = compiling_readers()  # `torch.compiler.is_co
 _NOT_GIVEN = object()  # `_plan_for` without the call's scale: nothing to tune on
 
 
-class Dispatcher(RecoveringDispatcher, TrainingCalls):
+class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
     """Runs each attention call with the fastest kernel that fits in memory on its device.
 
     Parameters
@@ -320,21 +320,6 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls):
             _log.settled(settled.kernel.name, plan.kernel.name, plan.settle_at)
         return settled
 
-    def _make_hot(self, key_, plan: Plan, query, key, value, attn_mask, is_causal, enable_gqa) -> None:
-        """Put `plan` first on the hot path (`hot_path`), guarded by this call's tensors: only an
-        inference plan (no tensor requiring grad: a match is then no training call) kept under `key_`."""
-        tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
-        if not self._hot_enabled or plan.recheck or any(t.requires_grad for t in tensors) or self._plan_table.get(key_) is not plan:
-            return
-        check = tensor_guard(tensors)
-        if check is not None:
-            self._hot = promoted(self._hot, HotEntry(check, plan, key_, is_causal, enable_gqa, attn_mask is not None))
-
-    def _evicted(self, plan: Plan) -> None:
-        """`plan` left the bounded plan cache: its calls stay in `stats`, and it leaves the hot path."""
-        self._fold_count(plan)
-        self._hot = ()
-
     def _settings(self) -> tuple[int | None, bool]:
         """(memory budget, tune): what a new bucket decision reads."""
         return self.memory_budget, self.tune
@@ -345,10 +330,11 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls):
             with self._lock:
                 planner = self._planners.get(device)
                 if planner is None:
+                    probes = ProbeCache.for_device(device, self.home)  # before any kernel is probed
                     state = DeviceState(resolve_ranking(device, home=self.home))
                     planner = self._planners[device] = DevicePlanner(
                         device, state, self._config, measured_costs(device, self.home),
-                        measured_costs(device, self.home, "floor_seconds"))
+                        measured_costs(device, self.home, "floor_seconds"), probes=probes)
         return planner
 
     def _state(self, device: torch.device) -> DeviceState:
@@ -366,43 +352,6 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls):
         """An evicted or replaced plan's calls stay in `stats`."""
         if plan.count[0]:
             self._count_cell(plan.kernel.name)[0] += plan.count[0]
-
-    # ------------------------------------------------------------------ explaining
-    def explain(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        *,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> Decision:
-        """The decision `attention` makes (or made) for these arguments, without running it."""
-        attn_mask, is_causal = sdpa_context.explain_arguments(query, key, attn_mask, is_causal)  # issue 13 hook
-        key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
-        plan = self._plans.get(key_)
-        if plan is None or plan.recheck:
-            plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
-        grad = _grad_enabled()
-        inputs_grad = grad and (query.requires_grad or key.requires_grad or value.requires_grad)
-        why = pytorch_route_reason(dropout_p, False, grad and attn_mask is not None and attn_mask.requires_grad, plan.kernel)
-        if why is None:
-            return self._training_route.decision(plan, self.memory_budget) if inputs_grad else plan.decision
-        return replace(plan.decision, kernel=TRAINING_KERNEL, params={}, route=ROUTE_TRAINING,
-                       notes=(*plan.decision.notes, f"training: {why}"))
-
-    def decide(self, problem: Problem, *, device: torch.device | str) -> Decision:
-        """The decision for a `Problem` on `device` without tensors (``attn-dispatch explain``);
-        not cached and not logged."""
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        planner = self._planner(device)
-        return planner.decide(problem, None, budget=self.memory_budget, tune=self.tune,
-                              on_failure=lambda name, error: None).decision
 
     def stats(self) -> dict[str, int]:
         """Calls per kernel name since the last `reset` (training calls that went to PyTorch's SDPA

@@ -22,8 +22,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from attn_dispatch.dispatcher._plan import Plan
 
 HOT_SLOTS = 2
 """Plans kept on the hot path, most recent first: two serve a model alternating two shapes (a
@@ -81,3 +85,24 @@ class HotEntry:
 def promoted(slots: tuple, entry: HotEntry) -> tuple:
     """`slots` with `entry` first, the least recent dropped past `HOT_SLOTS`."""
     return (entry, *(e for e in slots if e.plan is not entry.plan))[:HOT_SLOTS]
+
+
+class HotPlans:
+    """The hot path's upkeep in `core.Dispatcher` (a base class of it: it uses the dispatcher's
+    plan cache, `_hot` slots and counts)."""
+
+    def _make_hot(self, key_, plan: Plan, query, key, value, attn_mask, is_causal, enable_gqa) -> None:
+        """Put `plan` first on the hot path (`hot_path`), guarded by this call's tensors: only an
+        inference plan (no tensor requiring grad: a match is then no training call) kept under `key_`."""
+        tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+        if (not self._hot_enabled or plan.recheck or any(t.requires_grad for t in tensors)
+                or self._plan_table.get(key_) is not plan):
+            return
+        check = tensor_guard(tensors)
+        if check is not None:
+            self._hot = promoted(self._hot, HotEntry(check, plan, key_, is_causal, enable_gqa, attn_mask is not None))
+
+    def _evicted(self, plan: Plan) -> None:
+        """`plan` left the bounded plan cache: its calls stay in `stats`, and it leaves the hot path."""
+        self._fold_count(plan)
+        self._hot = ()

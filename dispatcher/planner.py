@@ -31,6 +31,7 @@ from attn_dispatch.dispatcher.planning import (
     over_limit_reason,
     rank_options,
 )
+from attn_dispatch.dispatcher.probe_cache import ProbeCache
 from attn_dispatch.dispatcher.recording import record_problem
 from attn_dispatch.dispatcher.verify import is_default, verification_wanted, verify_against_default
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
@@ -71,8 +72,9 @@ class DevicePlanner:
 
     def __init__(self, device: torch.device, state: DeviceState, config: PlannerConfig,
                  cold_costs: Mapping[str, Mapping[str, float]] | None = None,
-                 floors: Mapping[str, Mapping[str, float]] | None = None) -> None:
+                 floors: Mapping[str, Mapping[str, float]] | None = None, *, probes: ProbeCache | None = None) -> None:
         self.device = device
+        self.probes = probes  # backend probes kept across processes (GPUs): written after a decision
         self.state = state
         self.config = config
         self.buckets: BoundedCache[tuple, Bucket] = BoundedCache(MAX_BUCKETS)
@@ -100,6 +102,8 @@ class DevicePlanner:
             budget, tune = settings()
             bucket = self.decide(problem, inputs, budget=budget, tune=tune, on_failure=on_failure)
             self.buckets.put(key, bucket)
+            if self.probes is not None:
+                self.probes.save_new()
         plan = self._plan_in(bucket, problem, shape_key, first=decided)
         if plan is None:  # nothing the bucket chose runs or fits this exact shape: decide for it alone
             alone = self.decide(problem, None, budget=bucket.budget, tune=False, on_failure=on_failure)

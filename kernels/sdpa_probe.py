@@ -70,6 +70,22 @@ def probe_backend(kernel: SdpaBackendKernel, device_type: str, dtype: str, featu
     return _results[key]
 
 
+def passed_probes(device_type: str) -> set[tuple[str, str, str, str]]:
+    """The probe keys (family, device type, dtype, feature) that passed in this process on
+    `device_type` (what `models.probe_store` keeps across processes)."""
+    with _lock:
+        return {key for key, failure in _results.items() if failure is None and key[1] == device_type}
+
+
+def seed_passed_probes(keys) -> None:
+    """Take these probe keys as passed without running them (kept by an earlier process on the
+    same device and software stack: `models.probe_store`); a key already probed here keeps its
+    result."""
+    with _lock:
+        for key in keys:
+            _results.setdefault(tuple(key), None)
+
+
 def clear_probe_cache() -> None:
     """Forget every probe result (tests; after changing PyTorch backend flags)."""
     with _lock:

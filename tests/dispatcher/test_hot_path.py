@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attn_dispatch.dispatcher import Dispatcher, core
+from attn_dispatch.dispatcher import Dispatcher, core, hot_path
 from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HOT_SLOTS, tensor_guard
-from tests.dispatcher.helpers import FixedRanker, qkv, use_ranking
+from tests.dispatcher.helpers import FixedRanker, use_ranking
 
 
 def _inputs(q_len=5, kv_len=7, heads=2, kv_heads=2, dim=8, seed=0):
@@ -160,7 +160,7 @@ def test_a_failure_on_the_hot_path_falls_back_and_leaves_it(monkeypatch):
 
 
 def test_without_tensor_guards_the_dict_path_serves_every_call(monkeypatch):
-    monkeypatch.setattr(core, "tensor_guard", lambda tensors: None)
+    monkeypatch.setattr(hot_path, "tensor_guard", lambda tensors: None)
     ours, (q, k, v) = _hot_dispatcher(calls=HOT_AFTER + 3)
     assert ours._hot == ()
     assert ours.stats() == {"math": HOT_AFTER + 3}
