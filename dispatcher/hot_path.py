@@ -15,7 +15,9 @@ A guard is stricter than the plan's key (exact strides, not only contiguity; the
 carry inference mode), so a match always falls in the plan's key, and a miss only means the dict
 path. It records ``requires_grad`` as False on every tensor (only inference plans go hot), so a
 match with no dropout is an inference call. Where a torch build lacks the class or refuses the
-arguments, `tensor_guard` returns None and the dict path serves every call.
+arguments, `tensor_guard` returns None and the dict path serves every call. A check reads each
+tensor's strides before comparing anything, and a strided nested tensor's abort the process
+(torch 2.13), so `Dispatcher.attention` sends a call with a nested tensor to the dict path first.
 """
 
 from __future__ import annotations

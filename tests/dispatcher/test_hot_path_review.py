@@ -1,0 +1,86 @@
+"""The hot path (`dispatcher.hot_path`) gives what the dict path gives, on inputs and sequences of
+calls found in its review: a strided nested tensor meeting a hot plan (Dynamo's guard reads its
+strides, which abort the interpreter), and a plan taken off the cache while its guard was being
+built (another thread's `reset` or eviction: the plan must not go hot afterwards)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from attn_dispatch.dispatcher import Dispatcher, core
+from attn_dispatch.dispatcher.hot_path import HOT_AFTER
+
+
+def _inputs(kv_len=7, seed=0):
+    """query ``[2, 2, 5, 8]``, key and value ``[2, 2, kv_len, 8]``."""
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(2, 2, n, 8, generator=generator) for n in (5, kv_len, kv_len))
+
+
+def _outcome(call):
+    """``("ok", output)`` or ``("raised", type, message)``."""
+    try:
+        return ("ok", call())
+    except Exception as error:  # noqa: BLE001 - the outcome is what is compared
+        return ("raised", type(error), str(error))
+
+
+def _nested_call_outcome(position: str):
+    """A plan made hot, then a call of its tensors with `position` replaced by a strided nested
+    tensor of the same pieces."""
+    query, key, value = _inputs()
+    mask = torch.zeros(5, 7) if position == "mask" else None
+    ours = Dispatcher(kernels=["math"])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the prototype warning of strided nested tensors
+        for _ in range(HOT_AFTER + 1):
+            ours.attention(query, key, value, mask)
+        arguments = {"query": query, "key": key, "value": value, "mask": mask}
+        arguments[position] = torch.nested.nested_tensor(list(arguments[position]))
+        return _outcome(lambda: ours.attention(*arguments.values()))
+
+
+@pytest.mark.parametrize("position", ["query", "key", "value", "mask"])
+def test_a_strided_nested_tensor_meeting_a_hot_plan_gets_what_the_dict_path_gives(monkeypatch, position):
+    hot = _nested_call_outcome(position)  # aborted the interpreter: the guard read a nested tensor's strides
+    monkeypatch.setattr(core, "tensor_guard", lambda tensors: None)
+    cold = _nested_call_outcome(position)
+    assert hot[0] == cold[0] == "raised" and hot[1:] == cold[1:]
+
+
+def _hot_during_guard(monkeypatch, meanwhile):
+    """A dispatcher whose one shape reaches `HOT_AFTER` calls while `meanwhile(dispatcher)` runs
+    between building the plan's guard and putting it on the hot path (what another thread may do)."""
+    ours = Dispatcher(kernels=["math"])
+    build = core.tensor_guard
+
+    def interleaved(tensors):
+        check = build(tensors)
+        meanwhile(ours)
+        return check
+
+    monkeypatch.setattr(core, "tensor_guard", interleaved)
+    with torch.no_grad():
+        for _ in range(HOT_AFTER):
+            ours.attention(*_inputs())
+    monkeypatch.setattr(core, "tensor_guard", build)
+    return ours
+
+
+def test_a_plan_reset_while_its_guard_is_built_does_not_go_hot(monkeypatch):
+    ours = _hot_during_guard(monkeypatch, Dispatcher.reset)
+    with torch.no_grad():
+        ours.attention(*_inputs())
+    assert ours.stats() == {"math": 1}, "the call after reset ran the plan reset forgot"
+    assert len(ours._plans) == 1
+
+
+def test_a_plan_evicted_while_its_guard_is_built_does_not_go_hot(monkeypatch):
+    monkeypatch.setattr(core, "MAX_PLANS", 1)
+    ours = _hot_during_guard(monkeypatch, lambda dispatcher: dispatcher.attention(*_inputs(kv_len=9)))
+    with torch.no_grad():
+        ours.attention(*_inputs())  # plans its shape again, evicting the other
+    assert ours.stats() == {"math": HOT_AFTER + 1 + 1}, "a call ran the evicted plan and went uncounted"
