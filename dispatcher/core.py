@@ -327,9 +327,12 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls):
 
     def _make_hot(self, key_, plan: Plan, query, key, value, attn_mask, is_causal, enable_gqa) -> None:
         """Put `plan` first on the hot path (`hot_path`), guarded by this call's tensors: only an
-        inference plan (no tensor requiring grad: a match is then no training call) kept under `key_`."""
+        inference plan (no tensor requiring grad: a match is then no training call) kept under `key_`,
+        with no mask or a plain tensor one (`sdpa_context.route` reads a `CausalBias`'s variant, which
+        no tensor guard sees)."""
         tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
-        if plan.recheck or any(t.requires_grad for t in tensors) or self._plan_table.get(key_) is not plan:
+        if (plan.recheck or any(t.requires_grad for t in tensors) or self._plan_table.get(key_) is not plan
+                or (attn_mask is not None and attn_mask.__class__ is not _Tensor)):
             return
         check = tensor_guard(tensors)
         if check is not None:

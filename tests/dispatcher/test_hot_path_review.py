@@ -1,7 +1,8 @@
 """The hot path (`dispatcher.hot_path`) gives what the dict path gives, on inputs and sequences of
 calls found in its review: a strided nested tensor meeting a hot plan (Dynamo's guard reads its
-strides, which abort the interpreter), and a plan taken off the cache while its guard was being
-built (another thread's `reset` or eviction: the plan must not go hot afterwards)."""
+strides, which abort the interpreter), a plan taken off the cache while its guard was being
+built (another thread's `reset` or eviction: the plan must not go hot afterwards), and a
+`CausalBias` mask, whose variant (upper-left or lower-right) no tensor guard sees."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import CausalVariant, causal_lower_right, causal_upper_left
 
 from attn_dispatch.dispatcher import Dispatcher, core
 from attn_dispatch.dispatcher.hot_path import HOT_AFTER
@@ -84,3 +87,27 @@ def test_a_plan_evicted_while_its_guard_is_built_does_not_go_hot(monkeypatch):
     with torch.no_grad():
         ours.attention(*_inputs())  # plans its shape again, evicting the other
     assert ours.stats() == {"math": HOT_AFTER + 1 + 1}, "a call ran the evicted plan and went uncounted"
+
+
+def _upper_left_bias(made: str):
+    """An upper-left `CausalBias` for query length 5 and key length 7: as PyTorch makes one, or a
+    lower-right one whose variant was set afterwards (its tensor then looks lower-right)."""
+    if made == "causal_upper_left":
+        return causal_upper_left(5, 7)
+    bias = causal_lower_right(5, 7)
+    bias.variant = CausalVariant.UPPER_LEFT
+    return bias
+
+
+@pytest.mark.parametrize("made", ["causal_upper_left", "variant set"])
+def test_an_upper_left_causal_bias_after_a_lower_right_one_went_hot_gets_pytorchs_result(made):
+    query, key, value = _inputs()
+    ours = Dispatcher(kernels=["math"])
+    with torch.no_grad():
+        for _ in range(HOT_AFTER + 1):
+            lower_right = ours.attention(query, key, value, causal_lower_right(5, 7))
+        upper_left = _upper_left_bias(made)
+        torch.testing.assert_close(ours.attention(query, key, value, upper_left),
+                                   F.scaled_dot_product_attention(query, key, value, upper_left))
+    expected = F.scaled_dot_product_attention(query, key, value, causal_lower_right(5, 7))
+    torch.testing.assert_close(lower_right, expected)
