@@ -32,8 +32,8 @@ def _outcome(call):
 
 
 def _nested_call_outcome(position: str):
-    """A plan made hot, then a call of its tensors with `position` replaced by a strided nested
-    tensor of the same pieces."""
+    """A plan made hot (where guards are on), then a call of its tensors with `position` replaced
+    by a strided nested tensor of the same pieces: (the call's outcome, whether a plan was hot)."""
     query, key, value = _inputs()
     mask = torch.zeros(5, 7) if position == "mask" else None
     ours = Dispatcher(kernels=["math"])
@@ -43,14 +43,15 @@ def _nested_call_outcome(position: str):
             ours.attention(query, key, value, mask)
         arguments = {"query": query, "key": key, "value": value, "mask": mask}
         arguments[position] = torch.nested.nested_tensor(list(arguments[position]))
-        return _outcome(lambda: ours.attention(*arguments.values()))
+        return _outcome(lambda: ours.attention(*arguments.values())), bool(ours._hot)
 
 
 @pytest.mark.parametrize("position", ["query", "key", "value", "mask"])
 def test_a_strided_nested_tensor_meeting_a_hot_plan_gets_what_the_dict_path_gives(monkeypatch, position):
-    hot = _nested_call_outcome(position)  # aborted the interpreter: the guard read a nested tensor's strides
+    hot, went_hot = _nested_call_outcome(position)  # aborted the interpreter: the guard read its strides
     monkeypatch.setattr(core, "tensor_guard", lambda tensors: None)
-    cold = _nested_call_outcome(position)
+    cold, _ = _nested_call_outcome(position)
+    assert went_hot
     assert hot[0] == cold[0] == "raised" and hot[1:] == cold[1:]
 
 
