@@ -162,14 +162,21 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
                                                       enable_gqa)
             return compiled_attention(self, query, key, value, attn_mask, is_causal, scale, enable_gqa)
         plan = None
-        if dropout_p == 0.0 and not (_respecting[0] and not (_flash_on() and _efficient_on() and _math_on()
-                                                             and _cudnn_on())):  # restrictions: `route` below
-            for entry in self._hot:  # `hot_path`: the plans called last, matched by one C++ check of the tensors
-                if (entry.is_causal == is_causal and entry.enable_gqa == enable_gqa and (
-                        attn_mask is not None and entry.check(query, key, value, attn_mask) if entry.masked
-                        else attn_mask is None and entry.check(query, key, value))):
-                    plan, key_ = entry.plan, entry.key
-                    break
+        hot = self._hot
+        if hot and dropout_p == 0.0 and not (_respecting[0] and not (_flash_on() and _efficient_on() and _math_on()
+                                                                     and _cudnn_on())):  # restrictions: `route` below
+            try:  # nested tensors take the dict path: the guard reads a strided one's strides, aborting the process
+                dense = not (query.is_nested or key.is_nested or value.is_nested
+                             or (attn_mask is not None and attn_mask.is_nested))
+            except AttributeError:  # not tensors: the dict path raises SDPA's TypeError
+                dense = False
+            if dense:
+                for entry in hot:  # `hot_path`: the plans called last, matched by one C++ check of the tensors
+                    if (entry.is_causal == is_causal and entry.enable_gqa == enable_gqa and (
+                            attn_mask is not None and entry.check(query, key, value, attn_mask) if entry.masked
+                            else attn_mask is None and entry.check(query, key, value))):
+                        plan, key_ = entry.plan, entry.key
+                        break
         if plan is None:
             # issue 13 hook, before any size is read: sdpa_kernel restrictions (switches read inline: a
             # call cost 0.1 us), CausalBias, a query subclass (jagged nested). Meta and strided nested

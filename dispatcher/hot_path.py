@@ -15,7 +15,9 @@ A guard is stricter than the plan's key (exact strides, not only contiguity; the
 carry inference mode), so a match always falls in the plan's key, and a miss only means the dict
 path. It records ``requires_grad`` as False on every tensor (only inference plans go hot), so a
 match with no dropout is an inference call. Where a torch build lacks the class or refuses the
-arguments, `tensor_guard` returns None and the dict path serves every call.
+arguments, `tensor_guard` returns None and the dict path serves every call. A check reads each
+tensor's strides before comparing anything, and a strided nested tensor's abort the process
+(torch 2.13), so `Dispatcher.attention` sends a call with a nested tensor to the dict path first.
 """
 
 from __future__ import annotations
@@ -93,14 +95,20 @@ class HotPlans:
 
     def _make_hot(self, key_, plan: Plan, query, key, value, attn_mask, is_causal, enable_gqa) -> None:
         """Put `plan` first on the hot path (`hot_path`), guarded by this call's tensors: only an
-        inference plan (no tensor requiring grad: a match is then no training call) kept under `key_`."""
+        inference plan (no tensor requiring grad: a match is then no training call) kept under `key_`,
+        with no mask or a plain tensor one (`sdpa_context.route` reads a `CausalBias`'s variant, which
+        no tensor guard sees)."""
         tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
         if (not self._hot_enabled or plan.recheck or any(t.requires_grad for t in tensors)
-                or self._plan_table.get(key_) is not plan):
+                or self._plan_table.get(key_) is not plan
+                or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor)):
             return
         check = tensor_guard(tensors)
         if check is not None:
-            self._hot = promoted(self._hot, HotEntry(check, plan, key_, is_causal, enable_gqa, attn_mask is not None))
+            with self._lock:  # another thread may have reset, evicted or replaced the plan meanwhile
+                if self._plan_table.get(key_) is plan:
+                    self._hot = promoted(self._hot, HotEntry(check, plan, key_, is_causal, enable_gqa,
+                                                             attn_mask is not None))
 
     def _evicted(self, plan: Plan) -> None:
         """`plan` left the bounded plan cache: its calls stay in `stats`, and it leaves the hot path."""
