@@ -3,6 +3,10 @@ so that evaluation is bounded (children follow parents, features and thresholds 
 
 from __future__ import annotations
 
+from itertools import chain
+
+import numpy as np
+
 from attn_dispatch.models._json_checks import _bool, _fail, _int, _list, _num, _obj, _spec, _spec_dict, _str
 from attn_dispatch.models.forest import EmbeddedModel, forest_from_arrays
 
@@ -37,6 +41,39 @@ def _tree(data: dict, t: int, path: str, n_features: int) -> None:
         _bool(data["missing_left"][t][i], f"{where} missing_left")
 
 
+def _trees_valid(data: dict, count: int, n_features: int) -> bool:
+    """Every check of `_tree` (and `_leaf`) on all trees at once, in numpy: True when all hold.
+    The bundled H200 table's 400 trees took 75 ms node by node (2-core CPU, Python 3.11) of a
+    first call's table load; False sends the table to `_tree`, which raises on the first fault."""
+    sizes = []
+    for t in range(count):
+        lengths = {len(tree) if isinstance(tree := data[name][t], list) else -1 for name in ARRAYS}
+        if len(lengths) != 1 or not 1 <= (n := lengths.pop()) <= MAX_NODES:
+            return False
+        sizes.append(n)
+    columns = {name: list(chain.from_iterable(data[name])) for name in ARRAYS}
+    kinds = {name: set(map(type, column)) for name, column in columns.items()}
+    if not (kinds["left"] == kinds["right"] == kinds["feature"] == {int} and kinds["missing_left"] == {bool}
+            and kinds["value"] <= {int, float} and kinds["threshold"] <= {int, float}):
+        return False
+    n = np.repeat(np.asarray(sizes), sizes)  # each node's tree size
+    node = np.arange(len(n)) - np.repeat(np.cumsum(sizes) - np.asarray(sizes), sizes)  # index within its tree
+    try:
+        left, right, feature = (np.asarray(columns[name], dtype=np.int64) for name in ("left", "right", "feature"))
+        threshold, value = (np.asarray(columns[name], dtype=np.float64) for name in ("threshold", "value"))
+    except (OverflowError, ValueError):  # an integer past 64 bits
+        return False
+    missing_left = np.asarray(columns["missing_left"], dtype=bool)
+    leaf = left == 0
+    with np.errstate(invalid="ignore"):
+        ok = (np.isfinite(value) & (np.abs(value) <= MAX_LEAF) & (right >= 0) & (right <= n - 1)
+              & (left >= 0) & (left <= n - 1))
+        ok &= np.where(leaf, (right == 0) & (feature == 0) & (threshold == 0) & ~missing_left,
+                       (node < left) & (node < right) & (feature >= 0) & (feature <= n_features - 1)
+                       & np.isfinite(threshold) & (np.abs(threshold) <= 1e300))
+    return bool(ok.all())
+
+
 def _leaf(data: dict, t: int, i: int, where: str) -> None:
     """A leaf holds exactly what `export_forest` writes: feature 0, threshold 0, missing_left false."""
     for name, expected in (("feature", 0), ("threshold", 0), ("missing_left", False)):
@@ -56,8 +93,9 @@ def parse_model(value: object, path: str) -> EmbeddedModel:
     for name in ARRAYS:
         if len(_list(trees[name], f"{path}.trees.{name}", MAX_TREES)) != count:
             raise _fail(f"{path}.trees.{name}", f"must hold {count} trees like trees.feature")
-    for t in range(count):
-        _tree(trees, t, f"{path}.trees", len(names))
+    if not _trees_valid(trees, count, len(names)):  # the node-by-node check names the first fault
+        for t in range(count):
+            _tree(trees, t, f"{path}.trees", len(names))
     baseline = _num(data["baseline"], f"{path}.baseline", -MAX_LEAF, MAX_LEAF)
     return EmbeddedModel(
         forest=forest_from_arrays(trees, baseline), spec=_spec(data["spec"], f"{path}.spec"),

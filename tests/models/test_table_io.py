@@ -154,3 +154,34 @@ def test_nan_cannot_be_written(mi50_table):
 
     with pytest.raises((TableError, ValueError)):
         dumps_table(replace(mi50_table, quality=bad))
+
+
+def test_the_collector_is_paused_only_while_a_table_is_parsed():
+    """`loads_table` pauses Python's cyclic collector for the parse and restores its state after,
+    also when the table is refused."""
+    import gc
+
+    from attn_dispatch.models import table_io
+
+    seen = []
+    parse = table_io._parse
+
+    def spying(text, source):
+        seen.append(gc.isenabled())
+        return parse(text, source)
+
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        table_io._parse = spying
+        with pytest.raises(TableError):
+            table_io.loads_table(b'{"kind": "attn-dispatch-threshold-table"}')
+        assert seen == [False] and gc.isenabled()
+        gc.disable()
+        with pytest.raises(TableError):
+            table_io.loads_table(b'{"kind": "attn-dispatch-threshold-table"}')
+        assert not gc.isenabled()  # a caller's paused collector stays paused
+    finally:
+        table_io._parse = parse
+        if was:
+            gc.enable()
