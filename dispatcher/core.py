@@ -18,6 +18,8 @@ import torch
 
 from attn_dispatch.dispatcher import _log, sdpa_context
 from attn_dispatch.dispatcher._plan import Plan, cache_key, check_scale, family_key, problem_at_key_length
+from attn_dispatch.dispatcher.autocast import any_autocast as _any_autocast
+from attn_dispatch.dispatcher.autocast import attention_under_autocast, autocast_inputs
 from attn_dispatch.dispatcher.buckets import MAX_PLANS, BoundedCache
 from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
@@ -192,6 +194,10 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
                     raise
                 if routed is not None:
                     return routed
+            if _any_autocast():  # autocast's casts, which it makes for PyTorch's SDPA (`autocast`)
+                cast = autocast_inputs(query, key, value, attn_mask)
+                if cast is not None:
+                    return attention_under_autocast(self.attention, cast, dropout_p, is_causal, scale, enable_gqa)
             try:
                 key_ = (  # `cache_key`, inlined: this is the warm path
                     query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
