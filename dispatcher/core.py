@@ -56,6 +56,11 @@ _dynamo_compiling, _compile_flags = compiling_readers()  # `torch.compiler.is_co
 _NOT_GIVEN = object()  # `_plan_for` without the call's scale: nothing to tune on
 
 
+def _strided(*tensors) -> bool:
+    """Every tensor given is strided (not sparse, not mkldnn): what our kernels and plans take."""
+    return all(t is None or t.layout is torch.strided for t in tensors)
+
+
 class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
     """Runs each attention call with the fastest kernel that fits in memory on its device.
 
@@ -174,7 +179,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
                 dense = False
             if dense:
                 for entry in hot:  # `hot_path`: the plans called last, matched by one C++ check of the tensors
-                    if (entry.is_causal == is_causal and entry.enable_gqa == enable_gqa and (
+                    if (entry.is_causal is is_causal and entry.enable_gqa is enable_gqa and (  # bools: `is`
                             attn_mask is not None and entry.check(query, key, value, attn_mask) if entry.masked
                             else attn_mask is None and entry.check(query, key, value))):
                         plan, key_ = entry.plan, entry.key
@@ -194,6 +199,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
                     raise
                 if routed is not None:
                     return routed
+            if is_causal.__class__ is not bool or enable_gqa.__class__ is not bool:  # PyTorch's TypeError
+                return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             if _any_autocast():  # autocast's casts, which it makes for PyTorch's SDPA (`autocast`)
                 cast = autocast_inputs(query, key, value, attn_mask)
                 if cast is not None:
@@ -225,8 +232,9 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
             except KeyError:
                 plan = None
             if plan is None or plan.recheck:
-                if query.is_meta or key.is_nested or value.is_nested:  # shapes only, or nested K/V with a dense
-                    # query (PyTorch's error): PyTorch's SDPA (issue 13), no plan kept
+                if query.is_meta or key.is_nested or value.is_nested or not _strided(query, key, value, attn_mask):
+                    # shapes only, nested K/V with a dense query, or a sparse or mkldnn tensor (PyTorch's errors,
+                    # not failures remembered against the bucket's kernels): PyTorch's SDPA (issue 13), no plan kept
                     return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
                 plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
         count = plan.count

@@ -66,7 +66,7 @@ def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
     if is_causal_bias(attn_mask):
         gqa = {"enable_gqa": True} if enable_gqa else {}  # torch < 2.5 has no enable_gqa there
         return type(attn_mask)._dispatch(query, key, value, attn_mask, dropout_p, is_causal, scale, **gqa)
-    gqa = {"enable_gqa": True} if enable_gqa else {}
+    gqa = {} if enable_gqa is False else {"enable_gqa": enable_gqa}  # torch < 2.5: none; not a bool: its TypeError
     return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
 
 

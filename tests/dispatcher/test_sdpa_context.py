@@ -176,3 +176,32 @@ def test_a_dense_query_with_nested_key_and_value_raises_pytorchs_error(layout):
     with pytest.raises(type(theirs.value)) as ours:
         Dispatcher().attention(query, nested, nested)
     assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("flag", ["is_causal", "enable_gqa"])
+@pytest.mark.parametrize("value", [1, 0, None, "yes", torch.tensor(True)])
+def test_a_flag_that_is_not_a_bool_raises_pytorchs_type_error_even_when_warm(flag, value):
+    q, k, v = qkv()
+    ours = Dispatcher(kernels=["math"])
+    for _ in range(3):  # planned, then warm and hot with True/False
+        ours.attention(q, k, v, **{flag: False})
+    with pytest.raises(TypeError, match=f"argument '{flag}'.* must be bool"):
+        F.scaled_dot_product_attention(q, k, v, **{flag: value})
+    with pytest.raises(TypeError, match=f"argument '{flag}'.* must be bool"):  # PyTorch's own message
+        ours.attention(q, k, v, **{flag: value})
+    assert ours.stats() == {"math": 3}
+
+
+@pytest.mark.parametrize("which", ["query", "key", "mask"])
+def test_a_sparse_tensor_gets_pytorchs_error_and_leaves_the_bucket_untouched(which):
+    q, k, v = qkv(6, 6)
+    mask = torch.ones(6, 6, dtype=torch.bool) if which == "mask" else None
+    args = {"query": q.to_sparse() if which == "query" else q, "key": k.to_sparse() if which == "key" else k,
+            "value": v, "attn_mask": mask.to_sparse() if which == "mask" else mask}
+    ours = Dispatcher()
+    with pytest.raises(Exception) as theirs:
+        F.scaled_dot_product_attention(**args)
+    with pytest.raises(type(theirs.value)):
+        ours.attention(**args)
+    torch.testing.assert_close(ours.attention(q, k, v, attn_mask=mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert not ours._state(q.device).failures, "a sparse call was remembered against the bucket's kernels"
