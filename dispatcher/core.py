@@ -25,7 +25,7 @@ from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.explaining import Explaining
-from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HotEntry, HotPlans, hot_path_enabled
+from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HotEntry, HotPlans, hot_path_enabled, rehot
 from attn_dispatch.dispatcher.kernel_set import kernel_set
 from attn_dispatch.dispatcher.memory import (
     budget_from_env,
@@ -237,6 +237,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
                     # not failures remembered against the bucket's kernels): PyTorch's SDPA (issue 13), no plan kept
                     return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
                 plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
+            elif rehot(plan.count[0] + 1):  # a warm plan off the hot path: back on it now and then
+                self._make_hot(key_, plan, query, key, value, attn_mask, is_causal, enable_gqa)
         count = plan.count
         calls = count[0] + 1  # the cell read once, not twice: 25 ns
         count[0] = calls
@@ -336,7 +338,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
             plan.count[0] -= 1  # this call runs the settled plan: counted there
             settled.count[0] += 1
             self._fold_count(plan)
-            self._hot = ()
+            self._drop_hot(key_)
             self._plans.put(key_, settled)
             _log.settled(settled.kernel.name, plan.kernel.name, plan.settle_at)
         return settled
@@ -388,7 +390,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
         after changing ``ATTN_DISPATCH_MEMORY_BUDGET`` / ``ATTN_DISPATCH_HOME``)."""
         with self._lock:
             self._plans.clear()
-            self._hot = ()
+            self._hot = ()  # every plan leaves
             self._families.clear()
             self._traced_shapes.clear()
             self._planners.clear()

@@ -51,6 +51,15 @@ def hot_path_enabled() -> bool:
     return os.environ.get(HOT_PATH_ENV, "").strip().lower() not in ("0", "false", "no", "off")
 
 
+def rehot(calls: int) -> bool:
+    """Whether a warm plan met on the dict path at its `calls`-th call goes (back) on the hot path:
+    at every power of two past `HOT_AFTER`. A plan pushed off by others, or first made hot in
+    another mode (inference mode, autocast: the guard's dispatch keys differ), comes back after a
+    number of calls that doubles each time, so a rotation of more shapes than `HOT_SLOTS` builds
+    about log2(calls) guards per plan instead of one per call."""
+    return calls > HOT_AFTER and not calls & (calls - 1)
+
+
 def tensor_guard(tensors: tuple[torch.Tensor, ...]) -> Callable[..., bool] | None:
     """``check(*tensors) -> bool``: True only for tensors of these Python types, dispatch keys
     (under the calling thread's state), dtypes, devices, sizes, strides and ``requires_grad``;
@@ -113,4 +122,8 @@ class HotPlans:
     def _evicted(self, plan: Plan) -> None:
         """`plan` left the bounded plan cache: its calls stay in `stats`, and it leaves the hot path."""
         self._fold_count(plan)
-        self._hot = ()
+        self._hot = tuple(entry for entry in self._hot if entry.plan is not plan)
+
+    def _drop_hot(self, key_: tuple) -> None:
+        """The plan cached under `key_` is replaced or removed: it leaves the hot path (the others stay)."""
+        self._hot = tuple(entry for entry in self._hot if entry.key != key_)

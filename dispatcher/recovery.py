@@ -28,7 +28,7 @@ class RecoveringDispatcher:
             try:
                 with self._lock:
                     old = self._plans.pop(key_, None)
-                    self._hot = ()
+                    self._drop_hot(key_)
                     if old is not None:
                         self._fold_count(old)
                     planner.forget_bucket(plan.problem)
@@ -50,10 +50,10 @@ class RecoveringDispatcher:
     def _keep_plan(self, key_: tuple, plan: Plan) -> None:
         """Cache `plan` under `key_`, unless it is a meta device's (from `explain` or `plan`): a meta
         call must miss, since `Dispatcher.attention` sends it to PyTorch's SDPA on a miss only. A plan
-        it replaces leaves the hot path (`hot_path`) with every other."""
+        it replaces leaves the hot path (`hot_path`)."""
         if plan.device.type != "meta":
             if self._plans.get(key_) is not None:
-                self._hot = ()  # a plan replaced leaves the hot path
+                self._drop_hot(key_)  # a plan replaced leaves the hot path
             self._plans.put(key_, plan)
 
     def _failure_handler(self, device: torch.device, problem: Problem):

@@ -176,3 +176,26 @@ def test_the_environment_turns_the_hot_path_off(monkeypatch, value):
     assert ours.stats() == {"math": HOT_AFTER + 2}
     monkeypatch.setenv("ATTN_DISPATCH_HOT_PATH", "1")
     assert _hot_dispatcher()[0]._hot
+
+
+def test_an_evicted_plan_leaves_the_hot_path_and_the_others_stay(monkeypatch):
+    monkeypatch.setattr(core, "MAX_PLANS", 3)
+    ours = Dispatcher(kernels=["math"])
+    with torch.no_grad():
+        for kv_len in (7, 7, 9, 9):  # both hot
+            ours.attention(*_inputs(kv_len=kv_len))
+        for kv_len in (11, 13):  # the 7-key plan is evicted by the fourth plan
+            ours.attention(*_inputs(kv_len=kv_len))
+    assert [entry.plan.problem.kv_len for entry in ours._hot] == [9]
+
+
+def test_a_plan_pushed_off_the_hot_path_comes_back_at_powers_of_two():
+    ours = Dispatcher(kernels=["math"])
+    shapes = {n: _inputs(kv_len=n) for n in (7, 9, 11)}
+    with torch.no_grad():
+        for n in (7, 7, 7, 9, 9, 11, 11):  # 7 goes hot at its second call, then 9 and 11 push it off
+            ours.attention(*shapes[n])
+        assert 7 not in {entry.plan.problem.kv_len for entry in ours._hot}
+        ours.attention(*shapes[7])  # its fourth call, on the dict path: back on
+        assert ours._hot[0].plan.problem.kv_len == 7
+    assert ours.stats() == {"math": 8}
