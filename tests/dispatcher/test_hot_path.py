@@ -199,3 +199,29 @@ def test_a_plan_pushed_off_the_hot_path_comes_back_at_powers_of_two():
         ours.attention(*shapes[7])  # its fourth call, on the dict path: back on
         assert ours._hot[0].plan.problem.kv_len == 7
     assert ours.stats() == {"math": 8}
+
+
+def test_a_hot_plan_that_is_pytorchs_call_keeps_pytorchs_behaviour_under_restrictions():
+    """A plan that is one call of PyTorch's SDPA makes that call from the hot path under
+    `sdpa_kernel` too: the same result, and PyTorch's own error where the backends left on refuse
+    the call (no memory-efficient backend on a CPU), never a fallback to another kernel."""
+    q, k, v = _inputs(q_len=6, kv_len=6)
+    mask = torch.rand(6, 6, generator=torch.Generator().manual_seed(3)) > 0.2
+    ours = Dispatcher(kernels=["sdpa_default", "math"])
+    with torch.no_grad():
+        for _ in range(HOT_AFTER + 1):
+            ours.attention(q, k, v, attn_mask=mask)
+            ours.attention(q, k, v)
+        assert len(ours._hot) == 2 and all(entry.plan.sdpa_flags is not None for entry in ours._hot)
+        with sdpa_kernel([SDPBackend.MATH]):
+            for arguments in ({}, {"attn_mask": mask}):
+                torch.testing.assert_close(ours.attention(q, k, v, **arguments),
+                                           F.scaled_dot_product_attention(q, k, v, **arguments))
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+            for arguments in ({}, {"attn_mask": mask}):
+                with pytest.raises(RuntimeError) as theirs:
+                    F.scaled_dot_product_attention(q, k, v, **arguments)
+                with pytest.raises(RuntimeError) as ours_error:
+                    ours.attention(q, k, v, **arguments)
+                assert str(ours_error.value) == str(theirs.value)
+    assert "math" not in ours.stats() and not ours._state(q.device).failures
