@@ -56,10 +56,6 @@ _dynamo_compiling, _compile_flags = compiling_readers()  # `torch.compiler.is_co
 _NOT_GIVEN = object()  # `_plan_for` without the call's scale: nothing to tune on
 
 
-def _strided(*tensors) -> bool:
-    """Every tensor given is strided (not sparse, not mkldnn): what our kernels and plans take."""
-    return all(t is None or t.layout is torch.strided for t in tensors)
-
 
 class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
     """Runs each attention call with the fastest kernel that fits in memory on its device.
@@ -188,10 +184,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
                             # PyTorch's SDPA makes that same call (and re-raises its error, below): 0.17 us less
                         break
         if plan is None:
-            # issue 13 hook, before any size is read: sdpa_kernel restrictions (switches read inline: a
-            # call cost 0.1 us), CausalBias, a query subclass (jagged nested). Meta and strided nested
-            # queries are found where the key misses or fails (no plan is kept for them, `_keep_plan`):
-            # `is_meta` and `is_nested` cost 0.1 us a call (2-core CPU, `bench.diagnostics.warm_path_pieces`)
+            # issue 13 hook, before any size is read: sdpa_kernel restrictions, CausalBias, a query subclass
+            # (jagged nested). Meta and strided nested queries are found where the key misses or fails
             if (type(query) is not _Tensor or (attn_mask is not None and attn_mask.__class__ is not _Tensor)
                     or (_respecting[0] and not (_flash_on() and _efficient_on() and _math_on() and _cudnn_on()))):
                 try:
@@ -235,7 +229,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
             except KeyError:
                 plan = None
             if plan is None or plan.recheck:
-                if query.is_meta or key.is_nested or value.is_nested or not _strided(query, key, value, attn_mask):
+                if (query.is_meta or key.is_nested or value.is_nested
+                        or not sdpa_context.all_strided(query, key, value, attn_mask)):
                     # shapes only, nested K/V with a dense query, or a sparse or mkldnn tensor (PyTorch's errors,
                     # not failures remembered against the bucket's kernels): PyTorch's SDPA (issue 13), no plan kept
                     return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)

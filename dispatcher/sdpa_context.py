@@ -60,6 +60,12 @@ def backends_restricted() -> bool:
     return RESPECTING[0] and not _all_enabled()
 
 
+def all_strided(*tensors) -> bool:
+    """Every tensor given is strided (not sparse, not mkldnn): what our kernels and plans take; the
+    others go to PyTorch's SDPA, whose errors they get."""
+    return all(t is None or t.layout is torch.strided for t in tensors)
+
+
 def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """PyTorch's SDPA with the arguments as given (a `CausalBias` through its own handling, also
     under torch.compile, where it must not reach the operator as a tensor)."""
