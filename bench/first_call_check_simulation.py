@@ -14,6 +14,8 @@ Policies:
 - ``top2+flash``: those and ``sdpa_flash`` (the backend fastest on 303 of the probe's 580 shapes);
 - ``shipped``: what `dispatcher/verify.py` does on a GPU: ``check`` for decode (one query row),
   ``top2+flash`` otherwise;
+- ``shipped+family`` / ``top2+family``: those and the table's first choice among our own kernels of a
+  family not yet timed (`with_other_family`);
 - ``tuned``: first-call tuning's contenders (`tuning.contenders`: predicted within `TUNE_MARGIN`
   of the best, at most `MAX_TUNED`) and PyTorch's default.
 
@@ -73,7 +75,30 @@ def policies(ranked: list[tuple[str, float]], q_len: int) -> dict[str, list[str]
         "top2": names[:2], "top3": names[:3], "top2+flash": [*names[:2], "sdpa_flash"],
         "shipped": check if q_len == 1 else [*names[:2], "sdpa_flash"],  # dispatcher/verify.py on a GPU
         "tuned": [name for name, seconds in ranked if seconds <= best_predicted * TUNE_MARGIN][:MAX_TUNED],
+        "shipped+family": shipped_plus_family(names, q_len),
+        "top2+family": with_other_family(names[:2], names),
     }
+
+
+def family(name: str) -> str:
+    """A kernel's family: ``small_q[splits=8]`` -> ``small_q``, ``convert[...]+k`` -> ``convert``."""
+    return name.split("[", 1)[0]
+
+
+def with_other_family(contenders: list[str], names: list[str]) -> list[str]:
+    """`contenders` and the table's first choice of a family none of them (nor PyTorch's backends,
+    all ``sdpa_*``) belongs to: one of our own kernels, where the table ranked only PyTorch's first."""
+    taken = {family(name) for name in contenders}
+    other = next((name for name in names if family(name) not in taken and not name.startswith("sdpa_")), None)
+    return [*contenders, other] if other else list(contenders)
+
+
+def shipped_plus_family(names: list[str], q_len: int) -> list[str] | str:
+    """``shipped`` with `with_other_family` where it times more than the table's pick (not decode)."""
+    first = names[0]
+    if q_len == 1:
+        return first if first == DEFAULT_KERNEL else [first]
+    return with_other_family([*names[:2], "sdpa_flash"], names)
 
 
 def geomean(values: list[float]) -> float:
