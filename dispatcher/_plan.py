@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -166,7 +165,7 @@ def problem_at_key_length(sibling: Problem, key: torch.Tensor, value: torch.Tens
         if attn_mask.shape[-1] != kv_len:
             return None
         mask_shape = (*mask_shape[:-1], kv_len)
-    return replace(sibling, kv_len=kv_len, mask_shape=mask_shape)
+    return sibling.at_key_length(kv_len, mask_shape)
 
 
 MAX_MESSAGE = 200

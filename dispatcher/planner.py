@@ -139,7 +139,6 @@ class DevicePlanner:
         own_problem = problem == bucket.ranked.problem
         failed = self.state.failures.get(bucket.key, {})
         free, skipped, budget = bucket.free, [], bucket.budget
-        cold = {id(o): c for o, c in zip(bucket.options, bucket.cold(self.cold_costs), strict=True)}
         for option in order:
             kernel = option.kernel
             if kernel.name in failed:
@@ -159,7 +158,7 @@ class DevicePlanner:
             if over is not None:
                 skipped.append((kernel.name, over))
                 continue
-            if cold[id(option)]:
+            if next(c for o, c in zip(bucket.options, bucket.cold(self.cold_costs), strict=True) if o is option):
                 self.seen.add(kernel.name, shape_key)
             if skipped and any("free on the device" in why for _, why in skipped):
                 notes = (*notes, FASTER_DID_NOT_FIT)

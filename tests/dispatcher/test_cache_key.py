@@ -3,12 +3,13 @@ validity changes the key, and equal keys mean equal Problems."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from attn_dispatch.dispatcher import Dispatcher
-from attn_dispatch.dispatcher._plan import cache_key
+from attn_dispatch.dispatcher._plan import cache_key, problem_at_key_length
 from attn_dispatch.kernels import Problem
 from tests.dispatcher.helpers import qkv
 
@@ -73,3 +74,22 @@ def test_a_causal_bias_and_a_mask_of_its_shape_and_dtype_are_planned_apart():
         with torch.inference_mode():
             for attn_mask in order:
                 torch.testing.assert_close(ours.attention(q, k, v, attn_mask), F.scaled_dot_product_attention(q, k, v, attn_mask))
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_a_sibling_problem_at_another_key_length_is_the_validated_one(mask):
+    """`problem_at_key_length` (no validation, `Problem.at_key_length`) gives what validating the
+    call in full gives."""
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 8, 3, 16, generator=generator)
+
+    def call(kv_len):
+        k, v = torch.randn(2, 2, kv_len, 16, generator=generator), torch.randn(2, 2, kv_len, 16, generator=generator)
+        attn_mask = torch.rand(2, 1, 3, kv_len, generator=generator) > 0.5 if mask else None
+        return q, k, v, attn_mask
+
+    sibling = Problem.from_tensors(*call(100), False, True)
+    q, k, v, attn_mask = call(257)
+    moved = problem_at_key_length(sibling, k, v, attn_mask)
+    expected = Problem.from_tensors(q, k, v, attn_mask, False, True)
+    assert moved == expected and hash(moved) == hash(expected) and sibling.kv_len == 100
