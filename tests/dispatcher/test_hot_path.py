@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attn_dispatch.dispatcher import Dispatcher, core, hot_path
-from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HOT_SLOTS, tensor_guard
+from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HOT_SLOTS, rehot, tensor_guard
 from tests.dispatcher.helpers import FixedRanker, use_ranking
 
 
@@ -225,3 +225,7 @@ def test_a_hot_plan_that_is_pytorchs_call_keeps_pytorchs_behaviour_under_restric
                     ours.attention(q, k, v, **arguments)
                 assert str(ours_error.value) == str(theirs.value)
     assert "math" not in ours.stats() and not ours._state(q.device).failures
+
+
+def test_rehot_is_every_power_of_two_past_hot_after():
+    assert [calls for calls in range(1, 70) if rehot(calls)] == [c for c in (4, 8, 16, 32, 64) if c > HOT_AFTER]
