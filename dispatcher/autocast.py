@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from attn_dispatch.kernels._layout import is_causal_bias
+
 any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: False)
 """``() -> bool``: some device's autocast is on (one C call; the warm path reads it only where the
 hot path missed)."""
@@ -30,8 +32,9 @@ def autocast_dtype(device_type: str) -> torch.dtype | None:
 
 
 def autocast_inputs(query, key, value, attn_mask) -> tuple | None:
-    """``(query, key, value, attn_mask)`` as autocast hands them to SDPA, or None where autocast is
-    off for the query's device type (or the arguments are not tensors: validation speaks then)."""
+    """``(query, key, value, attn_mask)`` as autocast hands them to SDPA (a `CausalBias` mask as
+    given), or None where autocast is off for the query's device type (or the arguments are not
+    tensors: validation speaks then)."""
     try:
         device_type = query.device.type
     except AttributeError:
@@ -42,7 +45,8 @@ def autocast_inputs(query, key, value, attn_mask) -> tuple | None:
 
     def cast(tensor):
         if (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.dtype != torch.float64
-                and tensor.device.type == device_type and tensor.dtype != dtype):
+                and tensor.device.type == device_type and tensor.dtype != dtype
+                and not is_causal_bias(tensor)):  # a lower-right `CausalBias`: no values, nothing to cast
             return tensor.to(dtype)
         return tensor
 

@@ -3,10 +3,10 @@ that fails at run time is replaced by the next one and remembered.
 
 Hot path (`hot_path`: one of the last two plans called): one C++ guard check of the tensors, then
 the kernel's `run`. Warm path (an exact shape seen before): one key tuple from tensor attributes,
-one dict lookup, the kernel's `run` (no validation on either: a hit means these shapes, dtypes,
-devices and layouts were validated when the plan was made). A new exact shape in a decided bucket (`planner.DevicePlanner`)
-is validated and checked against the bucket's kernel, nothing more. Both caches are bounded
-(`buckets.MAX_PLANS`, `buckets.MAX_BUCKETS`).
+one dict lookup, the kernel's `run` (no validation: shapes, dtypes and devices were validated when
+the plan was made; the key reads no layout, so a sparse or mkldnn tensor a kernel fails on goes to
+PyTorch). A new exact shape in a decided bucket (`planner.DevicePlanner`) is validated and checked
+against the bucket's kernel, nothing more. Both caches are bounded (`buckets.MAX_PLANS`, `MAX_BUCKETS`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ _sdpa = pytorch_sdpa
 _pytorch = sdpa_context.pytorch_attention
 _dynamo_compiling, _compile_flags = compiling_readers()  # `torch.compiler.is_compiling()`, in two cheap reads
 _NOT_GIVEN = object()  # `_plan_for` without the call's scale: nothing to tune on
-
 
 
 class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
@@ -254,9 +253,10 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
                 return _sdpa(query, key, value, attn_mask, scale=scale, **flags)
             return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
         except Exception as error:  # noqa: BLE001 - any kernel failure falls back to the next kernel
-            if flags is not None and _respecting[0] and not (_flash_on() and _efficient_on() and _math_on()
-                                                             and _cudnn_on()):
+            if flags is not None and sdpa_context.backends_restricted():
                 raise  # restricted backends: PyTorch's own call, its own error (as `route` gives)
+            if not sdpa_context.all_strided(query, key, value, attn_mask):  # sparse/mkldnn hit a warm plan: no
+                return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)  # failure kept
             return self._recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa)
 
     __call__ = attention

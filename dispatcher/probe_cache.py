@@ -13,8 +13,9 @@ from attn_dispatch.kernels.sdpa_probe import passed_probes, seed_passed_probes
 class ProbeCache:
     """The kept probes of one device (`for_device`), and what this process has written since."""
 
-    def __init__(self, identity, cudnn_version: str, home: str | None, kept: set) -> None:
+    def __init__(self, identity, cudnn_version: str, home: str | None, kept: set, index: int | None = None) -> None:
         self.identity = identity
+        self.index = index  # the device's CUDA index (None: the current device)
         self.cudnn_version = cudnn_version
         self.home = home
         self.kept = kept
@@ -22,28 +23,36 @@ class ProbeCache:
     @classmethod
     def for_device(cls, device: torch.device, home: str | None) -> ProbeCache | None:
         """Seed this process's probe results from the device's file; None off GPUs (a CPU's probes
-        cost milliseconds) and on any error."""
+        cost milliseconds), on any error, and for a GPU other than the current one: probes run on
+        the current device and their results are kept per device type (`sdpa_probe`), so another
+        card's file would vouch for this one, and this one's passes be written as another card's."""
         if device.type != "cuda":
             return None
         try:
             from attn_dispatch.models.identity import DeviceIdentity
             from attn_dispatch.models.probe_store import load_passed
 
+            if device.index is not None and device.index != torch.cuda.current_device():
+                return None
             identity = DeviceIdentity.detect(device)
             cudnn_version = str(torch.backends.cudnn.version() or "")
-            kept = load_passed(identity, cudnn_version, home)
+            kept = {key for key in load_passed(identity, cudnn_version, home) if key[1] == device.type}
         except Exception:  # noqa: BLE001 - no kept probes: they run as before
             return None
         seed_passed_probes(kept)
-        return cls(identity, cudnn_version, home, kept)
+        return cls(identity, cudnn_version, home, kept, device.index)
 
     def save_new(self) -> None:
-        """Write the passes this process has that the file lacks (nothing when there are none)."""
+        """Write the passes this process has that the file lacks (nothing when there are none, or
+        when the current device is no longer this one: the passes were not made on it)."""
         passed = passed_probes("cuda") | self.kept
         if passed == self.kept:
             return
         try:
             from attn_dispatch.models.probe_store import save_passed
+
+            if self.index is not None and self.index != torch.cuda.current_device():
+                return
 
             save_passed(self.identity, self.cudnn_version, passed, self.home)
         except Exception:  # noqa: BLE001 - an unwritable home costs the next process its probes, nothing else

@@ -77,7 +77,11 @@ def _int(value: object, path: str, low: int, high: int) -> int:
 def _num(value: object, path: str, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _fail(path, f"must be a number, got {value!r:.60}")
-    if not (math.isfinite(value) and low <= value <= high):
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer past float64's range
+        finite = False
+    if not (finite and low <= value <= high):
         raise _fail(path, f"must be a finite number in [{low:g}, {high:g}], got {value!r}")
     return float(value)
 

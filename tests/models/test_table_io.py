@@ -130,6 +130,9 @@ def _set_node(data: dict, field: str, value: object, *, leaf: bool) -> None:
         (lambda d: _set_node(d, "threshold", "x", leaf=False), "node [0-9]+ threshold"),
         (lambda d: _set_node(d, "feature", 2**70, leaf=False), "node [0-9]+ feature"),
         (lambda d: _set_node(d, "missing_left", "yes", leaf=False), "node [0-9]+ missing_left"),
+        (lambda d: _set_node(d, "threshold", int(1e300) + 1, leaf=False), "node [0-9]+ threshold"),  # rounds onto 1e300
+        (lambda d: _set_node(d, "threshold", 10**309, leaf=False), "node [0-9]+ threshold"),  # not an OverflowError
+        (lambda d: _set_node(d, "value", -(10**309), leaf=True), "node [0-9]+ value"),
     ],
 )
 def test_corrupt_and_hostile_fields_are_named(table_json, edit, message):
