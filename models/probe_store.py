@@ -8,10 +8,12 @@ and the software, so the ones that passed are kept here and a later process on t
 starts from them. Failures are never kept: a failure may be transient (out of memory), and
 probing again costs only the processes where a backend does not work.
 
-One small JSON file per device identity and cuDNN version,
-``<home>/probes/<identity key>__cudnn-<version>.json``::
+One small JSON file per device identity, cuDNN version and attn-dispatch version (a probe runs our
+wrapper of the backend too: a later release re-probes),
+``<home>/probes/<identity key>__cudnn-<version>__attn-dispatch-<version>.json``::
 
-    {"format": 1, "identity_key": "...", "cudnn": "91002", "passed": [["sdpa_flash", "cuda", "bfloat16", "plain"], ...]}
+    {"format": 1, "identity_key": "...", "cudnn": "91002", "attn_dispatch": "0.1.0",
+     "passed": [["sdpa_flash", "cuda", "bfloat16", "plain"], ...]}
 
 A damaged or foreign file is ignored (the probes run again and the file is rewritten).
 """
@@ -20,17 +22,22 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from attn_dispatch.models._card_names import slug
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.paths import home
+from attn_dispatch.models.versions import package_version
 
 FORMAT = 1
 MAX_BYTES = 1 << 18
 """A probe file lists a few dozen keys: anything over 256 KiB is not one."""
 MAX_KEYS = 1024
+"""Keys one file may hold: a card has 4 backends x 4 dtypes x 6 features at most (96); more is not ours."""
 MAX_FIELD = 64
+"""Characters of one key field: family, device type, dtype and feature names are under 20."""
 
 ProbeKey = tuple[str, str, str, str]
 """(kernel family, device type, dtype, feature): `kernels.sdpa_probe.probe_backend`'s cache key."""
@@ -42,7 +49,7 @@ def probe_file(identity: DeviceIdentity, cudnn_version: str, root: str | os.Path
     folder = home(root, create=create) / "probes"
     if create:
         folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"{identity.key}__cudnn-{cudnn_version or 'none'}.json"
+    return folder / f"{identity.key}__cudnn-{cudnn_version or 'none'}__attn-dispatch-{slug(package_version())}.json"
 
 
 def load_passed(identity: DeviceIdentity, cudnn_version: str, root: str | os.PathLike | None = None) -> set[ProbeKey]:
@@ -56,7 +63,8 @@ def load_passed(identity: DeviceIdentity, cudnn_version: str, root: str | os.Pat
     except (OSError, ValueError):
         return set()
     if (not isinstance(document, dict) or document.get("format") != FORMAT
-            or document.get("identity_key") != identity.key or document.get("cudnn") != cudnn_version):
+            or document.get("identity_key") != identity.key or document.get("cudnn") != cudnn_version
+            or document.get("attn_dispatch") != package_version()):
         return set()
     passed = document.get("passed")
     if not isinstance(passed, list) or len(passed) > MAX_KEYS:
@@ -72,11 +80,12 @@ def load_passed(identity: DeviceIdentity, cudnn_version: str, root: str | os.Pat
 
 def save_passed(identity: DeviceIdentity, cudnn_version: str, passed: Iterable[ProbeKey],
                 root: str | os.PathLike | None = None) -> Path:
-    """Write the passed probe keys (replacing the file, atomically)."""
+    """Write the passed probe keys (replacing the file atomically: a temporary file of its own per
+    writer, then a rename, so two threads or processes writing at once leave one whole file)."""
     path = probe_file(identity, cudnn_version, root, create=True)
     document = {"format": FORMAT, "identity_key": identity.key, "cudnn": cudnn_version,
-                "passed": sorted(list(key) for key in passed)[:MAX_KEYS]}
-    temporary = path.with_suffix(f".json.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(document, indent=1))
-    temporary.replace(path)
+                "attn_dispatch": package_version(), "passed": sorted(list(key) for key in passed)[:MAX_KEYS]}
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.stem, suffix=".tmp", delete=False) as handle:
+        handle.write(json.dumps(document, indent=1))
+    Path(handle.name).replace(path)
     return path

@@ -64,7 +64,8 @@ def _no_cyclic_collection():
     acyclic objects, enough to set off full collections over everything the process holds (a
     process with torch and transformers loaded), which made the bundled H200 table's load take
     0.08-0.22 s from one run to the next on the 2-core CPU against 0.07-0.09 s paused. Nothing of the
-    parse is cyclic, so nothing is left for the collector that it would have freed."""
+    parse is cyclic, so nothing is left for the collector that it would have freed. The switch is
+    the process's: a `gc.disable()` another thread makes during a parse is undone at its end."""
     enabled = gc.isenabled()
     gc.disable()
     try:

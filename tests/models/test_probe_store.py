@@ -83,3 +83,16 @@ def test_no_cache_off_gpus_or_when_the_device_cannot_be_identified(monkeypatch, 
     monkeypatch.setattr(DeviceIdentity, "detect", classmethod(fails))
     assert probe_cache.ProbeCache.for_device(torch.device("cuda"), str(tmp_path)) is None
 
+
+
+def test_a_file_written_by_another_release_is_not_read(tmp_path, monkeypatch):
+    from attn_dispatch.models import probe_store
+
+    monkeypatch.setattr(probe_store, "package_version", lambda: "0.0.1")
+    old = save_passed(CARD, "91002", PASSED, tmp_path)
+    monkeypatch.setattr(probe_store, "package_version", lambda: "0.0.2")
+    assert load_passed(CARD, "91002", tmp_path) == set()
+    other = probe_file(CARD, "91002", tmp_path, create=True)
+    other.write_text(old.read_text())  # the old content under the new release's name
+    assert load_passed(CARD, "91002", tmp_path) == set()
+    assert not list(tmp_path.glob("probes/*.tmp"))  # no temporary file left behind
