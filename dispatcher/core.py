@@ -177,7 +177,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
                             attn_mask is not None and entry.check(query, key, value, attn_mask) if entry.masked
                             else attn_mask is None and entry.check(query, key, value))):
                         plan, key_ = entry.plan, entry.key
-                        if plan.sdpa_flags is None and _respecting[0] and not (
+                        if not entry.pytorch_call and _respecting[0] and not (
                                 _flash_on() and _efficient_on() and _math_on() and _cudnn_on()):
                             plan = None  # sdpa_kernel restrictions: `route` below. A plan that is one call of
                             # PyTorch's SDPA makes that same call (and re-raises its error, below): 0.17 us less

@@ -9,6 +9,7 @@ import torch
 
 from attn_dispatch.dispatcher import sdpa_context
 from attn_dispatch.dispatcher._plan import cache_key
+from attn_dispatch.dispatcher.autocast import any_autocast, autocast_inputs
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
 from attn_dispatch.dispatcher.training_route import pytorch_route_reason
 from attn_dispatch.kernels import Problem
@@ -33,6 +34,9 @@ class Explaining:
     ) -> Decision:
         """The decision `attention` makes (or made) for these arguments, without running it."""
         attn_mask, is_causal = sdpa_context.explain_arguments(query, key, attn_mask, is_causal)  # issue 13 hook
+        cast = autocast_inputs(query, key, value, attn_mask) if any_autocast() else None
+        if cast is not None:  # under torch.autocast: the inputs `attention` runs (`autocast`)
+            query, key, value, attn_mask = cast
         key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
         plan = self._plans.get(key_)
         if plan is None or plan.recheck:

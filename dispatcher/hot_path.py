@@ -79,9 +79,11 @@ def tensor_guard(tensors: tuple[torch.Tensor, ...]) -> Callable[..., bool] | Non
 class HotEntry:
     """One hot plan: ``check`` (`tensor_guard` over query, key, value and the mask when there is
     one), the plan and its cache key, and the call's ``is_causal``, ``enable_gqa`` and whether it
-    had a mask."""
+    had a mask. ``pytorch_call``: the plan is one call of PyTorch's SDPA with the call's own
+    arguments (`Plan.sdpa_flags`, ``enable_gqa`` not dropped), the same call `route` would make
+    under `sdpa_kernel` restrictions."""
 
-    __slots__ = ("check", "plan", "key", "is_causal", "enable_gqa", "masked")
+    __slots__ = ("check", "plan", "key", "is_causal", "enable_gqa", "masked", "pytorch_call")
 
     def __init__(self, check: Callable[..., bool], plan, key: tuple, is_causal: bool, enable_gqa: bool,
                  masked: bool) -> None:
@@ -91,6 +93,8 @@ class HotEntry:
         self.is_causal = is_causal
         self.enable_gqa = enable_gqa
         self.masked = masked
+        flags = plan.sdpa_flags
+        self.pytorch_call = flags is not None and (not enable_gqa or "enable_gqa" in flags)
 
 
 def promoted(slots: tuple, entry: HotEntry) -> tuple:

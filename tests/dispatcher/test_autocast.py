@@ -56,3 +56,11 @@ def test_training_under_autocast_gives_gradients_in_the_leaves_dtype():
     assert out.dtype == torch.bfloat16
     out.float().sum().backward()
     assert q.grad is not None and q.grad.dtype == torch.float32
+
+
+def test_explain_under_autocast_explains_the_call_attention_runs():
+    q, k, v = _inputs()
+    ours = Dispatcher(kernels=["math", "sdpa_default"])
+    assert ours.explain(q, k, v).problem.dtype == "float32"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert ours.explain(q, k, v).problem.dtype == "bfloat16"

@@ -229,3 +229,18 @@ def test_a_hot_plan_that_is_pytorchs_call_keeps_pytorchs_behaviour_under_restric
 
 def test_rehot_is_every_power_of_two_past_hot_after():
     assert [calls for calls in range(1, 70) if rehot(calls)] == [c for c in (4, 8, 16, 32, 64) if c > HOT_AFTER]
+
+
+def test_a_plan_that_drops_enable_gqa_is_not_taken_for_pytorchs_own_call():
+    """Equal head counts with enable_gqa=True: the plan calls PyTorch's SDPA without the flag (the
+    same result), so under sdpa_kernel restrictions the hot path leaves the call to `route`, which
+    passes the flag as given."""
+    q, k, v = _inputs(heads=2, kv_heads=2)
+    ours = Dispatcher(kernels=["sdpa_default"])
+    with torch.no_grad():
+        for _ in range(HOT_AFTER + 1):
+            ours.attention(q, k, v, enable_gqa=True)
+            ours.attention(q, k, v)
+    by_flag = {entry.enable_gqa: entry for entry in ours._hot}
+    assert by_flag[False].pytorch_call
+    assert by_flag[True].plan.sdpa_flags == {} and not by_flag[True].pytorch_call
