@@ -11,6 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attn_dispatch.dispatcher import Dispatcher, core, hot_path
 from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HOT_SLOTS, rehot, tensor_guard
+from attn_dispatch.kernels.sdpa_backends import TORCH_HAS_ENABLE_GQA
 from tests.dispatcher.helpers import FixedRanker, use_ranking
 
 
@@ -231,6 +232,7 @@ def test_rehot_is_every_power_of_two_past_hot_after():
     assert [calls for calls in range(1, 70) if rehot(calls)] == [c for c in (4, 8, 16, 32, 64) if c > HOT_AFTER]
 
 
+@pytest.mark.skipif(not TORCH_HAS_ENABLE_GQA, reason="no in-place call on torch < 2.5")
 def test_a_plan_that_drops_enable_gqa_is_not_taken_for_pytorchs_own_call():
     """Equal head counts with enable_gqa=True: the plan calls PyTorch's SDPA without the flag (the
     same result), so under sdpa_kernel restrictions the hot path leaves the call to `route`, which
