@@ -16,6 +16,10 @@ the bucket takes the fastest; PyTorch's choice stays unless another is faster be
   and as well as tuning's up to seven contenders; on the 2-core CPU, after three quick
   calibrations each, the held-out shapes ran at 0.89-1.01x PyTorch's default (geomean) with the
   check, against 1.06-1.15x without it (bench/quick_mode_cpu.py, 2026-12-01);
+- on a CPU where those are all PyTorch's backends, also the table's first of our own kernels
+  (`own_family_option`): after three quick calibrations each, alternating, the held-out CPU shapes
+  ran at 1.09-1.11x the fastest kernel with it against 1.17-1.18x without (bench/quick_mode_cpu.py,
+  2026-12-02, docs/RESULTS.md section 8);
 - except decode on a GPU (one query row) with PyTorch's backends, where only a table pick other
   than the default is checked against it: there PyTorch's default was within 2% of the fastest
   kernel on the grid, these calls are host-bound (a stopwatch on one decode call is least
@@ -108,12 +112,32 @@ def checked_options(options: tuple[Option, ...], device: torch.device, problem: 
         picked = list(options[:CHECKED_CHOICES])
         if device.type == "cuda":
             picked += [option for option in options if option.kernel.name == GPU_ALSO_CHECKED]
+        elif device.type == "cpu":
+            picked += own_family_option(options, picked)
     if default.kernel.name in sets_up:  # what a new shape may swap to must have been timed (`Bucket.may_replace_first`)
         free = [option for option in options if option.kernel.name not in sets_up and _fast_enough(option)]
         picked += [option for option in free if option.kernel.name == GPU_ALSO_CHECKED] or free[:SETUP_FREE_CHECKED]
     names = {option.kernel.name for option in picked} | {default.kernel.name}
     checked = tuple(option for option in options if option.kernel.name in names and _fast_enough(option))
     return checked if len(checked) > 1 else ()
+
+
+def own_family_option(options: tuple[Option, ...], picked: list[Option]) -> list[Option]:
+    """Where `picked` holds only PyTorch's backends: the table's first option of one of our own
+    kernel families, as a list of at most one. Timed on a CPU bucket's first call: after quick
+    calibrations the misses on held-out CPU shapes were decode calls against 3000-5000 keys where
+    `small_q` or `chunked` was fastest and the table ranked PyTorch's default and flash first
+    (docs/RESULTS.md sections 8 and 12). On the H200 grids the same addition changed no pick
+    (`bench/first_call_check_simulation.py`, policy shipped+family)."""
+    if any(not _innermost_family(option.kernel).startswith("sdpa_") for option in picked):
+        return []
+    return next(([option] for option in options if not _innermost_family(option.kernel).startswith("sdpa_")), [])
+
+
+def _innermost_family(kernel) -> str:
+    """The family that does the work: a conversion's inner kernel's (``convert[...]+small_q[...]``: small_q)."""
+    inner = getattr(kernel, "inner", None)
+    return kernel.family if inner is None else _innermost_family(inner)
 
 
 def _fast_enough(option: Option) -> bool:

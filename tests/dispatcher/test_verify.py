@@ -164,3 +164,16 @@ def test_the_portable_set_checks_its_first_two_choices(monkeypatch):
     monkeypatch.setattr(verify, "tune", lambda options, *a, **k: timed.append([o.kernel.name for o in options]))
     ours.attention(**qkv(q_len=8, kv_len=64))
     assert timed == [[o.kernel.name for o in options[:2]]]  # the dispatcher passes its set's kind along
+
+
+def test_on_a_cpu_where_the_table_put_pytorchs_backends_first_its_first_own_kernel_is_timed_too(monkeypatch):
+    kernels = ["sdpa_default", "sdpa_flash", "convert[contiguous]+sdpa_flash", "small_q[splits=8]", "math"]
+    use_ranking(monkeypatch, FixedRanker(kernels))
+    options = Dispatcher(kernels=kernels)._planner(torch.device("cpu")).decide(
+        qkv_problem(), None, budget=None, tune=False, on_failure=lambda *a: None).options
+    decode = qkv_problem()
+    cpu = [o.kernel.name for o in verify.checked_options(options, torch.device("cpu"), decode)]
+    assert cpu == ["sdpa_default", "sdpa_flash", "small_q[splits=8]"]  # a conversion of flash is still PyTorch's
+    gpu_prefill = Problem(1, 4, 4, 16, 64, 16, 16, "float16", device_type="cuda")
+    gpu = [o.kernel.name for o in verify.checked_options(options, CUDA, gpu_prefill)]
+    assert "small_q[splits=8]" not in gpu  # on a GPU the grids gave it no pick (first_call_check_simulation)
