@@ -8,14 +8,14 @@ timing.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import weakref
 from collections.abc import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from attn_dispatch.models.gc_pause import cyclic_collection_paused
 
 
 class StoragePeakTracker(TorchDispatchMode):
@@ -58,26 +58,13 @@ def measure_peak_bytes(call: Callable[[], object], device: torch.device) -> tupl
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        with _no_garbage_collection():
+        # garbage from earlier work (a cycle holding GPU tensors) freed mid-call would lower the
+        # allocator's count below the start and hide the call's own allocations: on the H200 two kernels
+        # measured a peak of 0 bytes in the test suite (`gc.collect()` first cost ~60 ms per call)
+        with cyclic_collection_paused():
             result = call()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before, result
     with StoragePeakTracker() as tracker:
         result = call()
     return tracker.peak, result
-
-
-@contextlib.contextmanager
-def _no_garbage_collection():
-    """Keep Python's cycle collector out of a measured call. Garbage from earlier work (a
-    reference cycle holding GPU tensors) freed in the middle of the call lowers the allocator's
-    count below the starting point and hides the call's own allocations: on the H200 two kernels
-    measured a peak of 0 bytes in the test suite. (`gc.collect()` before each measurement fixed
-    that too, but cost ~60 ms per call and tripled the bench's time per shape.)"""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

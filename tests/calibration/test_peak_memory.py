@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from attn_dispatch.calibration.peak_memory import _no_garbage_collection
+from attn_dispatch.models.gc_pause import cyclic_collection_paused as _no_garbage_collection
 
 
 @pytest.mark.parametrize("enabled_before", [True, False])
