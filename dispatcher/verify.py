@@ -58,6 +58,7 @@ from attn_dispatch.dispatcher.planning import Option
 from attn_dispatch.dispatcher.ranking import FALLBACK_FIRST
 from attn_dispatch.dispatcher.tuning import put_first, tune
 from attn_dispatch.kernels import Problem
+from attn_dispatch.kernels.registry import uses_fused_backend
 
 VERIFY_ENV = "ATTN_DISPATCH_VERIFY"
 OFF_VALUES = ("0", "false", "no", "off")
@@ -129,15 +130,9 @@ def own_family_option(options: tuple[Option, ...], picked: list[Option]) -> list
     `small_q` or `chunked` was fastest and the table ranked PyTorch's default and flash first
     (docs/RESULTS.md sections 8 and 12). On the H200 grids the same addition changed no pick
     (`bench/first_call_check_simulation.py`, policy shipped+family)."""
-    if any(not _innermost_family(option.kernel).startswith("sdpa_") for option in picked):
+    if not all(uses_fused_backend(option.kernel) for option in picked):
         return []
-    return next(([option] for option in options if not _innermost_family(option.kernel).startswith("sdpa_")), [])
-
-
-def _innermost_family(kernel) -> str:
-    """The family that does the work: a conversion's inner kernel's (``convert[...]+small_q[...]``: small_q)."""
-    inner = getattr(kernel, "inner", None)
-    return kernel.family if inner is None else _innermost_family(inner)
+    return next(([option] for option in options if not uses_fused_backend(option.kernel)), [])
 
 
 def _fast_enough(option: Option) -> bool:

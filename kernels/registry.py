@@ -92,10 +92,11 @@ def all_kernels(*, policy: AccuracyPolicy = LOSSLESS) -> list[Kernel]:
 
 def portable_kernels(*, policy: AccuracyPolicy = LOSSLESS) -> list[Kernel]:
     """What a card without fused SDPA backends has (gfx906): math, chunked, small_q, convert."""
-    return [k for k in all_kernels(policy=policy) if not _uses_fused_backend(k)]
+    return [k for k in all_kernels(policy=policy) if not uses_fused_backend(k)]
 
 
-def _uses_fused_backend(kernel: Kernel) -> bool:
+def uses_fused_backend(kernel: Kernel) -> bool:
+    """Whether PyTorch's SDPA (a backend or its default) does the work, a conversion's inner kernel included."""
     inner = kernel.inner if isinstance(kernel, ConvertKernel) else kernel
     return inner.family.startswith("sdpa_")
 
