@@ -25,7 +25,7 @@ from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.explaining import Explaining
-from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HotEntry, HotPlans, hot_path_enabled
+from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HotEntry, HotPlans, hot_path_enabled, rehot
 from attn_dispatch.dispatcher.kernel_set import kernel_set
 from attn_dispatch.dispatcher.memory import (
     budget_from_env,
@@ -180,7 +180,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
                         if not entry.pytorch_call and _respecting[0] and not (
                                 _flash_on() and _efficient_on() and _math_on() and _cudnn_on()):
                             plan = None  # sdpa_kernel restrictions: `route` below. A plan that is one call of
-                            # PyTorch's SDPA makes that same call (and re-raises its error, below): 0.17 us less
+                            # PyTorch's SDPA makes that same call (re-raising its error, below): ~600 instructions less
                         break
         if plan is None:
             # issue 13 hook, before any size is read: sdpa_kernel restrictions, CausalBias, a query subclass
@@ -234,7 +234,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
                     # not failures remembered against the bucket's kernels): PyTorch's SDPA (issue 13), no plan kept
                     return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
                 plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
-            elif (upcoming := plan.count[0] + 1) > HOT_AFTER and not upcoming & (upcoming - 1):  # `rehot`, inline
+            elif rehot(plan.count[0] + 1):  # a warm plan off the hot path goes back on now and then
                 self._make_hot(key_, plan, query, key, value, attn_mask, is_causal, enable_gqa)
         count = plan.count
         calls = count[0] + 1  # the cell read once, not twice: 25 ns
