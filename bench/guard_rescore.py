@@ -1,6 +1,7 @@
 """Table-only quality before and after the quality guard and measured entries, off the card.
 
-Refits a recorded calibration the way `attn-dispatch calibrate` does (`models.fit.fit_and_build`)
+Refits a recorded calibration (plus, with ``--grid``, the points of recorded LLM grid runs:
+`bench.grid_measurements`) the way `attn-dispatch calibrate` does (`models.fit.fit_and_build`)
 and prints, on its held-out problems (seed 0, 20%), the choices of the table as it was built
 before issue 15 (model, then decision map) and of the guarded table (measured entries of the
 training problems, regions kept for PyTorch's default, the verdict). Then it scores whole tables
@@ -33,6 +34,8 @@ from attn_dispatch.models.quality import ChoiceQuality
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table, save_table
+
+from bench.grid_measurements import grid_measurements
 
 
 def _line(label: str, q: ChoiceQuality | None) -> str:
@@ -82,6 +85,8 @@ def main() -> None:
     parser.add_argument("--bench", nargs="*", default=[], help="recorded bench runs (.json.gz) to score the tables on")
     parser.add_argument("--before", default=None, help="a table to compare on the bench runs (e.g. the bundled one)")
     parser.add_argument("--out", default=None, help="write the refitted table here")
+    parser.add_argument("--grid", nargs="*", default=[],
+                        help="recorded LLM grid runs (`bench.llm_grid` JSON lines) whose points join the calibration's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--note", action="append", default=[], help="add this note to the table's provenance")
     args = parser.parse_args()
@@ -90,6 +95,7 @@ def main() -> None:
     with gzip.open(f"{args.run}_measurements.jsonl.gz", "rt") as handle:
         points = [Measurement.from_dict(json.loads(line)) for line in handle]
     identity = DeviceIdentity.from_dict(summary["identity"])
+    points += grid_measurements(args.grid, identity.key)
     before = load_table(args.before) if args.before else None  # read before --out may replace it
     gated, _ = apply_numerics_gate(points)  # calibrate's own steps (`calibration.finish.fit_and_write`)
     names = sorted({m.kernel for m in gated if m.ok})

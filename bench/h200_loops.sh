@@ -9,6 +9,8 @@
 #   training    bench/training_memory.py (Wan2.1-shaped forward+backward under 16 GiB, portable)
 #   overhead    bench/dispatch_overhead.py (dispatcher vs F.sdpa, interleaved)
 #   grid        bench/llm_grid.py: the 580-shape LLM grid, warm (PyTorch's default, every kernel, the table alone, as shipped, tuned)
+#   heldout     the same on HELDOUT_SHAPES shapes off the grid (llm_grid --heldout), then the tables (the one
+#               before the `table` stage, the bundled one) scored on them off their timings (bench/table_cv.py --folds 0)
 #   decode      bench/decode_loop.py: 32 layers per token, contexts 1k/8k/32k, batch 1 and 8, fresh processes
 #               (DECODE_FLAGS="--same-process --passes 3": SDPA and the dispatcher in one process, alternating)
 #   llm | llm-batch | llm-static | llm-interleaved | dit | portable | fp32   bench/e2e.py matrices (llm-interleaved:
@@ -23,7 +25,8 @@ run() { echo "== $(date +%T) $*" | tee -a "$OUT/loops/log.txt" >&2; "$@" 2>&1 | 
 for stage in "$@"; do
   case $stage in
     setup) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ;;
-    table) PYTHON=python3 run timeout 240 bash bench/regenerate_h200_table.sh && cp models/tables/nvidia-h200-140gb.json "$OUT/loops/" \
+    table) cp models/tables/nvidia-h200-140gb.json "$OUT/loops/table_before.json"
+           PYTHON=python3 run timeout 240 bash bench/regenerate_h200_table.sh && cp models/tables/nvidia-h200-140gb.json "$OUT/loops/" \
              && run python3 -m attn_dispatch import models/tables/nvidia-h200-140gb.json ;;
     coldshape) run timeout 240 python3 -m attn_dispatch.calibration.cold_shape --device cuda --store --json "$OUT/loops/cold_shape.json"
                cp -r "$ATTN_DISPATCH_HOME/cold_shape" "$OUT/loops/cold_shape_store" 2>/dev/null ;;
@@ -32,6 +35,11 @@ for stage in "$@"; do
     training) run timeout 300 python3 -m bench.training_memory --device cuda --out "$OUT/loops/training_memory_h200.json" ;;
     overhead) run timeout 240 python3 -m bench.dispatch_overhead --device cuda --rounds 100 --calls 50 --out "$OUT/loops" ;;
     grid) run timeout ${GRID_TIMEOUT:-480} python3 -m bench.llm_grid --device cuda --budget-s ${GRID_BUDGET:-400} --out "$OUT/loops/llm_grid.jsonl" ;;
+    heldout) run timeout ${HELDOUT_TIMEOUT:-330} python3 -m bench.llm_grid --device cuda --heldout ${HELDOUT_SHAPES:-300} \
+               --budget-s ${HELDOUT_BUDGET:-240} --out "$OUT/loops/heldout_grid.jsonl"
+             run timeout 120 python3 -m bench.table_cv bench/results/h200_calibrations/run6_more_problems --folds 0 \
+               --table $(ls "$OUT/loops/table_before.json" 2>/dev/null) models/tables/nvidia-h200-140gb.json \
+               --score "$OUT/loops/heldout_grid.jsonl" ;;
     decode) run timeout 420 python3 -m bench.decode_loop --device cuda --contexts ${CONTEXTS:-1024,8192,32768} --batches ${BATCHES:-1,8} \
               --tokens ${TOKENS:-32} --layers 32 --repeats ${REPEATS:-1} ${DECODE_FLAGS:-} --out "$OUT/loops/decode_loop.jsonl" ;;
     llm|llm-batch|llm-static|llm-interleaved|dit|portable|fp32)

@@ -25,6 +25,7 @@ interquartile ranges per path. Shapes run in a shuffled order (`--seed`), so a r
 
 Usage (from the repository root, the card's table installed or bundled):
     python -m bench.llm_grid --device cuda --out bench/results/llm_grid.jsonl [--budget-s 420]
+    python -m bench.llm_grid --device cuda --heldout 200 --out heldout.jsonl   # shapes off the grid
     python -m bench.llm_grid --summarize bench/results/llm_grid.jsonl
 """
 
@@ -78,6 +79,45 @@ def grid_problems(device_type: str = "cuda") -> list[Problem]:
                         if q < s or (q == s and q in GRID_CAUSAL_LENS):
                             problems.append(Problem(BATCH, Q_HEADS, kv_heads, q, s, dim, dim, dtype, causal=q == s,
                                                     device_type=device_type))
+    return problems
+
+
+HELDOUT_BATCHES = (1, 2, 4)
+HELDOUT_HEADS = ((32, 32), (32, 8), (40, 8), (28, 4))  # (query heads, K/V heads): the grid's, plus two it lacks
+HELDOUT_HEAD_DIMS = (64, 96, 128, 256)
+HELDOUT_KV_RANGE = (600, 110_000)
+HELDOUT_KV_BYTES = 8 << 30  # K and V of one shape at most this large (keeps every path on the card)
+HELDOUT_DECODE_SHARE, HELDOUT_SMALL_Q_SHARE = 0.25, 0.45  # Lq = 1; Lq 2-96; the rest 100-6000, a sixth causal
+
+
+def heldout_problems(count: int, seed: int, device_type: str = "cuda") -> list[Problem]:
+    """`count` shapes off the grid, drawn with `seed`: lengths between its powers of two (log-uniform),
+    batches 2 and 4, head counts 40/8 and 28/4 and head dim 96 beside the grid's. A table fitted on
+    grid measurements meets these in buckets the grid has (lengths rounding up to its powers of two)
+    and in buckets it lacks: issue 15's "held-out shapes", drawn the same way every run."""
+    rng = random.Random(seed)
+    problems: list[Problem] = []
+
+    def log_uniform(low: float, high: float) -> int:
+        return round(math.exp(rng.uniform(math.log(low), math.log(high))))
+
+    while len(problems) < count:
+        batch, (q_heads, kv_heads) = rng.choice(HELDOUT_BATCHES), rng.choice(HELDOUT_HEADS)
+        dim, dtype = rng.choice(HELDOUT_HEAD_DIMS), rng.choice(GRID_DTYPES)
+        draw = rng.random()
+        s = log_uniform(*HELDOUT_KV_RANGE)
+        if draw < HELDOUT_DECODE_SHARE:
+            q, causal = 1, False
+        elif draw < HELDOUT_DECODE_SHARE + HELDOUT_SMALL_Q_SHARE:
+            q, causal = log_uniform(2, 96), False
+        else:
+            q = log_uniform(100, 6000)
+            causal = rng.random() < 1 / 6
+            s = q if causal else max(s, q + 1)
+        if q in GRID_Q_LENS and s in GRID_KV_LENS or 2 * batch * kv_heads * s * dim * 2 > HELDOUT_KV_BYTES:
+            continue
+        problems.append(Problem(batch, q_heads, kv_heads, q, s, dim, dim, dtype, causal=causal,
+                                device_type=device_type))
     return problems
 
 
@@ -177,7 +217,8 @@ def run(args) -> None:
     import attn_dispatch as ad
 
     device = torch.device(args.device)
-    problems = [p for p in grid_problems(device.type) if p.kv_len <= args.max_kv and p.head_dim <= args.max_head_dim]
+    shapes = grid_problems(device.type) if args.heldout == 0 else heldout_problems(args.heldout, args.seed + 1, device.type)
+    problems = [p for p in shapes if p.kv_len <= args.max_kv and p.head_dim <= args.max_head_dim]
     random.Random(args.seed).shuffle(problems)
     if args.limit:
         problems = problems[: args.limit]
@@ -254,6 +295,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="only the first N shapes of the shuffled grid")
     parser.add_argument("--max-kv", type=int, default=max(GRID_KV_LENS), help="only shapes with at most this many keys")
     parser.add_argument("--max-head-dim", type=int, default=max(GRID_HEAD_DIMS), help="only shapes with at most this head dim")
+    parser.add_argument("--heldout", type=int, default=0, metavar="N",
+                        help="N shapes off the grid instead of the grid (`heldout_problems`, drawn with --seed + 1)")
     parser.add_argument("--summarize", metavar="FILE", help="print the summary of a results file and stop")
     args = parser.parse_args()
     if args.summarize:

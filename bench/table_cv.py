@@ -1,0 +1,147 @@
+"""Table-only quality on grid shapes it was not fitted on: grouped K-fold over recorded LLM grids.
+
+Each fold fits a table the way `attn-dispatch calibrate` does (`models.fit.fit_and_build`: gate,
+cost model, quality guard, measured entries) on a recorded calibration plus the grid points of the
+other folds (`bench.grid_measurements`), then scores its first choice on the fold's shapes against
+the fastest kernel timed there and against PyTorch's default, as `bench.guard_rescore` scores a
+table on a bench. No point of a scored shape is in its fold's fit, from any grid file. ``--group
+family`` holds out whole families (dtype, head dim, GQA ratio) instead of shapes: extrapolation
+rather than interpolation. The tables given with ``--table`` (e.g. the bundled one) are scored on
+the same shapes.
+
+    python -m bench.table_cv bench/results/h200_calibrations/run6_more_problems \\
+        --grid bench/results/h200_session6/run1_llm_grid.jsonl bench/results/h200_session7/run1_llm_grid.jsonl \\
+        --score bench/results/h200_session8/run3_llm_grid.jsonl --table models/tables/nvidia-h200-140gb.json
+
+Off the card PyTorch's backends are assumed available (`kernels.sdpa_probe`); `sdpa_default`'s
+workspace feature then follows what this machine computes (`bench.refit_table`'s caveat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+
+from attn_dispatch.calibration.finish import HOLDOUT_FRACTION, apply_numerics_gate
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.sdpa_probe import assume_backends_available
+from attn_dispatch.models.fit import fit_and_build
+from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measured import DEFAULT_KERNEL
+from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.table import ThresholdTable
+from attn_dispatch.models.table_io import load_table
+
+from bench.grid_measurements import grid_measurements, grid_times
+
+SLOW_PICK = 1.5
+"""A pick this many times the fastest counts as a bad one (issue 15's "worst <= 1.5")."""
+DEFAULT_TOLERANCE = 1.03
+"""A pick slower than PyTorch's default by more than this counts against it (issue 14's 3%)."""
+
+
+def shape_group(problem: Problem) -> tuple:
+    return (problem.batch, problem.q_heads, problem.kv_heads, problem.q_len, problem.kv_len, problem.head_dim,
+            problem.dtype, problem.causal, problem.mask_kind)
+
+
+def family_group(problem: Problem) -> tuple:
+    return (problem.dtype, problem.head_dim, problem.q_heads // max(problem.kv_heads, 1))
+
+
+GROUPINGS: dict[str, Callable[[Problem], tuple]] = {"shape": shape_group, "family": family_group}
+
+
+def first_choice(table: ThresholdTable, problem: Problem, times: dict[str, float]) -> str:
+    """The table's first choice among the kernels timed for `problem`."""
+    return table.rank(problem, [kernel_named(name) for name in times])[0][0]
+
+
+def geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def summary(ratios: list[tuple[float, float | None, str]]) -> str:
+    """(pick / fastest, pick / default, label) per shape -> one line."""
+    to_best = [r for r, _, _ in ratios]
+    to_default = [d for _, d, _ in ratios if d is not None]
+    worst = max(ratios, default=(float("nan"), None, ""))
+    return (f"{len(ratios)} shapes: vs fastest geomean {geomean(to_best):.3f}x, worst {worst[0]:.2f}x ({worst[2]}), "
+            f"{sum(r > SLOW_PICK for r in to_best)} over {SLOW_PICK}x; vs PyTorch's default geomean "
+            f"{geomean(to_default):.3f}x, {sum(d > DEFAULT_TOLERANCE for d in to_default)} over {DEFAULT_TOLERANCE}x")
+
+
+def scored(table: ThresholdTable, shapes) -> list[tuple[float, float | None, str]]:
+    out = []
+    for problem, times in shapes:
+        picked = times[first_choice(table, problem, times)]
+        default = times.get(DEFAULT_KERNEL)
+        label = (f"B{problem.batch} {problem.q_heads}/{problem.kv_heads} Lq{problem.q_len} Lk{problem.kv_len} "
+                 f"D{problem.head_dim} {problem.dtype}")
+        out.append((picked / min(times.values()), None if default is None else picked / default, label))
+    return out
+
+
+def folds_of(groups: list[tuple], k: int, seed: int) -> list[set]:
+    distinct = sorted(set(groups), key=repr)
+    random.Random(seed).shuffle(distinct)
+    return [set(distinct[i::k]) for i in range(k)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", help="path prefix of a calibration's <run>_measurements.jsonl.gz and <run>_summary.json")
+    parser.add_argument("--grid", nargs="*", default=[], help="grid files (JSON lines) whose points the folds fit on")
+    parser.add_argument("--score", nargs="+", default=None, help="grid files scored (default: the --grid files)")
+    parser.add_argument("--table", nargs="*", default=[], help="tables to score on the same shapes")
+    parser.add_argument("--folds", type=int, default=5, help="0: only score the --table tables")
+    parser.add_argument("--group", choices=sorted(GROUPINGS), default="shape")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--worst", type=int, default=0, help="also list this many worst held-out picks per file")
+    args = parser.parse_args()
+    if args.folds and not args.grid:
+        parser.error("--grid: the folds fit on grid files; give some, or --folds 0 to only score --table tables")
+    with open(f"{args.run}_summary.json") as handle:
+        summary_json = json.load(handle)
+    with gzip.open(f"{args.run}_measurements.jsonl.gz", "rt") as handle:
+        calibration = [Measurement.from_dict(json.loads(line)) for line in handle]
+    identity = DeviceIdentity.from_dict(summary_json["identity"])
+    grid_points = grid_measurements(args.grid, identity.key)
+    group = GROUPINGS[args.group]
+    score_files = args.score or args.grid
+    shapes_by_file = {path: grid_times(path) for path in score_files}
+    all_groups = [group(p) for shapes in shapes_by_file.values() for p, _ in shapes]
+    folds = folds_of(all_groups, args.folds, args.seed) if args.folds else []
+    print(f"{args.run} + {len(grid_points)} grid points from {len(args.grid)} files; {args.folds} folds by {args.group}")
+    with assume_backends_available():
+        for path in args.table:
+            table = load_table(path)
+            for score_path, shapes in shapes_by_file.items():
+                print(f"table {path} on {score_path}: {summary(scored(table, shapes))}")
+        results: dict[str, list] = {path: [] for path in score_files} if folds else {}
+        for index, fold in enumerate(folds):
+            train = calibration + [m for m in grid_points if group(m.problem) not in fold]
+            gated, _ = apply_numerics_gate(train)
+            names = sorted({m.kernel for m in gated if m.ok})
+            started = time.perf_counter()
+            table, _, _ = fit_and_build([m for m in gated if m.status != "unsupported"], identity, kernel_names=names,
+                                        holdout_fraction=HOLDOUT_FRACTION, seed=args.seed)
+            fit_s = time.perf_counter() - started
+            for score_path, shapes in shapes_by_file.items():
+                held = [(p, t) for p, t in shapes if group(p) in fold]
+                results[score_path].extend(scored(table, held))
+            print(f"  fold {index + 1}/{args.folds}: {len(fold)} groups held out, fit {fit_s:.0f} s")
+        for score_path, ratios in results.items():
+            print(f"refit with the other folds' grid points, on {score_path}: {summary(ratios)}")
+            for ratio, to_default, label in sorted(ratios, reverse=True)[:args.worst]:
+                print(f"    {ratio:.2f}x the fastest, {to_default or float('nan'):.2f}x the default: {label}")
+
+
+if __name__ == "__main__":
+    main()

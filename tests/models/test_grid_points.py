@@ -1,0 +1,61 @@
+"""Grid runs as calibration points (`bench.grid_measurements`) and the held-out shape draw
+(`bench.llm_grid.heldout_problems`)."""
+
+from __future__ import annotations
+
+import json
+
+from bench.grid_measurements import grid_measurements, grid_times, kernel_of_path
+from bench.llm_grid import GRID_KV_LENS, GRID_Q_LENS, HELDOUT_KV_BYTES, heldout_problems
+
+PROBLEM = {"batch": 1, "q_heads": 32, "kv_heads": 8, "q_len": 1, "kv_len": 2048, "head_dim": 128, "value_dim": 128,
+           "dtype": "bfloat16", "causal": False, "mask_kind": "none", "mask_shape": [], "device_type": "cuda",
+           "strided": False, "broadcast_inputs": False}
+
+
+def write_grid(tmp_path, rows):
+    path = tmp_path / "grid.jsonl"
+    lines = [{"conditions": {"device": "cuda"}, "shapes": len(rows)}, *rows]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+def test_paths_map_to_kernel_names():
+    assert kernel_of_path("pytorch") == "sdpa_default"
+    assert kernel_of_path("kernel:small_q[splits=8]") == "small_q[splits=8]"
+    assert kernel_of_path("shipped") is None and kernel_of_path("table") is None
+
+
+def test_a_row_becomes_points_per_kernel(tmp_path):
+    row = {"problem": PROBLEM, "chosen": {}, "failed": {"kernel:small_q[splits=1]": "OutOfMemoryError: CUDA out of memory"},
+           "paths": {"pytorch": {"cold_s": 0.06, "median_s": 3e-5, "iqr_s": 1e-6, "samples": 5},
+                     "kernel:sdpa_flash": {"cold_s": 0.001, "median_s": 4e-5, "iqr_s": 2e-6, "samples": 5},
+                     "kernel:math": {"cold_s": 0.01, "median_s": None, "once_s": 2e-3},
+                     "shipped": {"cold_s": 0.2, "median_s": 3.1e-5, "iqr_s": 1e-6, "samples": 5}}}
+    points = {m.kernel: m for m in grid_measurements([write_grid(tmp_path, [row])], device_key="card")}
+    assert set(points) == {"sdpa_default", "sdpa_flash", "math", "small_q[splits=1]"}  # no dispatcher column
+    assert points["sdpa_default"].ok and points["sdpa_default"].median_s == 3e-5 and points["sdpa_default"].reps == 5
+    assert points["math"].ok and points["math"].median_s == 2e-3 and points["math"].reps == 1  # a loser timed once
+    assert points["small_q[splits=1]"].status == "infeasible" and not points["small_q[splits=1]"].ok
+    assert all(m.device_key == "card" and m.problem.kv_len == 2048 for m in points.values())
+
+
+def test_grid_times_keep_shapes_with_two_timed_kernels(tmp_path):
+    alone = {"problem": {**PROBLEM, "kv_len": 512}, "failed": {},
+             "paths": {"pytorch": {"median_s": 3e-5, "iqr_s": 0.0, "samples": 5}}}
+    pair = {"problem": PROBLEM, "failed": {},
+            "paths": {"pytorch": {"median_s": 3e-5, "iqr_s": 0.0, "samples": 5},
+                      "kernel:sdpa_flash": {"median_s": 2e-5, "iqr_s": 0.0, "samples": 5}}}
+    shapes = grid_times(write_grid(tmp_path, [alone, pair]))
+    assert [(p.kv_len, times) for p, times in shapes] == [(2048, {"sdpa_default": 3e-5, "sdpa_flash": 2e-5})]
+
+
+def test_heldout_shapes_are_off_the_grid_and_drawn_the_same_each_time():
+    problems = heldout_problems(120, seed=1)
+    assert problems == heldout_problems(120, seed=1) and problems != heldout_problems(120, seed=2)
+    assert len(problems) == 120
+    assert not any(p.q_len in GRID_Q_LENS and p.kv_len in GRID_KV_LENS for p in problems)
+    assert all(2 * p.batch * p.kv_heads * p.kv_len * p.head_dim * 2 <= HELDOUT_KV_BYTES for p in problems)
+    assert all(p.q_len <= p.kv_len for p in problems)
+    assert all(p.q_len == p.kv_len for p in problems if p.causal)
+    assert {p.q_len == 1 for p in problems} == {True, False}
