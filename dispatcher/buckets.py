@@ -25,7 +25,6 @@ from attn_dispatch.dispatcher.cold_shape import (
 from attn_dispatch.dispatcher.decision import Candidate, Decision, format_seconds
 from attn_dispatch.dispatcher.planning import Option, Ranked
 from attn_dispatch.kernels import Kernel, Problem
-from attn_dispatch.models.cold_shape_store import kind_of
 
 MAX_PLANS = 4096
 """Exact call shapes whose plans are kept per dispatcher: a decode loop with a growing cache makes
@@ -146,9 +145,8 @@ class Bucket:
         first = self.options[0]
         if expected_calls is None or is_set_up(first.kernel.name):
             return self.options, (), 0
-        kind = kind_of(self.ranked.problem.q_len)
         warm = [None if w is None else w if o.kernel.name in self.measured  # a floor bounds predictions only
-                else max(w, floor_seconds(o.kernel, kind, floors or {}) or 0.0)
+                else max(w, floor_seconds(o.kernel, floors or {}) or 0.0)
                 for o, w in zip(self.options, self.warm, strict=True)]
         costs = [
             expected_seconds(w, 0.0 if c and is_set_up(o.kernel.name) else c, expected_calls)

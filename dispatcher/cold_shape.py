@@ -25,6 +25,7 @@ import torch
 
 from attn_dispatch.dispatcher.decision import format_seconds
 from attn_dispatch.kernels import Kernel, Problem
+from attn_dispatch.kernels.registry import uses_fused_backend
 from attn_dispatch.kernels.sdpa_probe import default_backend_choice
 from attn_dispatch.models.cold_shape_store import kind_of, load_cold_costs
 
@@ -148,34 +149,42 @@ def measured_costs(device: torch.device, home: str | None, field: str = "seconds
         return {}
 
 
-def floor_seconds(kernel: Kernel, kind: str, floors: Mapping[str, Mapping[str, float]]) -> float | None:
-    """`kernel`'s measured per-call floor for this kind of problem: its own, else the smallest
-    measured for another variant of its family (the floor is the launch sequence's host time,
-    which the variants share: ``small_q[splits=1]`` launches what ``small_q[splits=16]`` does),
-    else its inner kernel's for a conversion (which only adds to it); None when none was measured."""
-    own = floors.get(kernel.name, {}).get(kind)
-    if own is not None:
-        return own
+def floor_seconds(kernel: Kernel, floors: Mapping[str, Mapping[str, float]]) -> float | None:
+    """`kernel`'s measured per-call floor: the smallest time per call measured for it, or for
+    another variant of its family (the floor is the launch sequence's host time, which the variants
+    share: ``small_q[splits=1]`` launches what ``small_q[splits=16]`` does), over every kind of probe
+    (decode and prefill alike: the smallest is the floor, whichever probe measured it); None when
+    none was measured, and for PyTorch's fused backends (one launch, a conversion's inner one
+    included: `kernels.registry.uses_fused_backend`).
+
+    Only the smallest is a floor: each kind's probe is one problem (`calibration.cold_shape`), and
+    a kernel that is busy on it measures its time there, not its launch cost. On the H200 the
+    prefill probe (1024 x 1024 causal, 32 heads) took flash 79 us against 27 us on the decode probe;
+    taken per kind, that "floor" put PyTorch's default ahead of flash on Lq 2-64 shapes where flash
+    ran in 25-40 us and the default in 50-150 us (1.5-3.8x slower; `bench/results/h200_session9`).
+    The fused backends' times at every size are in the table's own measurements."""
+    if uses_fused_backend(kernel):
+        return None
     inner = getattr(kernel, "inner", None)
-    if inner is not None:
-        return floor_seconds(inner, kind, floors)
+    if inner is not None:  # a conversion: its own floor, else its inner kernel's (which it only adds to)
+        own = floors.get(kernel.name)
+        return min(own.values()) if own else floor_seconds(inner, floors)
     prefix = kernel.family + "["
-    variants = [by_kind[kind] for name, by_kind in floors.items()
-                if (name == kernel.family or name.startswith(prefix)) and kind in by_kind]
-    return min(variants) if variants else None
+    measured = [seconds for name, by_kind in floors.items() if name == kernel.name or name == kernel.family
+                or name.startswith(prefix) for seconds in by_kind.values()]
+    return min(measured) if measured else None
 
 
 def floor_order(options: tuple, problem: Problem, warm: Sequence[float | None],
                 floors: Mapping[str, Mapping[str, float]]) -> tuple[tuple, str | None]:
     """`options` reordered by ``max(warm seconds, the kernel's measured per-call floor)`` where
-    the floor moves a kernel behind another (None: unchanged). A kernel's floor, its time per call
-    back to back on a small problem of this kind on this card (`calibration.cold_shape`), bounds
-    any larger problem of the kind from below: a table that predicts a many-launch kernel under it
-    (a Python kernel on a 20 us decode call) extrapolated past what the card can do."""
-    kind = kind_of(problem.q_len)
+    the floor moves a kernel behind another (None: unchanged). A kernel's floor (`floor_seconds`), the
+    least time per call back to back measured for it on this card's small probes
+    (`calibration.cold_shape`), bounds any problem from below: a table that predicts a many-launch
+    kernel under it (a Python kernel on a 20 us decode call) extrapolated past what the card can do."""
     effective = []
     for option, seconds in zip(options, warm, strict=True):
-        floor = floor_seconds(option.kernel, kind, floors)
+        floor = floor_seconds(option.kernel, floors)
         effective.append(None if seconds is None else max(seconds, floor or 0.0))
     known = [i for i, s in enumerate(effective) if s is not None]
     if not known or effective[0] is None:
