@@ -122,7 +122,11 @@ def fit_and_write(
         table = replace(table, provenance=replace(
             table.provenance, notes=(*table.provenance.notes, f"timed with {timing_threads}")))
     if too_busy:
-        table = replace(table, guard=Guard("default", TOO_BUSY_REASON))
+        # what is stored and said: PyTorch's default, not the scores' verdict nor the table it guarded
+        unguarded = {key: value for key, value in (table.quality or {}).items() if not key.startswith("guarded_")}
+        table = replace(table, guard=Guard("default", TOO_BUSY_REASON), quality=unguarded or table.quality)
+        if quality is not None:
+            quality = replace(quality, verdict=table.guard.describe(), guarded=None)
         outcome.note += f"{TOO_BUSY_REASON}: PyTorch's default serves outside measured buckets. "
     outcome.quality = quality.summary() if quality is not None else "not evaluated (too few problems)"
     outcome.table_paths = [store_for_lookup(table, identity)]
