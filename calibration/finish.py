@@ -82,10 +82,13 @@ def fit_and_write(
     seed: int,
     wall_s: float,
     too_busy: bool = False,
+    timing_threads: str = "",
 ) -> FitOutcome:
     """Gate, fit, build and write the table (see module docstring). `too_busy`: the machine was
     too busy to time kernels (measured anyway under ``--allow-busy``): the table's verdict is
-    PyTorch's default, whatever its held-out scores say (they were timed on the same noise)."""
+    PyTorch's default, whatever its held-out scores say (they were timed on the same noise).
+    `timing_threads`: on a CPU, the torch threads the points were timed with (e.g. "1 torch thread
+    of its 2"), kept as a provenance note: the table's card model counts logical CPUs instead."""
     # One order whatever the hosts' and workers' interleaving: the same points give the same table.
     measurements = sorted(measurements, key=lambda m: unit_key(m.problem, m.kernel))
     gated, excluded = apply_numerics_gate(measurements)
@@ -115,8 +118,15 @@ def fit_and_write(
         measured, identity, kernel_names=kernel_names, holdout_fraction=HOLDOUT_FRACTION, seed=seed,
         calibration_wall_s=wall_s,
     )
+    if timing_threads:
+        table = replace(table, provenance=replace(
+            table.provenance, notes=(*table.provenance.notes, f"timed with {timing_threads}")))
     if too_busy:
-        table = replace(table, guard=Guard("default", TOO_BUSY_REASON))
+        # what is stored and said: PyTorch's default, not the scores' verdict nor the table it guarded
+        unguarded = {key: value for key, value in (table.quality or {}).items() if not key.startswith("guarded_")}
+        table = replace(table, guard=Guard("default", TOO_BUSY_REASON), quality=unguarded or table.quality)
+        if quality is not None:
+            quality = replace(quality, verdict=table.guard.describe(), guarded=None)
         outcome.note += f"{TOO_BUSY_REASON}: PyTorch's default serves outside measured buckets. "
     outcome.quality = quality.summary() if quality is not None else "not evaluated (too few problems)"
     outcome.table_paths = [store_for_lookup(table, identity)]

@@ -66,6 +66,11 @@ BUSY_CPU_SHARE = 0.85
 # Stop under this share: above the 0.48-0.52 of a machine with one of its two cores taken (the
 # probe up to 100x slow there), below every quiet probe.
 STOP_CPU_SHARE = 0.6
+# From this spread on, `spread_words` writes it as a multiple of the median ("8.3x the median
+# time") instead of a percentage: a new user's busy probe printed "spread 832%", which reads as a
+# bug; past 100% the samples' middle half spans more than the median itself. Wording only: the
+# verdicts above read the number.
+SPREAD_AS_MULTIPLE = 1.0
 # A busy machine's timer: at least this many samples per point, and this many times the budget.
 WIDE_MIN_REPS = 7
 WIDE_BUDGET_FACTOR = 2.0
@@ -101,7 +106,7 @@ class Noise:
     def describe(self) -> str:
         """``verdict: the numbers it was decided on, with their thresholds`` (one line)."""
         verdict = "too busy to calibrate" if self.too_busy else "busy" if self.busy else "quiet"
-        parts = [f"reference point {self.median_s * 1e3:.2f} ms, spread {self.spread:.0%} "
+        parts = [f"reference point {self.median_s * 1e3:.2f} ms, spread {spread_words(self.spread)} "
                  f"(busy over {BUSY_SPREAD:.0%}, stop over {STOP_SPREAD:.0%})"]
         if self.cpu_share is None:
             parts.append("CPU share not measured")
@@ -115,6 +120,16 @@ class Noise:
         if self.load_per_cpu is not None:
             parts.append(f"load average {self.load_per_cpu:.2f} per CPU (reported only)")
         return f"{verdict}: " + ", ".join(parts)
+
+
+def spread_words(spread: float) -> str:
+    """A probe's spread (interquartile range / median) in words: ``0.68`` -> ``"68%"``; from
+    `SPREAD_AS_MULTIPLE` on, ``8.32`` -> ``"8.3x the median time"``."""
+    if not math.isfinite(spread):
+        return "not measurable (a zero median time)"
+    if spread < SPREAD_AS_MULTIPLE:
+        return f"{spread:.0%}"
+    return f"{spread:.1f}x the median time"
 
 
 def reference_problem(device_type: str) -> Problem:

@@ -23,7 +23,7 @@ from attn_dispatch.calibration.worker import Worker, WorkerReport
 from attn_dispatch.calibration.workload import for_device, read_workload
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.identity import DeviceIdentity, torch_threads
 from attn_dispatch.models.measurement import Measurement
 
 
@@ -53,6 +53,15 @@ class CalibrationSummary:
     @property
     def timed_now(self) -> int:
         return sum(r.timed for r in self.reports)
+
+    def timing_threads(self) -> str:
+        """``"1 torch thread of its 2"`` for a CPU calibration: the threads its workers timed with
+        (``--threads``), against the logical CPUs its card model counts ("(2 threads)"); "" on a GPU."""
+        threads = sorted({r.threads for r in self.reports if r.threads})
+        if self.identity.device_type != "cpu" or not threads:
+            return ""
+        used = torch_threads(threads[0]) if len(threads) == 1 else f"{'/'.join(map(str, threads))} torch threads"
+        return f"{used} of its {self.identity.compute_units} logical CPUs"
 
     def noise_lines(self) -> list[str]:
         if self.noise_start is None:
@@ -84,7 +93,9 @@ class CalibrationSummary:
         oom = sum(1 for m in self.measurements if m.status == "infeasible" and m.reason.startswith("out of memory"))
         stopped = ", ".join(sorted({r.stopped for r in self.reports})) or "-"
         out = [
-            f"calibrated {self.identity.model_key} on {', '.join(self.devices)} in {self.wall_s:.1f} s "
+            f"calibrated {self.identity.model_key} on {', '.join(self.devices)}"
+            + (f", timing with {self.timing_threads()}," if self.timing_threads() else "")
+            + f" in {self.wall_s:.1f} s "
             f"(measuring {self.measuring_s:.1f} s; workers stopped: {stopped})",
             f"points: {timed} measured on {problems} problems ({self.timed_now} timed now, {self.resumed_points} resumed); "
             f"{s['ok']} ok, {s['infeasible']} infeasible ({oom} out of memory, the rest over the memory budget or "
@@ -169,6 +180,6 @@ def calibrate(
     if fit:
         too_busy = any(noise is not None and noise.too_busy for noise in (summary.noise_start, summary.noise_end))
         summary.fit = fit_and_write(summary.measurements, identity, out=out, seed=config.seed, wall_s=summary.measuring_s,
-                                    too_busy=too_busy)
+                                    too_busy=too_busy, timing_threads=summary.timing_threads())
     summary.wall_s = time.time() - started
     return summary

@@ -56,6 +56,7 @@ class WorkerReport:
     noise_spread: float | None = None  # the reference point's spread when the worker started
     noise_cpu_share: float | None = None  # and this process's CPU share during it (`calibration.cpu_share`)
     widened: bool = False  # the machine was busy: more samples per point (`calibration.noise`)
+    threads: int = 0  # torch's intra-op threads while timing on a CPU device (0: a GPU device)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -186,6 +187,7 @@ class Worker:
         started = time.time()
         noise = self.noise if self.noise is not None else probe_noise(self.device)
         self.report.noise_spread, self.report.noise_cpu_share = noise.spread, noise.cpu_share
+        self.report.threads = torch.get_num_threads() if self.device.type == "cpu" else 0
         if noise.busy:  # more samples per point; the summary says so
             self.context.settings = widened(self.context.settings)
             self.report.widened = True

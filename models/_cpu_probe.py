@@ -12,6 +12,7 @@ from types import MappingProxyType
 import torch
 
 from attn_dispatch.models.cards import CardSpec
+from attn_dispatch.models.identity import torch_threads
 
 # Matrix sizes: 384^3 fp32 products take a few ms on one modern core (enough to reach MKL/oneDNN's
 # steady rate); half-precision products can be 10-50x slower on CPUs without native support, so
@@ -101,9 +102,10 @@ def probe_cpu_spec() -> CardSpec:
             bandwidth, overhead, vector = _copy_bandwidth(), _op_overhead(), _softmax_rate()
     except RuntimeError:  # a dtype this build cannot multiply: keep the constants
         return FALLBACK_CPU_SPEC
+    threads = torch.get_num_threads()
     return CardSpec(
         name="CPU", matrix_flops=MappingProxyType(rates), vector_flops=vector,
         bandwidth=bandwidth, memory_bytes=FALLBACK_CPU_SPEC.memory_bytes,
-        compute_units=torch.get_num_threads(), launch_overhead_s=overhead,
-        source=f"measured by a start-up probe ({torch.get_num_threads()} threads)",
+        compute_units=threads, launch_overhead_s=overhead,
+        source=f"measured by a start-up probe with {torch_threads(threads)}",
     )

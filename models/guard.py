@@ -28,6 +28,16 @@ VERDICTS = ("table", "prior", "default")
 """table: the table's model (or decision map) ranks; prior: the analytic prior does; default:
 PyTorch's default goes first, the prior orders the rest."""
 
+VERDICT_WORDS = {
+    "table": "the table's choices serve",
+    "default": "PyTorch's default serves outside measured buckets, not the table's model",
+    "prior": "the analytic prior ranks kernels outside measured buckets, not the table's model",
+}
+"""What each verdict means for the dispatcher, in `Guard.describe`."""
+
+SCORED_REASON = "held-out mean slowdown"
+"""How `decide_verdict`'s reason starts (stored tables keep it): the verdict came from the scores."""
+
 GUARD_FOLDS = 4
 """Folds of the out-of-fold predictions the region guard reads (every measured problem is
 predicted by a model that did not see it); 4 fits of ~1-2 s each on the 2-core dev VM for the
@@ -54,12 +64,15 @@ class Guard:
     default_margin: float = 0.0
 
     def describe(self) -> str:
-        """One line for `show`, `explain`, `devices` and the calibrate summary."""
-        if self.verdict == "table":
-            margin = f"; the model's pick must beat PyTorch's default by {self.default_margin:.0%}" if self.default_margin else ""
-            return f"quality guard: the table's choices serve ({self.reason}{margin})"
-        who = "PyTorch's default" if self.verdict == "default" else "the analytic prior"
-        return f"quality guard: the table's model lost on its held-out data, {who} serves outside measured buckets ({self.reason})"
+        """One line for `show`, `explain`, `devices` and the calibrate summary: who ranks kernels
+        outside measured buckets, and why."""
+        why = self.reason
+        if SCORED_REASON in why:
+            why += "; the lowest average slowdown decides, not how often a pick is the fastest"
+        if self.verdict == "table" and self.default_margin:
+            why += (f"; the model's pick replaces PyTorch's default only where predicted over "
+                    f"{1 + self.default_margin:.3g}x faster")
+        return f"quality guard: {VERDICT_WORDS.get(self.verdict, self.verdict)} ({why})"
 
 
 def default_choice_quality(data: TrainingSet) -> ChoiceQuality:
@@ -82,8 +95,9 @@ def decide_verdict(table: ChoiceQuality, prior: ChoiceQuality, default: ChoiceQu
     """The reference (or the table) with the lowest held-out mean slowdown; the table keeps the
     verdict on a tie, and PyTorch's default beats the prior on one."""
     scores = {"table": _mean(table), "default": _mean(default), "prior": _mean(prior)}
-    reason = ", ".join(f"{name} {value:.1%}" for name, value in scores.items() if np.isfinite(value))
-    reason = f"held-out mean slowdown: {reason}" if reason else "not evaluated"
+    names = {"table": "table", "default": "always PyTorch's default", "prior": "analytic prior"}
+    reason = ", ".join(f"{names[name]} {value:.1%}" for name, value in scores.items() if np.isfinite(value))
+    reason = f"{SCORED_REASON} over the fastest kernel: {reason}" if reason else "not evaluated"
     preference = ("table", "default", "prior")
     best = min(preference, key=lambda name: (scores[name], preference.index(name)))
     return Guard(best if np.isfinite(scores[best]) else "table", reason, default_margin)

@@ -180,6 +180,12 @@ class DeviceIdentity:
         return cls.from_properties(props, driver=_read_driver())
 
 
+def torch_threads(count: int) -> str:
+    """``1`` -> ``"1 torch thread"``, ``2`` -> ``"2 torch threads"``: the intra-op threads torch
+    timed with, as distinct from the logical CPUs a CPU's `DeviceIdentity.model_key` counts."""
+    return f"{count} torch thread" + ("" if count == 1 else "s")
+
+
 def _cpu_name_and_vendor() -> tuple[str, str]:
     name, vendor = platform.processor() or "", platform.system() or ""
     try:

@@ -133,23 +133,10 @@ class Quality:
         return flat
 
     def summary(self) -> str:
-        m = self.model
-        return (
-            f"top-1 {m.top1_accuracy:.1%} (up to measurement noise: {m.top1_within_noise:.1%}), "
-            f"mean slowdown {m.mean_slowdown:.2%}, worst {m.worst_slowdown:.1%}, Spearman {m.spearman:.3f} "
-            f"on {m.n_problems} held-out problems; fit on {self.n_points_fit} points "
-            f"({self.n_problems_fit} problems); prior alone: top-1 {self.prior.top1_accuracy:.1%}, "
-            f"mean slowdown {self.prior.mean_slowdown:.2%}"
-            + (f"; table: top-1 {self.table.top1_accuracy:.1%}, mean slowdown {self.table.mean_slowdown:.2%}"
-               if self.table is not None else "")
-            + (f"; decision map alone: top-1 {self.decision_map.top1_accuracy:.1%}, mean slowdown "
-               f"{self.decision_map.mean_slowdown:.2%}" if self.decision_map is not None else "")
-            + (f"; always PyTorch's default: top-1 {self.default.top1_accuracy:.1%}, mean slowdown "
-               f"{self.default.mean_slowdown:.2%}" if self.default is not None and self.default.n_problems else "")
-            + (f"; guarded table: top-1 {self.guarded.top1_accuracy:.1%}, mean slowdown {self.guarded.mean_slowdown:.2%}, "
-               f"worst {self.guarded.worst_slowdown:.1%}" if self.guarded is not None else "")
-            + (f"; {self.verdict}" if self.verdict else "")
-        )
+        """The held-out comparison in words (`models.quality_words`), then the quality guard's line."""
+        from attn_dispatch.models.quality_words import held_out_lines
+
+        return "\n".join([*held_out_lines(self.to_dict()), *([self.verdict] if self.verdict else [])])
 
 
 def split_by_problem(data: TrainingSet, *, holdout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -3,6 +3,7 @@ where each kernel wins (what `attn-dispatch show` prints)."""
 
 from __future__ import annotations
 
+from attn_dispatch.models.quality_words import held_out_lines
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.thresholds import thresholds_for
 
@@ -17,10 +18,6 @@ def _rate(value: float, unit: str) -> str:
     if value >= GIGA * 1e3:
         return f"{value / (GIGA * 1e3):.3g} T{unit}"
     return f"{value / GIGA:.3g} G{unit}"
-
-
-def _percent(value: object) -> str:
-    return f"{value:.1%}" if isinstance(value, (int, float)) else "?"
 
 
 def card_lines(table: ThresholdTable) -> list[str]:
@@ -54,28 +51,14 @@ def provenance_lines(table: ThresholdTable) -> list[str]:
 
 
 def quality_lines(table: ThresholdTable) -> list[str]:
-    """The cost model's held-out quality, and the prior's for comparison."""
+    """The table's held-out quality against PyTorch's default and the prior (`models.quality_words`)."""
     q = table.quality
     if not q or "top1_accuracy" not in q:
-        return ["model quality: not evaluated (too few problems measured, or an older table)"]
-    lines = [
-        f"model quality on {q.get('n_problems', '?')} held-out problems: picks the fastest kernel {_percent(q.get('top1_accuracy'))} "
-        f"of the time ({_percent(q.get('top1_within_noise'))} within measurement noise); its choice is on average "
-        f"{_percent(q.get('mean_slowdown'))} slower than the best, at worst {_percent(q.get('worst_slowdown'))}; "
-        f"rank correlation {q.get('spearman', float('nan')):.2f}",
-    ]
-    if "prior_top1_accuracy" in q:
-        lines.append(f"the analytic prior alone: fastest {_percent(q['prior_top1_accuracy'])}, mean slowdown "
-                     f"{_percent(q.get('prior_mean_slowdown'))}")
-    if "default_mean_slowdown" in q:
-        lines.append(f"always PyTorch's default: fastest {_percent(q.get('default_top1_accuracy'))}, mean slowdown "
-                     f"{_percent(q.get('default_mean_slowdown'))}")
-    if "guarded_mean_slowdown" in q:
-        lines.append(f"the table after its quality guard: fastest {_percent(q.get('guarded_top1_accuracy'))}, mean slowdown "
-                     f"{_percent(q.get('guarded_mean_slowdown'))}, at worst {_percent(q.get('guarded_worst_slowdown'))}")
-    if "n_points_fit" in q:
-        lines.append(f"fit on {q['n_points_fit']} points of {q.get('n_problems_fit', '?')} problems; "
-                     f"{q.get('description', '')}".rstrip("; "))
+        return ["held-out quality: not evaluated (too few problems measured, or an older table)"]
+    header, *rows = held_out_lines(q)
+    lines = [f"held-out quality: {header}", *rows]
+    if q.get("description"):
+        lines.append(f"cost model: {q['description']}")
     return lines
 
 

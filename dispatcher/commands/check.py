@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
                             wall_s=time.perf_counter() - started)
     if not outcome.table_paths:
         raise CommandError(f"the refit built no table: {outcome.note}")
-    print(f"refit on the new points and {where}; quality: {outcome.quality}")
+    print(f"refit on the new points and {where}")
+    print(f"held-out quality: {outcome.quality}")
     print(f"stored: {outcome.table_paths[0]}")
     return 0
