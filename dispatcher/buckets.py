@@ -42,9 +42,9 @@ V = TypeVar("V")
 
 class BoundedCache(Generic[K, V]):
     """A dict with at most `limit` entries; adding past it evicts the oldest entry (first in, first
-    out: a warm hit costs one ``dict.get``, with no reordering), which goes to `on_evict`."""
+    out: a warm hit costs one ``dict.get``, with no reordering), which goes to ``on_evict(key, value)``."""
 
-    def __init__(self, limit: int, on_evict: Callable[[V], None] | None = None) -> None:
+    def __init__(self, limit: int, on_evict: Callable[[K, V], None] | None = None) -> None:
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
         self.limit = limit
@@ -59,9 +59,10 @@ class BoundedCache(Generic[K, V]):
         items = self._items
         if key not in items:
             while len(items) >= self.limit:
-                evicted = items.pop(next(iter(items)))
+                oldest = next(iter(items))
+                evicted = items.pop(oldest)
                 if self._on_evict is not None:
-                    self._on_evict(evicted)
+                    self._on_evict(oldest, evicted)
         items[key] = value
 
     def pop(self, key: K, default: V | None = None) -> V | None:

@@ -135,6 +135,28 @@ class SeenShapes:
 
 
 
+class SpentCalls:
+    """Calls already made on exact shapes whose plans were evicted before they settled
+    (`settle_after`): the shape's next plan settles that many calls sooner, so a long-running
+    server whose key lengths outnumber the plan cache (`buckets.MAX_PLANS`; a 32k-token context
+    alone has 32k of them) still ends on the kernel that sets up, as a shape's calls add up."""
+
+    def __init__(self) -> None:
+        self._calls: dict[tuple, int] = {}
+
+    def add(self, shape_key: tuple, calls: int) -> None:
+        if calls > 0 and (shape_key in self._calls or len(self._calls) < MAX_SEEN_SHAPES):
+            self._calls[shape_key] = self._calls.get(shape_key, 0) + calls
+
+    def settle_at(self, shape_key: tuple, settle_at: int) -> int:
+        """`settle_at` for a new plan of `shape_key`, less the calls spent there before (at least 1)."""
+        spent = self._calls.pop(shape_key, 0)
+        return max(1, settle_at - spent) if settle_at and spent else settle_at
+
+    def clear(self) -> None:
+        self._calls.clear()
+
+
 def measured_costs(device: torch.device, home: str | None, field: str = "seconds") -> dict[str, dict[str, float]]:
     """The per-shape set-up costs (``field="floor_seconds"``: per-call floors) measured for this
     device's card (`models.cold_shape_store`); {} where none were, off GPUs (where no kernel is

@@ -123,9 +123,14 @@ class HotPlans:
                     self._hot = promoted(self._hot, HotEntry(check, plan, key_, is_causal, enable_gqa,
                                                              attn_mask is not None))
 
-    def _evicted(self, plan: Plan) -> None:
-        """`plan` left the bounded plan cache: its calls stay in `stats`, and it leaves the hot path."""
+    def _evicted(self, key_: tuple, plan: Plan) -> None:
+        """`plan` left the bounded plan cache: its calls stay in `stats`, it leaves the hot path, and
+        the calls it made toward settling count for its shape's next plan (`cold_shape.SpentCalls`)."""
         self._fold_count(plan)
+        if plan.settle_at and plan.count[0]:
+            planner = self._planners.get(plan.device)
+            if planner is not None:
+                planner.spent.add(key_, plan.count[0])
         self._hot = tuple(entry for entry in self._hot if entry.plan is not plan)
 
     def _drop_hot(self, key_: tuple) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from attn_dispatch.dispatcher._plan import Plan
 from attn_dispatch.dispatcher.buckets import MAX_BUCKETS, BoundedCache, Bucket
-from attn_dispatch.dispatcher.cold_shape import SeenShapes, costly_setups, floor_order
+from attn_dispatch.dispatcher.cold_shape import SeenShapes, SpentCalls, costly_setups, floor_order
 from attn_dispatch.dispatcher.decision import Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.errors import NoKernelError
@@ -79,6 +79,7 @@ class DevicePlanner:
         self.config = config
         self.buckets: BoundedCache[tuple, Bucket] = BoundedCache(MAX_BUCKETS)
         self.seen = SeenShapes()
+        self.spent = SpentCalls()  # calls of evicted plans still waiting to settle
         self.cold_costs = {name: dict(by_kind) for name, by_kind in (cold_costs or {}).items()}
         self.floors = {name: dict(by_kind) for name, by_kind in (floors or {}).items()}
         # the portable set (gfx906's): PyTorch's default is its last resort, not a contender (`verify`)
@@ -136,6 +137,7 @@ class DevicePlanner:
         else:
             order, notes, settle_at = bucket.order_for_new_shape(
                 lambda name: self.seen.has(name, shape_key), self.cold_costs, self.floors)
+            settle_at = self.spent.settle_at(shape_key, settle_at)
         own_problem = problem == bucket.ranked.problem
         failed = self.state.failures.get(bucket.key, {})
         free, skipped, budget = bucket.free, [], bucket.budget

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from attn_dispatch.dispatcher import Dispatcher, buckets, core
+from attn_dispatch.dispatcher._plan import cache_key
 from attn_dispatch.dispatcher.buckets import BoundedCache
 from attn_dispatch.dispatcher.planning import failure_bucket
 from attn_dispatch.kernels import MathKernel, Problem
@@ -105,10 +106,10 @@ def test_ten_thousand_key_lengths_keep_the_caches_bounded_and_memory_flat(monkey
 
 def test_bounded_cache_evicts_oldest_first():
     evicted = []
-    cache = BoundedCache(2, on_evict=evicted.append)
+    cache = BoundedCache(2, on_evict=lambda key, value: evicted.append((key, value)))
     for key in "abc":
         cache.put(key, key.upper())
-    assert list(cache) == ["b", "c"] and evicted == ["A"]
+    assert list(cache) == ["b", "c"] and evicted == [("a", "A")]
     cache.put("b", "B2")  # replacing does not evict
     assert len(cache) == 2 and cache.get("b") == "B2"
     with pytest.raises(ValueError, match="limit"):
@@ -143,6 +144,10 @@ class SetUpKernel(MathKernel):
     """The math kernel under another name: stands in for a kernel with a per-shape set-up."""
 
     family = "setup_math"
+
+
+def _key(call: dict) -> tuple:
+    return cache_key(call["query"], call["key"], call["value"], None, False, call.get("enable_gqa", False))
 
 
 def _cold_dispatcher(monkeypatch, cold_s: float) -> Dispatcher:
@@ -182,6 +187,26 @@ def test_a_shape_called_often_enough_settles_on_the_kernel_that_sets_up(monkeypa
     assert_matches_reference(out, second)
     settled = ours.explain(**second)
     assert settled.kernel == "setup_math" and any("called often enough" in n for n in settled.notes)
+
+
+def test_calls_toward_settling_survive_the_plan_s_eviction(monkeypatch):
+    """A server whose key lengths outnumber the plan cache: the 600 calls a shape made before its
+    plan was evicted count, so its next plan settles after 400 more, not 1000."""
+    ours = _cold_dispatcher(monkeypatch, cold_s=1e-3)
+    ours._plans.limit = 2
+    for _ in range(4):
+        ours.attention(**_decode(100))
+    second = _decode(101)
+    for _ in range(600):
+        ours.attention(**second)
+    for kv_len in (102, 103):  # two more shapes push 101's plan out
+        ours.attention(**_decode(kv_len))
+    assert _key(second) not in ours._plans
+    for _ in range(399):
+        ours.attention(**second)
+    assert ours.explain(**second).kernel == "math"
+    ours.attention(**second)  # the 1000th call of this shape in all
+    assert ours.explain(**second).kernel == "setup_math"
 
 
 def test_a_repeating_shape_keeps_the_kernel_that_sets_up(monkeypatch):
