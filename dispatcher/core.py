@@ -2,12 +2,11 @@
 that fails at run time is replaced by the next one and remembered.
 
 Hot path (`hot_path`: one of the last two plans called): one C++ guard check of the tensors, then
-the kernel's `run`. Warm path (an exact shape seen before): one key tuple from tensor attributes,
-one dict lookup, the kernel's `run` (no validation: shapes, dtypes and devices were validated when
-the plan was made; the key reads no layout, so a sparse or mkldnn tensor a kernel fails on goes to
-PyTorch). A new exact shape in a decided bucket (`planner.DevicePlanner`) is validated and checked
-against the bucket's kernel, nothing more. Both caches are bounded (`buckets.MAX_PLANS`, `MAX_BUCKETS`).
-"""
+the kernel's `run`. Warm path (an exact shape seen before): one key tuple from tensor attributes, one
+dict lookup, the kernel's `run` (no validation: done when the plan was made; the key reads no layout,
+so a sparse or mkldnn tensor a kernel fails on goes to PyTorch). A new exact shape in a decided bucket
+(`planner.DevicePlanner`) is validated and checked against the bucket's kernel, nothing more. Both
+caches are bounded (`buckets.MAX_PLANS`, `MAX_BUCKETS`)."""
 
 from __future__ import annotations
 
@@ -100,7 +99,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
         self.remember_tunings = remember_tunings
         self._plans: BoundedCache[tuple, Plan] = BoundedCache(MAX_PLANS, on_evict=self._evicted)
         self._hot: tuple[HotEntry, ...] = ()  # the plans called last, most recent first (`hot_path`)
-        self._hot_enabled = hot_path_enabled()
+        self._hot_enabled, self._last_dict_plan = hot_path_enabled(), None  # the dict path's last (`hot_path.rehot`)
         self._plan_table = self._plans.table  # the warm path's lookup
         self._families: BoundedCache[tuple, Problem] = BoundedCache(MAX_PLANS)  # `_plan.family_key` -> a Problem
         self._planners: dict[torch.device, DevicePlanner] = {}
@@ -163,7 +162,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
                 return sdpa_context.pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                       enable_gqa)
             return compiled_attention(self, query, key, value, attn_mask, is_causal, scale, enable_gqa)
-        plan = None
+        plan, promote = None, False
         hot = self._hot
         if hot and dropout_p == 0.0:
             try:  # nested tensors take the dict path: the guard reads a strided one's strides, aborting the process
@@ -234,14 +233,15 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
                     # not failures remembered against the bucket's kernels): PyTorch's SDPA (issue 13), no plan kept
                     return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
                 plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
-            elif rehot(plan.count[0] + 1):  # a warm plan off the hot path goes back on now and then
-                self._make_hot(key_, plan, query, key, value, attn_mask, is_causal, enable_gqa)
+            else:  # a warm plan goes (back) on the hot path at its 2nd call, and `hot_path.rehot`
+                promote = plan is self._last_dict_plan or plan.count[0] + 1 == HOT_AFTER or rehot(plan.count[0] + 1)
+            self._last_dict_plan = plan
         count = plan.count
         calls = count[0] + 1  # the cell read once, not twice: 25 ns
         count[0] = calls
         if calls == plan.settle_at:
             plan = self._settle(key_, plan)
-        elif calls == HOT_AFTER:
+        elif promote:  # after the count: a plan evicted while its guard is built keeps this call in `stats`
             self._make_hot(key_, plan, query, key, value, attn_mask, is_causal, enable_gqa)
         flags = plan.sdpa_flags
         try:
@@ -392,6 +392,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
         with self._lock:
             self._plans.clear()
             self._hot = ()  # every plan leaves
+            self._last_dict_plan = None
             self._families.clear()
             self._traced_shapes.clear()
             self._planners.clear()

@@ -228,6 +228,22 @@ def test_a_hot_plan_that_is_pytorchs_call_keeps_pytorchs_behaviour_under_restric
     assert "math" not in ours.stats() and not ours._state(q.device).failures
 
 
+def test_a_plan_served_twice_in_a_row_by_the_dict_path_goes_back_on():
+    """A repeated decode loop: each key length gets one run of calls (a layer each) per pass. In
+    a late pass a length's second call puts it back on the hot path, whatever its call count."""
+    ours = Dispatcher(kernels=["math"])
+    shapes = {n: _inputs(kv_len=n) for n in (7, 9, 11)}
+    with torch.no_grad():
+        for _ in range(10):
+            for n, inputs in shapes.items():
+                ours.attention(*inputs)
+                ours.attention(*inputs)
+                assert ours._hot[0].plan.problem.kv_len == n
+                ours.attention(*inputs)
+                ours.attention(*inputs)
+    assert ours.stats() == {"math": 120}
+
+
 def test_rehot_is_every_power_of_two_past_hot_after():
     assert [calls for calls in range(1, 70) if rehot(calls)] == [c for c in (4, 8, 16, 32, 64) if c > HOT_AFTER]
 
