@@ -30,10 +30,17 @@ class Progress:
 
     def __init__(self, *, enabled: bool) -> None:
         self.points = Counter()
-        self._bar = tqdm(
-            total=0, unit="problem", desc="calibrating", file=sys.stderr, disable=not enabled,
-            dynamic_ncols=True, smoothing=0.1,
-        )
+        self._enabled = enabled
+        self._made: tqdm | None = None  # made at the first plan: a too-busy refusal prints one line, no bar
+
+    @property
+    def _bar(self) -> tqdm:
+        if self._made is None:
+            self._made = tqdm(
+                total=0, unit="problem", desc="calibrating", file=sys.stderr, disable=not self._enabled,
+                dynamic_ncols=True, smoothing=0.1,
+            )
+        return self._made
 
     def plan(self, added: int) -> None:
         self._bar.total = (self._bar.total or 0) + added
@@ -48,7 +55,8 @@ class Progress:
         self._bar.set_postfix(points=timed, infeasible=self.points["infeasible"], refresh=False)
 
     def close(self) -> None:
-        self._bar.close()
+        if self._made is not None:
+            self._made.close()
 
 
 class StoragePoller:

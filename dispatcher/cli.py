@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Iterable
 from importlib import metadata
@@ -68,6 +69,15 @@ def _command_in(argv: list[str]) -> str | None:
     return next((word for word in argv if not word.startswith("-")), None)
 
 
+def _stdout_to_devnull() -> None:
+    """After a broken pipe, point standard output at /dev/null: the interpreter's flush at exit
+    would raise on the closed pipe again (the recipe of Python's `signal` documentation)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no file descriptor behind it (a test's capture)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = _command_in(argv)
@@ -77,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_devices(args)
         return int(args.run(args) or 0)
+    except BrokenPipeError:  # `attn-dispatch show | head`: the reader left; nothing more to say to it
+        _stdout_to_devnull()
+        return 0
     except (CommandError, OSError) as error:  # OSError: a file the user named cannot be read or written
         print(f"attn-dispatch {args.command}: error: {one_line(error)}", file=sys.stderr)
         return ERROR_EXIT

@@ -35,7 +35,8 @@ SOFTMAX_N = 1024
 SOFTMAX_REPEATS = 5
 
 # Probe-free fallback (tests, or a probe that failed): this probe on the project's 2-core dev
-# machine (Xeon, Sapphire Rapids, AMX; 2026-11-30) gave 214 GFLOP/s fp32, 280 bf16, 173 fp16,
+# machine as it was on 2026-11-30 (reported then as a Xeon Sapphire Rapids with AMX; the shared VM
+# since 2026-12-01 is an AMD EPYC, docs/RESULTS.md section 8) gave 214 GFLOP/s fp32, 280 bf16, 173 fp16,
 # 131 fp64, 51 GB/s copy and 0.9 us per op; rounded down, marked as an estimate.
 FALLBACK_CPU_SPEC = CardSpec(
     name="generic CPU",

@@ -35,8 +35,8 @@ def card_lines(table: ThresholdTable) -> list[str]:
 
 def provenance_lines(table: ThresholdTable) -> list[str]:
     p = table.provenance
-    wall = f" in {p.calibration_wall_s:.0f} s of calibration" if p.calibration_wall_s is not None else ""
-    lines = [f"provenance: created {p.created}, {p.points_measured} points measured{wall}"]
+    wall = f" (the calibration measured for {p.calibration_wall_s:.0f} s)" if p.calibration_wall_s is not None else ""
+    lines = [f"provenance: created {p.created}, fitted on {p.points_measured} measured points{wall}"]
     versions = ", ".join(f"{k} {v}" for k, v in sorted(p.software.items()))
     if versions:
         lines.append(f"built with: {versions}")

@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     where.add_argument("--devices", default=None, metavar="LIST",
                        help="comma-separated devices, one worker process each (e.g. cuda:0,cuda:1)")
     parser.add_argument("--quick", action="store_true", help="a small sweep with fewer repetitions; measuring stops after 100 s. On a 2-core "
-                        "CPU: 30 s quiet (36 problems); with both cores busy with other processes it stops after 8-9 s as too "
+                        "CPU: 30 s quiet (36 problems); with both cores busy with other processes it stops after 4-14 s as too "
                         "busy (93 s for 39 problems with --allow-busy)")
     parser.add_argument("--budget-minutes", type=float, default=None, metavar="N",
                         help="wall time for measuring (default: 100 s with --quick, 8 min otherwise); the fit comes after")

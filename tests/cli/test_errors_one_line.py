@@ -30,3 +30,18 @@ def test_a_memory_budget_error_names_the_flag(capsys, budget, names):
     code = main(["explain", "--lq", "1", "--lk", "4096", "--device", "cpu", "--memory-budget", budget])
     err = capsys.readouterr().err
     assert code == ERROR_EXIT and err.count("\n") == 1 and names in err and "Dispatcher(" not in err
+
+
+def test_a_reader_that_leaves_the_pipe_is_no_error(monkeypatch, capsys):
+    """`attn-dispatch show | head`: the pipe breaks while printing; exit 0, nothing on stderr."""
+    import attn_dispatch.dispatcher.commands.explain as explain_command
+    from attn_dispatch.dispatcher import cli
+
+    def closed_pipe(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    quieted = []
+    monkeypatch.setattr(explain_command, "run", closed_pipe)
+    monkeypatch.setattr(cli, "_stdout_to_devnull", lambda: quieted.append(True))
+    assert main(["explain", "--lq", "1", "--lk", "64", "--device", "cpu"]) == 0
+    assert quieted == [True] and capsys.readouterr().err == ""

@@ -17,7 +17,7 @@ def test_show_file_summary_and_plot(cli, tmp_path):
     code, out, _ = cli("show", path, "--plot", png)
     assert code == 0
     assert f"table: {path}" in out
-    assert "card: " in out and "provenance: created 2026-11-30T00:00:00Z, 8 points measured" in out
+    assert "card: " in out and "provenance: created 2026-11-30T00:00:00Z, fitted on 8 measured points" in out
     assert "held-out quality: on 8 problems the fit never saw: how often each way of choosing picked" in out
     assert "  its cost model alone: fastest on 75.0% (80.0% within measurement noise), 5.0% slower on average" in out
     assert "decision map: 2 classes, 4 buckets" in out

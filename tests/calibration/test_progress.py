@@ -1,0 +1,24 @@
+"""The calibration's progress bar (`calibration.progress.Progress`)."""
+
+from __future__ import annotations
+
+from attn_dispatch.calibration.progress import Progress
+
+
+def test_no_bar_is_drawn_before_the_first_plan(capsys):
+    """A too-busy refusal comes before any problem is planned: its one line stands alone."""
+    progress = Progress(enabled=True)
+    progress.close()
+    assert capsys.readouterr().err == ""
+
+
+def test_the_bar_counts_planned_problems_and_timed_points(capsys):
+    progress = Progress(enabled=True)
+    progress.plan(3)
+    progress.record({"status": "ok"})
+    progress.record({"status": "unsupported"})
+    progress.problem()
+    progress.close()
+    err = capsys.readouterr().err
+    assert "calibrating" in err and "1/3" in err
+    assert progress.points == {"ok": 1, "unsupported": 1}
