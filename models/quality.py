@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from attn_dispatch.models.dataset import TrainingSet
 
 if TYPE_CHECKING:  # fitting and rank statistics import scikit-learn and scipy where they run, not here
