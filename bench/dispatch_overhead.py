@@ -6,8 +6,10 @@ dispatcher itself calls), (c) ``kernel(...)`` (validating), (d) PyTorch's
 ``F.scaled_dot_product_attention`` and (e) ``F.scaled_dot_product_attention`` looked up at call
 time under ``patched(dispatcher)`` (how transformers and diffusers reach it) and (f) a second
 dispatcher with its hot path off (`dispatcher.hot_path`: the key tuple and dict lookup every call
-took before it), interleaved so drift hits all alike. Reports the median per-call time of each and
-the median extra of (a) over (b), (c) and (d), and of (e) and (f) over (d).
+took before it), and the floor any Python dispatcher pays on this host (`floor_calls`): (g) a
+pure-Python pass-through to SDPA and (h) the same plus one guard check of the tensors, as the hot
+path makes; interleaved so drift hits all alike. Reports the median per-call time of each and the
+median extra of (a) over (b), (c) and (d), and of (e), (f), (g) and (h) over (d).
 On CUDA it reports host time (enqueue, what the dispatcher adds) and synchronised time. The first
 row of each run uses a kernel that does no work (`NullKernel`), so the extra is the dispatcher's
 own cost without the kernel's timing noise.
@@ -32,6 +34,7 @@ import torch
 from attn_dispatch.calibration.inputs import make_inputs
 from attn_dispatch.dispatcher import Dispatcher, patched
 from attn_dispatch.dispatcher._plan import cache_key
+from attn_dispatch.dispatcher.hot_path import tensor_guard
 from attn_dispatch.kernels import MathKernel, Problem
 
 
@@ -62,6 +65,28 @@ CUDA_SHAPES = [
     _shape("H200 decode gqa4 Lk=32768 bf16", 1, 32, 8, 1, 32768, 128, "bfloat16", "cuda"),
     _shape("H200 decode batch 8 Lk=4096 fp16", 8, 32, 8, 1, 4096, 128, "float16", "cuda"),
 ]
+
+
+def floor_calls(sdpa, tensors: tuple[torch.Tensor, ...]) -> tuple:
+    """``(pass_through, guarded)``: SDPA's signature in pure Python, passing every argument on to
+    `sdpa`, and the same after one `hot_path.tensor_guard` check of the call's tensors (query, key,
+    value and the mask when given; built from `tensors` under the caller's inference/grad state).
+    What any Python dispatcher with a per-call guard pays over calling `sdpa` directly."""
+    check = tensor_guard(tensors)
+    if check is None:
+        raise RuntimeError("this torch has no usable TensorGuards: no guarded floor to time")
+
+    def pass_through(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                     enable_gqa=False):
+        return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+    def guarded(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                enable_gqa=False):
+        if check(query, key, value) if attn_mask is None else check(query, key, value, attn_mask):
+            return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        raise RuntimeError("the floor's guard missed: the timed tensors changed")
+
+    return pass_through, guarded
 
 
 def time_round(call, calls: int, sync) -> tuple[float, float]:
@@ -97,8 +122,11 @@ def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, 
         "F.sdpa": lambda: sdpa(q, k, v, mask, enable_gqa=gqa),
         "patched F.sdpa": lambda: functional.scaled_dot_product_attention(q, k, v, mask, enable_gqa=gqa),
     }
-    samples = {name: [] for name in methods}
     with torch.inference_mode(), patched(ours):
+        pass_through, guarded = floor_calls(sdpa, (q, k, v) if mask is None else (q, k, v, mask))
+        methods["floor: pass-through"] = lambda: pass_through(q, k, v, mask, enable_gqa=gqa)
+        methods["floor: pass-through + guard"] = lambda: guarded(q, k, v, mask, enable_gqa=gqa)
+        samples = {name: [] for name in methods}
         for call in methods.values():  # warm-up
             time_round(call, calls, sync)
         order = list(methods)
@@ -119,9 +147,12 @@ def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, 
                                        zip(samples["dict path"], samples["F.sdpa"], strict=True))
         extra_patched = statistics.median((a[index] - b[index]) * 1e6 for a, b in
                                           zip(samples["patched F.sdpa"], samples["F.sdpa"], strict=True))
+        floors = {label: statistics.median((a[index] - b[index]) * 1e6 for a, b in
+                                           zip(samples[name], samples["F.sdpa"], strict=True))
+                  for label, name in (("pass_through", "floor: pass-through"), ("guarded", "floor: pass-through + guard"))}
         result[clock] = {"median_us": med, "extra_us_vs_run": extra_run, "extra_us_vs_call": extra_call,
                          "extra_us_vs_sdpa": extra_sdpa, "dict_path_extra_us_vs_sdpa": extra_dict,
-                         "patched_extra_us_vs_sdpa": extra_patched}
+                         "patched_extra_us_vs_sdpa": extra_patched, "floor_extra_us_vs_sdpa": floors}
     return result
 
 
@@ -164,7 +195,9 @@ def main() -> None:
               f"F.sdpa {host['median_us']['F.sdpa']:8.2f} us  extra vs run {host['extra_us_vs_run']:+6.2f} us  "
               f"vs call {host['extra_us_vs_call']:+6.2f} us  vs F.sdpa {host['extra_us_vs_sdpa']:+6.2f} us  "
               f"dict path vs F.sdpa {host['dict_path_extra_us_vs_sdpa']:+6.2f} us  "
-              f"patched vs F.sdpa {host['patched_extra_us_vs_sdpa']:+6.2f} us")
+              f"patched vs F.sdpa {host['patched_extra_us_vs_sdpa']:+6.2f} us  "
+              f"floor vs F.sdpa: pass-through {host['floor_extra_us_vs_sdpa']['pass_through']:+6.2f} us, "
+              f"+ guard {host['floor_extra_us_vs_sdpa']['guarded']:+6.2f} us")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"dispatch_overhead_{device.type}.json"

@@ -20,6 +20,7 @@ from attn_dispatch.dispatcher._plan import Plan, cache_key, check_scale, family_
 from attn_dispatch.dispatcher.autocast import any_autocast as _any_autocast
 from attn_dispatch.dispatcher.autocast import attention_under_autocast, autocast_inputs
 from attn_dispatch.dispatcher.buckets import MAX_PLANS, BoundedCache
+from attn_dispatch.dispatcher.call_counts import CallCounts
 from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
 from attn_dispatch.dispatcher.device_state import DeviceState
@@ -55,7 +56,7 @@ _dynamo_compiling, _compile_flags = compiling_readers()  # `torch.compiler.is_co
 _NOT_GIVEN = object()  # `_plan_for` without the call's scale: nothing to tune on
 
 
-class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
+class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, CallCounts):
     """Runs each attention call with the fastest kernel that fits in memory on its device.
 
     Parameters
@@ -162,25 +163,32 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
                 return sdpa_context.pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                       enable_gqa)
             return compiled_attention(self, query, key, value, attn_mask, is_causal, scale, enable_gqa)
-        plan, promote = None, False
+        plan = None
         hot = self._hot
-        if hot and dropout_p == 0.0:
-            try:  # nested tensors take the dict path: the guard reads a strided one's strides, aborting the process
-                dense = not (query.is_nested or key.is_nested or value.is_nested
-                             or (attn_mask is not None and attn_mask.is_nested))
+        if hot and dropout_p == 0.0:  # `hot_path`: the plans called last, matched by one C++ check of the tensors
+            entry = None  # no strided nested tensor may reach a check (it reads strides first: the process aborts)
+            try:
+                if not (query.is_nested or key.is_nested or value.is_nested
+                        or (attn_mask is not None and attn_mask.is_nested)):
+                    for entry in hot:
+                        if (entry.is_causal is is_causal and entry.enable_gqa is enable_gqa and (  # bools: `is`
+                                attn_mask is not None and entry.check(query, key, value, attn_mask) if entry.masked
+                                else attn_mask is None and entry.check(query, key, value))):
+                            break
+                    else:
+                        entry = None
             except AttributeError:  # not tensors: the dict path raises SDPA's TypeError
-                dense = False
-            if dense:
-                for entry in hot:  # `hot_path`: the plans called last, matched by one C++ check of the tensors
-                    if (entry.is_causal is is_causal and entry.enable_gqa is enable_gqa and (  # bools: `is`
-                            attn_mask is not None and entry.check(query, key, value, attn_mask) if entry.masked
-                            else attn_mask is None and entry.check(query, key, value))):
-                        plan, key_ = entry.plan, entry.key
-                        if not entry.pytorch_call and _respecting[0] and not (
-                                _flash_on() and _efficient_on() and _math_on() and _cudnn_on()):
-                            plan = None  # sdpa_kernel restrictions: `route` below. A plan that is one call of
-                            # PyTorch's SDPA makes that same call (re-raising its error, below): ~600 instructions less
-                        break
+                entry = None
+            if entry is not None and (entry.pytorch_call or not _respecting[0] or (
+                    _flash_on() and _efficient_on() and _math_on() and _cudnn_on())):  # else `route` below: a plan
+                # that is one call of PyTorch's SDPA makes that same call (re-raising its error): ~600 instructions less
+                plan, key_ = entry.plan, entry.key
+                count = plan.count
+                calls = count[0] + 1  # a hot plan is past HOT_AFTER: only its settling is checked
+                count[0] = calls
+                if calls == plan.settle_at:
+                    plan = self._settle(key_, plan)
+                flags = plan.sdpa_flags
         if plan is None:
             # issue 13 hook, before any size is read: sdpa_kernel restrictions, CausalBias, a query subclass
             # (jagged nested). Meta and strided nested queries are found where the key misses or fails
@@ -232,25 +240,27 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
                     # shapes only, nested K/V with a dense query, or a sparse or mkldnn tensor (PyTorch's errors,
                     # not failures remembered against the bucket's kernels): PyTorch's SDPA (issue 13), no plan kept
                     return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-                plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
-            else:  # a warm plan goes (back) on the hot path at its 2nd call, and `hot_path.rehot`
+                plan, promote = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale), False
+            else:  # a warm plan goes (back) on the hot path at its 2nd call, when served twice in a row, and at
                 promote = plan is self._last_dict_plan or plan.count[0] + 1 == HOT_AFTER or rehot(plan.count[0] + 1)
-            self._last_dict_plan = plan
-        count = plan.count
-        calls = count[0] + 1  # the cell read once, not twice: 25 ns
-        count[0] = calls
-        if calls == plan.settle_at:
-            plan = self._settle(key_, plan)
-        elif promote:  # after the count: a plan evicted while its guard is built keeps this call in `stats`
-            self._make_hot(key_, plan, query, key, value, attn_mask, is_causal, enable_gqa)
-        flags = plan.sdpa_flags
+            self._last_dict_plan = plan  # powers of two of its count (`hot_path.rehot`)
+            count = plan.count
+            calls = count[0] + 1  # the cell read once, not twice: 25 ns
+            count[0] = calls
+            if calls == plan.settle_at:
+                plan = self._settle(key_, plan)
+            elif promote:  # after the count: a plan evicted while its guard is built keeps this call in `stats`
+                self._make_hot(key_, plan, query, key, value, attn_mask, is_causal, enable_gqa)
+            flags = plan.sdpa_flags
         try:
             if flags is not None:  # PyTorch's SDPA on the call's tensors and scale, no frame of ours between (a
                 # CausalBias never gets here: `route` makes an upper-left one is_causal, a lower-right one has no
                 # `sdpa_call`); default keywords left out: 70 ns
-                if scale is None:
+                if scale is not None:
+                    return _sdpa(query, key, value, attn_mask, scale=scale, **flags)
+                if flags:
                     return _sdpa(query, key, value, attn_mask, **flags)
-                return _sdpa(query, key, value, attn_mask, scale=scale, **flags)
+                return _sdpa(query, key, value, attn_mask)  # PyTorch parses even `**{}`: 180 ns
             return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
         except Exception as error:  # noqa: BLE001 - any kernel failure falls back to the next kernel
             if flags is not None and sdpa_context.backends_restricted():
@@ -364,27 +374,6 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining):
     def _state(self, device: torch.device) -> DeviceState:
         """The device's ranker, failures and tunings."""
         return self._planner(device).state
-
-    def _count_cell(self, name: str) -> list[int]:
-        cell = self._counts.get(name)
-        if cell is None:
-            with self._lock:
-                cell = self._counts.setdefault(name, [0])
-        return cell
-
-    def _fold_count(self, plan: Plan) -> None:
-        """An evicted or replaced plan's calls stay in `stats`."""
-        if plan.count[0]:
-            self._count_cell(plan.kernel.name)[0] += plan.count[0]
-
-    def stats(self) -> dict[str, int]:
-        """Calls per kernel name since the last `reset` (training calls that went to PyTorch's SDPA
-        count as `TRAINING_COUNT`, ``"pytorch_sdpa (training)"``). Approximate under concurrent calls."""
-        with self._lock:
-            counts = {name: cell[0] for name, cell in self._counts.items()}
-            for plan in list(self._plans.values()):
-                counts[plan.kernel.name] = counts.get(plan.kernel.name, 0) + plan.count[0]
-        return {name: count for name, count in counts.items() if count}
 
     def reset(self) -> None:
         """Forget every decision, table, remembered failure and count (after recalibrating, or

@@ -9,7 +9,9 @@ kernel's own count varies by 1,000-6,000 instructions between call sites and pro
 buffers' addresses), more than the changes being measured. What PyTorch's argument parser spends
 on the keywords passed is left out (~270 instructions a keyword, `warm_path_pieces`). For each
 case, N calls run inside one `functools.reduce`, the only function whose instructions are
-counted (one dump per reduce).
+counted (one dump per reduce). Next to each case, the floor any Python dispatcher pays
+(`bench.dispatch_overhead.floor_calls`, calling the same no-op): a pure-Python pass-through of
+SDPA's signature, and the same plus one guard check of the tensors (`hot_path.tensor_guard`).
 
 Usage (repository root; needs valgrind, takes ~3 minutes, mostly importing torch under it):
     python -m bench.diagnostics.warm_path_instructions [--calls 300]
@@ -29,6 +31,8 @@ import sys
 import tempfile
 
 CASES = ("decode gqa, no mask", "prefill, no mask", "prefill, bool mask", "prefill, scale given", "strided, no mask")
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+"""The child runs as a module from here, so it imports `bench.dispatch_overhead`."""
 WARM_UP = 60  # calls before counting: CPython's adaptive interpreter specialises the code first
 
 
@@ -49,23 +53,29 @@ def _inputs() -> dict[str, tuple]:
 
 
 def child(calls: int, order_file: str) -> None:
-    """Runs under callgrind: per case, the no-op called directly, then `Dispatcher.attention`
-    (warm, PyTorch's SDPA replaced by the no-op), one reduce each."""
+    """Runs under callgrind: per case, the no-op called directly, the two floors, then
+    `Dispatcher.attention` (warm, PyTorch's SDPA replaced by the no-op), one reduce each. Each case
+    has a dispatcher of its own: its plan stays on the hot path (`hot_path.HOT_SLOTS` is less than
+    the cases' plans), so no count includes a guard rebuilt or a call on the dict path."""
     import torch
 
     from attn_dispatch.dispatcher import Dispatcher, core
+    from bench.dispatch_overhead import floor_calls
 
     torch.set_num_threads(1)
-    ours = Dispatcher(kernels=["sdpa_default"])
     runs = []
     with torch.inference_mode():
         cases = _inputs()
-        for args, kwargs in cases.values():
-            ours.attention(*args, **kwargs)  # planned with PyTorch's SDPA, before it is replaced
+        dispatchers = {case: Dispatcher(kernels=["sdpa_default"]) for case in cases}
+        for case, (args, kwargs) in cases.items():
+            dispatchers[case].attention(*args, **kwargs)  # planned with PyTorch's SDPA, before it is replaced
         core._sdpa = NO_OP
         for case, (args, kwargs) in cases.items():
             runs.append((f"{case}: no-op", _caller(NO_OP, args, kwargs)))
-            runs.append((f"{case}: attention", _caller(ours.attention, args, kwargs)))
+            pass_through, guarded = floor_calls(NO_OP, args)
+            runs.append((f"{case}: pass-through", _caller(pass_through, args, kwargs)))
+            runs.append((f"{case}: pass-through + guard", _caller(guarded, args, kwargs)))
+            runs.append((f"{case}: attention", _caller(dispatchers[case].attention, args, kwargs)))
         for _, call in runs:
             for _ in range(WARM_UP):
                 call()
@@ -104,17 +114,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         order = os.path.join(folder, "order.json")
         subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
-                        "--dump-after=functools_reduce", f"--callgrind-out-file={folder}/cg.out",
-                        sys.executable, os.path.abspath(__file__), "--calls", str(args.calls), "--child", order],
-                       check=True, capture_output=True)
+                        "--dump-after=functools_reduce", f"--callgrind-out-file={folder}/cg.out", sys.executable,
+                        "-m", __spec__.name, "--calls", str(args.calls), "--child", order],
+                       check=True, capture_output=True, cwd=REPOSITORY)
         labels = json.load(open(order))
         dumps = sorted(glob.glob(f"{folder}/cg.out.*"), key=lambda path: int(path.rsplit(".", 1)[1]))
         totals = [_total(path) for path in dumps][-len(labels):]  # torch's import calls reduce too
     per_call = {label: total / args.calls for label, total in zip(labels, totals, strict=True)}
     print(f"instructions per call ({args.calls} calls, callgrind; PyTorch's SDPA replaced by a no-op)")
+    print(f"{'':22s} {'no-op':>7s}  {'attention':>9s}  over the no-op: {'dispatcher':>10s} {'floor: pass-through':>19s}"
+          f" {'+ guard':>7s}")
     for case in CASES:
         direct, ours = per_call[f"{case}: no-op"], per_call[f"{case}: attention"]
-        print(f"{case:22s} no-op {direct:7.0f}  attention {ours:7.0f}  the dispatcher's own {ours - direct:+7.0f}")
+        through, guarded = per_call[f"{case}: pass-through"], per_call[f"{case}: pass-through + guard"]
+        print(f"{case:22s} {direct:7.0f}  {ours:9.0f}  {'':15s} {ours - direct:+10.0f} {through - direct:+19.0f}"
+              f" {guarded - direct:+7.0f}")
 
 
 def _total(path: str) -> int:
