@@ -26,6 +26,30 @@ import time
 import torch
 
 
+def decode_pass(attend, query: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, context: int, tokens: int,
+                layers: int, *, contiguous: bool = False) -> list[float]:
+    """Seconds per token of one pass: for each of `tokens` key lengths from `context` on, `layers`
+    calls of ``attend(query [B, Hq, 1, D], key, value, enable_gqa=True)`` on ``[B, Hkv, length, D]``
+    slices of the caches (``contiguous``: dense copies made outside the timing, as transformers'
+    DynamicCache makes them with torch.cat), the device synchronised around each token."""
+    device = query.device
+    per_token = []
+    for step in range(tokens):
+        length = context + step
+        key, value = cache_k[:, :, :length], cache_v[:, :, :length]
+        if contiguous:
+            key, value = key.contiguous(), value.contiguous()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _layer in range(layers):
+            attend(query, key, value, enable_gqa=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        per_token.append(time.perf_counter() - start)
+    return per_token
+
+
 def child(args) -> dict:
     """One process: `args.impl` over `args.tokens` tokens from `args.context` keys, `args.passes` times.
     `--impl both`: SDPA and the dispatcher in this one process, SDPA's first pass first, then the
@@ -47,24 +71,9 @@ def child(args) -> dict:
         ours = ad.Dispatcher(kernels=args.kernels, memory_budget=args.memory_budget)
         attends["dispatch"], stats = ours.attention, ours.stats
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     def one_pass(attend) -> list[float]:
-        per_token = []
-        for step in range(args.tokens):
-            length = args.context + step
-            key, value = cache_k[:, :, :length], cache_v[:, :, :length]
-            if args.layout == "contiguous":  # transformers' DynamicCache: a new dense tensor per token (torch.cat)
-                key, value = key.contiguous(), value.contiguous()
-            sync()
-            start = time.perf_counter()
-            for _layer in range(args.layers):
-                attend(query, key, value, enable_gqa=True)
-            sync()
-            per_token.append(time.perf_counter() - start)
-        return per_token
+        return decode_pass(attend, query, cache_k, cache_v, args.context, args.tokens, args.layers,
+                           contiguous=args.layout == "contiguous")
 
     passes: dict[str, list[list[float]]] = {name: [] for name in attends}
     names = list(attends)

@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 from attn_dispatch.dispatcher import Dispatcher
 from attn_dispatch.dispatcher.hot_path import HOT_PATH_ENV
+from bench.decode_loop import decode_pass
 
 
 def dispatcher(hot: bool) -> Dispatcher:
@@ -60,22 +60,8 @@ def main() -> None:
     hot, cold = dispatcher(True), dispatcher(False)
     paths = {"sdpa": F.scaled_dot_product_attention, "hot path": hot.attention, "dict path": cold.attention}
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     def one_pass(attend) -> list[float]:
-        per_token = []
-        for step in range(args.tokens):
-            length = args.context + step
-            key, value = cache_k[:, :, :length], cache_v[:, :, :length]
-            sync()
-            start = time.perf_counter()
-            for _layer in range(args.layers):
-                attend(query, key, value, enable_gqa=True)
-            sync()
-            per_token.append(time.perf_counter() - start)
-        return per_token
+        return decode_pass(attend, query, cache_k, cache_v, args.context, args.tokens, args.layers)
 
     for attend in paths.values():  # every length warm for every path (PyTorch's per-shape plans too)
         one_pass(attend)
