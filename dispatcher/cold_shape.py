@@ -153,9 +153,6 @@ class SpentCalls:
         spent = self._calls.pop(shape_key, 0)
         return max(1, settle_at - spent) if settle_at and spent else settle_at
 
-    def clear(self) -> None:
-        self._calls.clear()
-
 
 def measured_costs(device: torch.device, home: str | None, field: str = "seconds") -> dict[str, dict[str, float]]:
     """The per-shape set-up costs (``field="floor_seconds"``: per-call floors) measured for this

@@ -241,9 +241,9 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
                     # not failures remembered against the bucket's kernels): PyTorch's SDPA (issue 13), no plan kept
                     return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
                 plan, promote = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale), False
-            else:  # a warm plan goes (back) on the hot path at its 2nd call, when served twice in a row, and at
+            else:  # (back) on the hot path: its 2nd call, served twice in a row, powers of two (`hot_path.rehot`)
                 promote = plan is self._last_dict_plan or plan.count[0] + 1 == HOT_AFTER or rehot(plan.count[0] + 1)
-            self._last_dict_plan = plan  # powers of two of its count (`hot_path.rehot`)
+            self._last_dict_plan = plan
             count = plan.count
             calls = count[0] + 1  # the cell read once, not twice: 25 ns
             count[0] = calls
