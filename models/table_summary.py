@@ -3,7 +3,10 @@ where each kernel wins (what `attn-dispatch show` prints)."""
 
 from __future__ import annotations
 
+from attn_dispatch.kernels.accuracy import is_lossless
+from attn_dispatch.kernels.convert import ConvertKernel
 from attn_dispatch.models.quality_words import held_out_lines
+from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.thresholds import thresholds_for
 
@@ -11,6 +14,18 @@ GIB = 2**30
 GIGA = 1e9
 # Thresholds listed per class before "... and N more" (the rest win a bucket or two each).
 MAX_THRESHOLDS_PER_CLASS = 8
+LOSSY_NOTE = ("  lossy conversions (convert[fp32->bf16]+... and the like) run only where the caller allows them "
+              "(AccuracyPolicy.allowing(...), --allow-lossy); by default the best lossless kernel serves those buckets")
+
+
+def is_lossy_conversion(name: str) -> bool:
+    """Whether kernel `name` converts inputs to a dtype that loses precision (e.g. fp32 -> bf16)."""
+    try:
+        kernel = kernel_named(name)
+    except ValueError:  # a kernel this version does not know (a foreign table)
+        return False
+    return isinstance(kernel, ConvertKernel) and kernel.source is not None and not is_lossless(kernel.source,
+                                                                                               kernel.target)
 
 
 def _rate(value: float, unit: str) -> str:
@@ -78,6 +93,7 @@ def threshold_lines(table: ThresholdTable) -> list[str]:
     """Per class, where each kernel wins (most buckets first)."""
     lines = [f"decision map: {len(table.classes)} classes, "
              f"{sum(len(c.cells) for c in table.classes.values())} buckets of (Lq, Lk); {len(table.models)} embedded cost model(s)"]
+    lossy_shown = False
     for key in sorted(table.classes):
         table_class = table.classes[key]
         t = table_class.template
@@ -86,10 +102,11 @@ def threshold_lines(table: ThresholdTable) -> list[str]:
         thresholds = thresholds_for(table_class.cells)  # worded now: tables store older wordings
         shown = thresholds[:MAX_THRESHOLDS_PER_CLASS]
         lines += [f"    - {threshold.text}" for threshold in shown]
+        lossy_shown = lossy_shown or any(is_lossy_conversion(threshold.kernel) for threshold in shown)
         hidden = len(thresholds) - len(shown)
         if hidden > 0:
             lines.append(f"    - ... and {hidden} more kernels winning a few buckets each")
-    return lines
+    return [*lines, LOSSY_NOTE] if lossy_shown else lines
 
 
 def summary_lines(table: ThresholdTable) -> list[str]:
