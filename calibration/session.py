@@ -92,9 +92,10 @@ class CalibrationSummary:
         timed = sum(n for status, n in s.items() if status != "unsupported")
         oom = sum(1 for m in self.measurements if m.status == "infeasible" and m.reason.startswith("out of memory"))
         stopped = ", ".join(sorted({r.stopped for r in self.reports})) or "-"
+        threads = self.timing_threads()
         out = [
             f"calibrated {self.identity.model_key} on {', '.join(self.devices)}"
-            + (f", timing with {self.timing_threads()}," if self.timing_threads() else "")
+            + (f", timing with {threads}," if threads else "")
             + f" in {self.wall_s:.1f} s "
             f"(measuring {self.measuring_s:.1f} s; workers stopped: {stopped})",
             f"points: {timed} measured on {problems} problems ({self.timed_now} timed now, {self.resumed_points} resumed); "
