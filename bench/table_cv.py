@@ -80,12 +80,20 @@ def summary(ratios: list[tuple[float, float | None, str]]) -> str:
 def scored(table: ThresholdTable, shapes) -> list[tuple[float, float | None, str]]:
     out = []
     for problem, times in shapes:
-        picked = times[first_choice(table, problem, times)]
-        default = times.get(DEFAULT_KERNEL)
+        choice = first_choice(table, problem, times)
+        picked, default = times[choice], times.get(DEFAULT_KERNEL)
+        fastest = min(times, key=times.get)
         label = (f"B{problem.batch} {problem.q_heads}/{problem.kv_heads} Lq{problem.q_len} Lk{problem.kv_len} "
-                 f"D{problem.head_dim} {problem.dtype}")
+                 f"D{problem.head_dim} {problem.dtype}: {choice} ({picked * 1e6:.0f} us), fastest {fastest} "
+                 f"({times[fastest] * 1e6:.0f} us)")
         out.append((picked / min(times.values()), None if default is None else picked / default, label))
     return out
+
+
+def print_worst(ratios: list[tuple[float, float | None, str]], count: int) -> None:
+    """The `count` picks furthest from the fastest kernel, one line each."""
+    for ratio, to_default, label in sorted(ratios, reverse=True)[:count]:
+        print(f"    {ratio:.2f}x the fastest, {to_default or float('nan'):.2f}x the default: {label}")
 
 
 def folds_of(groups: list[tuple], k: int, seed: int) -> list[set]:
@@ -103,7 +111,7 @@ def main() -> None:
     parser.add_argument("--folds", type=int, default=5, help="0: only score the --table tables")
     parser.add_argument("--group", choices=sorted(GROUPINGS), default="shape")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--worst", type=int, default=0, help="also list this many worst held-out picks per file")
+    parser.add_argument("--worst", type=int, default=0, help="also list this many worst picks per table and file")
     args = parser.parse_args()
     if args.folds and not args.grid:
         parser.error("--grid: the folds fit on grid files; give some, or --folds 0 to only score --table tables")
@@ -123,7 +131,9 @@ def main() -> None:
         for path in args.table:
             table = load_table(path)
             for score_path, shapes in shapes_by_file.items():
-                print(f"table {path} on {score_path}: {summary(scored(table, shapes))}")
+                ratios = scored(table, shapes)
+                print(f"table {path} on {score_path}: {summary(ratios)}")
+                print_worst(ratios, args.worst)
         results: dict[str, list] = {path: [] for path in score_files} if folds else {}
         for index, fold in enumerate(folds):
             train = calibration + [m for m in grid_points if group(m.problem) not in fold]
@@ -139,8 +149,7 @@ def main() -> None:
             print(f"  fold {index + 1}/{args.folds}: {len(fold)} groups held out, fit {fit_s:.0f} s")
         for score_path, ratios in results.items():
             print(f"refit with the other folds' grid points, on {score_path}: {summary(ratios)}")
-            for ratio, to_default, label in sorted(ratios, reverse=True)[:args.worst]:
-                print(f"    {ratio:.2f}x the fastest, {to_default or float('nan'):.2f}x the default: {label}")
+            print_worst(ratios, args.worst)
 
 
 if __name__ == "__main__":

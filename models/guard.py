@@ -9,7 +9,9 @@ loses to it:
 - a margin (`choose_default_margin`): the model's pick replaces the default only when it is
   predicted faster by more than this fraction; chosen per table from out-of-fold predictions;
 - regions (`regions_losing_to_default`): every (class, bucket) where the out-of-fold pick, after
-  the margin, still measured slower than the default beyond both spreads keeps the default first.
+  the margin, still measured slower than the default beyond both spreads keeps the default first,
+  unless the model predicts the default slower than its pick by more than the model erred by
+  there (the region's error factor: a prediction that wrong still leaves the pick faster).
 """
 
 from __future__ import annotations
@@ -154,12 +156,14 @@ def choose_default_margin(data: TrainingSet, predicted: np.ndarray, margins: Seq
 
 def regions_losing_to_default(
     data: TrainingSet, predicted: np.ndarray, *, class_fields: Sequence[str], work_step: int, margin: float = 0.0,
-) -> set[tuple]:
-    """``{(ClassKey, (q bucket, kv bucket))}`` where, for some measured problem, the guarded pick
-    (the lowest `predicted` time, unless PyTorch's default is within `margin` of it) measured
-    slower than ``sdpa_default`` beyond both spreads (`models.measured.spread_of`). Rows whose
+) -> dict[tuple, float]:
+    """``{(ClassKey, (q bucket, kv bucket)): error factor}`` where, for some measured problem, the
+    guarded pick (the lowest `predicted` time, unless PyTorch's default is within `margin` of it)
+    measured slower than ``sdpa_default`` beyond both spreads (`models.measured.spread_of`). The
+    error factor is the largest such miss in the region: how many times faster than the default
+    the model predicted its pick, times how many times slower the pick measured (> 1). Rows whose
     prediction is NaN are skipped."""
-    regions: set[tuple] = set()
+    regions: dict[tuple, float] = {}
     fields = tuple(class_fields)
     for rows, names in _groups_with_default(data, predicted):
         chosen = _guarded_row(rows, names, predicted, margin)
@@ -168,5 +172,7 @@ def regions_losing_to_default(
         _, default_high = spread_of(float(np.exp(data.y[default])), float(data.median_error[default]))
         if chosen_low > default_high:
             problem = data.problems[chosen]
-            regions.add((class_key(problem, fields=fields, work_step=work_step), bucket_of(problem)))
+            region = (class_key(problem, fields=fields, work_step=work_step), bucket_of(problem))
+            error = float(np.exp((predicted[default] - predicted[chosen]) + (data.y[chosen] - data.y[default])))
+            regions[region] = max(regions.get(region, 1.0), error)
     return regions

@@ -15,6 +15,7 @@ is the most cautious one (`merged_guard`).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -83,7 +84,11 @@ def _merge_class(key, parts: list[tuple[TableClass, float]], spec: CardSpec, dev
     ranking: dict = defaultdict(lambda: defaultdict(list))
     measured: dict = defaultdict(lambda: defaultdict(list))
     excluded: dict = defaultdict(dict)
-    keep_default = {bucket for table_class, _ in parts for bucket, cell in table_class.cells.items() if cell.keep_default}
+    keep_default: dict = {}  # bucket -> the largest error factor any card's region guard recorded
+    for table_class, _ in parts:
+        for bucket, cell in table_class.cells.items():
+            if cell.keep_default:
+                keep_default[bucket] = max(keep_default.get(bucket, 1.0), cell.default_yields_at)
     for table_class, scale in parts:
         for bucket, cell in table_class.cells.items():
             source = table_class.problem_at(bucket, device_type)
@@ -98,6 +103,7 @@ def _merge_class(key, parts: list[tuple[TableClass, float]], spec: CardSpec, dev
         cells[bucket] = Cell(
             ranking=ranked, measured=_pool(measured[bucket], MAX_CANDIDATES)[0] if bucket in measured else (),
             spread=spread, excluded=tuple(sorted(excluded[bucket].items())), keep_default=bucket in keep_default,
+            default_yields_at=keep_default.get(bucket, math.inf),
         )
     return TableClass(key=key, template=base.template, cells=cells, thresholds=thresholds_for(cells))
 

@@ -66,13 +66,16 @@ def carried_seconds(seconds: float, kernel: Kernel, source: Problem, target: Pro
 class Cell:
     """One (q bucket, kv bucket) of a class: ranked candidates and what was measured there.
     `keep_default`: the region guard found the model's pick slower than PyTorch's default here
-    (`models.guard.regions_losing_to_default`): the default goes first."""
+    (`models.guard.regions_losing_to_default`): the default goes first, except where the model
+    predicts it more than `default_yields_at` times slower than the best kernel (the model's
+    largest miss in this region; infinite: always first, as in tables written before it)."""
 
     ranking: tuple[Candidate, ...]
     measured: tuple[Candidate, ...] = ()
     spread: dict[str, tuple[float, float]] = field(default_factory=dict)
     excluded: tuple[tuple[str, str], ...] = ()
     keep_default: bool = False
+    default_yields_at: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -255,7 +258,8 @@ class ThresholdTable:
     def rank_unmeasured(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
         """By the guard's verdict: the analytic prior ("prior"), PyTorch's default then the prior
         ("default"), else the model or decision map (`rank_by_model`) with the default first in
-        the regions the guard kept for it (`Cell.keep_default`) and, with an embedded model,
+        the regions the guard kept for it (`Cell.keep_default`; with an embedded model, unless
+        predicted slower than the best by more than `Cell.default_yields_at`) and, with an embedded model,
         wherever it is predicted within the guard's margin of the best
         (`models.guard.Guard.default_margin`)."""
         kernels = list(kernels)
@@ -270,7 +274,9 @@ class ThresholdTable:
         margin = self.guard.default_margin if self.guard is not None and self.usable_models else math.inf
         default_s = next((seconds for name, seconds in ranked if name == DEFAULT_KERNEL), math.inf)
         close = bool(ranked) and math.isfinite(margin) and default_s <= ranked[0][1] * (1.0 + margin)
-        return _default_first(ranked) if close or (cell is not None and cell.keep_default) else ranked
+        kept = cell is not None and cell.keep_default and not (
+            self.usable_models and default_s > ranked[0][1] * cell.default_yields_at)
+        return _default_first(ranked) if close or kept else ranked
 
     def rank_by_model(self, problem: Problem, kernels: list[Kernel], cell: Cell | None) -> list[tuple[str, float]]:
         """With embedded models: every supported kernel predicted for this exact problem (the

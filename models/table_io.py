@@ -9,6 +9,7 @@ writes a temporary file in the target directory and renames it over the target.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -139,6 +140,8 @@ def _cell_dict(bucket: tuple[int, int], cell: Cell) -> dict:
         out["excluded"] = [[n, why] for n, why in cell.excluded]
     if cell.keep_default:
         out["keep_default"] = True
+        if math.isfinite(cell.default_yields_at):
+            out["default_yields_at"] = cell.default_yields_at
     return out
 
 

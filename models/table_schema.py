@@ -8,6 +8,7 @@ parsed by the registry's grammar, numbers are range-checked, unknown fields are 
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 
 from attn_dispatch.kernels.problem import ITEMSIZE, MASK_KINDS
@@ -19,6 +20,7 @@ from attn_dispatch.models._json_checks import (
     MAX_LIST,
     MAX_LOG2,
     MAX_QUALITY_KEYS,
+    MAX_ERROR_FACTOR,
     MAX_SIZE,
     TableError,
     _bool,
@@ -115,7 +117,7 @@ def _quality(value: object) -> dict:
 
 
 def _cell(value: object, path: str) -> tuple[tuple[int, int], Cell]:
-    data = _obj(value, path, ("q", "kv", "ranking"), ("measured", "spread", "excluded", "keep_default"))
+    data = _obj(value, path, ("q", "kv", "ranking"), ("measured", "spread", "excluded", "keep_default", "default_yields_at"))
     spread = _mapping(data.get("spread", {}), f"{path}.spread", MAX_CANDIDATES)
     spreads = {}
     for name, pair in spread.items():
@@ -133,6 +135,8 @@ def _cell(value: object, path: str) -> tuple[tuple[int, int], Cell]:
         ranking=_candidates(data["ranking"], f"{path}.ranking", MAX_CANDIDATES),
         measured=_candidates(data.get("measured", []), f"{path}.measured", MAX_CANDIDATES),
         spread=spreads, excluded=tuple(excluded), keep_default=_bool(data.get("keep_default", False), f"{path}.keep_default"),
+        default_yields_at=(_num(data["default_yields_at"], f"{path}.default_yields_at", 1.0, MAX_ERROR_FACTOR)
+                           if "default_yields_at" in data else math.inf),
     )
     return bucket, cell
 

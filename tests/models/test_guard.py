@@ -142,6 +142,33 @@ def test_regions_and_margin_come_from_where_the_model_lost(noisy_fit):
     inverted = -data.y
     regions = regions_losing_to_default(data, inverted, class_fields=(), work_step=2)
     assert regions and all(len(bucket) == 2 for _, bucket in regions)
+    # its error factor: predicted faster than the default, measured slower: more than 1 either way
+    assert all(factor > 1.0 for factor in regions.values())
     assert choose_default_margin(data, inverted) == max(DEFAULT_MARGINS)
     # a perfect model never loses: no region
-    assert regions_losing_to_default(data, data.y, class_fields=(), work_step=2) == set()
+    assert regions_losing_to_default(data, data.y, class_fields=(), work_step=2) == {}
+
+
+def test_a_region_yields_only_where_the_model_predicts_the_default_slower_than_it_erred_there(cpu_fit, tmp_path):
+    from attn_dispatch.models.table_build import with_regions
+    from attn_dispatch.models.table_io import load_table, save_table
+
+    kernels = [kernel_named(n) for n in KERNELS]
+    table = replace(cpu_fit[0], guard=None, entries={})
+    region = (table.find_class(PROBLEM).key, table.find_class(PROBLEM).nearest_cell((9, 9))[0])
+    plain = table.rank(PROBLEM, kernels)
+    predicted = dict(plain)
+    best = plain[0]
+    assert best[0] != DEFAULT_KERNEL, "the test needs a problem whose model pick is not the default"
+    predicted_speedup = predicted[DEFAULT_KERNEL] / best[1]
+    assert predicted_speedup > 1.0
+    # the model erred by less than it now predicts: its pick serves
+    assert with_regions(table, {region: predicted_speedup * 0.9}).rank(PROBLEM, kernels)[0][0] == best[0]
+    # it erred by more: the default stays first
+    wary = with_regions(table, {region: predicted_speedup * 1.1})
+    assert wary.rank(PROBLEM, kernels)[0][0] == DEFAULT_KERNEL
+    # the factor is stored and read back; a table without it keeps the default first everywhere
+    path = save_table(wary, tmp_path / "t.json")
+    cell = load_table(path).find_class(PROBLEM).nearest_cell((9, 9))[1]
+    assert cell.keep_default and cell.default_yields_at == pytest.approx(predicted_speedup * 1.1)
+    assert with_regions(table, {region}).rank(PROBLEM, kernels)[0][0] == DEFAULT_KERNEL
