@@ -71,3 +71,16 @@ def test_the_mismatch_names_both_counts_and_the_fix():
 def test_a_gpu_tables_count_is_informational_only():
     table = timed_with(4, identity=H200)
     assert mismatch_note(table, 1) is None and threads_line(table, 1) is None
+
+
+def test_a_check_fix_refit_records_the_count_only_where_both_point_sets_share_it():
+    import torch
+
+    from attn_dispatch.dispatcher.commands.check import refit_threads
+
+    now = torch.get_num_threads()
+    cpu = torch.device("cpu")
+    assert refit_threads(timed_with(now), cpu) == now
+    assert refit_threads(timed_with(now + 1), cpu) is None  # the table's points and the new ones differ
+    assert refit_threads(timed_with(None), cpu) is None  # an older table: its points' count is unknown
+    assert refit_threads(timed_with(now, identity=H200), torch.device("cuda")) is None
