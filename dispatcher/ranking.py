@@ -131,7 +131,11 @@ def resolve_ranking(device: torch.device, *, home: str | Path | None = None,
     key = str(getattr(identity, "key", identity))
     prior, prior_source = _prior(identity, key, none_source)
     if given is not None:
-        table, source = given_table_source(*given, identity)
+        try:
+            table, source = given_table_source(*given, identity)
+        except Exception as error:  # noqa: BLE001 - resolving never raises (a family spec may be missing)
+            _warn(f"table {given[1]} cannot serve {key} ({type(error).__name__}: {error}); using the analytic prior")
+            return DeviceRanking(table=None, prior=prior, source=prior_source, prior_source=prior_source)
         return DeviceRanking(table=table, prior=prior, source=source, prior_source=prior_source)
     try:
         from attn_dispatch.models.sharing import lookup_table

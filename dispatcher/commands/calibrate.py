@@ -55,8 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--allow-busy", action="store_true",
                         help="calibrate even when a reference point timed first shows the machine too busy to time "
                         "kernels reliably (its timings spread too wide, or this process gets too small a share of "
-                        "the CPU); the samples are widened, the summary warns, and the table stored keeps PyTorch's default outside "
-                        "the buckets measured (its model is not used)")
+                        "the CPU); the samples are widened, the summary warns, and the table stored keeps "
+                        "PyTorch's default outside the buckets measured (its model is not used)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the problem sample and the samplers")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (CPU calibration); the table records the count, and a process "
