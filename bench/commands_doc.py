@@ -81,6 +81,9 @@ EXAMPLES = (
     Example("devices", ("devices",)),
     Example("explain", ("explain", "--lq", "1", "--lk", "4096", "--heads", "8", "--kv-heads", "2", "--head-dim", "64",
                         "--dtype", "float32", "--device", "cpu")),
+    Example("explain-table", ("explain", "--lq", "1", "--lk", "23000", "--batch", "3", "--heads", "40", "--kv-heads",
+                              "8", "--dtype", "bfloat16", "--device", "cpu", "--table", H200_TABLE),
+            keep=(r"^(attention on|  ranked by|  table:|  note:)", r"^     [1-3]\. ")),
     Example("explain-budget", ("explain", "--lq", "1", "--lk", "4096", "--device", "cpu", "--memory-budget", "100B"),
             checked=True),
     Example("show-cpu", ("show", "--device", "cpu"),
@@ -102,8 +105,10 @@ def prepare(work: Path) -> None:
 
 @contextlib.contextmanager
 def _environment(work: Path):
-    """Run from the repository root with the doc's environment; both restored after."""
-    saved, cwd = dict(os.environ), os.getcwd()
+    """Run from the repository root with the doc's environment; both restored after, and torch's threads."""
+    import torch
+
+    saved, cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()
     os.chdir(REPO)
     os.environ.update({"ATTN_DISPATCH_HOME": str(work / "home"), "COLUMNS": HELP_COLUMNS, "NO_COLOR": "1",
                        "PYTHON_COLORS": "0"})
@@ -115,6 +120,7 @@ def _environment(work: Path):
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(saved)
+        torch.set_num_threads(threads)  # `calibrate --threads 1` sets them: the next example runs as a fresh process
 
 
 def run_example(example: Example, work: Path) -> str:

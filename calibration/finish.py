@@ -72,6 +72,10 @@ def store_for_lookup(table, identity: DeviceIdentity) -> Path:
 
 
 TOO_BUSY_REASON = "measured on a machine too busy to time kernels (calibrate --allow-busy)"
+TOO_BUSY_SCORES = ("for reference only, timed on the same too-busy machine (these scores did not choose what "
+                   "serves: the quality guard line says what does): ")
+"""Heads a too-busy calibration's held-out scores: the table's verdict is PyTorch's default
+whichever way of choosing scored best on that noise."""
 
 
 def fit_and_write(
@@ -83,12 +87,15 @@ def fit_and_write(
     wall_s: float,
     too_busy: bool = False,
     timing_threads: str = "",
+    timing_thread_count: int | None = None,
 ) -> FitOutcome:
     """Gate, fit, build and write the table (see module docstring). `too_busy`: the machine was
     too busy to time kernels (measured anyway under ``--allow-busy``): the table's verdict is
     PyTorch's default, whatever its held-out scores say (they were timed on the same noise).
     `timing_threads`: on a CPU, the torch threads the points were timed with (e.g. "1 torch thread
-    of its 2"), kept as a provenance note: the table's card model counts logical CPUs instead."""
+    of its 2"), kept as a provenance note: the table's card model counts logical CPUs instead.
+    `timing_thread_count`: that count as a number, recorded in the table's provenance
+    (``timing_threads``): a process running another count is warned (`dispatcher.thread_warning`)."""
     # One order whatever the hosts' and workers' interleaving: the same points give the same table.
     measurements = sorted(measurements, key=lambda m: unit_key(m.problem, m.kernel))
     gated, excluded = apply_numerics_gate(measurements)
@@ -121,6 +128,8 @@ def fit_and_write(
     if timing_threads:
         table = replace(table, provenance=replace(
             table.provenance, notes=(*table.provenance.notes, f"timed with {timing_threads}")))
+    if timing_thread_count is not None:
+        table = replace(table, provenance=replace(table.provenance, timing_threads=timing_thread_count))
     if too_busy:
         # what is stored and said: PyTorch's default, not the scores' verdict nor the table it guarded
         unguarded = {key: value for key, value in (table.quality or {}).items() if not key.startswith("guarded_")}
@@ -129,6 +138,8 @@ def fit_and_write(
             quality = replace(quality, verdict=table.guard.describe(), guarded=None)
         outcome.note += f"{TOO_BUSY_REASON}: PyTorch's default serves outside measured buckets. "
     outcome.quality = quality.summary() if quality is not None else "not evaluated (too few problems)"
+    if too_busy and quality is not None:
+        outcome.quality = TOO_BUSY_SCORES + outcome.quality
     outcome.table_paths = [store_for_lookup(table, identity)]
     if out is not None and Path(out).resolve() != outcome.table_paths[0].resolve():
         outcome.table_paths.append(save_table(table, out))

@@ -27,6 +27,16 @@ from attn_dispatch.models.identity import DeviceIdentity, torch_threads
 from attn_dispatch.models.measurement import Measurement
 
 
+TOO_BUSY_MEASURED = ("warning: the machine was too busy to time kernels (measured anyway: --allow-busy); these timings "
+                     "may rank kernels wrongly; calibrate again when the machine is quiet")
+TOO_BUSY_STORED = ("warning: the machine was too busy to time kernels (measured anyway: --allow-busy), so the table "
+                   "stored does not use its model or decision map: PyTorch's default serves inference calls, except in "
+                   "the buckets measured here, where their measured winners do (PyTorch's default where its time "
+                   "overlaps the fastest); calibrate again when the machine is quiet")
+"""The busy warning of a calibration whose probe said "too busy" (`finish.TOO_BUSY_REASON`): what
+serves is decided by the busy verdict, not by the held-out scores (`finish.fit_and_write`)."""
+
+
 @dataclass
 class CalibrationSummary:
     """What a calibration did (printed at the end of `attn-dispatch calibrate`)."""
@@ -54,6 +64,12 @@ class CalibrationSummary:
     def timed_now(self) -> int:
         return sum(r.timed for r in self.reports)
 
+    def timing_thread_count(self) -> int | None:
+        """The torch threads every worker of a CPU calibration timed with (the table records it:
+        the dispatcher warns a process running another count); None on a GPU or for mixed counts."""
+        threads = {r.threads for r in self.reports if r.threads}
+        return threads.pop() if self.identity.device_type == "cpu" and len(threads) == 1 else None
+
     def timing_threads(self) -> str:
         """``"1 torch thread of its 2"`` for a CPU calibration: the threads its workers timed with
         (``--threads``), against the logical CPUs its card model counts ("(2 threads)"); "" on a GPU."""
@@ -72,7 +88,9 @@ class CalibrationSummary:
         if any(r.widened for r in self.reports):
             out.append(f"timer widened for a busy machine: at least {WIDE_MIN_REPS} samples per point, "
                        f"{WIDE_BUDGET_FACTOR:g}x the per-point budget")
-        if any(n is not None and n.busy for n in (self.noise_start, self.noise_end)):
+        if any(n is not None and n.too_busy for n in (self.noise_start, self.noise_end)):
+            out.append(TOO_BUSY_STORED if self.fit.table_paths else TOO_BUSY_MEASURED)
+        elif any(n is not None and n.busy for n in (self.noise_start, self.noise_end)):
             out.append("warning: these timings were taken on a busy machine and may rank kernels wrongly; the "
                        "held-out quality below says how the table compares; calibrate again when the machine is quiet")
         if any(n is not None and n.starved for n in (self.noise_start, self.noise_end)):
@@ -181,6 +199,7 @@ def calibrate(
     if fit:
         too_busy = any(noise is not None and noise.too_busy for noise in (summary.noise_start, summary.noise_end))
         summary.fit = fit_and_write(summary.measurements, identity, out=out, seed=config.seed, wall_s=summary.measuring_s,
-                                    too_busy=too_busy, timing_threads=summary.timing_threads())
+                                    too_busy=too_busy, timing_threads=summary.timing_threads(),
+                                    timing_thread_count=summary.timing_thread_count())
     summary.wall_s = time.time() - started
     return summary

@@ -365,7 +365,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
                 planner = self._planners.get(device)
                 if planner is None:
                     probes = ProbeCache.for_device(device, self.home)  # before any kernel is probed
-                    state = DeviceState(resolve_ranking(device, home=self.home))
+                    state = DeviceState(resolve_ranking(device, home=self.home, **self._ranking_options))
                     planner = self._planners[device] = DevicePlanner(
                         device, state, self._config, measured_costs(device, self.home),
                         measured_costs(device, self.home, "floor_seconds"), probes=probes)

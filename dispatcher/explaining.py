@@ -20,6 +20,16 @@ _grad_enabled = torch.is_grad_enabled
 class Explaining:
     """What `core.Dispatcher` would run, said without running it."""
 
+    _ranking_options: dict = {}
+    """More arguments of `ranking.resolve_ranking` for every new device (`use_table` sets them)."""
+
+    def use_table(self, table, path: str) -> None:
+        """Rank with `table` (a `models.ThresholdTable` read from `path`) on every device instead of
+        the table each device's lookup finds (``attn-dispatch explain --table``); every decision
+        made so far is forgotten (`reset`)."""
+        self._ranking_options = {"given": (table, str(path))}
+        self.reset()
+
     def explain(
         self,
         query: torch.Tensor,

@@ -5,7 +5,9 @@ the problem's exact bucket first, then whatever its quality guard's verdict says
 held-out data (its model, the analytic prior, or PyTorch's default); the source says which
 (`table_description`). Resolved once per device. An attention call never fails because of a table: a corrupt, foreign
 or failing table gives a `TableWarning` and the prior serves instead; if even the prior cannot
-rank, PyTorch's own choice (``sdpa_default``) goes first and the other kernels follow.
+rank, PyTorch's own choice (``sdpa_default``) goes first and the other kernels follow. A CPU table
+timed with another torch thread count than the process runs is said once per process and table
+(a `thread_warning.ThreadsWarning`, a `TableWarning`), and still serves.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ from pathlib import Path
 import torch
 
 from attn_dispatch.dispatcher.decision import RankingSource
+from attn_dispatch.dispatcher.thread_warning import warn_once
 from attn_dispatch.kernels import Kernel, Problem
 from attn_dispatch.models.ranking import Ranker, supported
 from attn_dispatch.models.sharing import TableWarning  # one warning class for every table problem
 
 __all__ = ["DeviceRanking", "TableWarning", "fallback_order", "resolve_ranking", "table_description"]
 
+ANOTHER_CARD = "another card"
+"""The level of a table file given for a device it does not match (`given_table_source`)."""
 FALLBACK_FIRST = "sdpa_default"
 """With nothing to rank by, PyTorch's own choice goes first: it is what the user had before."""
 
@@ -53,6 +58,7 @@ class DeviceRanking:
         """Supported kernel names with predicted seconds, fastest first (seconds None when only
         the fallback order is known). Never raises."""
         if self.table is not None:
+            warn_once(self.table, self.source.path)  # a CPU table timed with other threads: said once
             try:
                 return _checked(self.table.rank(problem, kernels))
             except Exception as error:  # noqa: BLE001 - a table must never fail a call
@@ -109,9 +115,11 @@ def fallback_order(problem: Problem, kernels: Sequence[Kernel]) -> list[tuple[st
     return [(name, None) for name in names]
 
 
-def resolve_ranking(device: torch.device, *, home: str | Path | None = None) -> DeviceRanking:
+def resolve_ranking(device: torch.device, *, home: str | Path | None = None,
+                    given: tuple[object, str] | None = None) -> DeviceRanking:
     """Detect the device, look its table up, build its prior. Never raises: every failure becomes a
-    `TableWarning` and the next source down serves."""
+    `TableWarning` and the next source down serves. `given`: (table, its file) to use instead of
+    the lookup's (``attn-dispatch explain --table``; `given_table_source`)."""
     none_source = RankingSource("none", f"no table and no prior: kernel order, {FALLBACK_FIRST} first")
     try:
         from attn_dispatch.models.identity import DeviceIdentity
@@ -122,6 +130,13 @@ def resolve_ranking(device: torch.device, *, home: str | Path | None = None) -> 
         return DeviceRanking(table=None, prior=None, source=none_source, prior_source=none_source)
     key = str(getattr(identity, "key", identity))
     prior, prior_source = _prior(identity, key, none_source)
+    if given is not None:
+        try:
+            table, source = given_table_source(*given, identity)
+        except Exception as error:  # noqa: BLE001 - resolving never raises (a family spec may be missing)
+            _warn(f"table {given[1]} cannot serve {key} ({type(error).__name__}: {error}); using the analytic prior")
+            return DeviceRanking(table=None, prior=prior, source=prior_source, prior_source=prior_source)
+        return DeviceRanking(table=table, prior=prior, source=source, prior_source=prior_source)
     try:
         from attn_dispatch.models.sharing import lookup_table
 
@@ -136,15 +151,37 @@ def resolve_ranking(device: torch.device, *, home: str | Path | None = None) -> 
         source = RankingSource(prior_source.level, prior_source.description, None, key, notes)
         return DeviceRanking(table=None, prior=prior, source=source, prior_source=prior_source)
     path = str(lookup.path) if lookup.path is not None else None
+    threads = warn_once(lookup.table, path, stacklevel=3)
+    notes = notes if threads is None else (*notes, threads)
     source = RankingSource(lookup.level, table_description(lookup.table, lookup.level), path, key, notes)
     return DeviceRanking(table=lookup.table, prior=prior, source=source, prior_source=prior_source)
 
 
-def table_description(table: object, level: str) -> str:
+def given_table_source(table, path: str, identity) -> tuple[object, RankingSource]:
+    """(the table as it serves, its source) for a table file the user named instead of the lookup:
+    treated as the lookup treats a file at its match level (`models.sharing.served_at_level`),
+    and used as is, with a note, when it is another card's."""
+    from attn_dispatch.models.sharing import match_level, served_at_level
+
+    level = match_level(table, identity)
+    table, notes = served_at_level(table, level, identity, path)
+    if level is None:
+        level = ANOTHER_CARD
+        notes = (f"table {path} was calibrated on {table.identity.model_key}, not on this device "
+                 f"({identity.model_key}): its times and choices are that card's",)
+    threads = warn_once(table, path, stacklevel=3)
+    notes = notes if threads is None else (*notes, threads)
+    return table, RankingSource(level, table_description(table, level, given=True), path, identity.key, notes)
+
+
+def table_description(table: object, level: str, *, given: bool = False) -> str:
     """``threshold table (exact match, 254 measured entries)``, plus the quality guard's line when
-    the table's model lost to a reference on its held-out data."""
+    the table's model lost to a reference on its held-out data. `given`: a file the user named
+    (``explain --table``), at any `level` including `ANOTHER_CARD`."""
     entries = len(getattr(table, "entries", None) or ())
-    text = f"threshold table ({level} match, {entries} measured entries)" if entries else f"threshold table ({level} match)"
+    what = "threshold table given with --table" if given else "threshold table"
+    match = "another card's" if level == ANOTHER_CARD else f"{level} match"
+    text = f"{what} ({match}, {entries} measured entries)" if entries else f"{what} ({match})"
     guard = getattr(table, "guard", None)
     if guard is not None and guard.verdict != "table":
         text += f"; {guard.describe()}"

@@ -174,12 +174,14 @@ def merge_tables(tables: Sequence[ThresholdTable]) -> ThresholdTable:
             seen.add(identity.key)
             merged_from.append(identity)
     walls = [t.provenance.calibration_wall_s for t in tables]
+    threads = {t.provenance.timing_threads for t in tables}  # kept where every part was timed alike
     provenance = Provenance(
         identity=first.identity, created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         points_measured=sum(t.provenance.points_measured for t in tables),
         calibration_wall_s=None if None in walls else sum(walls), software=software_versions(),
         merged_from=tuple(merged_from),
         notes=(f"merged from {len(tables)} tables of {len(seen)} cards; times carried to {first.identity.model_key}",),
+        timing_threads=threads.pop() if len(threads) == 1 else None,
     )
     entries = union(entry.scaled(card_scale(t.spec, spec)) if t.identity.model_key != first.identity.model_key else entry
                     for t in tables for entry in t.entries.values())

@@ -87,7 +87,8 @@ def import_table(path: str | os.PathLike, *, home: str | os.PathLike | None = No
     return store_table(load_table(path), home=home)
 
 
-def _level(table: ThresholdTable, identity: DeviceIdentity) -> str | None:
+def match_level(table: ThresholdTable, identity: DeviceIdentity) -> str | None:
+    """How `table` matches `identity`: "exact", "model", "family", or None (another card)."""
     cards = table.provenance.identities
     if any(card.key == identity.key for card in cards):
         return "exact"
@@ -147,28 +148,35 @@ def lookup_table(
         except Exception as error:  # noqa: BLE001 - a bad file must never break inference
             notes.append(f"skipped table {path}: {error}")
             continue
-        level = _level(table, identity)
+        level = match_level(table, identity)
         if level is not None:
             rank = (LEVELS.index(level), bundled, _negated(table.provenance.created), -table.provenance.points_measured)
             found.append((rank, path, table, level))
     if not found:
         return _finish(TableLookup(None, "prior", None, identity, tuple(notes)), warn)
     _, path, table, level = min(found, key=lambda item: (item[0], str(item[1])))
+    table, said = served_at_level(table, level, identity, path)
+    return _finish(TableLookup(table, level, path, identity, (*notes, *said)), warn)
+
+
+def served_at_level(table: ThresholdTable, level: str | None, identity: DeviceIdentity,
+                    path: str | os.PathLike) -> tuple[ThresholdTable, tuple[str, ...]]:
+    """`table` (from `path`) as it serves `identity` at lookup `level` (`_level`), with what to say:
+    stale at the "model" level, rescaled with a note at the "family" level, as is otherwise."""
     if level == "model":
-        notes.append(
+        return table, (
             f"table {path} was calibrated on {table.identity.software_key}, this process runs "
-            f"{identity.software_key}: its decisions may be stale; run `attn-dispatch check` or calibrate again"
+            f"{identity.software_key}: its decisions may be stale; run `attn-dispatch check` or calibrate again",
         )
-    elif level == "family":
+    if level == "family":
         spec = spec_for(identity)
         factor = card_scale(table.spec, spec)
         note = (
             f"no table for {identity.model_key}: using the {table.identity.model_key} table of the same "
             f"family ({identity.family_key}) with times scaled by {factor:.3f} (unmeasured on this card)"
         )
-        table = table.scaled(factor, spec=spec, note=note)
-        notes.append(note)
-    return _finish(TableLookup(table, level, path, identity, tuple(notes)), warn)
+        return table.scaled(factor, spec=spec, note=note), (note,)
+    return table, ()
 
 
 def _negated(created: str) -> tuple[int, ...]:

@@ -128,6 +128,10 @@ class TableClass:
 
 @dataclass(frozen=True)
 class Provenance:
+    """Where a table's decisions come from. `timing_threads`: the torch intra-op threads a CPU
+    calibration timed with (``calibrate --threads``); None where unknown (a GPU table, an older
+    table, or a merge of tables timed with different counts)."""
+
     identity: DeviceIdentity
     created: str
     points_measured: int
@@ -135,6 +139,7 @@ class Provenance:
     software: dict[str, str] = field(default_factory=dict)
     merged_from: tuple[DeviceIdentity, ...] = ()
     notes: tuple[str, ...] = ()
+    timing_threads: int | None = None
 
     @property
     def identities(self) -> tuple[DeviceIdentity, ...]:

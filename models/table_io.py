@@ -172,6 +172,8 @@ def table_to_dict(table: ThresholdTable) -> dict:
         "class_fields": list(table.class_fields), "work_step": table.work_step,
         "classes": classes, "models": models_to_dict(table.models),
     }
+    if p.timing_threads is not None:  # written only where known: GPU tables stay as older versions read them
+        out["provenance"]["timing_threads"] = p.timing_threads
     if table.entries:
         out["measured_entries"] = entries_to_list(table.entries)
     if table.guard is not None:

@@ -83,8 +83,8 @@ def _created(value: object, path: str) -> str:
 def _provenance(value: object) -> Provenance:
     p = "provenance"
     data = _obj(value, p, ("identity", "created", "points_measured"),
-                ("calibration_wall_s", "software", "merged_from", "notes"))
-    wall = data.get("calibration_wall_s")
+                ("calibration_wall_s", "software", "merged_from", "notes", "timing_threads"))
+    wall, threads = data.get("calibration_wall_s"), data.get("timing_threads")
     software = _mapping(data.get("software", {}), f"{p}.software", MAX_QUALITY_KEYS)
     return Provenance(
         identity=_identity(data["identity"], f"{p}.identity"),
@@ -95,6 +95,7 @@ def _provenance(value: object) -> Provenance:
         merged_from=tuple(_identity(v, f"{p}.merged_from[{i}]")
                           for i, v in enumerate(_list(data.get("merged_from", []), f"{p}.merged_from", MAX_LIST))),
         notes=tuple(_str(v, f"{p}.notes[{i}]") for i, v in enumerate(_list(data.get("notes", []), f"{p}.notes", MAX_LIST))),
+        timing_threads=None if threads is None else _int(threads, f"{p}.timing_threads", 1, MAX_SIZE),
     )
 
 

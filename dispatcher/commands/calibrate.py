@@ -55,9 +55,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--allow-busy", action="store_true",
                         help="calibrate even when a reference point timed first shows the machine too busy to time "
                         "kernels reliably (its timings spread too wide, or this process gets too small a share of "
-                        "the CPU); the samples are widened and the summary warns")
+                        "the CPU); the samples are widened, the summary warns, and the table stored keeps "
+                        "PyTorch's default outside the buckets measured (its model is not used)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the problem sample and the samplers")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (CPU calibration)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (CPU calibration); the table records the count, and a process "
+                        "running another count is warned once that its timings may not hold")
     parser.add_argument("--measure-only", action="store_true", help="stop after measuring (no fit, no table)")
     parser.add_argument("--summary-json", default=None, metavar="PATH", help="also write the summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -53,6 +53,16 @@ def _print_report(report) -> None:
               f"fastest measured: {best} -> {verdict}")
 
 
+def refit_threads(table, device) -> int | None:
+    """The torch threads a ``--fix`` refit records (`models.table.Provenance.timing_threads`): this
+    process's, where the new points and the table's own were both timed with them (a CPU table
+    recording the same count); None otherwise (a GPU, an older table, or points of two counts)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    return threads if device.type == "cpu" and table.provenance.timing_threads == threads else None
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -61,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from attn_dispatch.dispatcher.commands.show import resolve_table
     from attn_dispatch.dispatcher.memory import parse_memory_size
     from attn_dispatch.models import DeviceIdentity, TableError
+    from attn_dispatch.models.identity import torch_threads
 
     try:
         if args.points < 1:
@@ -96,8 +107,11 @@ def run(args: argparse.Namespace) -> int:
                   "(`attn-dispatch check --fix`)")
         return 1 if changed else 0
     base, where = base_points(table)
+    threads = refit_threads(table, device)
     outcome = fit_and_write(merge(report.measurements, base), identity, out=None, seed=args.seed,
-                            wall_s=time.perf_counter() - started)
+                            wall_s=time.perf_counter() - started, timing_thread_count=threads,
+                            timing_threads="" if threads is None else f"{torch_threads(threads)} of its "
+                            f"{identity.compute_units} logical CPUs")
     if not outcome.table_paths:
         raise CommandError(f"the refit built no table: {outcome.note}")
     print(f"refit on the new points and {where}")

@@ -16,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=HELP,
         description="For the CPU and every visible GPU: name, architecture, compute units, memory, the card model "
         "and family keys tables are shared by, the fingerprint (card + software stack), and the table lookup level "
-        "that would serve it (exact, model: other stack, family: scaled stand-in, prior: no table).",
+        "that would serve it (exact, model: other stack, family: scaled stand-in, prior: no table); for a CPU "
+        "table, the torch threads it was timed with against this process's (a warning when they differ).",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(run=run)
@@ -32,7 +33,10 @@ def visible_devices() -> list:
 
 def device_record(device) -> dict:
     """Identity, keys and table lookup of one device."""
+    import torch
+
     from attn_dispatch.models import DeviceIdentity, lookup_table
+    from attn_dispatch.models.thread_words import threads_line
 
     identity = DeviceIdentity.detect(device)
     found = lookup_table(identity, warn=False)
@@ -44,6 +48,8 @@ def device_record(device) -> dict:
         "table_level": found.level, "table_path": None if found.path is None else str(found.path),
         "table_verdict": None if found.table is None else found.table.verdict,
         "table_guard": None if found.table is None or found.table.guard is None else found.table.guard.describe(),
+        "table_timing_threads": None if found.table is None else found.table.provenance.timing_threads,
+        "table_threads": None if found.table is None else threads_line(found.table, torch.get_num_threads()),
         "notes": list(found.warnings),
     }
 
@@ -71,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         if r["table_path"]:
             print(f"    {r['table_path']}")
             print(f"    {r['table_guard'] or 'quality guard: not evaluated (an older table)'}")
+            if r["table_threads"]:
+                print(f"    {r['table_threads']}")
         for note in r["notes"]:
             print(f"    note: {note}")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 
 from attn_dispatch.dispatcher.commands._common import CommandError, one_line, resolve_device
 
@@ -38,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=HELP,
         description="Decide, without running anything, which kernel attention of this shape would use on "
         "this device: the chosen kernel, predicted time of every candidate, the reason each other kernel "
-        "was dropped, and which table (or prior) served the decision.",
+        "was dropped, and which table (or prior) served the decision. A CPU table timed with another torch "
+        "thread count than this process runs says so in a note.",
     )
     parser.add_argument("--lq", type=size, required=True, help="query length (1 for decode)")
     parser.add_argument("--lk", type=size, default=None, help="key/value length (default: --lq)")
@@ -55,23 +57,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kernels", default="all", choices=KERNEL_SETS, help="kernel set")
     parser.add_argument("--allow-lossy", action="append", default=[], metavar="CONVERSION",
                         help="accept a lossy conversion, e.g. fp32->bf16 (repeatable; 'any' for all)")
+    parser.add_argument("--table", default=None, metavar="FILE",
+                        help="explain the decision this table file makes (as `show` and `check` read it) instead of "
+                        "the table this device's lookup finds")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
     parser.set_defaults(run=run)
+
+
+def given_table(path: str):
+    """The table file of ``--table`` (read as `show` and `check` read theirs); a `CommandError`
+    naming ``--table`` and the file when it is not a readable table."""
+    from attn_dispatch.dispatcher.commands.show import resolve_table
+
+    try:
+        return resolve_table(path, None, NAME)[0]
+    except CommandError as error:
+        raise CommandError(f"--table {error}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     from attn_dispatch.dispatcher.core import Dispatcher
     from attn_dispatch.dispatcher.errors import BUDGET_FIX, NoKernelError
     from attn_dispatch.dispatcher.memory import parse_memory_size
+    from attn_dispatch.dispatcher.thread_warning import ThreadsWarning
     from attn_dispatch.kernels import AccuracyPolicy
 
     try:
+        table = None if args.table is None else given_table(args.table)
         device = resolve_device(args.device)
         problem = problem_from_args(args, device.type)
         policy = AccuracyPolicy.allowing(*args.allow_lossy) if args.allow_lossy else AccuracyPolicy()
         budget = None if args.memory_budget is None else parse_memory_size(args.memory_budget, name="--memory-budget")
         dispatcher = Dispatcher(kernels=args.kernels, policy=policy, memory_budget=budget)
-        decision = dispatcher.decide(problem, device=device)
+        if table is not None:
+            dispatcher.use_table(table, args.table)
+        with warnings.catch_warnings():  # the decision's notes say it, once
+            warnings.simplefilter("ignore", ThreadsWarning)
+            decision = dispatcher.decide(problem, device=device)
     except NoKernelError as error:
         raise CommandError(error.cause.replace(BUDGET_FIX, "raise --memory-budget")) from None
     except (ValueError, RuntimeError) as error:

@@ -1,6 +1,7 @@
 """A CPU calibration says how many torch threads it timed with (``--threads``), not only the
 logical CPUs its card model counts ("AMD EPYC (2 threads)"): in the summary's first line and in
-the stored table's provenance notes (what `attn-dispatch show` prints)."""
+the stored table's provenance notes (what `attn-dispatch show` prints), and as the table's
+``provenance.timing_threads`` field (what the dispatcher compares with a process's count)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,4 @@ def test_the_summary_and_the_table_name_the_threads_used_not_the_process_default
     table = load_table(tmp_path / "table.json")
     assert f"timed with 1 torch thread of its {cpus} logical CPUs" in table.provenance.notes
     assert f"note: timed with 1 torch thread of its {cpus} logical CPUs" in summary_lines(table)
+    assert table.provenance.timing_threads == 1 == summary.timing_thread_count()

@@ -1,0 +1,79 @@
+"""`attn-dispatch explain --table FILE` explains the decision that table makes (read as `show` and
+`check` read theirs; a bad file is one line naming --table, exit 2); `explain` and `devices` say
+when a CPU table was timed with another torch thread count than this process runs (the CLI tests
+run one thread)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from attn_dispatch.models import DeviceIdentity, save_table, store_table
+from tests.cli.tables import honest_table, tiny_table
+
+# One float32 bucket (Lq 2^6, Lk 2^8) ranking PyTorch's math backend first: no prior picks it there.
+PLANTED = {(6, 8): [("sdpa_math", 1e-5), ("math", 5e-5)]}
+SHAPE = ("--lq", "64", "--lk", "256", "--heads", "4", "--head-dim", "32", "--dtype", "float32", "--device", "cpu")
+
+
+def timed_with(table, threads: int):
+    return replace(table, provenance=replace(table.provenance, timing_threads=threads))
+
+
+def test_explain_uses_the_table_file_given(cli, tmp_path):
+    code, out, _ = cli("explain", *SHAPE)
+    assert code == 0 and "-> sdpa_math" not in out  # no table here: the prior decides otherwise
+    path = save_table(tiny_table(PLANTED), tmp_path / "planted.json")
+    code, out, _ = cli("explain", *SHAPE, "--table", path)
+    assert code == 0 and "-> sdpa_math (" in out.splitlines()[0]
+    assert "ranked by: threshold table given with --table (exact match)" in out
+    assert f"table: {path} (lookup level: exact)" in out
+    code, out, _ = cli("explain", *SHAPE, "--table", path, "--json")
+    decision = json.loads(out)
+    assert decision["kernel"] == "sdpa_math" and decision["source"]["path"] == str(path)
+
+
+def test_explain_names_another_cards_table(cli, tmp_path):
+    other = replace(DeviceIdentity.cpu(), name="Some Other CPU", compute_units=64)
+    path = save_table(tiny_table(PLANTED, identity=other), tmp_path / "theirs.json")
+    code, out, _ = cli("explain", *SHAPE, "--table", path)
+    assert code == 0 and "-> sdpa_math (" in out and "(lookup level: another card)" in out
+    assert f"note: table {path} was calibrated on {other.model_key}, not on this device" in out
+
+
+@pytest.mark.parametrize("content", ["{ not json", '{"format_version": 2, "kind": "something else"}', None],
+                         ids=["corrupt", "foreign", "missing"])
+def test_explain_refuses_a_bad_table_file_in_one_line(cli, tmp_path, content):
+    path = tmp_path / "table.json"
+    if content is not None:
+        path.write_text(content)
+    code, out, err = cli("explain", *SHAPE, "--table", path)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"attn-dispatch explain: error: --table {path}: ") and "Traceback" not in err
+
+
+def test_explain_and_devices_say_a_thread_mismatch(cli, tmp_path):
+    store_table(timed_with(tiny_table(PLANTED), 2))  # the CLI tests run 1 torch thread
+    code, out, err = cli("explain", *SHAPE)
+    assert code == 0 and "-> sdpa_math (" in out  # said, not acted on
+    (note,) = [line for line in out.splitlines() if "torch thread" in line]
+    assert note.startswith("  note: threshold table ") and "was timed with 2 torch threads, but this process " \
+        "runs 1 torch thread" in note and "`attn-dispatch calibrate --threads 1`" in note
+    assert "Warning" not in err  # once, as the decision's note
+    code, out, _ = cli("devices")
+    assert code == 0 and "    warning: the threshold table was timed with 2 torch threads, but this process runs " \
+        "1 torch thread" in out
+    code, out, _ = cli("devices", "--json")
+    (cpu,) = [r for r in json.loads(out) if r["device"] == "cpu"]
+    assert cpu["table_timing_threads"] == 2 and cpu["table_threads"].startswith("warning: ")
+
+
+def test_devices_says_a_matching_count_and_nothing_for_an_older_table(cli):
+    store_table(timed_with(honest_table(), 1))
+    code, out, _ = cli("devices")
+    assert code == 0 and "    timing threads: 1 torch thread, as this process runs" in out
+    store_table(honest_table())  # no count recorded: replaces it
+    code, out, _ = cli("devices")
+    assert code == 0 and "torch thread" not in out
