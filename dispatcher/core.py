@@ -25,6 +25,7 @@ from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.explaining import Explaining
+from attn_dispatch.dispatcher.fast_path import attach as attach_fast_path
 from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HotEntry, HotPlans, hot_path_enabled, rehot
 from attn_dispatch.dispatcher.kernel_set import kernel_set
 from attn_dispatch.dispatcher.memory import (
@@ -112,6 +113,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         self._traced_shapes: set[tuple] = set()  # exact shapes traced into compiled graphs (`compiled`)
         self.compile_id = dispatcher_id(self)
         """Names this dispatcher inside torch.compile graphs (`compiled`)."""
+        self._fast = attach_fast_path(self)  # the C++ entry point in front of `attention` (`fast_path`), or None
 
     # ------------------------------------------------------------------ configuration
     @property
@@ -128,6 +130,16 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
     def tune(self) -> bool:
         """First-call tuning on? The argument, else ``ATTN_DISPATCH_TUNE``."""
         return self._tune if self._tune is not None else tune_from_env()
+
+    @property
+    def fast_attention(self):
+        """What to put where SDPA is looked up (`patching`, `hf` do): a C builtin with SDPA's
+        signature that serves this dispatcher's hot plans which are PyTorch's own SDPA call with no
+        Python frame and hands every other call to `attention` (`fast_path`); `attention` itself
+        where the fast path is off, unsupported or not built. Call `attention` directly to always
+        take the Python path."""
+        fast = None if self._fast is None else self._fast.callable()
+        return self.attention if fast is None else fast
 
     # ------------------------------------------------------------------ the call
     def attention(
@@ -380,7 +392,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         after changing ``ATTN_DISPATCH_MEMORY_BUDGET`` / ``ATTN_DISPATCH_HOME``)."""
         with self._lock:
             self._plans.clear()
-            self._hot = ()  # every plan leaves
+            self._set_hot(())  # every plan leaves
             self._last_dict_plan = None
             self._families.clear()
             self._traced_shapes.clear()

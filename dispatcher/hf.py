@@ -30,7 +30,7 @@ def make_attention_function(dispatcher: Dispatcher | None = None):
         from attn_dispatch.dispatcher.api import default_dispatcher
 
         dispatcher = default_dispatcher()
-    run = dispatcher.attention  # bound once, not looked up per call
+    run = dispatcher.fast_attention  # bound once, not looked up per call (`fast_path`)
 
     def attn_dispatch_forward(
         module: torch.nn.Module,
