@@ -175,7 +175,7 @@ class FastPath:
     def __init__(self, module: ModuleType, dispatcher: Dispatcher) -> None:
         self.module = module
         self.call = module.make(pytorch_sdpa, dispatcher.attention, getattr(torch, "compiler", None))
-        self._attention = dispatcher.attention
+        self._dispatcher = dispatcher
         self._registered: bool | None = None  # the compile stand-in: None not tried, then whether it took
 
     @property
@@ -187,7 +187,7 @@ class FastPath:
         """The fast callable, its torch.compile stand-in registered on first use; None where that
         fails (a graph would break on it: the caller uses `Dispatcher.attention`)."""
         if self._registered is None:
-            self._registered = _register_stand_in(self.call, self._attention)
+            self._registered = _register_stand_in(self.call, self._dispatcher)
         return self.call if self._registered else None
 
     def entry(self, plan: Plan, tensors: tuple[torch.Tensor, ...], is_causal: bool, enable_gqa: bool):
@@ -224,18 +224,27 @@ def attach(dispatcher: Dispatcher) -> FastPath | None:
         return None
 
 
-def _register_stand_in(fast, attention) -> bool:
-    """Dynamo cannot trace into a builtin: register a Python stand-in calling `attention` (the
-    dispatcher's own compile branch traces its choice). False where this torch refuses it."""
+_stand_in_targets: dict[int, Dispatcher] = {}  # `Dispatcher.compile_id` -> the dispatcher, for the stand-ins
+
+
+def _register_stand_in(fast, dispatcher: Dispatcher) -> bool:
+    """Dynamo cannot trace into a builtin: register a Python stand-in calling the dispatcher's
+    `attention` (whose compile branch traces its choice). The stand-in finds the dispatcher in a
+    module global by number: Dynamo inlines it with no source for its closure, so it could not
+    wrap a closed-over bound method. False where this torch refuses it."""
+    number = dispatcher.compile_id
     try:
         from torch._dynamo import substitute_in_graph
 
         def fast_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
                            enable_gqa=False):
-            return attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+            return _stand_in_targets[number].attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                                       scale=scale, enable_gqa=enable_gqa)
 
+        _stand_in_targets[number] = dispatcher
         substitute_in_graph(fast, skip_signature_check=True)(fast_attention)
         return True
     except Exception as error:  # noqa: BLE001 - no stand-in: no fast path for this dispatcher
+        _stand_in_targets.pop(number, None)
         logger.debug("attn_dispatch: fast path stand-in not registered (%s: %s)", type(error).__name__, error)
         return False

@@ -300,3 +300,36 @@ def test_patching_and_stats_count_fast_calls():
         for _ in range(5):
             F.scaled_dot_product_attention(inputs["query"], inputs["key"], inputs["value"])
     assert ours._fast.hits == 5 - WARM_CALLS and ours.stats() == {"sdpa_default": 5}
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_model_patched_with_the_fast_path_compiles_whole_and_traces_the_chosen_kernel(monkeypatch):
+    """Dynamo cannot trace into the builtin: its stand-in (`fast_path._register_stand_in`) calls
+    `Dispatcher.attention`, whose compile branch traces the dispatcher's choice (chunked, not SDPA)."""
+    from tests.dispatcher.helpers import FixedRanker, use_ranking
+    from tests.dispatcher.test_compile import GraphCatcher
+
+    use_ranking(monkeypatch, FixedRanker(["chunked[q=128,kv=1024]"]))
+    ours = Dispatcher(kernels=["chunked[q=128,kv=1024]", "math", "sdpa_default"])
+
+    class Attention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 48)
+
+        def forward(self, x):
+            q, k, v = self.proj(x).view(x.shape[0], x.shape[1], 3, 2, 8).permute(2, 0, 3, 1, 4)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    torch.manual_seed(0)
+    module, x = Attention(), torch.randn(2, 24, 16)
+    catcher = GraphCatcher()
+    with torch.no_grad(), patched(ours):
+        assert F.scaled_dot_product_attention is ours._fast.call  # the builtin, not the bound method
+        eager = module(x)
+        compiled = torch.compile(module, backend=catcher, fullgraph=True)(x)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    targets = catcher.targets()
+    assert not any("scaled_dot_product" in target for target in targets), targets
+    assert ours.stats().get("chunked[q=128,kv=1024] (traced)") == 1
