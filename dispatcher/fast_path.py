@@ -39,6 +39,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import shutil
 import sys
 import sysconfig
 import threading
@@ -104,14 +105,31 @@ def build(home: str | os.PathLike | None = None, *, directory: str | os.PathLike
     where = Path(directory) if directory is not None else build_directory(home)
     where.mkdir(parents=True, exist_ok=True)
     _put_ninja_on_path()
+    missing = missing_tool()
+    if missing:
+        raise RuntimeError(f"building the fast path failed: {missing}")
     try:
         module = cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(where),
                                     extra_cflags=["-O2"], with_cuda=False, verbose=False)
     except Exception as error:  # noqa: BLE001 - one line naming the cause
-        raise RuntimeError(f"building the fast path failed: {_build_failure(error)}") from error
+        raise RuntimeError(f"building the fast path failed: {_first_error(error)}") from error
     with _lock:
         _loaded[name] = module
     return Path(module.__file__)
+
+
+def missing_tool() -> str:
+    """What the build lacks, in words (a C++ compiler, Python's headers, ninja), or ""."""
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler found ({compiler}: install g++ or clang, or set CXX)"
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        return "Python's C headers are missing (install python3-dev, or your Python's development headers)"
+    if not cpp_extension.is_ninja_available():
+        return "ninja is missing (pip install ninja, or your system's ninja-build)"
+    return ""
 
 
 def _put_ninja_on_path() -> None:
@@ -128,21 +146,11 @@ def _put_ninja_on_path() -> None:
     os.environ["PATH"] = os.pathsep.join([p for p in extra if p not in path] + path)
 
 
-def _build_failure(error: BaseException) -> str:
-    """One line: what is missing, else the error's first line."""
-    text = str(error)
-    lowered = text.lower()
-    if "ninja" in lowered:
-        return "ninja is missing (pip install ninja, or install your system's ninja-build)"
-    if "python.h" in lowered:
-        return "Python's C headers are missing (install python3-dev or your Python's headers)"
-    if "c++" in lowered and ("not found" in lowered or "no such file" in lowered) or "g++" in lowered and \
-            "command not found" in lowered:
-        return "no C++ compiler found (install g++ or clang, or set CXX)"
-    if "torch/extension.h" in lowered or "aten/" in lowered and "no such file" in lowered:
-        return "torch's C++ headers are missing (a torch wheel ships them under torch/include)"
-    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
-    return f"{type(error).__name__}: {first[:300]}"
+def _first_error(error: BaseException) -> str:
+    """The compiler's first ``error:`` line in a failed build's output, else the error's first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    found = next((line for line in lines if "error:" in line or "not found" in line), None)
+    return (found or (lines[0] if lines else type(error).__name__))[:300]
 
 
 def load(home: str | os.PathLike | None = None) -> ModuleType | None:

@@ -13,15 +13,17 @@ import attn_dispatch as dispatcher
 from attn_dispatch.dispatcher import fast_path, patching
 
 
+FAST_PATH_TEST_HOME = Path(tempfile.gettempdir()) / "attn-dispatch-test-fast-path"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def fast_path_build():
     """Every dispatcher test runs with the fast path (`fast_path`), built once into the temp
     directory (keyed by torch, Python and source: reused by later sessions and xdist workers):
     the library's path, or the RuntimeError that says why it did not build (`test_fast_path`
     then skips or fails)."""
-    directory = Path(tempfile.gettempdir()) / "attn-dispatch-test-fast-path" / fast_path.module_name()
     try:
-        return fast_path.build(directory=directory)
+        return fast_path.build(FAST_PATH_TEST_HOME)
     except RuntimeError as error:
         return error
 
