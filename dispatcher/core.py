@@ -131,16 +131,6 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         """First-call tuning on? The argument, else ``ATTN_DISPATCH_TUNE``."""
         return self._tune if self._tune is not None else tune_from_env()
 
-    @property
-    def fast_attention(self):
-        """What to put where SDPA is looked up (`patching`, `hf` do): a C builtin with SDPA's
-        signature that serves this dispatcher's hot plans which are PyTorch's own SDPA call with no
-        Python frame and hands every other call to `attention` (`fast_path`); `attention` itself
-        where the fast path is off, unsupported or not built. Call `attention` directly to always
-        take the Python path."""
-        fast = None if self._fast is None else self._fast.callable()
-        return self.attention if fast is None else fast
-
     # ------------------------------------------------------------------ the call
     def attention(
         self,
@@ -166,6 +156,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         Returns
         -------
         ``[..., Hq, L, Ev]`` in the query's dtype.
+
+        The Python path; `fast_attention` (what `patched` installs) serves hot PyTorch-call plans in C++.
         """
         if _dynamo_compiling() or _compile_flags._is_compiling_flag:  # torch.compile: made and traced in `compiled`
             if dropout_p != 0.0 or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor) or (

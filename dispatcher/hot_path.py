@@ -18,6 +18,10 @@ match with no dropout is an inference call. Where a torch build lacks the class 
 arguments, `tensor_guard` returns None and the dict path serves every call. A check reads each
 tensor's strides before comparing anything, and a strided nested tensor's abort the process
 (torch 2.13), so `Dispatcher.attention` sends a call with a nested tensor to the dict path first.
+
+The fast path (`fast_path`) mirrors these slots in C++: an entry whose plan is exactly its call's own
+PyTorch SDPA call gets a C++ record of its tensors (``HotEntry.fast``), and every change of the slots
+goes through `HotPlans._set_hot`, which hands the C++ side the new set.
 """
 
 from __future__ import annotations
@@ -144,6 +148,15 @@ class HotPlans:
     def _drop_hot(self, key_: tuple) -> None:
         """The plan cached under `key_` is replaced or removed: it leaves the hot path (the others stay)."""
         self._set_hot(tuple(entry for entry in self._hot if entry.key != key_))
+
+    @property
+    def fast_attention(self):
+        """What to put where SDPA is looked up (`patching` and `hf` do): a C builtin with SDPA's
+        signature that serves the dispatcher's hot plans which are PyTorch's own SDPA call with no
+        Python frame and hands every other call to `attention` (`fast_path`); `attention` itself
+        where the fast path is off, unsupported or not built. `attention` is always the Python path."""
+        fast = None if self._fast is None else self._fast.callable()
+        return self.attention if fast is None else fast
 
     def _set_hot(self, slots: tuple) -> None:
         """The one place the hot path changes: `fast_path`'s C++ slots mirror it, so they never

@@ -333,3 +333,30 @@ def test_a_model_patched_with_the_fast_path_compiles_whole_and_traces_the_chosen
     targets = catcher.targets()
     assert not any("scaled_dot_product" in target for target in targets), targets
     assert ours.stats().get("chunked[q=128,kv=1024] (traced)") == 1
+
+
+def test_a_mixed_call_sequence_counts_and_answers_as_the_python_path_does():
+    """Shapes alternating past the two hot slots, masks, causal calls, inference mode: the fast
+    callable gives PyTorch's exact results and the same `stats()` as a dispatcher called through
+    `attention` only, while serving some of the calls in C++."""
+    fast_side, python_side = Dispatcher(kernels=["sdpa_default"]), Dispatcher(kernels=["sdpa_default"])
+    fast = fast_side.fast_attention
+    shapes = [qkv(kv_heads=4, q_len=q_len, kv_len=kv_len, seed=q_len) for q_len, kv_len in ((1, 7), (3, 3), (2, 9))]
+    mask = torch.rand(1, 1, 3, 3) > 0.5
+    calls = []
+    for round_ in range(6):
+        for index, inputs in enumerate(shapes):
+            q, k, v = inputs["query"], inputs["key"], inputs["value"]
+            calls.append(((q, k, v), {}))
+            if index == 1:
+                calls.append(((q, k, v, mask), {}))
+                calls.append(((q, k, v), {"is_causal": True, "scale": 0.25}))
+            if round_ % 2:
+                calls.append(((q, k, v), {}))  # the same shape twice in a row
+    for inference in (False, True, False):
+        with torch.inference_mode(inference):
+            for args, kwargs in calls:
+                assert torch.equal(fast(*args, **kwargs), SDPA(*args, **kwargs))
+                python_side.attention(*args, **kwargs)
+    assert fast_side.stats() == python_side.stats()
+    assert fast_side._fast.hits > 0
