@@ -222,11 +222,9 @@ def attach(dispatcher: Dispatcher) -> FastPath | None:
     """`dispatcher`'s fast path, or None: turned off, unsupported by this torch, or not built."""
     if not fast_path_enabled():
         return None
-    module = load(dispatcher.home)
-    if module is None:
-        return None
     try:
-        return FastPath(module, dispatcher)
+        module = load(dispatcher.home)  # None where not built; raises only where the source is missing
+        return None if module is None else FastPath(module, dispatcher)
     except Exception as error:  # noqa: BLE001 - a foreign library: the Python path serves
         logger.debug("attn_dispatch: fast path not made (%s: %s)", type(error).__name__, error)
         return None
