@@ -35,6 +35,7 @@ registry holds its callable).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -73,8 +74,9 @@ def fast_path_enabled() -> bool:
     return hasattr(getattr(torch, "compiler", None), "substitute_in_graph")
 
 
+@functools.cache
 def module_name() -> str:
-    """The extension's name: one per torch build, Python ABI and source text."""
+    """The extension's name: one per torch build, Python ABI and source text (read once a process)."""
     digest = hashlib.sha256()
     for part in (torch.__version__, str(torch.version.git_version), sys.implementation.cache_tag,
                  str(sysconfig.get_config_var("SOABI"))):
@@ -83,16 +85,17 @@ def module_name() -> str:
     return f"attn_dispatch_fast_call_{digest.hexdigest()[:16]}"
 
 
-def build_directory(home: str | os.PathLike | None = None) -> Path:
+def build_directory(home: str | os.PathLike | None = None, *, create: bool = True) -> Path:
     """``<home>/fast_path/<module_name()>`` (`models.paths.home`: ``ATTN_DISPATCH_HOME`` or the user cache)."""
     from attn_dispatch.models.paths import home as home_dir
 
-    return home_dir(home) / BUILD_SUBDIR / module_name()
+    return home_dir(home, create=create) / BUILD_SUBDIR / module_name()
 
 
 def library_path(home: str | os.PathLike | None = None) -> Path:
-    """Where `build` leaves the shared library (torch's loader names it ``<name>.so``, ``.pyd`` on Windows)."""
-    return build_directory(home) / (module_name() + (".pyd" if sys.platform == "win32" else ".so"))
+    """Where `build` leaves the shared library (torch's loader names it ``<name>.so``, ``.pyd`` on
+    Windows); asking creates no folder."""
+    return build_directory(home, create=False) / (module_name() + (".pyd" if sys.platform == "win32" else ".so"))
 
 
 def build(home: str | os.PathLike | None = None, *, directory: str | os.PathLike | None = None) -> Path:
