@@ -218,6 +218,7 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyO
   }
   PyObject* count = nullptr;
   long long calls = 0;
+  if (entry != nullptr && PyList_GET_SIZE(entry->count) < 1) entry = nullptr;  // not a count cell any more
   if (entry != nullptr) {
     count = entry->count;
     long long current = PyLong_AsLongLong(PyList_GET_ITEM(count, 0));
