@@ -12,7 +12,6 @@ import torch
 import attn_dispatch as dispatcher
 from attn_dispatch.dispatcher import fast_path, patching
 
-
 FAST_PATH_TEST_HOME = Path(tempfile.gettempdir()) / "attn-dispatch-test-fast-path"
 
 

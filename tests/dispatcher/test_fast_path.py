@@ -78,8 +78,8 @@ def test_positional_and_keyword_forms_hit_the_same_entry():
     expected = SDPA(q, k, v, is_causal=True)
     for call in (lambda: fast(q, k, v, None, 0.0, True), lambda: fast(query=q, key=k, value=v, is_causal=True),
                  lambda: fast(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None, enable_gqa=False)):
-        result = []
-        assert served(ours, lambda: result.append(call()))
+        result: list[torch.Tensor] = []
+        assert served(ours, lambda call=call, result=result: result.append(call()))
         assert torch.equal(result[0], expected)
     assert not served(ours, lambda: fast(q, k, v))  # is_causal differs: another plan
 
