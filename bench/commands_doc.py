@@ -79,6 +79,7 @@ EXAMPLES = (
     Example("calibrate-unknown-kernel", ("calibrate", "--device", "cpu", "--kernels", "flashy_attention"),
             checked=True),
     Example("devices", ("devices",)),
+    Example("build-fast-path", ("build-fast-path", "--home", "{work}/home")),
     Example("explain", ("explain", "--lq", "1", "--lk", "4096", "--heads", "8", "--kv-heads", "2", "--head-dim", "64",
                         "--dtype", "float32", "--device", "cpu")),
     Example("explain-table", ("explain", "--lq", "1", "--lk", "23000", "--batch", "3", "--heads", "40", "--kv-heads",

@@ -4,12 +4,16 @@ For each shape: warm the dispatcher, look up the kernel and `Problem` it chose, 
 of calls of (a) ``dispatcher.attention(...)``, (b) ``kernel.run(...)`` (no validation, what the
 dispatcher itself calls), (c) ``kernel(...)`` (validating), (d) PyTorch's
 ``F.scaled_dot_product_attention`` and (e) ``F.scaled_dot_product_attention`` looked up at call
-time under ``patched(dispatcher)`` (how transformers and diffusers reach it) and (f) a second
+time under ``patched(dispatcher)`` (how transformers and diffusers reach it: the fast path,
+`dispatcher.fast_path`, where it is built), (e') ``dispatcher.fast_attention(...)`` (the fast path's
+C++ entry point called directly; `dispatcher.attention` where none is built) and (f) a second
 dispatcher with its hot path off (`dispatcher.hot_path`: the key tuple and dict lookup every call
 took before it), and the floor any Python dispatcher pays on this host (`floor_calls`): (g) a
 pure-Python pass-through to SDPA and (h) the same plus one guard check of the tensors, as the hot
 path makes; interleaved so drift hits all alike. Reports the median per-call time of each and the
-median extra of (a) over (b), (c) and (d), and of (e), (f), (g) and (h) over (d).
+median extra of (a) over (b), (c) and (d), and of (e), (e'), (f), (g) and (h) over (d). The fast path is
+built first when it is not (``attn-dispatch build-fast-path``; ~25 s on a 2-core CPU), so one run
+shows the C++ path (e, e') beside the Python hot path (a) and the floors (g, h).
 On CUDA it reports host time (enqueue, what the dispatcher adds) and synchronised time. The first
 row of each run uses a kernel that does no work (`NullKernel`), so the extra is the dispatcher's
 own cost without the kernel's timing noise.
@@ -32,7 +36,7 @@ from pathlib import Path
 import torch
 
 from attn_dispatch.calibration.inputs import make_inputs
-from attn_dispatch.dispatcher import Dispatcher, patched
+from attn_dispatch.dispatcher import Dispatcher, fast_path, patched
 from attn_dispatch.dispatcher._plan import cache_key
 from attn_dispatch.dispatcher.hot_path import tensor_guard
 from attn_dispatch.kernels import MathKernel, Problem
@@ -122,6 +126,8 @@ def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, 
         "F.sdpa": lambda: sdpa(q, k, v, mask, enable_gqa=gqa),
         "patched F.sdpa": lambda: functional.scaled_dot_product_attention(q, k, v, mask, enable_gqa=gqa),
     }
+    fast = ours.fast_attention
+    methods["fast_attention"] = lambda: fast(q, k, v, mask, enable_gqa=gqa)
     with torch.inference_mode(), patched(ours):
         pass_through, guarded = floor_calls(sdpa, (q, k, v) if mask is None else (q, k, v, mask))
         methods["floor: pass-through"] = lambda: pass_through(q, k, v, mask, enable_gqa=gqa)
@@ -134,7 +140,7 @@ def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, 
             shift = round_index % len(order)  # rotate: no method always follows the same one
             for name in order[shift:] + order[:shift]:
                 samples[name].append(time_round(methods[name], calls, sync))
-    result = {"shape": shape[0], "kernel": kernel.name, "kernel_set": "null" if null else str(kernels), "calls_per_round": calls, "rounds": rounds, "null": null}
+    result = {"fast_path": fast is not ours.attention, "shape": shape[0], "kernel": kernel.name, "kernel_set": "null" if null else str(kernels), "calls_per_round": calls, "rounds": rounds, "null": null}
     for index, clock in ((0, "host"), (1, "sync")):
         med = {name: statistics.median(s[index] for s in values) * 1e6 for name, values in samples.items()}
         extra_run = statistics.median((a[index] - b[index]) * 1e6 for a, b in
@@ -147,12 +153,15 @@ def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, 
                                        zip(samples["dict path"], samples["F.sdpa"], strict=True))
         extra_patched = statistics.median((a[index] - b[index]) * 1e6 for a, b in
                                           zip(samples["patched F.sdpa"], samples["F.sdpa"], strict=True))
+        extra_fast = statistics.median((a[index] - b[index]) * 1e6 for a, b in
+                                       zip(samples["fast_attention"], samples["F.sdpa"], strict=True))
         floors = {label: statistics.median((a[index] - b[index]) * 1e6 for a, b in
                                            zip(samples[name], samples["F.sdpa"], strict=True))
                   for label, name in (("pass_through", "floor: pass-through"), ("guarded", "floor: pass-through + guard"))}
         result[clock] = {"median_us": med, "extra_us_vs_run": extra_run, "extra_us_vs_call": extra_call,
                          "extra_us_vs_sdpa": extra_sdpa, "dict_path_extra_us_vs_sdpa": extra_dict,
-                         "patched_extra_us_vs_sdpa": extra_patched, "floor_extra_us_vs_sdpa": floors}
+                         "patched_extra_us_vs_sdpa": extra_patched, "fast_extra_us_vs_sdpa": extra_fast,
+                         "floor_extra_us_vs_sdpa": floors}
     return result
 
 
@@ -183,6 +192,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if fast_path.fast_path_enabled() and fast_path.load() is None:
+        started = time.perf_counter()
+        print(f"building the fast path ... {fast_path.build()} ({time.perf_counter() - started:.0f} s)")
     shapes = CUDA_SHAPES if device.type == "cuda" else CPU_SHAPES
     rows = [bench_shape(s, device, args.rounds, args.calls, null=True) for s in shapes[:1]]
     rows += [bench_shape(s, device, args.rounds, args.calls) for s in shapes]
@@ -196,6 +208,7 @@ def main() -> None:
               f"vs call {host['extra_us_vs_call']:+6.2f} us  vs F.sdpa {host['extra_us_vs_sdpa']:+6.2f} us  "
               f"dict path vs F.sdpa {host['dict_path_extra_us_vs_sdpa']:+6.2f} us  "
               f"patched vs F.sdpa {host['patched_extra_us_vs_sdpa']:+6.2f} us  "
+              f"fast_attention vs F.sdpa {host['fast_extra_us_vs_sdpa']:+6.2f} us{'' if r['fast_path'] else ' (no fast path)'}  "
               f"floor vs F.sdpa: pass-through {host['floor_extra_us_vs_sdpa']['pass_through']:+6.2f} us, "
               f"+ guard {host['floor_extra_us_vs_sdpa']['guarded']:+6.2f} us")
     out = Path(args.out)

@@ -19,7 +19,8 @@ import sys
 from collections.abc import Iterable
 from importlib import metadata
 
-COMMAND_MODULES = ("kernels", "explain", "calibrate", "bench", "show", "check", "export", "import_table", "merge", "devices")
+COMMAND_MODULES = ("kernels", "explain", "calibrate", "bench", "show", "check", "export", "import_table", "merge", "devices",
+                   "build_fast_path")
 # The exit status of every command error (argparse's own usage errors exit 2 too).
 ERROR_EXIT = 2
 # Unix convention for a process ended by SIGINT (128 + 2).

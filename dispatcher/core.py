@@ -25,6 +25,7 @@ from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.explaining import Explaining
+from attn_dispatch.dispatcher.fast_path import attach as attach_fast_path
 from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HotEntry, HotPlans, hot_path_enabled, rehot
 from attn_dispatch.dispatcher.kernel_set import kernel_set
 from attn_dispatch.dispatcher.memory import (
@@ -112,6 +113,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         self._traced_shapes: set[tuple] = set()  # exact shapes traced into compiled graphs (`compiled`)
         self.compile_id = dispatcher_id(self)
         """Names this dispatcher inside torch.compile graphs (`compiled`)."""
+        self._fast = attach_fast_path(self)  # the C++ entry point in front of `attention` (`fast_path`), or None
 
     # ------------------------------------------------------------------ configuration
     @property
@@ -154,6 +156,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         Returns
         -------
         ``[..., Hq, L, Ev]`` in the query's dtype.
+
+        The Python path; `fast_attention` (what `patched` installs) serves hot PyTorch-call plans in C++.
         """
         if _dynamo_compiling() or _compile_flags._is_compiling_flag:  # torch.compile: made and traced in `compiled`
             if dropout_p != 0.0 or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor) or (
@@ -380,7 +384,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         after changing ``ATTN_DISPATCH_MEMORY_BUDGET`` / ``ATTN_DISPATCH_HOME``)."""
         with self._lock:
             self._plans.clear()
-            self._hot = ()  # every plan leaves
+            self._set_hot(())  # every plan leaves
             self._last_dict_plan = None
             self._families.clear()
             self._traced_shapes.clear()

@@ -30,7 +30,8 @@ def make_attention_function(dispatcher: Dispatcher | None = None):
         from attn_dispatch.dispatcher.api import default_dispatcher
 
         dispatcher = default_dispatcher()
-    run = dispatcher.attention  # bound once, not looked up per call
+    # bound once, not looked up per call: the fast path (`fast_path`); an object with only `attention`, that
+    run = getattr(dispatcher, "fast_attention", None) or dispatcher.attention
 
     def attn_dispatch_forward(
         module: torch.nn.Module,

@@ -18,6 +18,10 @@ match with no dropout is an inference call. Where a torch build lacks the class 
 arguments, `tensor_guard` returns None and the dict path serves every call. A check reads each
 tensor's strides before comparing anything, and a strided nested tensor's abort the process
 (torch 2.13), so `Dispatcher.attention` sends a call with a nested tensor to the dict path first.
+
+The fast path (`fast_path`) mirrors these slots in C++: an entry whose plan is exactly its call's own
+PyTorch SDPA call gets a C++ record of its tensors (``HotEntry.fast``), and every change of the slots
+goes through `HotPlans._set_hot`, which hands the C++ side the new set.
 """
 
 from __future__ import annotations
@@ -87,12 +91,12 @@ class HotEntry:
     one), the plan and its cache key, and the call's ``is_causal``, ``enable_gqa`` and whether it
     had a mask. ``pytorch_call``: the plan is one call of PyTorch's SDPA with the call's own
     arguments (`Plan.sdpa_flags`, ``enable_gqa`` not dropped), the same call `route` would make
-    under `sdpa_kernel` restrictions."""
+    under `sdpa_kernel` restrictions. ``fast``: its `fast_path` entry (served in C++), or None."""
 
-    __slots__ = ("check", "plan", "key", "is_causal", "enable_gqa", "masked", "pytorch_call")
+    __slots__ = ("check", "plan", "key", "is_causal", "enable_gqa", "masked", "pytorch_call", "fast")
 
     def __init__(self, check: Callable[..., bool], plan, key: tuple, is_causal: bool, enable_gqa: bool,
-                 masked: bool) -> None:
+                 masked: bool, fast=None) -> None:
         self.check = check
         self.plan = plan
         self.key = key
@@ -101,6 +105,7 @@ class HotEntry:
         self.masked = masked
         flags = plan.sdpa_flags
         self.pytorch_call = flags is not None and (not enable_gqa or "enable_gqa" in flags)
+        self.fast = fast
 
 
 def promoted(slots: tuple, entry: HotEntry) -> tuple:
@@ -124,10 +129,11 @@ class HotPlans:
             return
         check = tensor_guard(tensors)
         if check is not None:
+            fast = None if self._fast is None else self._fast.entry(plan, tensors, is_causal, enable_gqa)
             with self._lock:  # another thread may have reset, evicted or replaced the plan meanwhile
                 if self._plan_table.get(key_) is plan:
-                    self._hot = promoted(self._hot, HotEntry(check, plan, key_, is_causal, enable_gqa,
-                                                             attn_mask is not None))
+                    self._set_hot(promoted(self._hot, HotEntry(check, plan, key_, is_causal, enable_gqa,
+                                                               attn_mask is not None, fast)))
 
     def _evicted(self, key_: tuple, plan: Plan) -> None:
         """`plan` left the bounded plan cache: its calls stay in `stats`, it leaves the hot path, and
@@ -137,8 +143,24 @@ class HotPlans:
             planner = self._planners.get(plan.device)
             if planner is not None:
                 planner.spent.add(key_, plan.count[0])
-        self._hot = tuple(entry for entry in self._hot if entry.plan is not plan)
+        self._set_hot(tuple(entry for entry in self._hot if entry.plan is not plan))
 
     def _drop_hot(self, key_: tuple) -> None:
         """The plan cached under `key_` is replaced or removed: it leaves the hot path (the others stay)."""
-        self._hot = tuple(entry for entry in self._hot if entry.key != key_)
+        self._set_hot(tuple(entry for entry in self._hot if entry.key != key_))
+
+    @property
+    def fast_attention(self):
+        """What to put where SDPA is looked up (`patching` and `hf` do): a C builtin with SDPA's
+        signature that serves the dispatcher's hot plans which are PyTorch's own SDPA call with no
+        Python frame and hands every other call to `attention` (`fast_path`); `attention` itself
+        where the fast path is off, unsupported or not built. `attention` is always the Python path."""
+        fast = None if self._fast is None else self._fast.callable()
+        return self.attention if fast is None else fast
+
+    def _set_hot(self, slots: tuple) -> None:
+        """The one place the hot path changes: `fast_path`'s C++ slots mirror it, so they never
+        serve a plan dropped here."""
+        self._hot = slots
+        if self._fast is not None:
+            self._fast.mirror(slots)

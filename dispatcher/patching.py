@@ -46,7 +46,8 @@ def _default() -> Dispatcher:
 
 def install(dispatcher: Dispatcher | None = None) -> int:
     """Make `F.scaled_dot_product_attention` call `dispatcher.attention` (default: the module's
-    dispatcher) until the matching `uninstall`. Returns a token for `uninstall(token)`.
+    dispatcher) until the matching `uninstall`, through its `fast_attention` (`fast_path`).
+    Returns a token for `uninstall(token)`.
     Raises ValueError for a bad ``ATTN_DISPATCH_MEMORY_BUDGET`` (checked now, not at the first
     call). What it cannot reach: see the module docstring."""
     global _original
@@ -59,7 +60,7 @@ def install(dispatcher: Dispatcher | None = None) -> int:
             _original = F.scaled_dot_product_attention
         token = next(_tokens)
         _active.append((token, dispatcher))
-        F.scaled_dot_product_attention = dispatcher.attention
+        F.scaled_dot_product_attention = dispatcher.fast_attention  # `fast_path`, else `attention`
     return token
 
 
@@ -84,7 +85,7 @@ def uninstall(token: int | None = None) -> None:
                 raise RuntimeError(f"uninstall({token!r}): no active install has this token")
             del _active[index]
         if _active:
-            F.scaled_dot_product_attention = _active[-1][1].attention
+            F.scaled_dot_product_attention = _active[-1][1].fast_attention
         else:
             F.scaled_dot_product_attention = _original
             _original = None

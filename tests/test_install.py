@@ -78,6 +78,7 @@ def test_wheel_installs_under_one_namespace_beside_a_users_own_packages(tmp_path
     top_level = sorted(path.name for path in site.iterdir() if not path.name.endswith(".dist-info"))
     assert top_level == ["attn_dispatch", "bin"] or top_level == ["attn_dispatch"], top_level
     assert (site / "attn_dispatch" / "models" / "tables" / "nvidia-h200-140gb.json").is_file()
+    assert (site / "attn_dispatch" / "dispatcher" / "fast_call.cpp").is_file()  # `attn-dispatch build-fast-path`
 
     user = tmp_path / "user_project"
     for relative, text in USER_PACKAGES.items():

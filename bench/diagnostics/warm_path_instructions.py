@@ -11,7 +11,9 @@ on the keywords passed is left out (~270 instructions a keyword, `warm_path_piec
 case, N calls run inside one `functools.reduce`, the only function whose instructions are
 counted (one dump per reduce). Next to each case, the floor any Python dispatcher pays
 (`bench.dispatch_overhead.floor_calls`, calling the same no-op): a pure-Python pass-through of
-SDPA's signature, and the same plus one guard check of the tensors (`hot_path.tensor_guard`).
+SDPA's signature, and the same plus one guard check of the tensors (`hot_path.tensor_guard`); and
+the fast path (`dispatcher.fast_path`, where it is built: ``attn-dispatch build-fast-path``), its
+C++ entry point forwarding to the same no-op.
 
 Usage (repository root; needs valgrind, takes ~3 minutes, mostly importing torch under it):
     python -m bench.diagnostics.warm_path_instructions [--calls 300]
@@ -67,6 +69,10 @@ def child(calls: int, order_file: str) -> None:
     with torch.inference_mode():
         cases = _inputs()
         dispatchers = {case: Dispatcher(kernels=["sdpa_default"]) for case in cases}
+        fast = {}  # case -> the dispatcher's fast callable, forwarding to the no-op (its plan goes hot in the warm-up)
+        for case, ours in dispatchers.items():
+            if ours._fast is not None:
+                ours._fast.call = fast[case] = ours._fast.module.make(NO_OP, ours.attention, torch.compiler)
         for case, (args, kwargs) in cases.items():
             dispatchers[case].attention(*args, **kwargs)  # planned with PyTorch's SDPA, before it is replaced
         core._sdpa = NO_OP
@@ -76,6 +82,8 @@ def child(calls: int, order_file: str) -> None:
             runs.append((f"{case}: pass-through", _caller(pass_through, args, kwargs)))
             runs.append((f"{case}: pass-through + guard", _caller(guarded, args, kwargs)))
             runs.append((f"{case}: attention", _caller(dispatchers[case].attention, args, kwargs)))
+            if case in fast:
+                runs.append((f"{case}: fast", _caller(fast[case], args, kwargs)))
         for _, call in runs:
             for _ in range(WARM_UP):
                 call()
@@ -123,12 +131,13 @@ def main() -> None:
     per_call = {label: total / args.calls for label, total in zip(labels, totals, strict=True)}
     print(f"instructions per call ({args.calls} calls, callgrind; PyTorch's SDPA replaced by a no-op)")
     print(f"{'':22s} {'no-op':>7s}  {'attention':>9s}  over the no-op: {'dispatcher':>10s} {'floor: pass-through':>19s}"
-          f" {'+ guard':>7s}")
+          f" {'+ guard':>7s} {'fast path':>9s}")
     for case in CASES:
         direct, ours = per_call[f"{case}: no-op"], per_call[f"{case}: attention"]
         through, guarded = per_call[f"{case}: pass-through"], per_call[f"{case}: pass-through + guard"]
+        fast = per_call.get(f"{case}: fast")
         print(f"{case:22s} {direct:7.0f}  {ours:9.0f}  {'':15s} {ours - direct:+10.0f} {through - direct:+19.0f}"
-              f" {guarded - direct:+7.0f}")
+              f" {guarded - direct:+7.0f} {'(not built)' if fast is None else format(fast - direct, '+9.0f')}")
 
 
 def _total(path: str) -> int:

@@ -105,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(one_line(error)) from None
     for line in summary.lines():
         print(line)
+    from attn_dispatch.dispatcher.commands.build_fast_path import build_after_calibration
+
+    note = build_after_calibration()
+    if note:
+        print(note)
     if args.training:
         from attn_dispatch.calibration.training_profile import write_profile
 

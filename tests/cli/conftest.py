@@ -15,6 +15,7 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTN_DISPATCH_HOME", str(tmp_path / "attn-dispatch-home"))
     monkeypatch.delenv("ATTN_DISPATCH_MEMORY_BUDGET", raising=False)
     monkeypatch.delenv("ATTN_DISPATCH_LOG", raising=False)
+    monkeypatch.setenv("ATTN_DISPATCH_FAST_PATH", "0")  # calibrate builds none (`test_build_fast_path` builds)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     dispatcher.reset()

@@ -3,11 +3,28 @@ reset default dispatcher and nothing installed."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
 import attn_dispatch as dispatcher
-from attn_dispatch.dispatcher import patching
+from attn_dispatch.dispatcher import fast_path, patching
+
+FAST_PATH_TEST_HOME = Path(tempfile.gettempdir()) / "attn-dispatch-test-fast-path"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fast_path_build():
+    """Every dispatcher test runs with the fast path (`fast_path`), built once into the temp
+    directory (keyed by torch, Python and source: reused by later sessions and xdist workers):
+    the library's path, or the RuntimeError that says why it did not build (`test_fast_path`
+    then skips or fails)."""
+    try:
+        return fast_path.build(FAST_PATH_TEST_HOME)
+    except RuntimeError as error:
+        return error
 
 
 @pytest.fixture(autouse=True)

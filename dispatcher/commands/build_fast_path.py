@@ -1,0 +1,57 @@
+"""`attn-dispatch build-fast-path`: compile the fast path's C++ entry point (`dispatcher.fast_path`)
+for this torch and Python, under the home directory, where every later `Dispatcher` loads it."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from attn_dispatch.dispatcher.commands._common import CommandError
+
+NAME = "build-fast-path"
+HELP = "compile the C++ fast path in front of the dispatcher (serves its PyTorch-SDPA plans with no Python frame)"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        NAME,
+        help=HELP,
+        description="Compile dispatcher/fast_call.cpp with torch's C++ extension loader (a C++17 compiler, Python's "
+        "headers and ninja are needed; about 25 s on a 2-core CPU) into $ATTN_DISPATCH_HOME/fast_path/ (default: the "
+        "user cache directory). Every Dispatcher made afterwards with this torch and Python loads it; nothing is "
+        "ever compiled during an attention call. ATTN_DISPATCH_FAST_PATH=0 turns it off.",
+    )
+    parser.add_argument("--home", default=None, metavar="DIR", help="home directory (default: $ATTN_DISPATCH_HOME or the "
+                        "user cache directory)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from attn_dispatch.dispatcher import fast_path
+
+    started = time.perf_counter()
+    try:
+        path = fast_path.build(args.home)
+    except RuntimeError as error:
+        raise CommandError(str(error)) from None
+    print(f"built the fast path in {time.perf_counter() - started:.1f} s: {path}")
+    if not fast_path.fast_path_enabled():
+        print(f"note: it is not used now: {fast_path.FAST_PATH_ENV}=0 is set, or this torch has no "
+              "torch.compiler.substitute_in_graph (torch >= 2.5 is needed)")
+    return 0
+
+
+def build_after_calibration(home: str | None = None) -> str:
+    """Best effort at the end of `attn-dispatch calibrate`: one line saying what happened (never raises)."""
+    from attn_dispatch.dispatcher import fast_path
+
+    if not fast_path.fast_path_enabled():
+        return ""
+    if fast_path.load(home) is not None:
+        return "fast path: already built for this torch and Python"
+    started = time.perf_counter()
+    try:
+        path = fast_path.build(home)
+    except Exception as error:  # noqa: BLE001 - never fails the calibration
+        return f"note: the fast path was not built ({error}); the Python path serves. Retry with `attn-dispatch {NAME}`"
+    return f"fast path: built in {time.perf_counter() - started:.1f} s: {path}"
