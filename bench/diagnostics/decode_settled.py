@@ -5,7 +5,9 @@ A long-running server's decode loop ends with every key length settled on PyTorc
 limited to ``sdpa_default`` (so every plan is PyTorch's own call from the start, as a settled one
 is) against `F.scaled_dot_product_attention`, in the decode pattern (per token a new key length,
 one call per layer on K/V slices of one preallocated cache), passes alternating in one process:
-PyTorch's SDPA, the dispatcher with its hot path, the dispatcher with ``ATTN_DISPATCH_HOT_PATH=0``.
+PyTorch's SDPA, the dispatcher's fast path (``fast_attention``, what `patched` and transformers
+call; built first where it is not: `dispatcher.fast_path`), the dispatcher with its hot path
+(``attention``), the dispatcher with ``ATTN_DISPATCH_HOT_PATH=0``.
 
 Usage (repository root): python -m bench.diagnostics.decode_settled [--device cuda] [--passes 30]
     [--context 1024] [--tokens 32] [--layers 32] [--batch 1]
@@ -21,7 +23,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from attn_dispatch.dispatcher import Dispatcher
+from attn_dispatch.dispatcher import Dispatcher, fast_path
 from attn_dispatch.dispatcher.hot_path import HOT_PATH_ENV
 from bench.decode_loop import decode_pass
 
@@ -57,8 +59,11 @@ def main() -> None:
     query = torch.randn(args.batch, args.heads, 1, args.head_dim, device=device, dtype=dtype)
     cache_k = torch.randn(args.batch, args.kv_heads, total, args.head_dim, device=device, dtype=dtype)
     cache_v = torch.randn_like(cache_k)
-    hot, cold = dispatcher(True), dispatcher(False)
-    paths = {"sdpa": F.scaled_dot_product_attention, "hot path": hot.attention, "dict path": cold.attention}
+    if fast_path.fast_path_enabled() and fast_path.load() is None:
+        print(f"building the fast path ... {fast_path.build()}")
+    fast, hot, cold = dispatcher(True), dispatcher(True), dispatcher(False)
+    paths = {"sdpa": F.scaled_dot_product_attention, "fast path": fast.fast_attention, "hot path": hot.attention,
+             "dict path": cold.attention}
 
     def one_pass(attend) -> list[float]:
         return decode_pass(attend, query, cache_k, cache_v, args.context, args.tokens, args.layers)
@@ -79,7 +84,8 @@ def main() -> None:
         quartiles = statistics.quantiles(values, n=4)
         print(f"  {name:10s} {median * 1e3:.3f} ms/token (quartiles {quartiles[0] * 1e3:.3f}-{quartiles[2] * 1e3:.3f}), "
               f"{median / base:.3f}x, {(median - base) / args.layers * 1e6:+.2f} us per call")
-    print(f"  calls counted: hot {hot.stats()}, dict {cold.stats()}")
+    served = fast._fast.hits if fast._fast is not None else "no fast path"
+    print(f"  calls counted: fast {fast.stats()} (served in C++: {served}), hot {hot.stats()}, dict {cold.stats()}")
 
 
 if __name__ == "__main__":
