@@ -280,7 +280,7 @@ class ThresholdTable:
         default_s = next((seconds for name, seconds in ranked if name == DEFAULT_KERNEL), math.inf)
         close = bool(ranked) and math.isfinite(margin) and default_s <= ranked[0][1] * (1.0 + margin)
         kept = cell is not None and cell.keep_default and not (
-            self.usable_models and default_s > ranked[0][1] * cell.default_yields_at)
+            self.usable_models and bool(ranked) and default_s > ranked[0][1] * cell.default_yields_at)
         return _default_first(ranked) if close or kept else ranked
 
     def rank_by_model(self, problem: Problem, kernels: list[Kernel], cell: Cell | None) -> list[tuple[str, float]]:

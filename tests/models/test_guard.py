@@ -172,3 +172,5 @@ def test_a_region_yields_only_where_the_model_predicts_the_default_slower_than_i
     cell = load_table(path).find_class(PROBLEM).nearest_cell((9, 9))[1]
     assert cell.keep_default and cell.default_yields_at == pytest.approx(predicted_speedup * 1.1)
     assert with_regions(table, {region}).rank(PROBLEM, kernels)[0][0] == DEFAULT_KERNEL
+    # no kernel to rank in a kept region: nothing to put first, no error
+    assert wary.rank_unmeasured(PROBLEM, []) == []
