@@ -11,6 +11,9 @@ Paths per shape, each called as a user calls it, on the same inputs:
 - ``kernel:<name>``: every kernel of ``Dispatcher(kernels="all")`` that supports the shape, called
   through its bound runner, except the conversions (half inputs: the lossless ones go through fp32,
   4-13x slower on this card: h200-probe.md) and the full-matrix paths past `FULL_MATRIX_LIMIT`;
+The dispatchers are called through ``fast_attention`` as PyTorch's SDPA is called (what `patched`
+and transformers call: the C++ fast path, built first where it is not, `dispatcher.fast_path`;
+runs before session 10 called ``attention``, the Python method):
 - ``table``: a fresh `Dispatcher()` on the table alone (``ATTN_DISPATCH_VERIFY=0``, no tuning);
 - ``shipped``: a fresh `Dispatcher()` as installed (the table, checked against PyTorch's choice
   on each GPU bucket's first call: `dispatcher/verify.py`);
@@ -157,7 +160,7 @@ def make_paths(problem: Problem, inputs, dispatchers: dict) -> dict:
         run = kernel.runner(problem)
         paths[label] = lambda run=run: run(q, k, v, None, None, gqa, problem)
     for name, ours in dispatchers.items():
-        paths[name] = lambda ours=ours: ours.attention(q, k, v, None, 0.0, problem.causal, enable_gqa=gqa)
+        paths[name] = lambda run=ours.fast_attention: run(q, k, v, is_causal=problem.causal, **extra)
     return paths
 
 
@@ -204,10 +207,12 @@ def measure_shape(problem: Problem, device: torch.device, dispatchers: dict, rou
 
 def conditions(device: torch.device, rounds: int) -> dict:
     import attn_dispatch
+    from attn_dispatch.dispatcher import fast_path
 
     info = {"torch": torch.__version__, "attn_dispatch": attn_dispatch.__version__, "device": str(device),
             "rounds": rounds, "loser_factor": LOSER_FACTOR, "verify_env": os.environ.get("ATTN_DISPATCH_VERIFY"),
-            "home": os.environ.get("ATTN_DISPATCH_HOME")}
+            "home": os.environ.get("ATTN_DISPATCH_HOME"), "entry": "fast_attention",
+            "fast_path": fast_path.load() is not None}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
@@ -223,6 +228,10 @@ def run(args) -> None:
     random.Random(args.seed).shuffle(problems)
     if args.limit:
         problems = problems[: args.limit]
+    from attn_dispatch.dispatcher import fast_path
+
+    if fast_path.fast_path_enabled() and fast_path.load() is None:
+        print(f"building the fast path ... {fast_path.build()}", flush=True)
     dispatchers = {"table": ad.Dispatcher(tune=False), "shipped": ad.Dispatcher(tune=False),
                    "tuned": ad.Dispatcher(tune=True, remember_tunings=False)}
     started = time.perf_counter()
