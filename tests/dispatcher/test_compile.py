@@ -83,18 +83,22 @@ def test_training_under_compile_stays_pytorchs_sdpa():
     torch.testing.assert_close(query.grad, expected.grad)
 
 
+class Attention(torch.nn.Module):
+    """A tiny self-attention block calling `F.scaled_dot_product_attention` by name at call time
+    (as transformers and diffusers do): ``x [B, L, 16] -> [B, 2, L, 8]``, causal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.proj(x).view(x.shape[0], x.shape[1], 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 def test_a_patched_module_compiles_whole_and_matches_eager(monkeypatch):
     use_ranking(monkeypatch, FixedRanker(["chunked[q=128,kv=1024]"]))
     ours = Dispatcher(kernels=["chunked[q=128,kv=1024]", "math"])
-
-    class Attention(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.proj = torch.nn.Linear(16, 48)
-
-        def forward(self, x):
-            q, k, v = self.proj(x).view(x.shape[0], x.shape[1], 3, 2, 8).permute(2, 0, 3, 1, 4)
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     torch.manual_seed(0)
     module, x = Attention(), torch.randn(2, 24, 16)

@@ -308,19 +308,10 @@ def test_a_model_patched_with_the_fast_path_compiles_whole_and_traces_the_chosen
     """Dynamo cannot trace into the builtin: its stand-in (`fast_path._register_stand_in`) calls
     `Dispatcher.attention`, whose compile branch traces the dispatcher's choice (chunked, not SDPA)."""
     from tests.dispatcher.helpers import FixedRanker, use_ranking
-    from tests.dispatcher.test_compile import GraphCatcher
+    from tests.dispatcher.test_compile import Attention, GraphCatcher
 
     use_ranking(monkeypatch, FixedRanker(["chunked[q=128,kv=1024]"]))
     ours = Dispatcher(kernels=["chunked[q=128,kv=1024]", "math", "sdpa_default"])
-
-    class Attention(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.proj = torch.nn.Linear(16, 48)
-
-        def forward(self, x):
-            q, k, v = self.proj(x).view(x.shape[0], x.shape[1], 3, 2, 8).permute(2, 0, 3, 1, 4)
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     torch.manual_seed(0)
     module, x = Attention(), torch.randn(2, 24, 16)
