@@ -39,7 +39,7 @@ class Plan:
     """
 
     __slots__ = ("problem", "device", "kernel", "run", "sdpa_call", "sdpa_flags", "workspace", "recheck", "count",
-                 "bucket", "notes", "skipped", "settle_at", "_decision")
+                 "bucket", "notes", "skipped", "settle_at", "unguardable", "_decision")
 
     def __init__(
         self,
@@ -67,6 +67,8 @@ class Plan:
         self.notes = notes
         self.skipped = skipped
         self.settle_at = settle_at
+        self.unguardable = False
+        """No hot-path guard could be built for its tensors (`HotPlans._make_hot`): not tried again."""
         self._decision: Decision | None = None
 
     @property

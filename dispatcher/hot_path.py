@@ -73,17 +73,37 @@ def rehot(calls: int) -> bool:
 def tensor_guard(tensors: tuple[torch.Tensor, ...]) -> Callable[..., bool] | None:
     """``check(*tensors) -> bool``: True only for tensors of these Python types, dispatch keys
     (under the calling thread's state), dtypes, devices, sizes, strides and ``requires_grad``;
-    None where this torch has no usable `TensorGuards`."""
+    None where this torch has no usable `TensorGuards`.
+
+    A tensor passed twice (``key is value``, self-attention on one tensor) fails `TensorGuards`'s
+    own check (torch 2.13): the guard then covers each distinct tensor once and the check also
+    requires the same positions to hold the same tensor (a Python wrapper, ~1 us, on such calls only)."""
+    firsts = tuple(next(j for j, u in enumerate(tensors) if u is t) for t in tensors)
+    distinct = tuple(sorted(set(firsts)))
     try:
         from torch._C._dynamo.guards import TensorGuards
 
-        guard = TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                             dynamic_dims_strides=[list(t.stride()) for t in tensors])
-        if not guard.check(*tensors):  # a build whose guards mean something else
+        unique = tuple(tensors[j] for j in distinct)
+        guard = TensorGuards(*unique, dynamic_dims_sizes=[list(t.shape) for t in unique],
+                             dynamic_dims_strides=[list(t.stride()) for t in unique])
+        if not guard.check(*unique):  # a build whose guards mean something else
             return None
-        return guard.check
     except Exception:  # noqa: BLE001 - no hot path on this torch: the dict path serves
         return None
+    if len(distinct) == len(tensors):
+        return guard.check
+    inner = guard.check
+
+    def check_aliased(*given: torch.Tensor) -> bool:
+        return (len(given) == len(firsts) and all(given[i] is given[j] for i, j in enumerate(firsts))
+                and inner(*(given[j] for j in distinct)))
+
+    return check_aliased
+
+
+def _never_matches(*_tensors: torch.Tensor) -> bool:
+    """The Python check of an entry only the fast path's C++ check serves (no guard could be built)."""
+    return False
 
 
 class HotEntry:
@@ -123,17 +143,19 @@ class HotPlans:
         with no mask or a plain tensor one (`sdpa_context.route` reads a `CausalBias`'s variant, which
         no tensor guard sees)."""
         tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
-        if (not self._hot_enabled or plan.recheck or any(t.requires_grad for t in tensors)
+        if (not self._hot_enabled or plan.recheck or plan.unguardable or any(t.requires_grad for t in tensors)
                 or self._plan_table.get(key_) is not plan
                 or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor)):
             return
         check = tensor_guard(tensors)
-        if check is not None:
-            fast = None if self._fast is None else self._fast.entry(plan, tensors, is_causal, enable_gqa)
-            with self._lock:  # another thread may have reset, evicted or replaced the plan meanwhile
-                if self._plan_table.get(key_) is plan:
-                    self._set_hot(promoted(self._hot, HotEntry(check, plan, key_, is_causal, enable_gqa,
-                                                               attn_mask is not None, fast)))
+        fast = None if self._fast is None else self._fast.entry(plan, tensors, is_causal, enable_gqa)
+        if check is None and fast is None:  # nothing can guard these tensors: not tried on every call
+            plan.unguardable = True
+            return
+        with self._lock:  # another thread may have reset, evicted or replaced the plan meanwhile
+            if self._plan_table.get(key_) is plan:
+                self._set_hot(promoted(self._hot, HotEntry(check or _never_matches, plan, key_, is_causal, enable_gqa,
+                                                           attn_mask is not None, fast)))
 
     def _evicted(self, key_: tuple, plan: Plan) -> None:
         """`plan` left the bounded plan cache: its calls stay in `stats`, it leaves the hot path, and

@@ -262,3 +262,37 @@ def test_a_plan_that_drops_enable_gqa_is_not_taken_for_pytorchs_own_call():
     by_flag = {entry.enable_gqa: entry for entry in ours._hot}
     assert by_flag[False].pytorch_call
     assert by_flag[True].plan.sdpa_flags == {} and not by_flag[True].pytorch_call
+
+
+def test_a_tensor_passed_twice_is_guarded_once_with_its_aliasing():
+    q, kv, _ = _inputs()
+    check = tensor_guard((q, kv, kv))  # TensorGuards alone refuses a tensor given twice
+    assert check is not None and check(q, kv, kv)
+    fresh_q, fresh_kv, _ = _inputs(seed=1)
+    assert check(fresh_q, fresh_kv, fresh_kv)
+    assert not check(q, kv, kv.clone())  # the same kind, but not the same tensor twice
+    assert not check(q, kv.double(), kv.double())
+    x = _inputs()[0]
+    assert tensor_guard((x, x, x))(x, x, x) and not tensor_guard((x, x, x))(x, x.clone(), x)
+
+
+@pytest.mark.parametrize("kernel", ["math", "sdpa_default"])
+def test_a_call_with_key_is_value_goes_hot_and_builds_one_guard(monkeypatch, kernel):
+    built = []
+    real = hot_path.tensor_guard
+    monkeypatch.setattr(hot_path, "tensor_guard", lambda tensors: built.append(len(tensors)) or real(tensors))
+    q, kv, _ = _inputs()
+    ours = Dispatcher(kernels=[kernel])
+    with torch.no_grad():
+        outs = [ours.attention(q, kv, kv) for _ in range(HOT_AFTER + 8)]
+    assert len(ours._hot) == 1 and built == [3]
+    for out in outs:
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, kv, kv))
+
+
+def test_a_plan_no_guard_can_cover_is_not_tried_on_every_call(monkeypatch):
+    tried = []
+    monkeypatch.setattr(hot_path, "tensor_guard", lambda tensors: tried.append(1) and None)
+    ours, (q, k, v) = _hot_dispatcher(calls=HOT_AFTER + 8)  # `math`: no fast-path entry either
+    assert ours._hot == () and len(tried) == 1
+    assert next(iter(ours._plans.values())).unguardable
