@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from attn_dispatch.calibration.busy_words import ALLOWED_REASON
 from attn_dispatch.calibration.gate import apply_numerics_gate, describe_class
 from attn_dispatch.calibration.results import unit_key
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
@@ -71,7 +72,7 @@ def store_for_lookup(table, identity: DeviceIdentity) -> Path:
     return Path(store_table(table))
 
 
-TOO_BUSY_REASON = "measured on a machine too busy to time kernels (calibrate --allow-busy)"
+TOO_BUSY_REASON = ALLOWED_REASON
 TOO_BUSY_SCORES = ("for reference only, timed on the same too-busy machine (these scores did not choose what "
                    "serves: the quality guard line says what does): ")
 """Heads a too-busy calibration's held-out scores: the table's verdict is PyTorch's default
@@ -86,12 +87,15 @@ def fit_and_write(
     seed: int,
     wall_s: float,
     too_busy: bool = False,
+    busy_reason: str = TOO_BUSY_REASON,
     timing_threads: str = "",
     timing_thread_count: int | None = None,
 ) -> FitOutcome:
     """Gate, fit, build and write the table (see module docstring). `too_busy`: the machine was
-    too busy to time kernels (measured anyway under ``--allow-busy``): the table's verdict is
-    PyTorch's default, whatever its held-out scores say (they were timed on the same noise).
+    too busy to time kernels (measured anyway under ``--allow-busy``, or it became too busy while
+    measuring): the table's verdict is PyTorch's default, whatever its held-out scores say (they
+    were timed on the same noise); `busy_reason` says which, in the table's guard
+    (`busy_words.too_busy_reason`).
     `timing_threads`: on a CPU, the torch threads the points were timed with (e.g. "1 torch thread
     of its 2"), kept as a provenance note: the table's card model counts logical CPUs instead.
     `timing_thread_count`: that count as a number, recorded in the table's provenance
@@ -133,10 +137,10 @@ def fit_and_write(
     if too_busy:
         # what is stored and said: PyTorch's default, not the scores' verdict nor the table it guarded
         unguarded = {key: value for key, value in (table.quality or {}).items() if not key.startswith("guarded_")}
-        table = replace(table, guard=Guard("default", TOO_BUSY_REASON), quality=unguarded or table.quality)
+        table = replace(table, guard=Guard("default", busy_reason), quality=unguarded or table.quality)
         if quality is not None:
             quality = replace(quality, verdict=table.guard.describe(), guarded=None)
-        outcome.note += f"{TOO_BUSY_REASON}: PyTorch's default serves outside measured buckets. "
+        outcome.note += f"{busy_reason}: PyTorch's default serves outside measured buckets. "
     outcome.quality = quality.summary() if quality is not None else "not evaluated (too few problems)"
     if too_busy and quality is not None:
         outcome.quality = TOO_BUSY_SCORES + outcome.quality

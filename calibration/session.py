@@ -10,8 +10,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attn_dispatch.calibration.busy_words import ALLOWED_CAUSE, too_busy_cause, too_busy_reason
 from attn_dispatch.calibration.config import CalibrationConfig
-from attn_dispatch.calibration.finish import FitOutcome, fit_and_write, merge
+from attn_dispatch.calibration.finish import TOO_BUSY_REASON, FitOutcome, fit_and_write, merge
 from attn_dispatch.calibration.launch import launch_workers
 from attn_dispatch.calibration.noise import WIDE_BUDGET_FACTOR, WIDE_MIN_REPS, Noise, check_quiet, probe_noise
 from attn_dispatch.calibration.paths import default_results, default_storage
@@ -27,14 +28,26 @@ from attn_dispatch.models.identity import DeviceIdentity, torch_threads
 from attn_dispatch.models.measurement import Measurement
 
 
-TOO_BUSY_MEASURED = ("warning: the machine was too busy to time kernels (measured anyway: --allow-busy); these timings "
-                     "may rank kernels wrongly; calibrate again when the machine is quiet")
-TOO_BUSY_STORED = ("warning: the machine was too busy to time kernels (measured anyway: --allow-busy), so the table "
-                   "stored does not use its model or decision map: PyTorch's default serves inference calls, except in "
-                   "the buckets measured here, where their measured winners do (PyTorch's default where its time "
-                   "overlaps the fastest); calibrate again when the machine is quiet")
-"""The busy warning of a calibration whose probe said "too busy" (`finish.TOO_BUSY_REASON`): what
-serves is decided by the busy verdict, not by the held-out scores (`finish.fit_and_write`)."""
+def too_busy_measured(cause: str) -> str:
+    """The busy warning of a calibration a probe found too busy (`busy_words.too_busy_cause`:
+    `cause`), when no table was stored."""
+    return (f"warning: {cause}; these timings may rank kernels wrongly; calibrate again when the machine "
+            "is quiet")
+
+
+def too_busy_stored(cause: str) -> str:
+    """The busy warning of a calibration a probe found too busy (`busy_words.too_busy_cause`:
+    `cause`) whose table was stored: what serves is decided by the busy verdict, not by the
+    held-out scores (`finish.fit_and_write`)."""
+    return (f"warning: {cause}, so the table stored does not use its model or decision map: PyTorch's "
+            "default serves inference calls, except in the buckets measured here, where their measured "
+            "winners do (PyTorch's default where its time overlaps the fastest); calibrate again when the "
+            "machine is quiet")
+
+
+TOO_BUSY_MEASURED = too_busy_measured(ALLOWED_CAUSE)
+TOO_BUSY_STORED = too_busy_stored(ALLOWED_CAUSE)
+"""The busy warnings of a calibration measured under ``--allow-busy`` (`finish.TOO_BUSY_REASON`)."""
 
 
 @dataclass
@@ -88,8 +101,9 @@ class CalibrationSummary:
         if any(r.widened for r in self.reports):
             out.append(f"timer widened for a busy machine: at least {WIDE_MIN_REPS} samples per point, "
                        f"{WIDE_BUDGET_FACTOR:g}x the per-point budget")
-        if any(n is not None and n.too_busy for n in (self.noise_start, self.noise_end)):
-            out.append(TOO_BUSY_STORED if self.fit.table_paths else TOO_BUSY_MEASURED)
+        cause = too_busy_cause(self.noise_start, self.noise_end)
+        if cause is not None:
+            out.append(too_busy_stored(cause) if self.fit.table_paths else too_busy_measured(cause))
         elif any(n is not None and n.busy for n in (self.noise_start, self.noise_end)):
             out.append("warning: these timings were taken on a busy machine and may rank kernels wrongly; the "
                        "held-out quality below says how the table compares; calibrate again when the machine is quiet")
@@ -197,9 +211,10 @@ def calibrate(
     storage = open_storage(config.storage, default_journal=journal)
     summary.measurements = merge(store.measurements(run=calibration_id), storage_measurements(storage, calibration_id))
     if fit:
-        too_busy = any(noise is not None and noise.too_busy for noise in (summary.noise_start, summary.noise_end))
+        busy_reason = too_busy_reason(summary.noise_start, summary.noise_end)
         summary.fit = fit_and_write(summary.measurements, identity, out=out, seed=config.seed, wall_s=summary.measuring_s,
-                                    too_busy=too_busy, timing_threads=summary.timing_threads(),
+                                    too_busy=busy_reason is not None, busy_reason=busy_reason or TOO_BUSY_REASON,
+                                    timing_threads=summary.timing_threads(),
                                     timing_thread_count=summary.timing_thread_count())
     summary.wall_s = time.time() - started
     return summary

@@ -37,6 +37,7 @@ from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
 from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.probe_cache import ProbeCache
 from attn_dispatch.dispatcher.ranking import resolve_ranking
+from attn_dispatch.dispatcher.dual_calls import carries_tangent
 from attn_dispatch.dispatcher.recovery import RecoveringDispatcher
 from attn_dispatch.dispatcher.training_calls import TRAINING_COUNT, TrainingCalls  # noqa: F401 - TRAINING_COUNT: imported from here
 from attn_dispatch.dispatcher.training_route import TrainingRoute
@@ -311,7 +312,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         or a plan to re-check (free memory, or a bucket tuning still pending). `scale` is the
         call's (inference route only: it lets a new bucket be tuned on these inputs)."""
         plan = self._plans.get(key_)
-        inputs = None if scale is _NOT_GIVEN else (query, key, value, attn_mask, scale, enable_gqa)
+        inputs = None if scale is _NOT_GIVEN or carries_tangent(query, key, value, attn_mask) else (
+            query, key, value, attn_mask, scale, enable_gqa)  # no tuning on forward-AD duals (`dual_calls`)
         if plan is not None and not plan.recheck:
             return plan
         family = None

@@ -1,5 +1,6 @@
 """What a `Dispatcher` does when a kernel raises at run time: remember the failure for the kernel's
-bucket, decide again without it, and run the next candidate (`RecoveringDispatcher`)."""
+bucket, decide again without it, and run the next candidate (`RecoveringDispatcher`). A call with a
+forward-AD dual tensor gets PyTorch's SDPA instead, nothing remembered (`dual_calls`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 
 from attn_dispatch.dispatcher import _log
 from attn_dispatch.dispatcher._plan import Plan, check_scale
+from attn_dispatch.dispatcher.dual_calls import carries_tangent, pytorch_dual_call
 from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.memory import release_cached_memory
 from attn_dispatch.kernels import Problem
@@ -20,6 +22,8 @@ class RecoveringDispatcher:
     def _recover(self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:
         """`plan`'s kernel raised: remember it for the bucket, run the next candidate (repeatedly)."""
         plan.count[0] -= 1  # count calls that returned, not attempts (a bad `scale` raises here, uncounted)
+        if carries_tangent(query, key, value, attn_mask):  # PyTorch's answer to a dual tensor, nothing remembered
+            return pytorch_dual_call(key_, query, key, value, attn_mask, scale, enable_gqa)
         check_scale(scale)
         planner = self._planner(plan.device)
         while True:

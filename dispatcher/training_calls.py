@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from attn_dispatch.dispatcher import _log, sdpa_context
 from attn_dispatch.dispatcher.decision import TRAINING_KERNEL
+from attn_dispatch.dispatcher.dual_calls import carries_tangent
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 
 TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
@@ -31,8 +32,9 @@ class TrainingCalls:
                     return choice.kernel.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
                 except Exception as error:  # noqa: BLE001 - remembered; PyTorch's SDPA runs this call
                     count[0] -= 1
-                    self._training_route.failed(plan, self.memory_budget, choice.kernel, error)
-                    _log.fallback(choice.kernel.name, error, TRAINING_KERNEL)
+                    if not carries_tangent(query, key, value, attn_mask):  # a dual's failure: not the kernel's
+                        self._training_route.failed(plan, self.memory_budget, choice.kernel, error)
+                        _log.fallback(choice.kernel.name, error, TRAINING_KERNEL)
         return self._pytorch_training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
     def _pytorch_training(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
