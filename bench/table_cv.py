@@ -37,7 +37,6 @@ from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table
-
 from bench.grid_measurements import grid_measurements, grid_times
 
 SLOW_PICK = 1.5

@@ -24,6 +24,7 @@ from attn_dispatch.dispatcher.call_counts import CallCounts
 from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
 from attn_dispatch.dispatcher.device_state import DeviceState
+from attn_dispatch.dispatcher.dual_calls import carries_tangent
 from attn_dispatch.dispatcher.explaining import Explaining
 from attn_dispatch.dispatcher.fast_path import attach as attach_fast_path
 from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HotEntry, HotPlans, hot_path_enabled, rehot
@@ -37,7 +38,6 @@ from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
 from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.probe_cache import ProbeCache
 from attn_dispatch.dispatcher.ranking import resolve_ranking
-from attn_dispatch.dispatcher.dual_calls import carries_tangent
 from attn_dispatch.dispatcher.recovery import RecoveringDispatcher
 from attn_dispatch.dispatcher.training_calls import TRAINING_COUNT, TrainingCalls  # noqa: F401 - TRAINING_COUNT: imported from here
 from attn_dispatch.dispatcher.training_route import TrainingRoute

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter, defaultdict
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone

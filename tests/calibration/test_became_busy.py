@@ -9,7 +9,12 @@ from __future__ import annotations
 import pytest
 
 import attn_dispatch.calibration.session as session
-from attn_dispatch.calibration.busy_words import ALLOWED_CAUSE, ALLOWED_REASON, too_busy_cause, too_busy_reason
+from attn_dispatch.calibration.busy_words import (
+    ALLOWED_CAUSE,
+    ALLOWED_REASON,
+    too_busy_cause,
+    too_busy_reason,
+)
 from attn_dispatch.calibration.noise import BUSY_SPREAD, STOP_CPU_SHARE, STOP_SPREAD, Noise, spread_words
 from attn_dispatch.calibration.session import calibrate
 from attn_dispatch.kernels.math_kernel import MathKernel
