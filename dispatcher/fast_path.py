@@ -63,7 +63,7 @@ FAST_PATH_ENV = "ATTN_DISPATCH_FAST_PATH"
 BUILD_COMMAND = "build-fast-path"
 logger = logging.getLogger("attn_dispatch")
 _loaded: dict[str, tuple[ModuleType, Path]] = {}  # module name -> the module and its library, once per process
-_checks: dict[tuple, str | None] = {}  # (path, inode, size, mtime) -> `fast_path_build.rejection`
+_checks: dict[tuple, str] = {}  # the library's and manifest's (path, inode, size, mtime) -> `rejection`
 _rejected: dict[str, str] = {}  # library path -> why it was not loaded (for `status`)
 _made: weakref.WeakSet[FastPath] = weakref.WeakSet()  # every live dispatcher's fast path (`status` sums hits)
 _lock = threading.Lock()
@@ -128,14 +128,18 @@ def load(home: str | os.PathLike | None = None) -> ModuleType | None:
 
 
 def _checked_rejection(path: Path) -> str | None:
-    """`fast_path_build.rejection` once per process per file version (its path, inode, size, mtime)."""
+    """`fast_path_build.rejection`, once per process per version of the library and its manifest
+    (path, inode, size, mtime of each); "not built" is never kept (an install may be half done)."""
     try:
-        stat = path.stat()
-        version = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        version = tuple((str(file), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                        for file in (path, fast_path_build.manifest_path(path)) for stat in [file.stat()])
     except OSError:
         return None
     if version not in _checks:
-        _checks[version] = fast_path_build.rejection(path)
+        reason = fast_path_build.rejection(path)
+        if reason is None:
+            return None
+        _checks[version] = reason
     return _checks[version]
 
 

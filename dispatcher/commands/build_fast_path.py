@@ -32,12 +32,11 @@ def run(args: argparse.Namespace) -> int:
     from attn_dispatch.dispatcher import fast_path, fast_path_build
 
     started = time.perf_counter()
-    reused = fast_path_build.rejection(fast_path.library_path(args.home)) == ""
     try:
-        path = fast_path.build(args.home)
+        path, compiled = fast_path_build.build(args.home)
     except RuntimeError as error:
         raise CommandError(str(error)) from None
-    if reused:
+    if compiled is None:
         print(f"the fast path is already built for this torch and Python (its manifest matches): {path}")
     else:
         print(f"built the fast path in {time.perf_counter() - started:.1f} s: {path}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -306,7 +307,20 @@ def test_a_built_library_loads_from_the_home_directory(monkeypatch, tmp_path, fa
     monkeypatch.setattr(fast_path, "_loaded", {})
     module = fast_path.load(tmp_path / "home")
     assert module is not None and module.__file__ == str(library)
-    assert fast_path.status(tmp_path / "home").startswith(f"loaded {library} (0 calls served in C++ by ")
+    before = served_in_cpp(fast_path.status(tmp_path / "home"), library)
+    ours = Dispatcher(kernels=["sdpa_default"], home=str(tmp_path / "home"))
+    inputs = qkv(kv_heads=4)
+    fast = warm(ours, inputs["query"], inputs["key"], inputs["value"])
+    fast(inputs["query"], inputs["key"], inputs["value"])
+    assert served_in_cpp(fast_path.status(tmp_path / "home"), library) == before + 1
+
+
+def served_in_cpp(status: str, library: Path) -> int:
+    """The count in `status`'s ``loaded <library> (N calls served in C++ by this process's dispatchers)``."""
+    found = re.fullmatch(rf"loaded {re.escape(str(library))} \((\d+) calls served in C\+\+ by this process's "
+                         r"dispatchers\)", status)
+    assert found, status
+    return int(found.group(1))
 
 
 def truncate(library: Path, forge_manifest: bool) -> str:
