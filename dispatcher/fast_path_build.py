@@ -7,8 +7,8 @@ encodes), the name one per torch build, Python ABI and source (`module_name`).
 
 A build never happens in that folder: torch's loader compiles into a fresh private folder next to
 it (same filesystem), so its ``lock`` and ninja files are never stale (a killed build leaves a
-private folder nobody waits on); the library is then moved in with `os.replace` (atomic) and the
-manifest written atomically after it, so a reader sees the old pair, no manifest, or the new pair,
+private folder nobody waits on, removed by the next build); the library is then moved in with
+`os.replace` (atomic) and the manifest written atomically after it, so a reader sees the old pair, no manifest, or the new pair,
 never a partial file under the final name. Two builds at once are serialised by an `fcntl.flock` on
 ``install.lock`` in the final folder (the kernel drops it when its holder dies: no stale lock);
 without fcntl (Windows) there is no lock and the atomic replace alone protects readers.
@@ -138,16 +138,16 @@ def install(built: Path, library: Path) -> None:
 @contextlib.contextmanager
 def install_lock(folder: Path):
     """An exclusive `fcntl.flock` on ``folder/install.lock`` (released by the kernel if this process
-    dies); nothing where fcntl is missing."""
+    dies): yields True; where fcntl is missing, no lock: yields False."""
     try:
         import fcntl
     except ImportError:
-        yield
+        yield False
         return
     with open(folder / LOCK_NAME, "a") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
@@ -159,14 +159,17 @@ def build(home: str | os.PathLike | None = None) -> tuple[Path, ModuleType | Non
     library = library_path(home)
     folder = build_directory(home)
     folder.mkdir(parents=True, exist_ok=True)
-    with install_lock(folder):
+    with install_lock(folder) as locked:
         if rejection(library) == "":
             return library, None  # built meanwhile (another process) or before
         _put_ninja_on_path()
         missing = missing_tool()
         if missing:
             raise RuntimeError(f"building the fast path failed: {missing}")
-        private = Path(tempfile.mkdtemp(prefix=f".{module_name()}-build-", dir=folder.parent))
+        prefix = f".{module_name()}-build-"
+        for left in folder.parent.glob(prefix + "*") if locked else ():  # a killed build's (we hold the lock)
+            shutil.rmtree(left, ignore_errors=True)
+        private = Path(tempfile.mkdtemp(prefix=prefix, dir=folder.parent))
         try:
             module = _compile(private)
             install(Path(module.__file__), library)

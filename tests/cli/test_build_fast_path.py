@@ -42,14 +42,15 @@ def test_builds_under_the_home_directory_and_devices_says_it_is_loaded(cli, monk
 
 @needs_compiler
 def test_a_killed_build_s_stale_lock_hangs_nothing_and_two_builds_at_once_install_one(tmp_path):
-    """torch's ``lock`` (left by a build killed with SIGKILL) and an unheld ``install.lock`` in the
-    final folder; two builds start at once: both finish, one library matching its manifest is
-    installed, and no private build folder is left."""
+    """torch's ``lock`` (left by a build killed with SIGKILL), an unheld ``install.lock`` in the
+    final folder and a killed build's private folder; two builds start at once: both finish, one
+    library matching its manifest is installed, and no private build folder is left."""
     home = tmp_path / "home"
     folder = fast_path_build.build_directory(home)
     folder.mkdir(parents=True)
     (folder / "lock").write_text("")
     (folder / fast_path_build.LOCK_NAME).write_text("")
+    (folder.parent / f".{fast_path_build.module_name()}-build-killed").mkdir()  # a killed build's private folder
     builds = [subprocess.Popen([sys.executable, "-c", BUILD.format(home=str(home))], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
     try:
