@@ -165,8 +165,9 @@ def status(home: str | os.PathLike | None = None) -> str:
 
 
 def _hits_or_none(fast: FastPath) -> int | None:
-    """`fast.hits`, or None where its library refuses its callable (seen only where a test imported the
-    same library again in one process: a status line never raises)."""
+    """`fast.hits`, or None where its module refuses its callable: a status line never raises. Seen
+    only where tests import the library again from two paths in one process (re-importing a
+    single-phase extension refills the module in ``sys.modules`` with the first library's functions)."""
     try:
         return fast.hits
     except TypeError:
