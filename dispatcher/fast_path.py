@@ -25,31 +25,32 @@ model traces the dispatcher's choice as before.
 
 Built, never inside a call: ``attn-dispatch build-fast-path`` (and, best effort, at the end of
 ``attn-dispatch calibrate``) compiles it with torch's C++ extension loader (a C++17 compiler,
-Python headers and ninja) under ``<home>/fast_path/<name>``, the name keyed by the torch build,
-the Python ABI and the source; a `Dispatcher` loads it only when that exact build exists (or is
-already loaded in this process). ``ATTN_DISPATCH_FAST_PATH=0`` turns it off (read when a
-`Dispatcher` is made); a torch without ``torch.compiler.substitute_in_graph`` (< 2.5) has none. A
-dispatcher whose `fast_attention` was handed out lives as long as the process (Dynamo's stand-in
+Python headers and ninja) in a private folder and installs it, with a manifest (size, sha256),
+under ``<home>/fast_path/<name>`` (`fast_path_build`), the name keyed by the torch build, the Python
+ABI and the source; a `Dispatcher` loads it only when that exact build is installed and matches its
+manifest (or is already loaded in this process): a partial or foreign file is never dlopened.
+`status` says in one line which of these holds (``attn-dispatch devices`` shows it).
+``ATTN_DISPATCH_FAST_PATH=0`` turns it off (read when a `Dispatcher` is made); a torch without
+``torch.compiler.substitute_in_graph`` (< 2.5) has none. A dispatcher whose `fast_attention` was
+handed out lives as long as the process (Dynamo's stand-in
 registry holds its callable).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import importlib.util
 import logging
 import os
-import shutil
-import sys
-import sysconfig
 import threading
+import weakref
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 import torch
 
+from attn_dispatch.dispatcher import fast_path_build
+from attn_dispatch.dispatcher.fast_path_build import library_path, module_name
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 
 if TYPE_CHECKING:
@@ -59,125 +60,118 @@ if TYPE_CHECKING:
 FAST_PATH_ENV = "ATTN_DISPATCH_FAST_PATH"
 """``0`` turns the fast path off (every call through `fast_attention` is `Dispatcher.attention`)."""
 
-SOURCE = Path(__file__).with_name("fast_call.cpp")
-BUILD_SUBDIR = "fast_path"
+BUILD_COMMAND = "build-fast-path"
 logger = logging.getLogger("attn_dispatch")
-_loaded: dict[str, ModuleType] = {}  # module name -> the module, once per process
+_loaded: dict[str, tuple[ModuleType, Path]] = {}  # module name -> the module and its library, once per process
+_checks: dict[tuple, str] = {}  # the library's and manifest's (path, inode, size, mtime) -> `rejection`
+_rejected: dict[str, str] = {}  # library path -> why it was not loaded (for `status`)
+_made: weakref.WeakSet[FastPath] = weakref.WeakSet()  # every live dispatcher's fast path (`status` sums hits)
 _lock = threading.Lock()
 
 
 def fast_path_enabled() -> bool:
     """False where ``ATTN_DISPATCH_FAST_PATH`` is 0, false, no or off, or where this torch has no
     ``torch.compiler.substitute_in_graph`` (torch < 2.5: a compiled model would break its graph)."""
-    if os.environ.get(FAST_PATH_ENV, "").strip().lower() in ("0", "false", "no", "off"):
-        return False
+    return not _turned_off() and _torch_supports()
+
+
+def _turned_off() -> bool:
+    return os.environ.get(FAST_PATH_ENV, "").strip().lower() in ("0", "false", "no", "off")
+
+
+def _torch_supports() -> bool:
     return hasattr(getattr(torch, "compiler", None), "substitute_in_graph")
 
 
-@functools.cache
-def module_name() -> str:
-    """The extension's name: one per torch build, Python ABI and source text (read once a process)."""
-    digest = hashlib.sha256()
-    for part in (torch.__version__, str(torch.version.git_version), sys.implementation.cache_tag,
-                 str(sysconfig.get_config_var("SOABI"))):
-        digest.update(part.encode() + b"\0")
-    digest.update(SOURCE.read_bytes())
-    return f"attn_dispatch_fast_call_{digest.hexdigest()[:16]}"
-
-
-def build_directory(home: str | os.PathLike | None = None, *, create: bool = True) -> Path:
-    """``<home>/fast_path/<module_name()>`` (`models.paths.home`: ``ATTN_DISPATCH_HOME`` or the user cache)."""
-    from attn_dispatch.models.paths import home as home_dir
-
-    return home_dir(home, create=create) / BUILD_SUBDIR / module_name()
-
-
-def library_path(home: str | os.PathLike | None = None) -> Path:
-    """Where `build` leaves the shared library (torch's loader names it ``<name>.so``, ``.pyd`` on
-    Windows); asking creates no folder."""
-    return build_directory(home, create=False) / (module_name() + (".pyd" if sys.platform == "win32" else ".so"))
-
-
-def build(home: str | os.PathLike | None = None, *, directory: str | os.PathLike | None = None) -> Path:
-    """Compile the extension (torch's `cpp_extension.load`, `-O2`, no CUDA) into `directory`
-    (default `build_directory(home)`), load it, and return the library's path. Raises RuntimeError
-    naming what is missing (compiler, headers, ninja) when the build fails."""
-    from torch.utils import cpp_extension
-
-    name = module_name()
-    where = Path(directory) if directory is not None else build_directory(home)
-    where.mkdir(parents=True, exist_ok=True)
-    _put_ninja_on_path()
-    missing = missing_tool()
-    if missing:
-        raise RuntimeError(f"building the fast path failed: {missing}")
-    try:
-        module = cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(where),
-                                    extra_cflags=["-O2"], with_cuda=False, verbose=False)
-    except Exception as error:  # noqa: BLE001 - one line naming the cause
-        raise RuntimeError(f"building the fast path failed: {_first_error(error)}") from error
+def build(home: str | os.PathLike | None = None) -> Path:
+    """Compile the extension into a private folder and install it under `home` (`fast_path_build`;
+    an installed library that matches its manifest is reused), load it, and return the installed
+    library's path. Raises RuntimeError naming what is missing (compiler, headers, ninja)."""
+    library, module = fast_path_build.build(home)
+    if module is None:
+        module = load(home)
+        if module is None:
+            raise RuntimeError(f"the fast path at {library} did not load: {_rejected.get(str(library), 'unknown')}")
     with _lock:
-        _loaded[name] = module
-    return Path(module.__file__)
-
-
-def missing_tool() -> str:
-    """What the build lacks, in words (a C++ compiler, Python's headers, ninja), or ""."""
-    from torch.utils import cpp_extension
-
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        return f"no C++ compiler found ({compiler}: install g++ or clang, or set CXX)"
-    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
-        return "Python's C headers are missing (install python3-dev, or your Python's development headers)"
-    if not cpp_extension.is_ninja_available():
-        return "ninja is missing (pip install ninja, or your system's ninja-build)"
-    return ""
-
-
-def _put_ninja_on_path() -> None:
-    """torch's loader runs ``ninja`` from PATH: the PyPI wheel's (`ninja.BIN_DIR`) and this
-    interpreter's scripts directory are added, for a virtual environment that is not activated."""
-    extra = [os.path.dirname(sys.executable)]
-    try:
-        import ninja  # the PyPI wheel (a dependency)
-
-        extra.insert(0, ninja.BIN_DIR)
-    except (ImportError, AttributeError):
-        pass
-    path = os.environ.get("PATH", "").split(os.pathsep)
-    os.environ["PATH"] = os.pathsep.join([p for p in extra if p not in path] + path)
-
-
-def _first_error(error: BaseException) -> str:
-    """The compiler's first ``error:`` line in a failed build's output, else the error's first line."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    found = next((line for line in lines if "error:" in line or "not found" in line), None)
-    return (found or (lines[0] if lines else type(error).__name__))[:300]
+        _loaded.setdefault(module_name(), (module, library))
+    return library
 
 
 def load(home: str | os.PathLike | None = None) -> ModuleType | None:
     """The extension for this torch, Python and source: already loaded in this process, else the
-    library under `home` when it was built there (imported by path: milliseconds), else None.
-    Never compiles; anything failing to load gives None (a debug log line)."""
+    library under `home` when it was installed there and matches its manifest (size, sha256: a
+    partial or foreign file is never dlopened), imported by path (milliseconds), else None.
+    Never compiles; a rejected library gives None, a debug log line and its reason for `status`."""
     name = module_name()
-    module = _loaded.get(name)
-    if module is not None:
-        return module
+    loaded = _loaded.get(name)
+    if loaded is not None:
+        return loaded[0]
     path = library_path(home)
-    if not path.is_file():
+    reason = _checked_rejection(path)
+    if reason is None:
         return None
-    try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        for function in ("make", "make_entry", "set_entries", "hits"):
-            getattr(module, function)
-    except Exception as error:  # noqa: BLE001 - a broken or foreign library: the Python path serves
-        logger.debug("attn_dispatch: fast path at %s not loaded (%s: %s)", path, type(error).__name__, error)
+    if not reason:
+        try:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            for function in ("make", "make_entry", "set_entries", "hits"):
+                getattr(module, function)
+        except Exception as error:  # noqa: BLE001 - a broken or foreign library: the Python path serves
+            reason = f"{type(error).__name__}: {error}"
+    if reason:
+        logger.debug("attn_dispatch: fast path at %s not loaded (%s)", path, reason)
+        _rejected[str(path)] = reason
         return None
     with _lock:
-        return _loaded.setdefault(name, module)
+        return _loaded.setdefault(name, (module, path))[0]
+
+
+def _checked_rejection(path: Path) -> str | None:
+    """`fast_path_build.rejection`, once per process per version of the library and its manifest
+    (path, inode, size, mtime of each); "not built" is never kept (an install may be half done)."""
+    try:
+        version = tuple((str(file), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                        for file in (path, fast_path_build.manifest_path(path)) for stat in [file.stat()])
+    except OSError:
+        return None
+    if version not in _checks:
+        reason = fast_path_build.rejection(path)
+        if reason is None:
+            return None
+        _checks[version] = reason
+    return _checks[version]
+
+
+def status(home: str | os.PathLike | None = None) -> str:
+    """One line for users: whether this process serves through the fast path, and what to do if not."""
+    if _turned_off():
+        return f"off ({FAST_PATH_ENV}=0)"
+    if not _torch_supports():
+        return "unavailable on torch < 2.5 (no torch.compiler.substitute_in_graph)"
+    fix = f"run `attn-dispatch {BUILD_COMMAND}`"
+    try:
+        module = load(home)
+    except Exception as error:  # noqa: BLE001 - a status line never raises
+        return f"not loaded ({type(error).__name__}: {error})"
+    if module is not None:
+        path = _loaded[module_name()][1]
+        served = sum(_hits_or_none(fast) or 0 for fast in list(_made))
+        return f"loaded {path} ({served} calls served in C++ by this process's dispatchers)"
+    reason = _rejected.get(str(library_path(home)))
+    if reason is None or _checked_rejection(library_path(home)) is None:
+        return f"not built: {fix}"
+    return f"built library rejected ({reason}): {fix}"
+
+
+def _hits_or_none(fast: FastPath) -> int | None:
+    """`fast.hits`, or None where its module refuses its callable: a status line never raises. Seen
+    only where tests import the library again from two paths in one process (re-importing a
+    single-phase extension refills the module in ``sys.modules`` with the first library's functions)."""
+    try:
+        return fast.hits
+    except TypeError:
+        return None
 
 
 class FastPath:
@@ -188,6 +182,7 @@ class FastPath:
         self.call = module.make(pytorch_sdpa, dispatcher.attention, getattr(torch, "compiler", None))
         self._dispatcher = dispatcher
         self._registered: bool | None = None  # the compile stand-in: None not tried, then whether it took
+        _made.add(self)
 
     @property
     def hits(self) -> int:

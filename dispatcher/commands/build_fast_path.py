@@ -18,8 +18,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=HELP,
         description="Compile dispatcher/fast_call.cpp with torch's C++ extension loader (a C++17 compiler, Python's "
         "headers and ninja are needed; about 25 s on a 2-core CPU) into $ATTN_DISPATCH_HOME/fast_path/ (default: the "
-        "user cache directory). Every Dispatcher made afterwards with this torch and Python loads it; nothing is "
-        "ever compiled during an attention call. ATTN_DISPATCH_FAST_PATH=0 turns it off.",
+        "user cache directory), building in a private temporary folder and installing the library with a manifest "
+        "(size, sha256) that every later load checks. Every Dispatcher made afterwards with this torch and Python "
+        "loads it; nothing is ever compiled during an attention call. An installed build that matches its manifest "
+        "is kept. `attn-dispatch devices` says whether it is loaded. ATTN_DISPATCH_FAST_PATH=0 turns it off.",
     )
     parser.add_argument("--home", default=None, metavar="DIR", help="home directory (default: $ATTN_DISPATCH_HOME or the "
                         "user cache directory)")
@@ -27,14 +29,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attn_dispatch.dispatcher import fast_path
+    from attn_dispatch.dispatcher import fast_path, fast_path_build
 
     started = time.perf_counter()
     try:
-        path = fast_path.build(args.home)
+        path, compiled = fast_path_build.build(args.home)
     except RuntimeError as error:
         raise CommandError(str(error)) from None
-    print(f"built the fast path in {time.perf_counter() - started:.1f} s: {path}")
+    if compiled is None:
+        print(f"the fast path is already built for this torch and Python (its manifest matches): {path}")
+    else:
+        print(f"built the fast path in {time.perf_counter() - started:.1f} s: {path}")
     if not fast_path.fast_path_enabled():
         print(f"note: it is not used now: {fast_path.FAST_PATH_ENV}=0 is set, or this torch has no "
               "torch.compiler.substitute_in_graph (torch >= 2.5 is needed)")

@@ -17,7 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="For the CPU and every visible GPU: name, architecture, compute units, memory, the card model "
         "and family keys tables are shared by, the fingerprint (card + software stack), and the table lookup level "
         "that would serve it (exact, model: other stack, family: scaled stand-in, prior: no table); for a CPU "
-        "table, the torch threads it was timed with against this process's (a warning when they differ).",
+        "table, the torch threads it was timed with against this process's (a warning when they differ). Last, "
+        "whether the C++ fast path is loaded (or why not: `attn-dispatch build-fast-path` builds it).",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(run=run)
@@ -63,7 +64,10 @@ LEVEL_WORDS = {
 
 
 def run(args: argparse.Namespace) -> int:
-    records = [device_record(device) for device in visible_devices()]
+    from attn_dispatch.dispatcher import fast_path
+
+    fast = fast_path.status()
+    records = [{**device_record(device), "fast_path": fast} for device in visible_devices()]
     if args.json:
         print(json.dumps(records, indent=1))
         return 0
@@ -81,4 +85,5 @@ def run(args: argparse.Namespace) -> int:
                 print(f"    {r['table_threads']}")
         for note in r["notes"]:
             print(f"    note: {note}")
+    print(f"fast path: {fast}")
     return 0

@@ -18,9 +18,10 @@ FAST_PATH_TEST_HOME = Path(tempfile.gettempdir()) / "attn-dispatch-test-fast-pat
 @pytest.fixture(scope="session", autouse=True)
 def fast_path_build():
     """Every dispatcher test runs with the fast path (`fast_path`), built once into the temp
-    directory (keyed by torch, Python and source: reused by later sessions and xdist workers):
-    the library's path, or the RuntimeError that says why it did not build (`test_fast_path`
-    then skips or fails)."""
+    directory (keyed by torch, Python and source: reused by later sessions, xdist workers and other
+    checkouts; `fast_path_build` compiles in a private folder under a lock and installs atomically,
+    so they never meet a partial file or a stale lock): the installed library's path, or the
+    RuntimeError that says why it did not build (`test_fast_path` then skips or fails)."""
     try:
         return fast_path.build(FAST_PATH_TEST_HOME)
     except RuntimeError as error:

@@ -4,8 +4,13 @@ path would treat differently, goes to `Dispatcher.attention` with today's behavi
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,10 +19,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
 from attn_dispatch.dispatcher import Dispatcher, fast_path, patched
+from attn_dispatch.dispatcher.fast_path_build import manifest_path
 from tests.dispatcher.helpers import qkv
 
 SDPA = torch._C._nn.scaled_dot_product_attention  # PyTorch's, never patched
 WARM_CALLS = 2  # a plan's first call makes it, its second makes it hot (`hot_path.HOT_AFTER`)
+TRUNCATED_BYTES = 20_000  # what a killed link or a full disk leaves: the new-user trial's SIGBUS reproducer
+CHILD_TIMEOUT_S = 300  # a child that imports torch and makes one Dispatcher: seconds alone, far more when busy
+FIX = "run `attn-dispatch build-fast-path`"
 
 
 @pytest.fixture(autouse=True)
@@ -269,12 +278,14 @@ def test_turned_off_by_the_environment(monkeypatch):
     assert ours.fast_attention == ours.attention
 
 
-def test_a_broken_library_gives_no_fast_path(monkeypatch, tmp_path):
+def test_a_library_without_a_manifest_is_not_built_and_never_loaded(monkeypatch, tmp_path):
+    """A folder from before manifests, or a foreign file: treated as not built (never dlopened)."""
     monkeypatch.setattr(fast_path, "_loaded", {})
     library = fast_path.library_path(tmp_path)
     library.parent.mkdir(parents=True)
     library.write_bytes(b"not a shared library")
     assert fast_path.load(tmp_path) is None
+    assert fast_path.status(tmp_path) == f"not built: {FIX}"
     ours = Dispatcher(kernels=["sdpa_default"], home=str(tmp_path))
     assert ours.fast_attention == ours.attention
     inputs = qkv(kv_heads=4)
@@ -282,14 +293,77 @@ def test_a_broken_library_gives_no_fast_path(monkeypatch, tmp_path):
                        SDPA(inputs["query"], inputs["key"], inputs["value"]))
 
 
-def test_a_built_library_loads_from_the_home_directory(monkeypatch, tmp_path, fast_path_build):
-    home = tmp_path / "home"
+def installed_copy(home: Path, built: Path) -> Path:
+    """The session's build (library and manifest) installed under `home`: its library's path."""
     library = fast_path.library_path(home)
     library.parent.mkdir(parents=True)
-    shutil.copy(fast_path_build, library)
+    shutil.copy(built, library)
+    shutil.copy(manifest_path(built), manifest_path(library))
+    return library
+
+
+def test_a_built_library_loads_from_the_home_directory(monkeypatch, tmp_path, fast_path_build):
+    library = installed_copy(tmp_path / "home", fast_path_build)
     monkeypatch.setattr(fast_path, "_loaded", {})
-    module = fast_path.load(home)
+    module = fast_path.load(tmp_path / "home")
     assert module is not None and module.__file__ == str(library)
+    before = served_in_cpp(fast_path.status(tmp_path / "home"), library)
+    ours = Dispatcher(kernels=["sdpa_default"], home=str(tmp_path / "home"))
+    inputs = qkv(kv_heads=4)
+    fast = warm(ours, inputs["query"], inputs["key"], inputs["value"])
+    fast(inputs["query"], inputs["key"], inputs["value"])
+    assert served_in_cpp(fast_path.status(tmp_path / "home"), library) == before + 1
+
+
+def served_in_cpp(status: str, library: Path) -> int:
+    """The count in `status`'s ``loaded <library> (N calls served in C++ by this process's dispatchers)``."""
+    found = re.fullmatch(rf"loaded {re.escape(str(library))} \((\d+) calls served in C\+\+ by this process's "
+                         r"dispatchers\)", status)
+    assert found, status
+    return int(found.group(1))
+
+
+def truncate(library: Path, forge_manifest: bool) -> str:
+    """Cut `library` to its first `TRUNCATED_BYTES`; with `forge_manifest`, the manifest's size is
+    made to match (its sha256 still does not): the reason `status` must give."""
+    library.write_bytes(library.read_bytes()[:TRUNCATED_BYTES])
+    if not forge_manifest:
+        return f"is {TRUNCATED_BYTES} bytes, its manifest says "
+    manifest = json.loads(manifest_path(library).read_text())
+    manifest["size"] = TRUNCATED_BYTES
+    manifest_path(library).write_text(json.dumps(manifest))
+    return "sha256 differs from its manifest's"
+
+
+@pytest.mark.parametrize("forge_manifest", [False, True], ids=["manifest kept", "manifest forged"])
+def test_a_truncated_library_says_why_and_is_never_loaded(monkeypatch, tmp_path, fast_path_build, forge_manifest):
+    reason = truncate(installed_copy(tmp_path, fast_path_build), forge_manifest)
+    monkeypatch.setattr(fast_path, "_loaded", {})
+    assert fast_path.load(tmp_path) is None
+    status = fast_path.status(tmp_path)
+    assert status.startswith("built library rejected (") and reason in status and status.endswith(f"): {FIX}")
+
+
+CHILD = """
+import attn_dispatch as ad
+from attn_dispatch.dispatcher import fast_path
+ours = ad.Dispatcher()
+print(ours.fast_attention == ours.attention)
+print(fast_path.status())
+"""
+
+
+@pytest.mark.parametrize("forge_manifest", [False, True], ids=["manifest kept", "manifest forged"])
+def test_a_dispatcher_made_over_a_truncated_library_has_no_fast_path(tmp_path, fast_path_build, forge_manifest):
+    """In a child process, so a crash (dlopening a partial file dies of SIGBUS) fails the test."""
+    reason = truncate(installed_copy(tmp_path, fast_path_build), forge_manifest)
+    environment = {**os.environ, "ATTN_DISPATCH_HOME": str(tmp_path)}
+    environment.pop(fast_path.FAST_PATH_ENV, None)
+    child = subprocess.run([sys.executable, "-c", CHILD], env=environment, capture_output=True, text=True,
+                           timeout=CHILD_TIMEOUT_S)
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    python_path_serves, status = child.stdout.splitlines()
+    assert python_path_serves == "True" and status.startswith("built library rejected (") and reason in status
 
 
 def test_patching_and_stats_count_fast_calls():

@@ -1,0 +1,228 @@
+"""Building and installing the fast path's library (`fast_path`), and checking an installed one
+before anything dlopens it.
+
+Layout: ``<home>/fast_path/<name>/<name>.so`` and its manifest ``<name>.json`` (size and sha256 of
+the library, torch version and git version, Python ABI, sha256 of the source: what the name's hash
+encodes), the name one per torch build, Python ABI and source (`module_name`).
+
+A build never happens in that folder: torch's loader compiles into a fresh private folder next to
+it (same filesystem), so its ``lock`` and ninja files are never stale (a killed build leaves a
+private folder nobody waits on, removed by the next build); the library is then moved in with
+`os.replace` (atomic) and the manifest written atomically after it, so a reader sees the old pair, no manifest, or the new pair,
+never a partial file under the final name. Two builds at once are serialised by an `fcntl.flock` on
+``install.lock`` in the final folder (the kernel drops it when its holder dies: no stale lock);
+without fcntl (Windows) there is no lock and the atomic replace alone protects readers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+SOURCE = Path(__file__).with_name("fast_call.cpp")
+BUILD_SUBDIR = "fast_path"
+LOCK_NAME = "install.lock"
+MANIFEST_MODE = 0o644  # readable by all, as the library is (mkstemp makes 0600)
+MANIFEST_FORMAT = 1
+"""Bumped when the manifest's fields change: another format is rejected (a rebuild writes this one)."""
+
+
+@functools.cache
+def build_key() -> dict[str, str]:
+    """What the library is built for: torch build, Python ABI and the source's sha256 (read once a process)."""
+    return {"torch": torch.__version__, "torch_git": str(torch.version.git_version),
+            "python_abi": f"{sys.implementation.cache_tag} {sysconfig.get_config_var('SOABI')}",
+            "source_sha256": hashlib.sha256(SOURCE.read_bytes()).hexdigest()}
+
+
+@functools.cache
+def module_name() -> str:
+    """The extension's name: one per torch build, Python ABI and source text (read once a process)."""
+    digest = hashlib.sha256()
+    for part in (torch.__version__, str(torch.version.git_version), sys.implementation.cache_tag,
+                 str(sysconfig.get_config_var("SOABI"))):
+        digest.update(part.encode() + b"\0")
+    digest.update(SOURCE.read_bytes())
+    return f"attn_dispatch_fast_call_{digest.hexdigest()[:16]}"
+
+
+def build_directory(home: str | os.PathLike | None = None, *, create: bool = True) -> Path:
+    """``<home>/fast_path/<module_name()>`` (`models.paths.home`: ``ATTN_DISPATCH_HOME`` or the user cache)."""
+    from attn_dispatch.models.paths import home as home_dir
+
+    return home_dir(home, create=create) / BUILD_SUBDIR / module_name()
+
+
+def library_path(home: str | os.PathLike | None = None) -> Path:
+    """Where the installed library lives (``<name>.so``, ``.pyd`` on Windows); asking creates no folder."""
+    return build_directory(home, create=False) / (module_name() + (".pyd" if sys.platform == "win32" else ".so"))
+
+
+def manifest_path(library: Path) -> Path:
+    """The manifest next to `library` (``<name>.json``)."""
+    return library.with_suffix(".json")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def rejection(library: Path) -> str | None:
+    """Why `library` must not be loaded: None where it is not built (no library, or no manifest: a
+    build from before manifests), "" where its manifest matches it, else the reason in words."""
+    manifest = manifest_path(library)
+    if not library.is_file() or not manifest.is_file():
+        return None
+    try:
+        recorded = json.loads(manifest.read_text())
+        if not isinstance(recorded, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as error:
+        return f"unreadable manifest {manifest.name}: {error}"
+    if recorded.get("format") != MANIFEST_FORMAT:
+        return f"manifest format {recorded.get('format')!r}, expected {MANIFEST_FORMAT}"
+    for field, value in build_key().items():
+        if recorded.get(field) != value:
+            return f"built for {field} {recorded.get(field)!r}, this process has {value!r}"
+    size = library.stat().st_size
+    if recorded.get("size") != size:
+        return f"{library.name} is {size} bytes, its manifest says {recorded.get('size')} (a partial or foreign file)"
+    if recorded.get("sha256") != sha256_of(library):
+        return f"{library.name}'s sha256 differs from its manifest's (a corrupt or foreign file)"
+    return ""
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temporary, MANIFEST_MODE)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def install(built: Path, library: Path) -> None:
+    """Move `built` to `library` atomically, then write its manifest atomically (the old manifest is
+    removed first: a reader in between sees "not built", never a mismatched pair)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(manifest_path(library))
+    size, sha256 = built.stat().st_size, sha256_of(built)
+    with open(built, "rb") as file:
+        os.fsync(file.fileno())
+    os.replace(built, library)
+    manifest = {"format": MANIFEST_FORMAT, "library": library.name, "size": size, "sha256": sha256, **build_key()}
+    _write_atomically(manifest_path(library), json.dumps(manifest, indent=1) + "\n")
+
+
+@contextlib.contextmanager
+def install_lock(folder: Path):
+    """An exclusive `fcntl.flock` on ``folder/install.lock`` (released by the kernel if this process
+    dies): yields True; where fcntl is missing, no lock: yields False."""
+    try:
+        import fcntl
+    except ImportError:
+        yield False
+        return
+    with open(folder / LOCK_NAME, "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def build(home: str | os.PathLike | None = None) -> tuple[Path, ModuleType | None]:
+    """Compile and install the library under `home` unless a matching one is installed there: the
+    installed library's path and the module compiled now (None where the installed one was reused).
+    Raises RuntimeError naming what is missing (compiler, headers, ninja) when the build fails."""
+    library = library_path(home)
+    folder = build_directory(home)
+    folder.mkdir(parents=True, exist_ok=True)
+    with install_lock(folder) as locked:
+        if rejection(library) == "":
+            return library, None  # built meanwhile (another process) or before
+        _put_ninja_on_path()
+        missing = missing_tool()
+        if missing:
+            raise RuntimeError(f"building the fast path failed: {missing}")
+        prefix = f".{module_name()}-build-"
+        for left in folder.parent.glob(prefix + "*") if locked else ():  # a killed build's (we hold the lock)
+            shutil.rmtree(left, ignore_errors=True)
+        private = Path(tempfile.mkdtemp(prefix=prefix, dir=folder.parent))
+        try:
+            module = _compile(private)
+            install(Path(module.__file__), library)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+    return library, module
+
+
+def _compile(folder: Path) -> ModuleType:
+    """torch's `cpp_extension.load` (`-O2`, no CUDA) into `folder`, under the plain module name."""
+    from torch.utils import cpp_extension
+
+    name = module_name()
+    versions = getattr(getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None), "entries", None)
+    if isinstance(versions, dict):  # a 2nd build in this process (another folder) would be renamed <name>_v1
+        versions.pop(name, None)
+    try:
+        return cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(folder),
+                                  extra_cflags=["-O2"], with_cuda=False, verbose=False)
+    except Exception as error:  # noqa: BLE001 - one line naming the cause
+        raise RuntimeError(f"building the fast path failed: {_first_error(error)}") from error
+
+
+def missing_tool() -> str:
+    """What the build lacks, in words (a C++ compiler, Python's headers, ninja), or ""."""
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler found ({compiler}: install g++ or clang, or set CXX)"
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        return "Python's C headers are missing (install python3-dev, or your Python's development headers)"
+    if not cpp_extension.is_ninja_available():
+        return "ninja is missing (pip install ninja, or your system's ninja-build)"
+    return ""
+
+
+def _put_ninja_on_path() -> None:
+    """torch's loader runs ``ninja`` from PATH: the PyPI wheel's (`ninja.BIN_DIR`) and this
+    interpreter's scripts directory are added, for a virtual environment that is not activated."""
+    extra = [os.path.dirname(sys.executable)]
+    try:
+        import ninja  # the PyPI wheel (a dependency)
+
+        extra.insert(0, ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    os.environ["PATH"] = os.pathsep.join([p for p in extra if p not in path] + path)
+
+
+def _first_error(error: BaseException) -> str:
+    """The compiler's first ``error:`` line in a failed build's output, else the error's first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    found = next((line for line in lines if "error:" in line or "not found" in line), None)
+    return (found or (lines[0] if lines else type(error).__name__))[:300]
