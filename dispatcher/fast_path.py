@@ -51,6 +51,7 @@ import torch
 
 from attn_dispatch.dispatcher import fast_path_build
 from attn_dispatch.dispatcher.fast_path_build import library_path, module_name
+from attn_dispatch.dispatcher.switches import switched_off
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def fast_path_enabled() -> bool:
 
 
 def _turned_off() -> bool:
-    return os.environ.get(FAST_PATH_ENV, "").strip().lower() in ("0", "false", "no", "off")
+    return switched_off(FAST_PATH_ENV)
 
 
 def _torch_supports() -> bool:

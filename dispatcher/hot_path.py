@@ -26,11 +26,12 @@ goes through `HotPlans._set_hot`, which hands the C++ side the new set.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+
+from attn_dispatch.dispatcher.switches import switched_off
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher._plan import Plan
@@ -52,7 +53,7 @@ HOT_PATH_ENV = "ATTN_DISPATCH_HOT_PATH"
 
 def hot_path_enabled() -> bool:
     """False where ``ATTN_DISPATCH_HOT_PATH`` is 0, false, no or off."""
-    return os.environ.get(HOT_PATH_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+    return not switched_off(HOT_PATH_ENV)
 
 
 def rehot(calls: int) -> bool:

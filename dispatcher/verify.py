@@ -49,19 +49,18 @@ instead.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
 
 from attn_dispatch.dispatcher.planning import Option
 from attn_dispatch.dispatcher.ranking import FALLBACK_FIRST
+from attn_dispatch.dispatcher.switches import switched_off
 from attn_dispatch.dispatcher.tuning import put_first, tune
 from attn_dispatch.kernels import Problem
 from attn_dispatch.kernels.registry import uses_fused_backend
 
 VERIFY_ENV = "ATTN_DISPATCH_VERIFY"
-OFF_VALUES = ("0", "false", "no", "off")
 
 CHECKED_CHOICES = 2
 """The table's first choices a bucket's first call times (with PyTorch's default): two reached
@@ -146,7 +145,7 @@ def verification_wanted(options: tuple[Option, ...], device: torch.device, probl
     device the stopwatch times, the ranking is a table measured on this card whose guard kept its
     model (`table_measured`; the prior keeps PyTorch's default first), the bucket has no measured
     entry (`measured_here`), and there is something to check."""
-    if os.environ.get(VERIFY_ENV, "").strip().lower() in OFF_VALUES:
+    if switched_off(VERIFY_ENV):
         return False
     if device.type not in TIMED_DEVICE_TYPES or measured_here or not table_measured or not options:
         return False
