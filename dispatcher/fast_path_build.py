@@ -30,6 +30,8 @@ from types import ModuleType
 
 import torch
 
+from attn_dispatch.models.atomic_files import write_text_atomically
+
 SOURCE = Path(__file__).with_name("fast_call.cpp")
 BUILD_SUBDIR = "fast_path"
 LOCK_NAME = "install.lock"
@@ -107,21 +109,6 @@ def rejection(library: Path) -> str | None:
     return ""
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(temporary, MANIFEST_MODE)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-
-
 def install(built: Path, library: Path) -> None:
     """Move `built` to `library` atomically, then write its manifest atomically (the old manifest is
     removed first: a reader in between sees "not built", never a mismatched pair)."""
@@ -132,7 +119,7 @@ def install(built: Path, library: Path) -> None:
         os.fsync(file.fileno())
     os.replace(built, library)
     manifest = {"format": MANIFEST_FORMAT, "library": library.name, "size": size, "sha256": sha256, **build_key()}
-    _write_atomically(manifest_path(library), json.dumps(manifest, indent=1) + "\n")
+    write_text_atomically(manifest_path(library), json.dumps(manifest, indent=1) + "\n", mode=MANIFEST_MODE)
 
 
 @contextlib.contextmanager

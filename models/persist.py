@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import joblib
 
+from attn_dispatch.models.atomic_files import replace_atomically
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.paths import models_dir
@@ -33,26 +33,15 @@ def model_path(identity: DeviceIdentity, *, home: str | os.PathLike | None = Non
     return models_dir(home) / f"{identity.key}{MODEL_SUFFIX}"
 
 
-def _atomic_write(path: Path, write) -> None:
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        write(temp)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 def save_model(model: CostModel, identity: DeviceIdentity, *, home: str | os.PathLike | None = None) -> Path:
     """Store a fitted model for `identity` in the local cache; returns its path."""
     if not hasattr(model, "estimator_"):
         raise ValueError("save_model needs a fitted CostModel: call fit (or run `attn-dispatch calibrate`) first")
     path = model_path(identity, home=home)
     versions = {**model_versions(), "identity_key": identity.key}
-    _atomic_write(path, lambda temp: joblib.dump(model, temp))
+    replace_atomically(path, lambda temp: joblib.dump(model, temp))
     versions_path = path.with_name(path.name[: -len(MODEL_SUFFIX)] + VERSIONS_SUFFIX)
-    _atomic_write(versions_path, lambda temp: Path(temp).write_text(json.dumps(versions, indent=1) + "\n"))
+    replace_atomically(versions_path, lambda temp: Path(temp).write_text(json.dumps(versions, indent=1) + "\n"))
     return path
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 from attn_dispatch.models._json_checks import _spec_dict
+from attn_dispatch.models.atomic_files import write_text_atomically
 from attn_dispatch.models.forest_schema import models_to_dict
 from attn_dispatch.models.gc_pause import cyclic_collection_paused
 from attn_dispatch.models.measured_schema import entries_to_list, guard_to_dict
@@ -115,17 +115,7 @@ def save_table(table: ThresholdTable, path: str | os.PathLike) -> Path:
     """Write `table` to `path` atomically (temporary file in the same directory, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = dumps_table(table)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    write_text_atomically(path, dumps_table(table))
     return path
 
 
