@@ -24,7 +24,6 @@ from attn_dispatch.dispatcher.call_counts import CallCounts
 from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
 from attn_dispatch.dispatcher.device_state import DeviceState
-from attn_dispatch.dispatcher.dual_calls import carries_tangent
 from attn_dispatch.dispatcher.explaining import Explaining
 from attn_dispatch.dispatcher.fast_path import attach as attach_fast_path
 from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HotEntry, HotPlans, hot_path_enabled, rehot
@@ -312,8 +311,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         or a plan to re-check (free memory, or a bucket tuning still pending). `scale` is the
         call's (inference route only: it lets a new bucket be tuned on these inputs)."""
         plan = self._plans.get(key_)
-        inputs = None if scale is _NOT_GIVEN or carries_tangent(query, key, value, attn_mask) else (
-            query, key, value, attn_mask, scale, enable_gqa)  # no tuning on forward-AD duals (`dual_calls`)
+        inputs = None if scale is _NOT_GIVEN else (query, key, value, attn_mask, scale, enable_gqa)
         if plan is not None and not plan.recheck:
             return plan
         family = None

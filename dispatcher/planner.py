@@ -20,6 +20,7 @@ from attn_dispatch.dispatcher.buckets import MAX_BUCKETS, BoundedCache, Bucket
 from attn_dispatch.dispatcher.cold_shape import SeenShapes, SpentCalls, costly_setups, floor_order
 from attn_dispatch.dispatcher.decision import Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
+from attn_dispatch.dispatcher.dual_calls import carries_tangent
 from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.memory import free_bytes
 from attn_dispatch.dispatcher.planning import (
@@ -97,6 +98,10 @@ class DevicePlanner:
         key = decision_bucket(problem)
         bucket = self.buckets.get(key)
         decided = bucket is None or (inputs is not None and bucket.tune_pending)
+        if decided and inputs is not None and carries_tangent(*inputs[:4]):
+            # no timing on forward-AD duals (`dual_calls`): a kernel failing on one is not the bucket's failure;
+            # checked only where a bucket is decided, not for every new exact shape (a decode loop's every token)
+            inputs, decided = None, bucket is None
         if decided:
             if bucket is None:
                 record_problem(problem)  # a no-op unless a workload is being recorded (`recording`)
