@@ -6,12 +6,14 @@ dispatcher itself calls), (c) ``kernel(...)`` (validating), (d) PyTorch's
 ``F.scaled_dot_product_attention`` and (e) ``F.scaled_dot_product_attention`` looked up at call
 time under ``patched(dispatcher)`` (how transformers and diffusers reach it: the fast path,
 `dispatcher.fast_path`, where it is built), (e') ``dispatcher.fast_attention(...)`` (the fast path's
-C++ entry point called directly; `dispatcher.attention` where none is built) and (f) a second
+C++ entry point called directly; `dispatcher.attention` where none is built), (e'') ``plan.run``
+(the runner the plan holds: a fused backend's bare operator call, what the fast path makes in C++ for
+a plan forced onto that backend, rows per `FORCED_BACKENDS`) and (f) a second
 dispatcher with its hot path off (`dispatcher.hot_path`: the key tuple and dict lookup every call
 took before it), and the floor any Python dispatcher pays on this host (`floor_calls`): (g) a
 pure-Python pass-through to SDPA and (h) the same plus one guard check of the tensors, as the hot
 path makes; interleaved so drift hits all alike. Reports the median per-call time of each and the
-median extra of (a) over (b), (c) and (d), and of (e), (e'), (f), (g) and (h) over (d). The fast path is
+median extra of (a) over (b), (c) and (d), and of (e), (e'), (f), (g) and (h) over (d), and of (e') over (e''). The fast path is
 built first when it is not (``attn-dispatch build-fast-path``; ~25 s on a 2-core CPU), so one run
 shows the C++ path (e, e') beside the Python hot path (a) and the floors (g, h).
 On CUDA it reports host time (enqueue, what the dispatcher adds) and synchronised time. The first
@@ -38,6 +40,7 @@ import torch
 from attn_dispatch.calibration.inputs import make_inputs
 from attn_dispatch.dispatcher import Dispatcher, fast_path, patched
 from attn_dispatch.dispatcher._plan import cache_key
+from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.hot_path import tensor_guard
 from attn_dispatch.kernels import MathKernel, Problem
 
@@ -69,6 +72,11 @@ CUDA_SHAPES = [
     _shape("H200 decode gqa4 Lk=32768 bf16", 1, 32, 8, 1, 32768, 128, "bfloat16", "cuda"),
     _shape("H200 decode batch 8 Lk=4096 fp16", 8, 32, 8, 1, 4096, 128, "float16", "cuda"),
 ]
+
+
+FORCED_BACKENDS = {"cuda": ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"), "cpu": ("sdpa_flash",)}
+"""Per device type, the fused backends whose plans a row forces (their bare operator call: the fast
+path serves it in C++ where it is built)."""
 
 
 def floor_calls(sdpa, tensors: tuple[torch.Tensor, ...]) -> tuple:
@@ -122,6 +130,7 @@ def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, 
         "dispatcher.attention": lambda: ours.attention(q, k, v, mask, enable_gqa=gqa),
         "dict path": lambda: dict_path.attention(q, k, v, mask, enable_gqa=gqa),
         "kernel.run": lambda: kernel.run(q, k, v, mask, None, gqa, problem),
+        "plan.run": lambda: plan.run(q, k, v, mask, None, gqa, problem),  # the runner a plan holds (a bare call)
         "kernel(...)": lambda: kernel(q, k, v, attn_mask=mask, enable_gqa=gqa),
         "F.sdpa": lambda: sdpa(q, k, v, mask, enable_gqa=gqa),
         "patched F.sdpa": lambda: functional.scaled_dot_product_attention(q, k, v, mask, enable_gqa=gqa),
@@ -155,12 +164,15 @@ def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, 
                                           zip(samples["patched F.sdpa"], samples["F.sdpa"], strict=True))
         extra_fast = statistics.median((a[index] - b[index]) * 1e6 for a, b in
                                        zip(samples["fast_attention"], samples["F.sdpa"], strict=True))
+        extra_fast_plan_run = statistics.median((a[index] - b[index]) * 1e6 for a, b in
+                                                zip(samples["fast_attention"], samples["plan.run"], strict=True))
         floors = {label: statistics.median((a[index] - b[index]) * 1e6 for a, b in
                                            zip(samples[name], samples["F.sdpa"], strict=True))
                   for label, name in (("pass_through", "floor: pass-through"), ("guarded", "floor: pass-through + guard"))}
         result[clock] = {"median_us": med, "extra_us_vs_run": extra_run, "extra_us_vs_call": extra_call,
                          "extra_us_vs_sdpa": extra_sdpa, "dict_path_extra_us_vs_sdpa": extra_dict,
                          "patched_extra_us_vs_sdpa": extra_patched, "fast_extra_us_vs_sdpa": extra_fast,
+                         "fast_extra_us_vs_plan_run": extra_fast_plan_run,
                          "floor_extra_us_vs_sdpa": floors}
     return result
 
@@ -199,6 +211,12 @@ def main() -> None:
     rows = [bench_shape(s, device, args.rounds, args.calls, null=True) for s in shapes[:1]]
     rows += [bench_shape(s, device, args.rounds, args.calls) for s in shapes]
     rows += [bench_shape(s, device, args.rounds, args.calls, kernels=["sdpa_default"]) for s in shapes]
+    for backend in FORCED_BACKENDS.get(device.type, ()):  # plans that run a fused operator bare
+        for s in shapes:
+            try:
+                rows.append(bench_shape(s, device, args.rounds, args.calls, kernels=[backend]))
+            except NoKernelError as error:
+                print(f"{s[0]}: {backend} does not run it ({str(error).splitlines()[0][:120]})")
     results = {"conditions": conditions(device), "shapes": rows}
     for r in results["shapes"]:
         host = r["host"]
@@ -209,6 +227,7 @@ def main() -> None:
               f"dict path vs F.sdpa {host['dict_path_extra_us_vs_sdpa']:+6.2f} us  "
               f"patched vs F.sdpa {host['patched_extra_us_vs_sdpa']:+6.2f} us  "
               f"fast_attention vs F.sdpa {host['fast_extra_us_vs_sdpa']:+6.2f} us{'' if r['fast_path'] else ' (no fast path)'}  "
+              f"vs plan.run {host['fast_extra_us_vs_plan_run']:+6.2f} us  "
               f"floor vs F.sdpa: pass-through {host['floor_extra_us_vs_sdpa']['pass_through']:+6.2f} us, "
               f"+ guard {host['floor_extra_us_vs_sdpa']['guarded']:+6.2f} us")
     out = Path(args.out)

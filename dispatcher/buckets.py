@@ -166,6 +166,13 @@ class Bucket:
             note += f"; a shape called {settle} times settles on {first.kernel.name}"
         return (chosen, *(o for o in self.options if o is not chosen)), (note,), settle
 
+    def new_shapes_run_first(self, measured_cold: Mapping[str, float]) -> bool:
+        """Whether `order_for_new_shape` keeps the decided order for any new shape, whatever the
+        bucket's history and whatever has been set up: the first option pays no per-shape set-up,
+        or no other option may run a new shape in its place."""
+        cold = self.cold(measured_cold)
+        return not cold or not cold[0] or not any(self.may_replace_first(o) for o in self.options[1:])
+
     def may_replace_first(self, option: Option) -> bool:
         """Whether `option` may run a new shape in place of the decided kernel: where the bucket's
         first call timed options (`verify`, tuning), only a timed one, since a table's prediction

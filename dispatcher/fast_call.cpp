@@ -1,8 +1,13 @@
 // The fast path (`dispatcher/fast_path.py`): a C builtin in front of `Dispatcher.attention` that
-// serves the dispatcher's hot plans which are exactly the call's own PyTorch SDPA call, with no
-// Python frame: it checks the call against at most HOT_SLOTS entries mirrored from the Python hot
-// path (`hot_path.HotEntry`), adds one to the plan's count and forwards the caller's vectorcall,
-// unchanged, to PyTorch's SDPA. Every other call is forwarded, unchanged, to `Dispatcher.attention`.
+// serves the dispatcher's hot plans with no Python frame: it checks the call against at most HOT_SLOTS
+// entries mirrored from the Python hot path (`hot_path.HotEntry`), adds one to the plan's count and
+// either forwards the caller's vectorcall, unchanged, to PyTorch's SDPA (a plan that is exactly the
+// call's own SDPA call) or makes the one ATen operator call a fused backend's plan makes
+// (`kernels.sdpa_backends.BareCall`). Every other call is forwarded, unchanged, to `Dispatcher.attention`.
+//
+// An entry serves its plan's exact shape, or (`key_lengths`) every key length of a range over which
+// the dispatcher would make the same call (`dispatcher.length_range`): a decode loop's next token then
+// needs no Python either.
 //
 // A served call is one the Python hot path would serve with the same PyTorch call, so every check
 // below is there to refuse what the Python path would treat differently; when in doubt, the call
@@ -10,17 +15,24 @@
 // immutable and swapped as a whole (`set_entries`).
 //
 // Module functions: make(sdpa, fallback, compiler) -> callable; make_entry(query, key, value,
-// attn_mask, is_causal, enable_gqa, count, settle_at) -> entry; set_entries(callable, entries);
-// hits(callable) -> calls served here.
+// attn_mask, is_causal, enable_gqa, count, settle_at, op, rows, out_shape, kv_lo, kv_hi) -> entry;
+// set_entries(callable, entries); hits(callable) -> calls served here.
 
 #include <Python.h>
 
+#include <ATen/Context.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
+#include <ATen/ops/_scaled_dot_product_efficient_attention.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -28,6 +40,10 @@ namespace {
 constexpr int HOT_SLOTS = 2;  // `hot_path.HOT_SLOTS`: entries beyond it are ignored
 constexpr int MAX_TENSORS = 4;  // query, key, value, mask
 constexpr const char* ENTRY_CAPSULE = "attn_dispatch.fast_call.entry";
+
+// What a served call runs: PyTorch's SDPA with the caller's arguments, or one fused backend's ATen
+// operator (`fast_path.OPS` numbers them the same way; `BareCall.op` names them).
+enum Op { FORWARD = 0, FLASH = 1, FLASH_CPU = 2, EFFICIENT = 3, CUDNN = 4, N_OPS };
 
 // SDPA's parameters, in its positional order; scale and enable_gqa are keyword-only.
 enum Arg { QUERY, KEY, VALUE, ATTN_MASK, DROPOUT_P, IS_CAUSAL, SCALE, ENABLE_GQA, N_ARGS };
@@ -53,6 +69,7 @@ struct Recorded {
   at::ScalarType dtype;
   c10::Device device;
   bool requires_grad;
+  bool contiguous;
   std::vector<int64_t> sizes, strides;
 
   Recorded(const at::Tensor& t, const c10::impl::LocalDispatchKeySet& local)
@@ -60,14 +77,35 @@ struct Recorded {
         dtype(t.scalar_type()),
         device(t.device()),
         requires_grad(t.requires_grad()),
+        contiguous(t.is_contiguous()),
         sizes(t.sizes().vec()),
         strides(t.strides().vec()) {}
 
-  bool matches(const at::Tensor& t, const c10::impl::LocalDispatchKeySet& local) const {
-    // keys first: a sparse, mkldnn or nested tensor differs there, before its strides are read
+  bool same_kind(const at::Tensor& t, const c10::impl::LocalDispatchKeySet& local) const {
+    // keys first: a sparse, mkldnn or nested tensor differs there, before its sizes or strides are read
     return ((t.key_set() | local.included_) - local.excluded_).raw_repr() == keys && t.scalar_type() == dtype &&
-           t.device() == device && t.requires_grad() == requires_grad && t.sizes().equals(sizes) &&
-           t.strides().equals(strides);
+           t.device() == device && t.requires_grad() == requires_grad;
+  }
+
+  bool matches(const at::Tensor& t, const c10::impl::LocalDispatchKeySet& local) const {
+    return same_kind(t, local) && t.sizes().equals(sizes) && t.strides().equals(strides);
+  }
+
+  // As `matches`, except that the size at `dim` may be anything in [lo, hi] (returned in `length`)
+  // and, with `layout`, the strides are compared as the plan's key reads them (contiguity: a longer
+  // cache of one layout has other strides) and as the operators read them (the last one); a mask's
+  // strides are read by neither (`layout` false).
+  bool matches_length(const at::Tensor& t, const c10::impl::LocalDispatchKeySet& local, size_t dim, int64_t lo,
+                      int64_t hi, bool layout, int64_t* length) const {
+    if (!same_kind(t, local)) return false;
+    const auto given = t.sizes();
+    if (given.size() != sizes.size() || dim >= sizes.size()) return false;
+    for (size_t i = 0; i < sizes.size(); ++i)
+      if (i != dim && given[i] != sizes[i]) return false;
+    if (given[dim] < lo || given[dim] > hi) return false;
+    if (layout && (t.is_contiguous() != contiguous || t.strides().back() != strides.back())) return false;
+    *length = given[dim];
+    return true;
   }
 };
 
@@ -76,6 +114,10 @@ struct Entry {
   bool is_causal, enable_gqa, masked;
   PyObject* count;  // the plan's `count`: a one-element list, owned
   long long settle_at;  // `Plan.settle_at` (0: never)
+  int op;  // `Op`
+  std::vector<int64_t> rows, out_shape;  // GQA folded into rows (`BareCall`); empty: not folded
+  int64_t kv_lo, kv_hi;  // key lengths served; kv_lo < kv_hi: a range (else the recorded shape only)
+  bool mask_follows_length;  // a range entry's mask has the key length as its last size (else broadcast)
 };
 
 void destroy_entry(PyObject* capsule) {
@@ -167,8 +209,54 @@ bool compiling(FastState* st) {
   return on;
 }
 
-// The entry serving this call, or nullptr (the Python path serves it).
-const Entry* match(FastState* st, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+// A served call's tensors (query, key, value[, mask]) and scale, as `match` read them.
+struct Call {
+  const at::Tensor* tensors[MAX_TENSORS];
+  std::optional<double> scale;
+};
+
+// An operator entry's scale: absent or None, or a float (an int or anything else goes to Python,
+// which checks it as SDPA does). False where it is not one of those.
+bool read_scale(PyObject* value, std::optional<double>* scale) {
+  if (value == nullptr || value == Py_None) {
+    *scale = std::nullopt;
+    return true;
+  }
+  if (!PyFloat_CheckExact(value)) return false;
+  *scale = PyFloat_AS_DOUBLE(value);
+  return true;
+}
+
+// Whether every one of PyTorch's SDPA backends is switched on (`sdpa_kernel` switches them off): an
+// operator entry is made where they all are, and a restricted call is `sdpa_context.route`'s.
+bool all_backends_on() {
+  const at::Context& context = at::globalContext();
+  return context.userEnabledFlashSDP() && context.userEnabledMemEfficientSDP() && context.userEnabledMathSDP() &&
+         context.userEnabledCuDNNSDP();
+}
+
+bool entry_matches(const Entry* entry, const Call& call, int n, const c10::impl::LocalDispatchKeySet& local) {
+  if (entry->kv_lo == entry->kv_hi) {
+    for (int i = 0; i < n; ++i)
+      if (!entry->tensors[i].matches(*call.tensors[i], local)) return false;
+    return true;
+  }
+  // a range entry: the query exactly, key and value at one key length in range, the mask following it
+  const size_t dim = entry->tensors[KEY].sizes.size() - 2;
+  int64_t length = -1, value_length = -2, mask_length = -3;
+  if (!entry->tensors[QUERY].matches(*call.tensors[QUERY], local) ||
+      !entry->tensors[KEY].matches_length(*call.tensors[KEY], local, dim, entry->kv_lo, entry->kv_hi, true, &length) ||
+      !entry->tensors[VALUE].matches_length(*call.tensors[VALUE], local, dim, length, length, true, &value_length))
+    return false;
+  if (n < 4) return true;
+  const Recorded& mask = entry->tensors[ATTN_MASK];
+  const size_t last = mask.sizes.size() - 1;
+  if (!entry->mask_follows_length) return mask.matches_length(*call.tensors[ATTN_MASK], local, last, 1, 1, false, &mask_length);
+  return mask.matches_length(*call.tensors[ATTN_MASK], local, last, length, length, false, &mask_length);
+}
+
+// The entry serving this call, or nullptr (the Python path serves it); `call` holds what it read.
+const Entry* match(FastState* st, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, Call* call) {
   PyObject* a[N_ARGS];
   if (!parse(args, nargs, kwnames, a)) return nullptr;
   // dropout: the training route (Python); only the float 0.0 itself here
@@ -183,11 +271,10 @@ const Entry* match(FastState* st, PyObject* const* args, Py_ssize_t nargs, PyObj
     if (!exact_tensor(objs[i])) return nullptr;  // a subclass, a CausalBias mask, or no tensor at all
   // a torch-function mode sees PyTorch's SDPA call (and the Python path routes around it)
   if (at::impl::torch_function_mode_enabled() || compiling(st)) return nullptr;
-  const at::Tensor* tensors[MAX_TENSORS];
   for (int i = 0; i < n; ++i) {
-    tensors[i] = &THPVariable_Unpack(objs[i]);
+    call->tensors[i] = &THPVariable_Unpack(objs[i]);
     // a strided nested tensor's sizes throw (or abort): refused before anything reads them
-    if (tensors[i]->is_nested()) return nullptr;
+    if (call->tensors[i]->is_nested()) return nullptr;
   }
   const c10::impl::LocalDispatchKeySet local = c10::impl::tls_local_dispatch_key_set();
   for (int s = 0; s < st->n_slots; ++s) {
@@ -195,11 +282,73 @@ const Entry* match(FastState* st, PyObject* const* args, Py_ssize_t nargs, PyObj
     if (entry->is_causal != (is_causal == 1) || entry->enable_gqa != (enable_gqa == 1) ||
         entry->masked != (mask != nullptr))
       continue;
-    bool same = true;
-    for (int i = 0; i < n && same; ++i) same = entry->tensors[i].matches(*tensors[i], local);
-    if (same) return entry;
+    if (!entry_matches(entry, *call, n, local)) continue;
+    if (entry->op != FORWARD && (!read_scale(a[SCALE], &call->scale) || !all_backends_on())) return nullptr;
+    return entry;
   }
   return nullptr;
+}
+
+// `entry`'s ATen operator on the call's tensors, as `SdpaBackendKernel.runner`'s bare call makes it
+// (no mask, no dropout, inference: no log-sum-exp kept). Runs without the GIL; throws what ATen throws.
+at::Tensor run_op(int op, const std::vector<int64_t>& rows, const std::vector<int64_t>& out_shape, bool is_causal,
+                  const Call& call) {
+  const at::Tensor& key = *call.tensors[KEY];
+  const at::Tensor& value = *call.tensors[VALUE];
+  const bool folded = !rows.empty();
+  const at::Tensor query = folded ? call.tensors[QUERY]->reshape(rows) : *call.tensors[QUERY];
+  const bool causal = folded ? false : is_causal;
+  at::Tensor out;
+  switch (op) {
+    case FLASH:
+      out = std::get<0>(at::_scaled_dot_product_flash_attention(query, key, value, 0.0, causal, false, call.scale));
+      break;
+    case FLASH_CPU:
+      out = std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, causal, std::nullopt,
+                                                                         call.scale));
+      break;
+    case EFFICIENT:
+      out = std::get<0>(at::_scaled_dot_product_efficient_attention(query, key, value, std::nullopt, false, 0.0, causal,
+                                                                     call.scale));
+      break;
+    case CUDNN:
+      out = std::get<0>(at::_scaled_dot_product_cudnn_attention(query, key, value, std::nullopt, false, 0.0, causal,
+                                                                 false, call.scale));
+      break;
+    default:
+      throw std::runtime_error("attn_dispatch fast path: unknown operator");
+  }
+  return folded ? out.reshape(out_shape) : out;
+}
+
+// Undo a served call's count (its kernel raised: the Python path counts the call it makes).
+void uncount(PyObject* count) {
+  PyObject* current = PyList_GET_ITEM(count, 0);
+  long long now = PyLong_AsLongLong(current);
+  if (!(now == -1 && PyErr_Occurred())) {
+    PyObject* back = PyLong_FromLongLong(now - 1);
+    if (back != nullptr) PyList_SetItem(count, 0, back);
+  }
+  PyErr_Clear();
+}
+
+// `entry`'s operator, the GIL released as PyTorch's own bindings release it; nullptr (no error set)
+// where it raised.
+PyObject* serve_op(FastState* st, const Entry* entry, const Call& call) {
+  // the entries may be swapped (and this one freed) while the GIL is released: hold them
+  PyObject* held = st->entries;
+  Py_INCREF(held);
+  at::Tensor out;
+  bool ok = true;
+  PyThreadState* thread = PyEval_SaveThread();
+  try {
+    out = run_op(entry->op, entry->rows, entry->out_shape, entry->is_causal, call);
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  PyEval_RestoreThread(thread);
+  Py_DECREF(held);
+  return ok ? THPVariable_Wrap(std::move(out)) : nullptr;
 }
 
 PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
@@ -209,9 +358,10 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyO
     return nullptr;
   }
   const Entry* entry = nullptr;
+  Call call;
   if (st->n_slots > 0) {
     try {
-      entry = match(st, args, nargs, kwnames);
+      entry = match(st, args, nargs, kwnames, &call);
     } catch (const std::exception&) {  // a tensor that refuses a read: the Python path decides
       entry = nullptr;
     }
@@ -240,22 +390,25 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyO
       return nullptr;
     }
     PyList_SetItem(count, 0, next);
-    PyObject* result = PyObject_Vectorcall(st->sdpa, args, nargs, kwnames);
-    if (result != nullptr || !PyErr_ExceptionMatches(PyExc_Exception)) {  // KeyboardInterrupt: propagate
-      st->hits += result != nullptr;
+    PyObject* result = nullptr;
+    if (entry->op == FORWARD) {
+      result = PyObject_Vectorcall(st->sdpa, args, nargs, kwnames);
+      if (result == nullptr && !PyErr_ExceptionMatches(PyExc_Exception)) {  // KeyboardInterrupt: propagate
+        Py_DECREF(count);
+        return nullptr;
+      }
+    } else {
+      result = serve_op(st, entry, call);
+    }
+    if (result != nullptr) {
+      st->hits += 1;
       Py_DECREF(count);
       return result;
     }
     // a failure (out of memory, a restricted backend): undo the count and let the Python path recover
     // or raise, as it does for its own hot path
     PyErr_Clear();
-    PyObject* current = PyList_GET_ITEM(count, 0);
-    long long now = PyLong_AsLongLong(current);
-    if (!(now == -1 && PyErr_Occurred())) {
-      PyObject* back = PyLong_FromLongLong(now - 1);
-      if (back != nullptr) PyList_SetItem(count, 0, back);
-    }
-    PyErr_Clear();
+    uncount(count);
     Py_DECREF(count);
   }
   return PyObject_Vectorcall(st->fallback, args, nargs, kwnames);
@@ -302,15 +455,33 @@ PyObject* make(PyObject*, PyObject* args) {
   return fast;
 }
 
-// make_entry(query, key, value, attn_mask, is_causal, enable_gqa, count, settle_at) -> an entry
-// recording the tensors under the calling thread's dispatch state (call it inside the call that
-// made the plan hot). ValueError for what the fast path never serves.
+// A tuple of ints (or None: empty) as sizes; false with ValueError set for anything else.
+bool read_sizes(PyObject* obj, std::vector<int64_t>* out) {
+  out->clear();
+  if (obj == Py_None) return true;
+  if (!PyTuple_Check(obj)) {
+    PyErr_SetString(PyExc_ValueError, "make_entry: rows and out_shape must be tuples of int or None");
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(obj); ++i) {
+    long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(obj, i));
+    if (size == -1 && PyErr_Occurred()) return false;
+    out->push_back(size);
+  }
+  return true;
+}
+
+// make_entry(query, key, value, attn_mask, is_causal, enable_gqa, count, settle_at, op, rows, out_shape,
+// kv_lo, kv_hi) -> an entry recording the tensors under the calling thread's dispatch state (call it
+// inside the call that made the plan hot). `op`: what a served call runs (`Op`); `rows`, `out_shape`:
+// its GQA fold or None; key lengths kv_lo..kv_hi are served (the key's own length twice: only it).
+// ValueError for what the fast path never serves.
 PyObject* make_entry(PyObject*, PyObject* args) {
-  PyObject *q, *k, *v, *mask, *count;
-  int is_causal, enable_gqa;
-  long long settle_at;
-  if (!PyArg_ParseTuple(args, "OOOOppOL:make_entry", &q, &k, &v, &mask, &is_causal, &enable_gqa, &count,
-                        &settle_at))
+  PyObject *q, *k, *v, *mask, *count, *rows, *out_shape;
+  int is_causal, enable_gqa, op;
+  long long settle_at, kv_lo, kv_hi;
+  if (!PyArg_ParseTuple(args, "OOOOppOLiOOLL:make_entry", &q, &k, &v, &mask, &is_causal, &enable_gqa, &count,
+                        &settle_at, &op, &rows, &out_shape, &kv_lo, &kv_hi))
     return nullptr;
   PyObject* objs[MAX_TENSORS] = {q, k, v, mask};
   int n = mask == Py_None ? 3 : 4;
@@ -325,7 +496,25 @@ PyObject* make_entry(PyObject*, PyObject* args) {
     PyErr_SetString(PyExc_ValueError, "make_entry: count must be a one-element list of int");
     return nullptr;
   }
+  if (op < 0 || op >= N_OPS || (op != FORWARD && n == 4)) {
+    PyErr_SetString(PyExc_ValueError, "make_entry: op must be an `Op` (an operator entry takes no mask)");
+    return nullptr;
+  }
+  const at::Tensor& key = THPVariable_Unpack(k);
+  const int64_t length = key.dim() >= 2 ? key.size(-2) : -1;
+  if (length < 0 || kv_lo > length || kv_hi < length || (kv_lo < kv_hi && kv_lo < 1) ||
+      (kv_lo < kv_hi && settle_at != 0)) {
+    PyErr_SetString(PyExc_ValueError, "make_entry: kv_lo <= the key's length <= kv_hi, a range from 1 up and "
+                                      "with no settling");
+    return nullptr;
+  }
   auto* entry = new Entry();
+  if (!read_sizes(rows, &entry->rows) || !read_sizes(out_shape, &entry->out_shape) ||
+      entry->rows.empty() != entry->out_shape.empty()) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "make_entry: rows and out_shape go together");
+    delete entry;
+    return nullptr;
+  }
   try {
     const c10::impl::LocalDispatchKeySet local = c10::impl::tls_local_dispatch_key_set();
     for (int i = 0; i < n; ++i) entry->tensors.emplace_back(THPVariable_Unpack(objs[i]), local);
@@ -340,6 +529,21 @@ PyObject* make_entry(PyObject*, PyObject* args) {
   Py_INCREF(count);
   entry->count = count;
   entry->settle_at = settle_at;
+  entry->op = op;
+  entry->kv_lo = kv_lo;
+  entry->kv_hi = kv_hi;
+  entry->mask_follows_length = false;
+  if (n == 4 && kv_lo < kv_hi) {
+    const std::vector<int64_t>& mask_sizes = entry->tensors[ATTN_MASK].sizes;
+    const int64_t mask_last = mask_sizes.empty() ? -1 : mask_sizes.back();
+    if (mask_last != 1 && mask_last != length) {
+      Py_DECREF(count);
+      delete entry;
+      PyErr_SetString(PyExc_ValueError, "make_entry: a range entry's mask ends in 1 or the key length");
+      return nullptr;
+    }
+    entry->mask_follows_length = mask_last != 1;
+  }
   PyObject* capsule = PyCapsule_New(entry, ENTRY_CAPSULE, destroy_entry);
   if (capsule == nullptr) {
     Py_DECREF(count);
@@ -378,7 +582,8 @@ PyObject* hits(PyObject*, PyObject* fast) {
 PyMethodDef module_methods[] = {
     {"make", make, METH_VARARGS, "make(sdpa, fallback, compiler) -> the fast callable"},
     {"make_entry", make_entry, METH_VARARGS,
-     "make_entry(query, key, value, attn_mask, is_causal, enable_gqa, count, settle_at) -> an entry"},
+     "make_entry(query, key, value, attn_mask, is_causal, enable_gqa, count, settle_at, op, rows, out_shape, kv_lo, "
+     "kv_hi) -> an entry"},
     {"set_entries", set_entries, METH_VARARGS, "set_entries(fast, entries: tuple): the entries it serves"},
     {"hits", hits, METH_O, "hits(fast) -> calls served without Python"},
     {nullptr, nullptr, 0, nullptr}};

@@ -1,5 +1,5 @@
 """The fast path: a C builtin (`fast_call.cpp`) in front of `Dispatcher.attention` for the calls that
-are PyTorch's own SDPA call.
+are PyTorch's own SDPA call or one fused backend's ATen operator call.
 
 Why: any Python function in front of ``F.scaled_dot_product_attention`` costs a frame, +0.56-0.98 us
 on the H200 host for a bare pass-through, +1.47-2.07 us with one tensor guard (issue 14's floors),
@@ -9,9 +9,21 @@ entries (`hot_path`) in C++ and, on a match, adds one to the plan's count and fo
 call unchanged to PyTorch's SDPA: no Python frame. Every other call is forwarded unchanged to
 `Dispatcher.attention`.
 
+A hot plan that runs a fused backend's operator bare (`kernels.sdpa_backends.BareCall`: flash,
+memory-efficient or cuDNN with no mask, GQA native or folded into rows) is served the same way: the
+builtin makes that operator call through ATen, with the GIL released as PyTorch's bindings release
+it, where the Python path paid +2.8-3.2 us over the operator (session 10's grid, H200 host). Such an
+entry also requires a float or no ``scale`` and every SDPA backend switched on (`sdpa_kernel`
+restrictions are `sdpa_context.route`'s).
+
+An entry may serve a range of key lengths (`length_range`): every length over which the plan's
+bucket would give a new shape the same call, so a decode loop's next token is served with no Python
+either; the key and value then match in everything but that length and their strides, which are
+compared as the plan's key reads them (contiguity) and as the operators do (the last one).
+
 When it serves (all must hold, else the Python path serves, as before): the call's entry is a hot
 plan that is exactly the call's own SDPA call (`HotEntry.pytorch_call` and the plan's flags those of
-the call); no dropout (or the float 0.0); not compiling (`torch.compiler._is_compiling_flag`); no
+the call) or a bare operator call; no dropout (or the float 0.0); not compiling (`torch.compiler._is_compiling_flag`); no
 torch-function mode; query, key, value and the mask exactly ``torch.Tensor`` (no subclass, no
 ``CausalBias``), none nested; and per tensor the dispatch keys under the thread's state (inference
 mode, autocast), dtype, device, sizes, strides and ``requires_grad`` those the entry recorded, as
@@ -197,24 +209,56 @@ class FastPath:
             self._registered = _register_stand_in(self.call, self._dispatcher)
         return self.call if self._registered else None
 
-    def entry(self, plan: Plan, tensors: tuple[torch.Tensor, ...], is_causal: bool, enable_gqa: bool):
+    def entry(self, plan: Plan, tensors: tuple[torch.Tensor, ...], is_causal: bool, enable_gqa: bool,
+              key_lengths: tuple[int, int] | None = None):
         """The C++ entry for a plan going hot, recorded from its call's tensors (query, key, value[,
-        mask]) under the call's dispatch state; None where the fast path must not serve it: the plan
-        is not exactly the call's own SDPA call."""
-        flags = plan.sdpa_flags
-        own = {name: True for name, on in (("is_causal", is_causal), ("enable_gqa", enable_gqa)) if on}
-        if flags is None or flags != own or is_causal.__class__ is not bool or enable_gqa.__class__ is not bool:
+        mask]) under the call's dispatch state, serving the key lengths `key_lengths` (lowest,
+        highest; None: the call's own); None where the fast path must not serve it: the plan is
+        neither exactly the call's own SDPA call nor a bare operator call (`served_call`)."""
+        if is_causal.__class__ is not bool or enable_gqa.__class__ is not bool:
             return None
+        served = served_call(plan, tensors, is_causal, enable_gqa)
+        if served is None:
+            return None
+        op, rows, out_shape = served
         query, key, value = tensors[:3]
         mask = tensors[3] if len(tensors) > 3 else None
+        length = key.shape[-2] if key.dim() >= 2 else 0
+        low, high = key_lengths or (length, length)
         try:
-            return self.module.make_entry(query, key, value, mask, is_causal, enable_gqa, plan.count, plan.settle_at)
+            return self.module.make_entry(query, key, value, mask, is_causal, enable_gqa, plan.count, plan.settle_at,
+                                          op, rows, out_shape, low, high)
         except (TypeError, ValueError):
             return None
 
     def mirror(self, hot: tuple) -> None:
         """The C++ slots serve exactly `hot`'s entries that have a C++ entry, in its order."""
         self.module.set_entries(self.call, tuple(entry.fast for entry in hot if entry.fast is not None))
+
+
+OPS = {"forward": 0, "flash": 1, "flash_cpu": 2, "efficient": 3, "cudnn": 4}
+"""What a C++ entry runs, numbered as `fast_call.cpp`'s ``Op``: PyTorch's SDPA with the caller's
+arguments (``forward``), or a `BareCall`'s operator by its name."""
+
+
+def served_call(plan: Plan, tensors: tuple[torch.Tensor, ...], is_causal: bool, enable_gqa: bool,
+                ) -> tuple[int, tuple[int, ...] | None, tuple[int, ...] | None] | None:
+    """``(op, rows, out_shape)`` for a C++ entry (`OPS`) serving `plan` on calls like this one
+    (query, key, value[, mask]), or None: PyTorch's SDPA forwarded where the plan is exactly the
+    call's own SDPA call; else the operator `plan.kernel.bare_call` names, where the plan's runner
+    makes that call on these tensors (4-D, the last dimension dense, no mask)."""
+    flags = plan.sdpa_flags
+    own = {name: True for name, on in (("is_causal", is_causal), ("enable_gqa", enable_gqa)) if on}
+    if flags is not None:
+        return (OPS["forward"], None, None) if flags == own else None
+    bare_call = getattr(plan.kernel, "bare_call", None)
+    bare = None if bare_call is None else bare_call(plan.problem)
+    if bare is None or bare.op not in OPS or len(tensors) != 3 or plan.run == plan.kernel.run:
+        return None
+    query, key, value = tensors
+    if query.dim() != 4 or not query.stride(-1) == key.stride(-1) == value.stride(-1) == 1:
+        return None  # the runner's `run`: a layout the operator does not take as it is
+    return OPS[bare.op], bare.rows, bare.out_shape
 
 
 def attach(dispatcher: Dispatcher) -> FastPath | None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from attn_dispatch.dispatcher.length_range import served_key_lengths
 from attn_dispatch.dispatcher.switches import switched_off
 
 if TYPE_CHECKING:
@@ -149,7 +150,11 @@ class HotPlans:
                 or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor)):
             return
         check = tensor_guard(tensors)
-        fast = None if self._fast is None else self._fast.entry(plan, tensors, is_causal, enable_gqa)
+        fast = None
+        if self._fast is not None:
+            planner = self._planners.get(plan.device)
+            lengths = None if planner is None else served_key_lengths(planner, plan)
+            fast = self._fast.entry(plan, tensors, is_causal, enable_gqa, lengths)
         if check is None and fast is None:  # nothing can guard these tensors: not tried on every call
             plan.unguardable = True
             return
@@ -168,9 +173,11 @@ class HotPlans:
                 planner.spent.add(key_, plan.count[0])
         self._set_hot(tuple(entry for entry in self._hot if entry.plan is not plan))
 
-    def _drop_hot(self, key_: tuple) -> None:
-        """The plan cached under `key_` is replaced or removed: it leaves the hot path (the others stay)."""
-        self._set_hot(tuple(entry for entry in self._hot if entry.key != key_))
+    def _drop_hot(self, key_: tuple, bucket=None) -> None:
+        """The plan cached under `key_` is replaced or removed: it leaves the hot path (the others
+        stay), and with `bucket` (a kernel of it failed) every plan of that bucket leaves too: a C++
+        entry may serve the bucket's other key lengths (`length_range`)."""
+        self._set_hot(tuple(entry for entry in self._hot if entry.key != key_ and entry.plan.bucket is not bucket))
 
     @property
     def fast_attention(self):

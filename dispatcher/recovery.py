@@ -32,7 +32,7 @@ class RecoveringDispatcher:
             try:
                 with self._lock:
                     old = self._plans.pop(key_, None)
-                    self._drop_hot(key_)
+                    self._drop_hot(key_, plan.bucket)
                     if old is not None:
                         self._fold_count(old)
                     planner.forget_bucket(plan.problem)

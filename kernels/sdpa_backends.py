@@ -12,6 +12,7 @@ tiny inputs checked against the float64 reference.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -213,30 +214,45 @@ class SdpaBackendKernel(Kernel):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ the warm path's shortcut
-    def _bare_op(self):
+    bare_ops: ClassVar[dict[str, str]] = {}
+    """Device type -> the name of the ATen operator `runner` calls bare there (`BareCall.op`)."""
+
+    def _bare_op(self, device_type: str = "cuda"):
         """``(query, key, value, causal, scale) -> output`` calling this backend's ATen operator
-        with nothing around it (CUDA, no mask), or None where the backend has no such call."""
+        on `device_type` with nothing around it (no mask), or None where the backend has no such call."""
         return None
 
-    def runner(self, problem: Problem):
-        """On CUDA without a mask, on 4-D inputs that do not broadcast: the backend's ATen operator,
-        called directly (with GQA folded into rows or passed natively, as `_forward` does), also on
-        strided inputs whose last dimension is dense (a slice of a KV cache, transformers'
-        ``[B, L, H, D]`` transposed), which the operators take as they are. `run` canonicalises,
-        checks strides and picks the GQA mode on every call: 33 us of host time per H200 decode
-        call against 20 us for `F.scaled_dot_product_attention` (bench/dispatch_overhead.py,
-        2026-12-01), which in a decode loop is the whole call; on a sliced cache the decode loop
-        took 78 us per call that way (bench/decode_loop.py, B1, 8k keys)."""
-        op = self._bare_op() if problem.device_type == "cuda" else None
+    def bare_call(self, problem: Problem) -> BareCall | None:
+        """What `runner` calls for `problem` in place of `run`, or None where it runs `run`: without
+        a mask, on inputs that do not broadcast, top-left or no causality, GQA native or folded into
+        rows (K/V repeated per group is `run`'s). The fast path (`dispatcher.fast_path`) makes the
+        same operator call in C++."""
+        op = self.bare_ops.get(problem.device_type)
         if (op is None or problem.mask_kind != "none" or problem.broadcast_inputs
                 or problem.causal_offset or problem.is_degenerate):
-            return self.run
-        mode, causal, run, strided = self._gqa_mode(problem), problem.causal, self.run, problem.strided
-        if mode not in ("none", "native", "fold"):
-            return self.run
+            return None
+        mode = self._gqa_mode(problem)
         if mode == "fold":
-            rows = (problem.batch, problem.kv_heads, problem.gqa_ratio * problem.q_len, problem.head_dim)
-            out_shape = (problem.batch, problem.q_heads, problem.q_len, problem.value_dim)
+            return BareCall(op, (problem.batch, problem.kv_heads, problem.gqa_ratio * problem.q_len, problem.head_dim),
+                            (problem.batch, problem.q_heads, problem.q_len, problem.value_dim))
+        return BareCall(op) if mode in ("none", "native") else None
+
+    def runner(self, problem: Problem):
+        """Where `bare_call` names one, on 4-D inputs: the backend's ATen operator, called directly
+        (with GQA folded into rows or passed natively, as `_forward` does), also on strided inputs
+        whose last dimension is dense (a slice of a KV cache, transformers' ``[B, L, H, D]``
+        transposed), which the operators take as they are. `run` canonicalises, checks strides and
+        picks the GQA mode on every call: 33 us of host time per H200 decode call against 20 us for
+        `F.scaled_dot_product_attention` (bench/dispatch_overhead.py, 2026-12-01), which in a decode
+        loop is the whole call; on a sliced cache the decode loop took 78 us per call that way
+        (bench/decode_loop.py, B1, 8k keys)."""
+        bare_call = self.bare_call(problem)
+        op = None if bare_call is None else self._bare_op(problem.device_type)
+        if op is None:
+            return self.run
+        causal, run, strided = problem.causal, self.run, problem.strided
+        if bare_call.rows is not None:
+            rows, out_shape = bare_call.rows, bare_call.out_shape
 
             def call(query, key, value, scale):
                 return op(query.reshape(rows), key, value, False, scale).reshape(out_shape)
@@ -250,6 +266,22 @@ class SdpaBackendKernel(Kernel):
             return call(query, key, value, scale)
 
         return bare
+
+
+@dataclass(frozen=True)
+class BareCall:
+    """The one ATen operator call `SdpaBackendKernel.runner` makes for a problem.
+
+    op: the operator's name (``"flash"``, ``"flash_cpu"``, ``"efficient"``, ``"cudnn"``: the
+        `_scaled_dot_product_*_attention` operators), called with no mask, no dropout, the call's
+        causality and scale.
+    rows, out_shape: GQA folded into rows: the query reshaped to ``rows`` ``[B, Hkv, R * L, E]``
+        before the call and the output to ``out_shape`` ``[B, Hq, L, Ev]`` after (None: as given).
+    """
+
+    op: str
+    rows: tuple[int, ...] | None = None
+    out_shape: tuple[int, ...] | None = None
 
 
 class SdpaFlashKernel(SdpaBackendKernel):
@@ -277,7 +309,12 @@ class SdpaFlashKernel(SdpaBackendKernel):
             raise RuntimeError("sdpa_flash on CUDA takes no attention mask")
         return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, causal, False, scale=scale)[0]
 
-    def _bare_op(self):
+    bare_ops: ClassVar[dict[str, str]] = {"cuda": "flash", "cpu": "flash_cpu"}
+
+    def _bare_op(self, device_type: str = "cuda"):
+        if device_type == "cpu":
+            cpu_op = aten_binding("_scaled_dot_product_flash_attention_for_cpu")
+            return lambda query, key, value, causal, scale: cpu_op(query, key, value, 0.0, causal, scale=scale)[0]
         op = aten_binding("_scaled_dot_product_flash_attention")
         return lambda query, key, value, causal, scale: op(query, key, value, 0.0, causal, False, scale=scale)[0]
 
@@ -300,7 +337,9 @@ class SdpaEfficientKernel(SdpaBackendKernel):
             query, key, value, bias, _backward_needs_logsumexp(query, key, value), 0.0, causal, scale=scale
         )[0]
 
-    def _bare_op(self):
+    bare_ops: ClassVar[dict[str, str]] = {"cuda": "efficient"}
+
+    def _bare_op(self, device_type: str = "cuda"):
         op = aten_binding("_scaled_dot_product_efficient_attention")
         return lambda query, key, value, causal, scale: op(
             query, key, value, None, _backward_needs_logsumexp(query, key, value), 0.0, causal, scale=scale)[0]
@@ -318,7 +357,9 @@ class SdpaCudnnKernel(SdpaBackendKernel):
             query, key, value, bias, _backward_needs_logsumexp(query, key, value), 0.0, causal, False, scale=scale
         )[0]
 
-    def _bare_op(self):
+    bare_ops: ClassVar[dict[str, str]] = {"cuda": "cudnn"}
+
+    def _bare_op(self, device_type: str = "cuda"):
         op = aten_binding("_scaled_dot_product_cudnn_attention")
         return lambda query, key, value, causal, scale: op(
             query, key, value, None, _backward_needs_logsumexp(query, key, value), 0.0, causal, False, scale=scale)[0]

@@ -30,7 +30,7 @@ def _inputs(q_heads, kv_heads, q_len, kv_len, dim=16, batch=2):
                          [(4, 4, 5, 9, True), (8, 2, 1, 33, False), (8, 2, 3, 17, False), (8, 2, 6, 6, True)])
 def test_the_bare_call_gives_what_run_gives(monkeypatch, kernel_type, native, q_heads, kv_heads, q_len, kv_len, causal):
     kernel = kernel_type()
-    monkeypatch.setattr(kernel, "_bare_op", lambda: _stand_in)
+    monkeypatch.setattr(kernel, "_bare_op", lambda device_type="cuda": _stand_in)
     monkeypatch.setattr(kernel, "native_gqa", lambda device_type, dtype: native)
     query, key, value = _inputs(q_heads, kv_heads, q_len, kv_len)
     problem = replace(Problem.from_tensors(query, key, value, None, causal, q_heads != kv_heads), device_type="cuda")
@@ -44,13 +44,32 @@ def test_the_bare_call_gives_what_run_gives(monkeypatch, kernel_type, native, q_
     torch.testing.assert_close(out, expected)
 
 
-def test_masks_and_the_cpu_keep_run(monkeypatch):
+def test_masks_and_backends_with_no_operator_on_the_device_keep_run(monkeypatch):
     kernel = SdpaFlashKernel()
-    monkeypatch.setattr(kernel, "_bare_op", lambda: _stand_in)
+    monkeypatch.setattr(kernel, "_bare_op", lambda device_type="cuda": _stand_in)
     query, key, value = _inputs(4, 4, 5, 9)
     plain = replace(Problem.from_tensors(query, key, value), device_type="cuda")
-    assert kernel.runner(replace(plain, device_type="cpu")) == kernel.run
     assert kernel.runner(replace(plain, mask_kind="bool", mask_shape=(1, 1, 5, 9))) == kernel.run
+    assert kernel.bare_call(replace(plain, mask_kind="bool", mask_shape=(1, 1, 5, 9))) is None
+    efficient = SdpaEfficientKernel()
+    assert efficient.bare_call(replace(plain, device_type="cpu")) is None  # no CPU operator
+    assert efficient.runner(replace(plain, device_type="cpu")) == efficient.run
+
+
+@pytest.mark.parametrize(("q_heads", "kv_heads", "q_len", "kv_len", "causal", "scale"),
+                         [(4, 4, 5, 9, True, None), (8, 2, 1, 33, False, 0.3), (8, 2, 3, 17, False, None)])
+def test_the_cpu_flash_operator_called_bare_gives_what_run_gives(q_heads, kv_heads, q_len, kv_len, causal, scale):
+    """PyTorch's fused CPU flash operator, really called (no stand-in), GQA native or folded."""
+    kernel = SdpaFlashKernel()
+    query, key, value = _inputs(q_heads, kv_heads, q_len, kv_len)
+    problem = Problem.from_tensors(query, key, value, None, causal, q_heads != kv_heads)
+    bare = kernel.bare_call(problem)
+    assert bare is not None and bare.op == "flash_cpu"
+    runner = kernel.runner(problem)
+    assert runner != kernel.run
+    torch.testing.assert_close(runner(query, key, value, None, scale, q_heads != kv_heads, problem),
+                               kernel.run(query, key, value, None, scale, q_heads != kv_heads, problem),
+                               rtol=0, atol=0)
 
 
 def test_strided_inputs_take_the_bare_call_where_their_last_dim_is_dense(monkeypatch):
@@ -58,7 +77,7 @@ def test_strided_inputs_take_the_bare_call_where_their_last_dim_is_dense(monkeyp
     through `run`, which makes it dense first."""
     kernel = SdpaFlashKernel()
     calls = []
-    monkeypatch.setattr(kernel, "_bare_op", lambda: lambda *args: calls.append(1) or _stand_in(*args))
+    monkeypatch.setattr(kernel, "_bare_op", lambda device_type="cuda": lambda *args: calls.append(1) or _stand_in(*args))
     monkeypatch.setattr(kernel, "native_gqa", lambda device_type, dtype: True)
     query, cache_k, cache_v = _inputs(8, 2, 1, 40)
     key, value = cache_k[:, :, :33], cache_v[:, :, :33]  # the first 33 of 40 cached positions
