@@ -26,7 +26,14 @@ from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_read
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.explaining import Explaining
 from attn_dispatch.dispatcher.fast_path import attach as attach_fast_path
-from attn_dispatch.dispatcher.hot_path import HOT_AFTER, HotEntry, HotPlans, hot_path_enabled, rehot
+from attn_dispatch.dispatcher.hot_path import (
+    HOT_AFTER,
+    HotEntry,
+    HotPlans,
+    hot_path_enabled,
+    rehot,
+    shapes_called_again,
+)
 from attn_dispatch.dispatcher.kernel_set import kernel_set
 from attn_dispatch.dispatcher.memory import (
     budget_from_env,
@@ -244,7 +251,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
                     # shapes only, nested K/V with a dense query, or a sparse or mkldnn tensor (PyTorch's errors,
                     # not failures remembered against the bucket's kernels): PyTorch's SDPA (issue 13), no plan kept
                     return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-                plan, promote = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale), False
+                plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
+                promote = shapes_called_again(plan.bucket)  # a decode step's next length: hot from its 1st call
             else:  # (back) on the hot path: its 2nd call, served twice in a row, powers of two (`hot_path.rehot`)
                 promote = plan is self._last_dict_plan or plan.count[0] + 1 == HOT_AFTER or rehot(plan.count[0] + 1)
             self._last_dict_plan = plan

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from attn_dispatch.dispatcher.cold_shape import calls_per_shape
 from attn_dispatch.dispatcher.length_range import served_key_lengths
 from attn_dispatch.dispatcher.switches import switched_off
 
@@ -45,7 +46,8 @@ one rejected check (~0.16-0.3 us)."""
 HOT_AFTER = 2
 """Calls of one plan (its exact shape) before it goes hot: building a guard costs ~4.6 us (2-core
 CPU, torch 2.13), about four warm calls' keys, so a shape called once (a decode step's first layer
-that never comes back) does not pay it, and one called on every layer pays it once."""
+that never comes back) does not pay it, and one called on every layer pays it once. A new shape of a bucket whose shapes are called again
+(`shapes_called_again`) goes hot at its first call."""
 
 
 HOT_PATH_ENV = "ATTN_DISPATCH_HOT_PATH"
@@ -70,6 +72,17 @@ def rehot(calls: int) -> bool:
     came back, and its calls took the dict path (+3 us against +1.6 us on the H200 host, session 9).
     A rotation of shapes never serves one plan twice in a row, so it builds no more guards."""
     return calls > HOT_AFTER and not calls & (calls - 1)
+
+
+def shapes_called_again(bucket) -> bool:
+    """Whether a new exact shape of `bucket` goes hot at its first call: where the bucket's earlier
+    shapes got `HOT_AFTER` calls or more each (`cold_shape.calls_per_shape`: a decode loop calls every
+    layer at each new key length), its guard would be built at the second call anyway, and building
+    it at the first spares that call the dict path (one of a token's calls per new length: 3-9 us on
+    the H200 host, `bench.dispatch_overhead`). A shape of a bucket with no such history waits for
+    its second call, as before."""
+    expected = calls_per_shape(cell[0] for cell in bucket.history)
+    return expected is not None and expected >= HOT_AFTER
 
 
 def tensor_guard(tensors: tuple[torch.Tensor, ...]) -> Callable[..., bool] | None:

@@ -185,9 +185,23 @@ def test_an_evicted_plan_leaves_the_hot_path_and_the_others_stay(monkeypatch):
     with torch.no_grad():
         for kv_len in (7, 7, 9, 9):  # both hot
             ours.attention(*_inputs(kv_len=kv_len))
-        for kv_len in (11, 13):  # the 7-key plan is evicted by the fourth plan
+        for kv_len in (33, 65):  # the 7-key plan is evicted by the fourth plan (new buckets: not hot at once)
             ours.attention(*_inputs(kv_len=kv_len))
     assert [entry.plan.problem.kv_len for entry in ours._hot] == [9]
+
+
+def test_a_new_shape_of_a_bucket_whose_shapes_are_called_again_goes_hot_at_its_first_call():
+    """A decode loop's next key length: the bucket's earlier shapes got two calls or more each."""
+    ours = Dispatcher(kernels=["math"])
+    with torch.no_grad():
+        ours.attention(*_inputs(kv_len=9))  # a bucket's first shape, called once: not hot
+        assert not ours._hot
+        ours.attention(*_inputs(kv_len=9))
+        assert [entry.plan.problem.kv_len for entry in ours._hot] == [9]
+        ours.attention(*_inputs(kv_len=10))  # its history says shapes are called again: hot at once
+        assert [entry.plan.problem.kv_len for entry in ours._hot] == [10, 9]
+        ours.attention(*_inputs(kv_len=17))  # another bucket, no history: its second call makes it hot
+        assert [entry.plan.problem.kv_len for entry in ours._hot] == [10, 9]
 
 
 def test_a_plan_pushed_off_the_hot_path_comes_back_at_powers_of_two():
