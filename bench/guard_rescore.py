@@ -35,6 +35,7 @@ from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table, save_table
 
+from bench.offline_card import card_line, offline_card_for
 from bench.grid_measurements import grid_measurements
 
 
@@ -89,6 +90,8 @@ def main() -> None:
                         help="recorded LLM grid runs (`bench.llm_grid` JSON lines) whose points join the calibration's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--note", action="append", default=[], help="add this note to the table's provenance")
+    parser.add_argument("--no-offline-card", action="store_true",
+                        help="do not answer PyTorch's backend choice and probes as recorded on the card (bench.offline_card)")
     args = parser.parse_args()
     with open(f"{args.run}_summary.json") as handle:
         summary = json.load(handle)
@@ -99,7 +102,9 @@ def main() -> None:
     before = load_table(args.before) if args.before else None  # read before --out may replace it
     gated, _ = apply_numerics_gate(points)  # calibrate's own steps (`calibration.finish.fit_and_write`)
     names = sorted({m.kernel for m in gated if m.ok})
-    with assume_backends_available():
+    card = None if args.no_offline_card else offline_card_for(identity)
+    print(card_line(card))
+    with assume_backends_available(card):
         table, _, quality = fit_and_build([m for m in gated if m.status != "unsupported"], identity, kernel_names=names,
                                           holdout_fraction=HOLDOUT_FRACTION, seed=args.seed,
                                           calibration_wall_s=summary.get("wall_s"))

@@ -37,6 +37,7 @@ from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table
+from bench.offline_card import card_line, offline_card_for
 from bench.grid_measurements import grid_measurements, grid_times
 
 SLOW_PICK = 1.5
@@ -111,6 +112,8 @@ def main() -> None:
     parser.add_argument("--group", choices=sorted(GROUPINGS), default="shape")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--worst", type=int, default=0, help="also list this many worst picks per table and file")
+    parser.add_argument("--no-offline-card", action="store_true",
+                        help="do not answer PyTorch's backend choice and probes as recorded on the card (bench.offline_card)")
     args = parser.parse_args()
     if args.folds and not args.grid:
         parser.error("--grid: the folds fit on grid files; give some, or --folds 0 to only score --table tables")
@@ -126,7 +129,9 @@ def main() -> None:
     all_groups = [group(p) for shapes in shapes_by_file.values() for p, _ in shapes]
     folds = folds_of(all_groups, args.folds, args.seed) if args.folds else []
     print(f"{args.run} + {len(grid_points)} grid points from {len(args.grid)} files; {args.folds} folds by {args.group}")
-    with assume_backends_available():
+    card = None if args.no_offline_card else offline_card_for(identity)
+    print(card_line(card))
+    with assume_backends_available(card):
         for path in args.table:
             table = load_table(path)
             for score_path, shapes in shapes_by_file.items():
