@@ -35,6 +35,7 @@ from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table, save_table
 
+from bench.guard_ablations import without_regions
 from bench.offline_card import card_line, offline_card_for
 from bench.grid_measurements import grid_measurements
 
@@ -121,9 +122,7 @@ def main() -> None:
             print(f"refitted table: {save_table(table, args.out)}")
         print(f"refitted table: {len(table.entries)} measured entries, "
               f"{sum(c.keep_default for tc in table.classes.values() for c in tc.cells.values())} buckets kept for PyTorch's default")
-        unguarded = replace(table, entries={}, guard=None, classes={
-            key: replace(tc, cells={b: replace(c, keep_default=False) for b, c in tc.cells.items()})
-            for key, tc in table.classes.items()})
+        unguarded = without_regions(replace(table, entries={}, guard=None))
         tables = ([("before", before)] if before is not None else []) + [
             ("refit, no guard or entries", unguarded), ("refit, guard only (margin, regions)", replace(table, entries={})),
             ("refit, entries only", replace(unguarded, entries=table.entries)), ("after", table)]

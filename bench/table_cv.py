@@ -6,7 +6,8 @@ other folds (`bench.grid_measurements`), then scores its first choice on the fol
 the fastest kernel timed there and against PyTorch's default, as `bench.guard_rescore` scores a
 table on a bench. No point of a scored shape is in its fold's fit, from any grid file. ``--group
 family`` holds out whole families (dtype, head dim, GQA ratio) instead of shapes: extrapolation
-rather than interpolation. The tables given with ``--table`` (e.g. the bundled one) are scored on
+rather than interpolation; ``--group file`` holds out each scored file's shapes in turn (a whole
+draw unlike the rest, e.g. session 9's off-grid shapes or session 10's batch-4 grid). The tables given with ``--table`` (e.g. the bundled one) are scored on
 the same shapes.
 
     python -m bench.table_cv bench/results/h200_calibrations/run6_more_problems \\
@@ -37,6 +38,7 @@ from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table
+from bench.guard_ablations import ablations
 from bench.offline_card import card_line, offline_card_for
 from bench.grid_measurements import grid_measurements, grid_times
 
@@ -56,6 +58,7 @@ def family_group(problem: Problem) -> tuple:
 
 
 GROUPINGS: dict[str, Callable[[Problem], tuple]] = {"shape": shape_group, "family": family_group}
+BY_FILE = "file"
 
 
 def first_choice(table: ThresholdTable, problem: Problem, times: dict[str, float]) -> str:
@@ -109,7 +112,11 @@ def main() -> None:
     parser.add_argument("--score", nargs="+", default=None, help="grid files scored (default: the --grid files)")
     parser.add_argument("--table", nargs="*", default=[], help="tables to score on the same shapes")
     parser.add_argument("--folds", type=int, default=5, help="0: only score the --table tables")
-    parser.add_argument("--group", choices=sorted(GROUPINGS), default="shape")
+    parser.add_argument("--group", choices=sorted(GROUPINGS) + [BY_FILE], default="shape",
+                        help=f"{BY_FILE}: one fold per --score file (its shapes, from every file, held out; "
+                             "--folds then only needs to be non-zero)")
+    parser.add_argument("--ablate", action="store_true",
+                        help="also score each fold's table with parts of its guard taken out (bench.guard_ablations)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--worst", type=int, default=0, help="also list this many worst picks per table and file")
     parser.add_argument("--no-offline-card", action="store_true",
@@ -123,12 +130,16 @@ def main() -> None:
         calibration = [Measurement.from_dict(json.loads(line)) for line in handle]
     identity = DeviceIdentity.from_dict(summary_json["identity"])
     grid_points = grid_measurements(args.grid, identity.key)
-    group = GROUPINGS[args.group]
+    group = GROUPINGS.get(args.group, shape_group)
     score_files = args.score or args.grid
     shapes_by_file = {path: grid_times(path) for path in score_files}
-    all_groups = [group(p) for shapes in shapes_by_file.values() for p, _ in shapes]
-    folds = folds_of(all_groups, args.folds, args.seed) if args.folds else []
-    print(f"{args.run} + {len(grid_points)} grid points from {len(args.grid)} files; {args.folds} folds by {args.group}")
+    if not args.folds:
+        folds = []
+    elif args.group == BY_FILE:
+        folds = [{group(p) for p, _ in shapes_by_file[path]} for path in score_files]
+    else:
+        folds = folds_of([group(p) for shapes in shapes_by_file.values() for p, _ in shapes], args.folds, args.seed)
+    print(f"{args.run} + {len(grid_points)} grid points from {len(args.grid)} files; {len(folds)} folds by {args.group}")
     card = None if args.no_offline_card else offline_card_for(identity)
     print(card_line(card))
     with assume_backends_available(card):
@@ -138,7 +149,7 @@ def main() -> None:
                 ratios = scored(table, shapes)
                 print(f"table {path} on {score_path}: {summary(ratios)}")
                 print_worst(ratios, args.worst)
-        results: dict[str, list] = {path: [] for path in score_files} if folds else {}
+        results: dict[tuple[str, str], list] = {}
         for index, fold in enumerate(folds):
             train = calibration + [m for m in grid_points if group(m.problem) not in fold]
             gated, _ = apply_numerics_gate(train)
@@ -147,12 +158,16 @@ def main() -> None:
             table, _, _ = fit_and_build([m for m in gated if m.status != "unsupported"], identity, kernel_names=names,
                                         holdout_fraction=HOLDOUT_FRACTION, seed=args.seed)
             fit_s = time.perf_counter() - started
+            variants = ablations(table) if args.ablate else [("as fitted", table)]
             for score_path, shapes in shapes_by_file.items():
+                if args.group == BY_FILE and score_path != score_files[index]:
+                    continue
                 held = [(p, t) for p, t in shapes if group(p) in fold]
-                results[score_path].extend(scored(table, held))
-            print(f"  fold {index + 1}/{args.folds}: {len(fold)} groups held out, fit {fit_s:.0f} s")
-        for score_path, ratios in results.items():
-            print(f"refit with the other folds' grid points, on {score_path}: {summary(ratios)}")
+                for label, variant in variants:
+                    results.setdefault((score_path, label), []).extend(scored(variant, held))
+            print(f"  fold {index + 1}/{len(folds)}: {len(fold)} groups held out, fit {fit_s:.0f} s")
+        for (score_path, label), ratios in results.items():
+            print(f"refit with the other folds' grid points, {label}, on {score_path}: {summary(ratios)}")
             print_worst(ratios, args.worst)
 
 

@@ -32,8 +32,10 @@ def kind_of(problem: Problem) -> tuple:
 def matching_backend(times: dict[str, float]) -> str | None:
     """The forced backend whose time equals the default's within `SAME_TIME`, else None."""
     default = times.get("sdpa_default")
+    if default is None:
+        return None
     timed = [(abs(math.log(default / times[name])), name) for name in FORCED_BACKENDS if name in times]
-    if default is None or not timed:
+    if not timed:
         return None
     gap, name = min(timed)
     return name if gap <= math.log1p(SAME_TIME) else None
