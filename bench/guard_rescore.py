@@ -34,10 +34,9 @@ from attn_dispatch.models.quality import ChoiceQuality
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table, save_table
-
+from bench.grid_measurements import grid_measurements
 from bench.guard_ablations import without_regions
 from bench.offline_card import card_line, offline_card_for
-from bench.grid_measurements import grid_measurements
 
 
 def _line(label: str, q: ChoiceQuality | None) -> str:

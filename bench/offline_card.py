@@ -27,6 +27,7 @@ H200, torch 2.11 (`H200_TORCH_2_11`), from recorded evidence:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -70,8 +71,8 @@ class OfflineCard:
     name: str
     device_key: str
     torch_prefix: str
-    default_choice: object  # Problem -> str | None
-    failed_probes: dict
+    default_choice: Callable[[Problem], str | None]
+    failed_probes: dict[tuple[str, str], str]
 
     def default_backend(self, problem: Problem) -> str | None:
         return self.default_choice(problem)

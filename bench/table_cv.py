@@ -38,9 +38,9 @@ from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table
+from bench.grid_measurements import grid_measurements, grid_times
 from bench.guard_ablations import ablations
 from bench.offline_card import card_line, offline_card_for
-from bench.grid_measurements import grid_measurements, grid_times
 
 SLOW_PICK = 1.5
 """A pick this many times the fastest counts as a bad one (issue 15's "worst <= 1.5")."""
@@ -59,6 +59,23 @@ def family_group(problem: Problem) -> tuple:
 
 GROUPINGS: dict[str, Callable[[Problem], tuple]] = {"shape": shape_group, "family": family_group}
 BY_FILE = "file"
+
+
+def read_calibration(run: str) -> tuple[DeviceIdentity, list[Measurement]]:
+    """The card and the points of a recorded calibration (<run>_summary.json, <run>_measurements.jsonl.gz)."""
+    with open(f"{run}_summary.json") as handle:
+        identity = DeviceIdentity.from_dict(json.load(handle)["identity"])
+    with gzip.open(f"{run}_measurements.jsonl.gz", "rt") as handle:
+        return identity, [Measurement.from_dict(json.loads(line)) for line in handle]
+
+
+def fitted_table(points: list[Measurement], identity: DeviceIdentity, seed: int = 0) -> ThresholdTable:
+    """The table `attn-dispatch calibrate` fits on `points` (numerics gate, fit, guard, entries)."""
+    gated, _ = apply_numerics_gate(points)
+    names = sorted({m.kernel for m in gated if m.ok})
+    table, _, _ = fit_and_build([m for m in gated if m.status != "unsupported"], identity, kernel_names=names,
+                                holdout_fraction=HOLDOUT_FRACTION, seed=seed)
+    return table
 
 
 def first_choice(table: ThresholdTable, problem: Problem, times: dict[str, float]) -> str:
@@ -124,11 +141,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.folds and not args.grid:
         parser.error("--grid: the folds fit on grid files; give some, or --folds 0 to only score --table tables")
-    with open(f"{args.run}_summary.json") as handle:
-        summary_json = json.load(handle)
-    with gzip.open(f"{args.run}_measurements.jsonl.gz", "rt") as handle:
-        calibration = [Measurement.from_dict(json.loads(line)) for line in handle]
-    identity = DeviceIdentity.from_dict(summary_json["identity"])
+    identity, calibration = read_calibration(args.run)
     grid_points = grid_measurements(args.grid, identity.key)
     group = GROUPINGS.get(args.group, shape_group)
     score_files = args.score or args.grid
@@ -151,12 +164,9 @@ def main() -> None:
                 print_worst(ratios, args.worst)
         results: dict[tuple[str, str], list] = {}
         for index, fold in enumerate(folds):
-            train = calibration + [m for m in grid_points if group(m.problem) not in fold]
-            gated, _ = apply_numerics_gate(train)
-            names = sorted({m.kernel for m in gated if m.ok})
             started = time.perf_counter()
-            table, _, _ = fit_and_build([m for m in gated if m.status != "unsupported"], identity, kernel_names=names,
-                                        holdout_fraction=HOLDOUT_FRACTION, seed=args.seed)
+            table = fitted_table(calibration + [m for m in grid_points if group(m.problem) not in fold], identity,
+                                 args.seed)
             fit_s = time.perf_counter() - started
             variants = ablations(table) if args.ablate else [("as fitted", table)]
             for score_path, shapes in shapes_by_file.items():

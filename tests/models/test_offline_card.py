@@ -3,7 +3,6 @@ the guard ablations (`bench.guard_ablations`) and the default-backend evidence r
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest
