@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from attn_dispatch.calibration.finish import HOLDOUT_FRACTION, apply_numerics_gate
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available
+from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.fit import fit_and_build
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measured import DEFAULT_KERNEL
@@ -69,12 +70,14 @@ def read_calibration(run: str) -> tuple[DeviceIdentity, list[Measurement]]:
         return identity, [Measurement.from_dict(json.loads(line)) for line in handle]
 
 
-def fitted_table(points: list[Measurement], identity: DeviceIdentity, seed: int = 0) -> ThresholdTable:
-    """The table `attn-dispatch calibrate` fits on `points` (numerics gate, fit, guard, entries)."""
+def fitted_table(points: list[Measurement], identity: DeviceIdentity, seed: int = 0,
+                 model: CostModel | None = None) -> ThresholdTable:
+    """The table `attn-dispatch calibrate` fits on `points` (numerics gate, fit, guard, entries);
+    `model`: an unfitted cost model with other settings than the default's."""
     gated, _ = apply_numerics_gate(points)
     names = sorted({m.kernel for m in gated if m.ok})
     table, _, _ = fit_and_build([m for m in gated if m.status != "unsupported"], identity, kernel_names=names,
-                                holdout_fraction=HOLDOUT_FRACTION, seed=seed)
+                                holdout_fraction=HOLDOUT_FRACTION, seed=seed, model=model)
     return table
 
 
@@ -135,6 +138,8 @@ def main() -> None:
     parser.add_argument("--ablate", action="store_true",
                         help="also score each fold's table with parts of its guard taken out (bench.guard_ablations)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", type=json.loads, default={}, metavar="JSON",
+                        help='the folds\' cost model settings, e.g. \'{"min_samples_leaf": 8}\' (models.cost_model.CostModel)')
     parser.add_argument("--worst", type=int, default=0, help="also list this many worst picks per table and file")
     parser.add_argument("--no-offline-card", action="store_true",
                         help="do not answer PyTorch's backend choice and probes as recorded on the card (bench.offline_card)")
@@ -166,7 +171,7 @@ def main() -> None:
         for index, fold in enumerate(folds):
             started = time.perf_counter()
             table = fitted_table(calibration + [m for m in grid_points if group(m.problem) not in fold], identity,
-                                 args.seed)
+                                 args.seed, CostModel(**args.model))
             fit_s = time.perf_counter() - started
             variants = ablations(table) if args.ablate else [("as fitted", table)]
             for score_path, shapes in shapes_by_file.items():
