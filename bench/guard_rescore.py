@@ -26,6 +26,7 @@ from dataclasses import replace
 from attn_dispatch.calibration.finish import HOLDOUT_FRACTION, apply_numerics_gate
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available
+from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.fit import fit_and_build
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measured import DEFAULT_KERNEL
@@ -89,6 +90,8 @@ def main() -> None:
     parser.add_argument("--grid", nargs="*", default=[],
                         help="recorded LLM grid runs (`bench.llm_grid` JSON lines) whose points join the calibration's")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", type=json.loads, default={}, metavar="JSON",
+                        help='cost model settings other than the default\'s, e.g. \'{"max_leaf_nodes": 31}\'')
     parser.add_argument("--note", action="append", default=[], help="add this note to the table's provenance")
     parser.add_argument("--no-offline-card", action="store_true",
                         help="do not answer PyTorch's backend choice and probes as recorded on the card (bench.offline_card)")
@@ -107,7 +110,7 @@ def main() -> None:
     with assume_backends_available(card):
         table, _, quality = fit_and_build([m for m in gated if m.status != "unsupported"], identity, kernel_names=names,
                                           holdout_fraction=HOLDOUT_FRACTION, seed=args.seed,
-                                          calibration_wall_s=summary.get("wall_s"))
+                                          calibration_wall_s=summary.get("wall_s"), model=CostModel(**args.model))
         if args.note:
             table = replace(table, provenance=replace(table.provenance, notes=(*table.provenance.notes, *args.note)))
         print(f"{args.run}: held-out problems (seed {args.seed}), choice / fastest measured")

@@ -52,9 +52,9 @@ def assume_backends_available(card: AssumedCard | None = None) -> Iterator[None]
     refitting a GPU's measurements), where the measurements say what ran on the card; each
     kernel's static limits (dtypes, head dims, device kinds) still apply. With `card`, probes and
     PyTorch's default backend choice answer as recorded on that card instead (so that
-    `sdpa_default`'s features equal the card's); without, an enclosing block's card. A machine that has a device of that type
-    (refitting an H200 calibration on another GPU) probes its own device: refit on the card
-    itself, or on a CPU."""
+    `sdpa_default`'s features equal the card's); without, an enclosing block's card. A machine
+    that has a device of that type (refitting an H200 calibration on another GPU) probes its own
+    device: refit on the card itself, or on a CPU."""
     tokens = _ASSUME_AVAILABLE.set(True), _ASSUMED_CARD.set(card if card is not None else _ASSUMED_CARD.get())
     try:
         yield
