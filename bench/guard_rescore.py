@@ -26,6 +26,7 @@ from dataclasses import replace
 from attn_dispatch.calibration.finish import HOLDOUT_FRACTION, apply_numerics_gate
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available
+from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.fit import fit_and_build
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measured import DEFAULT_KERNEL
@@ -34,8 +35,9 @@ from attn_dispatch.models.quality import ChoiceQuality
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table, save_table
-
 from bench.grid_measurements import grid_measurements
+from bench.guard_ablations import without_regions
+from bench.offline_card import card_line, offline_card_for
 
 
 def _line(label: str, q: ChoiceQuality | None) -> str:
@@ -88,7 +90,11 @@ def main() -> None:
     parser.add_argument("--grid", nargs="*", default=[],
                         help="recorded LLM grid runs (`bench.llm_grid` JSON lines) whose points join the calibration's")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", type=json.loads, default={}, metavar="JSON",
+                        help='cost model settings other than the default\'s, e.g. \'{"max_leaf_nodes": 31}\'')
     parser.add_argument("--note", action="append", default=[], help="add this note to the table's provenance")
+    parser.add_argument("--no-offline-card", action="store_true",
+                        help="do not answer PyTorch's backend choice and probes as recorded on the card (bench.offline_card)")
     args = parser.parse_args()
     with open(f"{args.run}_summary.json") as handle:
         summary = json.load(handle)
@@ -99,10 +105,12 @@ def main() -> None:
     before = load_table(args.before) if args.before else None  # read before --out may replace it
     gated, _ = apply_numerics_gate(points)  # calibrate's own steps (`calibration.finish.fit_and_write`)
     names = sorted({m.kernel for m in gated if m.ok})
-    with assume_backends_available():
+    card = None if args.no_offline_card else offline_card_for(identity)
+    print(card_line(card))
+    with assume_backends_available(card):
         table, _, quality = fit_and_build([m for m in gated if m.status != "unsupported"], identity, kernel_names=names,
                                           holdout_fraction=HOLDOUT_FRACTION, seed=args.seed,
-                                          calibration_wall_s=summary.get("wall_s"))
+                                          calibration_wall_s=summary.get("wall_s"), model=CostModel(**args.model))
         if args.note:
             table = replace(table, provenance=replace(table.provenance, notes=(*table.provenance.notes, *args.note)))
         print(f"{args.run}: held-out problems (seed {args.seed}), choice / fastest measured")
@@ -116,9 +124,7 @@ def main() -> None:
             print(f"refitted table: {save_table(table, args.out)}")
         print(f"refitted table: {len(table.entries)} measured entries, "
               f"{sum(c.keep_default for tc in table.classes.values() for c in tc.cells.values())} buckets kept for PyTorch's default")
-        unguarded = replace(table, entries={}, guard=None, classes={
-            key: replace(tc, cells={b: replace(c, keep_default=False) for b, c in tc.cells.items()})
-            for key, tc in table.classes.items()})
+        unguarded = without_regions(replace(table, entries={}, guard=None))
         tables = ([("before", before)] if before is not None else []) + [
             ("refit, no guard or entries", unguarded), ("refit, guard only (margin, regions)", replace(table, entries={})),
             ("refit, entries only", replace(unguarded, entries=table.entries)), ("after", table)]

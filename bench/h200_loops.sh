@@ -9,7 +9,7 @@
 #   training    bench/training_memory.py (Wan2.1-shaped forward+backward under 16 GiB, portable)
 #   overhead    bench/dispatch_overhead.py (dispatcher vs F.sdpa, interleaved)
 #   grid        bench/llm_grid.py: the 580-shape LLM grid, warm (PyTorch's default, every kernel, the table alone, as shipped, tuned)
-#   heldout     the same on HELDOUT_SHAPES shapes off the grid (llm_grid --heldout), then the tables (the one
+#   heldout     the same on HELDOUT_SHAPES shapes off the grid (llm_grid --heldout, draw HELDOUT_SEED), then the tables (the one
 #               before the `table` stage, the bundled one) scored on them off their timings (bench/table_cv.py --folds 0)
 #   decode      bench/decode_loop.py: 32 layers per token, contexts 1k/8k/32k, batch 1 and 8, fresh processes
 #               (DECODE_FLAGS="--same-process --passes 3": SDPA and the dispatcher in one process, alternating)
@@ -36,7 +36,7 @@ for stage in "$@"; do
     overhead) run timeout 240 python3 -m bench.dispatch_overhead --device cuda --rounds 100 --calls 50 --out "$OUT/loops" ;;
     grid) run timeout ${GRID_TIMEOUT:-480} python3 -m bench.llm_grid --device cuda --budget-s ${GRID_BUDGET:-400} --out "$OUT/loops/llm_grid.jsonl" ;;
     heldout) run timeout ${HELDOUT_TIMEOUT:-330} python3 -m bench.llm_grid --device cuda --heldout ${HELDOUT_SHAPES:-300} \
-               --budget-s ${HELDOUT_BUDGET:-240} --out "$OUT/loops/heldout_grid.jsonl"
+               --seed ${HELDOUT_SEED:-0} --budget-s ${HELDOUT_BUDGET:-240} --out "$OUT/loops/heldout_grid.jsonl"
              run timeout 120 python3 -m bench.table_cv bench/results/h200_calibrations/run6_more_problems --folds 0 \
                --table $(ls "$OUT/loops/table_before.json" 2>/dev/null) models/tables/nvidia-h200-140gb.json \
                --score "$OUT/loops/heldout_grid.jsonl" ;;

@@ -6,7 +6,8 @@ other folds (`bench.grid_measurements`), then scores its first choice on the fol
 the fastest kernel timed there and against PyTorch's default, as `bench.guard_rescore` scores a
 table on a bench. No point of a scored shape is in its fold's fit, from any grid file. ``--group
 family`` holds out whole families (dtype, head dim, GQA ratio) instead of shapes: extrapolation
-rather than interpolation. The tables given with ``--table`` (e.g. the bundled one) are scored on
+rather than interpolation; ``--group file`` holds out each scored file's shapes in turn (a whole
+draw unlike the rest, e.g. session 9's off-grid shapes or session 10's batch-4 grid). The tables given with ``--table`` (e.g. the bundled one) are scored on
 the same shapes.
 
     python -m bench.table_cv bench/results/h200_calibrations/run6_more_problems \\
@@ -30,6 +31,7 @@ from collections.abc import Callable, Sequence
 from attn_dispatch.calibration.finish import HOLDOUT_FRACTION, apply_numerics_gate
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available
+from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.fit import fit_and_build
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measured import DEFAULT_KERNEL
@@ -38,6 +40,8 @@ from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table
 from bench.grid_measurements import grid_measurements, grid_times
+from bench.guard_ablations import ablations
+from bench.offline_card import card_line, offline_card_for
 
 SLOW_PICK = 1.5
 """A pick this many times the fastest counts as a bad one (issue 15's "worst <= 1.5")."""
@@ -55,6 +59,26 @@ def family_group(problem: Problem) -> tuple:
 
 
 GROUPINGS: dict[str, Callable[[Problem], tuple]] = {"shape": shape_group, "family": family_group}
+BY_FILE = "file"
+
+
+def read_calibration(run: str) -> tuple[DeviceIdentity, list[Measurement]]:
+    """The card and the points of a recorded calibration (<run>_summary.json, <run>_measurements.jsonl.gz)."""
+    with open(f"{run}_summary.json") as handle:
+        identity = DeviceIdentity.from_dict(json.load(handle)["identity"])
+    with gzip.open(f"{run}_measurements.jsonl.gz", "rt") as handle:
+        return identity, [Measurement.from_dict(json.loads(line)) for line in handle]
+
+
+def fitted_table(points: list[Measurement], identity: DeviceIdentity, seed: int = 0,
+                 model: CostModel | None = None) -> ThresholdTable:
+    """The table `attn-dispatch calibrate` fits on `points` (numerics gate, fit, guard, entries);
+    `model`: an unfitted cost model with other settings than the default's."""
+    gated, _ = apply_numerics_gate(points)
+    names = sorted({m.kernel for m in gated if m.ok})
+    table, _, _ = fit_and_build([m for m in gated if m.status != "unsupported"], identity, kernel_names=names,
+                                holdout_fraction=HOLDOUT_FRACTION, seed=seed, model=model)
+    return table
 
 
 def first_choice(table: ThresholdTable, problem: Problem, times: dict[str, float]) -> str:
@@ -108,46 +132,57 @@ def main() -> None:
     parser.add_argument("--score", nargs="+", default=None, help="grid files scored (default: the --grid files)")
     parser.add_argument("--table", nargs="*", default=[], help="tables to score on the same shapes")
     parser.add_argument("--folds", type=int, default=5, help="0: only score the --table tables")
-    parser.add_argument("--group", choices=sorted(GROUPINGS), default="shape")
+    parser.add_argument("--group", choices=sorted(GROUPINGS) + [BY_FILE], default="shape",
+                        help=f"{BY_FILE}: one fold per --score file (its shapes, from every file, held out; "
+                             "--folds then only needs to be non-zero)")
+    parser.add_argument("--ablate", action="store_true",
+                        help="also score each fold's table with parts of its guard taken out (bench.guard_ablations)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", type=json.loads, default={}, metavar="JSON",
+                        help='the folds\' cost model settings, e.g. \'{"min_samples_leaf": 8}\' (models.cost_model.CostModel)')
     parser.add_argument("--worst", type=int, default=0, help="also list this many worst picks per table and file")
+    parser.add_argument("--no-offline-card", action="store_true",
+                        help="do not answer PyTorch's backend choice and probes as recorded on the card (bench.offline_card)")
     args = parser.parse_args()
     if args.folds and not args.grid:
         parser.error("--grid: the folds fit on grid files; give some, or --folds 0 to only score --table tables")
-    with open(f"{args.run}_summary.json") as handle:
-        summary_json = json.load(handle)
-    with gzip.open(f"{args.run}_measurements.jsonl.gz", "rt") as handle:
-        calibration = [Measurement.from_dict(json.loads(line)) for line in handle]
-    identity = DeviceIdentity.from_dict(summary_json["identity"])
+    identity, calibration = read_calibration(args.run)
     grid_points = grid_measurements(args.grid, identity.key)
-    group = GROUPINGS[args.group]
+    group = GROUPINGS.get(args.group, shape_group)
     score_files = args.score or args.grid
     shapes_by_file = {path: grid_times(path) for path in score_files}
-    all_groups = [group(p) for shapes in shapes_by_file.values() for p, _ in shapes]
-    folds = folds_of(all_groups, args.folds, args.seed) if args.folds else []
-    print(f"{args.run} + {len(grid_points)} grid points from {len(args.grid)} files; {args.folds} folds by {args.group}")
-    with assume_backends_available():
+    if not args.folds:
+        folds = []
+    elif args.group == BY_FILE:
+        folds = [{group(p) for p, _ in shapes_by_file[path]} for path in score_files]
+    else:
+        folds = folds_of([group(p) for shapes in shapes_by_file.values() for p, _ in shapes], args.folds, args.seed)
+    print(f"{args.run} + {len(grid_points)} grid points from {len(args.grid)} files; {len(folds)} folds by {args.group}")
+    card = None if args.no_offline_card else offline_card_for(identity)
+    print(card_line(card))
+    with assume_backends_available(card):
         for path in args.table:
             table = load_table(path)
             for score_path, shapes in shapes_by_file.items():
                 ratios = scored(table, shapes)
                 print(f"table {path} on {score_path}: {summary(ratios)}")
                 print_worst(ratios, args.worst)
-        results: dict[str, list] = {path: [] for path in score_files} if folds else {}
+        results: dict[tuple[str, str], list] = {}
         for index, fold in enumerate(folds):
-            train = calibration + [m for m in grid_points if group(m.problem) not in fold]
-            gated, _ = apply_numerics_gate(train)
-            names = sorted({m.kernel for m in gated if m.ok})
             started = time.perf_counter()
-            table, _, _ = fit_and_build([m for m in gated if m.status != "unsupported"], identity, kernel_names=names,
-                                        holdout_fraction=HOLDOUT_FRACTION, seed=args.seed)
+            table = fitted_table(calibration + [m for m in grid_points if group(m.problem) not in fold], identity,
+                                 args.seed, CostModel(**args.model))
             fit_s = time.perf_counter() - started
+            variants = ablations(table) if args.ablate else [("as fitted", table)]
             for score_path, shapes in shapes_by_file.items():
+                if args.group == BY_FILE and score_path != score_files[index]:
+                    continue
                 held = [(p, t) for p, t in shapes if group(p) in fold]
-                results[score_path].extend(scored(table, held))
-            print(f"  fold {index + 1}/{args.folds}: {len(fold)} groups held out, fit {fit_s:.0f} s")
-        for score_path, ratios in results.items():
-            print(f"refit with the other folds' grid points, on {score_path}: {summary(ratios)}")
+                for label, variant in variants:
+                    results.setdefault((score_path, label), []).extend(scored(variant, held))
+            print(f"  fold {index + 1}/{len(folds)}: {len(fold)} groups held out, fit {fit_s:.0f} s")
+        for (score_path, label), ratios in results.items():
+            print(f"refit with the other folds' grid points, {label}, on {score_path}: {summary(ratios)}")
             print_worst(ratios, args.worst)
 
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -32,21 +32,35 @@ _lock = threading.Lock()
 
 
 _ASSUME_AVAILABLE = ContextVar("assume_backends_available", default=False)
+_ASSUMED_CARD = ContextVar("assumed_card", default=None)
+
+
+class AssumedCard(Protocol):
+    """What a card answered that this machine cannot ask (`bench.offline_card` records them)."""
+
+    def default_backend(self, problem: Problem) -> str | None:
+        """The family `default_backend_choice` gave on the card, or None where not recorded."""
+
+    def probe_failure(self, family: str, dtype: str, feature: str) -> str | None:
+        """Why that probe failed on the card, or None where it passed."""
 
 
 @contextmanager
-def assume_backends_available() -> Iterator[None]:
+def assume_backends_available(card: AssumedCard | None = None) -> Iterator[None]:
     """Inside: a backend probe for a device type this process has no device of answers "works"
     instead of "not available". For building or scoring a card's table on another machine (a CPU
     refitting a GPU's measurements), where the measurements say what ran on the card; each
-    kernel's static limits (dtypes, head dims, device kinds) still apply. A machine that has a
-    device of that type (refitting an H200 calibration on another GPU) probes its own device:
-    refit on the card itself, or on a CPU."""
-    token = _ASSUME_AVAILABLE.set(True)
+    kernel's static limits (dtypes, head dims, device kinds) still apply. With `card`, probes and
+    PyTorch's default backend choice answer as recorded on that card instead (so that
+    `sdpa_default`'s features equal the card's); without, an enclosing block's card. A machine
+    that has a device of that type (refitting an H200 calibration on another GPU) probes its own
+    device: refit on the card itself, or on a CPU."""
+    tokens = _ASSUME_AVAILABLE.set(True), _ASSUMED_CARD.set(card if card is not None else _ASSUMED_CARD.get())
     try:
         yield
     finally:
-        _ASSUME_AVAILABLE.reset(token)
+        _ASSUMED_CARD.reset(tokens[1])
+        _ASSUME_AVAILABLE.reset(tokens[0])
 
 
 def _device_absent(device_type: str) -> bool:
@@ -58,7 +72,8 @@ def probe_backend(kernel: SdpaBackendKernel, device_type: str, dtype: str, featu
     if device_type == "meta":  # shapes only: `Kernel.run` gives meta outputs by the formula, nothing to probe
         return None
     if _ASSUME_AVAILABLE.get() and _device_absent(device_type):
-        return None
+        card = _ASSUMED_CARD.get()
+        return None if card is None else card.probe_failure(kernel.family, dtype, feature)
     key = (kernel.family, device_type, dtype, feature)
     try:
         return _results[key]
@@ -178,7 +193,13 @@ _choices: dict[tuple, str] = {}
 def default_backend_choice(problem: Problem) -> str:
     """The backend family `F.scaled_dot_product_attention` picks for problems like this one,
     asked of PyTorch once (tiny inputs with the same dtype, head dims, mask kind, causality and
-    GQA); "sdpa_math" when it cannot be asked. Cached per kind of problem."""
+    GQA); "sdpa_math" when it cannot be asked. Cached per kind of problem. Off the card, inside
+    `assume_backends_available(card)`, the card's recorded answer where it has one."""
+    card = _ASSUMED_CARD.get()
+    if card is not None and _device_absent(problem.device_type):
+        recorded = card.default_backend(problem)
+        if recorded is not None:
+            return recorded
     key = (problem.device_type, problem.dtype, problem.head_dim, problem.value_dim, problem.causal,
            problem.mask_kind, problem.gqa_ratio > 1, problem.q_len == 1, _enabled_backends())
     if key not in _choices:
