@@ -163,7 +163,7 @@ class HotPlans:
                 or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor)):
             return
         check = tensor_guard(tensors)
-        fast = None
+        fast = lengths = None
         if self._fast is not None:
             planner = self._planners.get(plan.device)
             lengths = None if planner is None else served_key_lengths(planner, plan)
@@ -173,6 +173,9 @@ class HotPlans:
             return
         with self._lock:  # another thread may have reset, evicted or replaced the plan meanwhile
             if self._plan_table.get(key_) is plan:
+                if lengths is not None and served_key_lengths(planner, plan) != lengths:
+                    # or failed or re-decided its bucket: the range no longer holds, only the exact shape
+                    fast = self._fast.entry(plan, tensors, is_causal, enable_gqa)
                 self._set_hot(promoted(self._hot, HotEntry(check or _never_matches, plan, key_, is_causal, enable_gqa,
                                                            attn_mask is not None, fast)))
 

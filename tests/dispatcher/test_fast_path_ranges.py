@@ -188,3 +188,40 @@ def test_an_operator_entry_serves_the_range_of_a_decode_loop():
         assert served(ours, lambda: out.append(fast(query, key, value, enable_gqa=True)))
         torch.testing.assert_close(out[0], SDPA(query, key, value, enable_gqa=True))
     assert len(ours._plans) == 1
+
+
+def test_a_range_computed_before_a_failure_in_its_bucket_is_not_installed(monkeypatch):
+    """`_make_hot` computes a range outside the dispatcher's lock: where another thread's call fails
+    in the bucket meanwhile (forced here from inside `served_key_lengths`), only the exact shape goes
+    on the fast path, since `attention` plans the bucket's other lengths without the failed kernel."""
+    from attn_dispatch.dispatcher import core, hot_path
+
+    failing = 50
+
+    def out_of_memory_at(real):
+        def call(*args, **kwargs):
+            if args[1].shape[-2] == failing:
+                raise torch.OutOfMemoryError("out of memory (injected)")
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(fast_path, "pytorch_sdpa", out_of_memory_at(SDPA))
+    monkeypatch.setattr(core, "_sdpa", out_of_memory_at(core._sdpa))
+    ours = Dispatcher(kernels=["sdpa_default", "math"])
+    query, cache_k, cache_v = _decode_inputs()
+    real = hot_path.served_key_lengths
+
+    def failure_meanwhile(planner, plan):
+        lengths = real(planner, plan)
+        monkeypatch.setattr(hot_path, "served_key_lengths", real)  # once
+        ours.attention(query, cache_k[:, :, :failing], cache_v[:, :, :failing], enable_gqa=True)
+        return lengths
+
+    monkeypatch.setattr(hot_path, "served_key_lengths", failure_meanwhile)
+    key, value = cache_k[:, :, :FIRST], cache_v[:, :, :FIRST]
+    fast = warm(ours, query, key, value, enable_gqa=True)
+    assert served(ours, lambda: fast(query, key, value, enable_gqa=True))  # its own shape: its plan, as in Python
+    key, value = cache_k[:, :, :45], cache_v[:, :, :45]
+    out = []
+    assert not served(ours, lambda: out.append(fast(query, key, value, enable_gqa=True)))
+    torch.testing.assert_close(out[0], SDPA(query, key, value, enable_gqa=True))
