@@ -11,8 +11,9 @@
 //
 // A served call is one the Python hot path would serve with the same PyTorch call, so every check
 // below is there to refuse what the Python path would treat differently; when in doubt, the call
-// goes to Python (a miss costs the checks, nothing else). The GIL is held throughout; entries are
-// immutable and swapped as a whole (`set_entries`).
+// goes to Python (a miss costs the checks, nothing else). The GIL is held throughout, except while
+// an operator entry's ATen call runs (`serve_op`, as PyTorch's own bindings release it: the entries
+// are held meanwhile); entries are immutable and swapped as a whole (`set_entries`).
 //
 // Module functions: make(sdpa, fallback, compiler) -> callable; make_entry(query, key, value,
 // attn_mask, is_causal, enable_gqa, count, settle_at, op, rows, out_shape, kv_lo, kv_hi) -> entry;
@@ -420,7 +421,8 @@ PyMethodDef fast_call_def = {
     "fast_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, "
     "enable_gqa=False)\n--\n\n"
     "torch.nn.functional.scaled_dot_product_attention through an attn_dispatch Dispatcher: its hot plans that are "
-    "PyTorch's own SDPA call run with no Python frame, every other call goes to Dispatcher.attention."};
+    "PyTorch's own SDPA call or one fused backend's operator call run with no Python frame, every other call goes "
+    "to Dispatcher.attention."};
 
 FastState* state_of(PyObject* fast) {
   if (!PyCFunction_Check(fast) || PyCFunction_GET_FUNCTION(fast) !=

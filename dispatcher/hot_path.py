@@ -20,8 +20,10 @@ tensor's strides before comparing anything, and a strided nested tensor's abort 
 (torch 2.13), so `Dispatcher.attention` sends a call with a nested tensor to the dict path first.
 
 The fast path (`fast_path`) mirrors these slots in C++: an entry whose plan is exactly its call's own
-PyTorch SDPA call gets a C++ record of its tensors (``HotEntry.fast``), and every change of the slots
-goes through `HotPlans._set_hot`, which hands the C++ side the new set.
+PyTorch SDPA call, or one fused backend's bare operator call, gets a C++ record of its tensors
+(``HotEntry.fast``), serving the key lengths of its bucket that a new shape would get the same call
+at (`length_range`), and every change of the slots goes through `HotPlans._set_hot`, which hands the
+C++ side the new set.
 """
 
 from __future__ import annotations
@@ -198,8 +200,9 @@ class HotPlans:
     @property
     def fast_attention(self):
         """What to put where SDPA is looked up (`patching` and `hf` do): a C builtin with SDPA's
-        signature that serves the dispatcher's hot plans which are PyTorch's own SDPA call with no
-        Python frame and hands every other call to `attention` (`fast_path`); `attention` itself
+        signature that serves the dispatcher's hot plans which are PyTorch's own SDPA call or a fused
+        backend's bare operator call with no Python frame and hands every other call to `attention`
+        (`fast_path`); `attention` itself
         where the fast path is off, unsupported or not built. `attention` is always the Python path."""
         fast = None if self._fast is None else self._fast.callable()
         return self.attention if fast is None else fast

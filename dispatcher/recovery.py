@@ -35,6 +35,7 @@ class RecoveringDispatcher:
                     self._drop_hot(key_, plan.bucket)
                     if old is not None:
                         self._fold_count(old)
+                    self._drop_bucket_plans(plan.bucket)
                     planner.forget_bucket(plan.problem)
                     plan, decided = planner.plan(plan.problem, key_, None, settings=self._settings,
                                                  on_failure=self._failure_handler(plan.device, plan.problem),
@@ -50,6 +51,16 @@ class RecoveringDispatcher:
             except Exception as next_error:  # noqa: BLE001
                 plan.count[0] -= 1
                 error = next_error
+
+    def _drop_bucket_plans(self, bucket) -> None:
+        """A kernel of `bucket` failed and the bucket decides again: its other exact shapes' plans
+        leave too (as evicted ones do: their calls stay in `stats`), so every shape of the bucket,
+        planned on the Python path or served by a C++ range entry (`length_range`), is planned anew
+        from the new decision, whichever path its next call takes."""
+        for key_, plan in list(self._plans.table.items()):
+            if plan.bucket is bucket:
+                self._plans.pop(key_)
+                self._evicted(key_, plan)
 
     def _keep_plan(self, key_: tuple, plan: Plan) -> None:
         """Cache `plan` under `key_`, unless it is a meta device's (from `explain` or `plan`): a meta

@@ -95,6 +95,18 @@ def _config(args: argparse.Namespace):
     )
 
 
+def _fast_path_hint(error: ValueError) -> str:
+    """For a calibration refused as too busy, where the fast path is not built (calibrate builds it at
+    its end): that building it needs no quiet machine, and the command that does."""
+    from attn_dispatch.calibration.noise import MachineBusy
+    from attn_dispatch.dispatcher import fast_path
+    from attn_dispatch.dispatcher.commands.build_fast_path import NAME
+
+    if not isinstance(error, MachineBusy) or not fast_path.fast_path_enabled() or fast_path.load() is not None:
+        return ""
+    return f". The fast path is not built either; building it needs no quiet machine: `attn-dispatch {NAME}`"
+
+
 def run(args: argparse.Namespace) -> int:
     from attn_dispatch.calibration.session import calibrate
 
@@ -102,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         config = _config(args)
         summary = calibrate(config, out=args.out, show_progress=not args.quiet, fit=not args.measure_only)
     except ValueError as error:
-        raise CommandError(one_line(error)) from None
+        raise CommandError(one_line(error) + _fast_path_hint(error)) from None
     for line in summary.lines():
         print(line)
     from attn_dispatch.dispatcher.commands.build_fast_path import build_after_calibration

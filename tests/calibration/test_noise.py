@@ -114,3 +114,17 @@ def test_a_starved_machine_allowed_widens_the_timer_and_the_summary_says_why(tmp
     assert report.widened and report.noise_spread == 0.0 and report.noise_cpu_share == STARVED.cpu_share
     text = "\n".join(summary.lines())
     assert "machine before measuring: too busy to calibrate" in text and "CPU share" in text and "warning:" in text
+
+
+def test_a_refusal_says_how_to_build_the_fast_path_where_it_is_not_built(monkeypatch):
+    """calibrate builds the fast path at its end: refused as too busy, it says the build needs no quiet machine."""
+    from attn_dispatch.dispatcher import fast_path
+    from attn_dispatch.dispatcher.commands import calibrate as command
+
+    monkeypatch.setattr(fast_path, "fast_path_enabled", lambda: True)
+    monkeypatch.setattr(fast_path, "load", lambda home=None: None)
+    busy = MachineBusy("this machine is too busy to calibrate")
+    assert "attn-dispatch build-fast-path" in command._fast_path_hint(busy)
+    assert command._fast_path_hint(ValueError("--problems must be positive")) == ""
+    monkeypatch.setattr(fast_path, "load", lambda home=None: object())  # built: nothing to add
+    assert command._fast_path_hint(busy) == ""

@@ -192,8 +192,9 @@ def test_an_operator_entry_serves_the_range_of_a_decode_loop():
 
 def test_a_range_computed_before_a_failure_in_its_bucket_is_not_installed(monkeypatch):
     """`_make_hot` computes a range outside the dispatcher's lock: where another thread's call fails
-    in the bucket meanwhile (forced here from inside `served_key_lengths`), only the exact shape goes
-    on the fast path, since `attention` plans the bucket's other lengths without the failed kernel."""
+    in the bucket meanwhile (forced here from inside `served_key_lengths`), no stale range goes on the
+    fast path: the failure took the bucket's plans (this one too), and `attention` plans its lengths
+    anew without the failed kernel."""
     from attn_dispatch.dispatcher import core, hot_path
 
     failing = 50
@@ -220,8 +221,39 @@ def test_a_range_computed_before_a_failure_in_its_bucket_is_not_installed(monkey
     monkeypatch.setattr(hot_path, "served_key_lengths", failure_meanwhile)
     key, value = cache_k[:, :, :FIRST], cache_v[:, :, :FIRST]
     fast = warm(ours, query, key, value, enable_gqa=True)
-    assert served(ours, lambda: fast(query, key, value, enable_gqa=True))  # its own shape: its plan, as in Python
+    out = []
+    assert not served(ours, lambda: out.append(fast(query, key, value, enable_gqa=True)))  # planned anew
+    torch.testing.assert_close(out[0], SDPA(query, key, value, enable_gqa=True))
     key, value = cache_k[:, :, :45], cache_v[:, :, :45]
     out = []
     assert not served(ours, lambda: out.append(fast(query, key, value, enable_gqa=True)))
     torch.testing.assert_close(out[0], SDPA(query, key, value, enable_gqa=True))
+
+
+def test_a_failure_replans_every_shape_of_the_bucket_on_the_python_path_too(monkeypatch):
+    """A range entry serves lengths with no plan of their own; the Python path had one per length.
+    After a failure the bucket decides again for both: its cached plans leave with it."""
+    from attn_dispatch.dispatcher import core
+
+    real = core._sdpa
+
+    def out_of_memory_at_50(*args, **kwargs):
+        if args[1].shape[-2] == 50:
+            raise torch.OutOfMemoryError("out of memory (injected)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(core, "_sdpa", out_of_memory_at_50)
+    ours = Dispatcher(kernels=["sdpa_default", "math"])
+    query, cache_k, cache_v = _decode_inputs()
+    for length in (40, 45):
+        ours.attention(query, cache_k[:, :, :length], cache_v[:, :, :length], enable_gqa=True)
+    failed_bucket = _only_plan_of(ours, 40).bucket
+    ours.attention(query, cache_k[:, :, :50], cache_v[:, :, :50], enable_gqa=True)  # fails, recovers on math
+    assert all(plan.bucket is not failed_bucket for plan in ours._plans.table.values())
+    ours.attention(query, cache_k[:, :, :40], cache_v[:, :, :40], enable_gqa=True)
+    assert ours.stats() == {"sdpa_default": 2, "math": 2}
+
+
+def _only_plan_of(ours: Dispatcher, kv_len: int):
+    (plan,) = (p for p in ours._plans.table.values() if p.problem.kv_len == kv_len)
+    return plan
