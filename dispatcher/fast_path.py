@@ -9,7 +9,7 @@ entries (`hot_path`) in C++ and, on a match, adds one to the plan's count and fo
 call unchanged to PyTorch's SDPA: no Python frame. Every other call is forwarded unchanged to
 `Dispatcher.attention`.
 
-A hot plan that runs a fused backend's operator bare (`kernels.sdpa_backends.BareCall`: flash,
+A hot plan that runs a fused backend's operator bare (`kernels._bare_call.BareCall`: flash,
 memory-efficient or cuDNN with no mask, GQA native or folded into rows) is served the same way: the
 builtin makes that operator call through ATen, with the GIL released as PyTorch's bindings release
 it, where the Python path paid +2.8-3.2 us over the operator (session 10's grid, H200 host). Such an

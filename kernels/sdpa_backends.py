@@ -12,11 +12,11 @@ tiny inputs checked against the float64 reference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
+from attn_dispatch.kernels._bare_call import BareCall, aten_binding
 from attn_dispatch.kernels._blocks import causal_blocked
 from attn_dispatch.kernels._float_mask import floor_penalties_
 from attn_dispatch.kernels.base import Kernel
@@ -56,14 +56,6 @@ def additive_bias(
     if blocked is not None:
         bias.masked_fill_(blocked, float("-inf"))
     return bias
-
-
-def aten_binding(name: str):
-    """ATen operator `name` through its generated ``torch.<name>`` binding where torch has one
-    (parsed in C++: 6.5 against 8.8 us per call for ``torch.ops.aten.<name>.default``, timeit of
-    the CPU flash operator on a 1x4x1x16 decode, 2-core dev VM, torch 2.13; the warm path's whole
-    budget is ~1 us), else the operator overload."""
-    return getattr(torch._C._VariableFunctions, name, None) or getattr(torch.ops.aten, name).default
 
 
 def zero_fully_masked_rows_(out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -266,22 +258,6 @@ class SdpaBackendKernel(Kernel):
             return call(query, key, value, scale)
 
         return bare
-
-
-@dataclass(frozen=True)
-class BareCall:
-    """The one ATen operator call `SdpaBackendKernel.runner` makes for a problem.
-
-    op: the operator's name (``"flash"``, ``"flash_cpu"``, ``"efficient"``, ``"cudnn"``: the
-        `_scaled_dot_product_*_attention` operators), called with no mask, no dropout, the call's
-        causality and scale.
-    rows, out_shape: GQA folded into rows: the query reshaped to ``rows`` ``[B, Hkv, R * L, E]``
-        before the call and the output to ``out_shape`` ``[B, Hq, L, Ev]`` after (None: as given).
-    """
-
-    op: str
-    rows: tuple[int, ...] | None = None
-    out_shape: tuple[int, ...] | None = None
 
 
 class SdpaFlashKernel(SdpaBackendKernel):
