@@ -26,14 +26,16 @@ from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_read
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.explaining import Explaining
 from attn_dispatch.dispatcher.fast_path import attach as attach_fast_path
-from attn_dispatch.dispatcher.hot_path import (HOT_AFTER, HotEntry, HotPlans, hot_path_enabled, rehot,
-                                              shapes_called_again)
-from attn_dispatch.dispatcher.kernel_set import kernel_set
-from attn_dispatch.dispatcher.memory import (
-    budget_from_env,
-    check_budget_env,
-    parse_memory_size,
+from attn_dispatch.dispatcher.hot_path import (
+    HOT_AFTER,
+    HotEntry,
+    HotPlans,
+    hot_path_enabled,
+    rehot,
+    shapes_called_again,
 )
+from attn_dispatch.dispatcher.kernel_set import kernel_set
+from attn_dispatch.dispatcher.memory import budget_from_env, check_budget_env, parse_memory_size
 from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
 from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.probe_cache import ProbeCache

@@ -54,12 +54,12 @@ def test_a_decode_loop_s_next_key_lengths_are_served_in_cpp_from_their_first_cal
     for length in range(33, 65):
         key, value = kv(length)
         out = []
-        assert served(ours, lambda: out.append(fast(query, key, value, enable_gqa=True))), length
+        assert served(ours, lambda k=key, v=value, out=out: out.append(fast(query, k, v, enable_gqa=True))), length
         assert torch.equal(out[0], SDPA(query, key, value, enable_gqa=True))
     assert len(ours._plans) == plans  # no plan made per length
     assert ours.stats() == {"sdpa_default": WARM_CALLS + 32}
     for length in (32, 65):  # the neighbouring buckets: Python
-        assert not served(ours, lambda: fast(query, *kv(length), enable_gqa=True))
+        assert not served(ours, lambda n=length: fast(query, *kv(n), enable_gqa=True))
     other = kv(50)
     other = (other[0].contiguous(), other[1].contiguous()) if layout == "cache slices" else (
         cache_k[:, :, :50], cache_v[:, :, :50])
@@ -75,7 +75,7 @@ def test_a_mask_that_follows_the_key_length_is_served_over_the_range():
     for length in (33, 47, 64):
         key, value, mask = cache_k[:, :, :length], cache_v[:, :, :length], keep[..., :length]
         out = []
-        assert served(ours, lambda: out.append(fast(query, key, value, mask, enable_gqa=True)))
+        assert served(ours, lambda k=key, v=value, m=mask, out=out: out.append(fast(query, k, v, m, enable_gqa=True)))
         assert torch.equal(out[0], SDPA(query, key, value, mask, enable_gqa=True))
     two_rows = keep[:, :, :2, :50]  # a mask of another shape: its own plan
     assert not served(ours, lambda: fast(query[:, :, :2], cache_k[:, :, :50], cache_v[:, :, :50], two_rows,
@@ -185,7 +185,7 @@ def test_an_operator_entry_serves_the_range_of_a_decode_loop():
     for length in (33, 51, 64):
         key, value = cache_k[:, :, :length], cache_v[:, :, :length]
         out = []
-        assert served(ours, lambda: out.append(fast(query, key, value, enable_gqa=True)))
+        assert served(ours, lambda k=key, v=value, out=out: out.append(fast(query, k, v, enable_gqa=True)))
         torch.testing.assert_close(out[0], SDPA(query, key, value, enable_gqa=True))
     assert len(ours._plans) == 1
 
