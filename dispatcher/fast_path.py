@@ -23,12 +23,13 @@ compared as the plan's key reads them (contiguity) and as the operators do (the 
 
 When it serves (all must hold, else the Python path serves, as before): the call's entry is a hot
 plan that is exactly the call's own SDPA call (`HotEntry.pytorch_call` and the plan's flags those of
-the call) or a bare operator call; no dropout (or the float 0.0); not compiling (`torch.compiler._is_compiling_flag`); no
-torch-function mode; query, key, value and the mask exactly ``torch.Tensor`` (no subclass, no
-``CausalBias``), none nested; and per tensor the dispatch keys under the thread's state (inference
-mode, autocast), dtype, device, sizes, strides and ``requires_grad`` those the entry recorded, as
-`hot_path.tensor_guard` checks; the plan not at its settle point. A forwarded call that raises is
-handed to `Dispatcher.attention` (whose recovery then runs: out of memory, restricted backends).
+the call) or a bare operator call; no dropout (or the float 0.0); not compiling
+(`torch.compiler._is_compiling_flag`); no torch-function mode; query, key, value and the mask
+exactly ``torch.Tensor`` (no subclass, no ``CausalBias``), none nested; and per tensor the dispatch
+keys under the thread's state (inference mode, autocast), dtype, device, sizes, strides and
+``requires_grad`` those the entry recorded, as `hot_path.tensor_guard` checks; the plan not at its
+settle point. A forwarded call that raises is handed to `Dispatcher.attention` (whose recovery then
+runs: out of memory, restricted backends).
 
 Where: `patching.install` and `hf.make_attention_function` use ``dispatcher.fast_attention``;
 `Dispatcher.attention` stays the Python method. Under torch.compile, Dynamo inlines a Python
@@ -245,14 +246,13 @@ def served_call(plan: Plan, tensors: tuple[torch.Tensor, ...], is_causal: bool, 
                 ) -> tuple[int, tuple[int, ...] | None, tuple[int, ...] | None] | None:
     """``(op, rows, out_shape)`` for a C++ entry (`OPS`) serving `plan` on calls like this one
     (query, key, value[, mask]), or None: PyTorch's SDPA forwarded where the plan is exactly the
-    call's own SDPA call; else the operator `plan.kernel.bare_call` names, where the plan's runner
+    call's own SDPA call; else the operator `Kernel.bare_call` names, where the plan's runner
     makes that call on these tensors (4-D, the last dimension dense, no mask)."""
     flags = plan.sdpa_flags
     own = {name: True for name, on in (("is_causal", is_causal), ("enable_gqa", enable_gqa)) if on}
     if flags is not None:
         return (OPS["forward"], None, None) if flags == own else None
-    bare_call = getattr(plan.kernel, "bare_call", None)
-    bare = None if bare_call is None else bare_call(plan.problem)
+    bare = plan.kernel.bare_call(plan.problem)
     if bare is None or bare.op not in OPS or len(tensors) != 3 or plan.run == plan.kernel.run:
         return None
     query, key, value = tensors

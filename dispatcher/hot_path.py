@@ -48,8 +48,8 @@ one rejected check (~0.16-0.3 us)."""
 HOT_AFTER = 2
 """Calls of one plan (its exact shape) before it goes hot: building a guard costs ~4.6 us (2-core
 CPU, torch 2.13), about four warm calls' keys, so a shape called once (a decode step's first layer
-that never comes back) does not pay it, and one called on every layer pays it once. A new shape of a bucket whose shapes are called again
-(`shapes_called_again`) goes hot at its first call."""
+that never comes back) does not pay it, and one called on every layer pays it once. A new shape of
+a bucket whose shapes are called again (`shapes_called_again`) goes hot at its first call."""
 
 
 HOT_PATH_ENV = "ATTN_DISPATCH_HOT_PATH"
@@ -80,9 +80,9 @@ def shapes_called_again(bucket) -> bool:
     """Whether a new exact shape of `bucket` goes hot at its first call: where the bucket's earlier
     shapes got `HOT_AFTER` calls or more each (`cold_shape.calls_per_shape`: a decode loop calls every
     layer at each new key length), its guard would be built at the second call anyway, and building
-    it at the first spares that call the dict path (one of a token's calls per new length: 3-9 us on
-    the H200 host, `bench.dispatch_overhead`). A shape of a bucket with no such history waits for
-    its second call, as before."""
+    it at the first spares the second call the dict path (one of a token's calls per new length: the
+    dict path cost 3.0-6.1 us a call over SDPA in the H200 settled decode loop, session 11 run 1). A
+    shape of a bucket with no such history waits for its second call, as before."""
     expected = calls_per_shape(cell[0] for cell in bucket.history)
     return expected is not None and expected >= HOT_AFTER
 
@@ -191,19 +191,17 @@ class HotPlans:
                 planner.spent.add(key_, plan.count[0])
         self._set_hot(tuple(entry for entry in self._hot if entry.plan is not plan))
 
-    def _drop_hot(self, key_: tuple, bucket=None) -> None:
-        """The plan cached under `key_` is replaced or removed: it leaves the hot path (the others
-        stay), and with `bucket` (a kernel of it failed) every plan of that bucket leaves too: a C++
-        entry may serve the bucket's other key lengths (`length_range`)."""
-        self._set_hot(tuple(entry for entry in self._hot if entry.key != key_ and entry.plan.bucket is not bucket))
+    def _drop_hot(self, key_: tuple) -> None:
+        """The plan cached under `key_` is replaced or removed: it leaves the hot path (the others stay)."""
+        self._set_hot(tuple(entry for entry in self._hot if entry.key != key_))
 
     @property
     def fast_attention(self):
         """What to put where SDPA is looked up (`patching` and `hf` do): a C builtin with SDPA's
         signature that serves the dispatcher's hot plans which are PyTorch's own SDPA call or a fused
         backend's bare operator call with no Python frame and hands every other call to `attention`
-        (`fast_path`); `attention` itself
-        where the fast path is off, unsupported or not built. `attention` is always the Python path."""
+        (`fast_path`); `attention` itself where the fast path is off, unsupported or not built.
+        `attention` is always the Python path."""
         fast = None if self._fast is None else self._fast.callable()
         return self.attention if fast is None else fast
 

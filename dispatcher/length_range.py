@@ -61,12 +61,12 @@ def served_key_lengths(planner: DevicePlanner, plan: Plan) -> tuple[int, int] | 
     if low >= high:
         return None
     kernel = plan.kernel
-    call, bare = kernel.sdpa_call(problem), _bare(kernel, problem)
+    call, bare = kernel.sdpa_call(problem), kernel.bare_call(problem)
     for length in (low, high):
         other = _at_key_length(problem, length)
-        if other is None or kernel.reasons(other) or kernel.sdpa_call(other) != call or _bare(kernel, other) != bare:
+        if other is None or kernel.reasons(other) or kernel.sdpa_call(other) != call or kernel.bare_call(other) != bare:
             return None
-    workspace = int(kernel.workspace_bytes(_at_key_length(problem, high)))
+    workspace = int(kernel.workspace_bytes(other))  # the loop's last: the longest, the largest workspace
     if needs_recheck(workspace, bucket.free) or over_limit_reason(workspace, bucket.free, bucket.budget) is not None:
         return None
     return low, high
@@ -83,7 +83,3 @@ def _at_key_length(problem: Problem, kv_len: int) -> Problem | None:
             return None
     return problem.at_key_length(kv_len, mask_shape)
 
-
-def _bare(kernel, problem: Problem):
-    bare_call = getattr(kernel, "bare_call", None)
-    return None if bare_call is None else bare_call(problem)

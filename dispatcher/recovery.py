@@ -32,7 +32,7 @@ class RecoveringDispatcher:
             try:
                 with self._lock:
                     old = self._plans.pop(key_, None)
-                    self._drop_hot(key_, plan.bucket)
+                    self._drop_hot(key_)
                     if old is not None:
                         self._fold_count(old)
                     self._drop_bucket_plans(plan.bucket)
@@ -54,7 +54,8 @@ class RecoveringDispatcher:
 
     def _drop_bucket_plans(self, bucket) -> None:
         """A kernel of `bucket` failed and the bucket decides again: its other exact shapes' plans
-        leave too (as evicted ones do: their calls stay in `stats`), so every shape of the bucket,
+        leave too, and the hot path with them (as evicted ones do: their calls stay in `stats`; a C++
+        range entry leaves with the plan it was made for), so every shape of the bucket,
         planned on the Python path or served by a C++ range entry (`length_range`), is planned anew
         from the new decision, whichever path its next call takes."""
         for key_, plan in list(self._plans.table.items()):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -16,6 +16,9 @@ from attn_dispatch.kernels._degenerate import direct_attention
 from attn_dispatch.kernels._layout import canonicalisation_bytes, canonicalise
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.tolerances import TOLERANCES, Tolerance
+
+if TYPE_CHECKING:
+    from attn_dispatch.kernels._bare_call import BareCall
 
 
 class UnsupportedProblemError(RuntimeError):
@@ -138,6 +141,11 @@ class Kernel(ABC):
         None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)`` on the call's own tensors
         and scale: the dispatcher's warm path then makes that call itself, with no frame of ours
         around PyTorch's. None (the default): run through `runner`."""
+        return None
+
+    def bare_call(self, problem: Problem) -> BareCall | None:
+        """The one ATen operator call `runner` makes for `problem` (`kernels._bare_call.BareCall`),
+        which the dispatcher's fast path can make in C++; None (the default): no such call."""
         return None
 
     def _forward(

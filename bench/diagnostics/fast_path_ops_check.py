@@ -59,7 +59,7 @@ def check_case(backend, case, dtype, device, scale) -> list[str]:
     repeatable = torch.equal(expected, plan.run(query, key, value, None, scale, gqa, plan.problem))
     lines = [f"  {backend:15s} {str(dtype)[6:]:9s} {name:28s} scale={scale}: served in C++ {served}, equal {equal}"
              f"{'' if repeatable else ' (the Python path itself differs from call to call)'}"
-             f" (bare call {plan.kernel.bare_call(plan.problem) if hasattr(plan.kernel, 'bare_call') else None})"]
+             f" (bare call {plan.kernel.bare_call(plan.problem)})"]
     if not equal and repeatable:
         lines.append("MISMATCH")
     if q_len == 1:
