@@ -151,8 +151,9 @@ def oracle_kernels(dispatcher, problem: Problem) -> dict:
     return chosen
 
 
-def make_paths(problem: Problem, inputs, dispatchers: dict) -> dict:
-    """label -> ``() -> tensor`` for every path of `problem`."""
+def make_paths(problem: Problem, inputs, dispatchers: dict, only: frozenset[str] | None = None) -> dict:
+    """label -> ``() -> tensor`` for every path of `problem` (those `only` names where given:
+    ``pytorch``, the dispatchers' names, ``kernels`` for every ``kernel:<name>``)."""
     q, k, v, gqa = inputs.query, inputs.key, inputs.value, inputs.enable_gqa
     extra = {"enable_gqa": True} if gqa else {}
     paths = {"pytorch": lambda: pytorch_sdpa(q, k, v, is_causal=problem.causal, **extra)}  # as users call it
@@ -161,7 +162,10 @@ def make_paths(problem: Problem, inputs, dispatchers: dict) -> dict:
         paths[label] = lambda run=run: run(q, k, v, None, None, gqa, problem)
     for name, ours in dispatchers.items():
         paths[name] = lambda run=ours.fast_attention: run(q, k, v, is_causal=problem.causal, **extra)
-    return paths
+    if only is None:
+        return paths
+    return {label: call for label, call in paths.items()
+            if label in only or ("kernels" in only and label.startswith("kernel:"))}
 
 
 def _timed_call(call, device) -> float:
@@ -172,10 +176,13 @@ def _timed_call(call, device) -> float:
     return time.perf_counter() - start
 
 
-def measure_shape(problem: Problem, device: torch.device, dispatchers: dict, rounds: int) -> dict:
-    """One shape: cold call, estimate, pruning, interleaved rounds (module docstring)."""
+def measure_shape(problem: Problem, device: torch.device, dispatchers: dict, rounds: int,
+                  only: frozenset[str] | None = None) -> dict:
+    """One shape: cold call, estimate, pruning, interleaved rounds (module docstring); each timed
+    path keeps its per-round seconds (``samples_s``, in round order: round i of two paths ran
+    side by side, so their ratio per round pairs out the host's drift)."""
     inputs = make_inputs(problem, device)
-    paths = make_paths(problem, inputs, dispatchers)
+    paths = make_paths(problem, inputs, dispatchers, only)
     cold, estimate, failed = {}, {}, {}
     for label, call in paths.items():
         try:
@@ -199,19 +206,19 @@ def measure_shape(problem: Problem, device: torch.device, dispatchers: dict, rou
     return {
         "problem": problem.to_dict(), "chosen": chosen, "failed": failed,
         "paths": {label: {"cold_s": cold[label], "median_s": statistics.median(s),
-                          "iqr_s": interquartile_range(s), "samples": len(s)} if s else
+                          "iqr_s": interquartile_range(s), "samples": len(s), "samples_s": s} if s else
                   {"cold_s": cold[label], "median_s": None, "once_s": estimate[label]}
                   for label, s in ((label, samples.get(label, [])) for label in estimate)},
     }
 
 
-def conditions(device: torch.device, rounds: int) -> dict:
+def conditions(device: torch.device, rounds: int, paths: frozenset[str] | None = None) -> dict:
     import attn_dispatch
     from attn_dispatch.dispatcher import fast_path
 
     info = {"torch": torch.__version__, "attn_dispatch": attn_dispatch.__version__, "device": str(device),
             "rounds": rounds, "loser_factor": LOSER_FACTOR, "verify_env": os.environ.get("ATTN_DISPATCH_VERIFY"),
-            "home": os.environ.get("ATTN_DISPATCH_HOME"), "entry": "fast_attention",
+            "home": os.environ.get("ATTN_DISPATCH_HOME"), "entry": "fast_attention", "paths": paths,
             "fast_path": fast_path.load() is not None}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
@@ -236,12 +243,12 @@ def run(args) -> None:
                    "tuned": ad.Dispatcher(tune=True, remember_tunings=False)}
     started = time.perf_counter()
     with open(args.out, "a") as out:
-        out.write(json.dumps({"conditions": conditions(device, args.rounds), "shapes": len(problems)}) + "\n")
+        out.write(json.dumps({"conditions": conditions(device, args.rounds, sorted(args.paths) if args.paths else None), "shapes": len(problems)}) + "\n")
         for index, problem in enumerate(problems):
             if time.perf_counter() - started > args.budget_s:
                 print(f"budget spent after {index} of {len(problems)} shapes", flush=True)
                 break
-            row = measure_shape(problem, device, dispatchers, args.rounds)
+            row = measure_shape(problem, device, dispatchers, args.rounds, args.paths)
             out.write(json.dumps(row) + "\n")
             out.flush()
             if device.type == "cuda":
@@ -293,6 +300,51 @@ def summarize(path: str) -> None:
             line.append(f"{name}: {_geomean(speed):.3f}x over default, {slower} >3% slower, "
                         f"vs oracle geomean {_geomean(to_oracle):.3f} worst {max(to_oracle, default=math.nan):.2f}")
         print("  ".join(line))
+    for line in paired_lines(rows):
+        print(line)
+
+
+def paired_ratios(row: dict, label: str) -> float | None:
+    """Median over rounds of `label`'s time / PyTorch's in the same round (None without both
+    paths' per-round samples: runs before ``samples_s`` was kept)."""
+    mine = row["paths"].get(label, {}).get("samples_s")
+    theirs = row["paths"].get("pytorch", {}).get("samples_s")
+    if not mine or not theirs or len(mine) != len(theirs):
+        return None
+    return statistics.median(m / t for m, t in zip(mine, theirs, strict=True))
+
+
+def paired_lines(rows: list[dict]) -> list[str]:
+    """Per dispatcher, the per-round paired ratio to PyTorch's default: shapes over `SLOWER_MARGIN`,
+    split by whether the dispatcher kept PyTorch's own call there (then only overhead and noise
+    can make it slower) or chose another kernel."""
+    lines = []
+    for name in DISPATCHERS:
+        paired = [(r, ratio) for r in rows if (ratio := paired_ratios(r, name)) is not None]
+        if not paired:
+            continue
+        kept = [ratio for r, ratio in paired if r["chosen"].get(name) == "sdpa_default"]
+        other = [(r, ratio) for r, ratio in paired if r["chosen"].get(name) != "sdpa_default"]
+        slow_other = sorted(((ratio, r) for r, ratio in other if ratio > SLOWER_MARGIN), key=lambda x: -x[0])
+        quartiles = statistics.quantiles(kept, n=4) if len(kept) >= 2 else [math.nan] * 3
+        lines.append(
+            f"{name}, paired per round: {len(paired)} shapes, {_geomean([ratio for _, ratio in paired]):.3f}x "
+            f"PyTorch's time; kept PyTorch's call on {len(kept)} (median {statistics.median(kept) if kept else math.nan:.4f}, "
+            f"quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}, {sum(1 for x in kept if x > SLOWER_MARGIN)} >3% slower); "
+            f"another kernel on {len(other)} ({len(slow_other)} >3% slower)")
+        for ratio, r in slow_other:
+            p = r["problem"]
+            lines.append(f"  {ratio:.3f}x {r['chosen'].get(name)}: B{p['batch']} {p['q_heads']}/{p['kv_heads']} Lq{p['q_len']} "
+                         f"Lk{p['kv_len']} D{p['head_dim']} {p['dtype']}{' causal' if p['causal'] else ''}")
+    return lines
+
+
+def _path_names(text: str) -> frozenset[str]:
+    names = frozenset(part.strip() for part in text.split(",") if part.strip())
+    unknown = names - {"pytorch", "kernels", *DISPATCHERS}
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"--paths: unknown {sorted(unknown)}; use pytorch, kernels, {', '.join(DISPATCHERS)}")
+    return names
 
 
 def main() -> None:
@@ -310,6 +362,9 @@ def main() -> None:
                              "are batch 2-4 decode, which no grid run has measured)")
     parser.add_argument("--heldout", type=int, default=0, metavar="N",
                         help="N shapes off the grid instead of the grid (`heldout_problems`, drawn with --seed + 1)")
+    parser.add_argument("--paths", type=_path_names, default=None, metavar="LABELS",
+                        help="time only these paths, comma-separated: pytorch, table, shipped, tuned, kernels (every "
+                             "kernel:<name>); e.g. pytorch,shipped with --rounds 21 checks the 3%% bound on 20-40 us calls")
     parser.add_argument("--summarize", metavar="FILE", help="print the summary of a results file and stop")
     args = parser.parse_args()
     if args.summarize:
