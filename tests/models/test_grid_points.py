@@ -59,3 +59,32 @@ def test_heldout_shapes_are_off_the_grid_and_drawn_the_same_each_time():
     assert all(p.q_len <= p.kv_len for p in problems)
     assert all(p.q_len == p.kv_len for p in problems if p.causal)
     assert {p.q_len == 1 for p in problems} == {True, False}
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+    from bench.llm_grid import paired_lines, paired_ratios
+
+    def row(chosen, mine, theirs):
+        return {"problem": PROBLEM, "chosen": {"shipped": chosen},
+                "paths": {"pytorch": {"samples_s": theirs}, "shipped": {"samples_s": mine}}}
+
+    # round 2's host drift slows both paths alike: per-round ratios are 1.0, 1.0, 1.1
+    kept = row("sdpa_default", [10e-6, 20e-6, 11e-6], [10e-6, 20e-6, 10e-6])
+    assert paired_ratios(kept, "shipped") == 1.0
+    assert paired_ratios({"paths": {"pytorch": {"median_s": 1.0}}}, "shipped") is None  # no per-round samples
+    slow_pick = row("sdpa_flash", [13e-6] * 3, [10e-6] * 3)
+    lines = paired_lines([kept, slow_pick])
+    assert "kept PyTorch's call on 1" in lines[0] and "0 >3% slower); another kernel on 1 (1 >3% slower)" in lines[0]
+    assert lines[1].startswith("  1.300x sdpa_flash: B1 32/8 Lq1 Lk2048 D128 bfloat16")
+
+
+def test_path_names_name_the_bad_label():
+    import argparse
+
+    import pytest
+
+    from bench.llm_grid import _path_names
+
+    assert _path_names("pytorch, shipped") == {"pytorch", "shipped"}
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown \\['flash'\\]"):
+        _path_names("pytorch,flash")
