@@ -172,8 +172,14 @@ def status(home: str | os.PathLike | None = None) -> str:
         path = _loaded[module_name()][1]
         served = sum(_hits_or_none(fast) or 0 for fast in list(_made))
         return f"loaded {path} ({served} calls served in C++ by this process's dispatchers)"
+    from attn_dispatch.dispatcher.fast_path_autobuild import status as build_status
+
     reason = _rejected.get(str(library_path(home)))
-    if reason is None or _checked_rejection(library_path(home)) is None:
+    rejected = reason is not None and _checked_rejection(library_path(home)) is not None
+    building = build_status(home, skipped=not rejected)  # a background build: running, failed or skipped
+    if building is not None:
+        return building
+    if not rejected:
         return f"not built: {fix}"
     return f"built library rejected ({reason}): {fix}"
 
