@@ -36,8 +36,8 @@ Where: `patching.install` and `hf.make_attention_function` use ``dispatcher.fast
 stand-in calling `Dispatcher.attention` (``torch._dynamo.substitute_in_graph``), so a compiled
 model traces the dispatcher's choice as before.
 
-Built, never inside a call: ``attn-dispatch build-fast-path`` (and, best effort, at the end of
-``attn-dispatch calibrate``) compiles it with torch's C++ extension loader (a C++17 compiler,
+Built, never inside a call: ``attn-dispatch build-fast-path`` (in the background where a dispatcher
+finds none, `fast_path_autobuild`, and, best effort, at the end of ``attn-dispatch calibrate``) compiles it with torch's C++ extension loader (a C++17 compiler,
 Python headers and ninja) in a private folder and installs it, with a manifest (size, sha256),
 under ``<home>/fast_path/<name>`` (`fast_path_build`), the name keyed by the torch build, the Python
 ABI and the source; a `Dispatcher` loads it only when that exact build is installed and matches its

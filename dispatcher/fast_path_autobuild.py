@@ -22,6 +22,11 @@ once the child exited 0 and `fast_path.attach` gives a `FastPath`, the dispatche
 hot slots are emptied (plans go hot again with C++ entries), the `patching`-installed SDPA and
 every `hf` attention function (`follow_fast_path`) move to the fast callable. Nothing here raises
 into a call: a failure is one debug log line and the Python path serves as before.
+
+Cost, once per torch install and home: 15-20 s of one core (17.7 s at niceness 19 on the quiet 2-core
+VM). While it runs, processes on the machine are slowed even so: on that VM a decode loop's attention
+took 32-64 ms a token (pass medians, `bench.decode_loop`) instead of 0.6-0.8 ms during the build, with
+niceness 19 or ``SCHED_IDLE`` alike (a ``SCHED_IDLE`` busy loop alone slowed nothing: not CPU time).
 """
 
 from __future__ import annotations
@@ -49,16 +54,19 @@ if TYPE_CHECKING:
 AUTO_BUILD_ENV = "ATTN_DISPATCH_AUTO_BUILD"
 """``0`` (false, no, off): no background build; ``attn-dispatch build-fast-path`` builds ahead of time."""
 NICENESS = 19
-"""Added to the child's niceness: the lowest priority, so a build never competes with the model it speeds up."""
+"""Added to the child's niceness: the lowest priority, so the build takes the CPU time the model leaves."""
 STALE_AFTER_S = 600.0
 """A marker this old is a builder that hung or whose pid was reused: the build took 15-27 s on a quiet
-2-core VM and 79 s at load 5 (one core, niceness 19), so 10 minutes is ~8x the slowest seen."""
+2-core VM and 79 s at a load of 5 (14.7-18.3 s as this niceness-19 child beside a decode loop), so 10
+minutes is ~8x the slowest seen."""
 COMPILERS = ("c++", "g++", "clang++")
 LOG_NAME = "autobuild.log"
 MARKER_SUFFIX = ".building"
 CHILD_CODE = (f"import os; os.nice({NICENESS}) if hasattr(os, 'nice') else None; import sys; "
               "from attn_dispatch.dispatcher.fast_path_autobuild import run_child; sys.exit(run_child(sys.argv[1]))")
-"""The child's program: lower its priority before importing anything, then build (`run_child`)."""
+"""The child's program: lower its priority before importing anything (inherited by the compiler it
+runs), then build (`run_child`). ``SCHED_IDLE`` was tried on top: no less slow-down of the parent's
+decode loop on the 2-core VM (63.8 against 63.9 ms a token during the build), so niceness alone."""
 
 logger = logging.getLogger("attn_dispatch")
 _lock = threading.Lock()
