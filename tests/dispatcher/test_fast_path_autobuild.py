@@ -28,23 +28,24 @@ SDPA = torch._C._nn.scaled_dot_product_attention  # PyTorch's, never patched
 CHILD_TIMEOUT_S = 300  # a child importing torch: seconds alone, far more on a busy machine
 WARM_CALLS = 2  # a plan's first call makes it, its second makes it hot (`hot_path.HOT_AFTER`)
 FIX = "run `attn-dispatch build-fast-path`"
+GO_POLL_S = 0.05  # how often the waiting stand-in looks for its go file (no timing is asserted)
 
-COPY = """
+COPY = f"""
 import os, shutil, sys
 marker, built = sys.argv[1], sys.argv[2]
-library = marker[:-len({suffix!r})] + ".so"
+library = marker[:-len({autobuild.MARKER_SUFFIX!r})] + ".so"
 shutil.copy(built, library + ".part")
 os.replace(library + ".part", library)
 shutil.copy(built[:-3] + ".json", library[:-3] + ".json")
-""".format(suffix=autobuild.MARKER_SUFFIX)
+"""
 """Stands in for the build: installs the session's library and manifest next to the marker."""
-WAIT_FOR_GO = """
+WAIT_FOR_GO = f"""
 import os, sys, time
 go = sys.argv[1]
-deadline = time.monotonic() + {timeout}
+deadline = time.monotonic() + {CHILD_TIMEOUT_S}
 while not os.path.exists(go) and time.monotonic() < deadline:
-    time.sleep(0.05)
-""".format(timeout=CHILD_TIMEOUT_S)
+    time.sleep({GO_POLL_S})
+"""
 """Stands in for a build that runs until the test creates its ``go`` file."""
 
 
