@@ -27,10 +27,13 @@ Cost, once per torch install and home: 15-20 s of one core (17.7 s at niceness 1
 VM). While it runs, processes on the machine are slowed even so: on that VM a decode loop's attention
 took 32-64 ms a token (pass medians, `bench.decode_loop`) instead of 0.6-0.8 ms during the build, with
 niceness 19 or ``SCHED_IDLE`` alike (a ``SCHED_IDLE`` busy loop alone slowed nothing: not CPU time).
+So a CPU process whose torch threads take every core does not build beside its own work: its
+build starts when it exits, detached, and the next process loads the library (`builds_now`, `defer`).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -72,6 +75,7 @@ logger = logging.getLogger("attn_dispatch")
 _lock = threading.Lock()
 _builds: dict[str, Build] = {}  # library path -> this process's build of it (never restarted)
 _skipped: dict[str, str] = {}  # library path -> why no build was started (for `status`)
+_deferred: dict[str, str | os.PathLike | None] = {}  # library path -> home, built when this process exits
 
 
 @dataclass
@@ -116,11 +120,50 @@ def attach_or_build(dispatcher: Dispatcher) -> tuple[fast_path.FastPath | None, 
     if fast is not None or not fast_path.fast_path_enabled():
         return fast, None
     try:
+        if not builds_now():
+            defer(dispatcher.home)
+            return None, None
         build = start(dispatcher.home)
     except Exception as error:  # noqa: BLE001 - never raises into the user's code: the Python path serves
         logger.debug("attn_dispatch: fast path auto-build not started (%s: %s)", type(error).__name__, error)
         return None, None
     return None, None if build is None or build.returncode not in (None, 0) else Pending(build)
+
+
+def builds_now() -> bool:
+    """Whether a build started now leaves this process's work alone: a process with a GPU (its
+    model runs there; the host loop is one thread) or a CPU with a core that torch's threads leave
+    free. Not a CPU process whose torch threads take every core: on the 2-core VM (2 threads) a build
+    beside a decode loop slowed its tokens from 0.6-0.8 ms to 32-64 ms for the build's ~20 s, at
+    niceness 19 or ``SCHED_IDLE`` alike; that process's library is built when it exits (`defer`)."""
+    import torch
+
+    return torch.cuda.is_available() or (os.cpu_count() or 1) > torch.get_num_threads()
+
+
+def defer(home: str | os.PathLike | None = None) -> None:
+    """Build `home`'s library when this interpreter exits (`start` from an `atexit` hook: a detached
+    child, its own session, that outlives this process), for the next process to load; once per
+    library. Switched off or impossible builds are reported as `start` reports them."""
+    library = str(fast_path_build.library_path(home))
+    with _lock:
+        if library in _builds or library in _deferred:
+            return
+        if not _deferred:
+            atexit.register(start_deferred)
+        _deferred[library] = home
+
+
+def start_deferred() -> None:
+    """The `atexit` hook: start every deferred build (never raises: the interpreter is exiting)."""
+    with _lock:
+        homes = list(_deferred.values())
+        _deferred.clear()
+    for home in homes:
+        try:
+            start(home)
+        except Exception as error:  # noqa: BLE001 - at exit: nothing to report to
+            logger.debug("attn_dispatch: deferred fast path build not started (%s: %s)", type(error).__name__, error)
 
 
 def start(home: str | os.PathLike | None = None) -> Build | None:
@@ -324,6 +367,9 @@ def status(home: str | os.PathLike | None = None, *, skipped: bool = True) -> st
     running, failed or (with `skipped`) not started and why; else None."""
     fix = f"run `attn-dispatch {fast_path.BUILD_COMMAND}`"
     library = str(fast_path_build.library_path(home))
+    if library in _deferred:
+        return (f"not built yet: builds in the background when this process exits (its torch threads "
+                f"take every core: a build now would slow them); or {fix}")
     build = _builds.get(library)
     if build is not None:
         code = build.finished()

@@ -58,6 +58,8 @@ def auto_build_on(monkeypatch, fast_path_build):
     monkeypatch.setenv(autobuild.AUTO_BUILD_ENV, "1")
     monkeypatch.setattr(autobuild, "_builds", {})
     monkeypatch.setattr(autobuild, "_skipped", {})
+    monkeypatch.setattr(autobuild, "_deferred", {})
+    monkeypatch.setattr(autobuild, "builds_now", lambda: True)  # `test_a_cpu_process_using_every_core_builds_at_exit`
     monkeypatch.setattr(fast_path, "_loaded", {})
 
 
@@ -255,3 +257,33 @@ def test_the_real_command_finds_an_installed_library_and_removes_its_marker(tmp_
     assert not build.marker.exists()  # before this process looked: the child removed it
     assert build.finished() == 0
     assert "already built" in build.log.read_text()
+
+
+def test_a_cpu_process_using_every_core_builds_at_exit(copying, tmp_path, monkeypatch):
+    """Where a build now would slow this process (`builds_now` False), nothing starts until the
+    interpreter exits: the exit hook starts the build, detached, for the next process."""
+    hooks = []
+    monkeypatch.setattr(autobuild, "builds_now", lambda: False)
+    monkeypatch.setattr(autobuild.atexit, "register", hooks.append)
+    home = str(tmp_path / "deferred")
+    ours = Dispatcher(kernels=["sdpa_default"], home=home)
+    Dispatcher(kernels=["sdpa_default"], home=home)
+    assert ours._building is None and copying.markers == [] and hooks == [autobuild.start_deferred]
+    assert "builds in the background when this process exits" in fast_path.status(home)
+    hooks[0]()  # what atexit runs
+    build = autobuild._builds[str(library_path(home))]
+    assert copying.markers == [build.marker] and finish(build) == 0
+    assert fast_path.status(home).startswith("loaded ")
+
+
+def test_builds_now_where_a_core_is_free_or_a_gpu_runs_the_model(monkeypatch):
+    monkeypatch.undo()  # the real `builds_now`
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert not autobuild.builds_now()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert autobuild.builds_now()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert autobuild.builds_now()
