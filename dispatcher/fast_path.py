@@ -36,8 +36,8 @@ Where: `patching.install` and `hf.make_attention_function` use ``dispatcher.fast
 stand-in calling `Dispatcher.attention` (``torch._dynamo.substitute_in_graph``), so a compiled
 model traces the dispatcher's choice as before.
 
-Built, never inside a call: ``attn-dispatch build-fast-path`` (and, best effort, at the end of
-``attn-dispatch calibrate``) compiles it with torch's C++ extension loader (a C++17 compiler,
+Built, never inside a call: ``attn-dispatch build-fast-path`` (in the background where a dispatcher
+finds none, `fast_path_autobuild`, and, best effort, at the end of ``attn-dispatch calibrate``) compiles it with torch's C++ extension loader (a C++17 compiler,
 Python headers and ninja) in a private folder and installs it, with a manifest (size, sha256),
 under ``<home>/fast_path/<name>`` (`fast_path_build`), the name keyed by the torch build, the Python
 ABI and the source; a `Dispatcher` loads it only when that exact build is installed and matches its
@@ -172,8 +172,14 @@ def status(home: str | os.PathLike | None = None) -> str:
         path = _loaded[module_name()][1]
         served = sum(_hits_or_none(fast) or 0 for fast in list(_made))
         return f"loaded {path} ({served} calls served in C++ by this process's dispatchers)"
+    from attn_dispatch.dispatcher.fast_path_autobuild import status as build_status
+
     reason = _rejected.get(str(library_path(home)))
-    if reason is None or _checked_rejection(library_path(home)) is None:
+    rejected = reason is not None and _checked_rejection(library_path(home)) is not None
+    building = build_status(home, skipped=not rejected)  # a background build: running, failed or skipped
+    if building is not None:
+        return building
+    if not rejected:
         return f"not built: {fix}"
     return f"built library rejected ({reason}): {fix}"
 

@@ -123,15 +123,15 @@ def install(built: Path, library: Path) -> None:
 
 
 @contextlib.contextmanager
-def install_lock(folder: Path):
-    """An exclusive `fcntl.flock` on ``folder/install.lock`` (released by the kernel if this process
-    dies): yields True; where fcntl is missing, no lock: yields False."""
+def install_lock(folder: Path, name: str = LOCK_NAME):
+    """An exclusive `fcntl.flock` on ``folder/<name>`` (``install.lock`` by default; released by the
+    kernel if this process dies): yields True; where fcntl is missing, no lock: yields False."""
     try:
         import fcntl
     except ImportError:
         yield False
         return
-    with open(folder / LOCK_NAME, "a") as handle:
+    with open(folder / name, "a") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
             yield True

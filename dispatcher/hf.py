@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from attn_dispatch.dispatcher.fast_path_autobuild import follow_fast_path
+
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher.core import Dispatcher
 
@@ -30,8 +32,15 @@ def make_attention_function(dispatcher: Dispatcher | None = None):
         from attn_dispatch.dispatcher.api import default_dispatcher
 
         dispatcher = default_dispatcher()
-    # bound once, not looked up per call: the fast path (`fast_path`); an object with only `attention`, that
-    run = getattr(dispatcher, "fast_attention", None) or dispatcher.attention
+    # bound, not looked up per call: the fast path (`fast_path`), again when one built in the background is
+    # adopted (`fast_path_autobuild`); an object with only `attention`, that
+    run = dispatcher.attention
+
+    def rebind(fast) -> None:
+        nonlocal run
+        run = fast
+
+    follow_fast_path(dispatcher, rebind)
 
     def attn_dispatch_forward(
         module: torch.nn.Module,

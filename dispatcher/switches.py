@@ -1,5 +1,6 @@
 """Environment switches that turn one dispatcher feature off: ``ATTN_DISPATCH_VERIFY`` (the
-first-call check), ``ATTN_DISPATCH_HOT_PATH`` and ``ATTN_DISPATCH_FAST_PATH``."""
+first-call check), ``ATTN_DISPATCH_HOT_PATH``, ``ATTN_DISPATCH_FAST_PATH`` and
+``ATTN_DISPATCH_AUTO_BUILD`` (the fast path's background build)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "user cache directory), building in a private temporary folder and installing the library with a manifest "
         "(size, sha256) that every later load checks. Every Dispatcher made afterwards with this torch and Python "
         "loads it; nothing is ever compiled during an attention call. An installed build that matches its manifest "
-        "is kept. `attn-dispatch devices` says whether it is loaded. ATTN_DISPATCH_FAST_PATH=0 turns it off.",
+        "is kept. A Dispatcher that finds none starts this command in the background itself (ATTN_DISPATCH_AUTO_BUILD=0 "
+        "turns that off); run it to build ahead of time (an image, a machine going offline). `attn-dispatch devices` "
+        "says whether it is loaded. ATTN_DISPATCH_FAST_PATH=0 turns it off.",
     )
     parser.add_argument("--home", default=None, metavar="DIR", help="home directory (default: $ATTN_DISPATCH_HOME or the "
                         "user cache directory)")
