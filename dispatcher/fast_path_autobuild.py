@@ -149,6 +149,10 @@ def defer(home: str | os.PathLike | None = None) -> None:
     with _lock:
         if library in _builds or library in _deferred:
             return
+        reason = _why_no_build()
+        if reason:
+            _skipped[library] = reason
+            return
         if not _deferred:
             atexit.register(start_deferred)
         _deferred[library] = home
@@ -173,8 +177,7 @@ def start(home: str | os.PathLike | None = None) -> Build | None:
     with _lock:
         if str(library) in _builds:
             return _builds[str(library)]
-        reason = "" if not switched_off(AUTO_BUILD_ENV) else f"turned off by {AUTO_BUILD_ENV}=0"
-        reason = reason or missing_tool()
+        reason = _why_no_build()
         if reason:
             _skipped[str(library)] = reason
             return None
@@ -199,6 +202,11 @@ def start(home: str | os.PathLike | None = None) -> Build | None:
         _skipped.pop(str(library), None)
     logger.debug("attn_dispatch: building the fast path in the background (pid %d, log %s)", process.pid, log)
     return build
+
+
+def _why_no_build() -> str:
+    """Why no build may start, in words ("" where one may): turned off, or a tool missing."""
+    return f"turned off by {AUTO_BUILD_ENV}=0" if switched_off(AUTO_BUILD_ENV) else missing_tool()
 
 
 def build_command(marker: Path) -> list[str]:
@@ -367,7 +375,7 @@ def status(home: str | os.PathLike | None = None, *, skipped: bool = True) -> st
     running, failed or (with `skipped`) not started and why; else None."""
     fix = f"run `attn-dispatch {fast_path.BUILD_COMMAND}`"
     library = str(fast_path_build.library_path(home))
-    if library in _deferred:
+    if skipped and library in _deferred:
         return (f"not built yet: builds in the background when this process exits (its torch threads "
                 f"take every core: a build now would slow them); or {fix}")
     build = _builds.get(library)

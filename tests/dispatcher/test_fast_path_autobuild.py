@@ -287,3 +287,15 @@ def test_builds_now_where_a_core_is_free_or_a_gpu_runs_the_model(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert autobuild.builds_now()
+
+
+def test_a_deferred_build_is_not_promised_where_it_cannot_run(tmp_path, monkeypatch):
+    """Turned off (or a tool missing): nothing is deferred, and the status line says why."""
+    hooks = []
+    monkeypatch.setattr(autobuild, "builds_now", lambda: False)
+    monkeypatch.setattr(autobuild.atexit, "register", hooks.append)
+    monkeypatch.setenv(autobuild.AUTO_BUILD_ENV, "0")
+    home = str(tmp_path / "off")
+    Dispatcher(kernels=["sdpa_default"], home=home)
+    assert hooks == [] and autobuild._deferred == {}
+    assert fast_path.status(home) == f"not built: no auto-build (turned off by {autobuild.AUTO_BUILD_ENV}=0); {FIX}"
