@@ -209,6 +209,23 @@ MATRICES = {
 }
 
 
+def fresh_home() -> str:
+    """A fresh ``ATTN_DISPATCH_HOME`` for one configuration: no tunings remembered from another one
+    (the bundled table serves), but this home's fast path linked in, built first where it is not,
+    as a user's second process finds it (`fast_path_autobuild`). Runs before session 12 had no fast
+    path in these homes: their dispatcher calls took the Python path."""
+    from attn_dispatch.dispatcher import fast_path
+    from attn_dispatch.dispatcher.fast_path_build import BUILD_SUBDIR
+    from attn_dispatch.models.paths import home
+
+    home_dir = tempfile.mkdtemp(prefix="e2e-home-")
+    if fast_path.fast_path_enabled():
+        if fast_path.load() is None:
+            print(f"building the fast path ... {fast_path.build()}", flush=True)
+        os.symlink(home() / BUILD_SUBDIR, os.path.join(home_dir, BUILD_SUBDIR))
+    return home_dir
+
+
 def run_matrix(args) -> int:
     base = {"layers": args.layers, "tokens": args.tokens, "repeats": args.repeats, "dtype": args.dtype}
     for overrides in MATRICES[args.matrix]:
@@ -218,8 +235,7 @@ def run_matrix(args) -> int:
             if value is not None:
                 command += [f"--{name}", str(value)]
         started = time.perf_counter()
-        # a fresh home per configuration: no tunings remembered from another one (the bundled table serves)
-        env = {**os.environ, "ATTN_DISPATCH_HOME": tempfile.mkdtemp(prefix="e2e-home-")}
+        env = {**os.environ, "ATTN_DISPATCH_HOME": fresh_home()}
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, env=env)
         tail = (done.stdout.strip().splitlines() or [""])[-1]
         if done.returncode != 0:
