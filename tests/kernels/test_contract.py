@@ -163,3 +163,23 @@ def test_sdpa_default_repairs_dead_rows_when_pytorch_does_not(monkeypatch, mask)
     assert not default_zeroes_dead_rows(torch.device("meta"), torch.float32, mask == "bool")  # GPUs alike
     monkeypatch.setattr("attn_dispatch.kernels.sdpa_default.default_zeroes_dead_rows", lambda device, dtype, bool_mask: False)
     check_against_reference(kernel_from_name("sdpa_default"), Case(mask=mask, fully_masked_rows=True))
+
+
+def test_sdpa_default_dead_row_repair_keeps_gradients(monkeypatch):
+    """The repair of a bool mask's fully masked rows (`torch.where`) passes gradients through the
+    live rows and none through the dead ones, as the float64 reference does."""
+    monkeypatch.setattr("attn_dispatch.kernels.sdpa_default.default_zeroes_dead_rows", lambda device, dtype, bool_mask: False)
+    generator = torch.Generator().manual_seed(3)
+    query, key, value = (torch.randn(2, 4, length, 16, generator=generator, dtype=torch.float64, requires_grad=True)
+                         for length in (5, 7, 7))
+    mask = torch.rand(5, 7, generator=generator) > 0.4
+    mask[1] = False  # a fully masked row
+    out = kernel_from_name("sdpa_default")(query, key, value, attn_mask=mask)
+    grads = torch.autograd.grad(out.square().sum(), (query, key, value))
+    copies = [t.detach().clone().requires_grad_() for t in (query, key, value)]
+    expected = reference_attention(*copies, attn_mask=mask)
+    expected_grads = torch.autograd.grad(expected.square().sum(), copies)
+    torch.testing.assert_close(out, expected)
+    assert torch.count_nonzero(out[:, :, 1]) == 0 and torch.count_nonzero(grads[0][:, :, 1]) == 0
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want)
