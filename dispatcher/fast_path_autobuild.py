@@ -11,11 +11,10 @@ The build: ``python -c CHILD_CODE <marker>``, which lowers its own priority firs
 with ``ATTN_DISPATCH_HOME`` the dispatcher's home, in its own session, its output in
 ``<home>/fast_path/<name>/autobuild.log``. Only where it can work: the fast path on, a C++ compiler,
 Python's headers and ninja found (`missing_tool`); ``ATTN_DISPATCH_AUTO_BUILD=0`` turns it off.
-One build per process per library (a failed one is not retried); across processes one at a time per
-library: an exclusive marker ``<name>.building`` next to it (``O_CREAT|O_EXCL``, holding the
-builder's pid and start time; a dead builder's or one older than `STALE_AFTER_S` is replaced),
-removed when the build ends. `fast_path_build` itself serialises installs and installs atomically:
-the marker only spares a second compile.
+One build per process per library; across processes one at a time per library (a marker file,
+`fast_path_markers`), and none after one failed (a failure record, kept until an explicit build:
+a compile error costs its 15-20 s once, not at every process). `fast_path_build` itself serialises
+installs and installs atomically: the marker only spares a second compile.
 
 Adoption (`adopt`), from the dispatcher's cold path (a new exact shape), never from a warm call:
 once the child exited 0 and `fast_path.attach` gives a `FastPath`, the dispatcher takes it, its
@@ -49,6 +48,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attn_dispatch.dispatcher import fast_path, fast_path_build
+from attn_dispatch.dispatcher.fast_path_markers import (
+    claim,
+    elsewhere,
+    failure_of,
+    is_stale,
+    marker_path,
+    read_marker,
+    record_failure,
+    remove_marker,
+    write_marker,
+)
 from attn_dispatch.dispatcher.switches import switched_off
 
 if TYPE_CHECKING:
@@ -58,13 +68,8 @@ AUTO_BUILD_ENV = "ATTN_DISPATCH_AUTO_BUILD"
 """``0`` (false, no, off): no background build; ``attn-dispatch build-fast-path`` builds ahead of time."""
 NICENESS = 19
 """Added to the child's niceness: the lowest priority, so the build takes the CPU time the model leaves."""
-STALE_AFTER_S = 600.0
-"""A marker this old is a builder that hung or whose pid was reused: the build took 15-27 s on a quiet
-2-core VM and 79 s at a load of 5 (14.7-18.3 s as this niceness-19 child beside a decode loop), so 10
-minutes is ~8x the slowest seen."""
 COMPILERS = ("c++", "g++", "clang++")
 LOG_NAME = "autobuild.log"
-MARKER_SUFFIX = ".building"
 CHILD_CODE = (f"import os; os.nice({NICENESS}) if hasattr(os, 'nice') else None; import sys; "
               "from attn_dispatch.dispatcher.fast_path_autobuild import run_child; sys.exit(run_child(sys.argv[1]))")
 """The child's program: lower its priority before importing anything (inherited by the compiler it
@@ -97,9 +102,9 @@ class Build:
             if self.process is not None:
                 code = self.process.poll()
                 if code is not None:
-                    _remove_marker(self.marker, self.pid)
+                    remove_marker(self.marker, self.pid)
                     self.returncode = code
-            elif not self.marker.exists() or _is_stale(self.marker):
+            elif not self.marker.exists() or is_stale(self.marker):
                 self.returncode = 0
         return self.returncode
 
@@ -149,7 +154,7 @@ def defer(home: str | os.PathLike | None = None) -> None:
     with _lock:
         if library in _builds or library in _deferred:
             return
-        reason = _why_no_build()
+        reason = _why_no_build(Path(library))
         if reason:
             _skipped[library] = reason
             return
@@ -177,36 +182,43 @@ def start(home: str | os.PathLike | None = None) -> Build | None:
     with _lock:
         if str(library) in _builds:
             return _builds[str(library)]
-        reason = _why_no_build()
+        reason = _why_no_build(library)
         if reason:
             _skipped[str(library)] = reason
             return None
         folder = fast_path_build.build_directory(home)
         folder.mkdir(parents=True, exist_ok=True)
-        marker, log = library.with_name(library.stem + MARKER_SUFFIX), folder / LOG_NAME
-        if not _claim(marker):  # another process builds it: watched, adopted when its marker goes
-            recorded = _read_marker(marker) or (0, time.time())
+        marker, log = marker_path(library), folder / LOG_NAME
+        if not claim(marker):  # another process builds it: watched, adopted when its marker goes
+            recorded = read_marker(marker) or (0, time.time())
             build = _builds[str(library)] = Build(None, recorded[0], marker, log, recorded[1])
             return build
         try:
-            with open(log, "wb") as output:
+            with open(log, "ab") as output:  # appended: an interrupted build's lines stay
                 process = subprocess.Popen(
                     build_command(marker), env=_child_environment(home), stdin=subprocess.DEVNULL, stdout=output,
                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         except OSError:
-            _remove_marker(marker, os.getpid())
+            remove_marker(marker, os.getpid())
             raise
         started = time.time()
-        _write_marker(marker, process.pid, started)
+        write_marker(marker, process.pid, started)
         build = _builds[str(library)] = Build(process, process.pid, marker, log, started)
         _skipped.pop(str(library), None)
     logger.debug("attn_dispatch: building the fast path in the background (pid %d, log %s)", process.pid, log)
     return build
 
 
-def _why_no_build() -> str:
-    """Why no build may start, in words ("" where one may): turned off, or a tool missing."""
-    return f"turned off by {AUTO_BUILD_ENV}=0" if switched_off(AUTO_BUILD_ENV) else missing_tool()
+def _why_no_build(library: Path) -> str:
+    """Why no build of `library` may start, in words ("" where one may): turned off, a tool missing,
+    or the last background build failed (`fast_path_markers.record_failure`: not retried until an
+    explicit build clears it)."""
+    if switched_off(AUTO_BUILD_ENV):
+        return f"turned off by {AUTO_BUILD_ENV}=0"
+    failed = failure_of(library)
+    if failed is not None:
+        return f"the last background build failed, {failed}: see {library.parent / LOG_NAME}"
+    return missing_tool()
 
 
 def build_command(marker: Path) -> list[str]:
@@ -219,10 +231,16 @@ def run_child(marker: str) -> int:
     marker removed at the end."""
     from attn_dispatch.dispatcher.cli import main
 
+    code = 1
     try:
-        return main([fast_path.BUILD_COMMAND])
+        code = main([fast_path.BUILD_COMMAND])
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
     finally:
-        _remove_marker(Path(marker), os.getpid())
+        if code:  # kept for every process: none starts another until an explicit build (`fast_path.build`)
+            record_failure(fast_path_build.library_path(), code)
+        remove_marker(Path(marker), os.getpid())
+    return code
 
 
 def missing_tool() -> str:
@@ -264,68 +282,6 @@ def _child_environment(home: str | os.PathLike | None) -> dict[str, str]:
     if not environment.get("CXX") and shutil.which("c++") is None:
         environment["CXX"] = _compiler() or "c++"
     return environment
-
-
-def _claim(marker: Path) -> bool:
-    """Create `marker` exclusively (this pid for now; `start` writes the child's), replacing a stale
-    one (`_is_stale`) under a short lock, so two processes never both replace it."""
-    with fast_path_build.install_lock(marker.parent, marker.name + ".lock"):
-        if marker.exists() and _is_stale(marker):
-            with contextlib.suppress(FileNotFoundError):
-                marker.unlink()
-        try:
-            descriptor = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(descriptor, "w") as file:
-            file.write(f"{os.getpid()} {time.time()}\n")
-    return True
-
-
-def _write_marker(marker: Path, pid: int, started: float) -> None:
-    with contextlib.suppress(OSError):
-        marker.write_text(f"{pid} {started}\n")
-
-
-def _read_marker(marker: Path) -> tuple[int, float] | None:
-    """(pid, start time) from `marker`, or None: gone, or not written yet (its mtime then says how old)."""
-    try:
-        pid, started = marker.read_text().split()
-        return int(pid), float(started)
-    except (OSError, ValueError):
-        return None
-
-
-def _is_stale(marker: Path) -> bool:
-    """Its builder is dead, or it is older than `STALE_AFTER_S`."""
-    recorded = _read_marker(marker)
-    try:
-        started = recorded[1] if recorded else marker.stat().st_mtime
-    except OSError:
-        return False  # removed meanwhile: nothing to replace
-    if time.time() - started > STALE_AFTER_S:
-        return True
-    return recorded is not None and not _alive(recorded[0])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's live process
-    except OSError:
-        return False
-    return True
-
-
-def _remove_marker(marker: Path, pid: int) -> None:
-    """Remove `marker` if it is `pid`'s (a replaced marker belongs to another builder)."""
-    recorded = _read_marker(marker)
-    if recorded is not None and recorded[0] == pid:
-        with contextlib.suppress(FileNotFoundError):
-            marker.unlink()
 
 
 def adopt(dispatcher: Dispatcher) -> None:
@@ -371,8 +327,9 @@ def follow_fast_path(dispatcher, rebind: Callable[[Callable], None]) -> None:
 
 
 def status(home: str | os.PathLike | None = None, *, skipped: bool = True) -> str | None:
-    """`fast_path.status`'s line where no library is loaded and this process has a build to speak of:
-    running, failed or (with `skipped`) not started and why; else None."""
+    """`fast_path.status`'s line where no library is loaded and there is a build to speak of: this
+    process's (running or failed), another process's (running or interrupted: its marker), or (with
+    `skipped`) why none starts (turned off, a tool missing, a failure recorded); else None."""
     fix = f"run `attn-dispatch {fast_path.BUILD_COMMAND}`"
     library = str(fast_path_build.library_path(home))
     if skipped and library in _deferred:
@@ -388,5 +345,8 @@ def status(home: str | os.PathLike | None = None, *, skipped: bool = True) -> st
         if code != 0:
             return f"not built: auto-build failed (see {build.log}); {fix}"
         return None
-    reason = _skipped.get(library) if skipped else None
-    return None if reason is None else f"not built: no auto-build ({reason}); {fix}"
+    other = elsewhere(Path(library))  # another process's build, running or interrupted
+    if other is not None:
+        return f"not built yet: {other}, log: {Path(library).parent / LOG_NAME}; or {fix}"
+    reason = (_skipped.get(library) or _why_no_build(Path(library))) if skipped else None
+    return f"not built: no auto-build ({reason}); {fix}" if reason else None

@@ -4,6 +4,7 @@ for this torch and Python, under the home directory, where every later `Dispatch
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from attn_dispatch.dispatcher.commands._common import CommandError
@@ -31,8 +32,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attn_dispatch.dispatcher import fast_path, fast_path_build
+    from attn_dispatch.dispatcher import fast_path, fast_path_build, fast_path_markers
 
+    library = fast_path_build.library_path(args.home)
+    fast_path_markers.clear_failure(library)  # an explicit build: background builds may start again
+    marker = fast_path_markers.marker_path(library)
+    running = fast_path_markers.read_marker(marker)
+    if running is not None and running[0] != os.getpid() and not fast_path_markers.is_stale(marker):
+        print(f"waiting for the background build (pid {running[0]}) to finish ...", flush=True)
     started = time.perf_counter()
     try:
         path, compiled = fast_path_build.build(args.home)

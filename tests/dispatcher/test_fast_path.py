@@ -285,7 +285,8 @@ def test_a_library_without_a_manifest_is_not_built_and_never_loaded(monkeypatch,
     library.parent.mkdir(parents=True)
     library.write_bytes(b"not a shared library")
     assert fast_path.load(tmp_path) is None
-    assert fast_path.status(tmp_path) == f"not built: {FIX}"
+    status = fast_path.status(tmp_path)  # the suite turns the background build off: the line says so
+    assert status.startswith("not built") and status.endswith(FIX) and "rejected" not in status
     ours = Dispatcher(kernels=["sdpa_default"], home=str(tmp_path))
     assert ours.fast_attention == ours.attention
     inputs = qkv(kv_heads=4)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from attn_dispatch.dispatcher import Dispatcher, fast_path, hf, patched
 from attn_dispatch.dispatcher import fast_path_autobuild as autobuild
+from attn_dispatch.dispatcher import fast_path_markers as markers
 from attn_dispatch.dispatcher.fast_path_build import library_path, manifest_path
 from tests.dispatcher.helpers import qkv
 
@@ -33,7 +34,7 @@ GO_POLL_S = 0.05  # how often the waiting stand-in looks for its go file (no tim
 COPY = f"""
 import os, shutil, sys
 marker, built = sys.argv[1], sys.argv[2]
-library = marker[:-len({autobuild.MARKER_SUFFIX!r})] + ".so"
+library = marker[:-len({markers.MARKER_SUFFIX!r})] + ".so"
 shutil.copy(built, library + ".part")
 os.replace(library + ".part", library)
 shutil.copy(built[:-3] + ".json", library[:-3] + ".json")
@@ -94,7 +95,7 @@ def test_one_build_per_process_and_home(copying, tmp_path):
     assert first._fast is None and first._building.build is second._building.build
     assert other._building.build is not first._building.build
     assert copying.markers == [library_path(tmp_path / home).with_name(library_path(tmp_path / home).stem
-                                                                       + autobuild.MARKER_SUFFIX) for home in "ab"]
+                                                                       + markers.MARKER_SUFFIX) for home in "ab"]
     for ours in (first, other):
         assert finish(ours._building.build) == 0
         assert not ours._building.build.marker.exists()  # removed when the build ended
@@ -120,7 +121,7 @@ def test_not_started_without_a_compiler(copying, monkeypatch, tmp_path):
 def marker_of(home: Path) -> Path:
     library = library_path(home)
     library.parent.mkdir(parents=True, exist_ok=True)
-    return library.with_name(library.stem + autobuild.MARKER_SUFFIX)
+    return library.with_name(library.stem + markers.MARKER_SUFFIX)
 
 
 def test_a_live_marker_means_another_process_builds_it_and_is_watched(copying, tmp_path, fast_path_build):
@@ -149,7 +150,7 @@ def dead_pid() -> int:
 def test_a_stale_marker_is_replaced(copying, tmp_path, recorded):
     marker = marker_of(tmp_path)
     pid, started = (dead_pid(), time.time()) if recorded == "dead builder" else (
-        os.getpid(), time.time() - autobuild.STALE_AFTER_S - 1)
+        os.getpid(), time.time() - markers.STALE_AFTER_S - 1)
     marker.write_text(f"{pid} {started}\n")
     ours = Dispatcher(kernels=["sdpa_default"], home=str(tmp_path))
     assert copying.markers == [marker] and ours._building.build.process is not None
@@ -299,3 +300,38 @@ def test_a_deferred_build_is_not_promised_where_it_cannot_run(tmp_path, monkeypa
     Dispatcher(kernels=["sdpa_default"], home=home)
     assert hooks == [] and autobuild._deferred == {}
     assert fast_path.status(home) == f"not built: no auto-build (turned off by {autobuild.AUTO_BUILD_ENV}=0); {FIX}"
+
+
+def test_a_failed_child_keeps_every_later_process_from_building_until_an_explicit_build(
+        copying, tmp_path, monkeypatch):
+    """The child records its failure next to the library; a later process (this one with its
+    builds forgotten) starts none and says why; `fast_path.build` clears the record."""
+    home = tmp_path / "failing"
+    monkeypatch.setenv("ATTN_DISPATCH_HOME", str(home))
+    monkeypatch.setattr("attn_dispatch.dispatcher.cli.main", lambda argv: 1)
+    library = library_path(str(home))
+    marker = markers.marker_path(library)
+    assert markers.claim(marker)
+    assert autobuild.run_child(str(marker)) == 1 and not marker.exists()
+    assert markers.failure_of(library).startswith("exit 1 at ")
+    Dispatcher(kernels=["sdpa_default"], home=str(home))
+    assert copying.markers == []
+    status = fast_path.status(str(home))
+    assert status.startswith("not built: no auto-build (the last background build failed, exit 1 at ") and status.endswith(FIX)
+    monkeypatch.setattr("attn_dispatch.dispatcher.fast_path_build.build", lambda home: (library, None))
+    monkeypatch.setattr(fast_path, "load", lambda home=None: object())
+    fast_path.build(str(home))
+    assert markers.failure_of(library) is None
+
+
+@pytest.mark.parametrize("builder", ["live", "dead"])
+def test_status_names_another_process_build(tmp_path, builder):
+    """Another process's marker: a build running there (its pid and start), or one interrupted."""
+    library = library_path(str(tmp_path))
+    library.parent.mkdir(parents=True)
+    pid = os.getpid() if builder == "live" else dead_pid()
+    markers.marker_path(library).write_text(f"{pid} {time.time()}\n")
+    status = fast_path.status(str(tmp_path))
+    expected = ("building in the background by another process" if builder == "live"
+                else "a background build was interrupted")
+    assert status.startswith(f"not built yet: {expected} (pid {pid})") and status.endswith(FIX)
