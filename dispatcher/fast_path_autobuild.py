@@ -170,6 +170,8 @@ def start_deferred() -> None:
         _deferred.clear()
     for home in homes:
         try:
+            if fast_path_build.rejection(fast_path_build.library_path(home)) == "":
+                continue  # built meanwhile (by `calibrate`'s end, another process): nothing to start
             start(home)
         except Exception as error:  # noqa: BLE001 - at exit: nothing to report to
             logger.debug("attn_dispatch: deferred fast path build not started (%s: %s)", type(error).__name__, error)

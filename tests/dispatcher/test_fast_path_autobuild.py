@@ -335,3 +335,17 @@ def test_status_names_another_process_build(tmp_path, builder):
     expected = ("building in the background by another process" if builder == "live"
                 else "a background build was interrupted")
     assert status.startswith(f"not built yet: {expected} (pid {pid})") and status.endswith(FIX)
+
+
+def test_a_deferred_build_starts_nothing_where_the_library_was_built_meanwhile(copying, tmp_path, monkeypatch):
+    """`calibrate` builds the fast path at its end: the exit hook then has nothing to start."""
+    hooks = []
+    monkeypatch.setattr(autobuild, "builds_now", lambda: False)
+    monkeypatch.setattr(autobuild.atexit, "register", hooks.append)
+    home = str(tmp_path / "built-meanwhile")
+    Dispatcher(kernels=["sdpa_default"], home=home)
+    built = autobuild.start(home)  # stands in for the explicit build that ran meanwhile
+    assert finish(built) == 0 and len(copying.markers) == 1
+    monkeypatch.setattr(autobuild, "_builds", {})  # as if this process had not started it
+    hooks[0]()
+    assert len(copying.markers) == 1 and autobuild._builds == {}
