@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attn_dispatch.dispatcher import fast_path_build, fast_path_markers
+from attn_dispatch.dispatcher import fast_path_build
 from attn_dispatch.dispatcher.fast_path_build import library_path, module_name
 from attn_dispatch.dispatcher.switches import switched_off
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
@@ -101,7 +101,6 @@ def build(home: str | os.PathLike | None = None) -> Path:
     """Compile the extension into a private folder and install it under `home` (`fast_path_build`;
     an installed library that matches its manifest is reused), load it, and return the installed
     library's path. Raises RuntimeError naming what is missing (compiler, headers, ninja)."""
-    fast_path_markers.clear_failure(library_path(home))  # an explicit build: background builds may start again
     library, module = fast_path_build.build(home)
     if module is None:
         module = load(home)

@@ -149,8 +149,8 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         out = pytorch_sdpa(query, key, value, mask, 0.0, causal, scale=scale, **kwargs)
         if mask is None or default_zeroes_dead_rows(out.device, out.dtype, mask.dtype == torch.bool):
             return out
-        if mask.dtype == torch.bool:  # two kernels, not three (`any`, `logical_not_`, `masked_fill_`): +3% a token
-            return out.where(mask.any(dim=-1, keepdim=True), 0.0)  # in 32-layer static-cache decode (section 18)
+        if mask.dtype == torch.bool:  # two kernels, not three (`any`, `logical_not_`, `masked_fill_`): every call
+            return out.where(mask.any(dim=-1, keepdim=True), 0.0)  # of a static-cache decode makes it (section 18)
         dead = (mask == float("-inf")).all(dim=-1, keepdim=True)  # [..., L|1, 1]
         return out.masked_fill(dead, 0.0) if out.requires_grad else out.masked_fill_(dead, 0.0)
 

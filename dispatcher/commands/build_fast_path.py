@@ -34,9 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from attn_dispatch.dispatcher import fast_path, fast_path_build, fast_path_markers
 
-    library = fast_path_build.library_path(args.home)
-    fast_path_markers.clear_failure(library)  # an explicit build: background builds may start again
-    marker = fast_path_markers.marker_path(library)
+    marker = fast_path_markers.marker_path(fast_path_build.library_path(args.home))
     running = fast_path_markers.read_marker(marker)
     if running is not None and running[0] != os.getpid() and not fast_path_markers.is_stale(marker):
         print(f"waiting for the background build (pid {running[0]}) to finish ...", flush=True)
