@@ -1,9 +1,16 @@
 // The fast path (`dispatcher/fast_path.py`): a C builtin in front of `Dispatcher.attention` that
 // serves the dispatcher's hot plans with no Python frame: it checks the call against at most HOT_SLOTS
 // entries mirrored from the Python hot path (`hot_path.HotEntry`), adds one to the plan's count and
-// either forwards the caller's vectorcall, unchanged, to PyTorch's SDPA (a plan that is exactly the
-// call's own SDPA call) or makes the one ATen operator call a fused backend's plan makes
-// (`kernels.sdpa_backends.BareCall`). Every other call is forwarded, unchanged, to `Dispatcher.attention`.
+// either makes the call's own SDPA call (a plan that is exactly that call) or the one ATen operator
+// call a fused backend's plan makes (`kernels.sdpa_backends.BareCall`). Every other call is
+// forwarded, unchanged, to `Dispatcher.attention`.
+//
+// The call's own SDPA call is made as PyTorch's Python binding makes it, without its argument
+// parser: `at::scaled_dot_product_attention` with the arguments read here, the GIL released and
+// C++ warnings re-raised as Python warnings when it returns (`torch::PyWarningHandler`, as the
+// binding's HANDLE_TH_ERRORS does). Where a `scale` is neither absent, None nor a float, or where the
+// callable was made with another SDPA than PyTorch's (`direct` false: tests inject failures there),
+// the caller's vectorcall is forwarded unchanged to that SDPA instead.
 //
 // An entry serves its plan's exact shape, or (`key_lengths`) every key length of a range over which
 // the dispatcher would make the same call (`dispatcher.length_range`): a decode loop's next token then
@@ -15,7 +22,7 @@
 // an operator entry's ATen call runs (`serve_op`, as PyTorch's own bindings release it: the entries
 // are held meanwhile); entries are immutable and swapped as a whole (`set_entries`).
 //
-// Module functions: make(sdpa, fallback, compiler) -> callable; make_entry(query, key, value,
+// Module functions: make(sdpa, fallback, compiler, direct) -> callable; make_entry(query, key, value,
 // attn_mask, is_causal, enable_gqa, count, settle_at, op, rows, out_shape, kv_lo, kv_hi) -> entry;
 // set_entries(callable, entries); hits(callable) -> calls served here.
 
@@ -29,6 +36,8 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
@@ -135,6 +144,7 @@ void destroy_entry(PyObject* capsule) {
 struct FastState {
   PyObject_HEAD
   PyObject* sdpa;  // PyTorch's SDPA (`torch._C._nn.scaled_dot_product_attention`), never a patched one
+  bool direct;  // `sdpa` is PyTorch's own: a forward entry calls ATen's SDPA (else it calls `sdpa`)
   PyObject* fallback;  // `Dispatcher.attention`, bound
   PyObject* compiler;  // `torch.compiler` (its `_is_compiling_flag` is read per call), or NULL
   PyObject* entries;  // tuple of entry capsules, owning `slots`
@@ -211,10 +221,12 @@ bool compiling(FastState* st) {
   return on;
 }
 
-// A served call's tensors (query, key, value[, mask]) and scale, as `match` read them.
+// A served call's tensors (query, key, value[, mask]) and scale, as `match` read them; `direct`: a
+// forward entry's call is made through ATen (its scale read), else forwarded to `FastState::sdpa`.
 struct Call {
   const at::Tensor* tensors[MAX_TENSORS];
   std::optional<double> scale;
+  bool direct = false;
 };
 
 // An operator entry's scale: absent or None, or a float (an int or anything else goes to Python,
@@ -285,20 +297,47 @@ const Entry* match(FastState* st, PyObject* const* args, Py_ssize_t nargs, PyObj
         entry->masked != (mask != nullptr))
       continue;
     if (!entry_matches(entry, *call, n, local)) continue;
-    if (entry->op != FORWARD && (!read_scale(a[SCALE], &call->scale) || !all_backends_on())) return nullptr;
+    if (entry->op == FORWARD) {
+      call->direct = st->direct && read_scale(a[SCALE], &call->scale);  // else forwarded as it came
+      return entry;
+    }
+    if (!read_scale(a[SCALE], &call->scale) || !all_backends_on()) return nullptr;
     return entry;
   }
   return nullptr;
 }
 
+// A served call's tensors, held by this frame: made with the GIL held, because the first C++ reference
+// beyond a Python tensor's own takes a reference to its Python object too (PyTorch's PyObject
+// preservation), which takes the GIL where it was released: ~3,500 instructions per call (callgrind,
+// torch 2.13) where ATen copied the caller's tensors inside a call made without the GIL. PyTorch's
+// binding holds its parsed arguments the same way.
+struct Held {
+  at::Tensor query, key, value;
+  std::optional<at::Tensor> mask;
+  std::optional<double> scale;
+
+  Held(const Call& call, bool masked)
+      : query(*call.tensors[QUERY]), key(*call.tensors[KEY]), value(*call.tensors[VALUE]), scale(call.scale) {
+    if (masked) mask = *call.tensors[ATTN_MASK];
+  }
+};
+
+// The call's own SDPA call, as PyTorch's binding makes it (dropout 0: `match` serves no other). Runs
+// without the GIL; throws what ATen throws.
+at::Tensor run_sdpa(const Entry* entry, const Held& call) {
+  return at::scaled_dot_product_attention(call.query, call.key, call.value, call.mask, 0.0, entry->is_causal,
+                                          call.scale, entry->enable_gqa);
+}
+
 // `entry`'s ATen operator on the call's tensors, as `SdpaBackendKernel.runner`'s bare call makes it
 // (no mask, no dropout, inference: no log-sum-exp kept). Runs without the GIL; throws what ATen throws.
 at::Tensor run_op(int op, const std::vector<int64_t>& rows, const std::vector<int64_t>& out_shape, bool is_causal,
-                  const Call& call) {
-  const at::Tensor& key = *call.tensors[KEY];
-  const at::Tensor& value = *call.tensors[VALUE];
+                  const Held& call) {
+  const at::Tensor& key = call.key;
+  const at::Tensor& value = call.value;
   const bool folded = !rows.empty();
-  const at::Tensor query = folded ? call.tensors[QUERY]->reshape(rows) : *call.tensors[QUERY];
+  const at::Tensor query = folded ? call.query.reshape(rows) : call.query;
   const bool causal = folded ? false : is_causal;
   at::Tensor out;
   switch (op) {
@@ -334,21 +373,29 @@ void uncount(PyObject* count) {
   PyErr_Clear();
 }
 
-// `entry`'s operator, the GIL released as PyTorch's own bindings release it; nullptr (no error set)
-// where it raised.
-PyObject* serve_op(FastState* st, const Entry* entry, const Call& call) {
+// `entry`'s ATen call (ATen's SDPA or its operator), made as PyTorch's own bindings make it: the GIL
+// released meanwhile, ATen's warnings raised as Python warnings once it is back. nullptr where it
+// raised (or a warning filter turned a warning into an error): the Python path then makes the call.
+PyObject* serve_aten(FastState* st, const Entry* entry, const Call& call) {
   // the entries may be swapped (and this one freed) while the GIL is released: hold them
   PyObject* held = st->entries;
   Py_INCREF(held);
   at::Tensor out;
   bool ok = true;
-  PyThreadState* thread = PyEval_SaveThread();
   try {
-    out = run_op(entry->op, entry->rows, entry->out_shape, entry->is_causal, call);
-  } catch (const std::exception&) {
+    Held tensors(call, entry->masked);  // released after the GIL is back
+    torch::PyWarningHandler warnings;
+    PyThreadState* thread = PyEval_SaveThread();
+    try {
+      out = entry->op == FORWARD ? run_sdpa(entry, tensors)
+                                 : run_op(entry->op, entry->rows, entry->out_shape, entry->is_causal, tensors);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    PyEval_RestoreThread(thread);
+  } catch (const std::exception&) {  // `warnings` re-raising a warning as an error (python_error)
     ok = false;
   }
-  PyEval_RestoreThread(thread);
   Py_DECREF(held);
   return ok ? THPVariable_Wrap(std::move(out)) : nullptr;
 }
@@ -393,14 +440,14 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyO
     }
     PyList_SetItem(count, 0, next);
     PyObject* result = nullptr;
-    if (entry->op == FORWARD) {
+    if (entry->op == FORWARD && !call.direct) {
       result = PyObject_Vectorcall(st->sdpa, args, nargs, kwnames);
       if (result == nullptr && !PyErr_ExceptionMatches(PyExc_Exception)) {  // KeyboardInterrupt: propagate
         Py_DECREF(count);
         return nullptr;
       }
     } else {
-      result = serve_op(st, entry, call);
+      result = serve_aten(st, entry, call);
     }
     if (result != nullptr) {
       st->hits += 1;
@@ -434,12 +481,13 @@ FastState* state_of(PyObject* fast) {
   return reinterpret_cast<FastState*>(PyCFunction_GET_SELF(fast));
 }
 
-// make(sdpa, fallback, compiler) -> the fast callable
+// make(sdpa, fallback, compiler, direct) -> the fast callable
 PyObject* make(PyObject*, PyObject* args) {
   PyObject *sdpa, *fallback, *compiler;
-  if (!PyArg_ParseTuple(args, "OOO:make", &sdpa, &fallback, &compiler)) return nullptr;
+  int direct;
+  if (!PyArg_ParseTuple(args, "OOOp:make", &sdpa, &fallback, &compiler, &direct)) return nullptr;
   if (!PyCallable_Check(sdpa) || !PyCallable_Check(fallback)) {
-    PyErr_SetString(PyExc_TypeError, "make(sdpa, fallback, compiler): sdpa and fallback must be callable");
+    PyErr_SetString(PyExc_TypeError, "make(sdpa, fallback, compiler, direct): sdpa and fallback must be callable");
     return nullptr;
   }
   FastState* st = PyObject_GC_New(FastState, &FastStateType);
@@ -447,6 +495,7 @@ PyObject* make(PyObject*, PyObject* args) {
   Py_INCREF(sdpa);
   Py_INCREF(fallback);
   st->sdpa = sdpa;
+  st->direct = direct;
   st->fallback = fallback;
   st->compiler = compiler == Py_None ? nullptr : (Py_INCREF(compiler), compiler);
   st->entries = PyTuple_New(0);
@@ -583,7 +632,7 @@ PyObject* hits(PyObject*, PyObject* fast) {
 }
 
 PyMethodDef module_methods[] = {
-    {"make", make, METH_VARARGS, "make(sdpa, fallback, compiler) -> the fast callable"},
+    {"make", make, METH_VARARGS, "make(sdpa, fallback, compiler, direct) -> the fast callable"},
     {"make_entry", make_entry, METH_VARARGS,
      "make_entry(query, key, value, attn_mask, is_causal, enable_gqa, count, settle_at, op, rows, out_shape, kv_lo, "
      "kv_hi) -> an entry"},

@@ -5,8 +5,11 @@ Why: any Python function in front of ``F.scaled_dot_product_attention`` costs a 
 on the H200 host for a bare pass-through, +1.47-2.07 us with one tensor guard (issue 14's floors),
 12-15% of a settled decode step's 23-37 us call, where every plan is PyTorch's SDPA anyway. The
 builtin reads the arguments from the vectorcall array, checks them against the dispatcher's hot
-entries (`hot_path`) in C++ and, on a match, adds one to the plan's count and forwards the caller's
-call unchanged to PyTorch's SDPA: no Python frame. Every other call is forwarded unchanged to
+entries (`hot_path`) in C++ and, on a match, adds one to the plan's count and makes the call's own
+SDPA call: no Python frame. It calls ATen's SDPA as PyTorch's Python binding does (the GIL released,
+C++ warnings raised as Python warnings) but without the binding's argument parser, whose work the
+builtin's checks have already done; a ``scale`` that is neither absent, None nor a float is
+forwarded unchanged to PyTorch's SDPA instead. Every other call is forwarded unchanged to
 `Dispatcher.attention`.
 
 A hot plan that runs a fused backend's operator bare (`kernels._bare_call.BareCall`: flash,
@@ -199,7 +202,8 @@ class FastPath:
 
     def __init__(self, module: ModuleType, dispatcher: Dispatcher) -> None:
         self.module = module
-        self.call = module.make(pytorch_sdpa, dispatcher.attention, getattr(torch, "compiler", None))
+        direct = pytorch_sdpa is torch._C._nn.scaled_dot_product_attention  # else tests' stand-in: call it
+        self.call = module.make(pytorch_sdpa, dispatcher.attention, getattr(torch, "compiler", None), direct)
         self._dispatcher = dispatcher
         self._registered: bool | None = None  # the compile stand-in: None not tried, then whether it took
         _made.add(self)

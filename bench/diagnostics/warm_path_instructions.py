@@ -72,7 +72,7 @@ def child(calls: int, order_file: str) -> None:
         fast = {}  # case -> the dispatcher's fast callable, forwarding to the no-op (its plan goes hot in the warm-up)
         for case, ours in dispatchers.items():
             if ours._fast is not None:
-                ours._fast.call = fast[case] = ours._fast.module.make(NO_OP, ours.attention, torch.compiler)
+                ours._fast.call = fast[case] = ours._fast.module.make(NO_OP, ours.attention, torch.compiler, False)
         for case, (args, kwargs) in cases.items():
             dispatchers[case].attention(*args, **kwargs)  # planned with PyTorch's SDPA, before it is replaced
         core._sdpa = NO_OP

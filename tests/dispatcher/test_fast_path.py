@@ -104,6 +104,36 @@ def test_a_masked_call_with_scale_is_served():
     assert torch.equal(result[0], SDPA(q, k, v, mask, scale=0.5))
 
 
+def test_a_scale_that_is_no_float_is_forwarded_to_pytorchs_sdpa_as_given():
+    """ATen's SDPA is called directly only with a float scale or none; an int (PyTorch's parser takes
+    it) is handed to PyTorch's SDPA unchanged, still served in C++."""
+    ours = Dispatcher(kernels=["sdpa_default"])
+    inputs = qkv(kv_heads=4, q_len=3, kv_len=5)
+    q, k, v = inputs["query"], inputs["key"], inputs["value"]
+    fast = warm(ours, q, k, v, scale=2)
+    result = []
+    assert served(ours, lambda: result.append(fast(q, k, v, scale=2)))
+    assert torch.equal(result[0], SDPA(q, k, v, scale=2))
+    assert served(ours, lambda: result.append(fast(q, k, v, scale=2.0)))  # the same entry, the ATen call
+    assert torch.equal(result[1], SDPA(q, k, v, scale=2.0))
+
+
+def test_served_calls_leave_the_callers_tensors_as_they_were():
+    """The C++ path holds the caller's tensors while ATen runs without the GIL (`fast_call.cpp`'s
+    `Held`): afterwards every reference it took is gone, and the output is a new tensor."""
+    ours = Dispatcher(kernels=["sdpa_default"])
+    inputs = qkv(kv_heads=4, q_len=4, kv_len=6)
+    q, k, v = inputs["query"], inputs["key"], inputs["value"]
+    mask = torch.rand(1, 1, 4, 6) > 0.3
+    fast = warm(ours, q, k, v, mask)
+    before = [sys.getrefcount(t) for t in (q, k, v, mask)]
+    results = []
+    for _ in range(5):
+        assert served(ours, lambda: results.append(fast(q, k, v, mask)))
+    assert [sys.getrefcount(t) for t in (q, k, v, mask)] == before
+    assert len({out.data_ptr() for out in results}) == len(results)
+
+
 class Sub(torch.Tensor):
     pass
 
