@@ -66,6 +66,10 @@ ROUNDS = 5
 LOSER_FACTOR = 4.0  # a kernel this much slower than the best so far cannot be the oracle whatever the noise
 FULL_MATRIX_LIMIT = 1 << 30  # score-matrix bytes (fp32) past which `math` / `sdpa_math` are not run
 DISPATCHERS = ("table", "shipped", "tuned")
+CONTROL = "pytorch_again"
+"""An A/A control path (only where ``--paths`` names it): PyTorch's call again, timed as the
+dispatchers are, so its paired ratios to ``pytorch`` show how many shapes the measurement alone
+puts over `SLOWER_MARGIN`."""
 SLOWER_MARGIN = 1.03  # "slower than the default by more than 3%" (the issue's wording)
 
 
@@ -157,6 +161,8 @@ def make_paths(problem: Problem, inputs, dispatchers: dict, only: frozenset[str]
     q, k, v, gqa = inputs.query, inputs.key, inputs.value, inputs.enable_gqa
     extra = {"enable_gqa": True} if gqa else {}
     paths = {"pytorch": lambda: pytorch_sdpa(q, k, v, is_causal=problem.causal, **extra)}  # as users call it
+    if only is not None and CONTROL in only:  # the same call again: the paired ratio's own noise
+        paths[CONTROL] = lambda: pytorch_sdpa(q, k, v, is_causal=problem.causal, **extra)
     for label, kernel in oracle_kernels(dispatchers["table"], problem).items():
         run = kernel.runner(problem)
         paths[label] = lambda run=run: run(q, k, v, None, None, gqa, problem)
@@ -319,6 +325,13 @@ def paired_lines(rows: list[dict]) -> list[str]:
     split by whether the dispatcher kept PyTorch's own call there (then only overhead and noise
     can make it slower) or chose another kernel."""
     lines = []
+    control = [ratio for r in rows if (ratio := paired_ratios(r, CONTROL)) is not None]
+    if control:
+        quartiles = statistics.quantiles(control, n=4) if len(control) >= 2 else [math.nan] * 3
+        lines.append(f"{CONTROL} (A/A control), paired per round: {len(control)} shapes, median "
+                     f"{statistics.median(control):.4f}, quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}, "
+                     f"{sum(1 for x in control if x > SLOWER_MARGIN)} >3% slower, "
+                     f"{sum(1 for x in control if x < 1 / SLOWER_MARGIN)} >3% faster")
     for name in DISPATCHERS:
         paired = [(r, ratio) for r in rows if (ratio := paired_ratios(r, name)) is not None]
         if not paired:
@@ -341,9 +354,10 @@ def paired_lines(rows: list[dict]) -> list[str]:
 
 def _path_names(text: str) -> frozenset[str]:
     names = frozenset(part.strip() for part in text.split(",") if part.strip())
-    unknown = names - {"pytorch", "kernels", *DISPATCHERS}
+    unknown = names - {"pytorch", "kernels", CONTROL, *DISPATCHERS}
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"--paths: unknown {sorted(unknown)}; use pytorch, kernels, {', '.join(DISPATCHERS)}")
+        raise argparse.ArgumentTypeError(f"--paths: unknown {sorted(unknown)}; use pytorch, kernels, {CONTROL}, "
+                                         f"{', '.join(DISPATCHERS)}")
     return names
 
 
@@ -364,7 +378,8 @@ def main() -> None:
                         help="N shapes off the grid instead of the grid (`heldout_problems`, drawn with --seed + 1)")
     parser.add_argument("--paths", type=_path_names, default=None, metavar="LABELS",
                         help="time only these paths, comma-separated: pytorch, table, shipped, tuned, kernels (every "
-                             "kernel:<name>); e.g. pytorch,shipped with --rounds 21 checks the 3%% bound on 20-40 us calls")
+                             "kernel:<name>), pytorch_again (PyTorch's call again: an A/A control of the paired ratio); "
+                             "e.g. pytorch,pytorch_again,shipped with --rounds 21 checks the 3%% bound on 20-40 us calls")
     parser.add_argument("--summarize", metavar="FILE", help="print the summary of a results file and stop")
     args = parser.parse_args()
     if args.summarize:

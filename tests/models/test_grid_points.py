@@ -78,6 +78,18 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
     assert lines[1].startswith("  1.300x sdpa_flash: B1 32/8 Lq1 Lk2048 D128 bfloat16")
 
 
+def test_the_a_a_control_counts_the_shapes_noise_alone_puts_over_the_margin():
+    from bench.llm_grid import CONTROL, paired_lines
+
+    def row(again):
+        return {"problem": PROBLEM, "chosen": {},
+                "paths": {"pytorch": {"samples_s": [10e-6] * 3}, CONTROL: {"samples_s": again}}}
+
+    lines = paired_lines([row([10e-6] * 3), row([10.5e-6] * 3), row([9e-6] * 3)])
+    assert lines == [f"{CONTROL} (A/A control), paired per round: 3 shapes, median 1.0000, quartiles 0.900-1.050, "
+                     "1 >3% slower, 1 >3% faster"]
+
+
 def test_path_names_name_the_bad_label():
     import argparse
 
@@ -86,5 +98,6 @@ def test_path_names_name_the_bad_label():
     from bench.llm_grid import _path_names
 
     assert _path_names("pytorch, shipped") == {"pytorch", "shipped"}
+    assert _path_names("pytorch,pytorch_again") == {"pytorch", "pytorch_again"}
     with pytest.raises(argparse.ArgumentTypeError, match="unknown \\['flash'\\]"):
         _path_names("pytorch,flash")
