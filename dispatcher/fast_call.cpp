@@ -373,9 +373,18 @@ void uncount(PyObject* count) {
   PyErr_Clear();
 }
 
+// ATen's warnings during a served call, kept until the call is known to have succeeded: a call that
+// raises is made again by the Python path, whose own warnings are then the only ones raised.
+struct KeptWarnings : c10::WarningHandler {
+  std::vector<c10::Warning> kept;
+  void process(const c10::Warning& warning) override { kept.push_back(warning); }
+};
+
 // `entry`'s ATen call (ATen's SDPA or its operator), made as PyTorch's own bindings make it: the GIL
-// released meanwhile, ATen's warnings raised as Python warnings once it is back. nullptr where it
-// raised (or a warning filter turned a warning into an error): the Python path then makes the call.
+// released meanwhile, ATen's warnings raised as Python warnings once it is back (handed to
+// `torch::PyWarningHandler`, as the binding's HANDLE_TH_ERRORS does). nullptr where it raised (its
+// warnings dropped) or where a warning filter turned a warning into an error: the Python path then
+// makes the call.
 PyObject* serve_aten(FastState* st, const Entry* entry, const Call& call) {
   // the entries may be swapped (and this one freed) while the GIL is released: hold them
   PyObject* held = st->entries;
@@ -384,16 +393,24 @@ PyObject* serve_aten(FastState* st, const Entry* entry, const Call& call) {
   bool ok = true;
   try {
     Held tensors(call, entry->masked);  // released after the GIL is back
-    torch::PyWarningHandler warnings;
+    torch::PyWarningHandler python_warnings;  // raises what it is handed as Python warnings, at scope end
+    KeptWarnings warnings;
     PyThreadState* thread = PyEval_SaveThread();
-    try {
-      out = entry->op == FORWARD ? run_sdpa(entry, tensors)
-                                 : run_op(entry->op, entry->rows, entry->out_shape, entry->is_causal, tensors);
-    } catch (const std::exception&) {
-      ok = false;
+    {
+      c10::WarningUtils::WarningHandlerGuard keep(&warnings);  // this thread's handler, during the call
+      try {
+        out = entry->op == FORWARD ? run_sdpa(entry, tensors)
+                                   : run_op(entry->op, entry->rows, entry->out_shape, entry->is_causal, tensors);
+      } catch (const std::exception&) {
+        ok = false;
+      }
     }
     PyEval_RestoreThread(thread);
-  } catch (const std::exception&) {  // `warnings` re-raising a warning as an error (python_error)
+    if (ok) {
+      c10::WarningHandler* handler = c10::WarningUtils::get_warning_handler();  // `python_warnings`'
+      for (const c10::Warning& warning : warnings.kept) handler->process(warning);
+    }
+  } catch (const std::exception&) {  // `python_warnings` re-raising a warning as an error (python_error)
     ok = false;
   }
   Py_DECREF(held);

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -217,6 +218,29 @@ def test_restricted_backends_raise_pytorchs_own_error():
         with pytest.raises(RuntimeError) as ours_error:
             fast(q, k, v)
     assert str(ours_error.value) == str(pytorchs.value)
+
+
+def test_a_served_call_that_raises_warns_as_pytorch_warns_once():
+    """ATen warns, then raises (3-D inputs under a flash-only restriction): the call is made again
+    by the Python path, so the C++ entry's own warnings are dropped, not raised twice (helper nu13's
+    reproducer: 4 warnings against PyTorch's 2)."""
+    ours = Dispatcher(kernels=["sdpa_default"])
+    q = torch.randn(2, 3, 8)
+    fast = warm(ours, q, q, q)
+    assert served(ours, lambda: fast(q, q, q))
+
+    def warnings_and_error(call):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), pytest.raises(RuntimeError) as error:
+                call()
+        return [(w.category, str(w.message)) for w in caught], str(error.value)
+
+    assert warnings_and_error(lambda: fast(q, q, q)) == warnings_and_error(lambda: SDPA(q, q, q))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning turned into an error: PyTorch's exception all the same
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), pytest.raises(RuntimeError, match="No available kernel"):
+            fast(q, q, q)
 
 
 def test_bad_arguments_raise_sdpa_s_type_error():
