@@ -7,10 +7,11 @@
 //
 // The call's own SDPA call is made as PyTorch's Python binding makes it, without its argument
 // parser: `at::scaled_dot_product_attention` with the arguments read here, the GIL released and
-// C++ warnings re-raised as Python warnings when it returns (`torch::PyWarningHandler`, as the
-// binding's HANDLE_TH_ERRORS does). Where a `scale` is neither absent, None nor a float, or where the
-// callable was made with another SDPA than PyTorch's (`direct` false: tests inject failures there),
-// the caller's vectorcall is forwarded unchanged to that SDPA instead.
+// C++ warnings re-raised as Python warnings once it has succeeded (`torch::PyWarningHandler`, as
+// the binding's HANDLE_TH_ERRORS does; a call that raises is made again by the Python path). Where
+// a `scale` is neither absent, None nor a float, or where the callable was made with another SDPA
+// than PyTorch's (`direct` false: tests inject failures there), the caller's vectorcall is
+// forwarded unchanged to that SDPA instead.
 //
 // An entry serves its plan's exact shape, or (`key_lengths`) every key length of a range over which
 // the dispatcher would make the same call (`dispatcher.length_range`): a decode loop's next token then
@@ -19,8 +20,8 @@
 // A served call is one the Python hot path would serve with the same PyTorch call, so every check
 // below is there to refuse what the Python path would treat differently; when in doubt, the call
 // goes to Python (a miss costs the checks, nothing else). The GIL is held throughout, except while
-// an operator entry's ATen call runs (`serve_op`, as PyTorch's own bindings release it: the entries
-// are held meanwhile); entries are immutable and swapped as a whole (`set_entries`).
+// an ATen call runs (`serve_aten`, as PyTorch's own bindings release it: the entries are held
+// meanwhile); entries are immutable and swapped as a whole (`set_entries`).
 //
 // Module functions: make(sdpa, fallback, compiler, direct) -> callable; make_entry(query, key, value,
 // attn_mask, is_causal, enable_gqa, count, settle_at, op, rows, out_shape, kv_lo, kv_hi) -> entry;
