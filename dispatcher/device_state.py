@@ -43,6 +43,12 @@ class DeviceState:
         if out_of_memory:
             self.out_of_memory.setdefault(bucket, set()).add(name)
 
+    def forget_failure(self, problem: Problem, name: str) -> None:
+        """Kernel `name`'s remembered failure in `problem`'s bucket, forgotten (it was the context's)."""
+        bucket = failure_bucket(problem)
+        self.failures.get(bucket, {}).pop(name, None)
+        self.out_of_memory.get(bucket, set()).discard(name)
+
     def forget_out_of_memory(self, problem: Problem) -> None:
         """Out-of-memory failures are transient: when nothing is left to try, forget them for the
         bucket so the next call tries again instead of failing at once."""

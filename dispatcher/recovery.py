@@ -11,8 +11,10 @@ from attn_dispatch.dispatcher._plan import Plan, check_scale
 from attn_dispatch.dispatcher.dual_calls import carries_tangent, pytorch_dual_call
 from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.memory import release_cached_memory
+from attn_dispatch.dispatcher.sdpa_context import some_backend_off
 from attn_dispatch.kernels import Problem
 from attn_dispatch.kernels.failures import is_out_of_memory
+from attn_dispatch.kernels.registry import uses_fused_backend
 
 
 class RecoveringDispatcher:
@@ -25,10 +27,42 @@ class RecoveringDispatcher:
         if carries_tangent(query, key, value, attn_mask):  # PyTorch's answer to a dual tensor, nothing remembered
             return pytorch_dual_call(key_, query, key, value, attn_mask, scale, enable_gqa)
         check_scale(scale)
+        if some_backend_off():  # the failure may be the switch's: remembered for this call only
+            return self._recover_under_switches(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa)
+        return self._recover_from(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa, [])
+
+    def _recover_under_switches(self, plan, key_, error, query, key, value, attn_mask, scale,
+                                enable_gqa) -> torch.Tensor:
+        """`_recover_from` inside ``sdpa_kernel(...)`` (reached where restrictions are not respected:
+        ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``): a kernel running PyTorch's SDPA may fail there for
+        the switch alone (a 3-D call under flash only), so its failure is forgotten after this call
+        and the bucket decides anew at its next call; kept, it made a later call of the bucket that
+        PyTorch serves raise `NoKernelError` (helper nu13, session 13)."""
+        switched = []
+        try:
+            return self._recover_from(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa, switched)
+        finally:
+            if switched:
+                with self._lock:
+                    for problem, name in switched:
+                        self._state(plan.device).forget_failure(problem, name)
+                    old = self._plans.pop(key_, None)
+                    self._drop_hot(key_)
+                    if old is not None:
+                        self._fold_count(old)
+                        self._drop_bucket_plans(old.bucket)
+                    self._planner(plan.device).forget_bucket(plan.problem)
+
+    def _recover_from(self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa,
+                      switched: list) -> torch.Tensor:
+        """The recovery loop of `_recover`; each failure of a kernel running PyTorch's SDPA is also
+        appended to `switched` as ``(problem, name)`` while some backend is switched off."""
         planner = self._planner(plan.device)
         while True:
             failed = plan.kernel.name
             self._remember(plan.device, plan.problem, failed, error)
+            if uses_fused_backend(plan.kernel) and some_backend_off():
+                switched.append((plan.problem, failed))
             try:
                 with self._lock:
                     old = self._plans.pop(key_, None)

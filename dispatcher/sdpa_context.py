@@ -60,6 +60,12 @@ def backends_restricted() -> bool:
     return RESPECTING[0] and not _all_enabled()
 
 
+def some_backend_off() -> bool:
+    """Whether some PyTorch SDPA backend is switched off now, whether or not restrictions are
+    respected: a kernel running PyTorch's SDPA may then fail for the switch, not for its problem."""
+    return not _all_enabled()
+
+
 def all_strided(*tensors) -> bool:
     """Every tensor given is strided (not sparse, not mkldnn): what our kernels and plans take; the
     others go to PyTorch's SDPA, whose errors they get."""

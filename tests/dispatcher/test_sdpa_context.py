@@ -105,6 +105,45 @@ def test_sdpa_kernel_restriction_opt_out():
         sdpa_context.respect_sdpa_kernel("no")
 
 
+@pytest.fixture
+def restrictions_ignored():
+    sdpa_context.respect_sdpa_kernel(False)
+    yield
+    sdpa_context.respect_sdpa_kernel(True)
+
+
+@pytest.mark.filterwarnings("ignore:.*kernel not used because")
+@pytest.mark.filterwarnings("ignore:All fused kernels requires")
+def test_a_failure_the_switches_caused_is_not_remembered_past_its_call(restrictions_ignored):
+    """Restrictions ignored, a 3-D call under flash only fails in PyTorch's SDPA (a switch, not the
+    problem): the call raises as PyTorch does, and a 4-D call of the same bucket, which PyTorch
+    serves there, is served; after the context, the 3-D call runs PyTorch's default again."""
+    ours = Dispatcher(kernels=["sdpa_default"])
+    q3, q4 = torch.randn(2, 3, 8), torch.randn(1, 2, 3, 8)
+    sdpa = torch._C._nn.scaled_dot_product_attention
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        with pytest.raises(RuntimeError):
+            sdpa(q3, q3, q3)
+        with pytest.raises(RuntimeError):
+            ours.attention(q3, q3, q3)
+        assert torch.equal(ours.attention(q4, q4, q4), sdpa(q4, q4, q4))
+    assert torch.equal(ours.attention(q3, q3, q3), sdpa(q3, q3, q3))
+    assert ours.stats() == {"sdpa_default": 2}
+
+
+@pytest.mark.filterwarnings("ignore:.*kernel not used because")
+@pytest.mark.filterwarnings("ignore:All fused kernels requires")
+def test_under_switches_our_own_kernel_serves_the_call_and_the_default_comes_back(restrictions_ignored):
+    ours = Dispatcher(kernels=["sdpa_default", "math"])
+    q3 = torch.randn(2, 3, 8, dtype=torch.float64)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = ours.attention(q3, q3, q3)
+    assert max(relative_errors(out, reference_attention(q3, q3, q3))) < 1e-12
+    assert ours.stats() == {"math": 1}
+    ours.attention(q3, q3, q3)
+    assert ours.stats() == {"math": 1, "sdpa_default": 1}
+
+
 def test_meta_tensors_give_meta_output_without_warnings():
     q = torch.empty(2, 4, 16, 8, device="meta")
     ours = Dispatcher()
