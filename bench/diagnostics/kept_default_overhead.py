@@ -47,9 +47,10 @@ def paired(calls: dict, rounds: int, device: torch.device) -> dict[str, float]:
         estimate[name] = time_batch(lambda _i, call=call: call(), 0, 3, device)
     samples = {name: [] for name in calls}
     names = list(calls)
+    batch = calls_per_sample(min(estimate.values()))  # one batch size for all: `bench.llm_grid.measure_shape`
     for index in range(rounds):
         for name in names[index % len(names):] + names[: index % len(names)]:
-            samples[name].append(time_batch(lambda _i, c=calls[name]: c(), 0, calls_per_sample(estimate[name]), device))
+            samples[name].append(time_batch(lambda _i, c=calls[name]: c(), 0, batch, device))
     base = samples["pytorch"]
     return {name: statistics.median(s / b for s, b in zip(values, base, strict=True))
             for name, values in samples.items() if name != "pytorch"} | {"pytorch_us": statistics.median(base) * 1e6}
