@@ -15,8 +15,14 @@ SDPA's signature, and the same plus one guard check of the tensors (`hot_path.te
 the fast path (`dispatcher.fast_path`, where it is built: ``attn-dispatch build-fast-path``), its
 C++ entry point forwarding to the same no-op.
 
+``--real-sdpa`` keeps PyTorch's own SDPA everywhere instead (the direct call, the floors, the warm
+path, and the fast path, which then makes its own ATen call rather than forwarding the Python
+call): what the fast path costs against PyTorch's whole call, its argument parser included, with
+the kernel's address noise left in (session 13's HEAD: -1,111, -2,356, -131, -2,348 and +139
+instructions on the five cases; docs/RESULTS.md section 19).
+
 Usage (repository root; needs valgrind, takes ~3 minutes, mostly importing torch under it):
-    python -m bench.diagnostics.warm_path_instructions [--calls 300]
+    python -m bench.diagnostics.warm_path_instructions [--calls 300] [--real-sdpa]
 Another version of the package: put it first on PYTHONPATH (the child process imports it).
 """
 
@@ -54,7 +60,7 @@ def _inputs() -> dict[str, tuple]:
     ], strict=True))
 
 
-def child(calls: int, order_file: str) -> None:
+def child(calls: int, order_file: str, real_sdpa: bool) -> None:
     """Runs under callgrind: per case, the no-op called directly, the two floors, then
     `Dispatcher.attention` (warm, PyTorch's SDPA replaced by the no-op), one reduce each. Each case
     has a dispatcher of its own: its plan stays on the hot path (`hot_path.HOT_SLOTS` is less than
@@ -64,6 +70,8 @@ def child(calls: int, order_file: str) -> None:
     from attn_dispatch.dispatcher import Dispatcher, core
     from bench.dispatch_overhead import floor_calls
 
+    target = torch._C._nn.scaled_dot_product_attention if real_sdpa else NO_OP
+
     torch.set_num_threads(1)
     runs = []
     with torch.inference_mode():
@@ -72,13 +80,13 @@ def child(calls: int, order_file: str) -> None:
         fast = {}  # case -> the dispatcher's fast callable, forwarding to the no-op (its plan goes hot in the warm-up)
         for case, ours in dispatchers.items():
             if ours._fast is not None:
-                ours._fast.call = fast[case] = ours._fast.module.make(NO_OP, ours.attention, torch.compiler, False)
+                ours._fast.call = fast[case] = ours._fast.module.make(target, ours.attention, torch.compiler, real_sdpa)
         for case, (args, kwargs) in cases.items():
             dispatchers[case].attention(*args, **kwargs)  # planned with PyTorch's SDPA, before it is replaced
-        core._sdpa = NO_OP
+        core._sdpa = target
         for case, (args, kwargs) in cases.items():
-            runs.append((f"{case}: no-op", _caller(NO_OP, args, kwargs)))
-            pass_through, guarded = floor_calls(NO_OP, args)
+            runs.append((f"{case}: no-op", _caller(target, args, kwargs)))
+            pass_through, guarded = floor_calls(target, args)
             runs.append((f"{case}: pass-through", _caller(pass_through, args, kwargs)))
             runs.append((f"{case}: pass-through + guard", _caller(guarded, args, kwargs)))
             runs.append((f"{case}: attention", _caller(dispatchers[case].attention, args, kwargs)))
@@ -112,10 +120,11 @@ def _caller(function, args: tuple, kwargs: dict):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--real-sdpa", action="store_true", help="keep PyTorch's SDPA (module docstring)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.calls, args.child)
+        child(args.calls, args.child, args.real_sdpa)
         return
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (apt-get install valgrind)")
@@ -123,13 +132,15 @@ def main() -> None:
         order = os.path.join(folder, "order.json")
         subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
                         "--dump-after=functools_reduce", f"--callgrind-out-file={folder}/cg.out", sys.executable,
-                        "-m", __spec__.name, "--calls", str(args.calls), "--child", order],
+                        "-m", __spec__.name, "--calls", str(args.calls), "--child", order,
+                        *(["--real-sdpa"] if args.real_sdpa else [])],
                        check=True, capture_output=True, cwd=REPOSITORY)
         labels = json.load(open(order))
         dumps = sorted(glob.glob(f"{folder}/cg.out.*"), key=lambda path: int(path.rsplit(".", 1)[1]))
         totals = [_total(path) for path in dumps][-len(labels):]  # torch's import calls reduce too
     per_call = {label: total / args.calls for label, total in zip(labels, totals, strict=True)}
-    print(f"instructions per call ({args.calls} calls, callgrind; PyTorch's SDPA replaced by a no-op)")
+    sdpa = "PyTorch's own SDPA ('no-op' below: that SDPA)" if args.real_sdpa else "PyTorch's SDPA replaced by a no-op"
+    print(f"instructions per call ({args.calls} calls, callgrind; {sdpa})")
     print(f"{'':22s} {'no-op':>7s}  {'attention':>9s}  over the no-op: {'dispatcher':>10s} {'floor: pass-through':>19s}"
           f" {'+ guard':>7s} {'fast path':>9s}")
     for case in CASES:
