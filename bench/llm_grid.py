@@ -326,6 +326,14 @@ def paired_ratios(row: dict, label: str) -> float | None:
     return statistics.median(m / t for m, t in zip(mine, theirs, strict=True))
 
 
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    """First and third quartiles of `values` (NaN for fewer than two)."""
+    if len(values) < 2:
+        return math.nan, math.nan
+    first, _, third = statistics.quantiles(values, n=4)
+    return first, third
+
+
 def paired_lines(rows: list[dict]) -> list[str]:
     """Per dispatcher, the per-round paired ratio to PyTorch's default: shapes over `SLOWER_MARGIN`,
     split by whether the dispatcher kept PyTorch's own call there (then only overhead and noise
@@ -333,9 +341,9 @@ def paired_lines(rows: list[dict]) -> list[str]:
     lines = []
     control = [ratio for r in rows if (ratio := paired_ratios(r, CONTROL)) is not None]
     if control:
-        quartiles = statistics.quantiles(control, n=4) if len(control) >= 2 else [math.nan] * 3
+        low, high = _quartiles(control)
         lines.append(f"{CONTROL} (A/A control), paired per round: {len(control)} shapes, median "
-                     f"{statistics.median(control):.4f}, quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}, "
+                     f"{statistics.median(control):.4f}, quartiles {low:.3f}-{high:.3f}, "
                      f"{sum(1 for x in control if x > SLOWER_MARGIN)} >3% slower, "
                      f"{sum(1 for x in control if x < 1 / SLOWER_MARGIN)} >3% faster")
     for name in DISPATCHERS:
@@ -345,11 +353,11 @@ def paired_lines(rows: list[dict]) -> list[str]:
         kept = [ratio for r, ratio in paired if r["chosen"].get(name) == "sdpa_default"]
         other = [(r, ratio) for r, ratio in paired if r["chosen"].get(name) != "sdpa_default"]
         slow_other = sorted(((ratio, r) for r, ratio in other if ratio > SLOWER_MARGIN), key=lambda x: -x[0])
-        quartiles = statistics.quantiles(kept, n=4) if len(kept) >= 2 else [math.nan] * 3
+        low, high = _quartiles(kept)
         lines.append(
             f"{name}, paired per round: {len(paired)} shapes, {_geomean([ratio for _, ratio in paired]):.3f}x "
             f"PyTorch's time; kept PyTorch's call on {len(kept)} (median {statistics.median(kept) if kept else math.nan:.4f}, "
-            f"quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}, {sum(1 for x in kept if x > SLOWER_MARGIN)} >3% slower); "
+            f"quartiles {low:.3f}-{high:.3f}, {sum(1 for x in kept if x > SLOWER_MARGIN)} >3% slower); "
             f"another kernel on {len(other)} ({len(slow_other)} >3% slower)")
         for ratio, r in slow_other:
             p = r["problem"]

@@ -27,36 +27,33 @@ class RecoveringDispatcher:
         if carries_tangent(query, key, value, attn_mask):  # PyTorch's answer to a dual tensor, nothing remembered
             return pytorch_dual_call(key_, query, key, value, attn_mask, scale, enable_gqa)
         check_scale(scale)
-        if some_backend_off():  # the failure may be the switch's: remembered for this call only
-            return self._recover_under_switches(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa)
-        return self._recover_from(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa, [])
-
-    def _recover_under_switches(self, plan, key_, error, query, key, value, attn_mask, scale,
-                                enable_gqa) -> torch.Tensor:
-        """`_recover_from` inside ``sdpa_kernel(...)`` (reached where restrictions are not respected:
-        ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``): a kernel running PyTorch's SDPA may fail there for
-        the switch alone (a 3-D call under flash only), so its failure is forgotten after this call
-        and the bucket decides anew at its next call; kept, it made a later call of the bucket that
-        PyTorch serves raise `NoKernelError` (helper nu13, session 13)."""
-        switched = []
+        switched: list[tuple[Problem, str]] = []
         try:
             return self._recover_from(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa, switched)
         finally:
             if switched:
-                with self._lock:
-                    for problem, name in switched:
-                        self._state(plan.device).forget_failure(problem, name)
-                    old = self._plans.pop(key_, None)
-                    self._drop_hot(key_)
-                    if old is not None:
-                        self._fold_count(old)
-                        self._drop_bucket_plans(old.bucket)
-                    self._planner(plan.device).forget_bucket(plan.problem)
+                self._forget_switched(plan, key_, switched)
+
+    def _forget_switched(self, plan: Plan, key_: tuple, switched: list[tuple[Problem, str]]) -> None:
+        """Forget failures a switched-off backend may have caused (reached inside ``sdpa_kernel(...)``
+        where restrictions are not respected: ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``; a 3-D call under
+        flash only fails for the switch alone), and the plans made without those kernels, so the
+        bucket decides anew at its next call. Kept, such a failure made a later call of the bucket
+        that PyTorch serves raise `NoKernelError` (helper nu13, session 13)."""
+        with self._lock:
+            for problem, name in switched:
+                self._state(plan.device).forget_failure(problem, name)
+            old = self._plans.pop(key_, None)
+            self._drop_hot(key_)
+            if old is not None:
+                self._fold_count(old)
+                self._drop_bucket_plans(old.bucket)
+            self._planner(plan.device).forget_bucket(plan.problem)
 
     def _recover_from(self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa,
                       switched: list) -> torch.Tensor:
-        """The recovery loop of `_recover`; each failure of a kernel running PyTorch's SDPA is also
-        appended to `switched` as ``(problem, name)`` while some backend is switched off."""
+        """The recovery loop of `_recover`; a failure of a kernel running PyTorch's SDPA while some
+        backend is switched off is also appended to `switched` as ``(problem, name)``."""
         planner = self._planner(plan.device)
         while True:
             failed = plan.kernel.name
