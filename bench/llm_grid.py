@@ -21,9 +21,12 @@ runs before session 10 called ``attention``, the Python method):
 
 Each path's first call is timed alone (`cold_s`: the dispatchers decide there, PyTorch builds its
 per-shape plan); a second call estimates the per-call time; kernels `LOSER_FACTOR` x slower than the
-best so far stop there. Then `ROUNDS` interleaved rounds (order rotated), each sample a batch of
-back-to-back calls of about `calibration.timer.TARGET_SAMPLE_S`, timed by CUDA events; medians and
-interquartile ranges per path. Shapes run in a shuffled order (`--seed`), so a run cut by
+best so far stop there. A dispatcher whose plan for the shape runs a set-up-free kernel until it
+settles is called up to its settle point (`settle_calls`, within `SETTLE_BUDGET_S`): warm is each
+path's steady state. Then `ROUNDS` interleaved rounds (order rotated by an even share of the paths
+each round, so no path always follows the same one), each sample a batch of back-to-back calls of
+about `calibration.timer.TARGET_SAMPLE_S`, timed by CUDA events; medians and interquartile ranges
+per path. Shapes run in a shuffled order (`--seed`), so a run cut by
 `--budget-s` is a fair sample; every shape appends one JSON line to `--out` as it ends.
 
 Usage (from the repository root, the card's table installed or bundled):
@@ -71,6 +74,13 @@ CONTROL = "pytorch_again"
 dispatchers are, so its paired ratios to ``pytorch`` show how many shapes the measurement alone
 puts over `SLOWER_MARGIN`."""
 SLOWER_MARGIN = 1.03  # "slower than the default by more than 3%" (the issue's wording)
+SETTLE_BUDGET_S = 3.0
+"""Most seconds of back-to-back calls a dispatcher path may spend on one shape to reach its settle
+point before it is timed (`settle_calls`). "Warm" is each path's steady state on a shape that keeps
+being called: PyTorch's after its first call (cuDNN's per-shape plan built), the dispatcher's once a
+plan that runs a set-up-free kernel in place of one that sets up per shape has settled
+(`dispatcher.cold_shape.settle_after`). The settle points of the session-13 grid's cold-shape picks
+were a few thousand to a few tens of thousands of 20-40 us calls: under a second each."""
 
 
 def grid_problems(device_type: str = "cuda", batch: int = BATCH) -> list[Problem]:
@@ -197,6 +207,9 @@ def measure_shape(problem: Problem, device: torch.device, dispatchers: dict, rou
                 estimate[label] = _timed_call(call, device)
         except Exception as error:  # noqa: BLE001 - a failing path is recorded, not fatal
             failed[label] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    shape_key = cache_key(inputs.query, inputs.key, inputs.value, None, problem.causal, inputs.enable_gqa)
+    settled = {name: settle_calls(ours, shape_key, paths[name], estimate[name])
+               for name, ours in dispatchers.items() if name in estimate}
     best = min(estimate.values())
     timed = [label for label in estimate
              if not label.startswith("kernel:") or estimate[label] <= LOSER_FACTOR * best]
@@ -208,20 +221,37 @@ def measure_shape(problem: Problem, device: torch.device, dispatchers: dict, rou
     # latency per call.
     calls = calls_per_sample(best)
     for index in range(rounds):
-        shift = index % len(timed)
+        shift = index * max(1, len(timed) // rounds) % len(timed)  # 15 paths, 5 rounds: 0, 3, 6, 9, 12
         for label in timed[shift:] + timed[:shift]:
             call = paths[label]
             samples[label].append(time_batch(lambda _i, call=call: call(), 0, calls, device))
-    shape_key = cache_key(inputs.query, inputs.key, inputs.value, None, problem.causal, inputs.enable_gqa)
     plans = {name: ours._plans.get(shape_key) for name, ours in dispatchers.items()}
     chosen = {name: plan.kernel.name if plan is not None else None for name, plan in plans.items()}
     return {
         "problem": problem.to_dict(), "chosen": chosen, "failed": failed,
+        "settle_calls": {name: calls for name, calls in settled.items() if calls},
         "paths": {label: {"cold_s": cold[label], "median_s": statistics.median(s),
                           "iqr_s": interquartile_range(s), "samples": len(s), "samples_s": s} if s else
                   {"cold_s": cold[label], "median_s": None, "once_s": estimate[label]}
                   for label, s in ((label, samples.get(label, [])) for label in estimate)},
     }
+
+
+def settle_calls(dispatcher, shape_key: tuple, call, once_s: float) -> int:
+    """Calls made so that `dispatcher`'s plan for this shape reaches its settle point (0: it has
+    none, or reaching it would take over `SETTLE_BUDGET_S`; negative: the calls it would have
+    taken then, made none). A plan that settles runs the bucket's decided kernel afterwards."""
+    plan = dispatcher._plans.get(shape_key)
+    if plan is None or not plan.settle_at:
+        return 0
+    remaining = plan.settle_at - plan.count[0]
+    if remaining <= 0:
+        return 0
+    if remaining * once_s > SETTLE_BUDGET_S:
+        return -remaining
+    for _ in range(remaining):
+        call()
+    return remaining
 
 
 def conditions(device: torch.device, rounds: int, paths: frozenset[str] | None = None) -> dict:
@@ -231,7 +261,7 @@ def conditions(device: torch.device, rounds: int, paths: frozenset[str] | None =
     info = {"torch": torch.__version__, "attn_dispatch": attn_dispatch.__version__, "device": str(device),
             "rounds": rounds, "loser_factor": LOSER_FACTOR, "verify_env": os.environ.get("ATTN_DISPATCH_VERIFY"),
             "home": os.environ.get("ATTN_DISPATCH_HOME"), "entry": "fast_attention", "paths": paths,
-            "fast_path": fast_path.load() is not None}
+            "fast_path": fast_path.load() is not None, "settle_budget_s": SETTLE_BUDGET_S}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
@@ -312,8 +342,23 @@ def summarize(path: str) -> None:
             line.append(f"{name}: {_geomean(speed):.3f}x over default, {slower} >3% slower, "
                         f"vs oracle geomean {_geomean(to_oracle):.3f} worst {max(to_oracle, default=math.nan):.2f}")
         print("  ".join(line))
-    for line in paired_lines(rows):
+    for line in paired_lines(rows) + settle_lines(rows):
         print(line)
+
+
+def settle_lines(rows: list[dict]) -> list[str]:
+    """Per dispatcher, the shapes called up to their settle point before timing (`settle_calls`)."""
+    lines = []
+    for name in DISPATCHERS:
+        calls = [row.get("settle_calls", {}).get(name) for row in rows]
+        warmed = [c for c in calls if c and c > 0]
+        over = [-c for c in calls if c and c < 0]
+        if warmed or over:
+            lines.append(f"{name}: {len(warmed)} shapes called to their settle point before timing "
+                         f"({min(warmed, default=0)}-{max(warmed, default=0)} calls); {len(over)} would have "
+                         f"needed more than {SETTLE_BUDGET_S:g} s ({min(over, default=0)}-{max(over, default=0)} calls), "
+                         "timed unsettled")
+    return lines
 
 
 def paired_ratios(row: dict, label: str) -> float | None:

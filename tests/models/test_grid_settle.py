@@ -1,0 +1,47 @@
+"""The grid's warm-up to a dispatcher plan's settle point (`bench.llm_grid.settle_calls`)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from bench.llm_grid import SETTLE_BUDGET_S, settle_calls
+
+KEY = ("shape",)
+
+
+def dispatcher_with(settle_at: int, count: int):
+    """A stand-in dispatcher holding one plan, and the call that counts as the fast path does."""
+    plan = SimpleNamespace(settle_at=settle_at, count=[count])
+    dispatcher = SimpleNamespace(_plans={KEY: plan})
+
+    def call():
+        plan.count[0] += 1
+
+    return dispatcher, plan, call
+
+
+def test_calls_up_to_the_settle_point():
+    dispatcher, plan, call = dispatcher_with(settle_at=1000, count=2)
+    assert settle_calls(dispatcher, KEY, call, once_s=25e-6) == 998
+    assert plan.count[0] == 1000
+
+
+def test_no_settle_point_no_calls():
+    dispatcher, plan, call = dispatcher_with(settle_at=0, count=2)
+    assert settle_calls(dispatcher, KEY, call, once_s=25e-6) == 0
+    assert plan.count[0] == 2
+    assert settle_calls(SimpleNamespace(_plans={}), KEY, call, once_s=25e-6) == 0
+
+
+def test_already_settled_no_calls():
+    dispatcher, plan, call = dispatcher_with(settle_at=5, count=9)
+    assert settle_calls(dispatcher, KEY, call, once_s=25e-6) == 0
+    assert plan.count[0] == 9
+
+
+def test_over_the_budget_reports_the_calls_it_would_take_and_makes_none():
+    once_s = 1e-3
+    needed = int(2 * SETTLE_BUDGET_S / once_s)
+    dispatcher, plan, call = dispatcher_with(settle_at=needed + 2, count=2)
+    assert settle_calls(dispatcher, KEY, call, once_s=once_s) == -needed
+    assert plan.count[0] == 2
