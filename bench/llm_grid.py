@@ -79,8 +79,9 @@ SETTLE_BUDGET_S = 3.0
 point before it is timed (`settle_calls`). "Warm" is each path's steady state on a shape that keeps
 being called: PyTorch's after its first call (cuDNN's per-shape plan built), the dispatcher's once a
 plan that runs a set-up-free kernel in place of one that sets up per shape has settled
-(`dispatcher.cold_shape.settle_after`). The settle points of the session-13 grid's cold-shape picks
-were a few thousand to a few tens of thousands of 20-40 us calls: under a second each."""
+(`dispatcher.cold_shape.settle_after`): cuDNN's ~36 ms set-up over a 5% loss on a 30 us call is
+24,000 calls, 0.7 s. No grid shape has one (each is the first of its decision bucket, where no
+swap happens: session 14, runs 3 and 5); shapes of an off-grid draw (`--heldout`) can share one."""
 
 
 def grid_problems(device_type: str = "cuda", batch: int = BATCH) -> list[Problem]:

@@ -106,16 +106,31 @@ def expected_seconds(warm_s: float | None, cold_s: float, expected_calls: float 
     return warm_s + extra
 
 
+TIED_LOSS_SHARE = 0.05
+"""Share of the decided kernel's warm time that a kernel run in its place is taken to lose per call
+where the numbers alone say it loses nothing: the bucket's order put the decided kernel first all
+the same, because the table judged the gap within its measurements' noise (a measured entry whose
+times overlap across sessions; a prediction within the quality guard's margin, 5% in the bundled
+H200 table, `models.guard.choose_default_margin`). Taken as no loss, such a swap never settled: a
+shape called for good ran the kernel the table had ranked second. On the H200, flash times recorded
+for one bucket moved between 22 and 45 us across sessions where PyTorch's default took ~30 us
+(docs/RESULTS.md section 18), so "predicted no slower" is no evidence of it. The smallest non-zero
+margin the guard chooses from is the smallest gap a table treats as real: it is the loss assumed.
+Not measured in a loop on the card (the grid's buckets see one shape each: it never swaps)."""
+
+
 def settle_after(cold_s: float, warm_first_s: float | None, warm_chosen_s: float | None) -> int:
     """Calls of one exact shape after which its plan moves to the kernel that sets up per shape
     (0: never). Until then the shape runs a kernel slower per call but free of set-up; once the
     calls have lost as much as the set-up costs, paying it is the better bet for a shape that
     keeps being called (the ski-rental rule: never more than twice the best cost in hindsight).
     A repeated decode loop (a server generating over the same key lengths again and again) then
-    ends up on PyTorch's warm choice; a loop that meets every shape a few times never pays."""
-    if not cold_s or warm_first_s is None or warm_chosen_s is None or warm_chosen_s <= warm_first_s:
+    ends up on PyTorch's warm choice; a loop that meets every shape a few times never pays. The
+    loss per call is at least `TIED_LOSS_SHARE` of the decided kernel's time (a tie)."""
+    if not cold_s or warm_first_s is None or warm_chosen_s is None:
         return 0
-    return max(1, math.ceil(round(cold_s / (warm_chosen_s - warm_first_s), 6)))  # 1e-3 / 1e-6 is 1000.0000000000001
+    loss = max(warm_chosen_s - warm_first_s, TIED_LOSS_SHARE * warm_first_s)
+    return max(1, math.ceil(round(cold_s / loss, 6)))  # 1e-3 / 1e-6 is 1000.0000000000001
 
 
 class SeenShapes:
@@ -196,18 +211,28 @@ def floor_seconds(kernel: Kernel, floors: Mapping[str, Mapping[str, float]]) -> 
 
 def floor_order(options: tuple, problem: Problem, warm: Sequence[float | None],
                 floors: Mapping[str, Mapping[str, float]]) -> tuple[tuple, str | None]:
-    """`options` reordered by ``max(warm seconds, the kernel's measured per-call floor)`` where
-    the floor moves a kernel behind another (None: unchanged). A kernel's floor (`floor_seconds`), the
-    least time per call back to back measured for it on this card's small probes
-    (`calibration.cold_shape`), bounds any problem from below: a table that predicts a many-launch
-    kernel under it (a Python kernel on a 20 us decode call) extrapolated past what the card can do."""
+    """`options` with the first moved behind the fastest of the others by ``max(warm seconds, the
+    kernel's measured per-call floor)`` where the first's own floor lifts it above that one (None:
+    unchanged). A kernel's floor (`floor_seconds`), the least time per call back to back measured
+    for it on this card's small probes (`calibration.cold_shape`), bounds any problem from below: a
+    table that predicts a many-launch kernel under it (a Python kernel on a 20 us decode call)
+    extrapolated past what the card can do.
+
+    Only a floor that lifts the first option reorders. The order is the table's, and more than its
+    times decided it: a measured entry whose kernels overlap within their spread, or a prediction
+    within the quality guard's margin of PyTorch's default, puts the default first although another
+    kernel's time is lower (`models.table.ThresholdTable.rank`). Re-sorted by time wherever any
+    floor was known, that order was lost: on the H200 grid 114 of 580 buckets (and 51 of 300
+    off-grid shapes) left PyTorch's default for a backend with no floor at all, 19 of the grid's
+    49 flash and efficient ones >3% slower than the default (session 14, runs 1 and 3)."""
+    first_floor = floor_seconds(options[0].kernel, floors) if options else None
+    if first_floor is None or warm[0] is None or first_floor <= warm[0]:
+        return options, None
     effective = []
     for option, seconds in zip(options, warm, strict=True):
         floor = floor_seconds(option.kernel, floors)
         effective.append(None if seconds is None else max(seconds, floor or 0.0))
     known = [i for i, s in enumerate(effective) if s is not None]
-    if not known or effective[0] is None:
-        return options, None
     best = min(known, key=effective.__getitem__)
     if best == 0 or effective[best] >= effective[0]:
         return options, None

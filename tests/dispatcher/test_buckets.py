@@ -305,3 +305,48 @@ def test_only_a_material_set_up_counts_as_one():
     measured = {"sdpa_default": {"decode": 0.036}, "sdpa_flash": {"decode": 2e-6}}
     assert costly_setups(options, decode, measured) == {"sdpa_default"}
     assert costly_setups(options[1:], decode, {"sdpa_flash": {"decode": 0.002}}) == {"sdpa_flash"}
+
+
+def test_a_swap_the_numbers_call_free_still_settles(monkeypatch):
+    """The bucket ranks setup_math first although math is predicted faster (a table's tie, within
+    its noise): the swap to math for a new shape is taken to lose `TIED_LOSS_SHARE` of setup_math's
+    time per call, so the shape settles instead of running math for good."""
+    from attn_dispatch.dispatcher.cold_shape import TIED_LOSS_SHARE
+
+    class TiedRanker(FixedRanker):
+        def rank(self, problem, kernels):
+            self.calls += 1
+            return [("setup_math", 2e-6), ("math", 1e-6)]
+
+    use_ranking(monkeypatch, TiedRanker(["setup_math", "math"]))
+    ours = Dispatcher(kernels=[SetUpKernel(), MathKernel()])
+    ours._planner(torch.device("cpu")).cold_costs["setup_math"] = {"decode": 1e-3, "prefill": 1e-3}
+    for _ in range(4):
+        ours.attention(**_decode(100))
+    second = _decode(101)
+    settle = round(1e-3 / (TIED_LOSS_SHARE * 2e-6))
+    decision = ours.explain(**second)
+    assert decision.kernel == "math" and any(f"{settle} times settles on setup_math" in n for n in decision.notes)
+    for _ in range(settle - 1):
+        ours.attention(**second)
+    assert ours.explain(**second).kernel == "math"
+    ours.attention(**second)
+    assert ours.explain(**second).kernel == "setup_math"
+
+
+def test_floors_of_other_kernels_leave_the_tables_order_alone(monkeypatch):
+    """The table puts setup_math first although math is predicted faster (a measured tie, the
+    guard's margin); a floor known only for math must not re-sort the bucket by predicted time
+    (the H200 grid: 114 of 580 buckets left PyTorch's default that way, session 14)."""
+
+    class TiedRanker(FixedRanker):
+        def rank(self, problem, kernels):
+            self.calls += 1
+            return [("setup_math", 2e-6), ("math", 1e-6)]
+
+    use_ranking(monkeypatch, TiedRanker(["setup_math", "math"]))
+    ours = Dispatcher(kernels=[SetUpKernel(), MathKernel()])
+    ours._planner(torch.device("cpu")).floors["math"] = {"decode": 5e-7}  # under math's prediction: lifts nothing
+    decision = ours.explain(**_decode(100))
+    assert decision.kernel == "setup_math"
+    assert not any("measured floor" in note for note in decision.notes)
