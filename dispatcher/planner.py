@@ -198,7 +198,7 @@ class DevicePlanner:
         portable = self.portable
         sets_up = costly_setups(options, problem, self.cold_costs)
         if not tune and inputs is not None and verification_wanted(
-                options, self.device, problem, measured_here=state.ranking.measured_note(problem) is not None,
+                options, self.device, problem, measured_here=state.ranking.entry_decides(problem),
                 table_measured=(state.ranking.source.level not in UNMEASURED_LEVELS
                                 and getattr(state.ranking.table, "verdict", "table") == "table"), portable=portable,
                 sets_up=sets_up):

@@ -72,6 +72,16 @@ class DeviceRanking:
                 self.prior = None
         return fallback_order(problem, kernels)
 
+    def entry_decides(self, problem: Problem) -> bool:
+        """Whether the table's measured entry for `problem`'s exact bucket decides it: there is one,
+        and its winner is not PyTorch's default by a tie (`MeasuredEntry.default_by_tie`: a faster
+        kernel's spread overlaps it; a bucket's first call then times them, `verify`). Never raises."""
+        try:
+            entry = self.table.measured_entry(problem) if self.table is not None else None
+        except Exception:  # noqa: BLE001 - a damaged entry decides nothing; the table's own rank handles it
+            return False
+        return entry is not None and not entry.default_by_tie
+
     def measured_note(self, problem: Problem) -> str | None:
         """A line for `explain` when the table holds a measured entry for `problem`'s exact bucket
         (its winner, median and spread), else None. Never raises."""

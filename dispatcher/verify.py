@@ -5,7 +5,10 @@ predicted `small_q[splits=1]` for a batch-8 decode over a sliced 8k cache at 0.3
 where PyTorch's default took 0.07 ms (bench/decode_loop.py, 2026-12-01: 5.4x slower per token);
 on the 580-shape LLM grid it kept PyTorch's default where flash was 2.5-3.3x faster (small-Q
 calls against 32k-128k keys; bench/llm_grid.py, docs/RESULTS.md section 12). So where a table
-measured on this card (not the prior) decides a bucket that has no measured entry, its first call
+measured on this card (not the prior) decides a bucket that no measured entry decides (none, or one
+whose winner is PyTorch's default only by a tie: a faster kernel's spread overlaps it, as for flash
+at 2k keys on the H200, timed at 22-24 us in three sessions and 39-45 us in two against the
+default's ~30 us: docs/RESULTS.md section 18), its first call
 times a few options on the call's own inputs (the tuner's interleaved rounds, `tuning.tune`) and
 the bucket takes the fastest; PyTorch's choice stays unless another is faster beyond the noise
 (`tuning.MIN_WIN_MARGIN`). Which options (`checked_options`):
@@ -143,8 +146,8 @@ def verification_wanted(options: tuple[Option, ...], device: torch.device, probl
                         sets_up: frozenset[str] = frozenset()) -> bool:
     """Whether a bucket's first call checks the table (module docstring): verification on, a
     device the stopwatch times, the ranking is a table measured on this card whose guard kept its
-    model (`table_measured`; the prior keeps PyTorch's default first), the bucket has no measured
-    entry (`measured_here`), and there is something to check."""
+    model (`table_measured`; the prior keeps PyTorch's default first), no measured entry decides the
+    bucket (`measured_here`: `DeviceRanking.entry_decides`), and there is something to check."""
     if switched_off(VERIFY_ENV):
         return False
     if device.type not in TIMED_DEVICE_TYPES or measured_here or not table_measured or not options:

@@ -121,6 +121,13 @@ class MeasuredEntry:
     def winner(self) -> str:
         return pick(self.times)
 
+    @property
+    def default_by_tie(self) -> bool:
+        """PyTorch's default wins only because its spread overlaps a kernel with a faster median:
+        the entry says the two cannot be told apart, not that the default is faster."""
+        fastest = min(self.times, key=lambda t: (t.median_s, t.kernel))
+        return fastest.kernel != DEFAULT_KERNEL and self.winner == DEFAULT_KERNEL
+
     def ordered(self) -> tuple[MeasuredTime, ...]:
         """The times with the winner first, then the others fastest first."""
         first = self.winner

@@ -103,3 +103,37 @@ def test_a_measured_entry_is_explained_in_words(tmp_path):
     assert note.startswith("measured in this bucket (calibration") and "math 0.01 ms" in note
     assert ranking.measured_note(Problem(1, 4, 2, 800, 800, 64, 64, "float32")) is None
     assert DeviceRanking(table=None, prior=None, source=source, prior_source=source).measured_note(problem) is None
+
+
+def test_an_entry_tied_to_the_default_does_not_decide_its_bucket():
+    """An entry whose winner is PyTorch's default only because a faster kernel's spread overlaps
+    it leaves the bucket to the first-call check (`verify`); a clear winner, either way, decides."""
+    from attn_dispatch.dispatcher.decision import RankingSource
+    from attn_dispatch.dispatcher.ranking import DeviceRanking
+    from attn_dispatch.kernels import Problem
+    from attn_dispatch.models.measured import MeasuredEntry, MeasuredTime, entry_key
+
+    problem = Problem(1, 4, 2, 8, 8, 64, 64, "float32")
+
+    def ranking_with(*times):
+        entry = MeasuredEntry(entry_key(problem), 1, 8, 8, times)
+
+        class WithEntry:
+            def measured_entry(self, asked):
+                return entry if entry_key(asked) == entry.key else None
+
+        source = RankingSource("exact", "test")
+        return DeviceRanking(table=WithEntry(), prior=None, source=source, prior_source=source), entry
+
+    tied, entry = ranking_with(MeasuredTime("sdpa_flash", 2.4e-5, 2.2e-5, 4.5e-5, 20),
+                               MeasuredTime("sdpa_default", 3.0e-5, 2.9e-5, 3.1e-5, 20))
+    assert entry.winner == "sdpa_default" and entry.default_by_tie
+    assert not tied.entry_decides(problem)
+    faster, _ = ranking_with(MeasuredTime("sdpa_flash", 2.0e-5, 1.9e-5, 2.1e-5, 20),
+                             MeasuredTime("sdpa_default", 3.0e-5, 2.9e-5, 3.1e-5, 20))
+    default_faster, _ = ranking_with(MeasuredTime("sdpa_flash", 4.0e-5, 3.9e-5, 4.1e-5, 20),
+                                     MeasuredTime("sdpa_default", 3.0e-5, 2.9e-5, 3.1e-5, 20))
+    assert faster.entry_decides(problem) and default_faster.entry_decides(problem)
+    assert not faster.entry_decides(Problem(1, 4, 2, 800, 800, 64, 64, "float32"))  # no entry there
+    source = RankingSource("exact", "test")
+    assert not DeviceRanking(table=None, prior=None, source=source, prior_source=source).entry_decides(problem)

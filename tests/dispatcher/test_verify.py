@@ -177,3 +177,33 @@ def test_on_a_cpu_where_the_table_put_pytorchs_backends_first_its_first_own_kern
     gpu_prefill = Problem(1, 4, 4, 16, 64, 16, 16, "float16", device_type="cuda")
     gpu = [o.kernel.name for o in verify.checked_options(options, CUDA, gpu_prefill)]
     assert "small_q[splits=8]" not in gpu  # on a GPU the grids gave it no pick (first_call_check_simulation)
+
+
+class _RankerWithEntry(FixedRanker):
+    """A table holding one measured entry for every problem it is asked about."""
+
+    def __init__(self, order, times):
+        super().__init__(order)
+        self.times = times
+
+    def measured_entry(self, problem):
+        from attn_dispatch.models.measured import MeasuredEntry, entry_key
+
+        return MeasuredEntry(entry_key(problem), problem.batch, problem.q_len, problem.kv_len, self.times)
+
+
+@pytest.mark.parametrize(("math_s", "checked"), [((2.4e-5, 2.2e-5, 4.5e-5), True), ((2.0e-5, 1.9e-5, 2.1e-5), False)])
+def test_an_entry_tied_to_the_default_leaves_the_bucket_to_the_check(monkeypatch, math_s, checked):
+    """A measured entry decides its bucket unless its winner, PyTorch's default, only ties a
+    faster kernel (their spreads overlap): then the first call times them as for a bucket with no
+    entry (flash at 2k keys on the H200, docs/RESULTS.md section 18)."""
+    from attn_dispatch.models.measured import MeasuredTime
+
+    times = (MeasuredTime("math", *math_s, 20), MeasuredTime("sdpa_default", 3.0e-5, 2.9e-5, 3.1e-5, 20))
+    use_ranking(monkeypatch, _RankerWithEntry(["sdpa_default", "math"], times))
+    ours = Dispatcher(kernels=[MathKernel(), SdpaDefaultKernel()])
+    seen = []
+    monkeypatch.setattr(planner, "verification_wanted",
+                        lambda *args, measured_here, **kwargs: seen.append(measured_here) or False)
+    ours.attention(**qkv(q_len=8, kv_len=60))
+    assert seen == [not checked]
