@@ -23,10 +23,10 @@ Each path's first call is timed alone (`cold_s`: the dispatchers decide there, P
 per-shape plan); a second call estimates the per-call time; kernels `LOSER_FACTOR` x slower than the
 best so far stop there. A dispatcher whose plan for the shape runs a set-up-free kernel until it
 settles is called up to its settle point (`settle_calls`, within `SETTLE_BUDGET_S`): warm is each
-path's steady state. Then `ROUNDS` interleaved rounds (order rotated by an even share of the paths
-each round, so no path always follows the same one), each sample a batch of back-to-back calls of
-about `calibration.timer.TARGET_SAMPLE_S`, timed by CUDA events; medians and interquartile ranges
-per path. Shapes run in a shuffled order (`--seed`), so a run cut by
+path's steady state. Then `ROUNDS` interleaved rounds (the paths in a seeded shuffle each round,
+`round_order`, so that no path always runs right after the same one), each sample a batch of
+back-to-back calls of about `calibration.timer.TARGET_SAMPLE_S`, timed by CUDA events; medians and
+interquartile ranges per path. Shapes run in a shuffled order (`--seed`), so a run cut by
 `--budget-s` is a fair sample; every shape appends one JSON line to `--out` as it ends.
 
 Usage (from the repository root, the card's table installed or bundled):
@@ -222,8 +222,7 @@ def measure_shape(problem: Problem, device: torch.device, dispatchers: dict, rou
     # latency per call.
     calls = calls_per_sample(best)
     for index in range(rounds):
-        shift = index * max(1, len(timed) // rounds) % len(timed)  # 15 paths, 5 rounds: 0, 3, 6, 9, 12
-        for label in timed[shift:] + timed[:shift]:
+        for label in round_order(timed, index):
             call = paths[label]
             samples[label].append(time_batch(lambda _i, call=call: call(), 0, calls, device))
     plans = {name: ours._plans.get(shape_key) for name, ours in dispatchers.items()}
@@ -238,10 +237,21 @@ def measure_shape(problem: Problem, device: torch.device, dispatchers: dict, rou
     }
 
 
+def round_order(labels: list[str], index: int) -> list[str]:
+    """The paths' order in round `index`: a shuffle seeded by the round. Rotating one fixed order
+    (before session 14) kept every path behind the same one in every round but the one it led:
+    with 15 paths and 5 rounds the table-only column ran behind the kernel paths throughout, and
+    where it kept PyTorch's call it read a paired median of 1.015 against the shipped column's
+    0.999 on the same shapes (run 1); behind PyTorch's own call in run 3, 1.0007."""
+    order = list(labels)
+    random.Random(index).shuffle(order)
+    return order
+
+
 def settle_calls(dispatcher, shape_key: tuple, call, once_s: float) -> int:
-    """Calls made so that `dispatcher`'s plan for this shape reaches its settle point (0: it has
-    none, or reaching it would take over `SETTLE_BUDGET_S`; negative: the calls it would have
-    taken then, made none). A plan that settles runs the bucket's decided kernel afterwards."""
+    """Calls made so that `dispatcher`'s plan for this shape reaches its settle point: 0 where it
+    has none (or has reached it); minus the calls it would take where that is over
+    `SETTLE_BUDGET_S` (none made). A plan that settles runs the bucket's decided kernel afterwards."""
     plan = dispatcher._plans.get(shape_key)
     if plan is None or not plan.settle_at:
         return 0

@@ -125,11 +125,19 @@ def settle_after(cold_s: float, warm_first_s: float | None, warm_chosen_s: float
     calls have lost as much as the set-up costs, paying it is the better bet for a shape that
     keeps being called (the ski-rental rule: never more than twice the best cost in hindsight).
     A repeated decode loop (a server generating over the same key lengths again and again) then
-    ends up on PyTorch's warm choice; a loop that meets every shape a few times never pays. The
-    loss per call is at least `TIED_LOSS_SHARE` of the decided kernel's time (a tie)."""
+    ends up on PyTorch's warm choice; a loop that meets every shape a few times never pays.
+
+    The loss per call is taken as at least `TIED_LOSS_SHARE` of the decided kernel's time, whatever
+    the numbers say: the bucket's order put the decided kernel first (a measured tie, the guard's
+    margin, a region kept for PyTorch's default, the first-call check), so a gap under that share,
+    or in the swapped kernel's favour, is not one the decision believed. The ski-rental bound holds
+    against that assumed loss; where the true loss is smaller the shape settles sooner than it
+    would pay to. 0 where no loss is known (a time missing, zero or unpriced)."""
     if not cold_s or warm_first_s is None or warm_chosen_s is None:
         return 0
     loss = max(warm_chosen_s - warm_first_s, TIED_LOSS_SHARE * warm_first_s)
+    if not (loss > 0 and math.isfinite(loss)):  # a zero or infinite (unpriced) time: nothing to weigh
+        return 0
     return max(1, math.ceil(round(cold_s / loss, 6)))  # 1e-3 / 1e-6 is 1000.0000000000001
 
 
@@ -154,7 +162,9 @@ class SpentCalls:
     """Calls already made on exact shapes whose plans were evicted before they settled
     (`settle_after`): the shape's next plan settles that many calls sooner, so a long-running
     server whose key lengths outnumber the plan cache (`buckets.MAX_PLANS`; a 32k-token context
-    alone has 32k of them) still ends on the kernel that sets up, as a shape's calls add up."""
+    alone has 32k of them) still ends on the kernel that sets up, as a shape's calls add up.
+    At most `MAX_SEEN_SHAPES` shapes: about 38 MB per device planner when full (a review's
+    measurement, session 14); every swapped plan has a settle point since `TIED_LOSS_SHARE`."""
 
     def __init__(self) -> None:
         self._calls: dict[tuple, int] = {}
@@ -223,8 +233,9 @@ def floor_order(options: tuple, problem: Problem, warm: Sequence[float | None],
     within the quality guard's margin of PyTorch's default, puts the default first although another
     kernel's time is lower (`models.table.ThresholdTable.rank`). Re-sorted by time wherever any
     floor was known, that order was lost: on the H200 grid 114 of 580 buckets (and 51 of 300
-    off-grid shapes) left PyTorch's default for a backend with no floor at all, 19 of the grid's
-    49 flash and efficient ones >3% slower than the default (session 14, runs 1 and 3)."""
+    off-grid shapes) left PyTorch's default for a backend with no floor at all; of the grid's 49
+    that went to flash or the efficient backend, 17 ran >3% slower than the default in run 1 and 15
+    in run 3 (session 14, `bench.diagnostics.bucket_order`)."""
     first_floor = floor_seconds(options[0].kernel, floors) if options else None
     if first_floor is None or warm[0] is None or first_floor <= warm[0]:
         return options, None

@@ -198,10 +198,13 @@ class DevicePlanner:
         portable = self.portable
         sets_up = costly_setups(options, problem, self.cold_costs)
         if not tune and inputs is not None and verification_wanted(
-                options, self.device, problem, measured_here=state.ranking.entry_decides(problem),
+                options, self.device, problem, entry_decides=state.ranking.entry_decides(problem),
                 table_measured=(state.ranking.source.level not in UNMEASURED_LEVELS
                                 and getattr(state.ranking.table, "verdict", "table") == "table"), portable=portable,
                 sets_up=sets_up):
+            tied = state.ranking.measured_note(problem)  # an entry that only ties: say so before the check's note
+            if tied is not None:
+                notes = (*notes, f"{tied}: PyTorch's default wins it only by a tie, so the first call times them")
             options, notes, seconds = verify_against_default(options, notes, problem, self.device, inputs,
                                                              on_failure=on_failure, portable=portable, sets_up=sets_up)
         if tune:

@@ -22,6 +22,8 @@ import torch
 from attn_dispatch.dispatcher.decision import RankingSource
 from attn_dispatch.dispatcher.thread_warning import warn_once
 from attn_dispatch.kernels import Kernel, Problem
+from attn_dispatch.kernels.sdpa_probe import default_backend_choice
+from attn_dispatch.models.measured import MeasuredEntry
 from attn_dispatch.models.ranking import Ranker, supported
 from attn_dispatch.models.sharing import TableWarning  # one warning class for every table problem
 
@@ -35,6 +37,14 @@ FALLBACK_FIRST = "sdpa_default"
 
 def _warn(message: str) -> None:
     warnings.warn(message, TableWarning, stacklevel=4)
+
+
+def entry_decides_bucket(entry: MeasuredEntry, problem: Problem) -> bool:
+    """`DeviceRanking.entry_decides` for a given entry of `problem`'s bucket."""
+    if not entry.default_by_tie:
+        return True
+    own = default_backend_choice(problem)
+    return all(name == own for name in entry.faster_than_default())
 
 
 class DeviceRanking:
@@ -75,12 +85,16 @@ class DeviceRanking:
     def entry_decides(self, problem: Problem) -> bool:
         """Whether the table's measured entry for `problem`'s exact bucket decides it: there is one,
         and its winner is not PyTorch's default by a tie (`MeasuredEntry.default_by_tie`: a faster
-        kernel's spread overlaps it; a bucket's first call then times them, `verify`). Never raises."""
+        kernel's spread overlaps it; a bucket's first call then times them, `verify`), unless every
+        kernel faster than the default there is the backend PyTorch's default runs anyway
+        (`default_backend_choice`: on the H200, 194 of the bundled table's 284 tied entries were
+        the default against its own cuDNN backend; timing one backend against itself decides
+        nothing). Never raises."""
         try:
             entry = self.table.measured_entry(problem) if self.table is not None else None
+            return entry is not None and entry_decides_bucket(entry, problem)
         except Exception:  # noqa: BLE001 - a damaged entry decides nothing; the table's own rank handles it
             return False
-        return entry is not None and not entry.default_by_tie
 
     def measured_note(self, problem: Problem) -> str | None:
         """A line for `explain` when the table holds a measured entry for `problem`'s exact bucket

@@ -8,7 +8,8 @@ calls against 32k-128k keys; bench/llm_grid.py, docs/RESULTS.md section 12). So 
 measured on this card (not the prior) decides a bucket that no measured entry decides (none, or one
 whose winner is PyTorch's default only by a tie: a faster kernel's spread overlaps it, as for flash
 at 2k keys on the H200, timed at 22-24 us in three sessions and 39-45 us in two against the
-default's ~30 us: docs/RESULTS.md section 18), its first call
+default's ~30 us: docs/RESULTS.md section 18; a tie with the backend the default runs anyway still
+decides: `ranking.entry_decides_bucket`), its first call
 times a few options on the call's own inputs (the tuner's interleaved rounds, `tuning.tune`) and
 the bucket takes the fastest; PyTorch's choice stays unless another is faster beyond the noise
 (`tuning.MIN_WIN_MARGIN`). Which options (`checked_options`):
@@ -142,15 +143,15 @@ def _fast_enough(option: Option) -> bool:
 
 
 def verification_wanted(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
-                        measured_here: bool, table_measured: bool, portable: bool = False,
+                        entry_decides: bool, table_measured: bool, portable: bool = False,
                         sets_up: frozenset[str] = frozenset()) -> bool:
     """Whether a bucket's first call checks the table (module docstring): verification on, a
     device the stopwatch times, the ranking is a table measured on this card whose guard kept its
     model (`table_measured`; the prior keeps PyTorch's default first), no measured entry decides the
-    bucket (`measured_here`: `DeviceRanking.entry_decides`), and there is something to check."""
+    bucket (`entry_decides`: `DeviceRanking.entry_decides`), and there is something to check."""
     if switched_off(VERIFY_ENV):
         return False
-    if device.type not in TIMED_DEVICE_TYPES or measured_here or not table_measured or not options:
+    if device.type not in TIMED_DEVICE_TYPES or entry_decides or not table_measured or not options:
         return False
     return bool(checked_options(options, device, problem, portable=portable, sets_up=sets_up))
 

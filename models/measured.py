@@ -128,6 +128,13 @@ class MeasuredEntry:
         fastest = min(self.times, key=lambda t: (t.median_s, t.kernel))
         return fastest.kernel != DEFAULT_KERNEL and self.winner == DEFAULT_KERNEL
 
+    def faster_than_default(self) -> tuple[str, ...]:
+        """The kernels whose median is below PyTorch's default's (() where the default was not timed)."""
+        default = next((t for t in self.times if t.kernel == DEFAULT_KERNEL), None)
+        if default is None:
+            return ()
+        return tuple(t.kernel for t in self.times if t.median_s < default.median_s)
+
     def ordered(self) -> tuple[MeasuredTime, ...]:
         """The times with the winner first, then the others fastest first."""
         first = self.winner

@@ -31,6 +31,7 @@ from attn_dispatch import Dispatcher
 from attn_dispatch.dispatcher import verify
 from attn_dispatch.dispatcher.cold_shape import costly_setups, floor_order, floor_seconds
 from attn_dispatch.dispatcher.planning import rank_options
+from attn_dispatch.dispatcher.ranking import entry_decides_bucket
 from attn_dispatch.dispatcher.tuning import MIN_WIN_MARGIN
 from attn_dispatch.kernels.accuracy import LOSSLESS
 from attn_dispatch.kernels.problem import Problem
@@ -99,7 +100,8 @@ def report(path: str, table, kernels: dict, floors: dict, cold: dict, column: st
             "before: re-sorted, entries decide": checked_pick(before, problem, times, entry is not None, cold),
             "now: table order, entries decide": checked_pick(now, problem, times, entry is not None, cold),
             "now: ties checked (shipped)": checked_pick(now, problem, times,
-                                                        entry is not None and not entry.default_by_tie, cold),
+                                                        entry is not None and entry_decides_bucket(entry, problem),
+                                                        cold),
         }
         small_q = SMALL_Q_ROWS[0] <= problem.q_len <= SMALL_Q_ROWS[1]
         for label, pick in picks.items():
@@ -114,6 +116,9 @@ def report(path: str, table, kernels: dict, floors: dict, cold: dict, column: st
                      f"{sum(r > SLOWER_MARGIN for r in known)} >3% slower, "
                      f"{sum(r < 1 / SLOWER_MARGIN for r in known)} >3% faster")
         print(line)
+    if not any(label.startswith("kernel:") for row in read_grid(path) for label in row["paths"]):
+        print("  (no kernel paths timed in this run: the picks cannot be priced)")
+        return
     for label, values in priced.items():
         ratios = [ratio for ratio, _ in values]
         small = [ratio for ratio, small_q in values if small_q]

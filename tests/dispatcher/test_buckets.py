@@ -350,3 +350,15 @@ def test_floors_of_other_kernels_leave_the_tables_order_alone(monkeypatch):
     decision = ours.explain(**_decode(100))
     assert decision.kernel == "setup_math"
     assert not any("measured floor" in note for note in decision.notes)
+
+
+def test_settle_after_weighs_at_least_the_tied_share_and_nothing_unpriced():
+    from attn_dispatch.dispatcher.cold_shape import TIED_LOSS_SHARE, settle_after
+
+    assert settle_after(1e-3, 1e-6, 2e-6) == 1000  # a real loss over the share: the set-up over it
+    share = TIED_LOSS_SHARE * 1e-6
+    assert settle_after(1e-3, 1e-6, 1e-6 + share / 5) == round(1e-3 / share)  # a smaller gap: the share
+    assert settle_after(1e-3, 1e-6, 0.5e-6) == round(1e-3 / share)  # predicted faster: the share too
+    assert settle_after(1e-3, 0.0, 0.0) == 0  # no time, no loss to weigh (was a ZeroDivisionError)
+    assert settle_after(1e-3, float("inf"), 1e-6) == 0  # unpriced
+    assert settle_after(0.0, 1e-6, 2e-6) == 0 and settle_after(1e-3, None, 2e-6) == 0

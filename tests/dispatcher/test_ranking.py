@@ -125,9 +125,10 @@ def test_an_entry_tied_to_the_default_does_not_decide_its_bucket():
         source = RankingSource("exact", "test")
         return DeviceRanking(table=WithEntry(), prior=None, source=source, prior_source=source), entry
 
-    tied, entry = ranking_with(MeasuredTime("sdpa_flash", 2.4e-5, 2.2e-5, 4.5e-5, 20),
+    tied, entry = ranking_with(MeasuredTime("math", 2.4e-5, 2.2e-5, 4.5e-5, 20),
                                MeasuredTime("sdpa_default", 3.0e-5, 2.9e-5, 3.1e-5, 20))
     assert entry.winner == "sdpa_default" and entry.default_by_tie
+    assert entry.faster_than_default() == ("math",)
     assert not tied.entry_decides(problem)
     faster, _ = ranking_with(MeasuredTime("sdpa_flash", 2.0e-5, 1.9e-5, 2.1e-5, 20),
                              MeasuredTime("sdpa_default", 3.0e-5, 2.9e-5, 3.1e-5, 20))

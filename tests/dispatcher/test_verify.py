@@ -31,8 +31,8 @@ def _decided(monkeypatch, order):
     return cpu.decide(qkv_problem(), None, budget=None, tune=False, on_failure=lambda *a: None).options
 
 
-def _wanted(options, device, problem=None, *, measured_here=False, table_measured=True):
-    return verify.verification_wanted(options, device, problem or qkv_problem(), measured_here=measured_here,
+def _wanted(options, device, problem=None, *, entry_decides=False, table_measured=True):
+    return verify.verification_wanted(options, device, problem or qkv_problem(), entry_decides=entry_decides,
                                       table_measured=table_measured)
 
 
@@ -41,7 +41,7 @@ def test_a_measured_table_is_checked_on_every_device(monkeypatch):
     assert [o.kernel.name for o in options] == ["math", "sdpa_default"]
     assert _wanted(options, CUDA) and _wanted(options, torch.device("cpu"))
     assert _wanted(options[::-1], CUDA, PREFILL)  # the default first: the table's second choice is checked
-    assert not _wanted(options, CUDA, measured_here=True)  # a measured entry decides
+    assert not _wanted(options, CUDA, entry_decides=True)  # a measured entry decides
     assert not _wanted(options, CUDA, table_measured=False)  # the prior keeps PyTorch's default
     assert not _wanted(options[:1], CUDA)  # no default to check against
     monkeypatch.setenv(verify.VERIFY_ENV, "0")
@@ -101,7 +101,7 @@ def test_where_the_default_sets_up_per_shape_a_set_up_free_option_and_flash_are_
     no_flash = tuple(o for o in options if o.kernel.name != "sdpa_flash")  # e.g. fp32, or a head dim flash refuses
     checked = verify.checked_options(no_flash, CUDA, decode, sets_up=frozenset({"sdpa_default"}))
     assert [o.kernel.name for o in checked] == ["sdpa_default", "small_q[splits=8]"]
-    assert verify.verification_wanted(options, CUDA, decode, measured_here=False, table_measured=True,
+    assert verify.verification_wanted(options, CUDA, decode, entry_decides=False, table_measured=True,
                                       sets_up=frozenset({"sdpa_default"}))
 
 
@@ -192,6 +192,48 @@ class _RankerWithEntry(FixedRanker):
         return MeasuredEntry(entry_key(problem), problem.batch, problem.q_len, problem.kv_len, self.times)
 
 
+def _tied_entry_dispatcher(monkeypatch, faster: str, faster_s=(2.4e-5, 2.2e-5, 4.5e-5)):
+    """A dispatcher whose table ranks PyTorch's default first on an entry where `faster` has the
+    lower median and a spread overlapping the default's (a tie the default wins)."""
+    from attn_dispatch.models.measured import MeasuredTime
+
+    times = (MeasuredTime(faster, *faster_s, 20), MeasuredTime("sdpa_default", 3.0e-5, 2.9e-5, 3.1e-5, 20))
+    use_ranking(monkeypatch, _RankerWithEntry(["sdpa_default", faster], times))
+    return Dispatcher(kernels=["sdpa_default", faster])
+
+
+def test_a_tied_entry_is_timed_on_the_first_call_and_the_measurement_decides(monkeypatch):
+    ours = _tied_entry_dispatcher(monkeypatch, "math")
+    timed = []
+
+    def stopwatch(options, inputs, problem, device, on_failure=None, exactly=False):
+        timed.append([o.kernel.name for o in options])
+        return Tuned("math", (("math", 1e-3), ("sdpa_default", 1.5e-3)))
+
+    monkeypatch.setattr(verify, "tune", stopwatch)
+    call = qkv(q_len=8, kv_len=60)
+    assert_matches_reference(ours.attention(**call), call)
+    assert timed == [["sdpa_default", "math"]]
+    decision = ours.explain(**call)
+    assert decision.kernel == "math"
+    assert any("only by a tie" in note for note in decision.notes)
+    assert any(note.startswith("checked on the first call") for note in decision.notes)
+
+
+def test_a_tie_with_the_defaults_own_backend_is_not_timed(monkeypatch):
+    """PyTorch's default against the backend it runs anyway (`default_backend_choice`): nothing
+    to learn from the stopwatch, so the entry decides (the default stays)."""
+    from attn_dispatch.kernels.sdpa_probe import default_backend_choice
+
+    call = qkv(q_len=8, kv_len=60)
+    own = default_backend_choice(Problem.from_tensors(call["query"], call["key"], call["value"], None, False, True))
+    ours = _tied_entry_dispatcher(monkeypatch, own)
+    timed = []
+    monkeypatch.setattr(verify, "tune", lambda options, *a, **k: timed.append(options))
+    assert_matches_reference(ours.attention(**call), call)
+    assert timed == [] and ours.explain(**call).kernel == "sdpa_default"
+
+
 @pytest.mark.parametrize(("math_s", "checked"), [((2.4e-5, 2.2e-5, 4.5e-5), True), ((2.0e-5, 1.9e-5, 2.1e-5), False)])
 def test_an_entry_tied_to_the_default_leaves_the_bucket_to_the_check(monkeypatch, math_s, checked):
     """A measured entry decides its bucket unless its winner, PyTorch's default, only ties a
@@ -204,6 +246,6 @@ def test_an_entry_tied_to_the_default_leaves_the_bucket_to_the_check(monkeypatch
     ours = Dispatcher(kernels=[MathKernel(), SdpaDefaultKernel()])
     seen = []
     monkeypatch.setattr(planner, "verification_wanted",
-                        lambda *args, measured_here, **kwargs: seen.append(measured_here) or False)
+                        lambda *args, entry_decides, **kwargs: seen.append(entry_decides) or False)
     ours.attention(**qkv(q_len=8, kv_len=60))
     assert seen == [not checked]

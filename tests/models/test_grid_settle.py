@@ -1,4 +1,4 @@
-"""The grid's warm-up to a dispatcher plan's settle point (`bench.llm_grid.settle_calls`)."""
+"""The grid's warm-up to a dispatcher plan's settle point (`bench.llm_grid.settle_calls`) and its round order."""
 
 from __future__ import annotations
 
@@ -45,3 +45,15 @@ def test_over_the_budget_reports_the_calls_it_would_take_and_makes_none():
     dispatcher, plan, call = dispatcher_with(settle_at=needed + 2, count=2)
     assert settle_calls(dispatcher, KEY, call, once_s=once_s) == -needed
     assert plan.count[0] == 2
+
+
+def test_rounds_shuffle_the_paths_so_none_always_follows_the_same_one():
+    from bench.llm_grid import round_order
+
+    labels = [f"path{i}" for i in range(15)]
+    orders = [round_order(labels, index) for index in range(5)]
+    assert all(sorted(order) == sorted(labels) for order in orders)
+    assert orders == [round_order(labels, index) for index in range(5)]  # seeded: a rerun repeats them
+    predecessors = {label: {order[order.index(label) - 1] for order in orders if order.index(label)}
+                    for label in labels}
+    assert sum(len(before) > 1 for before in predecessors.values()) >= 10
