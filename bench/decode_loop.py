@@ -27,11 +27,13 @@ import torch
 
 
 def decode_pass(attend, query: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, context: int, tokens: int,
-                layers: int, *, contiguous: bool = False) -> list[float]:
+                layers: int, *, contiguous: bool = False, mask: torch.Tensor | None = None) -> list[float]:
     """Seconds per token of one pass: for each of `tokens` key lengths from `context` on, `layers`
     calls of ``attend(query [B, Hq, 1, D], key, value, enable_gqa=True)`` on ``[B, Hkv, length, D]``
     slices of the caches (``contiguous``: dense copies made outside the timing, as transformers'
-    DynamicCache makes them with torch.cat), the device synchronised around each token."""
+    DynamicCache makes them with torch.cat), the device synchronised around each token. `mask`
+    ([B, 1, 1, total], optional): its first ``length`` columns go with each call as ``attn_mask``
+    (a decode step's padding mask, as transformers passes it for a padded batch)."""
     device = query.device
     per_token = []
     for step in range(tokens):
@@ -39,11 +41,12 @@ def decode_pass(attend, query: torch.Tensor, cache_k: torch.Tensor, cache_v: tor
         key, value = cache_k[:, :, :length], cache_v[:, :, :length]
         if contiguous:
             key, value = key.contiguous(), value.contiguous()
+        extra = {} if mask is None else {"attn_mask": mask[..., :length]}
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
         for _layer in range(layers):
-            attend(query, key, value, enable_gqa=True)
+            attend(query, key, value, enable_gqa=True, **extra)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         per_token.append(time.perf_counter() - start)
@@ -62,6 +65,7 @@ def child(args) -> dict:
     query = torch.randn(args.batch, q_heads, 1, dim, device=device, dtype=dtype)
     cache_k = torch.randn(args.batch, kv_heads, total, dim, device=device, dtype=dtype)
     cache_v = torch.randn(args.batch, kv_heads, total, dim, device=device, dtype=dtype)
+    mask = padding_mask(args.mask, args.batch, total, device, dtype)
     attends, stats = {}, None
     if args.impl in ("sdpa", "both"):
         attends["sdpa"] = torch.nn.functional.scaled_dot_product_attention
@@ -76,7 +80,7 @@ def child(args) -> dict:
 
     def one_pass(attend) -> list[float]:
         return decode_pass(attend, query, cache_k, cache_v, args.context, args.tokens, args.layers,
-                           contiguous=args.layout == "contiguous")
+                           contiguous=args.layout == "contiguous", mask=mask)
 
     passes: dict[str, list[list[float]]] = {name: [] for name in attends}
     names = list(attends)
@@ -88,6 +92,22 @@ def child(args) -> dict:
         return {"passes_by_impl": {name: keep(runs) for name, runs in passes.items()},
                 "stats": stats() if stats else None}
     return {"passes": keep(passes[args.impl]), "stats": stats() if stats else None}
+
+
+PADDED_KEYS = 7
+"""Keys masked out at the front of every row but the first of a `--mask` batch (left padding)."""
+
+
+def padding_mask(kind: str, batch: int, total: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
+    """A [B, 1, 1, total] left-padding mask (``--mask bool``: True attends; ``float``: 0 or -inf in
+    the inputs' dtype; ``none``: None): row 0 unpadded, the others `PADDED_KEYS` keys padded."""
+    if kind == "none":
+        return None
+    attends = torch.ones(batch, 1, 1, total, dtype=torch.bool, device=device)
+    attends[1:, ..., :PADDED_KEYS] = False
+    if kind == "bool":
+        return attends
+    return torch.zeros(attends.shape, dtype=dtype, device=device).masked_fill(~attends, float("-inf"))
 
 
 def summary(seconds: list[float]) -> dict:
@@ -130,6 +150,8 @@ def main() -> int:
                              "the same host state (the host's speed differed by up to 1.7x between processes on the "
                              "H200 host); the dispatcher's pass 1 then follows SDPA's, so its 'cold' is not a fresh "
                              "process's")
+    parser.add_argument("--mask", choices=["none", "float", "bool"], default="none",
+                        help="pass a [B, 1, 1, length] left-padding mask with every call (`padding_mask`)")
     parser.add_argument("--out", default=None, help="append one JSON line per shape here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", default="sdpa", help=argparse.SUPPRESS)
@@ -141,9 +163,9 @@ def main() -> int:
         return 0
     base = ["--device", args.device, "--dtype", args.dtype, "--tokens", str(args.tokens), "--layers", str(args.layers),
             "--heads", str(args.heads), "--kv-heads", str(args.kv_heads), "--head-dim", str(args.head_dim),
-            "--kernels", args.kernels, "--passes", str(args.passes), "--layout", args.layout] + (["--memory-budget", args.memory_budget] if args.memory_budget else [])
+            "--kernels", args.kernels, "--passes", str(args.passes), "--layout", args.layout, "--mask", args.mask] + (["--memory-budget", args.memory_budget] if args.memory_budget else [])
     print(f"decode loop: {args.layers} attention calls per token, Lq=1, {args.heads}/{args.kv_heads} heads, "
-          f"D={args.head_dim}, {args.dtype}, K/V {args.layout}, {args.tokens} tokens from each context, device {args.device}, "
+          f"D={args.head_dim}, {args.dtype}, K/V {args.layout}, mask {args.mask}, {args.tokens} tokens from each context, device {args.device}, "
           f"torch {torch.__version__}; "
           + ("SDPA and the dispatcher in ONE process per run, passes alternating (SDPA's pass 1 a fresh process's, the "
              "dispatcher's after it)" if args.same_process else "each run a fresh process, interleaved")

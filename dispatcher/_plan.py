@@ -53,12 +53,15 @@ class Plan:
         skipped: tuple[tuple[str, str], ...] = (),
         *,
         settle_at: int = 0,
+        mask_ndim: int | None = None,
     ) -> None:
         self.problem = problem
         self.device = device
         self.kernel = kernel
         self.run = kernel.runner(problem)
-        self.sdpa_call = kernel.sdpa_call(problem)
+        # a 1-D mask is the problem's (1, 1, 1, S) to the kernels, but PyTorch's SDPA raises IndexError
+        # on it: only the kernel's `run` (which reshapes it) may take it
+        self.sdpa_call = None if mask_ndim is not None and mask_ndim < 2 else kernel.sdpa_call(problem)
         self.sdpa_flags = sdpa_flags(self.sdpa_call, problem)
         self.workspace = workspace
         self.recheck = recheck
@@ -98,6 +101,12 @@ def sdpa_flags(call: tuple[bool, bool, bool] | None, problem: Problem) -> dict[s
     if call is None or call[0] != (problem.mask_kind != "none"):
         return None
     return {name: True for name, on in (("is_causal", call[1]), ("enable_gqa", call[2])) if on}
+
+
+def mask_ndim_of(key: tuple) -> int | None:
+    """The number of dimensions of the mask a `cache_key` was made for (None: no mask)."""
+    mask = key[10]  # `cache_key`'s mask field: (shape, dtype, device, class) or None
+    return None if mask is None else len(mask[0])
 
 
 def cache_key(

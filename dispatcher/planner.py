@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attn_dispatch.dispatcher._plan import Plan
+from attn_dispatch.dispatcher._plan import Plan, mask_ndim_of
 from attn_dispatch.dispatcher.buckets import MAX_BUCKETS, BoundedCache, Bucket
 from attn_dispatch.dispatcher.cold_shape import SeenShapes, SpentCalls, costly_setups, floor_order
 from attn_dispatch.dispatcher.decision import Decision
@@ -172,7 +172,7 @@ class DevicePlanner:
             recheck = needs_recheck(workspace, free) or bucket.tune_pending
             return Plan(problem, self.device, kernel, workspace, recheck, bucket,
                         notes if option is order[0] or skipped else (), tuple(skipped),
-                        settle_at=settle_at if option is order[0] else 0)
+                        settle_at=settle_at if option is order[0] else 0, mask_ndim=mask_ndim_of(shape_key))
         return None
 
     # ------------------------------------------------------------------ per bucket

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from attn_dispatch.dispatcher import Dispatcher, core
-from attn_dispatch.dispatcher._plan import sdpa_flags
+from attn_dispatch.dispatcher._plan import mask_ndim_of, sdpa_flags
 from attn_dispatch.dispatcher.compiled import compiling_readers
 from attn_dispatch.kernels import Problem
 from attn_dispatch.kernels.sdpa_backends import TORCH_HAS_ENABLE_GQA, pytorch_sdpa
@@ -134,3 +134,27 @@ def test_a_warm_plan_still_refuses_mixed_devices_and_dtypes(mixed):
     assert ours.stats() == {"sdpa_default": 2}
     assert ours.explain(**inputs).kernel == "sdpa_default"
     assert not ours.explain(**inputs).reason_dropped("sdpa_default")
+
+
+@pytest.mark.skipif(not TORCH_HAS_ENABLE_GQA, reason="no in-place call before torch 2.5")
+@pytest.mark.parametrize("dtype", ["bool", "float"])
+def test_a_decode_steps_mask_is_called_in_place_and_a_1d_mask_is_left_to_run(monkeypatch, dtype):
+    """A (B, 1, 1, S) mask (a decode step's padding) is PyTorch's own call; a 1-D mask is the same
+    `Problem`, which PyTorch's SDPA refuses (IndexError): its plan makes no in-place call."""
+    from attn_dispatch.kernels import sdpa_default
+
+    monkeypatch.setattr(sdpa_default, "default_zeroes_dead_rows", lambda device, dtype, bool_mask: True)
+    inputs = qkv(q_len=1, kv_len=40)
+    generator = torch.Generator().manual_seed(5)
+    row = torch.rand(40, generator=generator) > 0.3 if dtype == "bool" else torch.randn(40, generator=generator)
+    ours = Dispatcher(kernels=["sdpa_default"])
+    expected = F.scaled_dot_product_attention(**inputs, attn_mask=row.view(1, 1, 1, 40))
+    with torch.inference_mode():
+        for mask in (row.view(1, 1, 1, 40), row):
+            outs = [ours.attention(**inputs, attn_mask=mask) for _ in range(3)]
+            for out in outs:
+                torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    plans = {plan.problem.mask_shape: plan for plan in ours._plans.values()}
+    assert len(ours._plans) == 2 and len(plans) == 1  # one problem, two plans (the mask's shape is in the key)
+    by_ndim = {mask_ndim_of(key): ours._plans.get(key) for key in ours._plans}
+    assert by_ndim[4].sdpa_flags is not None and by_ndim[1].sdpa_flags is None

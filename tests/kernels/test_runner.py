@@ -150,9 +150,10 @@ def test_sdpa_default_names_the_one_call_that_runs_it(monkeypatch, q_heads, kv_h
 
 
 def test_sdpa_call_is_none_where_run_does_more_than_one_call(monkeypatch):
-    """A mask without a query dimension (1-D, which PyTorch refuses, or one row), a mask PyTorch's
-    rows need repairing for, a mask with causality, broadcast inputs, bottom-right causality:
-    `run` (or the runner) handles them. Other kernels never name such a call."""
+    """A mask PyTorch's rows need repairing for, a mask with causality, broadcast inputs,
+    bottom-right causality: `run` (or the runner) handles them. Other kernels never name such a
+    call. A mask of one query row (a decode step's) is PyTorch's call; a 1-D mask is the same
+    problem, and only its plan knows to leave it to `run` (`dispatcher._plan.Plan`)."""
     from torch.nn.attention.bias import causal_lower_right
 
     from attn_dispatch.kernels import MathKernel, sdpa_default
@@ -161,9 +162,9 @@ def test_sdpa_call_is_none_where_run_does_more_than_one_call(monkeypatch):
     kernel = SdpaDefaultKernel()
     query, key, value = _inputs(4, 4, 5, 9)
     rows = torch.rand(5, 9, generator=torch.Generator().manual_seed(3)) > 0.3
+    for one_row in (rows[0], rows[:1]):
+        assert kernel.sdpa_call(Problem.from_tensors(query, key, value, one_row)) == (True, False, False)
     cases = {
-        "1-D mask": Problem.from_tensors(query, key, value, rows[0]),
-        "one-row mask": Problem.from_tensors(query, key, value, rows[:1]),
         "mask and causality": Problem.from_tensors(query, key, value, rows, True),
         "broadcast inputs": Problem.from_tensors(query, key[:1], value[:1]),
         "bottom-right causality": Problem.from_tensors(query, key, value, causal_lower_right(5, 9)),
