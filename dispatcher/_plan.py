@@ -34,7 +34,9 @@ class Plan:
     settle_at: the call count at which this shape is planned again on the bucket's decided order
         (`cold_shape.settle_after`; 0: never): it runs a kernel chosen to spare a per-shape set-up.
     sdpa_call: ``(takes_mask, is_causal, enable_gqa)`` where running this shape is exactly one
-        call of PyTorch's SDPA, which the warm path then makes itself (`Kernel.sdpa_call`); else None.
+        call of PyTorch's SDPA, which the warm path then makes itself (`Kernel.sdpa_call`); else None,
+        and always None for a call's 1-D mask (``mask_ndim``, from the cache key: `mask_ndim_of`),
+        which a `Problem` records as 4-D but PyTorch's SDPA refuses.
     sdpa_flags: that call's keyword arguments beyond the scale (`sdpa_flags`), or None.
     """
 
