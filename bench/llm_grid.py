@@ -242,7 +242,8 @@ def round_order(labels: list[str], index: int) -> list[str]:
     (before session 14) kept every path behind the same one in every round but the one it led:
     with 15 paths and 5 rounds the table-only column ran behind the kernel paths throughout, and
     where it kept PyTorch's call it read a paired median of 1.015 against the shipped column's
-    0.999 on the same shapes (run 1); behind PyTorch's own call in run 3, 1.0007."""
+    0.999 on the same shapes (run 1); behind PyTorch's own call in run 3, 1.0007. That the order
+    caused the difference is likely, not shown: no shuffled run has been made on the card yet."""
     order = list(labels)
     random.Random(index).shuffle(order)
     return order

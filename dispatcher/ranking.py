@@ -87,7 +87,7 @@ class DeviceRanking:
         and its winner is not PyTorch's default by a tie (`MeasuredEntry.default_by_tie`: a faster
         kernel's spread overlaps it; a bucket's first call then times them, `verify`), unless every
         kernel faster than the default there is the backend PyTorch's default runs anyway
-        (`default_backend_choice`: on the H200, 194 of the bundled table's 284 tied entries were
+        (`default_backend_choice`: on the H200, 190 of the bundled table's 284 tied entries were
         the default against its own cuDNN backend; timing one backend against itself decides
         nothing). Never raises."""
         try:

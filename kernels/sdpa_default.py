@@ -93,8 +93,9 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         PyTorch < 2.5 has no ``enable_gqa``: None. A problem's mask is 4-D whatever the caller's
         was: a plan made for a 1-D mask, which PyTorch refuses, makes no bare call
         (`dispatcher._plan.Plan`: ``mask_ndim``); a decode step's (B, 1, 1, S) mask does (before
-        session 14 any mask of query size 1 was left to `run`: +1.0-1.6 us a call with a float mask,
-        +4.0-4.5 us with a boolean one, on the 2-core VM)."""
+        session 14 any mask of query size 1 was left to `run`: a masked CPU decode loop ran
+        1.08-1.29x SDPA's time per token, 0.96-1.00x since; `bench.decode_loop --mask`,
+        docs/RESULTS.md section 20)."""
         if (not TORCH_HAS_ENABLE_GQA or problem.broadcast_inputs or problem.causal_offset or problem.is_degenerate
                 or problem.causal_alignment != "top_left"):
             return None

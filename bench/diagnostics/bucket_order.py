@@ -10,9 +10,10 @@ runs (PyTorch's backend choices and probes as recorded, `bench.offline_card`) an
 - the buckets whose first option the re-sort changed, by the kernel it chose, with the paired
   per-round ratio the run measured for a dispatcher column there (`--column`, what ran then);
 - each policy's pick priced by the run's recorded medians (the first-call check simulated as in
-  `bench.first_call_check_simulation`: the timed options' fastest, PyTorch's default unless beaten
-  by `tuning.MIN_WIN_MARGIN`). The kernels' medians were timed through their Python runners, so
-  picks other than the default are priced above what the dispatcher's C++ entries run them at.
+  `bench.first_call_check_simulation.measured_choice`: the timed options' fastest, PyTorch's
+  default unless beaten by `tuning.MIN_WIN_MARGIN`). The kernels' medians were timed through their
+  Python runners, so picks other than the default are priced above what the dispatcher's C++
+  entries run them at.
 
     python -m bench.diagnostics.bucket_order bench/results/h200_session14/run1_llm_grid_all_paths.jsonl
 """
@@ -32,13 +33,12 @@ from attn_dispatch.dispatcher import verify
 from attn_dispatch.dispatcher.cold_shape import costly_setups, floor_order, floor_seconds
 from attn_dispatch.dispatcher.planning import rank_options
 from attn_dispatch.dispatcher.ranking import entry_decides_bucket
-from attn_dispatch.dispatcher.tuning import MIN_WIN_MARGIN
 from attn_dispatch.kernels.accuracy import LOSSLESS
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available
 from attn_dispatch.models.measured import DEFAULT_KERNEL
 from attn_dispatch.models.table_io import load_table
-from bench.first_call_check_simulation import recorded_times
+from bench.first_call_check_simulation import measured_choice, recorded_times
 from bench.grid_measurements import read_grid
 from bench.llm_grid import SLOWER_MARGIN, SMALL_Q_ROWS, paired_ratios
 from bench.offline_card import card_line, offline_card_for
@@ -61,24 +61,13 @@ def resorted(options: tuple, floors: dict) -> tuple:
     return (options[best], *(o for i, o in enumerate(options) if i != best))
 
 
-def measured_pick(names: list[str], times: dict[str, float]) -> str:
-    """The first-call check's outcome on recorded medians: the fastest timed, unless it beats
-    PyTorch's default by no more than `MIN_WIN_MARGIN`."""
-    timed = [name for name in names if name in times]
-    best = min(timed, key=times.get)
-    default = times.get(DEFAULT_KERNEL)
-    if default is not None and best != DEFAULT_KERNEL and times[best] > default * (1 - MIN_WIN_MARGIN):
-        return DEFAULT_KERNEL
-    return best
-
-
 def checked_pick(options: tuple, problem: Problem, times: dict, decides: bool, cold: dict) -> str:
     """What a shipped dispatcher's bucket starts with: the first option where an entry decides,
     else the first-call check's pick (`verify.checked_options`)."""
     if decides:
         return options[0].kernel.name
     checked = verify.checked_options(options, CUDA, problem, sets_up=costly_setups(options, problem, cold))
-    return measured_pick([o.kernel.name for o in checked], times) if checked else options[0].kernel.name
+    return measured_choice([o.kernel.name for o in checked], times) if checked else options[0].kernel.name
 
 
 def _geomean(values: list[float]) -> float:

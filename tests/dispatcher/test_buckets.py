@@ -307,16 +307,19 @@ def test_only_a_material_set_up_counts_as_one():
     assert costly_setups(options[1:], decode, {"sdpa_flash": {"decode": 0.002}}) == {"sdpa_flash"}
 
 
+class TiedRanker(FixedRanker):
+    """setup_math first although math is predicted faster: the order a table's tie gives."""
+
+    def rank(self, problem, kernels):
+        self.calls += 1
+        return [("setup_math", 2e-6), ("math", 1e-6)]
+
+
 def test_a_swap_the_numbers_call_free_still_settles(monkeypatch):
     """The bucket ranks setup_math first although math is predicted faster (a table's tie, within
     its noise): the swap to math for a new shape is taken to lose `TIED_LOSS_SHARE` of setup_math's
     time per call, so the shape settles instead of running math for good."""
     from attn_dispatch.dispatcher.cold_shape import TIED_LOSS_SHARE
-
-    class TiedRanker(FixedRanker):
-        def rank(self, problem, kernels):
-            self.calls += 1
-            return [("setup_math", 2e-6), ("math", 1e-6)]
 
     use_ranking(monkeypatch, TiedRanker(["setup_math", "math"]))
     ours = Dispatcher(kernels=[SetUpKernel(), MathKernel()])
@@ -338,11 +341,6 @@ def test_floors_of_other_kernels_leave_the_tables_order_alone(monkeypatch):
     """The table puts setup_math first although math is predicted faster (a measured tie, the
     guard's margin); a floor known only for math must not re-sort the bucket by predicted time
     (the H200 grid: 114 of 580 buckets left PyTorch's default that way, session 14)."""
-
-    class TiedRanker(FixedRanker):
-        def rank(self, problem, kernels):
-            self.calls += 1
-            return [("setup_math", 2e-6), ("math", 1e-6)]
 
     use_ranking(monkeypatch, TiedRanker(["setup_math", "math"]))
     ours = Dispatcher(kernels=[SetUpKernel(), MathKernel()])
