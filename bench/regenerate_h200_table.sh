@@ -45,6 +45,7 @@ if ((${#EXTRA[@]})); then EXTRA_NOTE=(--note "with the points of ${EXTRA[*]}"); 
   --note "with the points of four \`python -m bench.llm_grid\` runs on the H200 (sessions 6-8, 2026-12-01/02: 1868 shape runs of the 580-shape LLM grid; bench/results/h200_session{6,7,8}/*llm_grid.jsonl)" \
   --note "with 300 shapes off the grid (session 9, \`llm_grid --heldout 300\`: batch 1-4, heads 40/8 and 28/4, head dim 96) and the grid at batch 4 up to 32k keys (session 10, \`llm_grid --batch 4 --max-kv 32768\`: 484 shapes); bench/results/h200_session9/run2_heldout_grid.jsonl, bench/results/h200_session10/run1_llm_grid_b4.jsonl" \
   --note "with session 11's points: an off-grid draw (\`llm_grid --heldout 300 --seed 2\`) and three grid runs with the fast path; flash there took up to 1.8x sessions 6-9's time on 20-40 us calls, so entries measured in both tie with the default, which serves; bench/results/h200_session11/run{3_heldout_seed2,1_grid_fast_path_*,2_llm_grid_fast_path}.jsonl" \
+  --note "fitted against the prior's version 2 (session 15: fused kernels without key splitting stream each block's keys, in waves; docs/RESULTS.md section 21)" \
   "${EXTRA_NOTE[@]}"
 "$PYTHON" -m bench.table_cv bench/results/h200_calibrations/run6_more_problems --folds 0 \
   --table models/tables/nvidia-h200-140gb.json --score "$HELDOUT"

@@ -19,12 +19,15 @@ from attn_dispatch.kernels.registry import PLAIN_FAMILIES
 from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
 from attn_dispatch.models._blocks_cost import visited_fraction
 from attn_dispatch.models.cards import CardSpec
-from attn_dispatch.models.priors import prior_seconds, roofline_seconds, score_bytes_per_element
+from attn_dispatch.models.priors import PRIOR_VERSION, prior_seconds, roofline_seconds, score_bytes_per_element
 from attn_dispatch.models.ranking import kernel_named
 
 _FAMILIES = tuple(PLAIN_FAMILIES)
 _DTYPES = tuple(ITEMSIZE)
 TINY_SECONDS = 1e-9  # floor for logs of analytic times (a nanosecond)
+PRIOR_FEATURE = f"log_prior_s_v{PRIOR_VERSION}"
+"""The log prior time's feature name: it names the prior's version (`models.priors.PRIOR_VERSION`;
+version 1's was ``log_prior_s``)."""
 
 FEATURE_NAMES: tuple[str, ...] = (
     *(f"family={family}" for family in _FAMILIES),
@@ -35,11 +38,11 @@ FEATURE_NAMES: tuple[str, ...] = (
     "log2_gqa_ratio", "log2_rows_per_kv_head",
     *(f"dtype={dtype}" for dtype in _DTYPES),
     "causal", *(f"mask={kind}" for kind in MASK_KINDS if kind != "none"), "strided", "broadcast_inputs",
-    "log_flops", "log_io_bytes", "log_score_bytes", "log_workspace_bytes", "log_roofline_s", "log_prior_s",
+    "log_flops", "log_io_bytes", "log_score_bytes", "log_workspace_bytes", "log_roofline_s", PRIOR_FEATURE,
 )
-PRIOR_COLUMN = FEATURE_NAMES.index("log_prior_s")
+PRIOR_COLUMN = FEATURE_NAMES.index(PRIOR_FEATURE)
 """Column of the log prior time (the cost model's residual baseline)."""
-_KERNEL_ONLY_NAMES = ("log_workspace_bytes", "log_prior_s")
+_KERNEL_ONLY_NAMES = ("log_workspace_bytes", PRIOR_FEATURE)
 PROBLEM_COLUMNS: tuple[int, ...] = tuple(
     i for i, name in enumerate(FEATURE_NAMES)
     if i >= FEATURE_NAMES.index("log2_q_len") and name not in _KERNEL_ONLY_NAMES

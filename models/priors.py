@@ -20,8 +20,15 @@ from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
 from attn_dispatch.models._blocks_cost import visited_fraction
 from attn_dispatch.models.cards import CardSpec, spec_for
 
-__all__ = ["PriorRanker", "prior_seconds", "roofline_seconds", "spec_for", "score_bytes_per_element"]
+__all__ = ["PRIOR_VERSION", "PriorRanker", "prior_seconds", "roofline_seconds", "spec_for", "score_bytes_per_element"]
 from attn_dispatch.models.ranking import UNPRICED, priceable, supported
+
+PRIOR_VERSION = 2
+"""Bumped whenever `prior_seconds` changes its numbers. A table's cost model learns the residual
+over one version of the prior; the prior's feature name carries the version
+(`models.features.PRIOR_FEATURE`), so a model fitted against another version is not evaluated
+(`EmbeddedModel.compatible`): the table's measured entries and decision map still serve. Version 2
+(session 15): fused kernels without key splitting stream keys per block, in waves."""
 
 # Achievable fractions of the datasheet peaks: 788 of 989 TFLOP/s bf16 and 4.3 of 4.8 TB/s
 # measured through PyTorch on this workplace's H200 (.library/device/KINDS.md).
@@ -39,8 +46,11 @@ SOFTMAX_FLOPS_PER_ELEMENT = 8
 FUSED_EFFICIENCY = {"sdpa_cudnn": 0.85, "sdpa_flash": 0.6, "sdpa_efficient": 0.27}
 FUSED_CAUSAL_EFFICIENCY = 0.6
 # Fused kernels that split the keys across compute units for few query rows (flash-decoding):
-# the H200 probe's decode at 131072 keys ran flash at 0.55 ms, efficient at 4.3 ms.
-FUSED_SPLITS_KEYS = {"sdpa_cudnn": True, "sdpa_flash": True, "sdpa_efficient": False}
+# the H200 probe's decode at 131072 keys ran flash at 0.55 ms, efficient at 4.3 ms. cuDNN (torch
+# 2.11, H200) splits them for one query row only: at 32768 keys, B1 32 heads, D=128, bf16 it took
+# 41.5 us (32/8 heads) and 129 us (32/32) at Lq=1 and a flat 382-390 us at every Lq from 2 to 128,
+# one block per head streaming all the keys (bench/results/h200_session14/run1_llm_grid_all_paths.jsonl).
+FUSED_SPLITS_KEYS = {"sdpa_cudnn": "one query row", "sdpa_flash": "always", "sdpa_efficient": "never"}
 FUSED_LAUNCHES = 3  # the kernel, the log-sum-exp buffer, the output allocation
 # A backend forced by name against PyTorch's own pick among its fused backends. Without
 # measurements the prior cannot tell the fused backends apart, PyTorch's heuristic can: on the
@@ -95,8 +105,19 @@ class _Rates:
         self.units = max(spec.compute_units, 1)
         self.launch = spec.launch_overhead_s
 
+    def waves(self, tiles: float) -> int:
+        """Rounds in which `tiles` blocks run, one block per compute unit at a time."""
+        return math.ceil(max(tiles, 1.0) / self.units)
+
     def occupancy(self, tiles: float) -> float:
+        """Share of the compute units that `tiles` output tiles of a matrix product keep busy."""
         return min(1.0, max(tiles, 1.0) / self.units)
+
+    def wave_occupancy(self, tiles: float) -> float:
+        """Share of the compute units' time that `tiles` equal blocks keep busy: fewer blocks than
+        units leave units idle, and a last partial wave does too (160 blocks on the H200's 132
+        units take two full rounds: 0.61)."""
+        return max(tiles, 1.0) / (self.units * self.waves(tiles))
 
     def product(self, flops: float, operand_bytes: float, tiles: float) -> float:
         """One (batched) matrix product, derated when it has fewer tiles than compute units."""
@@ -181,18 +202,35 @@ def sdpa_math_seconds(problem: Problem, spec: CardSpec) -> float:
     return qk + pv + softmax + stream + (SDPA_MATH_OPS + (MASK_OPS if _masked(problem) else 0)) * rates.launch
 
 
-def fused_seconds(problem: Problem, family: str, spec: CardSpec) -> float:
-    """A fused kernel: no score traffic; FLOPs at a family efficiency, causal blocks skipped."""
+def splits_keys(family: str, problem: Problem) -> bool:
+    """Whether `family` spreads one block's keys over several compute units (`FUSED_SPLITS_KEYS`)."""
+    rule = FUSED_SPLITS_KEYS[family]
+    return rule == "always" or (rule == "one query row" and problem.q_len == 1)
+
+
+def fused_seconds(problem: Problem, family: str, spec: CardSpec, *, folded: bool = False) -> float:
+    """A fused kernel: no score traffic; FLOPs at a family efficiency, causal blocks skipped.
+    A block is `FUSED_Q_TILE` query rows of one head (`folded`: of one K/V head, its group's query
+    heads stacked as rows, as `SdpaBackendKernel` folds GQA). A kernel that does not split the keys
+    streams each block's keys and values through one compute unit at its share of the bandwidth,
+    a wave of blocks after another: on the H200, B4 40/8 heads (160 blocks on 132 units) took 2.0x
+    the time of the same call with the groups folded (32 blocks), and B1 1.0x
+    (bench/results/h200_session15/run3_gqa_fold.txt)."""
     rates = _Rates(problem, spec)
     efficiency = FUSED_EFFICIENCY[family] * (FUSED_CAUSAL_EFFICIENCY if problem.causal else 1.0)
     fraction, _, _ = visited_fraction(problem.q_len, problem.kv_len, FUSED_Q_TILE, FUSED_Q_TILE, problem.causal)
-    tiles = problem.batch * problem.q_heads * math.ceil(max(problem.q_len, 1) / FUSED_Q_TILE)
-    if FUSED_SPLITS_KEYS[family]:
-        tiles *= math.ceil(max(problem.kv_len, 1) / FUSED_Q_TILE)
+    group = problem.gqa_ratio if folded else 1
+    tiles = problem.batch * (problem.q_heads // group) * math.ceil(max(problem.q_len * group, 1) / FUSED_Q_TILE)
     bias = problem.batch * problem.q_heads * problem.q_len * problem.kv_len * problem.itemsize if problem.mask_kind != "none" else 0
-    compute = problem.flops * fraction / (rates.matmul * efficiency)
-    memory = (problem.io_bytes + 2 * bias + 2 * Kernel.input_copy_bytes(problem)) / rates.bandwidth
-    return max(compute, memory) / rates.occupancy(tiles) + FUSED_LAUNCHES * rates.launch
+    compute = problem.flops * fraction / (rates.matmul * efficiency) / rates.wave_occupancy(tiles)
+    streamed = problem.io_bytes + 2 * bias + 2 * Kernel.input_copy_bytes(problem)
+    if splits_keys(family, problem):
+        tiles *= math.ceil(max(problem.kv_len, 1) / FUSED_Q_TILE)
+        memory = streamed / rates.bandwidth / rates.wave_occupancy(tiles)
+    else:
+        block_bytes = problem.kv_len * (problem.head_dim + problem.value_dim) * problem.itemsize * fraction
+        memory = max(streamed / rates.bandwidth, rates.waves(tiles) * block_bytes * rates.units / rates.bandwidth)
+    return max(compute, memory) + FUSED_LAUNCHES * rates.launch
 
 
 def default_backend(problem: Problem, spec: CardSpec) -> str:
@@ -229,7 +267,8 @@ def prior_seconds(problem: Problem, kernel: Kernel, spec: CardSpec) -> float:
         backend = default_backend(problem, spec)
         return sdpa_math_seconds(problem, spec) if backend == "sdpa_math" else fused_seconds(problem, backend, spec)
     if family in FUSED_EFFICIENCY:
-        return fused_seconds(problem, family, spec) * FORCED_BACKEND_FACTOR
+        folded = problem.gqa_ratio > 1 and kernel._gqa_mode(problem) == "fold"
+        return fused_seconds(problem, family, spec, folded=folded) * FORCED_BACKEND_FACTOR
     raise ValueError(f"no prior for kernel family {family!r} (kernel {kernel.name}); add one to models/priors.py")
 
 

@@ -10,8 +10,9 @@ from importlib import metadata
 import numpy
 import torch
 
-MODEL_FORMAT = 1
-"""Version of the saved-cost-model layout (`models.persist`); bump when features change."""
+MODEL_FORMAT = 2
+"""Version of the saved-cost-model layout (`models.persist`); bump when features change (2: the
+prior's version 2, `models.priors.PRIOR_VERSION`)."""
 
 
 def package_version() -> str:

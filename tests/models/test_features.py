@@ -16,7 +16,7 @@ def test_shape_names_and_finiteness():
     rows = [(p, n) for p in problems for n in names]
     X = feature_matrix([p for p, _ in rows], [n for _, n in rows], FALLBACK_CPU_SPEC)
     assert X.shape == (len(rows), len(FEATURE_NAMES)) and np.isfinite(X).all()
-    assert len(set(FEATURE_NAMES)) == len(FEATURE_NAMES) and FEATURE_NAMES[PRIOR_COLUMN] == "log_prior_s"
+    assert len(set(FEATURE_NAMES)) == len(FEATURE_NAMES) and FEATURE_NAMES[PRIOR_COLUMN] == "log_prior_s_v2"
     family = X[:, [i for i, f in enumerate(FEATURE_NAMES) if f.startswith("family=")]]
     assert (family.sum(axis=1) == 1).all()  # exactly one (inner) family per row
 

@@ -76,6 +76,27 @@ def test_prior_shapes():
     assert roofline_seconds(prefill, H200) < prior_seconds(prefill, flash, H200)
 
 
+def test_fused_blocks_stream_their_keys_in_waves():
+    """cuDNN splits the keys of one query row only; otherwise a block of query rows streams its
+    head's keys through one compute unit, a wave of blocks after another (measured on the H200:
+    models/priors.py). B4 40/8 heads (160 blocks on 132 units) takes two waves; folded (32 blocks
+    of 35 rows) and B4 32/8 (128 blocks) take one."""
+    from attn_dispatch.models.priors import fused_seconds
+
+    def call(batch, q_heads, q_len):
+        return Problem(batch, q_heads, 8, q_len, 34417, 128, 128, "bfloat16", device_type="cuda")
+
+    one_wave = fused_seconds(call(4, 32, 7), "sdpa_cudnn", H200)
+    two_waves = fused_seconds(call(4, 40, 7), "sdpa_cudnn", H200)
+    assert two_waves == pytest.approx(2 * one_wave, rel=0.05)
+    assert fused_seconds(call(4, 40, 7), "sdpa_cudnn", H200, folded=True) == pytest.approx(one_wave, rel=0.05)
+    assert fused_seconds(call(1, 32, 1), "sdpa_cudnn", H200) * 5 < fused_seconds(call(1, 32, 2), "sdpa_cudnn", H200)
+    assert fused_seconds(call(1, 32, 2), "sdpa_flash", H200) * 2 < fused_seconds(call(1, 32, 2), "sdpa_cudnn", H200)
+    # Our cuDNN kernel folds the groups (no native GQA probed here), PyTorch's default does not.
+    cudnn, default = kernel_from_name("sdpa_cudnn"), kernel_from_name("sdpa_default")
+    assert prior_seconds(call(4, 40, 7), cudnn, H200) < prior_seconds(call(4, 40, 7), default, H200)
+
+
 @pytest.mark.parametrize("kernel", portable_kernels() + all_kernels()[-5:], ids=lambda k: k.name)
 def test_prior_is_finite_for_every_kernel(kernel):
     problem = Problem(2, 8, 2, 37, 1000, 64, 64, "float32", mask_kind="bool", mask_shape=(1, 1, 37, 1000))

@@ -66,6 +66,16 @@ def test_incompatible_embedded_model_is_ignored(mi50_table):
     assert table.rank(DECODE, all_kernels()) == table.rank_by_map(DECODE, all_kernels())
 
 
+def test_a_model_fitted_against_the_first_prior_is_not_evaluated(mi50_table):
+    """Version 1 of the prior named its feature ``log_prior_s``: a table fitted against it keeps its
+    measured entries and decision map, not residuals over numbers the prior no longer gives."""
+    from attn_dispatch.models.features import FEATURE_NAMES, PRIOR_FEATURE
+
+    names = tuple("log_prior_s" if name == PRIOR_FEATURE else name for name in FEATURE_NAMES)
+    assert mi50_table.models[0].compatible
+    assert not replace(mi50_table.models[0], feature_names=names).compatible
+
+
 def test_thresholds_read_like_rules(mi50_table):
     pattern = re.compile(r"^\S+ (when (L[qk] [<>]=? \d+)( and L[qk] [<>]=? \d+)*|everywhere in this class)( \(\d+ of \d+ buckets\))?$")
     for table_class in mi50_table.classes.values():

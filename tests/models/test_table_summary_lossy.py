@@ -22,11 +22,16 @@ def test_lossy_conversions_are_told_from_lossless_ones():
 def test_show_notes_lossy_winners_only_where_a_class_lists_one():
     table = load_table(BUNDLED_H200)  # calibrated with --allow-lossy any: fp32 classes won by fp32->bf16
     assert LOSSY_NOTE in threshold_lines(table)
-    # bf16 classes: no narrower dtype to convert to (the refit table's fp16 bool-mask class lists
-    # convert[fp16->bf16]+sdpa_cudnn in one bucket: lossy, and noted)
-    bf16_classes = {key: c for key, c in table.classes.items() if key.describe().startswith("bfloat16")}
-    assert bf16_classes and LOSSY_NOTE not in threshold_lines(replace(table, classes=bf16_classes))
-    fp16_classes = {key: c for key, c in table.classes.items() if key.describe().startswith("float16")}
-    lists_lossy = any(is_lossy_conversion(line.split()[1]) for line in threshold_lines(replace(table, classes=fp16_classes))
-                      if line.lstrip().startswith("- "))
-    assert (LOSSY_NOTE in threshold_lines(replace(table, classes=fp16_classes))) == lists_lossy
+
+    def lists_lossy(classes) -> bool:
+        return any(is_lossy_conversion(line.split()[1]) for line in threshold_lines(replace(table, classes=classes))
+                   if line.lstrip().startswith("- "))
+
+    def lossless(key) -> bool:
+        return not lists_lossy({key: table.classes[key]})
+
+    clean = {key: c for key, c in table.classes.items() if lossless(key)}
+    assert clean and LOSSY_NOTE not in threshold_lines(replace(table, classes=clean))
+    for dtype in ("bfloat16", "float16"):  # the note follows the classes' winners, whatever the refit lists
+        classes = {key: c for key, c in table.classes.items() if key.describe().startswith(dtype)}
+        assert classes and (LOSSY_NOTE in threshold_lines(replace(table, classes=classes))) == lists_lossy(classes)
