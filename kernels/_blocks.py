@@ -21,6 +21,13 @@ import torch
 from attn_dispatch.kernels.problem import Problem
 
 NEG_INF = float("-inf")
+SCORE_ROW_ALIGNMENT = 8
+"""Scores and probabilities lie this many elements apart row to row, at least (rows padded, the
+padding never read): a matrix product takes its fast paths only where a matrix's leading
+dimension is a multiple of 16 bytes (cuBLAS's tensor-core kernels). On the H200 our portable
+kernels ran at a median 2.6-3.2x PyTorch's default time on half-precision calls whose key count
+was not a multiple of 8, against 1.0-1.3x where it was (`small_q`, `chunked`, `math`; 1,500 recorded
+off-grid and grid shapes with Lq <= 64, sessions 10-15: docs/RESULTS.md section 21)."""
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -122,6 +129,21 @@ def query_rows(
     return block.view(problem.batch, problem.kv_heads, -1, problem.head_dim)
 
 
+def aligned_rows(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised tensor of `shape` whose last-dimension rows start `SCORE_ROW_ALIGNMENT`
+    elements apart or more (a view of a wider tensor where the last size is not a multiple)."""
+    width = shape[-1]
+    padded = -(-width // SCORE_ROW_ALIGNMENT) * SCORE_ROW_ALIGNMENT
+    if padded == width:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.empty((*shape[:-1], padded), dtype=dtype, device=device)[..., :width]
+
+
+def aligned_width(width: int) -> int:
+    """`width` rounded up to `SCORE_ROW_ALIGNMENT` (the elements `aligned_rows` takes per row)."""
+    return -(-width // SCORE_ROW_ALIGNMENT) * SCORE_ROW_ALIGNMENT
+
+
 def score_keys(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``key [B, Hkv, S, E]`` in the score operand dtype (the tensor itself when it already is)."""
     return key if key.dtype == dtype else key.to(dtype)
@@ -136,7 +158,7 @@ def block_scores(rows: torch.Tensor, key_block: torch.Tensor, score_scale: float
         scores = torch.matmul(rows, key_block.transpose(-1, -2))
         return scores if score_scale == 1.0 else scores.mul_(score_scale)
     B, H, R, E = rows.shape
-    scores = torch.empty(B * H, R, key_block.shape[-2], dtype=torch.float32, device=rows.device)
+    scores = aligned_rows((B * H, R, key_block.shape[-2]), torch.float32, rows.device)
     fp32_product(rows.reshape(B * H, R, E), key_block.reshape(B * H, -1, E).transpose(1, 2), scores, score_scale)
     return scores.view(B, H, R, -1)
 
@@ -210,7 +232,11 @@ def softmax_partials(
     safe_max = row_max.masked_fill(row_max == NEG_INF, 0.0)
     probs = scores.sub_(safe_max).exp_()
     row_sum = probs.sum(dim=-1, keepdim=True)
-    out = torch.matmul(probs.to(value_block.dtype), value_block)
+    if probs.dtype != value_block.dtype:  # cast into rows aligned for the product (`SCORE_ROW_ALIGNMENT`)
+        probs_in = aligned_rows(tuple(probs.shape), value_block.dtype, probs.device).copy_(probs)
+    else:
+        probs_in = probs
+    out = torch.matmul(probs_in, value_block)
     return row_max, row_sum, out.to(probs.dtype)
 
 
@@ -269,7 +295,8 @@ def block_workspace_bytes(problem: Problem, q_rows: int, kv_cols: int) -> int:
 
     - scaled query rows: ``B*Hq*Lc*E`` elements (fp32 counted);
     - fp32 scores and the probabilities cast back to the input dtype for the PV product (the
-      input dtype counted twice: bounds the older fp16-scores path too);
+      input dtype counted twice: bounds the older fp16-scores path too), rows padded to
+      `SCORE_ROW_ALIGNMENT`;
     - the inverted bool mask block and the causal block: 1 byte each per (row, col);
     - partial output in the input dtype and fp32, plus the running accumulator (fp32);
     - row statistics (max, safe max, sum, weights): 6 fp32 values per row.
@@ -280,7 +307,7 @@ def block_workspace_bytes(problem: Problem, q_rows: int, kv_cols: int) -> int:
     mask_elem = int(problem.causal) + int(problem.mask_kind == "bool")
     return (
         rows * problem.head_dim * acc
-        + rows * kv_cols * (score_elem + mask_elem)
+        + rows * aligned_width(kv_cols) * score_elem + rows * kv_cols * mask_elem
         + rows * problem.value_dim * (item + 2 * acc)
         + rows * 6 * acc
     )
