@@ -16,8 +16,7 @@ import json
 
 import torch
 
-from attn_dispatch.kernels import Problem, kernel_from_name
-from attn_dispatch.kernels import _blocks
+from attn_dispatch.kernels import Problem, _blocks, kernel_from_name
 from attn_dispatch.kernels.reference import reference_attention, relative_errors
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from bench.diagnostics.gqa_fold import paired
