@@ -202,9 +202,9 @@ class DevicePlanner:
                 table_measured=(state.ranking.source.level not in UNMEASURED_LEVELS
                                 and getattr(state.ranking.table, "verdict", "table") == "table"), portable=portable,
                 sets_up=sets_up):
-            tied = state.ranking.measured_note(problem)  # an entry that only ties: say so before the check's note
-            if tied is not None:
-                notes = (*notes, f"{tied}: PyTorch's default wins it only by a tie, so the first call times them")
+            measured, doubt = state.ranking.measured_note(problem), state.ranking.entry_doubt(problem)
+            if measured is not None and doubt is not None:  # an entry that does not decide: say why before the check's note
+                notes = (*notes, f"{measured}: {doubt}")
             options, notes, seconds = verify_against_default(options, notes, problem, self.device, inputs,
                                                              on_failure=on_failure, portable=portable, sets_up=sets_up)
         if tune:

@@ -21,7 +21,9 @@ import torch
 
 from attn_dispatch.dispatcher.decision import RankingSource
 from attn_dispatch.dispatcher.thread_warning import warn_once
-from attn_dispatch.kernels import Kernel, Problem
+from attn_dispatch.kernels import Kernel, Problem, kernel_from_name
+from attn_dispatch.kernels._blocks import SCORE_ROW_ALIGNMENT
+from attn_dispatch.kernels.registry import uses_fused_backend
 from attn_dispatch.kernels.sdpa_probe import default_backend_choice
 from attn_dispatch.models.measured import MeasuredEntry
 from attn_dispatch.models.ranking import Ranker, supported
@@ -41,10 +43,34 @@ def _warn(message: str) -> None:
 
 def entry_decides_bucket(entry: MeasuredEntry, problem: Problem) -> bool:
     """`DeviceRanking.entry_decides` for a given entry of `problem`'s bucket."""
+    if not measured_alignment_carries(entry, problem):
+        return False
     if not entry.default_by_tie:
         return True
     own = default_backend_choice(problem)
     return all(name == own for name in entry.faster_than_default())
+
+
+def measured_alignment_carries(entry: MeasuredEntry, problem: Problem) -> bool:
+    """Whether the entry's times carry to `problem` as far as row alignment goes: on a GPU, a
+    winner of our own (matrix products over the scores) measured where the key count was a multiple
+    of `SCORE_ROW_ALIGNMENT` says nothing of a call whose key count is not. On the H200 such calls
+    ran our portable kernels at 2.6-3.2x PyTorch's default against 1.0-1.3x aligned (recorded
+    draws, docs/RESULTS.md section 21), and one bucket's entry, measured at 8,192 keys
+    (`small_q[splits=1]` 130 us, PyTorch's default 191 us), served 4,731 keys at 2.45x the default's
+    time (session 15, run 4): unpadded rows, before `kernels._blocks.aligned_rows`. Such a call's
+    bucket is checked on its first call instead (`verify`)."""
+    if problem.device_type == "cpu" or not _multiplies_scores(entry.winner):
+        return True
+    return (entry.kv_len % SCORE_ROW_ALIGNMENT == 0) == (problem.kv_len % SCORE_ROW_ALIGNMENT == 0)
+
+
+def _multiplies_scores(name: str) -> bool:
+    """Whether kernel `name` is one of our own (scores formed by matrix products), not PyTorch's SDPA."""
+    try:
+        return not uses_fused_backend(kernel_from_name(name))
+    except ValueError:  # a name this version does not build: as before this rule
+        return False
 
 
 class DeviceRanking:
@@ -95,6 +121,20 @@ class DeviceRanking:
             return entry is not None and entry_decides_bucket(entry, problem)
         except Exception:  # noqa: BLE001 - a damaged entry decides nothing; the table's own rank handles it
             return False
+
+    def entry_doubt(self, problem: Problem) -> str | None:
+        """Why the measured entry of `problem`'s bucket does not decide it (`entry_decides`), for
+        `explain`; None when there is no entry or it decides. Never raises."""
+        try:
+            entry = self.table.measured_entry(problem) if self.table is not None else None
+            if entry is None or entry_decides_bucket(entry, problem):
+                return None
+            if not measured_alignment_carries(entry, problem):
+                return (f"{entry.winner} was measured at {entry.kv_len} keys, a multiple of {SCORE_ROW_ALIGNMENT}; "
+                        f"{problem.kv_len} is not, so the first call times the options")
+            return "PyTorch's default wins it only by a tie, so the first call times them"
+        except Exception:  # noqa: BLE001 - an explanation must never fail a call
+            return None
 
     def measured_note(self, problem: Problem) -> str | None:
         """A line for `explain` when the table holds a measured entry for `problem`'s exact bucket

@@ -129,12 +129,20 @@ def query_rows(
     return block.view(problem.batch, problem.kv_heads, -1, problem.head_dim)
 
 
+def pads_rows(device: torch.device) -> bool:
+    """Whether `aligned_rows` pads on `device`: on GPUs, whose matrix products want aligned rows;
+    not on a CPU (nothing measured there), nor while torch.compile traces (dynamo refuses an
+    ``out=`` product into a strided tensor)."""
+    return device.type != "cpu" and not torch.compiler.is_compiling()
+
+
 def aligned_rows(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An uninitialised tensor of `shape` whose last-dimension rows start `SCORE_ROW_ALIGNMENT`
-    elements apart or more (a view of a wider tensor where the last size is not a multiple)."""
+    elements apart or more (a view of a wider tensor where the last size is not a multiple), where
+    `pads_rows`; a plain one elsewhere."""
     width = shape[-1]
-    padded = -(-width // SCORE_ROW_ALIGNMENT) * SCORE_ROW_ALIGNMENT
-    if padded == width:
+    padded = aligned_width(width)
+    if padded == width or not pads_rows(torch.device(device)):
         return torch.empty(shape, dtype=dtype, device=device)
     return torch.empty((*shape[:-1], padded), dtype=dtype, device=device)[..., :width]
 

@@ -249,3 +249,31 @@ def test_an_entry_tied_to_the_default_leaves_the_bucket_to_the_check(monkeypatch
                         lambda *args, entry_decides, **kwargs: seen.append(entry_decides) or False)
     ours.attention(**qkv(q_len=8, kv_len=60))
     assert seen == [not checked]
+
+
+def test_an_entry_of_ours_measured_at_an_aligned_key_count_does_not_decide_an_unaligned_call():
+    """On a GPU, a portable kernel's measured win at 8,192 keys does not carry to 4,731 keys (rows
+    not a multiple of `SCORE_ROW_ALIGNMENT`: 2.45x PyTorch's default on the H200, session 15): the
+    bucket's first call is checked, and `explain` says why. PyTorch's backends, and CPUs, keep the
+    entry's word."""
+    from attn_dispatch.dispatcher.ranking import DeviceRanking, entry_decides_bucket
+    from attn_dispatch.models.measured import MeasuredEntry, MeasuredTime, entry_key
+    from tests.dispatcher.helpers import PRIOR_SOURCE, TEST_SOURCE
+
+    def entry(winner, problem):
+        times = (MeasuredTime(winner, 1.3e-4, 1.24e-4, 1.36e-4, 5), MeasuredTime("sdpa_default", 1.9e-4, 1.88e-4, 1.93e-4, 5))
+        return MeasuredEntry(entry_key(problem), problem.batch, problem.q_len, 8192, times)
+
+    def call(kv_len, device_type="cuda"):
+        return Problem(4, 32, 8, 2, kv_len, 256, 256, "bfloat16", device_type=device_type)
+
+    ours = entry("small_q[splits=1]", call(8192))
+    assert not entry_decides_bucket(ours, call(4731))
+    assert entry_decides_bucket(ours, call(4736)) and entry_decides_bucket(ours, call(8192))
+    assert entry_decides_bucket(entry("small_q[splits=1]", call(8192, "cpu")), call(4731, "cpu"))
+    assert entry_decides_bucket(entry("sdpa_flash", call(8192)), call(4731))
+    ranking = DeviceRanking(table=_RankerWithEntry(["small_q[splits=1]", "sdpa_default"], ours.times),
+                            prior=None, source=TEST_SOURCE, prior_source=PRIOR_SOURCE)
+    ranking.table.measured_entry = lambda problem: ours
+    assert not ranking.entry_decides(call(4731)) and ranking.entry_decides(call(4736))
+    assert "4731 is not" in ranking.entry_doubt(call(4731)) and ranking.entry_doubt(call(4736)) is None
