@@ -15,6 +15,7 @@ from attn_dispatch.dispatcher.decision import Candidate
 from attn_dispatch.dispatcher.memory import format_bytes
 from attn_dispatch.dispatcher.ranking import FALLBACK_FIRST, DeviceRanking
 from attn_dispatch.kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
+from attn_dispatch.kernels._blocks import KEY_COUNT_MULTIPLE
 from attn_dispatch.models.buckets import length_bucket
 from attn_dispatch.models.measured import entry_key
 
@@ -206,6 +207,13 @@ def failure_bucket(problem: Problem) -> tuple:
 
 
 def decision_bucket(problem: Problem) -> tuple:
-    """The bucket a decision is made once for (`planner.DevicePlanner`): `failure_bucket` and the
-    causal alignment (a lower-right `CausalBias` runs on other kernels than top-left causality)."""
-    return (*entry_key(problem), problem.causal_alignment)
+    """The bucket a decision is made once for (`planner.DevicePlanner`): `failure_bucket`, the
+    causal alignment (a lower-right `CausalBias` runs on other kernels than top-left causality) and,
+    on a GPU, whether the key count is a multiple of `KEY_COUNT_MULTIPLE` (our kernels' measured
+    times carry only within one: `ranking.measured_alignment_carries`)."""
+    return (*entry_key(problem), problem.causal_alignment, keys_aligned(problem))
+
+
+def keys_aligned(problem: Problem) -> bool | None:
+    """Whether `problem`'s key count is a multiple of `KEY_COUNT_MULTIPLE`; None on a CPU."""
+    return None if problem.device_type == "cpu" else problem.kv_len % KEY_COUNT_MULTIPLE == 0

@@ -22,7 +22,7 @@ import torch
 from attn_dispatch.dispatcher.decision import RankingSource
 from attn_dispatch.dispatcher.thread_warning import warn_once
 from attn_dispatch.kernels import Kernel, Problem, kernel_from_name
-from attn_dispatch.kernels._blocks import SCORE_ROW_ALIGNMENT
+from attn_dispatch.kernels._blocks import KEY_COUNT_MULTIPLE
 from attn_dispatch.kernels.registry import uses_fused_backend
 from attn_dispatch.kernels.sdpa_probe import default_backend_choice
 from attn_dispatch.models.measured import MeasuredEntry
@@ -54,15 +54,16 @@ def entry_decides_bucket(entry: MeasuredEntry, problem: Problem) -> bool:
 def measured_alignment_carries(entry: MeasuredEntry, problem: Problem) -> bool:
     """Whether the entry's times carry to `problem` as far as row alignment goes: on a GPU, a
     winner of our own (matrix products over the scores) measured where the key count was a multiple
-    of `SCORE_ROW_ALIGNMENT` says nothing of a call whose key count is not. On the H200 such calls
-    ran our portable kernels at 2.6-3.2x PyTorch's default against 1.0-1.3x aligned (recorded
-    draws, docs/RESULTS.md section 21), and one bucket's entry, measured at 8,192 keys
-    (`small_q[splits=1]` 130 us, PyTorch's default 191 us), served 4,731 keys at 2.45x the default's
-    time (session 15, run 4): unpadded rows, before `kernels._blocks.aligned_rows`. Such a call's
-    bucket is checked on its first call instead (`verify`)."""
+    of `KEY_COUNT_MULTIPLE` says nothing of a call whose key count is not, nor the other way round.
+    On the H200 unaligned calls ran our portable kernels at a median 2.1-3.2x PyTorch's default
+    against 0.9-1.8x aligned (988 recorded shapes with Lq <= 64, docs/RESULTS.md section 21), and
+    one bucket's entry, measured at 8,192 keys (`small_q[splits=1]` 130 us, PyTorch's default
+    191 us), served 4,731 keys at 2.45x the default's time (session 15, run 4; rows unpadded, before
+    `kernels._blocks.aligned_rows`). Such a call is decided apart (`planning.decision_bucket`) and
+    checked on its first call (`verify`)."""
     if problem.device_type == "cpu" or not _multiplies_scores(entry.winner):
         return True
-    return (entry.kv_len % SCORE_ROW_ALIGNMENT == 0) == (problem.kv_len % SCORE_ROW_ALIGNMENT == 0)
+    return (entry.kv_len % KEY_COUNT_MULTIPLE == 0) == (problem.kv_len % KEY_COUNT_MULTIPLE == 0)
 
 
 def _multiplies_scores(name: str) -> bool:
@@ -130,8 +131,12 @@ class DeviceRanking:
             if entry is None or entry_decides_bucket(entry, problem):
                 return None
             if not measured_alignment_carries(entry, problem):
-                return (f"{entry.winner} was measured at {entry.kv_len} keys, a multiple of {SCORE_ROW_ALIGNMENT}; "
-                        f"{problem.kv_len} is not, so the first call times the options")
+                def words(count: int) -> str:
+                    return "a multiple" if count % KEY_COUNT_MULTIPLE == 0 else "not a multiple"
+
+                return (f"{entry.winner} was measured at {entry.kv_len} keys, {words(entry.kv_len)} of "
+                        f"{KEY_COUNT_MULTIPLE}, and this call has {problem.kv_len}, {words(problem.kv_len)}: "
+                        "the first call times the options")
             return "PyTorch's default wins it only by a tie, so the first call times them"
         except Exception:  # noqa: BLE001 - an explanation must never fail a call
             return None

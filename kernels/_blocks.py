@@ -21,13 +21,18 @@ import torch
 from attn_dispatch.kernels.problem import Problem
 
 NEG_INF = float("-inf")
-SCORE_ROW_ALIGNMENT = 8
-"""Scores and probabilities lie this many elements apart row to row, at least (rows padded, the
-padding never read): a matrix product takes its fast paths only where a matrix's leading
-dimension is a multiple of 16 bytes (cuBLAS's tensor-core kernels). On the H200 our portable
-kernels ran at a median 2.6-3.2x PyTorch's default time on half-precision calls whose key count
-was not a multiple of 8, against 1.0-1.3x where it was (`small_q`, `chunked`, `math`; 1,500 recorded
-off-grid and grid shapes with Lq <= 64, sessions 10-15: docs/RESULTS.md section 21)."""
+KEY_COUNT_MULTIPLE = 8
+"""On the H200 our portable kernels ran at a median 2.1-3.2x PyTorch's default on half-precision
+calls whose key count was not a multiple of this, against 0.9-1.8x where it was (`small_q`,
+`chunked`, `math`; 988 recorded shapes with Lq <= 64, sessions 10-15: docs/RESULTS.md section 21):
+a matrix product takes its fast (tensor-core) paths only where a matrix's rows start 16 bytes
+apart. Measured entries carry only between calls on the same side of it
+(`dispatcher.ranking.measured_alignment_carries`)."""
+SCORE_ROW_ALIGNMENT = 1
+"""Scores and probabilities lie at least this many elements apart row to row (rows padded, the
+padding never read by the value product). 1, no padding, until padding to `KEY_COUNT_MULTIPLE` is
+measured on a GPU: `python -m bench.diagnostics.score_alignment --device cuda` times both layouts
+(docs/RESULTS.md section 21, "Not measured yet"). The tests run the padded layout on the CPU."""
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

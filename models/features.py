@@ -19,7 +19,12 @@ from attn_dispatch.kernels.registry import PLAIN_FAMILIES
 from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
 from attn_dispatch.models._blocks_cost import visited_fraction
 from attn_dispatch.models.cards import CardSpec
-from attn_dispatch.models.priors import PRIOR_VERSION, prior_seconds, roofline_seconds, score_bytes_per_element
+from attn_dispatch.models.priors import (
+    PRIOR_VERSION,
+    prior_seconds,
+    roofline_seconds,
+    score_bytes_per_element,
+)
 from attn_dispatch.models.ranking import kernel_named
 
 _FAMILIES = tuple(PLAIN_FAMILIES)

@@ -203,7 +203,12 @@ def sdpa_math_seconds(problem: Problem, spec: CardSpec) -> float:
 
 
 def splits_keys(family: str, problem: Problem) -> bool:
-    """Whether `family` spreads one block's keys over several compute units (`FUSED_SPLITS_KEYS`)."""
+    """Whether `family` spreads one block's keys over several compute units (`FUSED_SPLITS_KEYS`).
+    The caller's query length decides, not the rows our kernel folds a GQA group into: counting
+    those (our cuDNN kernel's folded decode at 32/8 heads took 0.86 ms at 32k keys where PyTorch's
+    default took 0.10 ms, session 14's grid) halved the prior's cuDNN decode error, but the table
+    refit on it scored worse off the grid (seed 1: worst 3.05x against 2.02x; docs/RESULTS.md
+    section 21)."""
     rule = FUSED_SPLITS_KEYS[family]
     return rule == "always" or (rule == "one query row" and problem.q_len == 1)
 
@@ -222,6 +227,10 @@ def fused_seconds(problem: Problem, family: str, spec: CardSpec, *, folded: bool
     group = problem.gqa_ratio if folded else 1
     tiles = problem.batch * (problem.q_heads // group) * math.ceil(max(problem.q_len * group, 1) / FUSED_Q_TILE)
     bias = problem.batch * problem.q_heads * problem.q_len * problem.kv_len * problem.itemsize if problem.mask_kind != "none" else 0
+    # Derated by the unsplit blocks' waves even where the keys split (flash): that over-prices flash
+    # on long keys at Lq 65-512 (1.2 ms predicted, 0.5 measured at 131k keys, B1 32/8 D64); counting
+    # the split blocks instead made the prior's picks worse on 3 of 4 recorded draws (session 15's
+    # review): flash's efficiency would need refitting with it.
     compute = problem.flops * fraction / (rates.matmul * efficiency) / rates.wave_occupancy(tiles)
     streamed = problem.io_bytes + 2 * bias + 2 * Kernel.input_copy_bytes(problem)
     if splits_keys(family, problem):

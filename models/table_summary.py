@@ -91,8 +91,12 @@ def guard_lines(table: ThresholdTable) -> list[str]:
 
 def threshold_lines(table: ThresholdTable) -> list[str]:
     """Per class, where each kernel wins (most buckets first)."""
+    unused = len(table.models) - len(table.usable_models)
     lines = [f"decision map: {len(table.classes)} classes, "
-             f"{sum(len(c.cells) for c in table.classes.values())} buckets of (Lq, Lk); {len(table.models)} embedded cost model(s)"]
+             f"{sum(len(c.cells) for c in table.classes.values())} buckets of (Lq, Lk); {len(table.models)} embedded cost model(s)"
+             + (f" ({unused} not used: fitted on features this version does not compute, such as an older"
+                " prior; refit with `attn-dispatch check --fix` where its measurements are kept, or recalibrate)"
+                if unused else "")]
     lossy_shown = False
     for key in sorted(table.classes):
         table_class = table.classes[key]

@@ -1,9 +1,9 @@
-"""Do padded score rows (`kernels._blocks.SCORE_ROW_ALIGNMENT`) make our portable kernels faster
-where the key count is not a multiple of 8, and leave them as fast where it is?
+"""Do padded score rows (`kernels._blocks.SCORE_ROW_ALIGNMENT` = `KEY_COUNT_MULTIPLE`) make our
+portable kernels faster where the key count is not a multiple of 8, and leave them as fast where it is?
 
-Per shape, each portable kernel runs with rows padded (the alignment as shipped) and unpadded
-(alignment 1: rows `Sc` elements apart, as before session 15), paired per round against PyTorch's
-default (`bench.diagnostics.gqa_fold.paired`); and each output's error against a float64 reference.
+Per shape, each portable kernel runs with rows padded to `KEY_COUNT_MULTIPLE` and unpadded
+(alignment 1, as shipped until this is measured), paired per round against PyTorch's default
+(`bench.diagnostics.gqa_fold.paired`); and each output's error against a float64 reference.
 
     python -m bench.diagnostics.score_alignment --device cuda --rounds 9 [--out score_alignment.json]
     python -m bench.diagnostics.score_alignment --device cpu --small --rounds 3   # smoke run
@@ -28,7 +28,7 @@ SHAPES = [(4, 32, 8, 2, 4731, 256, "bfloat16"), (4, 32, 8, 2, 4736, 256, "bfloat
           (1, 32, 8, 1, 8191, 128, "bfloat16"), (1, 32, 8, 1, 8192, 128, "bfloat16"),
           (1, 32, 32, 512, 3001, 64, "float16"), (1, 32, 32, 512, 3008, 64, "float16")]
 KERNELS = ("small_q[splits=1]", "small_q[splits=8]", "chunked[q=2048,kv=16384]", "math")
-UNPADDED = 1  # SCORE_ROW_ALIGNMENT of the old layout: rows exactly Sc elements apart
+UNPADDED = 1  # SCORE_ROW_ALIGNMENT of the plain layout: rows exactly Sc elements apart
 SMALL_KV_DIVISOR = 64  # --small: Lk / 64 (CPU smoke runs)
 
 
@@ -54,7 +54,7 @@ def diagnose(shape: tuple, device: torch.device, rounds: int, small: bool) -> di
     calls, errors = {"default": lambda: pytorch_sdpa(q, k, v, enable_gqa=True)}, {}
     for name in KERNELS:
         run = kernel_from_name(name).runner(problem)
-        for label, alignment in (("padded", _blocks.SCORE_ROW_ALIGNMENT), ("unpadded", UNPADDED)):
+        for label, alignment in (("padded", _blocks.KEY_COUNT_MULTIPLE), ("unpadded", UNPADDED)):
             call = with_alignment(alignment, lambda run=run: run(q, k, v, None, None, True, problem))
             calls[f"{name} {label}"] = call
             errors[f"{name} {label}"] = relative_errors(call(), reference)[0]
@@ -72,7 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"device {name}; torch {torch.__version__}; rounds {args.rounds}; alignment {_blocks.SCORE_ROW_ALIGNMENT} "
+    print(f"device {name}; torch {torch.__version__}; rounds {args.rounds}; alignment {_blocks.KEY_COUNT_MULTIPLE} "
           "against 1; ratios: paired median [quartiles] of path / PyTorch's default per round; rel L2 vs float64")
     rows = []
     for shape in SHAPES:

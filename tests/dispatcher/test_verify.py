@@ -253,7 +253,7 @@ def test_an_entry_tied_to_the_default_leaves_the_bucket_to_the_check(monkeypatch
 
 def test_an_entry_of_ours_measured_at_an_aligned_key_count_does_not_decide_an_unaligned_call():
     """On a GPU, a portable kernel's measured win at 8,192 keys does not carry to 4,731 keys (rows
-    not a multiple of `SCORE_ROW_ALIGNMENT`: 2.45x PyTorch's default on the H200, session 15): the
+    not a multiple of `KEY_COUNT_MULTIPLE`: 2.45x PyTorch's default on the H200, session 15): the
     bucket's first call is checked, and `explain` says why. PyTorch's backends, and CPUs, keep the
     entry's word."""
     from attn_dispatch.dispatcher.ranking import DeviceRanking, entry_decides_bucket
@@ -272,8 +272,13 @@ def test_an_entry_of_ours_measured_at_an_aligned_key_count_does_not_decide_an_un
     assert entry_decides_bucket(ours, call(4736)) and entry_decides_bucket(ours, call(8192))
     assert entry_decides_bucket(entry("small_q[splits=1]", call(8192, "cpu")), call(4731, "cpu"))
     assert entry_decides_bucket(entry("sdpa_flash", call(8192)), call(4731))
+    from attn_dispatch.dispatcher.planning import decision_bucket
+
+    assert decision_bucket(call(4731)) != decision_bucket(call(4736))  # decided apart: the first seen never decides both
+    assert decision_bucket(call(4731, "cpu")) == decision_bucket(call(4736, "cpu"))
     ranking = DeviceRanking(table=_RankerWithEntry(["small_q[splits=1]", "sdpa_default"], ours.times),
                             prior=None, source=TEST_SOURCE, prior_source=PRIOR_SOURCE)
     ranking.table.measured_entry = lambda problem: ours
     assert not ranking.entry_decides(call(4731)) and ranking.entry_decides(call(4736))
-    assert "4731 is not" in ranking.entry_doubt(call(4731)) and ranking.entry_doubt(call(4736)) is None
+    assert "this call has 4731, not a multiple" in ranking.entry_doubt(call(4731))
+    assert ranking.entry_doubt(call(4736)) is None

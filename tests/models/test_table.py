@@ -73,7 +73,12 @@ def test_a_model_fitted_against_the_first_prior_is_not_evaluated(mi50_table):
 
     names = tuple("log_prior_s" if name == PRIOR_FEATURE else name for name in FEATURE_NAMES)
     assert mi50_table.models[0].compatible
-    assert not replace(mi50_table.models[0], feature_names=names).compatible
+    old = replace(mi50_table.models[0], feature_names=names)
+    assert not old.compatible
+    from attn_dispatch.models.table_summary import threshold_lines
+
+    assert "not used" not in threshold_lines(mi50_table)[0]
+    assert "1 not used" in threshold_lines(replace(mi50_table, models=(old,)))[0]  # `show` says so
 
 
 def test_thresholds_read_like_rules(mi50_table):
