@@ -14,7 +14,14 @@ from attn_dispatch.calibration.busy_words import ALLOWED_CAUSE, too_busy_cause, 
 from attn_dispatch.calibration.config import CalibrationConfig
 from attn_dispatch.calibration.finish import TOO_BUSY_REASON, FitOutcome, fit_and_write, merge
 from attn_dispatch.calibration.launch import launch_workers
-from attn_dispatch.calibration.noise import WIDE_BUDGET_FACTOR, WIDE_MIN_REPS, Noise, check_quiet, probe_noise
+from attn_dispatch.calibration.noise import (
+    WIDE_BUDGET_FACTOR,
+    WIDE_MIN_REPS,
+    MachineBusy,
+    Noise,
+    check_quiet,
+    probe_noise,
+)
 from attn_dispatch.calibration.paths import default_results, default_storage
 from attn_dispatch.calibration.progress import Progress, StoragePoller
 from attn_dispatch.calibration.recorder import storage_measurements
@@ -26,6 +33,15 @@ from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.identity import DeviceIdentity, torch_threads
 from attn_dispatch.models.measurement import Measurement
+
+
+def discard_if_empty(path: str | os.PathLike) -> None:
+    """Remove the file at `path` if it exists and holds nothing (never a file with data in it)."""
+    try:
+        if os.path.getsize(path) == 0:
+            os.remove(path)
+    except OSError:
+        pass
 
 
 def too_busy_measured(cause: str) -> str:
@@ -191,7 +207,12 @@ def calibrate(
                 kernels=kernels, on_record=progress.record, on_plan=progress.plan, on_problem=progress.problem,
             )  # sets the thread count the probe must run with
             worker.noise = summary.noise_start = probe_noise(worker.device)
-            check_quiet(summary.noise_start, allow_busy=config.allow_busy)
+            try:
+                check_quiet(summary.noise_start, allow_busy=config.allow_busy)
+            except MachineBusy:
+                if config.storage is None:
+                    discard_if_empty(journal)  # the worker opened it; a refusal stores nothing
+                raise
             summary.reports = [worker.run()]
         else:
             if kernels is not None:
