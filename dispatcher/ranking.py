@@ -66,6 +66,10 @@ def measured_alignment_carries(entry: MeasuredEntry, problem: Problem) -> bool:
     return (entry.kv_len % KEY_COUNT_MULTIPLE == 0) == (problem.kv_len % KEY_COUNT_MULTIPLE == 0)
 
 
+def _multiple_or_not(key_count: int) -> str:
+    return "a multiple" if key_count % KEY_COUNT_MULTIPLE == 0 else "not a multiple"
+
+
 def _multiplies_scores(name: str) -> bool:
     """Whether kernel `name` is one of our own (scores formed by matrix products), not PyTorch's SDPA."""
     try:
@@ -131,11 +135,8 @@ class DeviceRanking:
             if entry is None or entry_decides_bucket(entry, problem):
                 return None
             if not measured_alignment_carries(entry, problem):
-                def words(count: int) -> str:
-                    return "a multiple" if count % KEY_COUNT_MULTIPLE == 0 else "not a multiple"
-
-                return (f"{entry.winner} was measured at {entry.kv_len} keys, {words(entry.kv_len)} of "
-                        f"{KEY_COUNT_MULTIPLE}, and this call has {problem.kv_len}, {words(problem.kv_len)}: "
+                return (f"{entry.winner} was measured at {entry.kv_len} keys, {_multiple_or_not(entry.kv_len)} of "
+                        f"{KEY_COUNT_MULTIPLE}, and this call has {problem.kv_len}, {_multiple_or_not(problem.kv_len)}: "
                         "the first call times the options")
             return "PyTorch's default wins it only by a tie, so the first call times them"
         except Exception:  # noqa: BLE001 - an explanation must never fail a call

@@ -136,8 +136,8 @@ def query_rows(
 
 def pads_rows(device: torch.device) -> bool:
     """Whether `aligned_rows` pads on `device`: on GPUs, whose matrix products want aligned rows;
-    not on a CPU (nothing measured there), nor while torch.compile traces (dynamo refuses an
-    ``out=`` product into a strided tensor)."""
+    not on a CPU (nothing measured there), nor while torch.compile traces (dynamo is reported to
+    break the graph on an ``out=`` product into a strided tensor; not tried here)."""
     return device.type != "cpu" and not torch.compiler.is_compiling()
 
 
@@ -150,6 +150,16 @@ def aligned_rows(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
     if padded == width or not pads_rows(torch.device(device)):
         return torch.empty(shape, dtype=dtype, device=device)
     return torch.empty((*shape[:-1], padded), dtype=dtype, device=device)[..., :width]
+
+
+def cast_to_aligned_rows(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor` in `dtype`, its rows padded as `aligned_rows` pads them (the tensor itself when it
+    already is in `dtype`; a plain ``.to`` where nothing is padded)."""
+    if tensor.dtype == dtype:
+        return tensor
+    if aligned_width(tensor.shape[-1]) == tensor.shape[-1] or not pads_rows(tensor.device):
+        return tensor.to(dtype)
+    return aligned_rows(tuple(tensor.shape), dtype, tensor.device).copy_(tensor)
 
 
 def aligned_width(width: int) -> int:
@@ -245,11 +255,7 @@ def softmax_partials(
     safe_max = row_max.masked_fill(row_max == NEG_INF, 0.0)
     probs = scores.sub_(safe_max).exp_()
     row_sum = probs.sum(dim=-1, keepdim=True)
-    if probs.dtype != value_block.dtype:  # cast into rows aligned for the product (`SCORE_ROW_ALIGNMENT`)
-        probs_in = aligned_rows(tuple(probs.shape), value_block.dtype, probs.device).copy_(probs)
-    else:
-        probs_in = probs
-    out = torch.matmul(probs_in, value_block)
+    out = torch.matmul(cast_to_aligned_rows(probs, value_block.dtype), value_block)
     return row_max, row_sum, out.to(probs.dtype)
 
 

@@ -50,9 +50,10 @@ def row_major_scores(
     width = S if width is None else width
     heads = rows.shape[0] * rows.shape[1]
     buffer = torch.empty(R, heads, width, dtype=accumulation_dtype(rows.dtype), device=rows.device)
+    scores = buffer.transpose(0, 1)  # [B*Hkv, R, W], strides (W, B*Hkv*W, 1)
     if width > S:
         buffer[..., S:] = float("-inf")
-    scores = buffer.transpose(0, 1)[..., :S]  # [B*Hkv, R, S], strides (W, B*Hkv*W, 1)
+        scores = scores[..., :S]
     if rows.dtype in HALF_DTYPES:
         return fp32_product(_batched(rows), _batched(key).transpose(1, 2), scores, score_scale)
     torch.bmm(_batched(rows), _batched(key).transpose(1, 2), out=scores)
@@ -63,9 +64,8 @@ def padded_width(kv_len: int, splits: int, device: torch.device) -> int:
     """Row width of `row_major_scores`' buffer: `_blocks.aligned_width` of the keys where
     `_blocks.pads_rows` and the value product reads whole rows (one split; the split-K product
     needs rows exactly `splits` blocks long), else the key count itself."""
-    if splits == 1 and _blocks.pads_rows(device):
-        return _blocks.aligned_width(kv_len)
-    return kv_len
+    width = _blocks.aligned_width(kv_len)
+    return width if width > kv_len and splits == 1 and _blocks.pads_rows(device) else kv_len
 
 
 def split_kv_product(probs: torch.Tensor, value: torch.Tensor, splits: int) -> torch.Tensor:
@@ -113,7 +113,9 @@ def single_pass_attention(
         buffer = buffer.as_strided((*buffer.shape[:-1], width), buffer.stride())
     probs = softmax_rows(buffer, may_have_dead_rows=mask is not None or problem.causal_offset < 0)
     del scores, buffer
-    probs = probs.to(value.dtype).transpose(0, 1)[..., :kv_len]  # keeps the row-outermost layout
+    probs = probs.to(value.dtype).transpose(0, 1)  # keeps the row-outermost layout
+    if width > kv_len:
+        probs = probs[..., :kv_len]
     return split_kv_product(probs, value, splits).view(rows.shape[:-1] + (value.shape[-1],))
 
 

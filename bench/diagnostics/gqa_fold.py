@@ -98,14 +98,21 @@ def cuda_kernels(call) -> list[str]:
     return [e.name[:NAME_CHARS] for e in events[:KERNEL_NAMES]]
 
 
-def diagnose(shape: tuple, device: torch.device, rounds: int, small: bool) -> dict:
-    """One shape's JSON row: PyTorch's choice, our GQA mode, the fold's check, timings, kernel names."""
+def random_inputs(shape: tuple, device: torch.device, small: bool):
+    """Seeded q, k, v for `shape` (batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype; Lk /
+    `SMALL_KV_DIVISOR` when `small`) and their `Problem` (GQA, no mask, not causal)."""
     b, hq, hkv, length, kv_len, d, dtype = shape
     kv_len = max(1, kv_len // SMALL_KV_DIVISOR) if small else kv_len
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, h, n, d, device=device, dtype=getattr(torch, dtype))
                for h, n in ((hq, length), (hkv, kv_len), (hkv, kv_len)))
-    problem = Problem.from_tensors(q, k, v, None, False, enable_gqa=True)
+    return q, k, v, Problem.from_tensors(q, k, v, None, False, enable_gqa=True)
+
+
+def diagnose(shape: tuple, device: torch.device, rounds: int, small: bool) -> dict:
+    """One shape's JSON row: PyTorch's choice, our GQA mode, the fold's check, timings, kernel names."""
+    q, k, v, problem = random_inputs(shape, device, small)
+    b, hq, hkv, length, kv_len, d, dtype = (*shape[:4], problem.kv_len, *shape[5:])
     try:
         choice = SDP_BACKEND_FAMILIES.get(int(torch._fused_sdp_choice(q, k, v, None, 0.0, False, enable_gqa=True)))
     except Exception as error:  # noqa: BLE001

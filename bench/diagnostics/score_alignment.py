@@ -16,10 +16,10 @@ import json
 
 import torch
 
-from attn_dispatch.kernels import Problem, _blocks, kernel_from_name
+from attn_dispatch.kernels import _blocks, kernel_from_name
 from attn_dispatch.kernels.reference import reference_attention, relative_errors
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
-from bench.diagnostics.gqa_fold import paired
+from bench.diagnostics.gqa_fold import SMALL_KV_DIVISOR, paired, random_inputs
 
 # (batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype): the worst table pick of session 15's
 # seed-5 draw (small_q[splits=1] 2.45x PyTorch's default at 4731 keys) and aligned controls.
@@ -29,7 +29,6 @@ SHAPES = [(4, 32, 8, 2, 4731, 256, "bfloat16"), (4, 32, 8, 2, 4736, 256, "bfloat
           (1, 32, 32, 512, 3001, 64, "float16"), (1, 32, 32, 512, 3008, 64, "float16")]
 KERNELS = ("small_q[splits=1]", "small_q[splits=8]", "chunked[q=2048,kv=16384]", "math")
 UNPADDED = 1  # SCORE_ROW_ALIGNMENT of the plain layout: rows exactly Sc elements apart
-SMALL_KV_DIVISOR = 64  # --small: Lk / 64 (CPU smoke runs)
 
 
 def with_alignment(alignment: int, call):
@@ -44,12 +43,8 @@ def with_alignment(alignment: int, call):
 
 
 def diagnose(shape: tuple, device: torch.device, rounds: int, small: bool) -> dict:
-    b, hq, hkv, length, kv_len, d, dtype = shape
-    kv_len = max(1, kv_len // SMALL_KV_DIVISOR) if small else kv_len
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(b, h, n, d, device=device, dtype=getattr(torch, dtype))
-               for h, n in ((hq, length), (hkv, kv_len), (hkv, kv_len)))
-    problem = Problem.from_tensors(q, k, v, None, False, enable_gqa=True)
+    q, k, v, problem = random_inputs(shape, device, small)
+    b, hq, hkv, length, kv_len, d, dtype = (*shape[:4], problem.kv_len, *shape[5:])
     reference = reference_attention(q, k, v, None, False, enable_gqa=True)
     calls, errors = {"default": lambda: pytorch_sdpa(q, k, v, enable_gqa=True)}, {}
     for name in KERNELS:
