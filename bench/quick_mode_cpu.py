@@ -89,7 +89,8 @@ def main() -> None:
                                    "--json", str(bench_json)], env)
         result.update(bench_exit=code, bench_wall_s=round(seconds, 1), load_after_bench=load_average())
         if bench_json.exists():
-            result["bench"] = json.loads(bench_json.read_text())["summary"]
+            report = json.loads(bench_json.read_text())
+            result["bench"], result["bench_shapes"] = report["summary"], report["shapes"]
         else:
             result["bench_output"] = text.strip().splitlines()[-5:]
     finally:

@@ -58,8 +58,8 @@ def measured_alignment_carries(entry: MeasuredEntry, problem: Problem) -> bool:
     On the H200 unaligned calls ran our portable kernels at a median 2.1-3.2x PyTorch's default
     against 0.9-1.8x aligned (988 recorded shapes with Lq <= 64, docs/RESULTS.md section 21), and
     one bucket's entry, measured at 8,192 keys (`small_q[splits=1]` 130 us, PyTorch's default
-    191 us), served 4,731 keys at 2.45x the default's time (session 15, run 4; rows unpadded, before
-    `kernels._blocks.aligned_rows`). Such a call is decided apart (`planning.decision_bucket`) and
+    191 us), served 4,731 keys at 2.45x the default's time (session 15, run 4; padding the score
+    rows did not help, session 16). Such a call is decided apart (`planning.decision_bucket`) and
     checked on its first call (`verify`)."""
     if problem.device_type == "cpu" or not _multiplies_scores(entry.winner):
         return True

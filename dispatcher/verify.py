@@ -20,10 +20,13 @@ the bucket takes the fastest; PyTorch's choice stays unless another is faster be
   and as well as tuning's up to seven contenders; on the 2-core CPU, after three quick
   calibrations each, the held-out shapes ran at 0.89-1.01x PyTorch's default (geomean) with the
   check, against 1.06-1.15x without it (bench/quick_mode_cpu.py, 2026-12-01);
-- on a CPU where those are all PyTorch's backends, also the table's first of our own kernels
-  (`own_family_option`): after three quick calibrations each, alternating, the held-out CPU shapes
-  ran at 1.09-1.11x the fastest kernel with it against 1.17-1.18x without (bench/quick_mode_cpu.py,
-  2026-12-02, docs/RESULTS.md section 8);
+- on a CPU, also the table's first option of each of our own kernel families not among those
+  (`own_family_options`): after three quick calibrations each, alternating, the held-out CPU shapes
+  ran at 1.09-1.11x the fastest kernel with the first of our kernels timed where the table's
+  first two were PyTorch's, against 1.17-1.18x without (bench/quick_mode_cpu.py, 2026-12-02,
+  docs/RESULTS.md section 8); one per family since session 16, because the shape that stayed
+  worst (B3 8/1 heads, one query row, 3000 keys, fp32: `math` fastest) had `chunked` timed as
+  "the first of ours" and `math` never (section 22);
 - except decode on a GPU (one query row) with PyTorch's backends, where only a table pick other
   than the default is checked against it: there PyTorch's default was within 2% of the fastest
   kernel on the grid, these calls are host-bound (a stopwatch on one decode call is least
@@ -82,9 +85,9 @@ the problem: the table's first such; a new shape of the bucket swaps only to a k
 MAX_CHECKED_SECONDS = 0.02
 """Options predicted slower than this per call are not timed (and no check runs where PyTorch's
 default is one): each timed option costs two sizing calls and up to `tuning.TUNE_ROUNDS` samples
-of at least one call (rounds stop after `tuning.TUNE_BUDGET_S`), so up to 4 options x 7 calls of
-20 ms, about 0.6 s, once per bucket; calls of ~1 ms cost a check ~0.1 s (the CPU's quick-mode
-held-out buckets: first calls of 80-114 ms with the check against 5-15 ms without, a new user's
+of at least one call (rounds stop after `tuning.TUNE_BUDGET_S`), so up to 4 options (6 on a CPU,
+one per family of ours) x 7 calls of 20 ms, about 0.6-0.8 s, once per bucket; calls of ~1 ms cost
+a check ~0.1 s (the CPU's quick-mode held-out buckets: first calls of 80-114 ms with the check against 5-15 ms without, a new user's
 run, 2026-12-01). Slower calls (a long video attention on a CPU takes seconds) are left to the
 table, or to tuning where the user asks for it."""
 
@@ -117,7 +120,7 @@ def checked_options(options: tuple[Option, ...], device: torch.device, problem: 
         if device.type == "cuda":
             picked += [option for option in options if option.kernel.name == GPU_ALSO_CHECKED]
         elif device.type == "cpu":
-            picked += own_family_option(options, picked)
+            picked += own_family_options(options, picked)
     if default.kernel.name in sets_up:  # what a new shape may swap to must have been timed (`Bucket.may_replace_first`)
         free = [option for option in options if option.kernel.name not in sets_up and _fast_enough(option)]
         picked += [option for option in free if option.kernel.name == GPU_ALSO_CHECKED] or free[:SETUP_FREE_CHECKED]
@@ -126,16 +129,31 @@ def checked_options(options: tuple[Option, ...], device: torch.device, problem: 
     return checked if len(checked) > 1 else ()
 
 
-def own_family_option(options: tuple[Option, ...], picked: list[Option]) -> list[Option]:
-    """Where `picked` holds only PyTorch's backends: the table's first option of one of our own
-    kernel families, as a list of at most one. Timed on a CPU bucket's first call: after quick
-    calibrations the misses on held-out CPU shapes were decode calls against 3000-5000 keys where
-    `small_q` or `chunked` was fastest and the table ranked PyTorch's default and flash first
-    (docs/RESULTS.md sections 8 and 12). On the H200 grids the same addition changed no pick
-    (`bench/first_call_check_simulation.py`, policy shipped+family)."""
-    if not all(uses_fused_backend(option.kernel) for option in picked):
-        return []
-    return next(([option] for option in options if not uses_fused_backend(option.kernel)), [])
+def own_family_options(options: tuple[Option, ...], picked: list[Option]) -> list[Option]:
+    """The table's first option of each of our own kernel families (`math`, `small_q`, `chunked`,
+    conversions of them) that `picked` lacks, in the table's order. Timed on a CPU bucket's first
+    call: after quick calibrations the misses on held-out CPU shapes were fp32 decode calls against
+    3000-5000 keys where `math` or `small_q` was fastest and the table ranked PyTorch's backends
+    first, and where only one of ours was timed it was another family's (docs/RESULTS.md sections
+    8, 12 and 22). On the H200 grids timing the first of ours changed no pick
+    (`bench/first_call_check_simulation.py`, policy shipped+family): GPUs keep their own rule."""
+    families = {_family(option) for option in picked}
+    chosen = []
+    for option in options:
+        family = _family(option)
+        if family is not None and family not in families:
+            families.add(family)
+            chosen.append(option)
+    return chosen
+
+
+def _family(option: Option) -> str | None:
+    """The family of our own kernel behind `option` (a conversion's inner kernel's); None for
+    PyTorch's backends."""
+    kernel = option.kernel
+    if uses_fused_backend(kernel):
+        return None
+    return getattr(kernel, "inner", kernel).family
 
 
 def _fast_enough(option: Option) -> bool:

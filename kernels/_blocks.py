@@ -24,15 +24,12 @@ NEG_INF = float("-inf")
 KEY_COUNT_MULTIPLE = 8
 """On the H200 our portable kernels ran at a median 2.1-3.2x PyTorch's default on half-precision
 calls whose key count was not a multiple of this, against 0.9-1.8x where it was (`small_q`,
-`chunked`, `math`; 988 recorded shapes with Lq <= 64, sessions 10-15: docs/RESULTS.md section 21):
-a matrix product takes its fast (tensor-core) paths only where a matrix's rows start 16 bytes
-apart. Measured entries carry only between calls on the same side of it
-(`dispatcher.ranking.measured_alignment_carries`)."""
-SCORE_ROW_ALIGNMENT = 1
-"""Scores and probabilities lie at least this many elements apart row to row (rows padded, the
-padding never read by the value product). 1, no padding, until padding to `KEY_COUNT_MULTIPLE` is
-measured on a GPU: `python -m bench.diagnostics.score_alignment --device cuda` times both layouts
-(docs/RESULTS.md section 21, "Not measured yet"). The tests run the padded layout on the CPU."""
+`chunked`, `math`; 988 recorded shapes with Lq <= 64, sessions 10-15: docs/RESULTS.md section 21).
+Padding the score and probability rows to a multiple of it did not help: padded / unpadded
+1.01-1.34x (median 1.04) on unaligned key counts, 0.99-1.10x (1.03) on aligned ones, where padding
+changes nothing (the H200, session 16: docs/RESULTS.md section 22); the products still run over an
+unaligned number of keys. Measured entries carry only between calls on the same
+side of it (`dispatcher.ranking.measured_alignment_carries`)."""
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -134,39 +131,6 @@ def query_rows(
     return block.view(problem.batch, problem.kv_heads, -1, problem.head_dim)
 
 
-def pads_rows(device: torch.device) -> bool:
-    """Whether `aligned_rows` pads on `device`: on GPUs, whose matrix products want aligned rows;
-    not on a CPU (nothing measured there), nor while torch.compile traces (dynamo is reported to
-    break the graph on an ``out=`` product into a strided tensor; not tried here)."""
-    return device.type != "cpu" and not torch.compiler.is_compiling()
-
-
-def aligned_rows(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An uninitialised tensor of `shape` whose last-dimension rows start `SCORE_ROW_ALIGNMENT`
-    elements apart or more (a view of a wider tensor where the last size is not a multiple), where
-    `pads_rows`; a plain one elsewhere."""
-    width = shape[-1]
-    padded = aligned_width(width)
-    if padded == width or not pads_rows(torch.device(device)):
-        return torch.empty(shape, dtype=dtype, device=device)
-    return torch.empty((*shape[:-1], padded), dtype=dtype, device=device)[..., :width]
-
-
-def cast_to_aligned_rows(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`tensor` in `dtype`, its rows padded as `aligned_rows` pads them (the tensor itself when it
-    already is in `dtype`; a plain ``.to`` where nothing is padded)."""
-    if tensor.dtype == dtype:
-        return tensor
-    if aligned_width(tensor.shape[-1]) == tensor.shape[-1] or not pads_rows(tensor.device):
-        return tensor.to(dtype)
-    return aligned_rows(tuple(tensor.shape), dtype, tensor.device).copy_(tensor)
-
-
-def aligned_width(width: int) -> int:
-    """`width` rounded up to `SCORE_ROW_ALIGNMENT` (the elements `aligned_rows` takes per row)."""
-    return -(-width // SCORE_ROW_ALIGNMENT) * SCORE_ROW_ALIGNMENT
-
-
 def score_keys(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``key [B, Hkv, S, E]`` in the score operand dtype (the tensor itself when it already is)."""
     return key if key.dtype == dtype else key.to(dtype)
@@ -181,7 +145,7 @@ def block_scores(rows: torch.Tensor, key_block: torch.Tensor, score_scale: float
         scores = torch.matmul(rows, key_block.transpose(-1, -2))
         return scores if score_scale == 1.0 else scores.mul_(score_scale)
     B, H, R, E = rows.shape
-    scores = aligned_rows((B * H, R, key_block.shape[-2]), torch.float32, rows.device)
+    scores = torch.empty(B * H, R, key_block.shape[-2], dtype=torch.float32, device=rows.device)
     fp32_product(rows.reshape(B * H, R, E), key_block.reshape(B * H, -1, E).transpose(1, 2), scores, score_scale)
     return scores.view(B, H, R, -1)
 
@@ -255,7 +219,7 @@ def softmax_partials(
     safe_max = row_max.masked_fill(row_max == NEG_INF, 0.0)
     probs = scores.sub_(safe_max).exp_()
     row_sum = probs.sum(dim=-1, keepdim=True)
-    out = torch.matmul(cast_to_aligned_rows(probs, value_block.dtype), value_block)
+    out = torch.matmul(probs.to(value_block.dtype), value_block)
     return row_max, row_sum, out.to(probs.dtype)
 
 
@@ -314,8 +278,7 @@ def block_workspace_bytes(problem: Problem, q_rows: int, kv_cols: int) -> int:
 
     - scaled query rows: ``B*Hq*Lc*E`` elements (fp32 counted);
     - fp32 scores and the probabilities cast back to the input dtype for the PV product (the
-      input dtype counted twice: bounds the older fp16-scores path too), rows padded to
-      `SCORE_ROW_ALIGNMENT`;
+      input dtype counted twice: bounds the older fp16-scores path too);
     - the inverted bool mask block and the causal block: 1 byte each per (row, col);
     - partial output in the input dtype and fp32, plus the running accumulator (fp32);
     - row statistics (max, safe max, sum, weights): 6 fp32 values per row.
@@ -326,7 +289,7 @@ def block_workspace_bytes(problem: Problem, q_rows: int, kv_cols: int) -> int:
     mask_elem = int(problem.causal) + int(problem.mask_kind == "bool")
     return (
         rows * problem.head_dim * acc
-        + rows * aligned_width(kv_cols) * score_elem + rows * kv_cols * mask_elem
+        + rows * kv_cols * (score_elem + mask_elem)
         + rows * problem.value_dim * (item + 2 * acc)
         + rows * 6 * acc
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from attn_dispatch.kernels import _blocks
 from attn_dispatch.kernels._blocks import HALF_DTYPES, accumulation_dtype, fp32_product, mask_scores_
 from attn_dispatch.kernels.problem import Problem
 
@@ -34,38 +33,23 @@ def _batched(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1, *tensor.shape[-2:])
 
 
-def row_major_scores(
-    rows: torch.Tensor, key: torch.Tensor, score_scale: float = 1.0, width: int | None = None
-) -> torch.Tensor:
+def row_major_scores(rows: torch.Tensor, key: torch.Tensor, score_scale: float = 1.0) -> torch.Tensor:
     """``score_scale * rows [B, Hkv, R, E] @ key [B, Hkv, S, E]^T`` in fp32 (fp64 for fp64 operands), stored
     row-outermost (half operands only where `has_fp32_output_product`).
 
-    The result is a ``[B * Hkv, R, S]`` view of a contiguous ``[R, B * Hkv, W]`` buffer (`width` W,
-    default S; W > S pads each row with -inf, which the softmax turns into zero probabilities):
-    each row of scores stays contiguous (for the fused softmax), and a block of ``C`` keys of every
+    The result is a ``[B * Hkv, R, S]`` view of a contiguous ``[R, B * Hkv, S]`` buffer: each
+    row of scores stays contiguous (for the fused softmax), and a block of ``C`` keys of every
     (head, split) pair sits at one constant stride, so the split-K value product can read it in
     place (`split_kv_product`) instead of through a transposed copy.
     """
     R, S = rows.shape[-2], key.shape[-2]
-    width = S if width is None else width
     heads = rows.shape[0] * rows.shape[1]
-    buffer = torch.empty(R, heads, width, dtype=accumulation_dtype(rows.dtype), device=rows.device)
-    scores = buffer.transpose(0, 1)  # [B*Hkv, R, W], strides (W, B*Hkv*W, 1)
-    if width > S:
-        buffer[..., S:] = float("-inf")
-        scores = scores[..., :S]
+    buffer = torch.empty(R, heads, S, dtype=accumulation_dtype(rows.dtype), device=rows.device)
+    scores = buffer.transpose(0, 1)  # [B*Hkv, R, S], strides (S, B*Hkv*S, 1)
     if rows.dtype in HALF_DTYPES:
         return fp32_product(_batched(rows), _batched(key).transpose(1, 2), scores, score_scale)
     torch.bmm(_batched(rows), _batched(key).transpose(1, 2), out=scores)
     return scores if score_scale == 1.0 else scores.mul_(score_scale)
-
-
-def padded_width(kv_len: int, splits: int, device: torch.device) -> int:
-    """Row width of `row_major_scores`' buffer: `_blocks.aligned_width` of the keys where
-    `_blocks.pads_rows` and the value product reads whole rows (one split; the split-K product
-    needs rows exactly `splits` blocks long), else the key count itself."""
-    width = _blocks.aligned_width(kv_len)
-    return width if width > kv_len and splits == 1 and _blocks.pads_rows(device) else kv_len
 
 
 def split_kv_product(probs: torch.Tensor, value: torch.Tensor, splits: int) -> torch.Tensor:
@@ -102,20 +86,13 @@ def single_pass_attention(
     key ``[B, Hkv, S, E]`` in the rows' dtype (`_blocks.score_keys`), value ``[B, Hkv, S, Ev]``;
     mask ``[B|1, Hq|1, L|1, S|1]`` or None. Returns ``[B, Hkv, G*Lc, Ev]`` in the value dtype.
     """
-    kv_len = key.shape[-2]
-    width = padded_width(kv_len, splits, rows.device)
-    scores = row_major_scores(rows, key, score_scale, width)  # [B*Hkv, R, S] of a [R, B*Hkv, W] buffer
+    scores = row_major_scores(rows, key, score_scale)  # [B*Hkv, R, S]
     mask_scores_(scores.view(rows.shape[:-1] + (problem.kv_len,)), mask, problem.causal, q_positions,
                  slice(0, problem.kv_len), problem)
-    # Softmax on the whole contiguous buffer, -inf padding included (on a view it would copy first).
-    buffer = scores.transpose(0, 1)
-    if width > kv_len:
-        buffer = buffer.as_strided((*buffer.shape[:-1], width), buffer.stride())
-    probs = softmax_rows(buffer, may_have_dead_rows=mask is not None or problem.causal_offset < 0)
-    del scores, buffer
+    # Softmax on the contiguous buffer (on the transposed view it would copy first).
+    probs = softmax_rows(scores.transpose(0, 1), may_have_dead_rows=mask is not None or problem.causal_offset < 0)
+    del scores
     probs = probs.to(value.dtype).transpose(0, 1)  # keeps the row-outermost layout
-    if width > kv_len:
-        probs = probs[..., :kv_len]
     return split_kv_product(probs, value, splits).view(rows.shape[:-1] + (value.shape[-1],))
 
 
@@ -129,7 +106,7 @@ def single_pass_workspace_bytes(problem: Problem, q_rows: int, splits: int) -> i
     item, acc = problem.itemsize, (8 if problem.dtype == "float64" else 4)
     rows = problem.batch * problem.q_heads * q_rows
     scores = rows * problem.kv_len
-    extra = rows * problem.head_dim * acc + rows * _blocks.aligned_width(problem.kv_len) * (2 * acc + (item if item < acc else 0))
+    extra = rows * problem.head_dim * acc + scores * (2 * acc + (item if item < acc else 0))
     if problem.mask_kind != "none":
         extra += scores * (acc + 1)  # `_safe_softmax`'s all-blocked test
     if problem.mask_kind == "bool":

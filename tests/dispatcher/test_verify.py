@@ -82,7 +82,7 @@ def test_the_checked_options_are_the_first_two_the_default_and_on_a_gpu_flash(mo
     prefill = Problem(1, 4, 4, 16, 64, 16, 16, "float16", device_type="cuda")
     cpu = [o.kernel.name for o in verify.checked_options(options, torch.device("cpu"), prefill)]
     gpu = [o.kernel.name for o in verify.checked_options(options, CUDA, prefill)]
-    assert cpu == ["small_q[splits=8]", "math", "sdpa_default"]
+    assert cpu == ["small_q[splits=8]", "math", "chunked[q=128,kv=1024]", "sdpa_default"]  # and each family of ours
     assert gpu == ["small_q[splits=8]", "math", "sdpa_flash", "sdpa_default"]
 
 
@@ -166,17 +166,29 @@ def test_the_portable_set_checks_its_first_two_choices(monkeypatch):
     assert timed == [[o.kernel.name for o in options[:2]]]  # the dispatcher passes its set's kind along
 
 
-def test_on_a_cpu_where_the_table_put_pytorchs_backends_first_its_first_own_kernel_is_timed_too(monkeypatch):
-    kernels = ["sdpa_default", "sdpa_flash", "convert[contiguous]+sdpa_flash", "small_q[splits=8]", "math"]
+def _cpu_checked(monkeypatch, kernels):
     use_ranking(monkeypatch, FixedRanker(kernels))
     options = Dispatcher(kernels=kernels)._planner(torch.device("cpu")).decide(
         qkv_problem(), None, budget=None, tune=False, on_failure=lambda *a: None).options
-    decode = qkv_problem()
-    cpu = [o.kernel.name for o in verify.checked_options(options, torch.device("cpu"), decode)]
-    assert cpu == ["sdpa_default", "sdpa_flash", "small_q[splits=8]"]  # a conversion of flash is still PyTorch's
+    return options, [o.kernel.name for o in verify.checked_options(options, torch.device("cpu"), qkv_problem())]
+
+
+def test_on_a_cpu_the_tables_first_kernel_of_each_of_our_families_is_timed_too(monkeypatch):
+    kernels = ["sdpa_default", "sdpa_flash", "convert[contiguous]+sdpa_flash", "small_q[splits=8]", "chunked[q=128,kv=1024]",
+               "small_q[splits=1]", "math"]
+    options, cpu = _cpu_checked(monkeypatch, kernels)
+    # a conversion of flash is still PyTorch's; the second small_q is not timed: its family is
+    assert cpu == ["sdpa_default", "sdpa_flash", "small_q[splits=8]", "chunked[q=128,kv=1024]", "math"]
     gpu_prefill = Problem(1, 4, 4, 16, 64, 16, 16, "float16", device_type="cuda")
     gpu = [o.kernel.name for o in verify.checked_options(options, CUDA, gpu_prefill)]
     assert "small_q[splits=8]" not in gpu  # on a GPU the grids gave it no pick (first_call_check_simulation)
+
+
+def test_on_a_cpu_a_family_among_the_tables_first_two_is_not_timed_twice(monkeypatch):
+    """Session 16's worst CPU shape: `chunked` was timed as the first of ours, `math` (fastest) never."""
+    _, cpu = _cpu_checked(monkeypatch, ["chunked[q=128,kv=1024]", "sdpa_default", "chunked[q=2048,kv=16384]",
+                                        "sdpa_flash", "math", "small_q[splits=1]"])
+    assert cpu == ["chunked[q=128,kv=1024]", "sdpa_default", "math", "small_q[splits=1]"]
 
 
 class _RankerWithEntry(FixedRanker):
