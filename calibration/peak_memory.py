@@ -56,7 +56,6 @@ def measure_peak_bytes(call: Callable[[], object], device: torch.device) -> tupl
     """Run `call` once; return (extra peak bytes, its result). The result's own storage counts."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        _flush_deferred_frees(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
         # garbage from earlier work (a cycle holding GPU tensors) freed mid-call would lower the
@@ -69,13 +68,3 @@ def measure_peak_bytes(call: Callable[[], object], device: torch.device) -> tupl
     with StoragePeakTracker() as tracker:
         result = call()
     return tracker.peak, result
-
-
-def _flush_deferred_frees(device: torch.device) -> None:
-    """Let the caching allocator settle frees it deferred before the call is measured. A block
-    freed while a side stream still had uses of it (recorded with ``record_stream``) is released
-    by the next allocation's event processing: inside the measured call, that release offset the
-    call's own allocations, and the GPU kernel suite measured peaks of 0 bytes (3 cases in
-    session 5's run 1, 3 in session 16's run 1; suspected, not proven, cause). One small
-    allocation after a synchronize processes those events first."""
-    torch.empty(1, dtype=torch.uint8, device=device)

@@ -24,9 +24,10 @@ the bucket takes the fastest; PyTorch's choice stays unless another is faster be
   (`own_family_options`): after three quick calibrations each, alternating, the held-out CPU shapes
   ran at 1.09-1.11x the fastest kernel with the first of our kernels timed where the table's
   first two were PyTorch's, against 1.17-1.18x without (bench/quick_mode_cpu.py, 2026-12-02,
-  docs/RESULTS.md section 8); one per family since session 16, because the shape that stayed
-  worst (B3 8/1 heads, one query row, 3000 keys, fp32: `math` fastest) had `chunked` timed as
-  "the first of ours" and `math` never (section 22);
+  docs/RESULTS.md section 8); one per family since session 16: the shape that stayed worst
+  (B3 8/1 heads, one query row, 3000 keys, fp32) had one of our families timed while another was
+  fastest; with every family timed it ran at 1.17-1.21x the fastest against 1.22-1.89x, three
+  alternating runs each on a loaded VM whose bench noise is of that size (section 22);
 - except decode on a GPU (one query row) with PyTorch's backends, where only a table pick other
   than the default is checked against it: there PyTorch's default was within 2% of the fastest
   kernel on the grid, these calls are host-bound (a stopwatch on one decode call is least
@@ -65,7 +66,7 @@ from attn_dispatch.dispatcher.ranking import FALLBACK_FIRST
 from attn_dispatch.dispatcher.switches import switched_off
 from attn_dispatch.dispatcher.tuning import put_first, tune
 from attn_dispatch.kernels import Problem
-from attn_dispatch.kernels.registry import uses_fused_backend
+from attn_dispatch.kernels.registry import uses_fused_backend, working_family
 
 VERIFY_ENV = "ATTN_DISPATCH_VERIFY"
 
@@ -83,13 +84,13 @@ SETUP_FREE_CHECKED = 1
 the problem: the table's first such; a new shape of the bucket swaps only to a kernel timed here."""
 
 MAX_CHECKED_SECONDS = 0.02
-"""Options predicted slower than this per call are not timed (and no check runs where PyTorch's
-default is one): each timed option costs two sizing calls and up to `tuning.TUNE_ROUNDS` samples
-of at least one call (rounds stop after `tuning.TUNE_BUDGET_S`), so up to 4 options (6 on a CPU,
-one per family of ours) x 7 calls of 20 ms, about 0.6-0.8 s, once per bucket; calls of ~1 ms cost
-a check ~0.1 s (the CPU's quick-mode held-out buckets: first calls of 80-114 ms with the check against 5-15 ms without, a new user's
-run, 2026-12-01). Slower calls (a long video attention on a CPU takes seconds) are left to the
-table, or to tuning where the user asks for it."""
+"""Options predicted slower than this per call are not timed (and no check runs where PyTorch's default
+is one): each timed option costs two sizing calls and up to `tuning.TUNE_ROUNDS` samples of at least
+one call (rounds stop after `tuning.TUNE_BUDGET_S`), so up to 4 options (6 on a CPU, one per family
+of ours) x 7 calls of 20 ms, about 0.6-0.8 s, once per bucket; calls of ~1 ms cost a check ~0.1 s
+(the CPU's quick-mode held-out buckets: first calls of 80-114 ms with the check against 5-15 ms
+without, a new user's run, 2026-12-01). Slower calls (a long video attention on a CPU takes seconds)
+are left to the table, or to tuning where the user asks for it."""
 
 TIMED_DEVICE_TYPES = ("cpu", "cuda")
 """Where the stopwatch's times are the kernels' own (`calibration.timer.time_batch` synchronises
@@ -131,29 +132,21 @@ def checked_options(options: tuple[Option, ...], device: torch.device, problem: 
 
 def own_family_options(options: tuple[Option, ...], picked: list[Option]) -> list[Option]:
     """The table's first option of each of our own kernel families (`math`, `small_q`, `chunked`,
-    conversions of them) that `picked` lacks, in the table's order. Timed on a CPU bucket's first
-    call: after quick calibrations the misses on held-out CPU shapes were fp32 decode calls against
-    3000-5000 keys where `math` or `small_q` was fastest and the table ranked PyTorch's backends
-    first, and where only one of ours was timed it was another family's (docs/RESULTS.md sections
-    8, 12 and 22). On the H200 grids timing the first of ours changed no pick
-    (`bench/first_call_check_simulation.py`, policy shipped+family): GPUs keep their own rule."""
-    families = {_family(option) for option in picked}
+    conversions of them) that `picked` lacks, in the table's order, among the options fast enough
+    to time (`_fast_enough`: a family whose first option is too slow is represented by its next).
+    Timed on a CPU bucket's first call: after quick calibrations the misses on held-out CPU shapes
+    were fp32 decode calls against 3000-5000 keys where `math` or `small_q` was fastest and the
+    table ranked PyTorch's backends first, with one of our families timed and another fastest
+    (docs/RESULTS.md sections 8, 12 and 22). On the H200 grids timing the first of ours changed no
+    pick (`bench/first_call_check_simulation.py`, policy shipped+family): GPUs keep their own rule."""
+    families = {working_family(option.kernel) for option in picked if _fast_enough(option)}
     chosen = []
     for option in options:
-        family = _family(option)
-        if family is not None and family not in families:
+        family = working_family(option.kernel)
+        if not uses_fused_backend(option.kernel) and family not in families and _fast_enough(option):
             families.add(family)
             chosen.append(option)
     return chosen
-
-
-def _family(option: Option) -> str | None:
-    """The family of our own kernel behind `option` (a conversion's inner kernel's); None for
-    PyTorch's backends."""
-    kernel = option.kernel
-    if uses_fused_backend(kernel):
-        return None
-    return getattr(kernel, "inner", kernel).family
 
 
 def _fast_enough(option: Option) -> bool:

@@ -97,8 +97,12 @@ def portable_kernels(*, policy: AccuracyPolicy = LOSSLESS) -> list[Kernel]:
 
 def uses_fused_backend(kernel: Kernel) -> bool:
     """Whether PyTorch's SDPA (a backend or its default) does the work, a conversion's inner kernel included."""
-    inner = kernel.inner if isinstance(kernel, ConvertKernel) else kernel
-    return inner.family.startswith("sdpa_")
+    return working_family(kernel).startswith("sdpa_")
+
+
+def working_family(kernel: Kernel) -> str:
+    """The family of the kernel that does the work: a conversion's inner kernel's, else its own."""
+    return (kernel.inner if isinstance(kernel, ConvertKernel) else kernel).family
 
 
 def param_space(family: str) -> dict[str, list[int]]:

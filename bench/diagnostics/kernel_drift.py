@@ -7,7 +7,7 @@ files (every path: PyTorch's default and every kernel), takes the last file's `-
 the table's pick / fastest kernel, and prints each kernel's median at those shapes in every file
 that timed them, with the spread across files (largest / smallest). Nothing is timed here.
 
-    python -m bench.diagnostics.kernel_drift bench/results/h200_session8/run3_llm_grid.jsonl \\
+    python -m bench.diagnostics.kernel_drift --worst 6 bench/results/h200_session8/run3_llm_grid.jsonl \\
         bench/results/h200_session9/run3_llm_grid.jsonl bench/results/h200_session14/run1_llm_grid_all_paths.jsonl \\
         bench/results/h200_session16/run3_grid_every_path.jsonl.gz
 """
@@ -19,6 +19,9 @@ import gzip
 import json
 
 PYTORCH = "pytorch"
+"""llm_grid's path name for PyTorch's own call."""
+PYTORCH_KERNEL = "sdpa_default"
+"""The kernel name that call goes by in tables and here."""
 KERNEL_PREFIX = "kernel:"
 
 
@@ -30,7 +33,9 @@ def read_rows(path: str) -> list[dict]:
 
 
 def shape_key(problem: dict) -> tuple:
-    return tuple(sorted((name, tuple(value) if isinstance(value, list) else value) for name, value in problem.items()))
+    """A hashable key of one recorded problem (its fields, lists as tuples)."""
+    fields = ((name, tuple(value) if isinstance(value, list) else value) for name, value in problem.items())
+    return tuple(sorted(fields))
 
 
 def kernel_medians(row: dict) -> dict[str, float]:
@@ -39,38 +44,40 @@ def kernel_medians(row: dict) -> dict[str, float]:
     for path, timing in row["paths"].items():
         seconds = timing.get("median_s")
         if seconds and (path == PYTORCH or path.startswith(KERNEL_PREFIX)):
-            medians["sdpa_default" if path == PYTORCH else path[len(KERNEL_PREFIX):]] = seconds
+            medians[PYTORCH_KERNEL if path == PYTORCH else path[len(KERNEL_PREFIX):]] = seconds
     return medians
 
 
-def worst_table_picks(rows: list[dict], count: int) -> list[tuple[float, dict, str]]:
-    """(table pick / fastest kernel, row, the table's kernel) for the `count` worst shapes."""
+def worst_table_picks(rows: list[dict], count: int) -> list[tuple[float, dict, dict[str, float]]]:
+    """(the table path's time / the fastest kernel's, row, the row's `kernel_medians`) for the
+    `count` shapes where that ratio is largest."""
     scored = []
     for row in rows:
         medians, table = kernel_medians(row), row["paths"].get("table", {}).get("median_s")
         if medians and table:
-            scored.append((table / min(medians.values()), row, row["chosen"]["table"]))
+            scored.append((table / min(medians.values()), row, medians))
     return sorted(scored, key=lambda item: -item[0])[:count]
 
 
 def describe(problem: dict) -> str:
+    """``B1 32/8 Lq4 Lk32768 D128 bfloat16``."""
     return (f"B{problem['batch']} {problem['q_heads']}/{problem['kv_heads']} Lq{problem['q_len']} "
             f"Lk{problem['kv_len']} D{problem['head_dim']} {problem['dtype']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="+", help="llm_grid outputs, oldest first; the worst picks come from the last")
+    parser.add_argument("files", nargs="+",
+                        help="llm_grid outputs, oldest first; the worst picks come from the last")
     parser.add_argument("--worst", type=int, default=5, help="how many of the last file's worst table picks")
     args = parser.parse_args()
     runs = [{shape_key(row["problem"]): kernel_medians(row) for row in read_rows(path)} for path in args.files]
     print("us per call, one column per file (" + ", ".join(args.files) + "); spread = largest / smallest")
-    for ratio, row, picked in worst_table_picks(read_rows(args.files[-1]), args.worst):
-        key = shape_key(row["problem"])
-        medians = kernel_medians(row)
+    for ratio, row, medians in worst_table_picks(read_rows(args.files[-1]), args.worst):
+        key, picked = shape_key(row["problem"]), row["chosen"]["table"]
         fastest = min(medians, key=medians.get)
         print(f"{describe(row['problem'])}: the table's {picked} at {ratio:.2f}x the fastest ({fastest})")
-        for kernel in dict.fromkeys((picked, fastest, "sdpa_default")):
+        for kernel in dict.fromkeys((picked, fastest, PYTORCH_KERNEL)):
             times = [run.get(key, {}).get(kernel) for run in runs]
             known = [t for t in times if t]
             cells = "  ".join(f"{t * 1e6:7.1f}" if t else "      -" for t in times)

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from attn_dispatch.dispatcher import Dispatcher, planner, verify
+from attn_dispatch.dispatcher.planning import Option
 from attn_dispatch.dispatcher.tuning import Tuned
-from attn_dispatch.kernels import MathKernel, Problem, SdpaDefaultKernel
+from attn_dispatch.kernels import MathKernel, Problem, SdpaDefaultKernel, kernel_from_name
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
 
 pytestmark = pytest.mark.stopwatch  # the first-call check on, as installed
@@ -174,8 +175,8 @@ def _cpu_checked(monkeypatch, kernels):
 
 
 def test_on_a_cpu_the_tables_first_kernel_of_each_of_our_families_is_timed_too(monkeypatch):
-    kernels = ["sdpa_default", "sdpa_flash", "convert[contiguous]+sdpa_flash", "small_q[splits=8]", "chunked[q=128,kv=1024]",
-               "small_q[splits=1]", "math"]
+    kernels = ["sdpa_default", "sdpa_flash", "convert[contiguous]+sdpa_flash", "small_q[splits=8]",
+               "chunked[q=128,kv=1024]", "small_q[splits=1]", "math"]
     options, cpu = _cpu_checked(monkeypatch, kernels)
     # a conversion of flash is still PyTorch's; the second small_q is not timed: its family is
     assert cpu == ["sdpa_default", "sdpa_flash", "small_q[splits=8]", "chunked[q=128,kv=1024]", "math"]
@@ -185,10 +186,24 @@ def test_on_a_cpu_the_tables_first_kernel_of_each_of_our_families_is_timed_too(m
 
 
 def test_on_a_cpu_a_family_among_the_tables_first_two_is_not_timed_twice(monkeypatch):
-    """Session 16's worst CPU shape: `chunked` was timed as the first of ours, `math` (fastest) never."""
+    """Each family of ours once, the first two's included; a conversion counts as its inner kernel's family
+    (a conversion of flash as PyTorch's)."""
     _, cpu = _cpu_checked(monkeypatch, ["chunked[q=128,kv=1024]", "sdpa_default", "chunked[q=2048,kv=16384]",
                                         "sdpa_flash", "math", "small_q[splits=1]"])
     assert cpu == ["chunked[q=128,kv=1024]", "sdpa_default", "math", "small_q[splits=1]"]
+    names = ("sdpa_default", "convert[fp32->bf16]+sdpa_flash", "convert[fp32->bf16]+math", "math", "small_q[splits=1]")
+    options = tuple(Option(kernel_from_name(name), 1e-3, 0) for name in names)
+    own = verify.own_family_options(options, list(options[:2]))
+    assert [o.kernel.name for o in own] == ["convert[fp32->bf16]+math", "small_q[splits=1]"]
+
+
+def test_on_a_cpu_a_family_whose_first_option_is_too_slow_to_time_is_represented_by_its_next(monkeypatch):
+    options, _ = _cpu_checked(monkeypatch,
+                              ["sdpa_default", "sdpa_flash", "math", "small_q[splits=1]", "small_q[splits=8]"])
+    slow = verify.MAX_CHECKED_SECONDS * 2
+    options = tuple(replace(o, predicted_s=slow) if o.kernel.name == "small_q[splits=1]" else o for o in options)
+    cpu = [o.kernel.name for o in verify.checked_options(options, torch.device("cpu"), qkv_problem())]
+    assert cpu == ["sdpa_default", "sdpa_flash", "math", "small_q[splits=8]"]
 
 
 class _RankerWithEntry(FixedRanker):

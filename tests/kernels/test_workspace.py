@@ -26,12 +26,22 @@ WORKSPACE_CASES = {
 CUDA_ALLOCATOR_SLACK_BYTES = 16 * 512
 
 
+# Under `pytest -n 8` on the H200 the CUDA allocator's peak read 0 bytes on 2-3 of 176 cases per
+# run, different ones each run, although every call allocates its output; 60 measurements of three
+# such cases in one plain process never did (session 16, bench/results/h200_session16/peak_probe.py).
+# A reading of 0 is taken as that artefact and measured again.
+MEASUREMENTS_OF_A_ZERO_PEAK = 3
+
+
 def peak_of(kernel, inputs) -> int:
     """Extra peak bytes of one call (the CPU storage tracker, or the CUDA allocator's peak)."""
     query, key, value = inputs.pop("query"), inputs.pop("key"), inputs.pop("value")
     with torch.inference_mode():
         kernel(query, key, value, **inputs)  # warm-up: probes, cuBLAS handles, lazy modules
-        peak, _ = measure_peak_bytes(lambda: kernel(query, key, value, **inputs), query.device)
+        for _ in range(MEASUREMENTS_OF_A_ZERO_PEAK):
+            peak, _ = measure_peak_bytes(lambda: kernel(query, key, value, **inputs), query.device)
+            if peak > 0 or query.device.type != "cuda":
+                break
     return peak
 
 
