@@ -36,10 +36,12 @@ from attn_dispatch.models.measurement import Measurement
 
 
 def discard_if_empty(path: str | os.PathLike) -> None:
-    """Remove the file at `path` if it exists and holds nothing (never a file with data in it)."""
+    """Remove the file at `path` if it exists and holds nothing (never a file with data in it),
+    and then its folder if that leaves the folder empty (a first calibration's ``journals/``)."""
     try:
         if os.path.getsize(path) == 0:
             os.remove(path)
+            os.rmdir(os.path.dirname(os.path.abspath(path)))  # refused (OSError) unless empty
     except OSError:
         pass
 

@@ -77,13 +77,26 @@ def test_a_too_busy_machine_measures_nothing_and_writes_no_table(tmp_path, monke
 
 def test_a_refusal_leaves_no_empty_journal_in_the_home(tmp_path, monkeypatch):
     """The default journal (in the cache directory) that the worker opened before the probe
-    refused is removed when it holds nothing (a new user's trial found an empty one left)."""
+    refused is removed when it holds nothing, and so is the folder it made (new users' trials
+    found an empty journal, then an empty ``journals/`` left)."""
     monkeypatch.setenv("ATTN_DISPATCH_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(session, "probe_noise", lambda device: TOO_BUSY)
     config = small_config(tmp_path, problems=2, allow_busy=False, storage=None)
     with pytest.raises(MachineBusy):
         calibrate(config, show_progress=False, kernels=[MathKernel()], out=tmp_path / "table.json")
     assert not [path for path in (tmp_path / "home").rglob("*.journal") if path.stat().st_size == 0]
+    assert not (tmp_path / "home" / "journals").exists()
+
+
+def test_a_journal_folder_with_other_files_stays(tmp_path):
+    from attn_dispatch.calibration.session import discard_if_empty
+
+    folder = tmp_path / "journals"
+    folder.mkdir()
+    (folder / "earlier.jsonl").write_text("{}\n")
+    (folder / "new.journal").touch()
+    discard_if_empty(folder / "new.journal")
+    assert sorted(p.name for p in folder.iterdir()) == ["earlier.jsonl"]
 
 
 def test_a_busy_machine_widens_the_timer_and_the_summary_says_so(tmp_path, monkeypatch):
