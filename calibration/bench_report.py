@@ -20,13 +20,15 @@ def geometric_mean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def _worst(shapes: list[ShapeResult], role: str) -> tuple[float | None, str | None]:
-    rated = [(s.ratio(role), s.shape.label) for s in shapes if s.ratio(role) is not None]
+def _worst(shapes: list[ShapeResult], role: str, paired: bool = False) -> tuple[float | None, str | None]:
+    ratio = ShapeResult.paired_ratio if paired else ShapeResult.ratio
+    rated = [(r, s.shape.label) for s in shapes if (r := ratio(s, role)) is not None]
     return max(rated) if rated else (None, None)
 
 
 def summarise(shapes: list[ShapeResult]) -> dict:
-    """Ratios of the dispatcher to the oracle and to PyTorch's default over `shapes`."""
+    """Ratios of the dispatcher to the oracle and to PyTorch's default over `shapes`: of the
+    medians, and paired per round (``*_paired_*``: `ShapeResult.paired_ratio`)."""
     worst_oracle, worst_oracle_shape = _worst(shapes, "oracle")
     worst_pytorch, worst_pytorch_shape = _worst(shapes, "pytorch")
     to_pytorch = [s.ratio("pytorch") for s in shapes if s.ratio("pytorch") is not None]
@@ -42,6 +44,10 @@ def summarise(shapes: list[ShapeResult]) -> dict:
         "pytorch_geomean": geometric_mean(to_pytorch),
         "pytorch_best": min(to_pytorch) if to_pytorch else None,
         "pytorch_worst": worst_pytorch, "pytorch_worst_shape": worst_pytorch_shape,
+        "oracle_paired_geomean": geometric_mean([s.paired_ratio("oracle") for s in shapes]),
+        "oracle_paired_worst": _worst(shapes, "oracle", paired=True)[0],
+        "pytorch_paired_geomean": geometric_mean([s.paired_ratio("pytorch") for s in shapes]),
+        "pytorch_paired_worst": _worst(shapes, "pytorch", paired=True)[0],
         "chose_oracle": sum(1 for s in shapes if s.oracle is not None and s.chosen == _kernel_of(s.oracle.label)),
         "dispatcher_failures": sum(1 for s in shapes if (p := s.path("dispatcher")) is not None and p.status != "ok"),
         "pytorch_failures": sum(1 for s in shapes if (p := s.path("pytorch")) is not None and p.status != "ok"),

@@ -40,6 +40,8 @@ from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 
 ROLES = ("dispatcher", "pytorch", "kernel")
 SKIPPED = "skipped"
+MIN_PAIRED_ROUNDS = 2
+"""Rounds two paths must share for a paired ratio (with one, it is the plain ratio)."""
 # One round's sample of a path is a batch of back-to-back calls sized by the timer's rule
 # (`calibration.timer.calls_per_sample`: about 2 ms per sample, for the reason given there).
 
@@ -168,11 +170,28 @@ class ShapeResult:
 
     def ratio(self, role: str) -> float | None:
         """Dispatcher time / the oracle's (``role="oracle"``) or PyTorch's default's (``"pytorch"``)."""
+        pair = self._pair(role)
+        return None if pair is None else pair[0].median_s / pair[1].median_s
+
+    def paired_ratio(self, role: str) -> float | None:
+        """`ratio` taken round by round: the median over the interleaved rounds of the dispatcher's
+        sample / the other path's sample of the same round, so that load which changes between
+        rounds cancels (llm_grid's paired ratio). The plain `ratio` where the two were not timed in
+        the same rounds (a path timed once)."""
+        pair = self._pair(role)
+        if pair is None:
+            return None
+        mine, other = pair
+        if len(mine.samples) != len(other.samples) or len(mine.samples) < MIN_PAIRED_ROUNDS:
+            return mine.median_s / other.median_s
+        return statistics.median(m / o for m, o in zip(mine.samples, other.samples, strict=True))
+
+    def _pair(self, role: str) -> tuple[PathResult, PathResult] | None:
         mine = self.path("dispatcher")
         other = self.oracle if role == "oracle" else self.path(role)
         if mine is None or other is None or not (math.isfinite(mine.median_s) and math.isfinite(other.median_s)):
             return None
-        return mine.median_s / other.median_s
+        return mine, other
 
     def to_dict(self) -> dict:
         oracle = self.oracle
@@ -180,6 +199,8 @@ class ShapeResult:
             "scenario": self.shape.suite, "label": self.shape.label, "problem": self.shape.problem.to_dict(),
             "chosen": self.chosen, "oracle": oracle.label if oracle else None,
             "ratio_to_oracle": self.ratio("oracle"), "ratio_to_pytorch": self.ratio("pytorch"),
+            "paired_ratio_to_oracle": self.paired_ratio("oracle"),
+            "paired_ratio_to_pytorch": self.paired_ratio("pytorch"),
             "rounds": self.rounds, "wall_s": self.wall_s, "decision_notes": list(self.notes),
             "unsupported": sum(1 for p in self.paths if p.status == "unsupported"),
             "paths": [p.to_dict() for p in self.paths if p.status != "unsupported"],
