@@ -13,7 +13,10 @@ nothing that changes between lengths (`served_key_lengths`):
   new shape runs that option whatever the bucket's history (`Bucket.new_shapes_run_first`);
 - no failure is remembered for the bucket, nor a tuning pending, nor a memory re-check asked;
 - every length lies in the bucket (`models.buckets.length_bucket`: the powers of two that bound it)
-  and, where causal, on one side of the query length (square and rectangular causality are probed
+  and, on a GPU where the plan runs one of our kernels, nowhere: such lengths are decided apart by
+  whether they are a multiple of `KEY_COUNT_MULTIPLE` (`planning.keys_aligned`), which every run of
+  consecutive lengths crosses (PyTorch's fused backends are taken alike on both sides, as their
+  measured entries are: `ranking.measured_alignment_carries`); where causal, on one side of the query length (square and rectangular causality are probed
   as different features: `SdpaBackendKernel._features`);
 - at both ends of the range the kernel takes the problem and makes the same call (`Kernel.sdpa_call`,
   `bare_call`), and at the longest its workspace fits as the planner would check it (`planning`).
@@ -23,7 +26,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attn_dispatch.dispatcher.planning import decision_bucket, needs_recheck, over_limit_reason
+from attn_dispatch.dispatcher.planning import decision_bucket, keys_aligned, needs_recheck, over_limit_reason
+from attn_dispatch.kernels.registry import uses_fused_backend
 from attn_dispatch.models.buckets import length_bucket
 
 if TYPE_CHECKING:
@@ -51,6 +55,8 @@ def served_key_lengths(planner: DevicePlanner, plan: Plan) -> tuple[int, int] | 
             or not bucket.new_shapes_run_first(planner.cold_costs)):
         return None
     problem = plan.problem
+    if keys_aligned(problem) is not None and not uses_fused_backend(plan.kernel):
+        return None  # its bucket holds only the lengths of one key-count alignment
     if planner.buckets.get(decision_bucket(problem)) is not bucket:
         return None  # the bucket was decided again since: its new shapes get another plan
     low, high = bucket_key_lengths(problem.kv_len)

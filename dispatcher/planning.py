@@ -15,7 +15,7 @@ from attn_dispatch.dispatcher.decision import Candidate
 from attn_dispatch.dispatcher.memory import format_bytes
 from attn_dispatch.dispatcher.ranking import FALLBACK_FIRST, DeviceRanking
 from attn_dispatch.kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
-from attn_dispatch.kernels._blocks import KEY_COUNT_MULTIPLE
+from attn_dispatch.kernels._blocks import key_count_aligned
 from attn_dispatch.models.buckets import length_bucket
 from attn_dispatch.models.measured import entry_key
 
@@ -216,4 +216,4 @@ def decision_bucket(problem: Problem) -> tuple:
 
 def keys_aligned(problem: Problem) -> bool | None:
     """Whether `problem`'s key count is a multiple of `KEY_COUNT_MULTIPLE`; None on a CPU."""
-    return None if problem.device_type == "cpu" else problem.kv_len % KEY_COUNT_MULTIPLE == 0
+    return None if problem.device_type == "cpu" else key_count_aligned(problem.kv_len)

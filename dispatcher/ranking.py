@@ -22,7 +22,7 @@ import torch
 from attn_dispatch.dispatcher.decision import RankingSource
 from attn_dispatch.dispatcher.thread_warning import warn_once
 from attn_dispatch.kernels import Kernel, Problem, kernel_from_name
-from attn_dispatch.kernels._blocks import KEY_COUNT_MULTIPLE
+from attn_dispatch.kernels._blocks import KEY_COUNT_MULTIPLE, key_count_aligned
 from attn_dispatch.kernels.registry import uses_fused_backend
 from attn_dispatch.kernels.sdpa_probe import default_backend_choice
 from attn_dispatch.models.measured import MeasuredEntry
@@ -63,11 +63,11 @@ def measured_alignment_carries(entry: MeasuredEntry, problem: Problem) -> bool:
     checked on its first call (`verify`)."""
     if problem.device_type == "cpu" or not _multiplies_scores(entry.winner):
         return True
-    return (entry.kv_len % KEY_COUNT_MULTIPLE == 0) == (problem.kv_len % KEY_COUNT_MULTIPLE == 0)
+    return key_count_aligned(entry.kv_len) == key_count_aligned(problem.kv_len)
 
 
 def _multiple_or_not(key_count: int) -> str:
-    return "a multiple" if key_count % KEY_COUNT_MULTIPLE == 0 else "not a multiple"
+    return "a multiple" if key_count_aligned(key_count) else "not a multiple"
 
 
 def _multiplies_scores(name: str) -> bool:

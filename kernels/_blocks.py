@@ -32,6 +32,11 @@ unaligned number of keys. Measured entries carry only between calls on the same
 side of it (`dispatcher.ranking.measured_alignment_carries`)."""
 
 
+def key_count_aligned(kv_len: int) -> bool:
+    """Whether `kv_len` keys are a multiple of `KEY_COUNT_MULTIPLE`."""
+    return kv_len % KEY_COUNT_MULTIPLE == 0
+
+
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """fp32 for half-precision inputs, the input dtype otherwise."""
     return torch.float64 if dtype == torch.float64 else torch.float32

@@ -114,6 +114,24 @@ def test_no_range_where_a_new_shape_of_the_bucket_would_be_planned_otherwise():
     assert served_key_lengths(planner, plan) is None
 
 
+@pytest.mark.parametrize(("kernel", "expected"), [("math", None), ("sdpa_default", (33, 64))])
+def test_on_a_gpu_a_plan_of_our_kernels_serves_no_range(monkeypatch, kernel, expected):
+    """A GPU decides a bucket's lengths apart by key-count alignment (`planning.decision_bucket`),
+    and consecutive lengths cross it: a plan of our own kernel stands for its own alignment only.
+    Here the CPU plan is given the GPU's answer to "is the key count aligned?"."""
+    from attn_dispatch.dispatcher import length_range
+    from attn_dispatch.kernels._blocks import key_count_aligned
+
+    ours = Dispatcher(kernels=[kernel])
+    query, cache_k, cache_v = _decode_inputs()
+    ours.attention(query, cache_k[:, :, :FIRST], cache_v[:, :, :FIRST], enable_gqa=True)
+    plan = _only_plan(ours)
+    planner = ours._planners[plan.device]
+    assert served_key_lengths(planner, plan) == (33, 64)  # on the CPU: one decision for every length
+    monkeypatch.setattr(length_range, "keys_aligned", lambda problem: key_count_aligned(problem.kv_len))
+    assert served_key_lengths(planner, plan) == expected
+
+
 @pytest.mark.parametrize(("q_len", "kv_len", "expected"),
                          [(4, 40, (33, 64)), (40, 48, (41, 64)), (40, 36, (33, 39)), (40, 40, None)])
 def test_a_causal_range_stays_on_one_side_of_the_query_length(q_len, kv_len, expected):
