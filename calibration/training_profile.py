@@ -27,6 +27,7 @@ from attn_dispatch.calibration.inputs import make_inputs
 from attn_dispatch.calibration.timer import DEFAULT, QUICK, TimerSettings, time_repetitions
 from attn_dispatch.kernels import Kernel, Problem, all_kernels, portable_kernels
 from attn_dispatch.kernels.backward_memory import training_bytes
+from attn_dispatch.kernels.registry import serving
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 from attn_dispatch.models.training_times import FORMAT_VERSION, KIND, default_profile_path, device_label
 
@@ -55,7 +56,7 @@ def training_problems(device_type: str, *, quick: bool) -> list[Problem]:
 def training_kernels(kernel_set: str) -> list[Kernel]:
     """Every kernel with a backward in ``"all"`` or ``"portable"``, and PyTorch's default (always
     a contender)."""
-    kernels = all_kernels() if kernel_set == "all" else portable_kernels()
+    kernels = serving(all_kernels() if kernel_set == "all" else portable_kernels())
     return [k for k in kernels if k.supports_backward] + [SdpaDefaultKernel()]
 
 

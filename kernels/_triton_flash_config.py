@@ -1,0 +1,91 @@
+"""Block sizes of `triton_flash` and the shared memory they need (plain Python: imports no Triton).
+
+The forward keeps one query block (``bm`` rows) on chip and streams key/value blocks (``bn`` rows)
+through ``s`` pipeline stages. Each backward kernel keeps one large block resident (keys for the
+dK/dV kernel, queries for the dQ kernel) and streams small blocks of the other side; its blocks
+are derived from the forward's and shrunk until they fit the card (`backward_blocks`), so a
+forward that fits always has a backward that fits.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from attn_dispatch.kernels.problem import Problem
+
+MIN_BLOCK = 16
+"""Smallest block edge: `tl.dot` needs every operand dimension to be at least 16."""
+MAX_HEAD_DIM = 256
+"""Largest head dim (query/key and value): one padded row of 256 fp32 accumulators per query row
+is what a block's registers hold; FlashAttention-2 stops at 256 too."""
+BACKWARD_RESIDENT_MAX = 128
+"""Largest resident block of a backward kernel: its fp32 dK and dV (or dQ) accumulators stay in
+registers, two ``128 x 128`` tiles at head dim 128 (Triton's fused-attention tutorial uses 128)."""
+BACKWARD_STREAMED_MAX = 32
+"""Largest streamed block of a backward kernel (Triton's fused-attention tutorial streams 32 rows
+against a resident block of 128)."""
+
+NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
+"""The mask kinds the kernels are specialised for (`tl.constexpr` arguments)."""
+MASK_KINDS = {"none": NO_MASK, "bool": BOOL_MASK, "float": FLOAT_MASK}
+
+
+def padded_dim(size: int) -> int:
+    """A head dim rounded up to a power of two of at least `MIN_BLOCK` (a block's width)."""
+    return max(MIN_BLOCK, 1 << max(size - 1, 0).bit_length())
+
+
+class FlashConfig(NamedTuple):
+    """One parameterisation: query rows per block, key rows per block, warps, pipeline stages."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+
+
+class BackwardBlocks(NamedTuple):
+    """The backward kernels' blocks: `resident` rows kept on chip, `streamed` rows per step."""
+
+    resident: int
+    streamed: int
+    stages: int
+
+
+def forward_shared_bytes(config: FlashConfig, head_dim: int, value_dim: int, itemsize: int) -> int:
+    """Estimated shared memory of one forward program: the query block, plus a key block and a
+    value block per pipeline stage (padded head dims, input itemsize)."""
+    d, dv = padded_dim(head_dim), padded_dim(value_dim)
+    return (config.block_m * d + max(config.stages, 1) * config.block_n * (d + dv)) * itemsize
+
+
+def backward_shared_bytes(blocks: BackwardBlocks, head_dim: int, value_dim: int, itemsize: int) -> int:
+    """Estimated shared memory of one backward program (dK/dV: keys and values resident, queries
+    and output gradients streamed; dQ the other way round: the same amount)."""
+    width = padded_dim(head_dim) + padded_dim(value_dim)
+    return (blocks.resident + max(blocks.stages, 1) * blocks.streamed) * width * itemsize
+
+
+def backward_blocks(config: FlashConfig, head_dim: int, value_dim: int, itemsize: int,
+                    shared_limit: int | None) -> BackwardBlocks:
+    """The backward's blocks for a forward `config`: resident ``min(bm, 128)``, streamed
+    ``min(bn, 32)``, the forward's stages; then fewer stages, a smaller streamed block and a
+    smaller resident block, in that order, until `backward_shared_bytes` fits `shared_limit`
+    (None: no limit, as under Triton's interpreter). Never below `MIN_BLOCK` and one stage."""
+    blocks = BackwardBlocks(min(config.block_m, BACKWARD_RESIDENT_MAX), min(config.block_n, BACKWARD_STREAMED_MAX),
+                            config.stages)
+    while shared_limit is not None and backward_shared_bytes(blocks, head_dim, value_dim, itemsize) > shared_limit:
+        if blocks.stages > 1:
+            blocks = blocks._replace(stages=blocks.stages - 1)
+        elif blocks.streamed > MIN_BLOCK:
+            blocks = blocks._replace(streamed=blocks.streamed // 2)
+        elif blocks.resident > MIN_BLOCK:
+            blocks = blocks._replace(resident=blocks.resident // 2)
+        else:
+            break
+    return blocks
+
+
+def row_statistics_bytes(problem: Problem) -> int:
+    """One fp32 value per query row and head (the log-sum-exp, or the backward's ``rowsum(dO*O)``)."""
+    return problem.batch * problem.q_heads * problem.q_len * 4

@@ -1,0 +1,167 @@
+"""`triton_flash`'s forward: FlashAttention-2 in Triton (imported on the kernel's first run).
+
+One program computes one block of query rows of one (batch, query head): a single pass over the
+key/value blocks it can see with an online softmax (running row maximum and sum, fp32 output
+accumulator), then the normalised output and, when a backward will follow, each row's
+log-sum-exp. Key/value head = query head // group (GQA without repeating K/V). Every tensor is
+read through its strides (no copies); batch, head and block starts enter pointers as int64, so
+tensors past 2**31 elements are addressed correctly.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from attn_dispatch.kernels._triton_flash_config import MASK_KINDS, FlashConfig, padded_dim
+from attn_dispatch.kernels._triton_flash_tiles import (
+    FLOAT_MASK,
+    LN2,
+    exp_of,
+    key_range,
+    load_tile,
+    score_tile,
+)
+
+
+@triton.jit
+def _attend(acc, row_sum, row_max, q, k_head, v_head, mask_rows, m_start, n_start, rows, cols, dims, vdims,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, q_len, kv_len, causal_offset, scale,
+            HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+            MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One key/value block of the online softmax: returns the updated (acc, row_sum, row_max)."""
+    n_offset = tl.cast(n_start, tl.int64)
+    key_ok = n_start + cols < kv_len
+    k = load_tile(k_head + n_offset * stride_kn + cols[None, :] * stride_kn + dims[:, None] * stride_kd,
+                  dims[:, None] < HEAD_DIM, key_ok[None, :], BLOCK_D != HEAD_DIM, EDGE)  # [BLOCK_D, BLOCK_N]
+    qk = tl.dot(q, k, input_precision=DOT_PRECISION)
+    scores = score_tile(qk, rows[:, None], cols[None, :], m_start, n_start, mask_rows + n_offset * stride_mn,
+                        stride_mm, stride_mn, q_len, kv_len, causal_offset, scale, MASK_KIND, CAUSAL, EDGE)
+    new_max = tl.maximum(row_max, tl.max(scores, 1))
+    shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row with no visible key yet stays at zero
+    probs = exp_of(scores - shift[:, None], MASK_KIND == FLOAT_MASK)
+    rescale = exp_of(row_max - shift, MASK_KIND == FLOAT_MASK)
+    row_sum = row_sum * rescale + tl.sum(probs, 1)
+    v = load_tile(v_head + n_offset * stride_vn + cols[:, None] * stride_vn + vdims[None, :] * stride_vd,
+                  key_ok[:, None], vdims[None, :] < VALUE_DIM, EDGE, BLOCK_DV != VALUE_DIM)  # [BLOCK_N, BLOCK_DV]
+    acc = acc * rescale[:, None]
+    acc = tl.dot(probs.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    return acc, row_sum, new_max
+
+
+@triton.jit
+def flash_forward_kernel(
+    Q, K, V, Mask, Out, Lse,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_ob, stride_oh, stride_om, stride_od,
+    q_heads, group, q_len, kv_len, causal_offset, scale, query_blocks,
+    HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
+    STORE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Grid: ``query_blocks * B * Hq`` programs; program ``p`` takes query block ``p % query_blocks``
+    (causal: counted from the last, the longest rows first) of head row ``p // query_blocks``."""
+    pid = tl.program_id(0)
+    head_row = pid // query_blocks
+    block = pid % query_blocks
+    if CAUSAL:
+        block = query_blocks - 1 - block
+    m_start = block * BLOCK_M
+    batch = tl.cast(head_row // q_heads, tl.int64)
+    head = head_row % q_heads
+    kv_head = tl.cast(head // group, tl.int64)
+    head = tl.cast(head, tl.int64)
+    m_offset = tl.cast(m_start, tl.int64)
+
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, BLOCK_D)
+    vdims = tl.arange(0, BLOCK_DV)
+    row_ok = m_start + rows < q_len
+    q_ptrs = Q + batch * stride_qb + head * stride_qh + m_offset * stride_qm
+    q = load_tile(q_ptrs + rows[:, None] * stride_qm + dims[None, :] * stride_qd, row_ok[:, None],
+                  dims[None, :] < HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    k_head = K + batch * stride_kb + kv_head * stride_kh
+    v_head = V + batch * stride_vb + kv_head * stride_vh
+    mask_rows = Mask + batch * stride_mb + head * stride_mh + m_offset * stride_mm
+
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    full_end, end = key_range(m_start, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+    for n_start in range(0, full_end, BLOCK_N):
+        acc, row_sum, row_max = _attend(
+            acc, row_sum, row_max, q, k_head, v_head, mask_rows, m_start, n_start, rows, cols, dims, vdims,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, q_len, kv_len, causal_offset, scale,
+            HEAD_DIM, VALUE_DIM, BLOCK_D, BLOCK_DV, MASK_KIND, CAUSAL, False, DOT_PRECISION)
+    for n_start in range(full_end, end, BLOCK_N):
+        acc, row_sum, row_max = _attend(
+            acc, row_sum, row_max, q, k_head, v_head, mask_rows, m_start, n_start, rows, cols, dims, vdims,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, q_len, kv_len, causal_offset, scale,
+            HEAD_DIM, VALUE_DIM, BLOCK_D, BLOCK_DV, MASK_KIND, CAUSAL, True, DOT_PRECISION)
+
+    dead = row_sum == 0.0  # every key blocked: SDPA's zeros
+    row_sum = tl.where(dead, 1.0, row_sum)
+    out = acc / row_sum[:, None]
+    out_ptrs = Out + batch * stride_ob + head * stride_oh + m_offset * stride_om
+    tl.store(out_ptrs + rows[:, None] * stride_om + vdims[None, :] * stride_od, out.to(Out.dtype.element_ty),
+             mask=row_ok[:, None] & (vdims[None, :] < VALUE_DIM))
+    if STORE_LSE:
+        if MASK_KIND == FLOAT_MASK:
+            lse = row_max + tl.log(row_sum)
+        else:
+            lse = (row_max + tl.math.log2(row_sum)) * LN2
+        lse = tl.where(dead, float("inf"), lse)  # the backward's exp(s - lse) is then 0 on such rows
+        tl.store(Lse + tl.cast(head_row, tl.int64) * q_len + m_offset + rows, lse, mask=row_ok)
+
+
+def dot_precision(dtype: torch.dtype) -> str | None:
+    """fp32 products in full precision (tf32's ~3e-4 relative error is past fp32's tolerance);
+    None (Triton's default) for half inputs, where it changes nothing."""
+    return "ieee" if dtype == torch.float32 else None
+
+
+def mask_strides(mask: torch.Tensor | None) -> tuple[int, int, int, int]:
+    """The canonical mask's strides, 0 on its broadcast (size-1) dimensions; zeros without a mask."""
+    if mask is None:
+        return (0, 0, 0, 0)
+    return tuple(stride if size > 1 else 0 for size, stride in zip(mask.shape, mask.stride(), strict=True))
+
+
+def mask_kind(mask: torch.Tensor | None) -> int:
+    if mask is None:
+        return MASK_KINDS["none"]
+    return MASK_KINDS["bool" if mask.dtype in (torch.bool, torch.uint8) else "float"]
+
+
+def mask_operand(mask: torch.Tensor | None, fallback: torch.Tensor) -> torch.Tensor:
+    """What the kernels read as the mask: a bool mask as bytes (a view), a float mask as given,
+    and `fallback` (never read) without one."""
+    if mask is None:
+        return fallback
+    return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+
+
+def launch_forward(launch, query, key, value, mask, out, lse, scale: float, causal: bool, causal_offset: int,
+                   config: FlashConfig, store_lse: bool) -> None:
+    """Run the forward kernel into `out` ``[B, Hq, L, Ev]`` (and `lse` ``[B, Hq, L]`` fp32 when
+    `store_lse`). `launch` wraps the kernel for the caller's context (``torch.library.wrap_triton``
+    inside a custom op, or nothing)."""
+    batch, q_heads, q_len, _ = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    head_dim, value_dim = int(query.shape[3]), int(value.shape[3])  # compile-time constants of the kernels
+    query_blocks = triton.cdiv(q_len, config.block_m)
+    grid = (query_blocks * batch * q_heads,)
+    launch(flash_forward_kernel)[grid](
+        query, key, value, mask_operand(mask, query), out, lse,
+        *query.stride(), *key.stride(), *value.stride(), *mask_strides(mask), *out.stride(),
+        q_heads, q_heads // kv_heads, q_len, kv_len, causal_offset, scale, query_blocks,
+        HEAD_DIM=head_dim, VALUE_DIM=value_dim, BLOCK_D=padded_dim(head_dim), BLOCK_DV=padded_dim(value_dim),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, MASK_KIND=mask_kind(mask), CAUSAL=causal,
+        STORE_LSE=store_lse, DOT_PRECISION=dot_precision(query.dtype),
+        num_warps=config.warps, num_stages=config.stages,
+    )
