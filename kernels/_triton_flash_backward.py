@@ -20,14 +20,7 @@ import triton.language as tl
 
 from attn_dispatch.kernels._triton_flash_config import BackwardBlocks, padded_dim
 from attn_dispatch.kernels._triton_flash_forward import dot_precision, mask_kind, mask_operand, mask_strides
-from attn_dispatch.kernels._triton_flash_tiles import (
-    FLOAT_MASK,
-    exp_of,
-    key_range,
-    load_tile,
-    lse_in_units,
-    score_tile,
-)
+from attn_dispatch.kernels._triton_flash_tiles import FLOAT_MASK, LOG2E, ONE, key_range, load_tile, score_tile
 
 DELTA_ROWS = 64
 """Rows per program of `delta_kernel`: a ``64 x 256`` fp32 product of two tiles at most."""
@@ -58,24 +51,21 @@ def delta_kernel(Out, GradOut, Delta,
 
 
 @triton.jit
-def _key_grad_step(d_key, d_value, k, v, q_ptrs, g_ptrs, lse_ptrs, delta_ptrs, mask_block, m_start, n_start,
-                   rows, keys, dims, vdims, stride_qm, stride_qd, stride_gm, stride_gd, stride_mm, stride_mn,
-                   q_len, kv_len, causal_offset, scale,
-                   HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                   MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One query block's contribution to a key block's dK and dV (tiles transposed: keys x queries)."""
-    m_offset = tl.cast(m_start, tl.int64)
-    row_ok = m_start + rows < q_len
-    q = load_tile(q_ptrs + m_offset * stride_qm + rows[:, None] * stride_qm + dims[None, :] * stride_qd,
-                  row_ok[:, None], dims[None, :] < HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    grad = load_tile(g_ptrs + m_offset * stride_gm + rows[:, None] * stride_gm + vdims[None, :] * stride_gd,
-                     row_ok[:, None], vdims[None, :] < VALUE_DIM, True, BLOCK_DV != VALUE_DIM)
-    lse = tl.load(lse_ptrs + m_offset + rows, mask=row_ok, other=float("inf"))  # rows past L: P = 0
-    delta = tl.load(delta_ptrs + m_offset + rows, mask=row_ok, other=0.0)
+def _key_grad_step(d_key, d_value, k, v, q_rows, g_rows, lse_rows, delta_rows, mask_rows, q_offsets, g_offsets,
+                   mask_offsets, q_dims_ok, v_dims_ok, key_ok, rows, diagonal, diagonal_limit, rows_left, scale, unit,
+                   lse_unit, PAD_D: tl.constexpr, PAD_DV: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
+                   EDGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One query block's contribution to a key block's dK and dV (tiles transposed: keys x queries).
+    The ``*_rows`` pointers are at the query block's first row; `rows_left` rows remain."""
+    row_ok = rows < rows_left
+    q = load_tile(q_rows + q_offsets, row_ok[:, None], q_dims_ok, True, PAD_D)
+    grad = load_tile(g_rows + g_offsets, row_ok[:, None], v_dims_ok, True, PAD_DV)
+    lse = tl.load(lse_rows + rows, mask=row_ok, other=float("inf"))  # rows past L: P = 0
+    delta = tl.load(delta_rows + rows, mask=row_ok, other=0.0)
     qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # [keys, queries]
-    scores_t = score_tile(qk_t, rows[None, :], keys[:, None], m_start, n_start, mask_block + m_offset * stride_mm,
-                          stride_mm, stride_mn, q_len, kv_len, causal_offset, scale, MASK_KIND, CAUSAL, EDGE)
-    probs_t = exp_of(scores_t - lse_in_units(lse, MASK_KIND == FLOAT_MASK)[None, :], MASK_KIND == FLOAT_MASK)
+    scores_t = score_tile(qk_t, mask_rows + mask_offsets, key_ok & row_ok[None, :], key_ok, diagonal, diagonal_limit,
+                          scale, MASK_KIND, CAUSAL, EDGE)
+    probs_t = tl.math.exp2((scores_t - (lse * lse_unit)[None, :]) * unit)
     d_value = tl.dot(probs_t.to(grad.dtype), grad, d_value, input_precision=DOT_PRECISION)
     d_probs_t = tl.dot(v, tl.trans(grad), input_precision=DOT_PRECISION)
     d_scores_t = probs_t * (d_probs_t - delta[None, :])
@@ -110,71 +100,82 @@ def key_grad_kernel(
     keys = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     vdims = tl.arange(0, BLOCK_DV)
-    key_ok = n_start + keys < kv_len
+    key_ok = (n_start + keys < kv_len)[:, None]
+    q_dims_ok = dims[None, :] < HEAD_DIM
+    v_dims_ok = vdims[None, :] < VALUE_DIM
     k = load_tile(K + batch * stride_kb + kv_head * stride_kh + n_offset * stride_kn
-                  + keys[:, None] * stride_kn + dims[None, :] * stride_kd,
-                  key_ok[:, None], dims[None, :] < HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+                  + keys[:, None] * stride_kn + dims[None, :] * stride_kd, key_ok, q_dims_ok, True, BLOCK_D != HEAD_DIM)
     v = load_tile(V + batch * stride_vb + kv_head * stride_vh + n_offset * stride_vn
-                  + keys[:, None] * stride_vn + vdims[None, :] * stride_vd,
-                  key_ok[:, None], vdims[None, :] < VALUE_DIM, True, BLOCK_DV != VALUE_DIM)
-    d_key = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    d_value = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+                  + keys[:, None] * stride_vn + vdims[None, :] * stride_vd, key_ok, v_dims_ok, True,
+                  BLOCK_DV != VALUE_DIM)
+    q_offsets = rows[:, None] * stride_qm + dims[None, :] * stride_qd
+    g_offsets = rows[:, None] * stride_gm + vdims[None, :] * stride_gd
+    if MASK_KIND != 0:
+        mask_offsets = keys[:, None] * stride_mn + rows[None, :] * stride_mm
+    else:
+        mask_offsets = 0
     if CAUSAL:  # rows before `first` see none of these keys; rows from `all_seen` see all of them
+        diagonal = keys[:, None] - rows[None, :]
         first = (tl.maximum(n_start - causal_offset, 0) // BLOCK_M) * BLOCK_M
         all_seen = tl.maximum(n_start + BLOCK_N - 1 - causal_offset, first)
         diagonal_end = tl.minimum(first + tl.cdiv(all_seen - first, BLOCK_M) * BLOCK_M, q_len)
         full_start = tl.maximum(diagonal_end, first)
     else:
+        diagonal = 0
         first = 0
         diagonal_end = 0
         full_start = 0
+    unit = LOG2E if MASK_KIND == FLOAT_MASK else ONE  # the exponent's factor (module docstring of the tiles)
+    lse_unit = ONE if MASK_KIND == FLOAT_MASK else LOG2E
+    d_key = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    d_value = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     for member in range(0, group):
         head = tl.cast(kv_head * group + member, tl.int64)
         head_row = batch * q_heads + head
-        q_ptrs = Q + batch * stride_qb + head * stride_qh
-        g_ptrs = GradOut + batch * stride_gb + head * stride_gh
-        lse_ptrs = Lse + head_row * q_len
-        delta_ptrs = Delta + head_row * q_len
-        mask_block = Mask + batch * stride_mb + head * stride_mh + n_offset * stride_mn
+        q_head = Q + batch * stride_qb + head * stride_qh
+        g_head = GradOut + batch * stride_gb + head * stride_gh
+        lse_head = Lse + head_row * q_len
+        delta_head = Delta + head_row * q_len
+        mask_head = Mask + batch * stride_mb + head * stride_mh + n_offset * stride_mn
         if CAUSAL:
             for m_start in range(first, diagonal_end, BLOCK_M):
+                m_offset = tl.cast(m_start, tl.int64)
                 d_key, d_value = _key_grad_step(
-                    d_key, d_value, k, v, q_ptrs, g_ptrs, lse_ptrs, delta_ptrs, mask_block, m_start, n_start,
-                    rows, keys, dims, vdims, stride_qm, stride_qd, stride_gm, stride_gd, stride_mm, stride_mn,
-                    q_len, kv_len, causal_offset, scale,
-                    HEAD_DIM, VALUE_DIM, BLOCK_D, BLOCK_DV, MASK_KIND, CAUSAL, True, DOT_PRECISION)
+                    d_key, d_value, k, v, q_head + m_offset * stride_qm, g_head + m_offset * stride_gm,
+                    lse_head + m_offset, delta_head + m_offset, mask_head + m_offset * stride_mm, q_offsets, g_offsets,
+                    mask_offsets, q_dims_ok, v_dims_ok, key_ok, rows, diagonal, m_start - n_start + causal_offset,
+                    q_len - m_start, scale, unit, lse_unit, BLOCK_D != HEAD_DIM, BLOCK_DV != VALUE_DIM, MASK_KIND,
+                    CAUSAL, True, DOT_PRECISION)
         for m_start in range(full_start, q_len, BLOCK_M):
+            m_offset = tl.cast(m_start, tl.int64)
             d_key, d_value = _key_grad_step(
-                d_key, d_value, k, v, q_ptrs, g_ptrs, lse_ptrs, delta_ptrs, mask_block, m_start, n_start,
-                rows, keys, dims, vdims, stride_qm, stride_qd, stride_gm, stride_gd, stride_mm, stride_mn,
-                q_len, kv_len, causal_offset, scale,
-                HEAD_DIM, VALUE_DIM, BLOCK_D, BLOCK_DV, MASK_KIND, CAUSAL, False, DOT_PRECISION)
+                d_key, d_value, k, v, q_head + m_offset * stride_qm, g_head + m_offset * stride_gm,
+                lse_head + m_offset, delta_head + m_offset, mask_head + m_offset * stride_mm, q_offsets, g_offsets,
+                mask_offsets, q_dims_ok, v_dims_ok, key_ok, rows, diagonal, m_start - n_start + causal_offset,
+                q_len - m_start, scale, unit, lse_unit, BLOCK_D != HEAD_DIM, BLOCK_DV != VALUE_DIM, MASK_KIND,
+                CAUSAL, False, DOT_PRECISION)
     d_key = d_key * scale
     tl.store(DK + batch * stride_dkb + kv_head * stride_dkh + n_offset * stride_dkn
              + keys[:, None] * stride_dkn + dims[None, :] * stride_dkd, d_key.to(DK.dtype.element_ty),
-             mask=key_ok[:, None] & (dims[None, :] < HEAD_DIM))
+             mask=key_ok & q_dims_ok)
     tl.store(DV + batch * stride_dvb + kv_head * stride_dvh + n_offset * stride_dvn
              + keys[:, None] * stride_dvn + vdims[None, :] * stride_dvd, d_value.to(DV.dtype.element_ty),
-             mask=key_ok[:, None] & (vdims[None, :] < VALUE_DIM))
+             mask=key_ok & v_dims_ok)
 
 
 @triton.jit
-def _query_grad_step(d_query, q, grad, lse, delta, k_head, v_head, mask_rows, m_start, n_start, rows, cols, dims,
-                     vdims, stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
-                     q_len, kv_len, causal_offset, scale,
-                     HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                     MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One key block's contribution to a query block's dQ."""
-    n_offset = tl.cast(n_start, tl.int64)
-    key_ok = n_start + cols < kv_len
-    k = load_tile(k_head + n_offset * stride_kn + cols[:, None] * stride_kn + dims[None, :] * stride_kd,
-                  key_ok[:, None], dims[None, :] < HEAD_DIM, EDGE, BLOCK_D != HEAD_DIM)  # [BLOCK_N, BLOCK_D]
-    v = load_tile(v_head + n_offset * stride_vn + cols[:, None] * stride_vn + vdims[None, :] * stride_vd,
-                  key_ok[:, None], vdims[None, :] < VALUE_DIM, EDGE, BLOCK_DV != VALUE_DIM)
+def _query_grad_step(d_query, q, grad, lse, delta, k_block, v_block, mask_block, k_offsets, v_offsets, mask_offsets,
+                     k_dims_ok, v_dims_ok, q_ok, cols, diagonal, diagonal_limit, keys_left, scale, unit,
+                     PAD_D: tl.constexpr, PAD_DV: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
+                     EDGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One key block's contribution to a query block's dQ (`lse` in the score tiles' units)."""
+    key_ok = cols < keys_left
+    k = load_tile(k_block + k_offsets, key_ok[:, None], k_dims_ok, EDGE, PAD_D)  # [BLOCK_N, BLOCK_D]
+    v = load_tile(v_block + v_offsets, key_ok[:, None], v_dims_ok, EDGE, PAD_DV)  # [BLOCK_N, BLOCK_DV]
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    scores = score_tile(qk, rows[:, None], cols[None, :], m_start, n_start, mask_rows + n_offset * stride_mn,
-                        stride_mm, stride_mn, q_len, kv_len, causal_offset, scale, MASK_KIND, CAUSAL, EDGE)
-    probs = exp_of(scores - lse[:, None], MASK_KIND == FLOAT_MASK)
+    scores = score_tile(qk, mask_block + mask_offsets, q_ok & key_ok[None, :], key_ok[None, :], diagonal,
+                        diagonal_limit, scale, MASK_KIND, CAUSAL, EDGE)
+    probs = tl.math.exp2((scores - lse[:, None]) * unit)
     d_probs = tl.dot(grad, tl.trans(v), input_precision=DOT_PRECISION)
     d_scores = probs * (d_probs - delta[:, None])
     return tl.dot(d_scores.to(k.dtype), k, d_query, input_precision=DOT_PRECISION)
@@ -212,34 +213,51 @@ def query_grad_kernel(
     dims = tl.arange(0, BLOCK_D)
     vdims = tl.arange(0, BLOCK_DV)
     row_ok = m_start + rows < q_len
+    q_ok = row_ok[:, None]
+    q_dims_ok = dims[None, :] < HEAD_DIM
+    v_dims_ok = vdims[None, :] < VALUE_DIM
     q = load_tile(Q + batch * stride_qb + head * stride_qh + m_offset * stride_qm
-                  + rows[:, None] * stride_qm + dims[None, :] * stride_qd,
-                  row_ok[:, None], dims[None, :] < HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+                  + rows[:, None] * stride_qm + dims[None, :] * stride_qd, q_ok, q_dims_ok, True, BLOCK_D != HEAD_DIM)
     grad = load_tile(GradOut + batch * stride_gb + head * stride_gh + m_offset * stride_gm
-                     + rows[:, None] * stride_gm + vdims[None, :] * stride_gd,
-                     row_ok[:, None], vdims[None, :] < VALUE_DIM, True, BLOCK_DV != VALUE_DIM)
+                     + rows[:, None] * stride_gm + vdims[None, :] * stride_gd, q_ok, v_dims_ok, True,
+                     BLOCK_DV != VALUE_DIM)
     row_offset = tl.cast(head_row, tl.int64) * q_len + m_offset
-    lse = lse_in_units(tl.load(Lse + row_offset + rows, mask=row_ok, other=float("inf")), MASK_KIND == FLOAT_MASK)
+    lse = tl.load(Lse + row_offset + rows, mask=row_ok, other=float("inf")) * (ONE if MASK_KIND == FLOAT_MASK else LOG2E)
     delta = tl.load(Delta + row_offset + rows, mask=row_ok, other=0.0)
     k_head = K + batch * stride_kb + kv_head * stride_kh
     v_head = V + batch * stride_vb + kv_head * stride_vh
     mask_rows = Mask + batch * stride_mb + head * stride_mh + m_offset * stride_mm
+    k_offsets = cols[:, None] * stride_kn + dims[None, :] * stride_kd
+    v_offsets = cols[:, None] * stride_vn + vdims[None, :] * stride_vd
+    if MASK_KIND != 0:
+        mask_offsets = rows[:, None] * stride_mm + cols[None, :] * stride_mn
+    else:
+        mask_offsets = 0
+    if CAUSAL:
+        diagonal = cols[None, :] - rows[:, None]
+    else:
+        diagonal = 0
+    unit = LOG2E if MASK_KIND == FLOAT_MASK else ONE  # the exponent's factor (module docstring of the tiles)
     d_query = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full_end, end = key_range(m_start, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
     for n_start in range(0, full_end, BLOCK_N):
+        n_offset = tl.cast(n_start, tl.int64)
         d_query = _query_grad_step(
-            d_query, q, grad, lse, delta, k_head, v_head, mask_rows, m_start, n_start, rows, cols, dims, vdims,
-            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, q_len, kv_len, causal_offset, scale,
-            HEAD_DIM, VALUE_DIM, BLOCK_D, BLOCK_DV, MASK_KIND, CAUSAL, False, DOT_PRECISION)
+            d_query, q, grad, lse, delta, k_head + n_offset * stride_kn, v_head + n_offset * stride_vn,
+            mask_rows + n_offset * stride_mn, k_offsets, v_offsets, mask_offsets, q_dims_ok, v_dims_ok, q_ok, cols,
+            diagonal, m_start - n_start + causal_offset, kv_len - n_start, scale, unit,
+            BLOCK_D != HEAD_DIM, BLOCK_DV != VALUE_DIM, MASK_KIND, CAUSAL, False, DOT_PRECISION)
     for n_start in range(full_end, end, BLOCK_N):
+        n_offset = tl.cast(n_start, tl.int64)
         d_query = _query_grad_step(
-            d_query, q, grad, lse, delta, k_head, v_head, mask_rows, m_start, n_start, rows, cols, dims, vdims,
-            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, q_len, kv_len, causal_offset, scale,
-            HEAD_DIM, VALUE_DIM, BLOCK_D, BLOCK_DV, MASK_KIND, CAUSAL, True, DOT_PRECISION)
+            d_query, q, grad, lse, delta, k_head + n_offset * stride_kn, v_head + n_offset * stride_vn,
+            mask_rows + n_offset * stride_mn, k_offsets, v_offsets, mask_offsets, q_dims_ok, v_dims_ok, q_ok, cols,
+            diagonal, m_start - n_start + causal_offset, kv_len - n_start, scale, unit,
+            BLOCK_D != HEAD_DIM, BLOCK_DV != VALUE_DIM, MASK_KIND, CAUSAL, True, DOT_PRECISION)
     d_query = d_query * scale
     tl.store(DQ + batch * stride_dqb + head * stride_dqh + m_offset * stride_dqm
              + rows[:, None] * stride_dqm + dims[None, :] * stride_dqd, d_query.to(DQ.dtype.element_ty),
-             mask=row_ok[:, None] & (dims[None, :] < HEAD_DIM))
+             mask=q_ok & q_dims_ok)
 
 
 def launch_backward(launch, grad_out, query, key, value, mask, out, lse, delta, d_query, d_key, d_value,

@@ -18,7 +18,8 @@ from attn_dispatch.kernels._triton_flash_config import MASK_KINDS, FlashConfig, 
 from attn_dispatch.kernels._triton_flash_tiles import (
     FLOAT_MASK,
     LN2,
-    exp_of,
+    LOG2E,
+    ONE,
     key_range,
     load_tile,
     score_tile,
@@ -26,25 +27,23 @@ from attn_dispatch.kernels._triton_flash_tiles import (
 
 
 @triton.jit
-def _attend(acc, row_sum, row_max, q, k_head, v_head, mask_rows, m_start, n_start, rows, cols, dims, vdims,
-            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, q_len, kv_len, causal_offset, scale,
-            HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-            MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One key/value block of the online softmax: returns the updated (acc, row_sum, row_max)."""
-    n_offset = tl.cast(n_start, tl.int64)
-    key_ok = n_start + cols < kv_len
-    k = load_tile(k_head + n_offset * stride_kn + cols[None, :] * stride_kn + dims[:, None] * stride_kd,
-                  dims[:, None] < HEAD_DIM, key_ok[None, :], BLOCK_D != HEAD_DIM, EDGE)  # [BLOCK_D, BLOCK_N]
+def _attend(acc, row_sum, row_max, q, k_block, v_block, mask_block, k_offsets, v_offsets, mask_offsets, k_dims_ok,
+            v_dims_ok, q_ok, cols, diagonal, diagonal_limit, keys_left, scale, unit,
+            PAD_D: tl.constexpr, PAD_DV: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
+            EDGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One key/value block of the online softmax: returns the updated (acc, row_sum, row_max).
+    `k_block`, `v_block`, `mask_block` point at the block's first key; `keys_left` keys remain."""
+    key_ok = cols < keys_left
+    k = load_tile(k_block + k_offsets, k_dims_ok, key_ok[None, :], PAD_D, EDGE)  # [BLOCK_D, BLOCK_N]
     qk = tl.dot(q, k, input_precision=DOT_PRECISION)
-    scores = score_tile(qk, rows[:, None], cols[None, :], m_start, n_start, mask_rows + n_offset * stride_mn,
-                        stride_mm, stride_mn, q_len, kv_len, causal_offset, scale, MASK_KIND, CAUSAL, EDGE)
+    scores = score_tile(qk, mask_block + mask_offsets, q_ok & key_ok[None, :], key_ok[None, :], diagonal,
+                        diagonal_limit, scale, MASK_KIND, CAUSAL, EDGE)
     new_max = tl.maximum(row_max, tl.max(scores, 1))
     shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row with no visible key yet stays at zero
-    probs = exp_of(scores - shift[:, None], MASK_KIND == FLOAT_MASK)
-    rescale = exp_of(row_max - shift, MASK_KIND == FLOAT_MASK)
+    probs = tl.math.exp2((scores - shift[:, None]) * unit)
+    rescale = tl.math.exp2((row_max - shift) * unit)
     row_sum = row_sum * rescale + tl.sum(probs, 1)
-    v = load_tile(v_head + n_offset * stride_vn + cols[:, None] * stride_vn + vdims[None, :] * stride_vd,
-                  key_ok[:, None], vdims[None, :] < VALUE_DIM, EDGE, BLOCK_DV != VALUE_DIM)  # [BLOCK_N, BLOCK_DV]
+    v = load_tile(v_block + v_offsets, key_ok[:, None], v_dims_ok, EDGE, PAD_DV)  # [BLOCK_N, BLOCK_DV]
     acc = acc * rescale[:, None]
     acc = tl.dot(probs.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     return acc, row_sum, new_max
@@ -81,42 +80,59 @@ def flash_forward_kernel(
     cols = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     vdims = tl.arange(0, BLOCK_DV)
-    row_ok = m_start + rows < q_len
-    q_ptrs = Q + batch * stride_qb + head * stride_qh + m_offset * stride_qm
-    q = load_tile(q_ptrs + rows[:, None] * stride_qm + dims[None, :] * stride_qd, row_ok[:, None],
-                  dims[None, :] < HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    q_ok = (m_start + rows < q_len)[:, None]
+    q_dims_ok = dims[None, :] < HEAD_DIM
+    v_dims_ok = vdims[None, :] < VALUE_DIM
+    q = load_tile(Q + batch * stride_qb + head * stride_qh + m_offset * stride_qm
+                  + rows[:, None] * stride_qm + dims[None, :] * stride_qd, q_ok, q_dims_ok, True, BLOCK_D != HEAD_DIM)
     k_head = K + batch * stride_kb + kv_head * stride_kh
     v_head = V + batch * stride_vb + kv_head * stride_vh
     mask_rows = Mask + batch * stride_mb + head * stride_mh + m_offset * stride_mm
+    k_offsets = cols[None, :] * stride_kn + dims[:, None] * stride_kd
+    v_offsets = cols[:, None] * stride_vn + vdims[None, :] * stride_vd
+    k_dims_ok = dims[:, None] < HEAD_DIM
+    if MASK_KIND != 0:
+        mask_offsets = rows[:, None] * stride_mm + cols[None, :] * stride_mn
+    else:
+        mask_offsets = 0
+    if CAUSAL:
+        diagonal = cols[None, :] - rows[:, None]
+    else:
+        diagonal = 0
+    unit = LOG2E if MASK_KIND == FLOAT_MASK else ONE  # the exponent's factor (module docstring of the tiles)
 
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     full_end, end = key_range(m_start, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
     for n_start in range(0, full_end, BLOCK_N):
+        n_offset = tl.cast(n_start, tl.int64)
         acc, row_sum, row_max = _attend(
-            acc, row_sum, row_max, q, k_head, v_head, mask_rows, m_start, n_start, rows, cols, dims, vdims,
-            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, q_len, kv_len, causal_offset, scale,
-            HEAD_DIM, VALUE_DIM, BLOCK_D, BLOCK_DV, MASK_KIND, CAUSAL, False, DOT_PRECISION)
+            acc, row_sum, row_max, q, k_head + n_offset * stride_kn, v_head + n_offset * stride_vn,
+            mask_rows + n_offset * stride_mn, k_offsets, v_offsets, mask_offsets, k_dims_ok, v_dims_ok, q_ok, cols,
+            diagonal, m_start - n_start + causal_offset, kv_len - n_start, scale, unit,
+            BLOCK_D != HEAD_DIM, BLOCK_DV != VALUE_DIM, MASK_KIND, CAUSAL, False, DOT_PRECISION)
     for n_start in range(full_end, end, BLOCK_N):
+        n_offset = tl.cast(n_start, tl.int64)
         acc, row_sum, row_max = _attend(
-            acc, row_sum, row_max, q, k_head, v_head, mask_rows, m_start, n_start, rows, cols, dims, vdims,
-            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, q_len, kv_len, causal_offset, scale,
-            HEAD_DIM, VALUE_DIM, BLOCK_D, BLOCK_DV, MASK_KIND, CAUSAL, True, DOT_PRECISION)
+            acc, row_sum, row_max, q, k_head + n_offset * stride_kn, v_head + n_offset * stride_vn,
+            mask_rows + n_offset * stride_mn, k_offsets, v_offsets, mask_offsets, k_dims_ok, v_dims_ok, q_ok, cols,
+            diagonal, m_start - n_start + causal_offset, kv_len - n_start, scale, unit,
+            BLOCK_D != HEAD_DIM, BLOCK_DV != VALUE_DIM, MASK_KIND, CAUSAL, True, DOT_PRECISION)
 
     dead = row_sum == 0.0  # every key blocked: SDPA's zeros
     row_sum = tl.where(dead, 1.0, row_sum)
     out = acc / row_sum[:, None]
-    out_ptrs = Out + batch * stride_ob + head * stride_oh + m_offset * stride_om
-    tl.store(out_ptrs + rows[:, None] * stride_om + vdims[None, :] * stride_od, out.to(Out.dtype.element_ty),
-             mask=row_ok[:, None] & (vdims[None, :] < VALUE_DIM))
+    tl.store(Out + batch * stride_ob + head * stride_oh + m_offset * stride_om
+             + rows[:, None] * stride_om + vdims[None, :] * stride_od, out.to(Out.dtype.element_ty),
+             mask=q_ok & v_dims_ok)
     if STORE_LSE:
-        if MASK_KIND == FLOAT_MASK:
+        if MASK_KIND == FLOAT_MASK:  # natural units (a maximum of -3.4e38 times log2(e) would overflow)
             lse = row_max + tl.log(row_sum)
         else:
             lse = (row_max + tl.math.log2(row_sum)) * LN2
         lse = tl.where(dead, float("inf"), lse)  # the backward's exp(s - lse) is then 0 on such rows
-        tl.store(Lse + tl.cast(head_row, tl.int64) * q_len + m_offset + rows, lse, mask=row_ok)
+        tl.store(Lse + tl.cast(head_row, tl.int64) * q_len + m_offset + rows, lse, mask=m_start + rows < q_len)
 
 
 def dot_precision(dtype: torch.dtype) -> str | None:

@@ -6,11 +6,14 @@ Units. Without a float mask a score tile is kept in log2 units, ``qk * scale * l
 softmax's exponentials are single `exp2` calls (FlashAttention-2's trick). With a float mask it is
 kept in natural units, ``qk * scale + mask``, and converted inside the exponent: a mask entry of
 fp32's or bf16's lowest value (-3.4e38, what padding masks hold) times log2(e) would overflow to
--inf and block a key SDPA attends to. The saved log-sum-exp is always in natural units.
+-inf and block a key SDPA attends to. The saved log-sum-exp is always in natural units. Kernels
+pick the exponent's factor (LOG2E or ONE, compiled away) and the log-sum-exp's (ONE or LOG2E) by
+the mask kind.
 
-Index tensors. Helpers take query and key indices already shaped for the tile (``rows[:, None]``
-and ``cols[None, :]`` for a ``[query, key]`` tile, the other way round for a transposed one), so
-one helper serves both orientations.
+Tiles of offsets. A program computes its pointer offsets, in-range tests and diagonal distances
+once, shaped for its tiles (``[query, key]``, or ``[key, query]`` in the dK/dV kernel), and each
+step adds a scalar (int64) block start: fewer operations per step, and one helper serves both
+orientations.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import triton.language as tl
 from attn_dispatch.kernels import _triton_flash_config as config
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E)
+ONE = tl.constexpr(1.0)
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): log(x) = log2(x) * LN2
 BOOL_MASK = tl.constexpr(config.BOOL_MASK)
 FLOAT_MASK = tl.constexpr(config.FLOAT_MASK)
@@ -41,52 +45,32 @@ def load_tile(ptrs, first_ok, second_ok, CHECK_FIRST: tl.constexpr, CHECK_SECOND
 
 
 @triton.jit
-def exp_of(x, NATURAL: tl.constexpr):
-    """``e**x`` for natural units, ``2**x`` for log2 units (see the module docstring)."""
-    if NATURAL:
-        result = tl.math.exp2(x * LOG2E)
-    else:
-        result = tl.math.exp2(x)
-    return result
-
-
-@triton.jit
-def lse_in_units(lse, NATURAL: tl.constexpr):
-    """A natural-unit log-sum-exp in the units of the score tiles (+inf stays +inf)."""
-    if NATURAL:
-        result = lse
-    else:
-        result = lse * LOG2E
-    return result
-
-
-@triton.jit
-def score_tile(qk, q_local, k_local, q_start, k_start, mask_block, stride_mask_q, stride_mask_k, q_len, kv_len,
-               causal_offset, scale, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr):
+def score_tile(qk, mask_ptrs, mask_ok, key_ok, diagonal, diagonal_limit, scale,
+               MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, EDGE: tl.constexpr):
     """Scores of a tile from its fp32 product ``qk``, masked to -inf where SDPA blocks a key.
 
     Parameters
     ----------
-    q_local, k_local: query / key positions within the tile (from 0), shaped for the tile.
-    q_start, k_start: the tile's first query and key positions.
-    mask_block: the mask's pointer at the tile's first query and key (stride 0 on broadcast dims).
-    EDGE: the tile may hold keys past `kv_len` or, when causal, keys after some row's diagonal
-        (key j is visible to query i when ``j <= i + causal_offset``); other tiles skip the tests.
+    mask_ptrs: the mask's elements for the tile (stride 0 on broadcast dims); read where `mask_ok`.
+    key_ok: the tile's keys that exist (shaped for the tile; used when EDGE).
+    diagonal, diagonal_limit: key position minus query position within the tile, and its largest
+        visible value (``query start - key start + causal offset``: key j is visible to query i
+        when ``j <= i + causal_offset``).
+    EDGE: the tile may hold keys past the last one or, when causal, keys after some row's
+        diagonal; other tiles skip those tests.
     """
     if MASK_KIND == FLOAT_MASK:
-        in_range = (q_start + q_local < q_len) & (k_start + k_local < kv_len)
-        bias = tl.load(mask_block + q_local * stride_mask_q + k_local * stride_mask_k, mask=in_range, other=0.0)
+        bias = tl.load(mask_ptrs, mask=mask_ok, other=0.0)
         scores = qk * scale + bias.to(tl.float32)
     else:
         scores = qk * (scale * LOG2E)
     if MASK_KIND == BOOL_MASK:
-        in_range = (q_start + q_local < q_len) & (k_start + k_local < kv_len)
-        keep = tl.load(mask_block + q_local * stride_mask_q + k_local * stride_mask_k, mask=in_range, other=0)
+        keep = tl.load(mask_ptrs, mask=mask_ok, other=0)
         scores = tl.where(keep != 0, scores, float("-inf"))
     if EDGE:
-        visible = k_start + k_local < kv_len
+        visible = key_ok
         if CAUSAL:
-            visible = visible & (k_start + k_local <= q_start + q_local + causal_offset)
+            visible = visible & (diagonal <= diagonal_limit)
         scores = tl.where(visible, scores, float("-inf"))
     return scores
 

@@ -14,8 +14,11 @@ import os
 # Triton's interpreter runs the Triton kernels on CPU tensors, so the CPU suite checks their
 # numerics; Triton reads the switch when it decorates a kernel, so it is set before anything imports
 # one. Off when the suite runs on a GPU (ATTN_DISPATCH_TEST_DEVICE=cuda).
+# The interpreter multiplies blocks with numpy: one BLAS thread (OpenBLAS's spinning workers slowed
+# it 2.5x on a shared 2-core CPU), set before anything imports numpy.
 if not os.environ.get("ATTN_DISPATCH_TEST_DEVICE", "cpu").startswith("cuda"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import pytest
 from hypothesis import HealthCheck, settings
