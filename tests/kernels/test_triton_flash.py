@@ -357,20 +357,38 @@ def test_gpu_offsets_past_two_to_the_31():
 
 
 @needs_gpu
-def test_gpu_compiles_with_no_graph_break():
-    """`torch.compile(fullgraph=True)` traces the kernel's custom operators, forward and backward."""
-    kernel = TritonFlashKernel()
-    inputs = Case(lead=(2,), kv_heads=2, gqa_ratio=2, q_len=300, kv_len=300, head_dim=64, dtype="float16",
-                  causal=True).build(TEST_DEVICE)
-    leaves = [inputs.pop(name).requires_grad_(True) for name in ("query", "key", "value")]
-    compiled = torch.compile(lambda q, k, v: kernel(q, k, v, **inputs), fullgraph=True)
-    out = compiled(*leaves)
+def test_gpu_operators_compile_with_no_graph_break():
+    """`torch.compile(fullgraph=True)` traces the kernel's custom operators, forward and backward
+    (Inductor sees the Triton kernels: `torch.library.triton_op`)."""
+    from attn_dispatch.kernels._triton_flash_ops import flash_attention
+
+    config = TritonFlashKernel().config
+    leaves = [torch.randn(2, 4, 300, 64, device=TEST_DEVICE, dtype=torch.float16, requires_grad=True)
+              for _ in range(3)]
+
+    def attend(query, key, value):
+        return flash_attention(query, key, value, None, 0.125, True, 0, config, True)
+
+    out = torch.compile(attend, fullgraph=True)(*leaves)
     grads = torch.autograd.grad(out.float().square().sum(), leaves)
-    eager = kernel(*leaves, **inputs)
+    eager = attend(*leaves)
     eager_grads = torch.autograd.grad(eager.float().square().sum(), leaves)
     torch.testing.assert_close(out, eager)
     for got, want in zip(grads, eager_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+
+
+@needs_gpu
+def test_gpu_dispatcher_traces_the_kernel_under_compile():
+    """A dispatcher whose only kernel is `triton_flash`, called inside `torch.compile(fullgraph=True)`."""
+    from attn_dispatch.dispatcher import Dispatcher
+
+    kernel = TritonFlashKernel()
+    ours = Dispatcher(kernels=[kernel])
+    query, key, value = (torch.randn(1, 8, 512, 128, device=TEST_DEVICE, dtype=torch.bfloat16) for _ in range(3))
+    out = torch.compile(lambda q, k, v: ours.attention(q, k, v, is_causal=True), fullgraph=True)(query, key, value)
+    torch.testing.assert_close(out, kernel(query, key, value, is_causal=True))
+    assert any(name.startswith("triton_flash") for name in ours.stats())
 
 
 @needs_gpu
