@@ -44,13 +44,17 @@ SOFTMAX_FLOPS_PER_ELEMENT = 8
 # D=64 fp16 case (h200-probe.md, 32 heads): cuDNN 10.0 ms = 0.89 of peak, flash 14.6 ms = 0.61,
 # efficient 32.6 ms = 0.27. Its causal 16384^2 prefill ran at ~0.6 of those: causal load imbalance.
 FUSED_EFFICIENCY = {"sdpa_cudnn": 0.85, "sdpa_flash": 0.6, "sdpa_efficient": 0.27}
+# `triton_flash` (our FlashAttention-2 in Triton): provisionally priced as PyTorch's flash, the same
+# algorithm, without its key splitting; unmeasured until a calibration times it.
+TRITON_FLASH_EFFICIENCY = FUSED_EFFICIENCY["sdpa_flash"]
 FUSED_CAUSAL_EFFICIENCY = 0.6
 # Fused kernels that split the keys across compute units for few query rows (flash-decoding):
 # the H200 probe's decode at 131072 keys ran flash at 0.55 ms, efficient at 4.3 ms. cuDNN (torch
 # 2.11, H200) splits them for one query row only: at 32768 keys, B1 32 heads, D=128, bf16 it took
 # 41.5 us (32/8 heads) and 129 us (32/32) at Lq=1 and a flat 382-390 us at every Lq from 2 to 128,
 # one block per head streaming all the keys (bench/results/h200_session14/run1_llm_grid_all_paths.jsonl).
-FUSED_SPLITS_KEYS = {"sdpa_cudnn": "one query row", "sdpa_flash": "always", "sdpa_efficient": "never"}
+FUSED_SPLITS_KEYS = {"sdpa_cudnn": "one query row", "sdpa_flash": "always", "sdpa_efficient": "never",
+                     "triton_flash": "never"}
 FUSED_LAUNCHES = 3  # the kernel, the log-sum-exp buffer, the output allocation
 # A backend forced by name against PyTorch's own pick among its fused backends. Without
 # measurements the prior cannot tell the fused backends apart, PyTorch's heuristic can: on the
@@ -222,7 +226,8 @@ def fused_seconds(problem: Problem, family: str, spec: CardSpec, *, folded: bool
     the time of the same call with the groups folded (32 blocks), and B1 1.0x
     (bench/results/h200_session15/run3_gqa_fold.txt)."""
     rates = _Rates(problem, spec)
-    efficiency = FUSED_EFFICIENCY[family] * (FUSED_CAUSAL_EFFICIENCY if problem.causal else 1.0)
+    base = TRITON_FLASH_EFFICIENCY if family == "triton_flash" else FUSED_EFFICIENCY[family]
+    efficiency = base * (FUSED_CAUSAL_EFFICIENCY if problem.causal else 1.0)
     fraction, _, _ = visited_fraction(problem.q_len, problem.kv_len, FUSED_Q_TILE, FUSED_Q_TILE, problem.causal)
     group = problem.gqa_ratio if folded else 1
     tiles = problem.batch * (problem.q_heads // group) * math.ceil(max(problem.q_len * group, 1) / FUSED_Q_TILE)
@@ -275,6 +280,8 @@ def prior_seconds(problem: Problem, kernel: Kernel, spec: CardSpec) -> float:
     if family == "sdpa_default":
         backend = default_backend(problem, spec)
         return sdpa_math_seconds(problem, spec) if backend == "sdpa_math" else fused_seconds(problem, backend, spec)
+    if family == "triton_flash":
+        return fused_seconds(problem, family, spec)
     if family in FUSED_EFFICIENCY:
         folded = problem.gqa_ratio > 1 and kernel._gqa_mode(problem) == "fold"
         return fused_seconds(problem, family, spec, folded=folded) * FORCED_BACKEND_FACTOR
