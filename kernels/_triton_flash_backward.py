@@ -20,7 +20,15 @@ import triton.language as tl
 
 from attn_dispatch.kernels._triton_flash_config import BackwardBlocks, padded_dim
 from attn_dispatch.kernels._triton_flash_forward import dot_precision, mask_kind, mask_operand, mask_strides
-from attn_dispatch.kernels._triton_flash_tiles import FLOAT_MASK, LOG2E, ONE, key_range, load_tile, score_tile
+from attn_dispatch.kernels._triton_flash_tiles import (
+    FLOAT_MASK,
+    LOG2E,
+    ONE,
+    key_range,
+    load_tile,
+    query_block_of_program,
+    score_tile,
+)
 
 DELTA_ROWS = 64
 """Rows per program of `delta_kernel`: a ``64 x 256`` fp32 product of two tiles at most."""
@@ -197,16 +205,7 @@ def query_grad_kernel(
 ):
     """Grid ``query_blocks * B * Hq``: dQ of `BLOCK_M` query rows of one (batch, query head),
     `BLOCK_N` keys per step over the keys the rows see (as the forward)."""
-    pid = tl.program_id(0)
-    head_row = pid // query_blocks
-    block = pid % query_blocks
-    if CAUSAL:
-        block = query_blocks - 1 - block
-    m_start = block * BLOCK_M
-    batch = tl.cast(head_row // q_heads, tl.int64)
-    head = head_row % q_heads
-    kv_head = tl.cast(head // group, tl.int64)
-    head = tl.cast(head, tl.int64)
+    head_row, m_start, batch, head, kv_head = query_block_of_program(query_blocks, q_heads, group, BLOCK_M, CAUSAL)
     m_offset = tl.cast(m_start, tl.int64)
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)

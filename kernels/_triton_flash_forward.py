@@ -22,6 +22,7 @@ from attn_dispatch.kernels._triton_flash_tiles import (
     ONE,
     key_range,
     load_tile,
+    query_block_of_program,
     score_tile,
 )
 
@@ -62,18 +63,9 @@ def flash_forward_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
     STORE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Grid: ``query_blocks * B * Hq`` programs; program ``p`` takes query block ``p % query_blocks``
-    (causal: counted from the last, the longest rows first) of head row ``p // query_blocks``."""
-    pid = tl.program_id(0)
-    head_row = pid // query_blocks
-    block = pid % query_blocks
-    if CAUSAL:
-        block = query_blocks - 1 - block
-    m_start = block * BLOCK_M
-    batch = tl.cast(head_row // q_heads, tl.int64)
-    head = head_row % q_heads
-    kv_head = tl.cast(head // group, tl.int64)
-    head = tl.cast(head, tl.int64)
+    """Grid ``query_blocks * B * Hq`` (`query_block_of_program`): the output of `BLOCK_M` query rows
+    of one (batch, query head), and their log-sum-exp when `STORE_LSE`."""
+    head_row, m_start, batch, head, kv_head = query_block_of_program(query_blocks, q_heads, group, BLOCK_M, CAUSAL)
     m_offset = tl.cast(m_start, tl.int64)
 
     rows = tl.arange(0, BLOCK_M)

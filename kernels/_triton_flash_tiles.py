@@ -31,6 +31,22 @@ FLOAT_MASK = tl.constexpr(config.FLOAT_MASK)
 
 
 @triton.jit
+def query_block_of_program(query_blocks, q_heads, group, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """This program's block of query rows on a grid of ``query_blocks * B * Hq`` programs:
+    ``(head_row, m_start, batch, head, kv_head)``, the last three int64 (pointer arithmetic).
+    Program ``p`` takes block ``p % query_blocks`` (causal: counted from the last, the longest
+    rows first) of head row ``p // query_blocks``; key/value head = query head // group."""
+    pid = tl.program_id(0)
+    head_row = pid // query_blocks
+    block = pid % query_blocks
+    if CAUSAL:
+        block = query_blocks - 1 - block
+    head = head_row % q_heads
+    return (head_row, block * BLOCK_M, tl.cast(head_row // q_heads, tl.int64), tl.cast(head, tl.int64),
+            tl.cast(head // group, tl.int64))
+
+
+@triton.jit
 def load_tile(ptrs, first_ok, second_ok, CHECK_FIRST: tl.constexpr, CHECK_SECOND: tl.constexpr):
     """Load a 2-D tile; out-of-range elements (where a checked index test is False) read 0."""
     if CHECK_FIRST and CHECK_SECOND:

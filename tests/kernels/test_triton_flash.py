@@ -45,6 +45,8 @@ FUZZ_DTYPES = ("float32", "float16", "bfloat16") if ON_GPU else ("float32", "flo
 
 MAX_DRAWS = 50
 
+WHY_NOT_HERE = TritonFlashKernel().reasons(Problem(1, 2, 2, 8, 8, 16, 16, "float32", device_type=TEST_DEVICE))
+needs_triton = pytest.mark.skipif(bool(WHY_NOT_HERE), reason="; ".join(WHY_NOT_HERE))
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="GPU test: set ATTN_DISPATCH_TEST_DEVICE=cuda on a GPU machine")
 
 
@@ -117,6 +119,7 @@ def dead_rows(mask: torch.Tensor | None) -> torch.Tensor | None:
     return (~mask if mask.dtype == torch.bool else mask == float("-inf")).all(dim=-1)
 
 
+@needs_triton
 @pytest.mark.parametrize("index", range(FUZZ_CASES))
 def test_fuzz_forward_and_gradients_match_float64(index):
     case, alignment, kernel = fuzz_case(index)
@@ -198,6 +201,7 @@ def test_backward_blocks_shrink_to_the_card():
         assert min(blocks.resident, blocks.streamed) >= flash_config.MIN_BLOCK and blocks.stages >= 1
 
 
+@needs_triton
 def test_a_mask_requiring_grad_is_refused():
     inputs = Case(mask="float").build(TEST_DEVICE)
     mask = inputs.pop("attn_mask").requires_grad_(True)
@@ -206,6 +210,7 @@ def test_a_mask_requiring_grad_is_refused():
                             attn_mask=mask, **inputs)
 
 
+@needs_triton
 def test_key_and_value_head_counts_that_differ():
     """GQA where key and value have different head counts (canonicalisation repeats them)."""
     generator = torch.Generator().manual_seed(5)
@@ -218,6 +223,7 @@ def test_key_and_value_head_counts_that_differ():
 
 
 # ---------------------------------------------------------------- memory
+@needs_triton
 def test_strided_inputs_are_read_in_place():
     """A ``[B, L, H, D]`` layout viewed as ``[B, H, L, D]`` (transformers') is read through its
     strides: the call allocates its output (and a 4-byte placeholder for the log-sum-exp) only."""
@@ -231,6 +237,7 @@ def test_strided_inputs_are_read_in_place():
     assert problem.out_bytes <= peak <= problem.out_bytes + 512  # 512: the CUDA allocator's rounding
 
 
+@needs_triton
 @pytest.mark.parametrize("case", [
     Case(q_len=40, kv_len=56, causal=True, gqa_ratio=2),
     Case(lead=(2,), mask="bool", mask_dims=(True, False, True, True), strided=True, q_len=24, kv_len=33),
@@ -285,6 +292,7 @@ def test_importing_the_kernels_does_not_import_triton():
     assert done.stdout.strip() == "False"
 
 
+@needs_triton
 def test_a_launch_failure_falls_back_in_the_dispatcher(monkeypatch):
     """A configuration Triton cannot build for the card raises at its first launch (here: out of
     shared memory); the dispatcher runs the next kernel and remembers the failure for the bucket."""
