@@ -387,11 +387,13 @@ def test_gpu_operators_compile_with_no_graph_break():
 
 
 @needs_gpu
-def test_gpu_dispatcher_traces_the_kernel_under_compile():
-    """A dispatcher whose only kernel is `triton_flash`, called inside `torch.compile(fullgraph=True)`."""
+def test_gpu_dispatcher_traces_the_kernel_under_compile(monkeypatch):
+    """A dispatcher that ranks `triton_flash` first, called inside `torch.compile(fullgraph=True)`."""
     from attn_dispatch.dispatcher import Dispatcher
+    from tests.dispatcher.helpers import FixedRanker, use_ranking
 
     kernel = TritonFlashKernel()
+    use_ranking(monkeypatch, FixedRanker([kernel.name]))
     ours = Dispatcher(kernels=[kernel])
     query, key, value = (torch.randn(1, 8, 512, 128, device=TEST_DEVICE, dtype=torch.bfloat16) for _ in range(3))
     out = torch.compile(lambda q, k, v: ours.attention(q, k, v, is_causal=True), fullgraph=True)(query, key, value)
