@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.kernels.registry import all_kernels, kernel_from_name, portable_kernels
+from attn_dispatch.kernels.registry import all_kernels, kernel_from_name, portable_kernels, serving
 from attn_dispatch.models.cards import CardSpec
 from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.priors import prior_seconds
@@ -44,17 +44,17 @@ def split_names(text: str) -> list[str]:
 
 
 def kernel_set(spec: str, *, policy: AccuracyPolicy) -> list[Kernel]:
-    """``"all"``, ``"portable"`` (math, chunked, small_q, convert: what gfx906 has) or a
-    comma-separated list of kernel names.
+    """``"all"``, ``"portable"`` (math, chunked, small_q, Triton, convert: what gfx906 has; either
+    without kernels Triton's interpreter would run) or a comma-separated list of kernel names.
 
     Raises
     ------
     ValueError: naming the unknown kernel.
     """
     if spec == "all":
-        return all_kernels(policy=policy)
+        return serving(all_kernels(policy=policy))
     if spec == "portable":
-        return portable_kernels(policy=policy)
+        return serving(portable_kernels(policy=policy))
     names = split_names(spec)
     if not names:
         raise ValueError(f"--kernels must be 'all', 'portable' or kernel names, got {spec!r}")

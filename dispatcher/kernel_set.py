@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, all_kernels, kernel_from_name, portable_kernels
+from attn_dispatch.kernels.registry import serving
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 
 KERNEL_SETS = ("all", "portable")
@@ -21,15 +22,16 @@ class LastResortDefault(SdpaDefaultKernel):
 
 
 def kernel_set(kernels: str | Sequence[Kernel | str], policy: AccuracyPolicy) -> dict[str, Kernel]:
-    """Kernels by name: ``"all"`` / ``"portable"`` (plus ``sdpa_default``, the last-resort fallback)
-    or the given kernels / kernel names, as given. Raises ValueError / TypeError naming the bad item."""
+    """Kernels by name: ``"all"`` / ``"portable"`` (plus ``sdpa_default``, the last-resort fallback;
+    without kernels Triton's interpreter would run: `kernels.registry.serving`) or the given kernels
+    / kernel names, as given. Raises ValueError / TypeError naming the bad item."""
     if isinstance(kernels, str):
         if kernels not in KERNEL_SETS:
             raise ValueError(f"kernels={kernels!r}: pass 'all', 'portable' or a list of kernels / kernel names")
         if kernels == "all":
-            chosen = [*all_kernels(policy=policy), SdpaDefaultKernel()]
+            chosen = [*serving(all_kernels(policy=policy)), SdpaDefaultKernel()]
         else:
-            chosen = [*portable_kernels(policy=policy), LastResortDefault()]
+            chosen = [*serving(portable_kernels(policy=policy)), LastResortDefault()]
     else:
         chosen = [kernel_from_name(k, policy=policy) if isinstance(k, str) else k for k in kernels]
         for kernel in chosen:

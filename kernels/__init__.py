@@ -27,11 +27,12 @@ from attn_dispatch.kernels.sdpa_backends import (
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 from attn_dispatch.kernels.small_q import SmallQKernel
 from attn_dispatch.kernels.tolerances import TOLERANCES, Tolerance
+from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
 
 __all__ = [
     "LOSSLESS", "AccuracyPolicy", "Kernel", "UnsupportedProblemError", "ChunkedKernel",
     "ConvertKernel", "MathKernel", "Problem", "reference_attention", "relative_errors", "FAMILIES",
     "all_kernels", "kernel_from_name", "param_space", "portable_kernels", "SdpaCudnnKernel",
     "SdpaDefaultKernel", "SdpaEfficientKernel", "SdpaFlashKernel", "SdpaMathKernel",
-    "SmallQKernel", "TOLERANCES", "Tolerance",
+    "SmallQKernel", "TOLERANCES", "Tolerance", "TritonDecodeKernel",
 ]

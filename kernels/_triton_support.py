@@ -28,6 +28,10 @@ MIN_CUDA_CAPABILITY = (7, 5)
 MIN_CUDA_CAPABILITY_BF16 = (8, 0)
 """bf16 matrix products need Ampere or newer."""
 INTERPRETER_VARIABLE = "TRITON_INTERPRET"
+INTERPRETER_BF16_REASON = (
+    "Triton's interpreter multiplies bf16 blocks wrongly (Triton 3.9: errors of order 1e9 on a 32x64 "
+    "product): bf16 runs on GPUs only"
+)
 
 
 def interpreting() -> bool:
@@ -63,6 +67,16 @@ def gpu_architecture(device_index: int | None = None) -> tuple[str, tuple[int, i
     return f"sm_{capability[0]}{capability[1]}", capability
 
 
+def shared_memory_limit(device_index: int | None = None) -> int:
+    """Bytes of shared memory (LDS on AMD) one program may use on the current (or given) GPU, with
+    the opt-in carve-out (227 KiB on an H100, 64 KiB on gfx906). Tests replace this function to
+    fake a card."""
+    index = torch.cuda.current_device() if device_index is None else device_index
+    properties = torch.cuda.get_device_properties(index)
+    optin = getattr(properties, "shared_memory_per_block_optin", 0)
+    return int(optin or properties.shared_memory_per_block)
+
+
 def _version_text(version: tuple[int, int]) -> str:
     return ".".join(map(str, version))
 
@@ -84,6 +98,8 @@ def triton_reasons(device_type: str, dtype: str) -> list[str]:
     if version < MIN_TRITON:
         return [f"Triton {_version_text(version)} is too old: our kernels need Triton >= {_version_text(MIN_TRITON)}"]
     if device_type == "cpu":
+        if dtype == "bfloat16":
+            return [INTERPRETER_BF16_REASON]
         return []
     try:
         arch, capability = gpu_architecture()

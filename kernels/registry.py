@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from attn_dispatch.kernels._triton_support import interpreting
 from attn_dispatch.kernels.accuracy import LOSSLESS, AccuracyPolicy, parse_conversion
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.chunked import ChunkedKernel
@@ -16,10 +17,13 @@ from attn_dispatch.kernels.convert import CONTIGUOUS, ConvertKernel
 from attn_dispatch.kernels.math_kernel import MathKernel
 from attn_dispatch.kernels.sdpa_default import SDPA_BACKEND_KERNELS
 from attn_dispatch.kernels.small_q import SmallQKernel
+from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
 
 PLAIN_FAMILIES: dict[str, type[Kernel]] = {
-    cls.family: cls for cls in (MathKernel, ChunkedKernel, SmallQKernel, *SDPA_BACKEND_KERNELS)
+    cls.family: cls for cls in (MathKernel, ChunkedKernel, SmallQKernel, TritonDecodeKernel, *SDPA_BACKEND_KERNELS)
 }
+TRITON_FAMILIES = (TritonDecodeKernel.family,)
+"""Families whose work is a Triton kernel (under ``TRITON_INTERPRET=1``, Triton's interpreter)."""
 FAMILIES = (*PLAIN_FAMILIES, ConvertKernel.family)
 MAX_NAME_LENGTH = 200
 
@@ -75,6 +79,10 @@ def kernel_from_name(name: str, *, policy: AccuracyPolicy = LOSSLESS) -> Kernel:
 # dispatcher has small, medium and large blocks to choose from; calibration tunes them further.
 DEFAULT_CHUNKED = (ChunkedKernel(q=128, kv=1024), ChunkedKernel(q=512, kv=4096), ChunkedKernel(q=2048, kv=16384))
 DEFAULT_SMALL_Q = (SmallQKernel(splits=1), SmallQKernel(splits=8), SmallQKernel(splits=32))
+# Flash-decoding wants enough (batch x K/V head, split) programs to fill the card: 16 splits of
+# 64-key blocks for batched or short caches; 64 splits of 32-key blocks for one sequence's long
+# cache, small enough (two stages of 32 keys) for gfx906's 64 KiB of LDS at head dim 128.
+DEFAULT_TRITON_DECODE = (TritonDecodeKernel(splits=16, bn=64, w=4, s=2), TritonDecodeKernel(splits=64, bn=32, w=4, s=2))
 # What a conversion hands its inputs to: the fused backends and one portable kernel of each kind.
 CONVERT_INNER = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "chunked[q=512,kv=4096]", "small_q[splits=8]")
 CONVERSIONS = ("fp16->fp32", "bf16->fp32", "bf16->fp16", "fp16->bf16", "fp32->bf16", "fp32->fp16", CONTIGUOUS)
@@ -82,7 +90,7 @@ CONVERSIONS = ("fp16->fp32", "bf16->fp32", "bf16->fp16", "fp16->bf16", "fp32->bf
 
 def all_kernels(*, policy: AccuracyPolicy = LOSSLESS) -> list[Kernel]:
     """Every kernel variant in its default parameterisations (supported here or not)."""
-    kernels: list[Kernel] = [MathKernel(), *DEFAULT_CHUNKED, *DEFAULT_SMALL_Q]
+    kernels: list[Kernel] = [MathKernel(), *DEFAULT_CHUNKED, *DEFAULT_SMALL_Q, *DEFAULT_TRITON_DECODE]
     kernels += [cls() for cls in SDPA_BACKEND_KERNELS]
     for conversion in CONVERSIONS:
         for inner in CONVERT_INNER:
@@ -91,13 +99,27 @@ def all_kernels(*, policy: AccuracyPolicy = LOSSLESS) -> list[Kernel]:
 
 
 def portable_kernels(*, policy: AccuracyPolicy = LOSSLESS) -> list[Kernel]:
-    """What a card without fused SDPA backends has (gfx906): math, chunked, small_q, convert."""
+    """What a card without fused SDPA backends has (gfx906): math, chunked, small_q, the Triton
+    kernels (where Triton compiles for the card: their `reasons` say), convert."""
     return [k for k in all_kernels(policy=policy) if not uses_fused_backend(k)]
 
 
 def uses_fused_backend(kernel: Kernel) -> bool:
     """Whether PyTorch's SDPA (a backend or its default) does the work, a conversion's inner kernel included."""
     return working_family(kernel).startswith("sdpa_")
+
+
+def interpreted(kernel: Kernel) -> bool:
+    """Whether `kernel`'s work would run under Triton's interpreter here (``TRITON_INTERPRET=1``):
+    right answers, never speed. Tests run such kernels by name; sets that serve or time calls
+    leave them out (`serving`)."""
+    return working_family(kernel) in TRITON_FAMILIES and interpreting()
+
+
+def serving(kernels: list[Kernel]) -> list[Kernel]:
+    """`kernels` without those Triton's interpreter would run (`interpreted`): what a dispatcher
+    chooses from and calibration times."""
+    return [kernel for kernel in kernels if not interpreted(kernel)]
 
 
 def working_family(kernel: Kernel) -> str:
