@@ -16,11 +16,13 @@ from attn_dispatch.kernels.chunked import ChunkedKernel
 from attn_dispatch.kernels.convert import CONTIGUOUS, ConvertKernel
 from attn_dispatch.kernels.math_kernel import MathKernel
 from attn_dispatch.kernels.sdpa_default import SDPA_BACKEND_KERNELS
+from attn_dispatch.kernels.sdpa_gqa_fold import SdpaGqaFoldKernel
 from attn_dispatch.kernels.small_q import SmallQKernel
 from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
 
 PLAIN_FAMILIES: dict[str, type[Kernel]] = {
-    cls.family: cls for cls in (MathKernel, ChunkedKernel, SmallQKernel, TritonDecodeKernel, *SDPA_BACKEND_KERNELS)
+    cls.family: cls
+    for cls in (MathKernel, ChunkedKernel, SmallQKernel, TritonDecodeKernel, *SDPA_BACKEND_KERNELS, SdpaGqaFoldKernel)
 }
 TRITON_FAMILIES = (TritonDecodeKernel.family,)
 """Families whose work is a Triton kernel (under ``TRITON_INTERPRET=1``, Triton's interpreter)."""
@@ -92,6 +94,7 @@ def all_kernels(*, policy: AccuracyPolicy = LOSSLESS) -> list[Kernel]:
     """Every kernel variant in its default parameterisations (supported here or not)."""
     kernels: list[Kernel] = [MathKernel(), *DEFAULT_CHUNKED, *DEFAULT_SMALL_Q, *DEFAULT_TRITON_DECODE]
     kernels += [cls() for cls in SDPA_BACKEND_KERNELS]
+    kernels.append(SdpaGqaFoldKernel())
     for conversion in CONVERSIONS:
         for inner in CONVERT_INNER:
             kernels.append(kernel_from_name(f"convert[{conversion}]+{inner}", policy=policy))
