@@ -7,7 +7,8 @@ packed rows of a K/V head are its GQA group's query heads times their query posi
 whole group. The program reduces its keys in blocks of ``BLOCK_N`` with an online softmax in fp32
 (FlashAttention-2's recurrence, in natural-log units so that finite mask penalties as low as
 fp32's lowest value stay finite) and writes either the normalised output directly (one split) or
-the split's normalised partial output and log-sum-exp (fp32), which the merge program combines.
+the split's normalised partial output, row maximum and row sum (fp32), which the merge program
+combines.
 
 Semantics: bool masks (nonzero = attend) and float masks (added), broadcast through stride-0
 dimensions; causality with the diagonal shifted by ``causal_offset`` (query ``i`` sees keys
@@ -28,7 +29,7 @@ LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 
 @triton.jit
 def split_kernel(
-    Q, K, V, Mask, PartOut, PartLse, Out,
+    Q, K, V, Mask, PartOut, PartMax, PartSum, Out,
     stride_qb, stride_qh, stride_ql, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
@@ -42,7 +43,8 @@ def split_kernel(
 ):
     """Grid ``(B * Hkv, splits, row blocks)``; ``kv_len`` is the count of keys any row can see
     (`_triton_decode_layout.visible_key_count`). ``DIRECT`` (one split): writes ``Out`` in its dtype;
-    else ``PartOut [B * Hkv, splits, rows, Ev]`` and ``PartLse [B * Hkv, splits, rows]`` (fp32)."""
+    else ``PartOut [B * Hkv, splits, rows, Ev]`` (normalised), ``PartMax`` and ``PartSum``
+    ``[B * Hkv, splits, rows]`` (the row's largest score and its sum of exp(score - max), fp32)."""
     bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1).to(tl.int64)  # key offsets in int64: split * keys_per_split * stride may pass 2^31
     b = bh // kv_heads
@@ -106,19 +108,20 @@ def split_kernel(
     else:
         part = (bh * tl.num_programs(1) + split) * rows + offs_r  # [BLOCK_M], int64
         tl.store(PartOut + part[:, None] * VALUE_DIM + offs_dv[None, :], out, mask=out_ok)
-        lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
-        tl.store(PartLse + part, lse, mask=row_ok)
+        tl.store(PartMax + part, m_i, mask=row_ok)  # kept apart from the sum: max + log(sum) loses the
+        tl.store(PartSum + part, l_i, mask=row_ok)  # sum next to fp32's largest finite mask penalties
 
 
 @triton.jit
 def merge_kernel(
-    PartOut, PartLse, Out,
+    PartOut, PartMax, PartSum, Out,
     stride_ob, stride_oh, stride_ol, stride_od,
     kv_heads, group, q_len, rows, value_dim, splits,
     BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
-    """Grid ``(B * Hkv, row blocks)``: the splits' partial outputs weighted by ``exp(lse - max)``,
-    exactly the softmax over all keys; a row no split saw gives zeros."""
+    """Grid ``(B * Hkv, row blocks)``: the splits' partial outputs weighted by their share of the
+    row's softmax, ``sum * exp(max - overall max)``: exactly the softmax over all keys; a row no
+    split saw gives zeros."""
     bh = tl.program_id(0).to(tl.int64)
     b = bh // kv_heads
     h = bh % kv_heads
@@ -131,12 +134,13 @@ def merge_kernel(
     acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
     for split in range(0, splits):
         part = (bh * splits + split) * rows + offs_r
-        lse = tl.load(PartLse + part, mask=row_ok, other=float("-inf"))
+        m_split = tl.load(PartMax + part, mask=row_ok, other=float("-inf"))
+        l_split = tl.load(PartSum + part, mask=row_ok, other=0.0)
         partial = tl.load(PartOut + part[:, None] * value_dim + offs_dv[None, :], mask=out_ok, other=0.0)
-        m_new = tl.maximum(m_i, lse)
+        m_new = tl.maximum(m_i, m_split)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2((m_i - m_safe) * LOG2E)
-        weight = tl.exp2((lse - m_safe) * LOG2E)
+        weight = tl.exp2((m_split - m_safe) * LOG2E) * l_split
         acc = acc * alpha[:, None] + partial * weight[:, None]
         l_i = l_i * alpha + weight
         m_i = m_new

@@ -46,10 +46,11 @@ def launch_decode(
                                      key_limit(kv_len, q_len, causal, causal_offset), splits, block_n)
     out = query.new_empty(batch, q_heads, q_len, value_dim)
     if layout.direct:  # the split program writes `out`; the partial buffers are never touched
-        part_out = part_lse = out
+        part_out = part_max = part_sum = out
     else:
         part_out = query.new_empty(batch * kv_heads, layout.splits, layout.rows, value_dim, dtype=torch.float32)
-        part_lse = query.new_empty(batch * kv_heads, layout.splits, layout.rows, dtype=torch.float32)
+        part_max = query.new_empty(batch * kv_heads, layout.splits, layout.rows, dtype=torch.float32)
+        part_sum = query.new_empty(batch * kv_heads, layout.splits, layout.rows, dtype=torch.float32)
     if mask is None:
         mask_kind, mask_arg, mask_strides = MASK_NONE, query, (0, 0, 0, 0)
     else:
@@ -59,7 +60,7 @@ def launch_decode(
     grid = (batch * kv_heads, layout.splits, layout.row_blocks)
     with on_device(query):
         wrap_triton(split_kernel)[grid](
-            query, key, value, mask_arg, part_out, part_lse, out,
+            query, key, value, mask_arg, part_out, part_max, part_sum, out,
             *query.stride(), *key.stride(), *value.stride(), *mask_strides, *out.stride(),
             kv_heads, group, q_len, layout.key_count, layout.rows,
             scale, causal_offset, layout.keys_per_split,
@@ -70,7 +71,7 @@ def launch_decode(
         )
         if not layout.direct:
             wrap_triton(merge_kernel)[(grid[0], -(-layout.rows // MERGE_BLOCK_ROWS))](
-                part_out, part_lse, out, *out.stride(),
+                part_out, part_max, part_sum, out, *out.stride(),
                 kv_heads, group, q_len, layout.rows, value_dim, layout.splits,
                 BLOCK_R=MERGE_BLOCK_ROWS, BLOCK_DV=layout.block_dv,
             )

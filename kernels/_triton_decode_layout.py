@@ -94,10 +94,10 @@ class DecodeLayout:
         return self.splits == 1
 
     def partial_bytes(self, problem: Problem) -> int:
-        """The splits' fp32 partial outputs and log-sum-exps (0 when `direct`)."""
+        """The splits' fp32 partial outputs, row maxima and row sums (0 when `direct`)."""
         if self.direct:
             return 0
-        per_row = (problem.value_dim + 1) * FP32_BYTES
+        per_row = (problem.value_dim + 2) * FP32_BYTES
         return problem.batch * problem.kv_heads * self.splits * self.rows * per_row
 
     def shared_memory_bytes(self, itemsize: int, stages: int) -> int:

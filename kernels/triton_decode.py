@@ -6,7 +6,7 @@ The GQA group's query heads and their query rows are packed into the rows of one
 are read once per group, never repeated. The keys are cut into at most ``P`` splits of whole
 ``N``-key blocks; one program per (batch x K/V head, split) reduces its keys with an online softmax
 in fp32 (``W`` warps, ``T`` pipeline stages) and a second small program merges the splits exactly
-by their log-sum-exps. Exact SDPA semantics on the canonical views, read through their strides
+by their row maxima and sums. Exact SDPA semantics on the canonical views, read through their strides
 (a sliced KV cache is never copied): bool and float masks with broadcast dimensions, causal
 top-left and bottom-right, ``scale``, zeros for rows with every key blocked, head dims up to 256
 (value dim may differ), fp16/bf16/fp32 (fp32 products in IEEE precision).
@@ -98,7 +98,7 @@ class TritonDecodeKernel(Kernel):
         return why
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """The output, the splits' fp32 partial outputs and log-sum-exps (none with one split),
+        """The output, the splits' fp32 partial outputs, row maxima and sums (none with one split),
         and canonicalisation's copies."""
         return problem.out_bytes + self.layout(problem).partial_bytes(problem) + self.input_copy_bytes(problem)
 
