@@ -39,7 +39,7 @@ def split_kernel(
     scale, causal_offset, keys_per_split,
     HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DIRECT: tl.constexpr,
+    MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Grid ``(B * Hkv, splits, row blocks)``; ``kv_len`` is the count of keys any row can see
     (`_triton_decode_layout.visible_key_count`). ``DIRECT`` (one split): writes ``Out`` in its dtype;
@@ -75,7 +75,7 @@ def split_kernel(
         key_ok = offs_n < end
         k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd,
                     mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK_N], fp32
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N], fp32
         if MASK_KIND == 1:
             allowed = tl.load(mask_base + mask_rows[:, None] + offs_n[None, :] * stride_ms,
                               mask=row_ok[:, None] & key_ok[None, :], other=0)
@@ -95,7 +95,7 @@ def split_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
                     mask=(offs_n < end)[:, None] & dv_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     seen = l_i > 0.0

@@ -11,14 +11,16 @@ import torch
 
 from attn_dispatch.kernels._triton_decode_kernels import MASK_BOOL, MASK_FLOAT, MASK_NONE, merge_kernel, split_kernel
 from attn_dispatch.kernels._triton_decode_layout import MERGE_BLOCK_ROWS, DecodeLayout, key_limit
-from attn_dispatch.kernels._triton_ops import eager_tensors, on_device, triton_operator, wrap_triton
+from attn_dispatch.kernels._triton_ops import (
+    broadcast_strides,
+    dot_precision,
+    eager_tensors,
+    on_device,
+    triton_operator,
+    wrap_triton,
+)
 
 OPERATOR = "attn_dispatch::triton_decode"
-
-
-def broadcast_strides(tensor: torch.Tensor) -> tuple[int, ...]:
-    """Strides with 0 along every dimension of size 1 (how the kernels broadcast a mask)."""
-    return tuple(stride if size > 1 else 0 for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
 
 
 def launch_decode(
@@ -47,26 +49,27 @@ def launch_decode(
     out = query.new_empty(batch, q_heads, q_len, value_dim)
     if layout.direct:  # the split program writes `out`; the partial buffers are never touched
         part_out = part_max = part_sum = out
-    else:
-        part_out = query.new_empty(batch * kv_heads, layout.splits, layout.rows, value_dim, dtype=torch.float32)
-        part_max = query.new_empty(batch * kv_heads, layout.splits, layout.rows, dtype=torch.float32)
-        part_sum = query.new_empty(batch * kv_heads, layout.splits, layout.rows, dtype=torch.float32)
+    else:  # one allocation: [B * Hkv, splits, rows] x (Ev outputs, the max, the sum)
+        partial_rows = batch * kv_heads * layout.splits * layout.rows
+        partials = query.new_empty(partial_rows * (value_dim + 2), dtype=torch.float32)
+        part_out = partials[: partial_rows * value_dim]
+        part_max = partials[partial_rows * value_dim: partial_rows * (value_dim + 1)]
+        part_sum = partials[partial_rows * (value_dim + 1):]
     if mask is None:
-        mask_kind, mask_arg, mask_strides = MASK_NONE, query, (0, 0, 0, 0)
+        mask_kind, mask_arg = MASK_NONE, query
     else:
         mask_kind = MASK_BOOL if mask.dtype == torch.bool else MASK_FLOAT
         mask_arg = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
-        mask_strides = broadcast_strides(mask)
     grid = (batch * kv_heads, layout.splits, layout.row_blocks)
     with on_device(query):
         wrap_triton(split_kernel)[grid](
             query, key, value, mask_arg, part_out, part_max, part_sum, out,
-            *query.stride(), *key.stride(), *value.stride(), *mask_strides, *out.stride(),
+            *query.stride(), *key.stride(), *value.stride(), *broadcast_strides(mask), *out.stride(),
             kv_heads, group, q_len, layout.key_count, layout.rows,
             scale, causal_offset, layout.keys_per_split,
             HEAD_DIM=head_dim, VALUE_DIM=value_dim,
             BLOCK_M=layout.block_m, BLOCK_N=layout.block_n, BLOCK_D=layout.block_d, BLOCK_DV=layout.block_dv,
-            MASK_KIND=mask_kind, CAUSAL=causal, DIRECT=layout.direct,
+            MASK_KIND=mask_kind, CAUSAL=causal, DIRECT=layout.direct, DOT_PRECISION=dot_precision(query.dtype),
             num_warps=warps, num_stages=stages,
         )
         if not layout.direct:

@@ -54,3 +54,18 @@ def on_device(tensor: torch.Tensor):
     if tensor.device.type == "cuda" and tensor.device.index != torch.cuda.current_device():
         return torch.cuda.device(tensor.device)
     return contextlib.nullcontext()
+
+
+def dot_precision(dtype: torch.dtype) -> str | None:
+    """``input_precision`` of a kernel's `tl.dot` on `dtype` inputs: "ieee" for fp32 (tf32's ~3e-4
+    relative error is past fp32's tolerance), None (Triton's default) for half inputs, where it
+    changes nothing."""
+    return "ieee" if dtype == torch.float32 else None
+
+
+def broadcast_strides(tensor: torch.Tensor | None) -> tuple[int, ...]:
+    """A canonical mask's strides with 0 along every dimension of size 1 (how a kernel broadcasts
+    it); zeros without a mask."""
+    if tensor is None:
+        return (0, 0, 0, 0)
+    return tuple(stride if size > 1 else 0 for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
