@@ -45,58 +45,57 @@ def split_kernel(
     (`_triton_decode_layout.visible_key_count`). ``DIRECT`` (one split): writes ``Out`` in its dtype;
     else ``PartOut [B * Hkv, splits, rows, Ev]`` (normalised), ``PartMax`` and ``PartSum``
     ``[B * Hkv, splits, rows]`` (the row's largest score and its sum of exp(score - max), fp32)."""
-    bh = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1).to(tl.int64)  # key offsets in int64: split * keys_per_split * stride may pass 2^31
+    bh = tl.program_id(0).to(tl.int64)  # every offset below that grows with a size is int64
+    split = tl.program_id(1)
     b = bh // kv_heads
     h = bh % kv_heads
     offs_r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = offs_r < rows
     positions = offs_r % q_len
-    heads = h * group + offs_r // q_len  # int64
+    heads = h * group + offs_r // q_len
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
+    offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM  # head dims padded to powers of two: constant-folded when they are
     dv_ok = offs_dv < VALUE_DIM
 
     q_ptrs = Q + b * stride_qb + heads[:, None] * stride_qh + positions[:, None] * stride_ql + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
-    mask_base = Mask + b * stride_mb
-    mask_rows = heads * stride_mh + positions * stride_ml
-
-    start = split * keys_per_split
+    start = split * keys_per_split  # key indices fit int32 (S < 2^31); their offsets need not
     end = tl.minimum(start + keys_per_split, kv_len)
+    first_key = start.to(tl.int64) + offs_n
+    k_ptrs = K + b * stride_kb + h * stride_kh + first_key[:, None] * stride_ks + offs_d[None, :] * stride_kd
+    v_ptrs = V + b * stride_vb + h * stride_vh + first_key[:, None] * stride_vs + offs_dv[None, :] * stride_vd
+    mask_ptrs = Mask + b * stride_mb + (heads * stride_mh + positions * stride_ml)[:, None] + first_key[None, :] * stride_ms
+
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)  # int64
-        key_ok = offs_n < end
-        k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd,
-                    mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+        key_ok = offs_n < end - n0
+        k = tl.load(k_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N], fp32
         if MASK_KIND == 1:
-            allowed = tl.load(mask_base + mask_rows[:, None] + offs_n[None, :] * stride_ms,
-                              mask=row_ok[:, None] & key_ok[None, :], other=0)
+            allowed = tl.load(mask_ptrs, mask=row_ok[:, None] & key_ok[None, :], other=0)
             scores = tl.where(allowed != 0, scores, float("-inf"))
         if MASK_KIND == 2:
-            scores += tl.load(mask_base + mask_rows[:, None] + offs_n[None, :] * stride_ms,
-                              mask=row_ok[:, None] & key_ok[None, :], other=0.0).to(tl.float32)
-        if CAUSAL:
-            key_ok = key_ok[None, :] & (offs_n[None, :] <= positions[:, None] + causal_offset)
-            scores = tl.where(key_ok, scores, float("-inf"))
-        else:
-            scores = tl.where(key_ok[None, :], scores, float("-inf"))
+            scores += tl.load(mask_ptrs, mask=row_ok[:, None] & key_ok[None, :], other=0.0).to(tl.float32)
+        visible = key_ok[None, :]
+        if CAUSAL:  # query i sees keys up to i + causal_offset
+            visible = visible & (n0 + offs_n[None, :] <= positions[:, None] + causal_offset)
+        scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet: no NaN
         alpha = tl.exp2((m_i - m_safe) * LOG2E)
         p = tl.exp2((scores - m_safe[:, None]) * LOG2E)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
-                    mask=(offs_n < end)[:, None] & dv_ok[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+        k_ptrs += BLOCK_N * stride_ks
+        v_ptrs += BLOCK_N * stride_vs
+        if MASK_KIND != 0:
+            mask_ptrs += BLOCK_N * stride_ms
 
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]  # rows that saw no key: zeros
@@ -106,7 +105,7 @@ def split_kernel(
                     + offs_dv[None, :] * stride_od)
         tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=out_ok)
     else:
-        part = (bh * tl.num_programs(1) + split) * rows + offs_r  # [BLOCK_M], int64
+        part = (bh * tl.num_programs(1) + split) * rows + offs_r  # [BLOCK_M]
         tl.store(PartOut + part[:, None] * VALUE_DIM + offs_dv[None, :], out, mask=out_ok)
         tl.store(PartMax + part, m_i, mask=row_ok)  # kept apart from the sum: max + log(sum) loses the
         tl.store(PartSum + part, l_i, mask=row_ok)  # sum next to fp32's largest finite mask penalties
@@ -116,37 +115,42 @@ def split_kernel(
 def merge_kernel(
     PartOut, PartMax, PartSum, Out,
     stride_ob, stride_oh, stride_ol, stride_od,
-    kv_heads, group, q_len, rows, value_dim, splits,
-    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
+    kv_heads, group, q_len, rows, splits,
+    VALUE_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
-    """Grid ``(B * Hkv, row blocks)``: the splits' partial outputs weighted by their share of the
-    row's softmax, ``sum * exp(max - overall max)``: exactly the softmax over all keys; a row no
-    split saw gives zeros."""
+    """Grid ``(B * Hkv, row blocks of BLOCK_R)``: each row's splits weighted by their share of its
+    softmax, ``sum * exp(max - overall max)`` (exactly the softmax over all keys), ``BLOCK_S``
+    splits at a time; a row no split saw gives zeros."""
     bh = tl.program_id(0).to(tl.int64)
     b = bh // kv_heads
     h = bh % kv_heads
     offs_r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = offs_r < rows
+    offs_s = tl.arange(0, BLOCK_S)
     offs_dv = tl.arange(0, BLOCK_DV)
-    out_ok = row_ok[:, None] & (offs_dv[None, :] < value_dim)
-    m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+    row_ok = offs_r < rows
+    dv_ok = offs_dv < VALUE_DIM
+
+    overall = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, splits, BLOCK_S):
+        part = (bh * splits + s0 + offs_s[None, :]) * rows + offs_r[:, None]  # [BLOCK_R, BLOCK_S]
+        ok = row_ok[:, None] & (s0 + offs_s[None, :] < splits)
+        overall = tl.maximum(overall, tl.max(tl.load(PartMax + part, mask=ok, other=float("-inf")), 1))
+    overall = tl.where(overall == float("-inf"), 0.0, overall)  # a row no split saw: weights of 0
+
     acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
-    for split in range(0, splits):
-        part = (bh * splits + split) * rows + offs_r
-        m_split = tl.load(PartMax + part, mask=row_ok, other=float("-inf"))
-        l_split = tl.load(PartSum + part, mask=row_ok, other=0.0)
-        partial = tl.load(PartOut + part[:, None] * value_dim + offs_dv[None, :], mask=out_ok, other=0.0)
-        m_new = tl.maximum(m_i, m_split)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2((m_i - m_safe) * LOG2E)
-        weight = tl.exp2((m_split - m_safe) * LOG2E) * l_split
-        acc = acc * alpha[:, None] + partial * weight[:, None]
-        l_i = l_i * alpha + weight
-        m_i = m_new
-    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    total = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for s0 in range(0, splits, BLOCK_S):
+        part = (bh * splits + s0 + offs_s[None, :]) * rows + offs_r[:, None]
+        ok = row_ok[:, None] & (s0 + offs_s[None, :] < splits)
+        weight = (tl.exp2((tl.load(PartMax + part, mask=ok, other=float("-inf")) - overall[:, None]) * LOG2E)
+                  * tl.load(PartSum + part, mask=ok, other=0.0))  # [BLOCK_R, BLOCK_S]
+        partial = tl.load(PartOut + part[:, :, None] * VALUE_DIM + offs_dv[None, None, :],
+                          mask=ok[:, :, None] & dv_ok[None, None, :], other=0.0)  # [BLOCK_R, BLOCK_S, BLOCK_DV]
+        acc += tl.sum(weight[:, :, None] * partial, 1)
+        total += tl.sum(weight, 1)
+    out = acc / tl.where(total > 0.0, total, 1.0)[:, None]
     positions = offs_r % q_len
     heads = h * group + offs_r // q_len
     out_ptrs = (Out + b * stride_ob + heads[:, None] * stride_oh + positions[:, None] * stride_ol
                 + offs_dv[None, :] * stride_od)
-    tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=out_ok)
+    tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])

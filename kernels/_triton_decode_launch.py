@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from attn_dispatch.kernels._triton_decode_kernels import MASK_BOOL, MASK_FLOAT, MASK_NONE, merge_kernel, split_kernel
-from attn_dispatch.kernels._triton_decode_layout import MERGE_BLOCK_ROWS, DecodeLayout, key_limit
+from attn_dispatch.kernels._triton_decode_layout import DecodeLayout, key_limit
 from attn_dispatch.kernels._triton_ops import (
     broadcast_strides,
     dot_precision,
@@ -73,10 +73,12 @@ def launch_decode(
             num_warps=warps, num_stages=stages,
         )
         if not layout.direct:
-            wrap_triton(merge_kernel)[(grid[0], -(-layout.rows // MERGE_BLOCK_ROWS))](
+            merge_grid = (grid[0], -(-layout.rows // layout.merge_block_rows))
+            wrap_triton(merge_kernel)[merge_grid](
                 part_out, part_max, part_sum, out, *out.stride(),
-                kv_heads, group, q_len, layout.rows, value_dim, layout.splits,
-                BLOCK_R=MERGE_BLOCK_ROWS, BLOCK_DV=layout.block_dv,
+                kv_heads, group, q_len, layout.rows, layout.splits,
+                VALUE_DIM=value_dim, BLOCK_R=layout.merge_block_rows, BLOCK_S=layout.merge_block_splits,
+                BLOCK_DV=layout.block_dv,
             )
     return out
 

@@ -20,8 +20,11 @@ row block of `MAX_BLOCK_ROWS`, so past 4 blocks a prefill kernel that tiles the 
 as often and parallelises better."""
 MAX_HEAD_DIM = 256
 """Largest head dim (query/key and value) the kernel takes, as PyTorch's fused kernels."""
-MERGE_BLOCK_ROWS = 16
-"""Rows per program of the merge kernel (any power of two >= 1 works; 16 keeps programs few)."""
+MERGE_BLOCK_ROWS = 4
+"""Most rows per program of the merge kernel: a decode step's GQA group (4 rows at 32/8 heads)."""
+MERGE_BLOCK_ELEMENTS = 4096
+"""Partial-output elements the merge kernel holds per step (rows x splits x value dim): 32 fp32
+registers per thread at 4 warps."""
 FP32_BYTES = 4
 
 
@@ -87,6 +90,17 @@ class DecodeLayout:
             keys_per_split=keys_per_split,
             splits=max(1, -(-key_count // keys_per_split)),
         )
+
+    @property
+    def merge_block_rows(self) -> int:
+        """Rows per merge program (a power of two)."""
+        return min(next_power_of_two(self.rows), MERGE_BLOCK_ROWS)
+
+    @property
+    def merge_block_splits(self) -> int:
+        """Splits the merge program reads per step (a power of two)."""
+        fit = max(1, MERGE_BLOCK_ELEMENTS // (self.merge_block_rows * self.block_dv))
+        return min(next_power_of_two(self.splits), fit)
 
     @property
     def direct(self) -> bool:
