@@ -10,7 +10,7 @@ from attn_dispatch.calibration.candidates import CostEstimator, kernel_set, spli
 from attn_dispatch.calibration.measure import measure
 from attn_dispatch.calibration.timer import QUICK
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
-from attn_dispatch.kernels.registry import portable_kernels
+from attn_dispatch.kernels.registry import portable_kernels, serving
 from attn_dispatch.models.cards import spec_for
 from attn_dispatch.models.identity import DeviceIdentity
 from tests.calibration.helpers import problem
@@ -20,7 +20,7 @@ LOSSY = "convert[fp32->bf16]+chunked[q=512,kv=4096]"
 
 def test_kernel_sets_and_names():
     assert split_names("math, chunked[q=128,kv=1024],small_q[splits=8]") == ["math", "chunked[q=128,kv=1024]", "small_q[splits=8]"]
-    assert [k.name for k in kernel_set("portable", policy=AccuracyPolicy())] == [k.name for k in portable_kernels()]
+    assert [k.name for k in kernel_set("portable", policy=AccuracyPolicy())] == [k.name for k in serving(portable_kernels())]
     assert not any(k.name.startswith("sdpa_") for k in kernel_set("portable", policy=AccuracyPolicy()))
     with pytest.raises(ValueError, match="unknown kernel"):
         kernel_set("math,warp_speed", policy=AccuracyPolicy())
