@@ -198,7 +198,7 @@ def bench_shape(batch: int, kv_len: int, dtype_name: str, bandwidth: float) -> d
         if "seconds" in row:
             row["vs_flash"] = row["seconds"] / flash_seconds if flash_seconds else math.nan
             row["vs_kv_read"] = row["seconds"] / read_seconds
-    del inputs
+    inputs.clear()  # the copies go before the next shape allocates its own
     torch.cuda.empty_cache()
     return {"batch": batch, "q_heads": HEADS, "kv_heads": KV_HEADS, "q_len": 1, "kv_len": kv_len, "head_dim": HEAD_DIM,
             "dtype": dtype_name, "kv_bytes": kv_bytes, "kv_read_seconds": read_seconds,

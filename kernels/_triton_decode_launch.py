@@ -9,7 +9,13 @@ from typing import Optional
 
 import torch
 
-from attn_dispatch.kernels._triton_decode_kernels import MASK_BOOL, MASK_FLOAT, MASK_NONE, merge_kernel, split_kernel
+from attn_dispatch.kernels._triton_decode_kernels import (
+    MASK_BOOL,
+    MASK_FLOAT,
+    MASK_NONE,
+    merge_kernel,
+    split_kernel,
+)
 from attn_dispatch.kernels._triton_decode_layout import DecodeLayout, key_limit
 from attn_dispatch.kernels._triton_ops import (
     broadcast_strides,

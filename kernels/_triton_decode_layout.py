@@ -93,8 +93,8 @@ class DecodeLayout:
 
     @property
     def merge_block_rows(self) -> int:
-        """Rows per merge program (a power of two)."""
-        return min(next_power_of_two(self.rows), MERGE_BLOCK_ROWS)
+        """Rows per merge program (a power of two, at least 2: no block dimension of size 1)."""
+        return max(2, min(next_power_of_two(self.rows), MERGE_BLOCK_ROWS))
 
     @property
     def merge_block_splits(self) -> int:

@@ -13,7 +13,13 @@ import pytest
 import torch
 from torch.nn.attention.bias import causal_lower_right
 
-from attn_dispatch.kernels import Problem, TritonDecodeKernel, kernel_from_name, reference_attention, relative_errors
+from attn_dispatch.kernels import (
+    Problem,
+    TritonDecodeKernel,
+    kernel_from_name,
+    reference_attention,
+    relative_errors,
+)
 from attn_dispatch.kernels._triton_decode_layout import (
     MAX_PACKED_ROWS,
     MIN_DOT_SIZE,
