@@ -25,14 +25,16 @@ from attn_dispatch.kernels.sdpa_backends import (
     SdpaMathKernel,
 )
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
+from attn_dispatch.kernels.sdpa_gqa_fold import SdpaGqaFoldKernel
 from attn_dispatch.kernels.small_q import SmallQKernel
 from attn_dispatch.kernels.tolerances import TOLERANCES, Tolerance
 from attn_dispatch.kernels.triton_flash import TritonFlashKernel
+from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
 
 __all__ = [
     "LOSSLESS", "AccuracyPolicy", "Kernel", "UnsupportedProblemError", "ChunkedKernel",
     "ConvertKernel", "MathKernel", "Problem", "reference_attention", "relative_errors", "FAMILIES",
     "all_kernels", "kernel_from_name", "param_space", "portable_kernels", "SdpaCudnnKernel",
-    "SdpaDefaultKernel", "SdpaEfficientKernel", "SdpaFlashKernel", "SdpaMathKernel",
-    "SmallQKernel", "TOLERANCES", "Tolerance", "TritonFlashKernel",
+    "SdpaDefaultKernel", "SdpaEfficientKernel", "SdpaFlashKernel", "SdpaGqaFoldKernel", "SdpaMathKernel",
+    "SmallQKernel", "TOLERANCES", "Tolerance", "TritonDecodeKernel", "TritonFlashKernel",
 ]

@@ -16,13 +16,19 @@ from attn_dispatch.kernels.chunked import ChunkedKernel
 from attn_dispatch.kernels.convert import CONTIGUOUS, ConvertKernel
 from attn_dispatch.kernels.math_kernel import MathKernel
 from attn_dispatch.kernels.sdpa_default import SDPA_BACKEND_KERNELS
+from attn_dispatch.kernels.sdpa_gqa_fold import SdpaGqaFoldKernel
 from attn_dispatch.kernels.small_q import SmallQKernel
+from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
 from attn_dispatch.kernels.triton_flash import TritonFlashKernel
 
 PLAIN_FAMILIES: dict[str, type[Kernel]] = {
-    cls.family: cls for cls in (MathKernel, ChunkedKernel, SmallQKernel, TritonFlashKernel, *SDPA_BACKEND_KERNELS)
+    cls.family: cls
+    for cls in (
+        MathKernel, ChunkedKernel, SmallQKernel, TritonFlashKernel, TritonDecodeKernel, *SDPA_BACKEND_KERNELS,
+        SdpaGqaFoldKernel,
+    )
 }
-TRITON_FAMILIES = (TritonFlashKernel.family,)
+TRITON_FAMILIES = (TritonFlashKernel.family, TritonDecodeKernel.family)
 """Families whose work is a Triton kernel (under ``TRITON_INTERPRET=1``, Triton's interpreter)."""
 FAMILIES = (*PLAIN_FAMILIES, ConvertKernel.family)
 MAX_NAME_LENGTH = 200
@@ -83,6 +89,10 @@ DEFAULT_SMALL_Q = (SmallQKernel(splits=1), SmallQKernel(splits=8), SmallQKernel(
 # 3 stages for head dims up to 128; older cards (gfx906: 64 KiB of LDS, no matrix cores) and small
 # head dims want smaller blocks and fewer warps.
 DEFAULT_TRITON_FLASH = (TritonFlashKernel(bm=128, bn=64, w=8, s=3), TritonFlashKernel(bm=64, bn=32, w=4, s=2))
+# Flash-decoding wants enough (batch x K/V head, split) programs to fill the card: 16 splits of
+# 64-key blocks for batched or short caches; 64 splits of 32-key blocks for one sequence's long
+# cache, small enough (two stages of 32 keys) for gfx906's 64 KiB of LDS at head dim 128.
+DEFAULT_TRITON_DECODE = (TritonDecodeKernel(splits=16, bn=64, w=4, s=2), TritonDecodeKernel(splits=64, bn=32, w=4, s=2))
 # What a conversion hands its inputs to: the fused backends and one portable kernel of each kind.
 CONVERT_INNER = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "chunked[q=512,kv=4096]", "small_q[splits=8]")
 CONVERSIONS = ("fp16->fp32", "bf16->fp32", "bf16->fp16", "fp16->bf16", "fp32->bf16", "fp32->fp16", CONTIGUOUS)
@@ -90,8 +100,9 @@ CONVERSIONS = ("fp16->fp32", "bf16->fp32", "bf16->fp16", "fp16->bf16", "fp32->bf
 
 def all_kernels(*, policy: AccuracyPolicy = LOSSLESS) -> list[Kernel]:
     """Every kernel variant in its default parameterisations (supported here or not)."""
-    kernels: list[Kernel] = [MathKernel(), *DEFAULT_CHUNKED, *DEFAULT_SMALL_Q, *DEFAULT_TRITON_FLASH]
+    kernels: list[Kernel] = [MathKernel(), *DEFAULT_CHUNKED, *DEFAULT_SMALL_Q, *DEFAULT_TRITON_FLASH, *DEFAULT_TRITON_DECODE]
     kernels += [cls() for cls in SDPA_BACKEND_KERNELS]
+    kernels.append(SdpaGqaFoldKernel())
     for conversion in CONVERSIONS:
         for inner in CONVERT_INNER:
             kernels.append(kernel_from_name(f"convert[{conversion}]+{inner}", policy=policy))

@@ -16,7 +16,10 @@ from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.chunked import ChunkedKernel
 from attn_dispatch.kernels.convert import ConvertKernel
 from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
+from attn_dispatch.kernels.sdpa_gqa_fold import SdpaGqaFoldKernel, folded_problem
 from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
+from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
 from attn_dispatch.models._blocks_cost import visited_fraction
 from attn_dispatch.models.cards import CardSpec, spec_for
 
@@ -64,6 +67,9 @@ FUSED_LAUNCHES = 3  # the kernel, the log-sum-exp buffer, the output allocation
 # PyTorch's choice unless its estimate for a forced backend is better by more than this factor;
 # only calibration (measured times) overrides it.
 FORCED_BACKEND_FACTOR = 1.25
+# Fraction of the matrix peak `triton_decode` reaches: unmeasured, assumed at PyTorch's flash
+# backend's (`FUSED_EFFICIENCY`), which runs the same split-KV algorithm.
+TRITON_DECODE_EFFICIENCY = FUSED_EFFICIENCY["sdpa_flash"]
 # Eager op counts of the portable kernels (from kernels/_blocks.py, kernels/math_kernel.py,
 # kernels/chunked.py, kernels/small_q.py): per key block (scores, softmax, online merge), per
 # query block (scale the rows, normalise, scatter), and per call.
@@ -190,6 +196,23 @@ def small_q_seconds(problem: Problem, kernel: SmallQKernel, spec: CardSpec) -> f
                             ops_per_block=0, ops_per_q_block=0, ops_fixed=SMALL_Q_OPS, merge_bytes=partial_bytes)
 
 
+def triton_decode_seconds(problem: Problem, kernel: TritonDecodeKernel, spec: CardSpec) -> float:
+    """Flash-decoding: the visible keys and values read once per block of packed rows, the splits'
+    fp32 partials written and read back, spread over (batch x K/V head, split, row block) programs
+    in waves; the products padded to the block's rows; one launch, two with a merge."""
+    rates = _Rates(problem, spec)
+    layout = kernel.layout(problem)
+    programs = problem.batch * problem.kv_heads * layout.splits * layout.row_blocks
+    visible = layout.key_count / max(problem.kv_len, 1)
+    streamed = (problem.kv_bytes * visible * layout.row_blocks + problem.q_bytes + problem.out_bytes
+                + problem.mask_bytes + 2 * layout.partial_bytes(problem) + 2 * Kernel.input_copy_bytes(problem))
+    padded_rows = layout.block_m * layout.row_blocks / max(layout.rows, 1)
+    compute = problem.flops * visible * padded_rows / (rates.matmul * TRITON_DECODE_EFFICIENCY)
+    occupancy = rates.wave_occupancy(programs)
+    launches = 1 if layout.direct else 2
+    return max(compute, streamed / rates.bandwidth) / occupancy + launches * rates.launch
+
+
 def sdpa_math_seconds(problem: Problem, spec: CardSpec) -> float:
     """PyTorch's math backend: scores, one fused softmax, the value product; half inputs are
     upcast to fp32 first on GPU builds (kernels/sdpa_backends.py `SdpaMathKernel`)."""
@@ -282,6 +305,12 @@ def prior_seconds(problem: Problem, kernel: Kernel, spec: CardSpec) -> float:
         return sdpa_math_seconds(problem, spec) if backend == "sdpa_math" else fused_seconds(problem, backend, spec)
     if family == "triton_flash":
         return fused_seconds(problem, family, spec)
+    # Estimated, never measured by the prior's sources: PyTorch's own choice keeps the call unless
+    # these are clearly faster, as for a forced backend.
+    if isinstance(kernel, SdpaGqaFoldKernel):
+        return prior_seconds(folded_problem(problem), SdpaDefaultKernel(), spec) * FORCED_BACKEND_FACTOR
+    if isinstance(kernel, TritonDecodeKernel):
+        return triton_decode_seconds(problem, kernel, spec) * FORCED_BACKEND_FACTOR
     if family in FUSED_EFFICIENCY:
         folded = problem.gqa_ratio > 1 and kernel._gqa_mode(problem) == "fold"
         return fused_seconds(problem, family, spec, folded=folded) * FORCED_BACKEND_FACTOR

@@ -1,0 +1,133 @@
+"""`sdpa_gqa_fold`: PyTorch's own SDPA call with each GQA group's query heads folded into query rows.
+
+Grouped-query attention shares one K/V head among ``G`` query heads. Viewing the query
+``[B, Hq, L, E]`` as ``[B, Hkv, G * L, E]`` (row ``g * L + i`` is query head ``h * G + g`` at
+position ``i``) turns the call into plain multi-head attention against K/V ``[B, Hkv, S, E]``:
+PyTorch's SDPA then reads each K/V head once for its whole group and never repeats K/V, where
+``enable_gqa=True`` may repeat them (its math path, some fused backends) or stream them once per
+query head. The arithmetic of every row is unchanged, so the output is the same.
+
+The fold is exact where every row of a group keeps its own keys: one query row (causality then
+hides nothing or is refused), or no causality (a mask is folded along with the rows). A
+measured variant like any other: calibration times it against `sdpa_default` on every device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
+from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
+
+
+def fold_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
+    """A canonical mask ``[B|1, Hq|1, L|1, S|1]`` -> the folded rows' ``[B|1, Hkv|1, G * L|1, S|1]``:
+    itself where it varies over neither heads nor rows, a view where the strides allow, else a copy
+    (`fold_mask_bytes`)."""
+    mask_b, mask_h, mask_l, mask_s = mask.shape
+    if mask_h == 1 and mask_l == 1:
+        return mask  # the same for every folded row
+    group, q_len = problem.gqa_ratio, problem.q_len
+    if mask_h == 1:  # varies over positions only: repeated for each head of the group
+        return mask.expand(mask_b, group, q_len, mask_s).reshape(mask_b, 1, group * q_len, mask_s)
+    return mask.expand(mask_b, problem.q_heads, q_len, mask_s).reshape(mask_b, problem.kv_heads, group * q_len, mask_s)
+
+
+def fold_mask_bytes(problem: Problem) -> int:
+    """Upper bound of the copy `fold_mask` makes (none for one query row: the view always exists)."""
+    if not problem.mask_shape or problem.q_len == 1:
+        return 0
+    mask_b, mask_h, mask_l, mask_s = problem.mask_shape
+    if mask_h == 1 and mask_l == 1:
+        return 0
+    heads = problem.kv_heads if mask_h > 1 else 1
+    element = problem.mask_bytes // max(math.prod(problem.mask_shape), 1)
+    return mask_b * heads * problem.gqa_ratio * problem.q_len * mask_s * element
+
+
+def folded_problem(problem: Problem) -> Problem:
+    """The plain multi-head problem the fold hands PyTorch: ``Hkv`` heads of ``G * L`` rows, no
+    causality (`SdpaGqaFoldKernel` refuses causality that would hide keys from some row)."""
+    mask_shape = problem.mask_shape
+    if mask_shape:
+        mask_b, mask_h, mask_l, mask_s = mask_shape
+        if mask_h > 1 or mask_l > 1:
+            mask_shape = (mask_b, problem.kv_heads if mask_h > 1 else 1, problem.gqa_ratio * problem.q_len, mask_s)
+    return replace(problem, q_heads=problem.kv_heads, q_len=problem.gqa_ratio * problem.q_len, causal=False,
+                   causal_alignment="top_left", mask_shape=mask_shape)
+
+
+class SdpaGqaFoldKernel(SdpaDefaultKernel):
+    """PyTorch's SDPA (its own backend choice) on GQA inputs folded into rows: no K/V repeat."""
+
+    family = "sdpa_gqa_fold"
+
+    def _own_reasons(self, problem: Problem) -> list[str]:
+        why = []
+        if problem.gqa_ratio == 1:
+            why.append("no grouped-query attention (as many query heads as K/V heads): nothing to fold; "
+                       "sdpa_default makes the same call")
+        if problem.causal and not _causality_hides_nothing(problem):
+            why.append("causal with rows that see different keys: folded rows would take each other's diagonal "
+                       "(the fold is exact for one query row against a cache, or without causality)")
+        if why:
+            return why
+        return super()._own_reasons(folded_problem(problem))
+
+    def workspace_bytes(self, problem: Problem) -> int:
+        """PyTorch's default call on the folded problem, the folded query and output when their
+        views need copies (a strided query, an output PyTorch lays out row-outermost), and the
+        folded mask's copy."""
+        if problem.gqa_ratio == 1:
+            return super().workspace_bytes(problem)
+        folded = folded_problem(problem)
+        return (super().workspace_bytes(folded) + self.input_copy_bytes(problem) + problem.q_bytes
+                + problem.out_bytes + fold_mask_bytes(problem))
+
+    # ------------------------------------------------------------------ running
+    def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
+        """Canonicalise, then fold (`_forward`): never `sdpa_default`'s unfolded shortcut."""
+        return Kernel.run(self, query, key, value, attn_mask, scale, enable_gqa, problem)
+
+    def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
+        folded = folded_problem(problem)
+        rows = query.reshape(problem.batch, problem.kv_heads, folded.q_len, problem.head_dim)
+        folded_mask = None if mask is None else fold_mask(mask, problem)
+        out = super()._forward(rows, key, value, folded_mask, folded, scale)
+        return out.reshape(problem.batch, problem.q_heads, problem.q_len, problem.value_dim)
+
+    def runner(self, problem: Problem):
+        """Without a mask, on 4-D inputs that do not broadcast: the folded call itself, ``SDPA(
+        query.reshape(rows), key, value).reshape(out)``, with nothing of ours around PyTorch's but
+        the two reshapes (`run` canonicalises and folds on every call)."""
+        if problem.mask_kind != "none" or problem.broadcast_inputs or problem.is_degenerate or problem.gqa_ratio == 1:
+            return self.run
+        rows = (problem.batch, problem.kv_heads, problem.gqa_ratio * problem.q_len, problem.head_dim)
+        out_shape = (problem.batch, problem.q_heads, problem.q_len, problem.value_dim)
+        run = self.run
+
+        def folded(query, key, value, mask, scale, enable_gqa, problem):
+            if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+                return run(query, key, value, mask, scale, enable_gqa, problem)
+            return pytorch_sdpa(query.reshape(rows), key, value, scale=scale).reshape(out_shape)
+
+        return folded
+
+    def sdpa_call(self, problem: Problem) -> None:
+        """None: the call PyTorch gets is the folded one (`runner`), never the caller's as given."""
+        return None
+
+    def bare_call(self, problem: Problem) -> None:
+        """None: the fold runs through `runner`."""
+        return None
+
+
+def _causality_hides_nothing(problem: Problem) -> bool:
+    """Whether causality leaves every row every key: one query row whose diagonal (at
+    ``causal_offset``) reaches the last key, as in a decode step against a cache."""
+    return problem.q_len == 1 and problem.causal_offset >= problem.kv_len - 1

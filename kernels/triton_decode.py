@@ -1,0 +1,110 @@
+"""`triton_decode[splits=P,bn=N,w=W,s=T]`: split-KV attention in Triton (flash-decoding), the fused
+twin of `small_q`, for a few query rows (decode, speculative decoding) against a deep key/value
+cache.
+
+The GQA group's query heads and their query rows are packed into the rows of one block, so K and V
+are read once per group, never repeated. The keys are cut into at most ``P`` splits of whole
+``N``-key blocks; one program per (batch x K/V head, split) reduces its keys with an online softmax
+in fp32 (``W`` warps, ``T`` pipeline stages) and a second small program merges the splits exactly
+by their row maxima and sums. Exact SDPA semantics on the canonical views, read through their strides
+(a sliced KV cache is never copied): bool and float masks with broadcast dimensions, causal
+top-left and bottom-right, ``scale``, zeros for rows with every key blocked, head dims up to 256
+(value dim may differ), fp16/bf16/fp32 (fp32 products in IEEE precision).
+
+Inference only (no backward). The Triton code lives in private modules imported on the first run:
+importing this module never imports Triton.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attn_dispatch.kernels._triton_decode_layout import (
+    MAX_BLOCK_ROWS,
+    MAX_HEAD_DIM,
+    MAX_PACKED_ROWS,
+    MIN_DOT_SIZE,
+    DecodeLayout,
+)
+from attn_dispatch.kernels._triton_support import shared_memory_limit, triton_reasons
+from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.problem import Problem
+
+MAX_SPLITS = 1024
+"""Most key splits a name may ask for (a grid dimension; more never pays for one group's rows)."""
+MAX_BLOCK_KEYS = 256
+"""Largest key block a name may ask for (a 256-key block of a 256-wide head is already 128 KiB)."""
+MAX_WARPS = 16
+"""Largest warp count a name may ask for (Triton's limit for a CUDA block of 512 threads)."""
+MAX_STAGES = 8
+"""Largest pipeline depth a name may ask for (each stage holds one more key and value block)."""
+
+
+def _checked(name: str, value: object, low: int, high: int, *, power_of_two: bool = False) -> int:
+    """`value` if it is an integer from `low` to `high` (and a power of two when asked); else
+    ValueError naming the parameter."""
+    valid = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    if not valid or (power_of_two and value & (value - 1)):
+        kind = "a power of two" if power_of_two else "an integer"
+        raise ValueError(f"{name} must be {kind} from {low} to {high}, got {value!r}")
+    return value
+
+
+class TritonDecodeKernel(Kernel):
+    """Flash-decoding in Triton: split-KV attention with the GQA group packed into rows.
+
+    Parameters
+    ----------
+    splits: most splits of the keys (``splits=`` in the name); each split is a whole number of
+        key blocks, so short caches use fewer.
+    bn: keys per inner step (``bn=``), a power of two from 16 to 256.
+    w: warps per program (``w=``), a power of two up to 16.
+    s: software-pipeline stages of the key loop (``s=``), 1 to 8.
+    """
+
+    family = "triton_decode"
+    PARAM_SPACE = {"splits": [1, 2, 4, 8, 16, 32, 64, 128], "bn": [16, 32, 64, 128], "w": [1, 2, 4, 8], "s": [1, 2, 3, 4]}
+
+    def __init__(self, splits: int = 16, bn: int = 64, w: int = 4, s: int = 2) -> None:
+        self.splits = _checked("splits (key splits)", splits, 1, MAX_SPLITS)
+        self.block_n = _checked("bn (keys per block)", bn, MIN_DOT_SIZE, MAX_BLOCK_KEYS, power_of_two=True)
+        self.warps = _checked("w (warps)", w, 1, MAX_WARPS, power_of_two=True)
+        self.stages = _checked("s (pipeline stages)", s, 1, MAX_STAGES)
+
+    @property
+    def params(self) -> dict[str, object]:
+        return {"splits": self.splits, "bn": self.block_n, "w": self.warps, "s": self.stages}
+
+    def layout(self, problem: Problem) -> DecodeLayout:
+        """How `problem` is laid out on the programs (splits actually used, block sizes)."""
+        return DecodeLayout.of(problem, self.splits, self.block_n)
+
+    # ------------------------------------------------------------------ capabilities
+    def _own_reasons(self, problem: Problem) -> list[str]:
+        why = triton_reasons(problem.device_type, problem.dtype)
+        rows = problem.gqa_ratio * problem.q_len
+        if rows > MAX_PACKED_ROWS:
+            why.append(f"packs GQA group x query rows ({problem.gqa_ratio} x {problem.q_len} = {rows}) up to "
+                       f"{MAX_PACKED_ROWS}: K/V would be read once per {MAX_BLOCK_ROWS} rows; a prefill kernel "
+                       "(triton_flash, chunked) serves longer queries")
+        if problem.head_dim > MAX_HEAD_DIM or problem.value_dim > MAX_HEAD_DIM:
+            why.append(f"head dims up to {MAX_HEAD_DIM} only (query/key {problem.head_dim}, value {problem.value_dim})")
+        if not why and problem.device_type == "cuda":
+            needed = self.layout(problem).shared_memory_bytes(problem.itemsize, self.stages)
+            available = shared_memory_limit()
+            if needed > available:
+                why.append(f"needs ~{needed // 1024} KiB of shared memory per program at head dim {problem.head_dim}, "
+                           f"the GPU has {available // 1024} KiB: use a smaller key block (bn) or fewer stages (s)")
+        return why
+
+    def workspace_bytes(self, problem: Problem) -> int:
+        """The output, the splits' fp32 partial outputs, row maxima and sums (none with one split),
+        and canonicalisation's copies."""
+        return problem.out_bytes + self.layout(problem).partial_bytes(problem) + self.input_copy_bytes(problem)
+
+    # ------------------------------------------------------------------ running
+    def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
+        from attn_dispatch.kernels._triton_decode_launch import run_decode
+
+        return run_decode(query, key, value, mask, float(scale), problem.causal, problem.causal_offset,
+                          self.splits, self.block_n, self.warps, self.stages)
