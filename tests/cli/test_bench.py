@@ -10,6 +10,7 @@ import pytest
 
 from attn_dispatch.calibration.bench_report import geometric_mean
 from attn_dispatch.calibration.scenarios import SCENARIOS, scenario_shapes
+from attn_dispatch.models.environment import COMMIT
 
 FAST = ("--size", "small", "--rounds", "1", "--shape-budget", "0.2", "--quiet")
 # Every reason `bench` gives for not running a path: over the budget and predicted hopeless are
@@ -127,7 +128,7 @@ def test_bench_commit_without_git_comes_from_the_environment(monkeypatch, git):
         return subprocess.CompletedProcess(command, 128, stdout="", stderr="fatal: not a git repository")
 
     monkeypatch.setattr(_bench_run.subprocess, "run", fake_run)
-    monkeypatch.delenv(_bench_run.COMMIT_ENV, raising=False)
+    monkeypatch.delenv(COMMIT.name, raising=False)
     assert _bench_run._git_commit() == "unknown"
-    monkeypatch.setenv(_bench_run.COMMIT_ENV, "f646ba7")
+    monkeypatch.setenv(COMMIT.name, "f646ba7")
     assert _bench_run._git_commit() == "f646ba7"
