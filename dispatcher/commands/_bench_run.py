@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from attn_dispatch.calibration.bench_report import BenchReport
+from attn_dispatch.calibration.machine_state import MachineWatch
 from attn_dispatch.calibration.scenario_bench import (
     BenchPath,
     BenchSettings,
@@ -144,14 +145,17 @@ def run_bench(
         bench_shape(shapes[0], device, shape_paths(shapes[0].problem, device, dispatcher, subject, policy, baseline),
                     settings=warm, memory_budget=dispatcher.memory_budget,
                     workspace_limit=memory_limit(free_bytes(device), dispatcher.memory_budget))
-    for shape in shapes:
-        paths = shape_paths(shape.problem, device, dispatcher, subject, policy, baseline)
-        limit = memory_limit(free_bytes(device), dispatcher.memory_budget)
-        result = bench_shape(shape, device, paths, settings=settings, memory_budget=dispatcher.memory_budget,
-                             workspace_limit=limit)
-        result.chosen = subject.chosen(shape.problem)
-        result.notes = subject.notes(shape.problem)
-        report.shapes.append(result)
-        if progress is not None:
-            progress(result)
+    with MachineWatch(device) as watch:  # the reference probe before and after: was the machine busy?
+        for shape in shapes:
+            paths = shape_paths(shape.problem, device, dispatcher, subject, policy, baseline)
+            limit = memory_limit(free_bytes(device), dispatcher.memory_budget)
+            result = bench_shape(shape, device, paths, settings=settings, memory_budget=dispatcher.memory_budget,
+                                 workspace_limit=limit)
+            result.chosen = subject.chosen(shape.problem)
+            result.notes = subject.notes(shape.problem)
+            report.shapes.append(result)
+            if progress is not None:
+                progress(result)
+    report.machine = watch.state
+    report.conditions["machine"] = watch.state.words()
     return report
