@@ -195,14 +195,14 @@ def check_quiet(noise: Noise, *, allow_busy: bool) -> None:
     if noise.too_busy and not allow_busy:
         threads = threads_left_free(noise)
         fewer = ("" if threads is None else
-                 f"add --threads {threads} to measure on the {'core' if threads == 1 else f'{threads} cores'} other "
+                 f"try --threads {threads} to measure on the {'core' if threads == 1 else f'{threads} cores'} other "
                  f"work leaves free (this process got {noise.cpu_share:.0%} of the {noise.cores} cores its threads "
-                 "used: a thread off its core stalls the others); ")
+                 "used: a thread off its core stalls the others), or ")
         raise MachineBusy(
             f"this machine is too busy to calibrate ({noise.describe().split(': ', 1)[-1]}): nothing was measured and no "
-            f"table was written, and PyTorch's default keeps serving. What works: {fewer}run it again when the machine "
-            "is quieter (stop other jobs); or pass --allow-busy to measure anyway with widened samples (the table it "
-            "stores keeps PyTorch's default outside the buckets it measured, and the summary says the timings are noisy)"
+            f"table was written, and PyTorch's default keeps serving. Next: {fewer}run it again when the machine is "
+            "quieter (stop other jobs); --allow-busy always measures, with widened samples (the table it stores keeps "
+            "PyTorch's default outside the buckets it measured, and the summary says the timings are noisy)"
         )
 
 
