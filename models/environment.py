@@ -59,18 +59,27 @@ class Switch:
 
 
 @dataclass(frozen=True)
-class Size:
-    """A memory size such as ``16GiB`` (`models.sizes.parse_memory_size`)."""
+class _Valued:
+    """A variable that holds a value; unset or empty means `default` (in words, for the docs)."""
 
     name: str
     default: str
     effect: str
+
+    def text(self) -> str | None:
+        """The value as written, without surrounding spaces; None when unset or empty."""
+        return _raw(self.name) or None
+
+
+class Size(_Valued):
+    """A memory size such as ``16GiB`` (`models.sizes.parse_memory_size`)."""
+
     values: ClassVar[str] = "a size: 16GiB, 512MiB, 16GB, 1.5G or a number of bytes"
 
     def read(self) -> int | None:
         """Bytes, or None when unset or empty; ValueError (one line) for anything not a size."""
-        text = _raw(self.name)
-        if not text:
+        text = self.text()
+        if text is None:
             return None
         try:
             return parse_memory_size(text, name=self.name)
@@ -79,33 +88,25 @@ class Size:
                              "unset it") from None
 
 
-@dataclass(frozen=True)
-class PathVariable:
+class PathVariable(_Valued):
     """A file or directory."""
 
-    name: str
-    default: str
-    effect: str
     values: ClassVar[str] = "a path"
 
     def read(self) -> Path | None:
         """The path, or None when unset or empty (the reader's default applies)."""
-        text = _raw(self.name)
-        return Path(text) if text else None
+        text = self.text()
+        return None if text is None else Path(text)
 
 
-@dataclass(frozen=True)
-class Text:
+class Text(_Valued):
     """Free text."""
 
-    name: str
-    default: str
-    effect: str
     values: ClassVar[str] = "any text"
 
     def read(self) -> str | None:
         """The text, or None when unset or empty."""
-        return _raw(self.name) or None
+        return self.text()
 
 
 Variable = Switch | Size | PathVariable | Text
