@@ -70,6 +70,7 @@ EXAMPLES = (
                       r"mask none) ",)),
     Example("export-h200", ("export", "{work}/shared/h200.json", "--table", H200_TABLE), checked=True),
     Example("import-h200", ("import", "{work}/shared/h200.json"), checked=True),
+    Example("import-again", ("import", "{work}/shared/h200.json"), checked=True),
     Example("import-not-a-table", ("import", "{work}/not-a-table.json"), checked=True),
     Example("merge-itself", ("merge", H200_TABLE, "{work}/shared/h200.json", "--out", "{work}/merged.json"),
             checked=True),

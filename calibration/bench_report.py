@@ -1,5 +1,6 @@
-"""What `attn-dispatch bench` reports: the conditions, a summary per scenario (geometric means
-and worst ratios), a row per shape and the failures per path; as Markdown and as JSON."""
+"""What `attn-dispatch bench` reports: the conditions (whether the machine was busy among them), a
+summary per scenario (geometric means and worst ratios), a row per shape and the failures per
+path, and a closing verdict: gain or no gain on this machine, and why; as Markdown and as JSON."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+from attn_dispatch.calibration.machine_state import MachineState
 from attn_dispatch.calibration.scenario_bench import ShapeResult
 
 FORMAT_VERSION = 1
 MS = 1e3  # seconds -> milliseconds
 NOT_OK = ("infeasible", "failed", "inaccurate", "skipped")
+VERDICT_MARGIN = 0.03
+"""A geo-mean within this fraction of PyTorch's default time is no gain and no loss: the
+dispatcher's own rule lets no choice be more than 3% slower than the default (issue 14), and an A/A
+control (PyTorch's call timed against itself) read 0.979x on the H200 grid (docs/RESULTS.md)."""
 
 
 def geometric_mean(values: list[float]) -> float | None:
@@ -68,6 +74,7 @@ class BenchReport:
 
     conditions: dict
     shapes: list[ShapeResult] = field(default_factory=list)
+    machine: MachineState | None = None
 
     def scenarios(self) -> list[str]:
         return list(dict.fromkeys(s.shape.suite for s in self.shapes))
@@ -79,7 +86,12 @@ class BenchReport:
 
     def to_dict(self) -> dict:
         return {"format_version": FORMAT_VERSION, "kind": "attn-dispatch bench", "conditions": self.conditions,
-                "summary": self.summaries(), "shapes": [s.to_dict() for s in self.shapes]}
+                "machine": None if self.machine is None else self.machine.to_dict(),
+                "summary": self.summaries(), "shapes": [s.to_dict() for s in self.shapes], "verdict": self.verdict()}
+
+    def verdict(self) -> str:
+        """One line: gain or no gain on this machine over PyTorch's default, and why."""
+        return verdict(self.shapes, self.machine, self.conditions.get("table used"))
 
     def markdown(self) -> str:
         lines = ["# attn-dispatch bench", "", "Conditions:", ""]
@@ -97,7 +109,37 @@ class BenchReport:
                       "PyTorch default ms | math ms | / oracle | / PyTorch | not run or failed |",
                       "|---|---|---|---|---|---|---|---|---|---|"]
             lines += [_row(s) for s in self.shapes if s.shape.suite == name]
+        lines += ["", f"**Verdict:** {self.verdict()}"]
         return "\n".join(lines) + "\n"
+
+
+def verdict(shapes: list[ShapeResult], machine: MachineState | None, table: str | None = None) -> str:
+    """``gain on this machine: ...`` or ``no gain on this machine: ...``, with the reason: the
+    geo-mean of dispatcher / PyTorch default time over `shapes` against `VERDICT_MARGIN`, how many
+    shapes kept PyTorch's own call, and whether the machine was busy (`machine`)."""
+    rated = [s for s in shapes if s.ratio("pytorch") is not None]
+    busy = machine is not None and machine.busy
+    caveat = (f"; the machine was {machine.words().split(' (')[0]}, so these ratios carry its noise: run it again "
+              "when it is quieter") if busy else ""
+    if not rated:
+        return f"no verdict: no shape timed both the dispatcher and PyTorch's default{caveat}"
+    ratio = geometric_mean([s.ratio("pytorch") for s in rated])
+    kept = sum(1 for s in rated if s.chosen == _kernel_of(s.path("pytorch").label))
+    measured = f"{ratio:.2f}x PyTorch's default time (geo-mean over {len(rated)} shapes)"
+    if kept == len(rated):
+        why = (f"it kept PyTorch's own call on all {len(rated)} shapes, so it runs what PyTorch runs and the "
+               f"{ratio:.2f}x is its call overhead and timing noise")
+        if table and table.startswith("analytic prior"):
+            why += " (no calibrated table here: `attn-dispatch calibrate` measures this machine's)"
+        return f"no gain on this machine: {why}{caveat}"
+    if ratio < 1 - VERDICT_MARGIN:
+        return (f"gain on this machine: the dispatcher took {measured}; it ran another kernel than PyTorch's on "
+                f"{len(rated) - kept} of them{caveat}")
+    if ratio <= 1 + VERDICT_MARGIN:
+        return (f"no gain on this machine: the dispatcher took {measured}, within {VERDICT_MARGIN:.0%} of it, "
+                f"the bench's noise{caveat}")
+    return (f"no gain on this machine: the dispatcher took {measured}; its other kernels (on {len(rated) - kept} "
+            f"shapes) ran slower here{caveat or ' (`attn-dispatch check` re-measures its table on this machine)'}")
 
 
 def _x(value: float | None) -> str:

@@ -178,17 +178,31 @@ class MachineBusy(ValueError):
     calibrating now would store noise."""
 
 
+def threads_left_free(noise: Noise) -> int | None:
+    """The torch threads to suggest after a refusal: the cores this process's CPU share amounts to
+    (its share of the cores it used, in whole cores), at least 1 and fewer than it used; None where
+    it used one core already (fewer cannot help) or the share is unknown or the host thread's."""
+    cores = noise.cores or 1
+    if noise.cpu_share is None or noise.host_only or cores <= 1:
+        return None
+    return max(1, min(cores - 1, round(noise.cpu_share * cores)))
+
+
 def check_quiet(noise: Noise, *, allow_busy: bool) -> None:
-    """Raise `MachineBusy` (a one-line message saying what to do) when the machine is too busy."""
+    """Raise `MachineBusy` (a one-line message saying what to do) when the machine is too busy:
+    the concrete ``--threads N`` that measures on the cores other work leaves free where fewer
+    threads can help, and ``--allow-busy``, which always measures."""
     if noise.too_busy and not allow_busy:
-        fewer = ""
-        if noise.cpu_share is not None and not noise.host_only and (noise.cores or 1) > 1:
-            fewer = (f", with --threads N to use only the N cores other work leaves free (torch's threads used "
-                     f"{noise.cores}: a thread off its core stalls the others)")
+        threads = threads_left_free(noise)
+        fewer = ("" if threads is None else
+                 f"try --threads {threads} to measure on the {'core' if threads == 1 else f'{threads} cores'} other "
+                 f"work leaves free (this process got {noise.cpu_share:.0%} of the {noise.cores} cores its threads "
+                 "used: a thread off its core stalls the others), or ")
         raise MachineBusy(
             f"this machine is too busy to calibrate ({noise.describe().split(': ', 1)[-1]}): nothing was measured and no "
-            f"table was written. Run it again when the machine is quieter (stop other jobs){fewer}, or pass "
-            "--allow-busy to measure anyway with widened samples (the summary will say the timings are noisy)"
+            f"table was written, and PyTorch's default keeps serving. Next: {fewer}run it again when the machine is "
+            "quieter (stop other jobs); --allow-busy always measures, with widened samples (the table it stores keeps "
+            "PyTorch's default outside the buckets it measured, and the summary says the timings are noisy)"
         )
 
 

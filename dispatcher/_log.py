@@ -4,20 +4,18 @@ and every run-time fallback as a WARNING (a fallback is never silent)."""
 from __future__ import annotations
 
 import logging
-import os
 
 from attn_dispatch.dispatcher._plan import failure_message
 from attn_dispatch.dispatcher.decision import Decision
+from attn_dispatch.models.environment import LOG
 
-LOG_ENV = "ATTN_DISPATCH_LOG"
-TRUE_VALUES = ("1", "true", "yes", "on")
 logger = logging.getLogger("attn_dispatch")
 _TOP_CANDIDATES = 3  # candidates shown in the one-line log of a decision (explain shows them all)
 
 
 def enabled() -> bool:
-    """``ATTN_DISPATCH_LOG`` is set to 1 / true / yes / on."""
-    return os.environ.get(LOG_ENV, "").strip().lower() in TRUE_VALUES
+    """``ATTN_DISPATCH_LOG`` is on (`models.environment.LOG`)."""
+    return LOG.read()
 
 
 def _ensure_handler() -> None:

@@ -35,7 +35,7 @@ from attn_dispatch.dispatcher.hot_path import (
     shapes_called_again,
 )
 from attn_dispatch.dispatcher.kernel_set import kernel_set
-from attn_dispatch.dispatcher.memory import budget_from_env, check_budget_env, parse_memory_size
+from attn_dispatch.dispatcher.memory import parse_memory_size
 from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
 from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.probe_cache import ProbeCache
@@ -43,11 +43,11 @@ from attn_dispatch.dispatcher.ranking import resolve_ranking
 from attn_dispatch.dispatcher.recovery import RecoveringDispatcher
 from attn_dispatch.dispatcher.training_calls import TRAINING_COUNT, TrainingCalls  # noqa: F401 - TRAINING_COUNT: imported from here
 from attn_dispatch.dispatcher.training_route import TrainingRoute
-from attn_dispatch.dispatcher.tuning import tune_from_env
 from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
 from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.kernels.sdpa_probe import BACKEND_SWITCHES
+from attn_dispatch.models import environment
 from attn_dispatch.models.paths import tunings_dir
 
 _grad_enabled = torch.is_grad_enabled
@@ -58,6 +58,14 @@ _sdpa = pytorch_sdpa
 _pytorch = sdpa_context.pytorch_attention
 _dynamo_compiling, _compile_flags = compiling_readers()  # `torch.compiler.is_compiling()`, in two cheap reads
 _NOT_GIVEN = object()  # `_plan_for` without the call's scale: nothing to tune on
+
+
+def read_environment() -> None:
+    """When a dispatcher, `install()` or `patched()` starts: validate every ``ATTN_DISPATCH_*``
+    variable (ValueError, one line naming the variable and the values it accepts) and follow
+    ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL`` (`sdpa_context.follow_environment`)."""
+    environment.check()
+    sdpa_context.follow_environment()
 
 
 class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, CallCounts):
@@ -97,8 +105,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         self._kernels = kernel_set(kernels, policy)
         self._signature = kernel_set_signature(self._kernels, policy.describe())  # names its tuning store
         self._budget = None if memory_budget is None else parse_memory_size(memory_budget, name="memory_budget")
-        if memory_budget is None:
-            check_budget_env()  # a bad ATTN_DISPATCH_MEMORY_BUDGET fails here, not at a model's first call
+        read_environment()  # a bad ATTN_DISPATCH_* value fails here, not at a model's first call
         self.home = home
         self._tune = tune
         self.remember_tunings = remember_tunings
@@ -127,12 +134,12 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
     @property
     def memory_budget(self) -> int | None:
         """Workspace cap in bytes: the argument, else ``ATTN_DISPATCH_MEMORY_BUDGET``, else None."""
-        return self._budget if self._budget is not None else budget_from_env()
+        return self._budget if self._budget is not None else environment.MEMORY_BUDGET.read()
 
     @property
     def tune(self) -> bool:
         """First-call tuning on? The argument, else ``ATTN_DISPATCH_TUNE``."""
-        return self._tune if self._tune is not None else tune_from_env()
+        return self._tune if self._tune is not None else environment.TUNE.read()
 
     # ------------------------------------------------------------------ the call
     def attention(

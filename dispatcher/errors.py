@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attn_dispatch.dispatcher.memory import BUDGET_ENV, format_bytes
+from attn_dispatch.dispatcher.memory import format_bytes
 from attn_dispatch.kernels import Problem
+from attn_dispatch.models.environment import MEMORY_BUDGET
 
 
 class NoKernelError(RuntimeError):
@@ -63,7 +64,7 @@ def smallest_workspace(ranked) -> tuple[str, int] | None:
     return min(sizes, key=lambda item: (item[1], item[0]), default=None)  # ties by name: one message whatever the ranking
 
 
-BUDGET_FIX = f"raise {BUDGET_ENV} or Dispatcher(memory_budget=...)"
+BUDGET_FIX = f"raise {MEMORY_BUDGET.name} or Dispatcher(memory_budget=...)"
 """What a `NoKernelError` over the memory budget tells a Python user to do (the CLI names its flag)."""
 
 

@@ -67,15 +67,12 @@ import torch
 
 from attn_dispatch.dispatcher import fast_path_build
 from attn_dispatch.dispatcher.fast_path_build import library_path, module_name
-from attn_dispatch.dispatcher.switches import switched_off
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
+from attn_dispatch.models.environment import FAST_PATH
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher._plan import Plan
     from attn_dispatch.dispatcher.core import Dispatcher
-
-FAST_PATH_ENV = "ATTN_DISPATCH_FAST_PATH"
-"""``0`` turns the fast path off (every call through `fast_attention` is `Dispatcher.attention`)."""
 
 BUILD_COMMAND = "build-fast-path"
 logger = logging.getLogger("attn_dispatch")
@@ -93,7 +90,7 @@ def fast_path_enabled() -> bool:
 
 
 def _turned_off() -> bool:
-    return switched_off(FAST_PATH_ENV)
+    return not FAST_PATH.read()
 
 
 def _torch_supports() -> bool:
@@ -163,7 +160,7 @@ def _checked_rejection(path: Path) -> str | None:
 def status(home: str | os.PathLike | None = None) -> str:
     """One line for users: whether this process serves through the fast path, and what to do if not."""
     if _turned_off():
-        return f"off ({FAST_PATH_ENV}=0)"
+        return f"off ({FAST_PATH.name}=0)"
     if not _torch_supports():
         return "unavailable on torch < 2.5 (no torch.compiler.substitute_in_graph)"
     fix = f"run `attn-dispatch {BUILD_COMMAND}`"

@@ -59,13 +59,11 @@ from attn_dispatch.dispatcher.fast_path_markers import (
     remove_marker,
     write_marker,
 )
-from attn_dispatch.dispatcher.switches import switched_off
+from attn_dispatch.models.environment import AUTO_BUILD, HOME
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher.core import Dispatcher
 
-AUTO_BUILD_ENV = "ATTN_DISPATCH_AUTO_BUILD"
-"""``0`` (false, no, off): no background build; ``attn-dispatch build-fast-path`` builds ahead of time."""
 NICENESS = 19
 """Added to the child's niceness: the lowest priority, so the build takes the CPU time the model leaves."""
 COMPILERS = ("c++", "g++", "clang++")
@@ -215,8 +213,8 @@ def _why_no_build(library: Path) -> str:
     """Why no build of `library` may start, in words ("" where one may): turned off, a tool missing,
     or the last background build failed (`fast_path_markers.record_failure`: not retried until an
     explicit build clears it)."""
-    if switched_off(AUTO_BUILD_ENV):
-        return f"turned off by {AUTO_BUILD_ENV}=0"
+    if not AUTO_BUILD.read():
+        return f"turned off by {AUTO_BUILD.name}=0"
     failed = failure_of(library)
     if failed is not None:
         return f"the last background build failed, {failed}: see {library.parent / LOG_NAME}"
@@ -277,10 +275,9 @@ def _ninja_dirs() -> list[str]:
 def _child_environment(home: str | os.PathLike | None) -> dict[str, str]:
     """The child's: this process's, with the dispatcher's home, and ``CXX`` where only g++ or clang++
     exists (torch's loader runs ``c++`` otherwise)."""
-    from attn_dispatch.models.paths import HOME_ENV
     from attn_dispatch.models.paths import home as home_dir
 
-    environment = {**os.environ, HOME_ENV: str(home_dir(home))}
+    environment = {**os.environ, HOME.name: str(home_dir(home))}
     if not environment.get("CXX") and shutil.which("c++") is None:
         environment["CXX"] = _compiler() or "c++"
     return environment

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from attn_dispatch.dispatcher.core import Dispatcher
 
 IMPLEMENTATION_NAME = "attn_dispatch"
+# The first transformers release with `AttentionInterface`, the registry this integration plugs into.
+MIN_TRANSFORMERS = "4.48"
 logger = logging.getLogger("attn_dispatch")
 _warned_output_attentions = False
 
@@ -95,22 +97,34 @@ def register_transformers(name: str = IMPLEMENTATION_NAME, *, dispatcher: Dispat
 
     Example
     -------
-    >>> import dispatcher
-    >>> dispatcher.register_transformers()
+    >>> import attn_dispatch as ad
+    >>> ad.register_transformers()
     >>> model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="attn_dispatch")
 
     Raises
     ------
+    ModuleNotFoundError
+        When transformers is not installed.
     ImportError
-        When transformers (>= 4.48, which has `AttentionInterface`) is not installed.
+        When the installed transformers predates `AttentionInterface` (4.48), or transformers itself
+        fails to import: that error as transformers raised it, never reworded.
     """
     try:
-        from transformers import AttentionInterface
-    except ImportError as error:
-        raise ImportError(
-            "register_transformers() needs transformers >= 4.48 (AttentionInterface): pip install -U transformers"
+        import transformers
+    except ModuleNotFoundError as error:
+        if error.name != "transformers":  # transformers is there but one of its own imports failed: show that
+            raise
+        raise ModuleNotFoundError(
+            f"register_transformers() needs transformers >= {MIN_TRANSFORMERS}: pip install -U transformers",
+            name="transformers",
         ) from error
-    AttentionInterface.register(name, make_attention_function(dispatcher))
+    # transformers imports its submodules lazily: an import error inside it surfaces here, unchanged
+    if not hasattr(transformers, "AttentionInterface"):
+        raise ImportError(
+            f"register_transformers() needs transformers >= {MIN_TRANSFORMERS} (AttentionInterface); "
+            f"transformers {transformers.__version__} is installed: pip install -U transformers"
+        )
+    transformers.AttentionInterface.register(name, make_attention_function(dispatcher))
     try:
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     except ImportError:  # older transformers build masks from the implementation name itself

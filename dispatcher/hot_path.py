@@ -35,7 +35,7 @@ import torch
 
 from attn_dispatch.dispatcher.cold_shape import calls_per_shape
 from attn_dispatch.dispatcher.length_range import served_key_lengths
-from attn_dispatch.dispatcher.switches import switched_off
+from attn_dispatch.models.environment import HOT_PATH
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher._plan import Plan
@@ -52,13 +52,9 @@ that never comes back) does not pay it, and one called on every layer pays it on
 a bucket whose shapes are called again (`shapes_called_again`) goes hot at its first call."""
 
 
-HOT_PATH_ENV = "ATTN_DISPATCH_HOT_PATH"
-"""``0`` turns the hot path off (every warm call takes the dict path), read when a `Dispatcher` is made."""
-
-
 def hot_path_enabled() -> bool:
-    """False where ``ATTN_DISPATCH_HOT_PATH`` is 0, false, no or off."""
-    return not switched_off(HOT_PATH_ENV)
+    """``ATTN_DISPATCH_HOT_PATH`` (`models.environment.HOT_PATH`), read when a `Dispatcher` is made."""
+    return HOT_PATH.read()
 
 
 def rehot(calls: int) -> bool:

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 
 import torch.nn.functional as F
 
-from attn_dispatch.dispatcher.core import Dispatcher
+from attn_dispatch.dispatcher.core import Dispatcher, read_environment
 
 _lock = threading.Lock()
 _active: list[tuple[int, Dispatcher]] = []  # (install token, dispatcher), oldest first
@@ -48,13 +48,13 @@ def install(dispatcher: Dispatcher | None = None) -> int:
     """Make `F.scaled_dot_product_attention` call `dispatcher.attention` (default: the module's
     dispatcher) until the matching `uninstall`, through its `fast_attention` (`fast_path`).
     Returns a token for `uninstall(token)`.
-    Raises ValueError for a bad ``ATTN_DISPATCH_MEMORY_BUDGET`` (checked now, not at the first
+    Raises ValueError for a bad ``ATTN_DISPATCH_*`` value (checked now, not at the first
     call). What it cannot reach: see the module docstring."""
     global _original
     dispatcher = dispatcher if dispatcher is not None else _default()
     if not isinstance(dispatcher, Dispatcher):
         raise TypeError(f"install() takes a Dispatcher or None, got {type(dispatcher).__name__}")
-    _ = dispatcher.memory_budget  # a bad ATTN_DISPATCH_MEMORY_BUDGET raises here (ValueError), not mid-model
+    read_environment()  # a bad ATTN_DISPATCH_* value raises here (ValueError), not mid-model
     with _lock:
         if not _active:
             _original = F.scaled_dot_product_attention
@@ -109,7 +109,7 @@ def is_installed() -> bool:
 def patched(dispatcher: Dispatcher | None = None) -> Iterator[Dispatcher]:
     """``with patched(): model(x)`` - every `F.scaled_dot_product_attention` call inside goes
     through the dispatcher; the original is restored on exit, also after an exception. Nests;
-    yields the dispatcher. Raises ValueError at once for a bad ``ATTN_DISPATCH_MEMORY_BUDGET``.
+    yields the dispatcher. Raises ValueError at once for a bad ``ATTN_DISPATCH_*`` value.
 
     Not reached (see the module docstring): ``scaled_dot_product_attention`` imported by name
     before patching, and ``torch._C._nn.scaled_dot_product_attention``. Transformers users:

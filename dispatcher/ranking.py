@@ -6,8 +6,8 @@ held-out data (its model, the analytic prior, or PyTorch's default); the source 
 (`table_description`). Resolved once per device. An attention call never fails because of a table: a corrupt, foreign
 or failing table gives a `TableWarning` and the prior serves instead; if even the prior cannot
 rank, PyTorch's own choice (``sdpa_default``) goes first and the other kernels follow. A CPU table
-timed with another torch thread count than the process runs is said once per process and table
-(a `thread_warning.ThreadsWarning`, a `TableWarning`), and still serves.
+that records its timing threads says them in the source's notes (`models.thread_words`), and
+serves whatever threads the process runs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from attn_dispatch.dispatcher.decision import RankingSource
-from attn_dispatch.dispatcher.thread_warning import warn_once
 from attn_dispatch.kernels import Kernel, Problem, kernel_from_name
 from attn_dispatch.kernels._blocks import KEY_COUNT_MULTIPLE, key_count_aligned
 from attn_dispatch.kernels.registry import uses_fused_backend
@@ -28,6 +27,7 @@ from attn_dispatch.kernels.sdpa_probe import default_backend_choice
 from attn_dispatch.models.measured import MeasuredEntry
 from attn_dispatch.models.ranking import Ranker, supported
 from attn_dispatch.models.sharing import TableWarning  # one warning class for every table problem
+from attn_dispatch.models.thread_words import threads_line
 
 __all__ = ["DeviceRanking", "TableWarning", "fallback_order", "resolve_ranking", "table_description"]
 
@@ -99,7 +99,6 @@ class DeviceRanking:
         """Supported kernel names with predicted seconds, fastest first (seconds None when only
         the fallback order is known). Never raises."""
         if self.table is not None:
-            warn_once(self.table, self.source.path)  # a CPU table timed with other threads: said once
             try:
                 return _checked(self.table.rank(problem, kernels))
             except Exception as error:  # noqa: BLE001 - a table must never fail a call
@@ -221,8 +220,7 @@ def resolve_ranking(device: torch.device, *, home: str | Path | None = None,
         source = RankingSource(prior_source.level, prior_source.description, None, key, notes)
         return DeviceRanking(table=None, prior=prior, source=source, prior_source=prior_source)
     path = str(lookup.path) if lookup.path is not None else None
-    threads = warn_once(lookup.table, path, stacklevel=3)
-    notes = notes if threads is None else (*notes, threads)
+    notes = _with_threads(notes, lookup.table)
     source = RankingSource(lookup.level, table_description(lookup.table, lookup.level), path, key, notes)
     return DeviceRanking(table=lookup.table, prior=prior, source=source, prior_source=prior_source)
 
@@ -239,9 +237,15 @@ def given_table_source(table, path: str, identity) -> tuple[object, RankingSourc
         level = ANOTHER_CARD
         notes = (f"table {path} was calibrated on {table.identity.model_key}, not on this device "
                  f"({identity.model_key}): its times and choices are that card's",)
-    threads = warn_once(table, path, stacklevel=3)
-    notes = notes if threads is None else (*notes, threads)
+    notes = _with_threads(notes, table)
     return table, RankingSource(level, table_description(table, level, given=True), path, identity.key, notes)
+
+
+def _with_threads(notes: tuple[str, ...], table: object) -> tuple[str, ...]:
+    """`notes` and, for a CPU table that records them, the threads its timings hold for against
+    this process's (`models.thread_words.threads_line`)."""
+    threads = threads_line(table, torch.get_num_threads()) if hasattr(table, "provenance") else None
+    return notes if threads is None else (*notes, threads)
 
 
 def table_description(table: object, level: str, *, given: bool = False) -> str:

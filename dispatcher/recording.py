@@ -25,8 +25,8 @@ from pathlib import Path
 
 from attn_dispatch.dispatcher.planning import failure_bucket
 from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models.environment import RECORD
 
-ENV_VAR = "ATTN_DISPATCH_RECORD"
 FORMAT = 1
 """Version of a workload line (`calibration.workload.read_workload` reads it and refuses others)."""
 
@@ -104,7 +104,7 @@ def record_problem(problem: Problem) -> None:
 
     Called by the dispatcher's cold path; returns at once when recording is off.
     """
-    env_path = os.environ.get(ENV_VAR)
+    env_path = RECORD.read()
     if not _active and not env_path:
         return
     targets = list(_active)

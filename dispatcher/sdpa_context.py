@@ -21,28 +21,41 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from attn_dispatch.kernels._layout import causal_bias_alignment, is_causal_bias
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.kernels.sdpa_probe import BACKEND_SWITCHES
+from attn_dispatch.models.environment import IGNORE_SDPA_KERNEL
 
-IGNORE_ENV = "ATTN_DISPATCH_IGNORE_SDPA_KERNEL"
-RESPECTING = [os.environ.get(IGNORE_ENV, "") not in ("1", "true", "yes")]
-"""``[bool]``: whether restrictions are respected now (`respect_sdpa_kernel`), read in place by the
+RESPECTING = [True]
+"""``[bool]``: whether restrictions are respected now (`respect_sdpa_kernel`, else
+``ATTN_DISPATCH_IGNORE_SDPA_KERNEL`` as `follow_environment` last read it), read in place by the
 per-call test, which is inlined in `Dispatcher.attention`: a restriction, a meta or nested query,
 or a mask that is not a plain tensor sends the call to `route`."""
+_chosen: list[bool | None] = [None]  # `respect_sdpa_kernel`'s argument, which wins over the environment
 
 
-def respect_sdpa_kernel(enabled: bool = True) -> None:
+def respect_sdpa_kernel(enabled: bool | None = True) -> None:
     """Whether calls made while PyTorch's SDPA backends are restricted go to PyTorch's SDPA
     (default, unless ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``). `False` lets the dispatcher choose
-    among its own kernels even inside ``sdpa_kernel(...)``."""
-    if not isinstance(enabled, bool):
-        raise TypeError(f"respect_sdpa_kernel takes True or False, got {enabled!r}")
-    RESPECTING[0] = enabled
+    among its own kernels even inside ``sdpa_kernel(...)``. True or False wins over the environment
+    variable for the rest of the process; None follows the variable again."""
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"respect_sdpa_kernel takes True, False or None, got {enabled!r}")
+    _chosen[0] = enabled
+    if enabled is None:
+        follow_environment()
+    else:
+        RESPECTING[0] = enabled
+
+
+def follow_environment() -> None:
+    """Read ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL`` now (a dispatcher, `install()` or `patched()`
+    starting), unless `respect_sdpa_kernel` chose; ValueError (one line) for a value not on/off."""
+    ignore = IGNORE_SDPA_KERNEL.read()
+    if _chosen[0] is None:
+        RESPECTING[0] = not ignore
 
 
 def _every_backend_enabled():

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -28,9 +27,6 @@ import torch
 
 from attn_dispatch.dispatcher.planning import Option
 from attn_dispatch.dispatcher.ranking import FALLBACK_FIRST
-
-TUNE_ENV = "ATTN_DISPATCH_TUNE"
-"""Environment variable turning first-call tuning on (``1``) for dispatchers built without `tune=`."""
 
 TUNE_MARGIN = 2.0
 """Contenders: options predicted within this factor of the best prediction. Chosen on the H200
@@ -66,10 +62,6 @@ MIN_WIN_MARGIN = 0.03
 """A contender replaces PyTorch's own choice only when faster by more than this fraction (or by
 more than either one's spread over the rounds, if larger): the dispatcher's rule is never to be
 slower than doing nothing, and issue 14 allows no shape more than 3% slower than the default."""
-
-
-def tune_from_env() -> bool:
-    return os.environ.get(TUNE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)

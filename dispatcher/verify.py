@@ -63,12 +63,10 @@ import torch
 
 from attn_dispatch.dispatcher.planning import Option
 from attn_dispatch.dispatcher.ranking import FALLBACK_FIRST
-from attn_dispatch.dispatcher.switches import switched_off
 from attn_dispatch.dispatcher.tuning import put_first, tune
 from attn_dispatch.kernels import Problem
 from attn_dispatch.kernels.registry import uses_fused_backend, working_family
-
-VERIFY_ENV = "ATTN_DISPATCH_VERIFY"
+from attn_dispatch.models.environment import VERIFY
 
 CHECKED_CHOICES = 2
 """The table's first choices a bucket's first call times (with PyTorch's default): two reached
@@ -160,7 +158,7 @@ def verification_wanted(options: tuple[Option, ...], device: torch.device, probl
     device the stopwatch times, the ranking is a table measured on this card whose guard kept its
     model (`table_measured`; the prior keeps PyTorch's default first), no measured entry decides the
     bucket (`entry_decides`: `DeviceRanking.entry_decides`), and there is something to check."""
-    if switched_off(VERIFY_ENV):
+    if not VERIFY.read():
         return False
     if device.type not in TIMED_DEVICE_TYPES or entry_decides or not table_measured or not options:
         return False

@@ -4,37 +4,60 @@ semantics, each declaring what it supports (`reasons`) and its extra memory (`wo
 No dependency on the other packages of attn-dispatch.
 """
 
-from attn_dispatch.kernels.accuracy import LOSSLESS, AccuracyPolicy
-from attn_dispatch.kernels.base import Kernel, UnsupportedProblemError
-from attn_dispatch.kernels.chunked import ChunkedKernel
-from attn_dispatch.kernels.convert import ConvertKernel
-from attn_dispatch.kernels.math_kernel import MathKernel
-from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.kernels.reference import reference_attention, relative_errors
-from attn_dispatch.kernels.registry import (
-    FAMILIES,
-    all_kernels,
-    kernel_from_name,
-    param_space,
-    portable_kernels,
-)
-from attn_dispatch.kernels.sdpa_backends import (
-    SdpaCudnnKernel,
-    SdpaEfficientKernel,
-    SdpaFlashKernel,
-    SdpaMathKernel,
-)
-from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
-from attn_dispatch.kernels.sdpa_gqa_fold import SdpaGqaFoldKernel
-from attn_dispatch.kernels.small_q import SmallQKernel
-from attn_dispatch.kernels.tolerances import TOLERANCES, Tolerance
-from attn_dispatch.kernels.triton_flash import TritonFlashKernel
-from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
+if __name__ == "kernels":
+    # This folder was imported as a top-level package named `kernels`, not as
+    # `attn_dispatch.kernels`: Python puts the current directory first on sys.path, so from the
+    # clone root it would hide the `kernels` package installed there (Hugging Face's, which
+    # transformers >= 5 imports). Step aside: load that one in our place, or fail as if we were absent.
+    def _load_the_installed_kernels() -> None:
+        import importlib.machinery
+        import importlib.util
+        import os
+        import sys
 
-__all__ = [
-    "LOSSLESS", "AccuracyPolicy", "Kernel", "UnsupportedProblemError", "ChunkedKernel",
-    "ConvertKernel", "MathKernel", "Problem", "reference_attention", "relative_errors", "FAMILIES",
-    "all_kernels", "kernel_from_name", "param_space", "portable_kernels", "SdpaCudnnKernel",
-    "SdpaDefaultKernel", "SdpaEfficientKernel", "SdpaFlashKernel", "SdpaGqaFoldKernel", "SdpaMathKernel",
-    "SmallQKernel", "TOLERANCES", "Tolerance", "TritonDecodeKernel", "TritonFlashKernel",
-]
+        clone_root = os.path.realpath(os.path.dirname(os.path.dirname(__file__)))
+        elsewhere = [entry for entry in sys.path if os.path.realpath(entry or os.curdir) != clone_root]
+        spec = importlib.machinery.PathFinder.find_spec(__name__, elsewhere)
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {__name__!r}", name=__name__)
+        installed = importlib.util.module_from_spec(spec)
+        sys.modules[__name__] = installed  # the import statement returns what sys.modules holds
+        if spec.loader is not None:
+            spec.loader.exec_module(installed)
+
+    _load_the_installed_kernels()
+else:
+    from attn_dispatch.kernels.accuracy import LOSSLESS, AccuracyPolicy
+    from attn_dispatch.kernels.base import Kernel, UnsupportedProblemError
+    from attn_dispatch.kernels.chunked import ChunkedKernel
+    from attn_dispatch.kernels.convert import ConvertKernel
+    from attn_dispatch.kernels.math_kernel import MathKernel
+    from attn_dispatch.kernels.problem import Problem
+    from attn_dispatch.kernels.reference import reference_attention, relative_errors
+    from attn_dispatch.kernels.registry import (
+        FAMILIES,
+        all_kernels,
+        kernel_from_name,
+        param_space,
+        portable_kernels,
+    )
+    from attn_dispatch.kernels.sdpa_backends import (
+        SdpaCudnnKernel,
+        SdpaEfficientKernel,
+        SdpaFlashKernel,
+        SdpaMathKernel,
+    )
+    from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
+    from attn_dispatch.kernels.sdpa_gqa_fold import SdpaGqaFoldKernel
+    from attn_dispatch.kernels.small_q import SmallQKernel
+    from attn_dispatch.kernels.tolerances import TOLERANCES, Tolerance
+    from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
+    from attn_dispatch.kernels.triton_flash import TritonFlashKernel
+
+    __all__ = [
+        "LOSSLESS", "AccuracyPolicy", "Kernel", "UnsupportedProblemError", "ChunkedKernel",
+        "ConvertKernel", "MathKernel", "Problem", "reference_attention", "relative_errors", "FAMILIES",
+        "all_kernels", "kernel_from_name", "param_space", "portable_kernels", "SdpaCudnnKernel",
+        "SdpaDefaultKernel", "SdpaEfficientKernel", "SdpaFlashKernel", "SdpaGqaFoldKernel", "SdpaMathKernel",
+        "SmallQKernel", "TOLERANCES", "Tolerance", "TritonDecodeKernel", "TritonFlashKernel",
+    ]

@@ -177,7 +177,7 @@ def key_dim_is_dense(mask: torch.Tensor, S: int) -> bool:
 def combine_mask_and_causal(mask: torch.Tensor, L: int, S: int, offset: int = 0) -> torch.Tensor:
     """One mask meaning both `mask` and causality (top-left, or shifted by `offset`). PyTorch's
     math backend refuses a mask with ``is_causal``; its default CPU path combines them, which is
-    the semantics we keep (README, "Masks with is_causal")."""
+    the semantics we keep (docs/USAGE.md, "Where PyTorch has two answers")."""
     blocked = causal_blocked(slice(0, L), slice(0, S), mask.device, offset)
     if blocked is None:
         return mask

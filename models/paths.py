@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-HOME_ENV = "ATTN_DISPATCH_HOME"
+from attn_dispatch.models.environment import HOME
+
 APP_NAME = "attn-dispatch"
 
 
@@ -22,11 +23,8 @@ def home(override: str | os.PathLike | None = None, *, create: bool = True) -> P
     ----------
     override: use this directory instead of the environment / platform default (tests).
     """
-    if override is not None:
-        root = Path(override)
-    elif os.environ.get(HOME_ENV):
-        root = Path(os.environ[HOME_ENV])
-    else:
+    root = Path(override) if override is not None else HOME.read()
+    if root is None:
         import platformdirs  # imported here: a process that sets ATTN_DISPATCH_HOME never needs it
 
         root = Path(platformdirs.user_cache_dir(APP_NAME))

@@ -27,9 +27,9 @@ import torch
 
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.buckets import OPTIONAL_FIELDS, bucket_of, class_key
+from attn_dispatch.models.environment import TRAINING_PROFILE
 from attn_dispatch.models.paths import home
 
-PROFILE_ENV = "ATTN_DISPATCH_TRAINING_PROFILE"
 PROFILE_FILE = "training_profile.json"
 FORMAT_VERSION = 1
 KIND = "attn_dispatch.training_profile"
@@ -61,8 +61,8 @@ class TrainingTimes:
     @classmethod
     def from_env(cls) -> TrainingTimes:
         """The profile ``ATTN_DISPATCH_TRAINING_PROFILE`` names, else the home's, else none."""
-        path = os.environ.get(PROFILE_ENV, "").strip()
-        if path:
+        path = TRAINING_PROFILE.read()
+        if path is not None:
             return cls.load(path)
         default = default_profile_path()
         return cls.load(default) if default.is_file() else cls()

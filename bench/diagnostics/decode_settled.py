@@ -24,20 +24,20 @@ import torch
 import torch.nn.functional as F
 
 from attn_dispatch.dispatcher import Dispatcher, fast_path
-from attn_dispatch.dispatcher.hot_path import HOT_PATH_ENV
+from attn_dispatch.models.environment import HOT_PATH
 from bench.decode_loop import decode_pass
 
 
 def dispatcher(hot: bool) -> Dispatcher:
-    previous = os.environ.get(HOT_PATH_ENV)
-    os.environ[HOT_PATH_ENV] = "1" if hot else "0"  # read when the dispatcher is made
+    previous = os.environ.get(HOT_PATH.name)
+    os.environ[HOT_PATH.name] = "1" if hot else "0"  # read when the dispatcher is made
     try:
         return Dispatcher(kernels=["sdpa_default"])
     finally:
         if previous is None:
-            os.environ.pop(HOT_PATH_ENV, None)
+            os.environ.pop(HOT_PATH.name, None)
         else:
-            os.environ[HOT_PATH_ENV] = previous
+            os.environ[HOT_PATH.name] = previous
 
 
 def main() -> None:

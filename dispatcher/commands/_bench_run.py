@@ -4,7 +4,6 @@ conditions of the run. Imported by the bench command only (it pulls in calibrati
 
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from pathlib import Path
 import torch
 
 from attn_dispatch.calibration.bench_report import BenchReport
+from attn_dispatch.calibration.machine_state import MachineWatch
 from attn_dispatch.calibration.scenario_bench import (
     BenchPath,
     BenchSettings,
@@ -31,20 +31,20 @@ from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
 from attn_dispatch.dispatcher.planning import memory_limit
 from attn_dispatch.kernels import AccuracyPolicy, MathKernel, Problem, kernel_from_name
 from attn_dispatch.kernels.sdpa_backends import SdpaMathKernel
+from attn_dispatch.models.environment import COMMIT
 from attn_dispatch.models.identity import DeviceIdentity
 
 PYTORCH_PATH = "pytorch_default"
 PYTORCH_MATH_PATH = "pytorch_math"
 """The baseline of a portable-mode bench: PyTorch's SDPA as gfx906 runs it, its math backend."""
 GIT_TIMEOUT_S = 5  # reading the commit must never hold up a benchmark
-COMMIT_ENV = "ATTN_DISPATCH_COMMIT"  # the commit to report where the code has no .git
 # The fill scenario's masking, stated in every report (see calibration.scenarios).
 FILL_NOTE = ("fill uses an explicit [1, 1, Lq, Lk] bool mask as transformers does for Lq < Lk (SDPA's is_causal is "
              "top-left); its content is random, which costs the same for every kernel measured")
 
 
 def _git_commit() -> str:
-    """The checkout's short commit; else `COMMIT_ENV` (a copy without .git, as on a device
+    """The checkout's short commit; else ``ATTN_DISPATCH_COMMIT`` (a copy without .git, as on a device
     machine); else ``"unknown"``."""
     root = Path(__file__).resolve().parents[2]
     try:
@@ -53,7 +53,7 @@ def _git_commit() -> str:
         commit = out.stdout.strip() if out.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    return commit or os.environ.get(COMMIT_ENV, "").strip() or "unknown"
+    return commit or COMMIT.read() or "unknown"
 
 
 def baseline_path(kernels: str) -> BenchPath:
@@ -145,14 +145,17 @@ def run_bench(
         bench_shape(shapes[0], device, shape_paths(shapes[0].problem, device, dispatcher, subject, policy, baseline),
                     settings=warm, memory_budget=dispatcher.memory_budget,
                     workspace_limit=memory_limit(free_bytes(device), dispatcher.memory_budget))
-    for shape in shapes:
-        paths = shape_paths(shape.problem, device, dispatcher, subject, policy, baseline)
-        limit = memory_limit(free_bytes(device), dispatcher.memory_budget)
-        result = bench_shape(shape, device, paths, settings=settings, memory_budget=dispatcher.memory_budget,
-                             workspace_limit=limit)
-        result.chosen = subject.chosen(shape.problem)
-        result.notes = subject.notes(shape.problem)
-        report.shapes.append(result)
-        if progress is not None:
-            progress(result)
+    with MachineWatch(device) as watch:  # the reference probe before and after: was the machine busy?
+        for shape in shapes:
+            paths = shape_paths(shape.problem, device, dispatcher, subject, policy, baseline)
+            limit = memory_limit(free_bytes(device), dispatcher.memory_budget)
+            result = bench_shape(shape, device, paths, settings=settings, memory_budget=dispatcher.memory_budget,
+                                 workspace_limit=limit)
+            result.chosen = subject.chosen(shape.problem)
+            result.notes = subject.notes(shape.problem)
+            report.shapes.append(result)
+            if progress is not None:
+                progress(result)
+    report.machine = watch.state
+    report.conditions["machine"] = watch.state.words()
     return report

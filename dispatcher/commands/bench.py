@@ -34,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="For each scenario's shapes, time the dispatcher (a fresh one), PyTorch's default SDPA, the math "
         "path and every single kernel, interleaved round-robin, and report medians, spreads, the kernel the "
         "dispatcher chose, its ratio to the oracle (the best single kernel) and to PyTorch's default, and failures "
-        "(out of memory, over budget) per path, with every condition in the header. Markdown on stdout.",
+        "(out of memory, over budget) per path, with every condition in the header (whether the machine was busy "
+        "while timing among them), and end with a verdict: gain or no gain on this machine, and why. Markdown on stdout.",
     )
     parser.add_argument("--scenario", default="all", choices=SCENARIO_CHOICES,
                         help="prefill (Lq = Lk, causal), fill (chunk against a long cache, masked), decode (Lq 1-16 "

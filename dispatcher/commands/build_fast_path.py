@@ -8,6 +8,7 @@ import os
 import time
 
 from attn_dispatch.dispatcher.commands._common import CommandError
+from attn_dispatch.models.environment import FAST_PATH
 
 NAME = "build-fast-path"
 HELP = "compile the C++ fast path in front of the dispatcher (serves its PyTorch-SDPA plans with no Python frame)"
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"built the fast path in {time.perf_counter() - started:.1f} s: {path}")
     if not fast_path.fast_path_enabled():
-        print(f"note: it is not used now: {fast_path.FAST_PATH_ENV}=0 is set, or this torch has no "
+        print(f"note: it is not used now: {FAST_PATH.name}=0 is set, or this torch has no "
               "torch.compiler.substitute_in_graph (torch >= 2.5 is needed)")
     return 0
 

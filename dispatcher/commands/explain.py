@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import warnings
 
 from attn_dispatch.dispatcher.commands._common import CommandError, one_line, resolve_device
 
@@ -79,7 +78,6 @@ def run(args: argparse.Namespace) -> int:
     from attn_dispatch.dispatcher.core import Dispatcher
     from attn_dispatch.dispatcher.errors import BUDGET_FIX, NoKernelError
     from attn_dispatch.dispatcher.memory import parse_memory_size
-    from attn_dispatch.dispatcher.thread_warning import ThreadsWarning
     from attn_dispatch.kernels import AccuracyPolicy
 
     try:
@@ -91,9 +89,7 @@ def run(args: argparse.Namespace) -> int:
         dispatcher = Dispatcher(kernels=args.kernels, policy=policy, memory_budget=budget)
         if table is not None:
             dispatcher.use_table(table, args.table)
-        with warnings.catch_warnings():  # the decision's notes say it, once
-            warnings.simplefilter("ignore", ThreadsWarning)
-            decision = dispatcher.decide(problem, device=device)
+        decision = dispatcher.decide(problem, device=device)
     except NoKernelError as error:
         raise CommandError(error.cause.replace(BUDGET_FIX, "raise --memory-budget")) from None
     except (ValueError, RuntimeError) as error:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from attn_dispatch.dispatcher.commands._common import CommandError, one_line
+from attn_dispatch.dispatcher.commands._stored import what_is_stored
 from attn_dispatch.dispatcher.commands.export import describe
 
 NAME = "merge"
@@ -57,13 +58,15 @@ def run(args: argparse.Namespace) -> int:
         tables = [load_table(path) for path in args.files]
         _refuse_repeats(args.files, tables)
         merged = merge_tables(tables)
+        replaced = None
         if args.out:
             written = save_table(merged, args.out)
         else:
             target = stored_path(merged)
-            if target.exists() and not args.force:
-                raise CommandError(f"a stored table is already at {target}; pass --out PATH to write the merged table "
-                                   f"elsewhere, or --force to replace it")
+            _stored, replaced = what_is_stored(target)
+            if replaced is not None and not args.force:
+                raise CommandError(f"a stored table is already at {target}: {replaced}; pass --out PATH to write the "
+                                   f"merged table elsewhere, or --force to replace it")
             written = save_table(merged, target)
     except (TableError, ValueError, OSError) as error:
         raise CommandError(one_line(error)) from None
@@ -73,4 +76,6 @@ def run(args: argparse.Namespace) -> int:
     for note in merged.provenance.notes:
         print(f"  note: {note}")
     print(f"  written to {written}")
+    if replaced is not None:
+        print(f"  replaced {replaced}")
     return 0

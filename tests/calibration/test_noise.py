@@ -52,10 +52,17 @@ def test_too_busy_stops_with_what_to_do_unless_allowed():
     check_quiet(BUSY, allow_busy=False)
 
 
-def test_a_starved_multi_threaded_probe_suggests_fewer_threads():
-    with pytest.raises(MachineBusy, match="--threads N") as raised:
+def test_a_starved_multi_threaded_probe_suggests_a_thread_count_that_fits_its_share():
+    with pytest.raises(MachineBusy, match="try --threads 1 to measure on the core other work leaves free") as raised:
         check_quiet(STARVED, allow_busy=False)
-    assert "used 2" in str(raised.value) and len(str(raised.value).splitlines()) == 1
+    assert "of the 2 cores its threads used" in str(raised.value) and len(str(raised.value).splitlines()) == 1
+    assert "--allow-busy always measures" in str(raised.value) and "PyTorch's default keeps serving" in str(raised.value)
+    half_of_eight = Noise(median_s=0.2, spread=0.0, cpu_share=0.5, cores=8)
+    with pytest.raises(MachineBusy, match="try --threads 4 to measure on the 4 cores"):
+        check_quiet(half_of_eight, allow_busy=False)
+    jittery_but_fed = Noise(median_s=0.2, spread=STOP_SPREAD * 2, cpu_share=1.0, cores=2)
+    with pytest.raises(MachineBusy, match="try --threads 1 "):  # fewer than it used, whatever its share
+        check_quiet(jittery_but_fed, allow_busy=False)
     one_core = Noise(median_s=0.2, spread=0.0, cpu_share=STOP_CPU_SHARE / 2, cores=1)
     with pytest.raises(MachineBusy) as raised:
         check_quiet(one_core, allow_busy=False)

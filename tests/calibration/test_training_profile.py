@@ -17,7 +17,8 @@ from attn_dispatch.calibration.training_profile import (
 )
 from attn_dispatch.kernels import ChunkedKernel, MathKernel, Problem
 from attn_dispatch.kernels.backward_memory import training_bytes
-from attn_dispatch.models.training_times import PROFILE_ENV, TrainingTimes
+from attn_dispatch.models.environment import TRAINING_PROFILE
+from attn_dispatch.models.training_times import TrainingTimes
 
 PROBLEM = Problem(1, 2, 2, 64, 64, 16, 16, "float32", causal=True)
 
@@ -63,7 +64,7 @@ def test_command_line_writes_a_profile(tmp_path, monkeypatch):
 
 def test_default_path_is_where_the_training_route_looks(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTN_DISPATCH_HOME", str(tmp_path))
-    monkeypatch.delenv(PROFILE_ENV, raising=False)
+    monkeypatch.delenv(TRAINING_PROFILE.name, raising=False)
     monkeypatch.setattr("attn_dispatch.calibration.training_profile.training_problems", lambda device_type, quick: [PROBLEM])
     monkeypatch.setattr("attn_dispatch.calibration.training_profile.training_kernels",
                         lambda kernel_set: [ChunkedKernel(q=32, kv=32)])

@@ -13,7 +13,6 @@ import attn_dispatch as ad
 from attn_dispatch.calibration.session import calibrate
 from attn_dispatch.calibration.workload import WORKLOAD_FORMAT, for_device, read_workload
 from attn_dispatch.dispatcher.recording import (
-    ENV_VAR,
     FORMAT,
     WorkloadRecorder,
     record_problem,
@@ -21,6 +20,7 @@ from attn_dispatch.dispatcher.recording import (
 )
 from attn_dispatch.kernels.chunked import ChunkedKernel
 from attn_dispatch.kernels.math_kernel import MathKernel
+from attn_dispatch.models.environment import RECORD
 from attn_dispatch.models.table_io import load_table
 from tests.calibration.helpers import problem, small_config
 
@@ -45,7 +45,7 @@ def test_record_context_writes_each_bucket_once(tmp_path):
 
 def test_environment_variable_records_and_a_second_run_adds_only_new_buckets(tmp_path, monkeypatch):
     path = tmp_path / "env.jsonl"
-    monkeypatch.setenv(ENV_VAR, str(path))
+    monkeypatch.setenv(RECORD.name, str(path))
     record_problem(problem(q_len=8, kv_len=64))
     again = WorkloadRecorder(path)  # a new process: reads the buckets already in the file
     assert not again.add(problem(q_len=7, kv_len=60))

@@ -1,4 +1,5 @@
-"""`attn-dispatch bench` on the CPU: small shapes, one round, output parsed (Markdown and JSON)."""
+"""`attn-dispatch bench` on the CPU: small shapes, one round, output parsed (Markdown and JSON),
+whether the machine was busy and the closing verdict; `attn-dispatch kernels` says a busy machine too."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import re
 
 import pytest
 
+from attn_dispatch.calibration import machine_state
 from attn_dispatch.calibration.bench_report import geometric_mean
+from attn_dispatch.calibration.noise import BUSY_CPU_SHARE, Noise
 from attn_dispatch.calibration.scenarios import SCENARIOS, scenario_shapes
+from attn_dispatch.models.environment import COMMIT
 
 FAST = ("--size", "small", "--rounds", "1", "--shape-budget", "0.2", "--quiet")
 # Every reason `bench` gives for not running a path: over the budget and predicted hopeless are
@@ -127,7 +131,38 @@ def test_bench_commit_without_git_comes_from_the_environment(monkeypatch, git):
         return subprocess.CompletedProcess(command, 128, stdout="", stderr="fatal: not a git repository")
 
     monkeypatch.setattr(_bench_run.subprocess, "run", fake_run)
-    monkeypatch.delenv(_bench_run.COMMIT_ENV, raising=False)
+    monkeypatch.delenv(COMMIT.name, raising=False)
     assert _bench_run._git_commit() == "unknown"
-    monkeypatch.setenv(_bench_run.COMMIT_ENV, "f646ba7")
+    monkeypatch.setenv(COMMIT.name, "f646ba7")
     assert _bench_run._git_commit() == "f646ba7"
+
+
+STARVED = Noise(median_s=2e-3, spread=0.05, cpu_share=BUSY_CPU_SHARE / 2, cores=2)
+
+
+def test_bench_says_a_busy_machine_and_ends_with_a_verdict(cli, monkeypatch):
+    monkeypatch.setattr(machine_state, "probe_noise", lambda device: STARVED)  # both probes starved
+    code, out, _ = cli("bench", "--scenario", "decode", *FAST)
+    assert code == 0 and "- machine: busy before and after timing (reference point 2.00 ms" in out
+    last = out.rstrip().splitlines()[-1]
+    assert re.match(r"\*\*Verdict:\*\* (no )?gain on this machine: ", last)
+    assert last.endswith("the machine was busy before and after timing, so these ratios carry its noise: run it "
+                         "again when it is quieter")
+
+
+def test_kernels_says_a_busy_machine(cli, monkeypatch, tmp_path):
+    from attn_dispatch.calibration import kernel_bench
+
+    record = {"suite": "decode", "shape": "decode B1", "kernel": "math", "status": "ok", "median_s": 1e-3,
+              "iqr_s": 1e-4, "peak_bytes": None, "rel_error": 1e-7, "reason": ""}
+    monkeypatch.setattr(kernel_bench, "run_kernel_table", lambda device, shapes: ("| table |", [record]))
+    monkeypatch.setattr(machine_state, "probe_noise", lambda device: STARVED)
+    code, out, _ = cli("kernels", "--device", "cpu", "--json", tmp_path / "k.json")
+    assert code == 0 and "Machine: busy before and after timing (" in out
+    assert "note: the machine was busy before and after timing (" in out and "run it again when the machine is quieter" in out
+    saved = json.loads((tmp_path / "k.json").read_text())
+    assert saved["machine"]["busy"] is True and saved["kernels"] == [record]
+    quiet = Noise(median_s=2e-3, spread=0.05, cpu_share=1.0, cores=2)
+    monkeypatch.setattr(machine_state, "probe_noise", lambda device: quiet)
+    code, out, _ = cli("kernels", "--device", "cpu")
+    assert code == 0 and "Machine: quiet before and after timing" in out and "note:" not in out

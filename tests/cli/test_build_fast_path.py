@@ -14,6 +14,7 @@ import pytest
 
 from attn_dispatch.dispatcher import fast_path, fast_path_build
 from attn_dispatch.dispatcher.commands.build_fast_path import build_after_calibration
+from attn_dispatch.models.environment import FAST_PATH
 from tests.dispatcher.conftest import FAST_PATH_TEST_HOME
 
 needs_compiler = pytest.mark.skipif(not any(shutil.which(c) for c in ("c++", "g++")), reason="no C++ compiler found")
@@ -33,7 +34,7 @@ def test_builds_under_the_home_directory_and_devices_says_it_is_loaded(cli, monk
     monkeypatch.setattr(fast_path, "_loaded", {})
     assert fast_path.load(FAST_PATH_TEST_HOME) is not None
     monkeypatch.setenv("ATTN_DISPATCH_HOME", str(FAST_PATH_TEST_HOME))
-    monkeypatch.setenv(fast_path.FAST_PATH_ENV, "1")
+    monkeypatch.setenv(FAST_PATH.name, "1")
     if fast_path.fast_path_enabled():
         code, out, _ = cli("devices")
         assert code == 0 and out.splitlines()[-1].startswith(f"fast path: loaded {library} (")
@@ -80,7 +81,7 @@ def test_a_failed_build_leaves_no_private_folder(monkeypatch, tmp_path):
 def test_devices_says_the_fast_path_is_off_or_not_built(cli, monkeypatch):
     code, out, _ = cli("devices")  # the CLI tests run with ATTN_DISPATCH_FAST_PATH=0
     assert code == 0 and out.splitlines()[-1] == "fast path: off (ATTN_DISPATCH_FAST_PATH=0)"
-    monkeypatch.setenv(fast_path.FAST_PATH_ENV, "1")
+    monkeypatch.setenv(FAST_PATH.name, "1")
     monkeypatch.setattr(fast_path, "_loaded", {})
     expected = ("not built: no auto-build (turned off by ATTN_DISPATCH_AUTO_BUILD=0); run `attn-dispatch "
                 "build-fast-path`" if fast_path.fast_path_enabled()  # the suite turns the background build off

@@ -1,10 +1,14 @@
-"""`attn-dispatch export / import / merge / devices` over models.sharing."""
+"""`attn-dispatch export / import / merge / devices` over models.sharing; a stored table is never
+replaced silently."""
 
 from __future__ import annotations
 
 import json
 
+from attn_dispatch.dispatcher.commands.export import describe
 from attn_dispatch.models import load_table, save_table, store_table
+from attn_dispatch.models.sharing import stored_path
+from attn_dispatch.models.table_io import dumps_table
 from tests.cli.tables import honest_table
 from tests.models.conftest import fake_identity
 
@@ -66,3 +70,50 @@ def test_merge_refuses_two_families(cli, tmp_path):
     assert code == 2 and "cannot merge tables of" in err and "merge each family separately" in err
     code, _, err = cli("merge", mi50)
     assert code == 2 and "at least two table files" in err
+
+
+def test_import_over_a_stored_table_of_the_same_card_refuses_without_force(cli, tmp_path):
+    mine = honest_table(created="2026-11-30T01:00:00Z")
+    target = store_table(mine)
+    theirs = save_table(honest_table(created="2026-12-01T02:00:00Z"), tmp_path / "theirs.json")
+    code, out, err = cli("import", theirs)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and f"already stored for this card and stack at {target}: {describe(mine)}" in err
+    assert "pass --force to replace it" in err
+    assert dumps_table(load_table(target)) == dumps_table(mine)  # kept as it was
+
+
+def test_import_with_force_replaces_and_says_what_it_replaced(cli, tmp_path):
+    mine = honest_table(created="2026-11-30T01:00:00Z")
+    target = store_table(mine)
+    theirs = honest_table(created="2026-12-01T02:00:00Z")
+    code, out, _ = cli("import", "--force", save_table(theirs, tmp_path / "theirs.json"))
+    assert code == 0 and f"stored as {target}" in out and f"replaced {describe(mine)}" in out
+    assert dumps_table(load_table(target)) == dumps_table(theirs)
+
+
+def test_importing_the_stored_table_again_changes_nothing(cli, tmp_path):
+    target = store_table(honest_table())
+    code, out, _ = cli("import", save_table(honest_table(), tmp_path / "same.json"))
+    assert code == 0 and out.startswith("already stored: ") and f"at {target} (unchanged)" in out
+
+
+def test_an_unreadable_stored_file_is_not_replaced_silently_either(cli, tmp_path):
+    target = stored_path(honest_table())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("{not json")
+    code, _, err = cli("import", save_table(honest_table(), tmp_path / "new.json"))
+    assert code == 2 and "an unreadable table file" in err and target.read_text() == "{not json"
+
+
+def test_merge_with_force_says_what_it_replaced(cli, tmp_path):
+    first = save_table(honest_table(identity=fake_identity("mi50_32")), tmp_path / "a.json")
+    other = fake_identity("mi50_32", torch_version="2.6.0+rocm6.3", hip_version="6.3.42131", cuda_version=None)
+    second = save_table(honest_table(identity=other, created="2026-11-30T01:00:00Z"), tmp_path / "b.json")
+    code, out, _ = cli("merge", first, second)
+    assert code == 0
+    stored = load_table(out.split("written to ")[1].strip())
+    code, _, err = cli("merge", first, second)
+    assert code == 2 and "a stored table is already at " in err and "--force" in err
+    code, out, _ = cli("merge", "--force", first, second)
+    assert code == 0 and f"  replaced {describe(stored)}" in out

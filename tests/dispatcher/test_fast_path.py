@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from attn_dispatch.dispatcher import Dispatcher, fast_path, patched
 from attn_dispatch.dispatcher.fast_path_build import manifest_path
+from attn_dispatch.models.environment import FAST_PATH
 from tests.dispatcher.helpers import qkv
 
 SDPA = torch._C._nn.scaled_dot_product_attention  # PyTorch's, never patched
@@ -327,7 +328,7 @@ def test_a_failing_forwarded_call_goes_through_python_recovery(monkeypatch):
 
 
 def test_turned_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv(fast_path.FAST_PATH_ENV, "0")
+    monkeypatch.setenv(FAST_PATH.name, "0")
     ours = Dispatcher(kernels=["sdpa_default"])
     assert ours.fast_attention == ours.attention
 
@@ -413,7 +414,7 @@ def test_a_dispatcher_made_over_a_truncated_library_has_no_fast_path(tmp_path, f
     """In a child process, so a crash (dlopening a partial file dies of SIGBUS) fails the test."""
     reason = truncate(installed_copy(tmp_path, fast_path_build), forge_manifest)
     environment = {**os.environ, "ATTN_DISPATCH_HOME": str(tmp_path)}
-    environment.pop(fast_path.FAST_PATH_ENV, None)
+    environment.pop(FAST_PATH.name, None)
     child = subprocess.run([sys.executable, "-c", CHILD], env=environment, capture_output=True, text=True,
                            timeout=CHILD_TIMEOUT_S)
     assert child.returncode == 0, (child.returncode, child.stderr[-2000:])

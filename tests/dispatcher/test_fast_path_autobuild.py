@@ -23,6 +23,7 @@ from attn_dispatch.dispatcher import Dispatcher, fast_path, fast_path_build, hf,
 from attn_dispatch.dispatcher import fast_path_autobuild as autobuild
 from attn_dispatch.dispatcher import fast_path_markers as markers
 from attn_dispatch.dispatcher.fast_path_build import library_path, manifest_path
+from attn_dispatch.models.environment import AUTO_BUILD
 from tests.dispatcher.helpers import qkv
 
 SDPA = torch._C._nn.scaled_dot_product_attention  # PyTorch's, never patched
@@ -56,7 +57,7 @@ def auto_build_on(monkeypatch, fast_path_build):
     dispatcher then finds none); skipped where the session could not build the fast path."""
     if isinstance(fast_path_build, RuntimeError) or not fast_path.fast_path_enabled():
         pytest.skip(f"no fast path here ({fast_path_build})")
-    monkeypatch.setenv(autobuild.AUTO_BUILD_ENV, "1")
+    monkeypatch.setenv(AUTO_BUILD.name, "1")
     monkeypatch.setattr(autobuild, "_builds", {})
     monkeypatch.setattr(autobuild, "_skipped", {})
     monkeypatch.setattr(autobuild, "_deferred", {})
@@ -104,10 +105,10 @@ def test_one_build_per_process_and_home(copying, tmp_path):
 
 
 def test_not_started_when_switched_off(copying, monkeypatch, tmp_path):
-    monkeypatch.setenv(autobuild.AUTO_BUILD_ENV, "0")
+    monkeypatch.setenv(AUTO_BUILD.name, "0")
     ours = Dispatcher(kernels=["sdpa_default"], home=str(tmp_path))
     assert ours._fast is None and ours._building is None and copying.markers == []
-    assert fast_path.status(tmp_path) == (f"not built: no auto-build (turned off by {autobuild.AUTO_BUILD_ENV}=0); "
+    assert fast_path.status(tmp_path) == (f"not built: no auto-build (turned off by {AUTO_BUILD.name}=0); "
                                           f"{FIX}")
 
 
@@ -295,11 +296,11 @@ def test_a_deferred_build_is_not_promised_where_it_cannot_run(tmp_path, monkeypa
     hooks = []
     monkeypatch.setattr(autobuild, "builds_now", lambda: False)
     monkeypatch.setattr(autobuild.atexit, "register", hooks.append)
-    monkeypatch.setenv(autobuild.AUTO_BUILD_ENV, "0")
+    monkeypatch.setenv(AUTO_BUILD.name, "0")
     home = str(tmp_path / "off")
     Dispatcher(kernels=["sdpa_default"], home=home)
     assert hooks == [] and autobuild._deferred == {}
-    assert fast_path.status(home) == f"not built: no auto-build (turned off by {autobuild.AUTO_BUILD_ENV}=0); {FIX}"
+    assert fast_path.status(home) == f"not built: no auto-build (turned off by {AUTO_BUILD.name}=0); {FIX}"
 
 
 def test_a_failed_child_keeps_every_later_process_from_building_until_an_explicit_build(

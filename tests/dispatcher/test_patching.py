@@ -142,7 +142,7 @@ def test_torch_compile_under_patched_traces_pytorch_sdpa():
 
 
 def test_what_patching_reaches_and_what_it_cannot():
-    """The documented limit (patching module docstring, README): a name bound before patching and
+    """The documented limit (patching module docstring, docs/USAGE.md): a name bound before patching and
     the C++ binding go to PyTorch's SDPA and are not counted; `F.scaled_dot_product_attention` is."""
     from torch.nn.functional import scaled_dot_product_attention as bound_before
 

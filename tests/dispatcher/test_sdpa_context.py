@@ -99,7 +99,7 @@ def test_sdpa_kernel_restriction_opt_out():
             assert not sdpa_context.backends_restricted()
             ours.attention(q, k, v)
     finally:
-        sdpa_context.respect_sdpa_kernel(True)
+        sdpa_context.respect_sdpa_kernel(None)  # back to following the environment
     assert ours.stats() == {"math": 1}
     with pytest.raises(TypeError):
         sdpa_context.respect_sdpa_kernel("no")
@@ -109,7 +109,7 @@ def test_sdpa_kernel_restriction_opt_out():
 def restrictions_ignored():
     sdpa_context.respect_sdpa_kernel(False)
     yield
-    sdpa_context.respect_sdpa_kernel(True)
+    sdpa_context.respect_sdpa_kernel(None)  # back to following the environment
 
 
 @pytest.mark.filterwarnings("ignore:.*kernel not used because")

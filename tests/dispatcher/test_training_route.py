@@ -14,7 +14,8 @@ from attn_dispatch.dispatcher.planning import Option
 from attn_dispatch.dispatcher.training_route import choose_training
 from attn_dispatch.kernels import ChunkedKernel, MathKernel, Problem, kernel_from_name, reference_attention
 from attn_dispatch.kernels.backward_memory import training_bytes
-from attn_dispatch.models.training_times import FORMAT_VERSION, KIND, PROFILE_ENV, TrainingTimes
+from attn_dispatch.models.environment import TRAINING_PROFILE
+from attn_dispatch.models.training_times import FORMAT_VERSION, KIND, TrainingTimes
 from tests.dispatcher.helpers import FixedRanker, use_ranking
 
 PROBLEM = Problem(1, 8, 8, 1024, 1024, 64, 64, "float32", causal=True)
@@ -146,7 +147,7 @@ def test_a_profile_on_disk_orders_the_route(monkeypatch, tmp_path):
                for name, seconds in (("chunked[q=128,kv=1024]", 0.5), ("chunked[q=512,kv=4096]", 0.1))]
     path = tmp_path / "training_profile.json"
     path.write_text(json.dumps({"format_version": FORMAT_VERSION, "kind": KIND, "device": "cpu", "entries": entries}))
-    monkeypatch.setenv(PROFILE_ENV, str(path))
+    monkeypatch.setenv(TRAINING_PROFILE.name, str(path))
     use_ranking(monkeypatch, FixedRanker(["chunked[q=128,kv=1024]", "chunked[q=512,kv=4096]"]))
     ours = Dispatcher(kernels="portable")
     query, key, value = training_inputs()

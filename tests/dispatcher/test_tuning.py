@@ -11,6 +11,7 @@ from attn_dispatch.dispatcher.kernel_set import LastResortDefault
 from attn_dispatch.dispatcher.planning import Option, failure_bucket
 from attn_dispatch.dispatcher.tuning_store import TuningStore
 from attn_dispatch.kernels import MathKernel, Problem
+from attn_dispatch.models.environment import TUNE
 from tests.dispatcher.helpers import FailingKernel, FixedRanker, assert_matches_reference, qkv, use_ranking
 
 SLOW_S = 5e-3  # the slow double's virtual seconds per call (see `virtual_stopwatch`)
@@ -102,7 +103,7 @@ def test_without_tuning_the_ranking_decides_and_nothing_is_timed(monkeypatch):
 
 def test_environment_variable_turns_tuning_on(monkeypatch):
     slow, fast = _pair(monkeypatch)
-    monkeypatch.setenv(tuning.TUNE_ENV, "1")
+    monkeypatch.setenv(TUNE.name, "1")
     ours = Dispatcher(kernels=[slow, fast])
     assert ours.tune
     ours.attention(**qkv())

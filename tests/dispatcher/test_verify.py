@@ -13,6 +13,7 @@ from attn_dispatch.dispatcher import Dispatcher, planner, verify
 from attn_dispatch.dispatcher.planning import Option
 from attn_dispatch.dispatcher.tuning import Tuned
 from attn_dispatch.kernels import MathKernel, Problem, SdpaDefaultKernel, kernel_from_name
+from attn_dispatch.models.environment import VERIFY
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
 
 pytestmark = pytest.mark.stopwatch  # the first-call check on, as installed
@@ -45,7 +46,7 @@ def test_a_measured_table_is_checked_on_every_device(monkeypatch):
     assert not _wanted(options, CUDA, entry_decides=True)  # a measured entry decides
     assert not _wanted(options, CUDA, table_measured=False)  # the prior keeps PyTorch's default
     assert not _wanted(options[:1], CUDA)  # no default to check against
-    monkeypatch.setenv(verify.VERIFY_ENV, "0")
+    monkeypatch.setenv(VERIFY.name, "0")
     assert not _wanted(options, CUDA)
 
 

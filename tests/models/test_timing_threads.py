@@ -13,7 +13,7 @@ from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.merge import merge_tables
 from attn_dispatch.models.table_io import dumps_table, loads_table
 from attn_dispatch.models.table_schema import TableError
-from attn_dispatch.models.thread_words import mismatch_note, threads_line
+from attn_dispatch.models.thread_words import threads_line
 from tests.cli.tables import honest_table
 
 H200 = DeviceIdentity(device_type="cuda", name="NVIDIA H200", vendor="NVIDIA", arch="sm_90", compute_units=132,
@@ -39,7 +39,7 @@ def test_an_older_table_without_the_field_loads_as_before():
     assert "timing_threads" not in data["provenance"]
     table = loads_table(json.dumps(data).encode())
     assert table.provenance.timing_threads is None
-    assert mismatch_note(table, 2) is None and threads_line(table, 2) is None
+    assert threads_line(table, 2) is None
 
 
 @pytest.mark.parametrize("bad", [0, -1, "2", True, 1.5])
@@ -56,21 +56,18 @@ def test_a_merge_keeps_a_count_every_part_agrees_on():
     assert merge_tables([one, timed_with(2, created="2026-11-30T01:00:00Z")]).provenance.timing_threads is None
 
 
-def test_the_mismatch_names_both_counts_and_the_fix():
+def test_the_line_states_the_count_the_timings_hold_for_and_what_always_works():
     table = timed_with(1)
-    note = mismatch_note(table, 2, "/tables/cpu.json")
-    assert note.startswith("threshold table /tables/cpu.json was timed with 1 torch thread, but this process runs "
-                           "2 torch threads")
-    assert "`attn-dispatch calibrate --threads 2`" in note and "torch.set_num_threads(1)" in note
-    assert "\n" not in note and "it still serves" in note
-    assert threads_line(table, 2) == f"warning: {mismatch_note(table, 2)}"
-    assert mismatch_note(table, 1) is None
+    line = threads_line(table, 2)
+    assert line == ("timing threads: 1 torch thread, its timings hold for that count; this process runs 2 torch "
+                    "threads and is served the table all the same (torch.set_num_threads(1) matches it)")
+    assert "calibrate" not in line  # a busy machine that took a --threads 1 table refuses more threads
     assert threads_line(table, 1) == "timing threads: 1 torch thread, as this process runs"
 
 
 def test_a_gpu_tables_count_is_informational_only():
     table = timed_with(4, identity=H200)
-    assert mismatch_note(table, 1) is None and threads_line(table, 1) is None
+    assert threads_line(table, 1) is None
 
 
 def test_a_check_fix_refit_records_the_count_only_where_both_point_sets_share_it():

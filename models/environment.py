@@ -1,0 +1,194 @@
+"""The ``ATTN_DISPATCH_*`` environment variables: each one declared once here (name, accepted
+values, default, effect), and read and validated only here.
+
+A reader elsewhere asks its variable (``HOME.read()``, ``VERIFY.read()``) at the moment it needs
+the value, so a variable changed while a process runs counts from its next read. `check()` reads
+every variable at once; a `Dispatcher`, `install()` and `patched()` call it when they start, so a
+bad value fails there with one line naming the variable and the values it accepts (ValueError),
+never in the middle of a model and never as a silent default. On/off switches take 1/0, true/false,
+on/off and yes/no in any case; empty or unset means the default.
+
+docs/CONFIG.md's table is `markdown_table()` (``python -m attn_dispatch.models.environment``
+prints it); a test keeps the two equal. This module sits in `models` because `models.paths` reads
+``ATTN_DISPATCH_HOME``: every package above (calibration, dispatcher) may import it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from attn_dispatch.models.sizes import parse_memory_size
+
+PREFIX = "ATTN_DISPATCH_"
+ON_VALUES = ("1", "true", "on", "yes")
+OFF_VALUES = ("0", "false", "off", "no")
+
+
+def _raw(name: str) -> str:
+    """The variable's value without surrounding spaces; empty when unset."""
+    return os.environ.get(name, "").strip()
+
+
+@dataclass(frozen=True)
+class Switch:
+    """An on/off variable."""
+
+    name: str
+    on_by_default: bool
+    effect: str
+    values: ClassVar[str] = "1/0, true/false, on/off, yes/no (any case)"
+
+    @property
+    def default(self) -> str:
+        return "on" if self.on_by_default else "off"
+
+    def read(self) -> bool:
+        """Whether the switch is on now; ValueError (one line) for any other value."""
+        text = _raw(self.name).lower()
+        if not text:
+            return self.on_by_default
+        if text in ON_VALUES:
+            return True
+        if text in OFF_VALUES:
+            return False
+        raise ValueError(f"{self.name}={os.environ[self.name]!r} is not an on/off value: use {self.values}, "
+                         f"or unset it for the default ({self.default})")
+
+
+@dataclass(frozen=True)
+class _Valued:
+    """A variable that holds a value; unset or empty means `default` (in words, for the docs)."""
+
+    name: str
+    default: str
+    effect: str
+
+    def text(self) -> str | None:
+        """The value as written, without surrounding spaces; None when unset or empty."""
+        return _raw(self.name) or None
+
+
+class Size(_Valued):
+    """A memory size such as ``16GiB`` (`models.sizes.parse_memory_size`)."""
+
+    values: ClassVar[str] = "a size: 16GiB, 512MiB, 16GB, 1.5G or a number of bytes"
+
+    def read(self) -> int | None:
+        """Bytes, or None when unset or empty; ValueError (one line) for anything not a size."""
+        text = self.text()
+        if text is None:
+            return None
+        try:
+            return parse_memory_size(text, name=self.name)
+        except ValueError as error:
+            raise ValueError(f"{error}. Fix the environment variable {self.name} (e.g. {self.name}=16GiB) or "
+                             "unset it") from None
+
+
+class PathVariable(_Valued):
+    """A file or directory."""
+
+    values: ClassVar[str] = "a path"
+
+    def read(self) -> Path | None:
+        """The path, or None when unset or empty (the reader's default applies)."""
+        text = self.text()
+        return None if text is None else Path(text)
+
+
+class Text(_Valued):
+    """Free text."""
+
+    values: ClassVar[str] = "any text"
+
+    def read(self) -> str | None:
+        """The text, or None when unset or empty."""
+        return self.text()
+
+
+Variable = Switch | Size | PathVariable | Text
+
+HOME = PathVariable(
+    f"{PREFIX}HOME", "the per-user cache directory (`~/.cache/attn-dispatch` on Linux)",
+    "Where threshold tables, calibration journals, first-call tunings, backend probes and the built fast path live.",
+)
+MEMORY_BUDGET = Size(
+    f"{PREFIX}MEMORY_BUDGET", "none (free memory only)",
+    "Caps the extra memory one attention call may use, e.g. `16GiB` to stand in for a 16 GB card on a bigger one. "
+    "`Dispatcher(memory_budget=...)` wins over it.",
+)
+TUNE = Switch(
+    f"{PREFIX}TUNE", False,
+    "First-call tuning: the first call of each size bucket times the kernels the table cannot tell apart, plus "
+    "PyTorch's own choice, and keeps the fastest (meant for GPUs). `Dispatcher(tune=...)` wins over it.",
+)
+VERIFY = Switch(
+    f"{PREFIX}VERIFY", True,
+    "The first-call check: the first call of a bucket a measured table decides times the table's first choices "
+    "against PyTorch's own and keeps PyTorch's unless another is faster beyond the noise.",
+)
+IGNORE_SDPA_KERNEL = Switch(
+    f"{PREFIX}IGNORE_SDPA_KERNEL", False,
+    "On: the dispatcher chooses among its own kernels even inside `torch.nn.attention.sdpa_kernel(...)`; off: "
+    "calls made there are PyTorch's own. Read when a dispatcher, `install()` or `patched()` starts; "
+    "`respect_sdpa_kernel()` wins over it.",
+)
+HOT_PATH = Switch(
+    f"{PREFIX}HOT_PATH", True,
+    "A shape called again is matched by one C++ check of its tensors instead of a dictionary lookup. Read when a "
+    "dispatcher is made.",
+)
+FAST_PATH = Switch(
+    f"{PREFIX}FAST_PATH", True,
+    "`patched()` and `register_transformers()` serve warm calls from the compiled C++ entry point, once built. "
+    "Read when a dispatcher is made.",
+)
+AUTO_BUILD = Switch(
+    f"{PREFIX}AUTO_BUILD", True,
+    "The first dispatcher made where the fast path is not built starts its build in the background, at the "
+    "lowest CPU priority (`attn-dispatch build-fast-path` builds it ahead of time).",
+)
+LOG = Switch(
+    f"{PREFIX}LOG", False,
+    "Logs each new decision once at INFO on stderr (otherwise at DEBUG on the `attn_dispatch` logger).",
+)
+RECORD = PathVariable(
+    f"{PREFIX}RECORD", "none",
+    "Appends every new size bucket the dispatcher decides to this JSON Lines file, for "
+    "`attn-dispatch calibrate --workload FILE`.",
+)
+TRAINING_PROFILE = PathVariable(
+    f"{PREFIX}TRAINING_PROFILE", "`<home>/training_profile.json` when it exists",
+    "Forward+backward timings that rank kernels for training calls "
+    "(`python -m attn_dispatch.calibration.training_profile` writes one).",
+)
+COMMIT = Text(
+    f"{PREFIX}COMMIT", "the checkout's git commit",
+    "The commit `attn-dispatch bench` reports where the code has no `.git` (a copy on another machine).",
+)
+
+VARIABLES: tuple[Variable, ...] = (
+    HOME, MEMORY_BUDGET, TUNE, VERIFY, IGNORE_SDPA_KERNEL, HOT_PATH, FAST_PATH, AUTO_BUILD, LOG, RECORD,
+    TRAINING_PROFILE, COMMIT,
+)
+
+
+def check() -> None:
+    """Read every variable now: ValueError (one line, naming the variable and the values it
+    accepts) for the first bad one."""
+    for variable in VARIABLES:
+        variable.read()
+
+
+def markdown_table() -> str:
+    """docs/CONFIG.md's table: name, values, default, effect of every variable."""
+    rows = ["| variable | values | default | effect |", "|---|---|---|---|"]
+    rows += [f"| `{v.name}` | {v.values} | {v.default} | {v.effect} |" for v in VARIABLES]
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")
