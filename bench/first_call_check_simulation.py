@@ -19,7 +19,7 @@ Policies:
 - ``tuned``: first-call tuning's contenders (`tuning.contenders`: predicted within `TUNE_MARGIN`
   of the best, at most `MAX_TUNED`) and PyTorch's default.
 
-Usage: python -m bench.first_call_check_simulation bench/results/h200_session6/run1_llm_grid.jsonl \\
+Usage: python -m bench.first_call_check_simulation bench/results/h200_session6/run1_llm_grid.jsonl.gz \\
     [--table models/tables/nvidia-h200-140gb.json]
 """
 
