@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import os
 import statistics
 import tempfile
@@ -164,7 +165,7 @@ def timed_generate(model, prompt, args, device) -> tuple[float, list[float]]:
                        **generation(args))
     _sync(device)
     end = time.perf_counter()
-    steps = [(b - a) * 1e3 for a, b in zip(clock.stamps, clock.stamps[1:])]
+    steps = [(b - a) * 1e3 for a, b in itertools.pairwise(clock.stamps)]
     return (len(clock.stamps) - 1) * args.batch / (end - clock.stamps[0]), steps
 
 
