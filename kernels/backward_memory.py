@@ -12,7 +12,7 @@ FUSED_BACKWARDS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
 
 MATH_BACKWARD_SCORE_MATRICES = 4
 """Score-sized fp32 tensors PyTorch's math backward holds at once (scores, probabilities, their
-gradient and a product): a forward+backward held to math peaked at 3.2 score matrices
+gradient and a product): a forward+backward held to math peaked at 3.0-3.2 score matrices
 (docs/RESULTS.md#training-memory), and 4 leaves a margin. Used for every kernel with a backward
 that declares no bound (`sdpa_math`, `sdpa_default`, user kernels)."""
 
