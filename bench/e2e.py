@@ -143,8 +143,7 @@ def run_llm(args) -> dict:
 def run_llm_interleaved(args) -> dict:
     """`--impl both`: an `sdpa` model and an `attn_dispatch` model with the same weights in ONE process,
     their generations alternating (the order swapped every round), so that the host's speed, which
-    differed by up to 1.7x between processes on the H200 host (docs/RESULTS.md section 13), is the
-    same for both. Round 1 warms both (PyTorch's per-shape state is shared by the process: only the
+    can differ by more than the effect between processes on one host, is the same for both. Round 1 warms both (PyTorch's per-shape state is shared by the process: only the
     later rounds compare warm with warm); `ratios` are dispatch / sdpa decode tokens/s per round."""
     from attn_dispatch.dispatcher.hf import register_transformers
 

@@ -19,14 +19,13 @@ Policies:
 - ``tuned``: first-call tuning's contenders (`tuning.contenders`: predicted within `TUNE_MARGIN`
   of the best, at most `MAX_TUNED`) and PyTorch's default.
 
-Usage: python -m bench.first_call_check_simulation bench/results/h200_session6/run1_llm_grid.jsonl \\
+Usage: python -m bench.first_call_check_simulation bench/results/h200_session6/run1_llm_grid.jsonl.gz \\
     [--table models/tables/nvidia-h200-140gb.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 
@@ -36,6 +35,7 @@ from attn_dispatch.kernels.sdpa_probe import assume_backends_available
 from attn_dispatch.models.measured import DEFAULT_KERNEL
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table_io import load_table
+from bench.grid_measurements import read_grid
 
 SMALL_Q_ROWS = (2, 64)
 
@@ -107,10 +107,10 @@ def geomean(values: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("grid", help="a bench/llm_grid.py results file")
+    parser.add_argument("grid", help="a bench/llm_grid.py results file (.jsonl or .jsonl.gz)")
     parser.add_argument("--table", default="models/tables/nvidia-h200-140gb.json")
     args = parser.parse_args()
-    rows = [row for row in map(json.loads, open(args.grid)) if "problem" in row]
+    rows = read_grid(args.grid)
     table = load_table(args.table)
     results: dict[str, list[tuple[float, float, int]]] = {}
     with assume_backends_available():

@@ -14,9 +14,10 @@ and are left out.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.measured import DEFAULT_KERNEL
@@ -37,11 +38,17 @@ def kernel_of_path(path: str) -> str | None:
     return None
 
 
+def grid_lines(path: str) -> Iterator[dict]:
+    """Every JSON line of a grid file, plain or gzipped (a name ending in ``.gz``), in file order."""
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as handle:
+        for line in handle:
+            if line.strip():
+                yield json.loads(line)
+
+
 def read_grid(path: str) -> list[dict]:
-    """The shape rows of a grid file (its first line, the run's conditions, left out)."""
-    with open(path) as handle:
-        rows = [json.loads(line) for line in handle if line.strip()]
-    return [row for row in rows if "problem" in row]
+    """The shape rows of a grid file (the lines holding the run's conditions left out)."""
+    return [row for row in grid_lines(path) if "problem" in row]
 
 
 def row_measurements(row: dict, device_key: str = "", source: str = "") -> list[Measurement]:

@@ -32,7 +32,7 @@ interquartile ranges per path. Shapes run in a shuffled order (`--seed`), so a r
 Usage (from the repository root, the card's table installed or bundled):
     python -m bench.llm_grid --device cuda --out bench/results/llm_grid.jsonl [--budget-s 420]
     python -m bench.llm_grid --device cuda --heldout 200 --out heldout.jsonl   # shapes off the grid
-    python -m bench.llm_grid --summarize bench/results/llm_grid.jsonl
+    python -m bench.llm_grid --summarize bench/results/h200_session16/run3_grid_every_path.jsonl.gz
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from attn_dispatch.dispatcher._plan import cache_key
 from attn_dispatch.kernels import Problem
 from attn_dispatch.kernels.convert import ConvertKernel
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
+from bench.grid_measurements import grid_lines
 
 Q_HEADS, BATCH = 32, 1
 GRID_DTYPES = ("float16", "bfloat16")
@@ -315,15 +316,13 @@ def _geomean(values: list[float]) -> float:
 
 
 def summarize(path: str) -> None:
-    """Print the grid's ratios from a results file (the last run in it)."""
+    """Print the grid's ratios from a results file, plain or gzipped (the last run in it)."""
     rows = []
-    with open(path) as handle:
-        for line in handle:
-            row = json.loads(line)
-            if "conditions" in row:
-                rows, conditions_row = [], row
-            else:
-                rows.append(row)
+    for row in grid_lines(path):
+        if "conditions" in row:
+            rows, conditions_row = [], row
+        else:
+            rows.append(row)
     print(json.dumps(conditions_row["conditions"]))
     print(f"{len(rows)} shapes of {conditions_row['shapes']}")
 

@@ -11,7 +11,7 @@ that `assume_backends_available(card)` reproduces them.
 H200, torch 2.11 (`H200_TORCH_2_11`), from recorded evidence:
 - PyTorch's default backend: cuDNN for fp16/bf16 (every mask kind, GQA or not, decode or not);
   fp32: the memory-efficient backend, or the math backend with GQA (which that backend does not
-  take). Timings (`python -m bench.diagnostics.default_backend_evidence`, the grid files of
+  take). Timings (`bench/diagnostics/default_backend_evidence.py` at 4c94021, on the grid files of
   sessions 6-10): `sdpa_default` took within 3% of forced cuDNN's time on 1,114 of 1,584 half
   shapes without GQA and 824 of 1,948 with it (forced cuDNN folds the query heads into rows
   there, a different launch), flash's on 44 and efficient's on 18 of all 3,532; fp32 in run 6

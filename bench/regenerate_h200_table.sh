@@ -1,30 +1,26 @@
 #!/usr/bin/env bash
-# Regenerate the bundled H200 table (models/tables/nvidia-h200-140gb.json) from run 6's recorded
-# measurements and the LLM grid runs of sessions 6-8 (every grid kernel timed on 440-580 shapes each,
-# `bench/grid_measurements.py`), session 9's held-out shapes, session 10's batch-4 grid and session 11's off-grid draw
-# and fast-path grid runs: the same gate, fit, quality guard and measured entries as `attn-dispatch
-# calibrate`'s last step; prints run 6's held-out quality before/after the guard and both tables'
-# choices on the recorded benches. About a minute of CPU, no GPU work.
+# Regenerate the bundled H200 table (models/tables/nvidia-h200-140gb.json) from the recorded H200
+# measurements: run 6's calibration and the LLM grid runs and off-grid draws below (every grid kernel
+# timed per shape, turned into calibration points by `bench/grid_measurements.py`), with the same gate,
+# fit, quality guard and measured entries as `attn-dispatch calibrate`'s last step. It prints run 6's
+# held-out quality before/after the guard and both tables' choices on the recorded benches, then scores
+# the new table's first choices on the seed-1 off-grid draw (in no fit). About a minute of CPU, no GPU.
 #
 # On the H200 host or off it: the features of `sdpa_default` (its workspace, which follows the backend
 # PyTorch picks) and the kernels a probe bars come from the card itself there, and off it from the
 # card's recorded answers (`bench/offline_card.py`: cuDNN for half, efficient/math for fp32, flash
-# barred from causal L != S). Off the card, with them, the refit equals the table refit on the card
-# in session 10 run 3 in everything but its provenance (models, guard, entries, decision map).
-# Then it scores the table's first choices on session 10's fresh held-out draw (not in the fit) and
-# says what decided each pick 1.5x the fastest or more (`bench.diagnostics.table_picks`).
-# EXTRA_GRIDS: more recorded `bench.llm_grid` files to fit on (e.g. a further off-grid draw,
-# `llm_grid --heldout 300 --seed 2`; never seed 1, the draw it is scored on).
+# barred from causal L != S). Off the card, with them, the refit equals a refit on the card in
+# everything but its provenance (models, guard, entries, decision map).
+# EXTRA_GRIDS: more recorded `bench.llm_grid` files to fit on (.jsonl or .jsonl.gz; never the seed-1
+# draw, which the table is scored on).
 #   [EXTRA_GRIDS="file ..."] bash bench/regenerate_h200_table.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
-HELDOUT=bench/results/h200_session10/run1_heldout_seed1.jsonl
-# The cost model's capacity for these ~36k points: CostModel's defaults (15 leaves, 300 trees) were
-# chosen for a few hundred to a few thousand; 31 leaves and 500 trees won grouped CV (leave-one-file-out
-# and 4 folds by family) and, as the final check, scored the seed-1 draw 1.046-1.048x the fastest,
-# 9-10 picks over 1.5x, 8 over 1.03x the default over four held-out splits (default capacity: 1.058-1.062x,
-# 12-14, 5-16). bench/results/h200_session10/model_capacity_cv_off_card.txt.
+HELDOUT=bench/results/h200_session10/run1_heldout_seed1.jsonl.gz
+R=bench/results
+# The cost model's capacity for these ~36k points: CostModel's defaults (15 leaves, 300 trees) suit a few
+# thousand points; 31 leaves and 500 trees won grouped cross-validation here (docs/RESULTS.md#table-quality).
 REFIT_MODEL=${REFIT_MODEL:-'{"max_leaf_nodes": 31, "max_iter": 500}'}
 read -r -a EXTRA <<< "${EXTRA_GRIDS:-}"
 for extra in "${EXTRA[@]}"; do
@@ -32,21 +28,20 @@ for extra in "${EXTRA[@]}"; do
 done
 EXTRA_NOTE=()
 if ((${#EXTRA[@]})); then EXTRA_NOTE=(--note "with the points of ${EXTRA[*]}"); fi
-"$PYTHON" -m bench.guard_rescore bench/results/h200_calibrations/run6_more_problems \
-  --bench bench/results/h200_session3/bench_heldout.json.gz bench/results/h200_session3/bench_all.json.gz \
-  --grid bench/results/h200_session6/run1_llm_grid.jsonl bench/results/h200_session7/run1_llm_grid.jsonl \
-    bench/results/h200_session7/run5_llm_grid.jsonl bench/results/h200_session8/run3_llm_grid.jsonl \
-    bench/results/h200_session9/run2_heldout_grid.jsonl bench/results/h200_session10/run1_llm_grid_b4.jsonl \
-    bench/results/h200_session11/run3_heldout_seed2.jsonl bench/results/h200_session11/run1_grid_fast_path_off.jsonl \
-    bench/results/h200_session11/run1_grid_fast_path_on.jsonl bench/results/h200_session11/run2_llm_grid_fast_path.jsonl "${EXTRA[@]}" \
+"$PYTHON" -m bench.guard_rescore $R/h200_calibrations/run6_more_problems \
+  --bench $R/h200_session3/bench_heldout.json.gz $R/h200_session3/bench_all.json.gz \
+  --grid $R/h200_session6/run1_llm_grid.jsonl.gz $R/h200_session7/run1_llm_grid.jsonl.gz \
+    $R/h200_session7/run5_llm_grid.jsonl.gz $R/h200_session8/run3_llm_grid.jsonl.gz \
+    $R/h200_session9/run2_heldout_grid.jsonl.gz $R/h200_session10/run1_llm_grid_b4.jsonl.gz \
+    $R/h200_session11/run3_heldout_seed2.jsonl.gz $R/h200_session11/run1_grid_fast_path_off.jsonl.gz \
+    $R/h200_session11/run1_grid_fast_path_on.jsonl.gz $R/h200_session11/run2_llm_grid_fast_path.jsonl.gz "${EXTRA[@]}" \
   --model "$REFIT_MODEL" --before models/tables/nvidia-h200-140gb.json --out models/tables/nvidia-h200-140gb.json \
   --note "bundled with attn-dispatch: measured by \`attn-dispatch calibrate --device cuda:0 --problems 320 --budget-minutes 7.4 --allow-lossy any\` on one H200, 2026-11-30 (254 problems measured before the deadline; bench/results/h200_calibrations/run6_more_problems_*; docs/RESULTS.md)" \
   --note "refit with the quality guard and measured entries (issue 15) by \`bash bench/regenerate_h200_table.sh\` (cost model $REFIT_MODEL)" \
-  --note "with the points of four \`python -m bench.llm_grid\` runs on the H200 (sessions 6-8, 2026-12-01/02: 1868 shape runs of the 580-shape LLM grid; bench/results/h200_session{6,7,8}/*llm_grid.jsonl)" \
-  --note "with 300 shapes off the grid (session 9, \`llm_grid --heldout 300\`: batch 1-4, heads 40/8 and 28/4, head dim 96) and the grid at batch 4 up to 32k keys (session 10, \`llm_grid --batch 4 --max-kv 32768\`: 484 shapes); bench/results/h200_session9/run2_heldout_grid.jsonl, bench/results/h200_session10/run1_llm_grid_b4.jsonl" \
-  --note "with session 11's points: an off-grid draw (\`llm_grid --heldout 300 --seed 2\`) and three grid runs with the fast path; flash there took up to 1.8x sessions 6-9's time on 20-40 us calls, so entries measured in both tie with the default, which serves; bench/results/h200_session11/run{3_heldout_seed2,1_grid_fast_path_*,2_llm_grid_fast_path}.jsonl" \
-  --note "fitted against the prior's version 2 (session 15: fused kernels without key splitting stream each block's keys, in waves; docs/RESULTS.md section 21)" \
+  --note "with the points of four \`python -m bench.llm_grid\` runs on the H200 (sessions 6-8, 2026-12-01/02: 1868 shape runs of the 580-shape LLM grid; bench/results/h200_session{6,7,8}/*llm_grid.jsonl.gz)" \
+  --note "with 300 shapes off the grid (session 9, \`llm_grid --heldout 300\`: batch 1-4, heads 40/8 and 28/4, head dim 96) and the grid at batch 4 up to 32k keys (session 10, \`llm_grid --batch 4 --max-kv 32768\`: 484 shapes); bench/results/h200_session9/run2_heldout_grid.jsonl.gz, bench/results/h200_session10/run1_llm_grid_b4.jsonl.gz" \
+  --note "with session 11's points: an off-grid draw (\`llm_grid --heldout 300 --seed 2\`) and three grid runs with the fast path; flash there took up to 1.8x sessions 6-9's time on 20-40 us calls, so entries measured in both tie with the default, which serves; bench/results/h200_session11/run{3_heldout_seed2,1_grid_fast_path_*,2_llm_grid_fast_path}.jsonl.gz" \
+  --note "fitted against the prior's version 2 (fused kernels without key splitting stream each block's keys, in waves; docs/RESULTS.md#table-quality)" \
   "${EXTRA_NOTE[@]}"
-"$PYTHON" -m bench.table_cv bench/results/h200_calibrations/run6_more_problems --folds 0 \
+"$PYTHON" -m bench.table_cv $R/h200_calibrations/run6_more_problems --folds 0 \
   --table models/tables/nvidia-h200-140gb.json --score "$HELDOUT"
-"$PYTHON" -m bench.diagnostics.table_picks models/tables/nvidia-h200-140gb.json "$HELDOUT" --over 1.5

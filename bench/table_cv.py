@@ -11,8 +11,8 @@ draw unlike the rest, e.g. session 9's off-grid shapes or session 10's batch-4 g
 the same shapes.
 
     python -m bench.table_cv bench/results/h200_calibrations/run6_more_problems \\
-        --grid bench/results/h200_session6/run1_llm_grid.jsonl bench/results/h200_session7/run1_llm_grid.jsonl \\
-        --score bench/results/h200_session8/run3_llm_grid.jsonl --table models/tables/nvidia-h200-140gb.json
+        --grid bench/results/h200_session6/run1_llm_grid.jsonl.gz bench/results/h200_session7/run1_llm_grid.jsonl.gz \\
+        --score bench/results/h200_session8/run3_llm_grid.jsonl.gz --table models/tables/nvidia-h200-140gb.json
 
 Off the card PyTorch's backends are assumed available (`kernels.sdpa_probe`); `sdpa_default`'s
 workspace feature then follows what this machine computes (`bench.refit_table`'s caveat).

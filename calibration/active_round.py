@@ -2,10 +2,9 @@
 pick, among the next points of the seeded sample, the problems whose pick the fits disagree on
 most (`calibration.active.bagged_regret`, scored as the bags' mean slowdown of their consensus pick).
 
-`bench/active_sampling_simulation.py` chose this score: on run 6's problems, bagged disagreement
-beat random sampling from 48 problems on, smallest-margin sampling lost to random, and of the
-variants tried (more bags, a k-means spread batch, smaller late batches, the slowdown instead of
-the log regret) only the slowdown score was ahead of the log regret (docs/RESULTS.md, section 8).
+The score and the settings below are the best of those simulated on a recorded H200 calibration
+(docs/RESULTS.md#calibration): bagged disagreement beat random sampling, smallest-margin sampling
+did not, and the slowdown score was ahead of the log regret.
 """
 
 from __future__ import annotations
@@ -23,15 +22,13 @@ from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.ranking import kernel_named
 
 # Bootstrap fits per round and their boosting iterations: the simulation's settings (4 fits of a
-# third of the default 300 iterations: a few CPU seconds for a few hundred problems). 8 bags did
-# worse in the simulation (3 seeds x 5 folds, run 6: 23.7% mean slowdown at 96 problems, 28.1% at
-# 101, against 20.7% and 21.5% with 4; docs/RESULTS.md section 8).
+# third of the default 300 iterations: a few CPU seconds for a few hundred problems); 8 bags
+# simulated worse (docs/RESULTS.md#calibration).
 BAGS = 4
 BAG_ITERATIONS = 100
 # Score the bags' mean slowdown of their consensus pick (exp of the log regret, minus 1: the
-# quantity mean slowdown averages) rather than their mean log regret: in the simulation (6 seeds x
-# 5 folds) 21.0% and 21.1% mean slowdown at 96 and 101 problems, against 22.5% and 22.2% (the
-# seeds' spread is 2-3 points; the whole pool's 18.5%).
+# quantity mean slowdown averages) rather than their mean log regret: it scores what the target
+# measures and simulated at least as well (docs/RESULTS.md#calibration).
 LINEAR_REGRET = True
 # At least this many measured problems before a round is worth fitting (the simulation started at 16).
 MIN_PROBLEMS = 16

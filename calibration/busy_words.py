@@ -4,8 +4,8 @@ busy to time kernels (`calibration.noise`). Two different stories:
 - the probe before measuring said "too busy" and the user passed ``--allow-busy`` (without the
   flag `noise.check_quiet` stops before anything is measured): "measured anyway: --allow-busy";
 - the machine was fine before measuring and too busy after: the machine *became* too busy while
-  measuring, with the number that changed ("CPU share 96% before, 69% after"). A new user's trial
-  read "measured anyway: --allow-busy" there, for a flag they never passed.
+  measuring, with the number that changed ("CPU share 96% before, 69% after"), never a flag the
+  user did not pass.
 """
 
 from __future__ import annotations

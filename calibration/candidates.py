@@ -24,7 +24,7 @@ from attn_dispatch.models.priors import prior_seconds
 KERNEL_SETS = ("all", "portable")
 # A kernel predicted this many times slower than the problem's fastest candidate, and slower than
 # the per-point budget, is not timed: it can never be chosen, and it would eat the run (the math
-# path at 32k x 32k takes ~200 ms on an H200 and seconds on a gfx906 card).
+# path at 32k x 32k takes hundreds of milliseconds on a fast GPU and seconds on a gfx906 card).
 HOPELESS_FACTOR = 50.0
 
 

@@ -14,8 +14,8 @@ MASK_KEEP_PROBABILITY = 0.9
 # (METHOD.md: "If the inputs fit in the cache ... rotate among several input sets").
 CACHE_MULTIPLE = 2
 MAX_INPUT_SETS = 8
-# Last-level cache sizes used when the device does not report one: H200 L2 is 60 MB (measured
-# through torch on the H200, device/KINDS.md); 32 MiB covers common server CPU L3 slices.
+# Last-level cache sizes used when the device does not report one: a Hopper GPU's L2 is 60 MB
+# (as torch reports it on an H200); 32 MiB covers common server CPU L3 slices.
 DEFAULT_GPU_CACHE_BYTES = 60 * 2**20
 DEFAULT_CPU_CACHE_BYTES = 32 * 2**20
 

@@ -23,9 +23,9 @@ from attn_dispatch.models.measurement import Measurement
 REASON_CHARS = 200
 # One timed repetition, no warm-up: used when the first (untimed) call already spent the budget.
 SINGLE_SHOT = TimerSettings(warmup=0, min_reps=1, max_reps=1, target_relative_iqr=float("inf"), budget_s=0.0)
-# A suspected clear loser: one warm call (which sizes the batch), then one batched sample. Timing
-# it call by call without a warm-up recorded cold, jittery times on the H200 (flash at 195 us on a
-# problem it runs in ~20 us), which taught the cost model wrong residuals.
+# A suspected clear loser: one warm call (which sizes the batch), then one batched sample. Timed
+# call by call without a warm-up, a loser's times are cold and jittery (several times its warm
+# time on a GPU), which teaches the cost model wrong residuals.
 LOSER_CHECK = TimerSettings(warmup=1, min_reps=1, max_reps=1, target_relative_iqr=float("inf"), budget_s=0.0)
 
 

@@ -7,7 +7,7 @@ Two signals, either can call the machine busy:
   `calibration.timer`). It catches jitter, not a machine where every sample is slow alike;
 - the CPU share (`calibration.cpu_share`): this process's CPU time during the probe over wall
   time x the cores torch uses. It catches the steady case (other processes keep every core
-  busy; issue 15 saw a calibration ~100x slow and "quiet" by its spread) without knowing how
+  busy: a calibration can run 100x slow and look quiet by its spread) without knowing how
   fast the machine should be. On a GPU it is the launching host thread's share of one core,
   which can widen the timer but never stops a calibration alone (the kernels' times are the GPU's).
 The load average per CPU is reported beside them, never decisive.
@@ -42,34 +42,25 @@ REFERENCE_HEAD_DIM = 64
 PROBE_SAMPLES = 15
 PROBE = TimerSettings(warmup=2, min_reps=PROBE_SAMPLES, max_reps=PROBE_SAMPLES, target_relative_iqr=0.0,
                       budget_s=math.inf)
-# Busy above this spread: `calibration.timer.QUICK` stops a point at a 10% relative IQR and DEFAULT
-# at 5%; a reference point whose IQR is twice QUICK's target cannot reach it in QUICK's 3-10
-# samples, so its medians carry noise comparable to the 10-30% gaps between close kernels. But
-# quiet probes (a CPU share of 0.92 or more) on the 2-core dev VM spread 2-25% (25 probes:
-# bench/results/noise_cpu_share.txt, the calibrate runs of docs/RESULTS.md section 8 and a first
-# exploration), 2 of them over 20%: 30% keeps a quiet machine from being called busy; a steadily
-# starved one is the CPU share's to catch.
+# Busy above this spread: `calibration.timer.QUICK` stops a point at a 10% relative IQR; a reference
+# point whose IQR is three times that cannot reach it in QUICK's few samples, so its medians carry
+# noise comparable to the gaps between close kernels. Quiet probes on a 2-core CPU spread up to 25%
+# (docs/RESULTS.md#busy-machine-probe), so 30% keeps a quiet machine from being called busy; a
+# steadily starved one is the CPU share's to catch.
 BUSY_SPREAD = 0.30
-# Stop above this spread: samples of one call varying by half their median (measured on this
-# project's shared 2-core VM with ~6 other processes running: see docs/RESULTS.md, "quick mode on a
-# busy machine") leave most of a quick sweep's kernel orderings to chance.
+# Stop above this spread: samples of one call varying by half their median leave most of a quick
+# sweep's kernel orderings to chance (docs/RESULTS.md#busy-machine-probe).
 STOP_SPREAD = 0.50
-# CPU share thresholds, from `python -m bench.noise_cpu_share --probes 10` on this project's shared
-# 2-core VM (torch's 2 threads; bench/results/noise_cpu_share.txt, docs/RESULTS.md section 8).
-# Quiet probes had a share of 0.92-1.04. With one core taken by another process the share was
-# 0.48-0.52 and the probe 1-100x slow (0.6-64 ms against 0.6-0.7 ms quiet), with one spinning
-# process besides 0.33-0.37 and 4-150x slow, with two 0.22-0.26: an OpenMP team whose thread is
-# off its core stalls at every barrier, so a lost share stretches times far more than in
-# proportion, unevenly across kernels, and sometimes steadily (spreads of 6-10% at 95-100 ms).
+# CPU share thresholds (docs/RESULTS.md#busy-machine-probe: quiet probes 0.92-1.04, one of two cores
+# taken by another process 0.48-0.52). An OpenMP team whose thread is off its core stalls at every
+# barrier, so a lost share stretches times far more than in proportion, unevenly across kernels.
 # Busy under this share: below every quiet probe, with margin for a stray context switch.
 BUSY_CPU_SHARE = 0.85
-# Stop under this share: above the 0.48-0.52 of a machine with one of its two cores taken (the
-# probe up to 100x slow there), below every quiet probe.
+# Stop under this share: above a machine with one of its two cores taken, below every quiet probe.
 STOP_CPU_SHARE = 0.6
 # From this spread on, `spread_words` writes it as a multiple of the median ("8.3x the median
-# time") instead of a percentage: a new user's busy probe printed "spread 832%", which reads as a
-# bug; past 100% the samples' middle half spans more than the median itself. Wording only: the
-# verdicts above read the number.
+# time") instead of a percentage ("spread 832%" reads as a bug): past 100% the samples' middle half
+# spans more than the median itself. Wording only: the verdicts above read the number.
 SPREAD_AS_MULTIPLE = 1.0
 # A busy machine's timer: at least this many samples per point, and this many times the budget.
 WIDE_MIN_REPS = 7

@@ -59,8 +59,8 @@ def measure_peak_bytes(call: Callable[[], object], device: torch.device) -> tupl
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
         # garbage from earlier work (a cycle holding GPU tensors) freed mid-call would lower the
-        # allocator's count below the start and hide the call's own allocations: on the H200 two kernels
-        # measured a peak of 0 bytes in the test suite (`gc.collect()` first cost ~60 ms per call)
+        # allocator's count below the start and hide the call's own allocations (a peak of 0 bytes);
+        # pausing the collector costs nothing, where collecting first costs tens of ms per call
         with cyclic_collection_paused():
             result = call()
         torch.cuda.synchronize(device)

@@ -82,8 +82,8 @@ ALL_DTYPES = ("float16", "bfloat16", "float32")
 INPUT_MEMORY_FRACTION = 0.25
 
 # GPU: the ranges of the issue (Lq to 64k, Lk to 128k, 8-32 heads as in LLMs and video models);
-# the fastest kernel of a point may take up to 20 ms (a 32k x 32k, 16-head flash call on the H200
-# took 10 ms: shared/reference/h200-probe.md), so the long-context corner is in the sample.
+# the fastest kernel of a point may take up to 20 ms (a 32k x 32k, 16-head flash call takes about
+# half that on an H200), so the long-context corner is in the sample.
 FULL_GPU = SpaceProfile(
     name="full-gpu", problems=160, max_q_len=65536, max_kv_len=131072, head_dims=ALL_HEAD_DIMS,
     dtypes=ALL_DTYPES, q_heads=(8, 16, 32), gqa_ratios=(1, 2, 4, 8), batches=(1, 2, 4, 8),

@@ -4,8 +4,8 @@ GPU: device events around each sample; CPU: `time.perf_counter`. Warm-up first, 
 until the interquartile range is small relative to the median or the per-point budget is spent.
 A sample is a batch of back-to-back calls lasting about `TARGET_SAMPLE_S`, divided by the batch
 size: a single sub-millisecond call timed between two events mostly measures launch jitter (two
-H200 calibrations timed call by call disagreed by more than 40% on a tenth of their 30 us - 1 ms
-points, against 4% above 1 ms), and in a model's forward pass attention calls are issued back to
+calibrations timed call by call disagree far more below 1 ms than above:
+docs/RESULTS.md#calibration), and in a model's forward pass attention calls are issued back to
 back too. Inputs are rotated between calls (see `calibration.inputs`) so that a problem that fits
 in cache is not timed from cache.
 """

@@ -22,14 +22,10 @@ from attn_dispatch.kernels.problem import Problem
 
 NEG_INF = float("-inf")
 KEY_COUNT_MULTIPLE = 8
-"""On the H200 our portable kernels ran at a median 2.1-3.2x PyTorch's default on half-precision
-calls whose key count was not a multiple of this, against 0.9-1.8x where it was (`small_q`,
-`chunked`, `math`; 988 recorded shapes with Lq <= 64, sessions 10-15: docs/RESULTS.md section 21).
-Padding the score and probability rows to a multiple of it did not help: padded / unpadded
-1.01-1.34x (median 1.04) on unaligned key counts, 0.99-1.10x (1.03) on aligned ones, where padding
-changes nothing (the H200, session 16: docs/RESULTS.md section 22); the products still run over an
-unaligned number of keys. Measured entries carry only between calls on the same
-side of it (`dispatcher.ranking.measured_alignment_carries`)."""
+"""Key counts that are a multiple of this run our portable kernels' matrix products on their fast
+paths; other counts run them about twice as slowly on a GPU (docs/RESULTS.md#kernels-per-call), so
+measured entries carry only between calls on the same side of it
+(`dispatcher.ranking.measured_alignment_carries`)."""
 
 
 def key_count_aligned(kv_len: int) -> bool:
@@ -84,8 +80,8 @@ class ScoreRecipe(NamedTuple):
 def fp32_product(batch1: torch.Tensor, batch2: torch.Tensor, out: torch.Tensor, scale: float) -> torch.Tensor:
     """``out = scale * batch1 @ batch2`` in fp32 from half operands ``[N, R, E] @ [N, E, S]``
     (only where `has_fp32_output_product`): the scale is the GEMM's alpha, so the scores are
-    scaled with no pass of their own (a separate multiply cost 22-45% on H200 decode and prefill
-    calls of the portable kernels, bench/r5_overflow_cost.py, 2026-12-01)."""
+    scaled with no pass of their own (docs/RESULTS.md#kernels-per-call: a separate multiply
+    costs more)."""
     if scale == 1.0:
         return torch.ops.aten.bmm.dtype_out(batch1, batch2, torch.float32, out=out)
     return torch.ops.aten.baddbmm.dtype_out(out, batch1, batch2, torch.float32, beta=0, alpha=scale, out=out)
@@ -97,8 +93,8 @@ def score_recipe(dtype: torch.dtype, device: torch.device, scale: float) -> Scor
     - fp32 / fp64 inputs, or half inputs whose scale is a power of two <= 1 on a device with an
       fp32-result product: the scale is folded into Q (exact) and Q, K enter in their own dtype.
     - half inputs with any other scale (1/sqrt(128) is not a power of two) on such a device: Q
-      and K enter unscaled and the fp32 scores are scaled (one pass over the scores, where
-      upcasting cost a full fp32 copy of the keys: +15-17% per H200 decode call, 2026-12-01).
+      and K enter unscaled and the fp32 scores are scaled (one pass over the scores, cheaper than
+      upcasting, which copies the keys to fp32).
     - half inputs elsewhere (CPU): Q and K are upcast to fp32 and the scale folded into Q.
     """
     if dtype not in HALF_DTYPES:
@@ -112,9 +108,8 @@ def score_recipe(dtype: torch.dtype, device: torch.device, scale: float) -> Scor
 
 def _exact_in_half(scale: float) -> bool:
     """Whether multiplying a half-precision query by `scale` rounds nothing: a power of two. Any
-    other scale (1/sqrt(128)) rounds each scaled element by up to 2^-11 of itself, which moved
-    logits of magnitude-64 fp16 inputs by whole units on the H200 (a relative error of 3e-2 in the
-    GPU contract suite, 2026-12-01): such scales are applied to the fp32 scores instead."""
+    other scale (1/sqrt(128)) rounds each scaled element by up to 2^-11 of itself, which moves
+    logits of large fp16 inputs by whole units: such scales are applied to the fp32 scores instead."""
     mantissa, _ = math.frexp(abs(scale))
     return scale != 0.0 and mantissa == 0.5
 

@@ -51,7 +51,7 @@ FUSED_PENALTY_FLOOR = 2.0**100
 """Most negative finite mask entry a fused GPU backend is given (~1.3e30). The fused kernels scale
 scores by log2(e) (and the softmax scale) before exp2, so a penalty of bf16's or fp32's lowest
 value (-3.4e38: transformers' padding masks) overflows to -inf there and a row whose visible keys
-all carry it came out as zeros (H200, torch 2.11, PyTorch's own backends too), where SDPA's
+all carry it comes out as zeros (in PyTorch's own fused backends too), where SDPA's
 float64 answer attends uniformly over them: fp32 and fp64 both lose the scores next to either
 penalty, so -2^100 gives the same answer without the overflow; -inf stays -inf."""
 

@@ -107,9 +107,9 @@ def _check_tensors(query: object, key: object, value: object) -> None:
 
 def broadcast_sizes(*shapes) -> tuple[int, ...]:
     """`torch.broadcast_shapes` of integer sizes, computed here: torch's goes through its
-    symbolic-shape machinery, 12.6 us a call against 1.7 us (2-core CPU, torch 2.13), on every new
-    shape's plan. Symbolic sizes (fake tensors under compilation) go to torch's. Raises
-    RuntimeError where they do not broadcast, as torch's."""
+    symbolic-shape machinery, several times slower, and every new shape's plan calls this.
+    Symbolic sizes (fake tensors under compilation) go to torch's. Raises RuntimeError where they
+    do not broadcast, as torch's."""
     if not all(type(size) is int for shape in shapes for size in shape):
         return tuple(torch.broadcast_shapes(*shapes))
     ndim = max((len(shape) for shape in shapes), default=0)

@@ -12,9 +12,9 @@ FUSED_BACKWARDS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
 
 MATH_BACKWARD_SCORE_MATRICES = 4
 """Score-sized fp32 tensors PyTorch's math backward holds at once (scores, probabilities, their
-gradient and a product): issue 16 measured +1643 MiB of peak RSS for a 1x8x4096x64 fp32 causal
-forward+backward held to math, 3.2 score matrices of 512 MiB; 4 leaves a margin. Used for every
-kernel with a backward that declares no bound (`sdpa_math`, `sdpa_default`, user kernels)."""
+gradient and a product): a forward+backward held to math peaked at 3.0-3.2 score matrices
+(docs/RESULTS.md#training-memory), and 4 leaves a margin. Used for every kernel with a backward
+that declares no bound (`sdpa_math`, `sdpa_default`, user kernels)."""
 
 
 def training_bytes(kernel: Kernel, problem: Problem) -> int:

@@ -70,8 +70,8 @@ def zero_fully_masked_rows_(out: torch.Tensor, bias: torch.Tensor) -> torch.Tens
 
 def _backward_needs_logsumexp(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
     """Whether the operator must keep each row's logsumexp: its backward needs it (as
-    `F.scaled_dot_product_attention` asks; without it the efficient backward raised "LSE is not
-    correctly aligned" on the H200, torch 2.11)."""
+    `F.scaled_dot_product_attention` asks; without it the efficient backward raises "LSE is not
+    correctly aligned")."""
     return torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
 
 
@@ -234,10 +234,8 @@ class SdpaBackendKernel(Kernel):
         (with GQA folded into rows or passed natively, as `_forward` does), also on strided inputs
         whose last dimension is dense (a slice of a KV cache, transformers' ``[B, L, H, D]``
         transposed), which the operators take as they are. `run` canonicalises, checks strides and
-        picks the GQA mode on every call: 33 us of host time per H200 decode call against 20 us for
-        `F.scaled_dot_product_attention` (bench/dispatch_overhead.py, 2026-12-01), which in a decode
-        loop is the whole call; on a sliced cache the decode loop took 78 us per call that way
-        (bench/decode_loop.py, B1, 8k keys)."""
+        picks the GQA mode on every call, which costs more host time than a host-bound decode call
+        on a GPU takes (docs/RESULTS.md#warm-parity)."""
         bare_call = self.bare_call(problem)
         op = None if bare_call is None else self._bare_op(problem.device_type)
         if op is None:
@@ -357,7 +355,7 @@ class SdpaMathKernel(SdpaBackendKernel):
         """The math backend (`_scaled_dot_product_attention_math` in ATen's attention.cpp)
         materialises scores and their softmax (12 bytes per score element with the mask's bias),
         upcasts half inputs to fp32, scales Q and K in copies, and repeats K/V for GQA after the
-        upcast: with bf16, GQA 8 on the H200 the fp32 repeat was what the older bound missed."""
+        upcast (the fp32 repeat dominates with bf16 and GQA 8)."""
         widen = 4 // problem.itemsize if problem.itemsize < 4 else 1  # fp32 copies of half inputs
         upcast = (problem.q_bytes + problem.kv_bytes) * widen if widen > 1 else 0
         repeated_kv = problem.kv_bytes * widen * problem.gqa_ratio if problem.gqa_ratio > 1 else 0

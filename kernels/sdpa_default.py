@@ -55,12 +55,11 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         return extra
 
     def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
-        """PyTorch's SDPA on the caller's own tensors: no canonicalisation, which cost ~10 us per
-        call on the H200 host (bench/results: our wrapper 29.5 us against 22.2 us for the bare
-        call on a 512-token prefill). The cases PyTorch does not take as given (a mask together
-        with causality, a 1-D mask (PyTorch raises IndexError on it; SDPA's broadcasting allows
-        it), broadcast inputs, a size of 0 (PyTorch's CUDA efficient backward asserts on zero heads,
-        torch 2.11) go through the base class."""
+        """PyTorch's SDPA on the caller's own tensors, with no canonicalisation (it would cost
+        several microseconds of host time per call). The cases PyTorch does not take as given (a
+        mask together with causality, a 1-D mask (PyTorch raises IndexError on it; SDPA's
+        broadcasting allows it), broadcast inputs, a size of 0 (PyTorch's CUDA efficient backward
+        asserts on zero heads) go through the base class."""
         if (
             attn_mask is not None and (problem.causal or attn_mask.dim() < 2)
             or problem.broadcast_inputs
@@ -74,13 +73,13 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         """Without a mask, on inputs PyTorch takes as given, the bare
         ``torch._C._nn.scaled_dot_product_attention`` call with the flags bound: the warm path of a
         20 us call then adds no Python frame of ours around PyTorch's (`run` adds three). With a
-        mask, on a CPU whose SDPA zeroes fully masked rows itself: the bare call too (`run` adds
-        ~3 us there: +6 us per masked 20 us call over PyTorch on the 2-core CPU, 2026-12-01)."""
+        mask, on a CPU whose SDPA zeroes fully masked rows itself: the bare call too (`run` would
+        add its own checks to every masked call)."""
         if problem.mask_kind != "none":
             return self._masked_runner(problem)
         if problem.broadcast_inputs or problem.causal_offset or problem.is_degenerate:
             return self.run
-        causal = problem.causal  # flags by keyword, dropout left out: a positional 0.0 cost ~0.2 us per call
+        causal = problem.causal  # flags by keyword, dropout left out: PyTorch parses a positional 0.0 on every call
         if problem.gqa_ratio > 1:
             if not TORCH_HAS_ENABLE_GQA:
                 return self.run
@@ -92,10 +91,8 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         """Where `runner` is the bare call (see there), the flags of that call (`Kernel.sdpa_call`).
         PyTorch < 2.5 has no ``enable_gqa``: None. A problem's mask is 4-D whatever the caller's
         was: a plan made for a 1-D mask, which PyTorch refuses, makes no bare call
-        (`dispatcher._plan.Plan`: ``mask_ndim``); a decode step's (B, 1, 1, S) mask does (before
-        session 14 any mask of query size 1 was left to `run`: a masked CPU decode loop ran
-        1.08-1.29x SDPA's time per token, 0.96-1.00x since; `bench.decode_loop --mask`,
-        docs/RESULTS.md section 20)."""
+        (`dispatcher._plan.Plan`: ``mask_ndim``); a decode step's (B, 1, 1, S) mask does, which
+        keeps a masked CPU decode loop level with SDPA (docs/RESULTS.md#decode-loop)."""
         if (not TORCH_HAS_ENABLE_GQA or problem.broadcast_inputs or problem.causal_offset or problem.is_degenerate
                 or problem.causal_alignment != "top_left"):
             return None
@@ -142,11 +139,11 @@ class SdpaDefaultKernel(SdpaBackendKernel):
 
     @staticmethod
     def _call_pytorch(query, key, value, mask, causal: bool, scale: float | None, gqa: bool) -> torch.Tensor:
-        """``F.scaled_dot_product_attention`` with the two repairs the H200 (torch 2.11) needed,
-        made only where needed: on a GPU a mask whose key dimension is broadcast is stored out in
-        full (the memory-efficient backend raised "(*bias): last dimension must be contiguous"),
-        and rows the mask blocks entirely are zeroed unless PyTorch does so itself
-        (`default_zeroes_dead_rows`: the fused GPU backends returned garbage there)."""
+        """``F.scaled_dot_product_attention`` with two repairs, made only where needed: on a GPU a
+        mask whose key dimension is broadcast is stored out in full (the memory-efficient backend
+        raises "(*bias): last dimension must be contiguous"), and rows the mask blocks entirely are
+        zeroed unless PyTorch does so itself (`default_zeroes_dead_rows`: the fused GPU backends
+        return garbage there)."""
         if mask is not None and query.device.type != "cpu" and not key_dim_is_dense(mask, key.shape[-2]):
             mask = mask.expand(*mask.shape[:-1], key.shape[-2]).contiguous()
         kwargs = {"enable_gqa": True} if gqa and TORCH_HAS_ENABLE_GQA else {}
@@ -154,16 +151,15 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         if mask is None or default_zeroes_dead_rows(out.device, out.dtype, mask.dtype == torch.bool):
             return out
         if mask.dtype == torch.bool:  # two kernels, not three (`any`, `logical_not_`, `masked_fill_`): every call
-            return out.where(mask.any(dim=-1, keepdim=True), 0.0)  # of a static-cache decode makes it (section 18)
+            return out.where(mask.any(dim=-1, keepdim=True), 0.0)  # of a static-cache decode makes it
         dead = (mask == float("-inf")).all(dim=-1, keepdim=True)  # [..., L|1, 1]
         return out.masked_fill(dead, 0.0) if out.requires_grad else out.masked_fill_(dead, 0.0)
 
 
 def _mask_needs_query_dtype(problem: Problem) -> bool:
     """A float mask on half inputs on a GPU: PyTorch's SDPA there takes a float32 mask on bf16 or
-    fp16 inputs and its cuDNN backend gave wrong rows (relative error 1.1-1.9 on 3 rows of 4,
-    H200, torch 2.11; the memory-efficient backend refuses it: "invalid dtype for bias"); a
-    mask in the query's dtype was right. The mask is rebased first (`kernels._float_mask`), so
+    fp16 inputs and its cuDNN backend gives wrong rows (torch 2.11; the memory-efficient backend
+    refuses it: "invalid dtype for bias"); a mask in the query's dtype is right. The mask is rebased first (`kernels._float_mask`), so
     narrowing it to fp16 turns only penalties below -65504 into -inf, which block exactly."""
     return problem.mask_kind == "float" and problem.itemsize < 4 and problem.device_type != "cpu"
 

@@ -4,11 +4,10 @@ Error metric: relative L2 error ``||out - ref|| / ||ref||`` over the whole outpu
 element error relative to the largest reference element (catches a few wrong rows that the L2
 norm would average away).
 
-Where the numbers come from: the error of PyTorch's own SDPA and of our kernels on random inputs
-in the contract suite (tests/kernels; `HYPOTHESIS_PROFILE=explore` draws 200 problems per kernel),
-seen 2026-11-30 on CPU with torch 2.13: fp32 ~3e-7, fp16 ~5e-4, bf16 ~4e-3 relative L2. Each tolerance leaves about a
-10x margin over the worst observed kernel error; the H200 probe (shared/reference/h200-probe.md)
-saw the same orders of magnitude on GPU (fp16 2.8e-4..1.5e-3, bf16 2.2e-3..5.9e-3).
+Where the numbers come from: each tolerance leaves about a 10x margin over the largest error of
+PyTorch's own SDPA and of our kernels on random inputs in the contract suite (tests/kernels;
+`HYPOTHESIS_PROFILE=explore` draws 200 problems per kernel), on a CPU and on the H200: fp32 ~3e-7,
+fp16 ~3e-4 to 1.5e-3, bf16 ~2e-3 to 6e-3 relative L2 (docs/RESULTS.md#kernels-per-call).
 """
 
 from __future__ import annotations

@@ -6,14 +6,13 @@ log(prior / measured) (forced backends without `FORCED_BACKEND_FACTOR`, the prio
 them). Per file: the prior's pick among the recorded kernels against the fastest of them (geomean,
 picks over 1.5x, the worst three).
 
-    python -m bench.diagnostics.prior_accuracy bench/results/h200_session14/run1_llm_grid_all_paths.jsonl \\
-        bench/results/h200_session14/run2_heldout_seed4.jsonl
+    python -m bench.diagnostics.prior_accuracy bench/results/h200_session14/run1_llm_grid_all_paths.jsonl.gz \\
+        bench/results/h200_session14/run2_heldout_seed4.jsonl.gz
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 from collections import defaultdict
@@ -22,6 +21,7 @@ from attn_dispatch.kernels import Problem, kernel_from_name
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available
 from attn_dispatch.models.cards import H200
 from attn_dispatch.models.priors import FORCED_BACKEND_FACTOR, PRIOR_VERSION, prior_seconds
+from bench.grid_measurements import read_grid
 from bench.offline_card import H200_TORCH_2_11
 
 FUSED_PATHS = {"pytorch": "sdpa_default", "kernel:sdpa_cudnn": "sdpa_cudnn", "kernel:sdpa_flash": "sdpa_flash",
@@ -41,10 +41,7 @@ def shape_text(problem: Problem) -> str:
 
 def recorded(path: str):
     """(problem, {kernel name: median seconds}) per shape of a recorded run."""
-    for line in open(path):
-        row = json.loads(line)
-        if "problem" not in row:
-            continue
+    for row in read_grid(path):
         times = {}
         for label, timing in row["paths"].items():
             name = FUSED_PATHS.get(label) or (label[len("kernel:"):] if label.startswith("kernel:") else None)
@@ -56,7 +53,7 @@ def recorded(path: str):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="recorded `bench.llm_grid` .jsonl files with every path timed")
+    parser.add_argument("runs", nargs="+", help="recorded `bench.llm_grid` files (.jsonl or .jsonl.gz) with every path timed")
     args = parser.parse_args()
     errors = defaultdict(list)
     print(f"prior version {PRIOR_VERSION}, H200 spec, torch 2.11's recorded backend answers")

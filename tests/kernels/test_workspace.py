@@ -28,7 +28,7 @@ CUDA_ALLOCATOR_SLACK_BYTES = 16 * 512
 
 # Under `pytest -n 8` on the H200 the CUDA allocator's peak read 0 bytes on 2-3 of 176 cases per
 # run, different ones each run, although every call allocates its output; 60 measurements of three
-# such cases in one plain process never did (session 16, bench/results/h200_session16/peak_probe.py).
+# such cases in one plain process never did (docs/RESULTS.md#kernels-per-call).
 # A reading of 0 is taken as that artefact and measured again.
 MEASUREMENTS_OF_A_ZERO_PEAK = 3
 

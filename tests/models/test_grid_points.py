@@ -3,20 +3,28 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
-from bench.grid_measurements import grid_measurements, grid_times, kernel_of_path
-from bench.llm_grid import GRID_KV_LENS, GRID_Q_LENS, HELDOUT_KV_BYTES, heldout_problems
+import pytest
+
+from bench.grid_measurements import grid_measurements, grid_times, kernel_of_path, read_grid
+from bench.llm_grid import GRID_KV_LENS, GRID_Q_LENS, HELDOUT_KV_BYTES, heldout_problems, summarize
 
 PROBLEM = {"batch": 1, "q_heads": 32, "kv_heads": 8, "q_len": 1, "kv_len": 2048, "head_dim": 128, "value_dim": 128,
            "dtype": "bfloat16", "causal": False, "mask_kind": "none", "mask_shape": [], "device_type": "cuda",
            "strided": False, "broadcast_inputs": False}
 
 
-def write_grid(tmp_path, rows):
-    path = tmp_path / "grid.jsonl"
+def write_grid(tmp_path, rows, name="grid.jsonl"):
+    """A grid file as `bench.llm_grid` writes it (gzipped where `name` ends in .gz, as the recorded ones are)."""
+    path = tmp_path / name
     lines = [{"conditions": {"device": "cuda"}, "shapes": len(rows)}, *rows]
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    if name.endswith(".gz"):
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
     return str(path)
 
 
@@ -48,6 +56,19 @@ def test_grid_times_keep_shapes_with_two_timed_kernels(tmp_path):
                       "kernel:sdpa_flash": {"median_s": 2e-5, "iqr_s": 0.0, "samples": 5}}}
     shapes = grid_times(write_grid(tmp_path, [alone, pair]))
     assert [(p.kv_len, times) for p, times in shapes] == [(2048, {"sdpa_default": 3e-5, "sdpa_flash": 2e-5})]
+
+
+@pytest.mark.parametrize("name", ["grid.jsonl", "grid.jsonl.gz"])
+def test_a_gzipped_grid_reads_as_the_plain_one(tmp_path, name, capsys):
+    pair = {"problem": PROBLEM, "failed": {},
+            "paths": {"pytorch": {"median_s": 3e-5, "iqr_s": 0.0, "samples": 5},
+                      "kernel:sdpa_flash": {"median_s": 2e-5, "iqr_s": 0.0, "samples": 5},
+                      "shipped": {"median_s": 2.1e-5, "iqr_s": 0.0, "samples": 5}}}
+    path = write_grid(tmp_path, [pair], name)
+    assert read_grid(path) == [pair]  # the conditions line left out
+    assert [times for _, times in grid_times(path)] == [{"sdpa_default": 3e-5, "sdpa_flash": 2e-5}]
+    summarize(path)
+    assert "1 shapes of 1" in capsys.readouterr().out
 
 
 def test_heldout_shapes_are_off_the_grid_and_drawn_the_same_each_time():

@@ -1,5 +1,5 @@
-"""A card's recorded answers off the card (`bench.offline_card`, `assume_backends_available(card)`),
-the guard ablations (`bench.guard_ablations`) and the default-backend evidence reader."""
+"""A card's recorded answers off the card (`bench.offline_card`, `assume_backends_available(card)`)
+and the guard ablations (`bench.guard_ablations`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from attn_dispatch.kernels.sdpa_probe import assume_backends_available, default_
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table_io import load_table
-from bench.diagnostics.default_backend_evidence import matching_backend
 from bench.guard_ablations import ablations, without_margin, without_regions
 from bench.offline_card import H200_TORCH_2_11, offline_card_for
 
@@ -85,12 +84,6 @@ def test_the_card_is_found_by_device_and_torch_version():
     assert offline_card_for(h200_identity()) is H200_TORCH_2_11
     assert offline_card_for(h200_identity("2.12.0+cu130")) is None
     assert offline_card_for(DeviceIdentity.cpu()) is None
-
-
-def test_the_backend_the_default_ran_is_the_one_timed_the_same():
-    assert matching_backend({"sdpa_default": 100e-6, "sdpa_cudnn": 101e-6, "sdpa_flash": 80e-6}) == "sdpa_cudnn"
-    assert matching_backend({"sdpa_default": 100e-6, "sdpa_cudnn": 120e-6, "sdpa_flash": 80e-6}) is None
-    assert matching_backend({"sdpa_cudnn": 100e-6}) is None
 
 
 def test_ablations_take_out_the_margin_and_the_regions():
