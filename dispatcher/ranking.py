@@ -199,7 +199,7 @@ def resolve_ranking(device: torch.device, *, home: str | Path | None = None,
         _warn(f"could not identify {device} ({type(error).__name__}: {error}); no table or prior is used")
         return DeviceRanking(table=None, prior=None, source=none_source, prior_source=none_source)
     key = str(getattr(identity, "key", identity))
-    prior, prior_source = _prior(identity, key, none_source)
+    prior, prior_source = _prior(identity, key, none_source, home)
     if given is not None:
         try:
             table, source = given_table_source(*given, identity)
@@ -258,14 +258,18 @@ def table_description(table: object, level: str, *, given: bool = False) -> str:
     return text
 
 
-def _prior(identity: object, key: str, none_source: RankingSource) -> tuple[Ranker | None, RankingSource]:
+def _prior(identity: object, key: str, none_source: RankingSource,
+           home: str | Path | None) -> tuple[Ranker | None, RankingSource]:
+    """The device's analytic prior and its source. A CPU's rates are the probe kept for the machine in
+    `home`, else the probe-free constants (the probe runs at the process's exit: never inside a call)."""
     try:
         from attn_dispatch.models.priors import PriorRanker, spec_for
 
-        spec = spec_for(identity)
+        spec = spec_for(identity, home=home, probe_now=False)
         prior = PriorRanker(spec)
     except Exception as error:  # noqa: BLE001 - a missing spec must not fail a call
         _warn(f"no analytic prior for {key} ({type(error).__name__}: {error})")
         return None, none_source
     name = getattr(spec, "name", None) or key
-    return prior, RankingSource("prior", f"analytic prior ({name})", None, key)
+    rates = f"; {spec.source}" if getattr(spec, "estimated", False) else ""
+    return prior, RankingSource("prior", f"analytic prior ({name}{rates})", None, key)
