@@ -5,7 +5,8 @@ Under compilation `Dispatcher.attention` puts one call into Dynamo's graph, `att
 tensors, and there
 
 - with static shapes, the decision is made from the fake tensors' shapes, dtypes and devices (as
-  for an eager call of that shape: the table, remembered tunings, no timing) and the chosen kernel
+  for an eager call of that shape: the table, remembered measurements, no timing: a bucket still
+  measuring traces the kernel that serves it until then) and the chosen kernel
   runs on them, so its PyTorch ops are traced into the graph (``sdpa_default`` traces exactly what
   a compiled ``F.scaled_dot_product_attention`` would);
 - with symbolic shapes (``dynamic=True``, or after PyTorch's automatic dynamic recompile), no
@@ -137,7 +138,9 @@ def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
         if key_ not in ours._traced_shapes:  # PyTorch traces a graph more than once
             ours._traced_shapes.add(key_)
             ours._count_cell(plan.kernel.name + COUNT_SUFFIX)[0] += 1
-    return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+    # a bucket still measuring (`measuring`) traces the kernel serving it: nothing is timed while tracing
+    run = plan.run if plan.trial is None else plan.kernel.runner(plan.problem)
+    return run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
 
 
 def _allow_in_graph(dynamo: types.ModuleType) -> None:

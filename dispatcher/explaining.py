@@ -66,5 +66,5 @@ class Explaining:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         planner = self._planner(device)
-        return planner.decide(problem, None, budget=self.memory_budget, tune=self.tune,
-                              on_failure=lambda name, error: None).decision
+        return planner.decide(problem, budget=self.memory_budget, measure=self.measure,
+                              on_failure=lambda name, error: None).explained()

@@ -60,7 +60,7 @@ def measured_alignment_carries(entry: MeasuredEntry, problem: Problem) -> bool:
     one bucket's entry, measured at 8,192 keys (`small_q[splits=1]` 130 us, PyTorch's default
     191 us), served 4,731 keys at 2.45x the default's time (session 15, run 4; padding the score
     rows did not help, session 16). Such a call is decided apart (`planning.decision_bucket`) and
-    checked on its first call (`verify`)."""
+    measured on its calls (`measuring`)."""
     if problem.device_type == "cpu" or not _multiplies_scores(entry.winner):
         return True
     return key_count_aligned(entry.kv_len) == key_count_aligned(problem.kv_len)
@@ -116,7 +116,7 @@ class DeviceRanking:
     def entry_decides(self, problem: Problem) -> bool:
         """Whether the table's measured entry for `problem`'s exact bucket decides it: there is one,
         and its winner is not PyTorch's default by a tie (`MeasuredEntry.default_by_tie`: a faster
-        kernel's spread overlaps it; a bucket's first call then times them, `verify`), unless every
+        kernel's spread overlaps it; the bucket's calls then measure them, `measuring`), unless every
         kernel faster than the default there is the backend PyTorch's default runs anyway
         (`default_backend_choice`: on the H200, 190 of the bundled table's 284 tied entries were
         the default against its own cuDNN backend; timing one backend against itself decides
@@ -137,8 +137,8 @@ class DeviceRanking:
             if not measured_alignment_carries(entry, problem):
                 return (f"{entry.winner} was measured at {entry.kv_len} keys, {_multiple_or_not(entry.kv_len)} of "
                         f"{KEY_COUNT_MULTIPLE}, and this call has {problem.kv_len}, {_multiple_or_not(problem.kv_len)}: "
-                        "the first call times the options")
-            return "PyTorch's default wins it only by a tie, so the first call times them"
+                        "the bucket's calls measure the options")
+            return "PyTorch's default wins it only by a tie, so the bucket's calls measure them"
         except Exception:  # noqa: BLE001 - an explanation must never fail a call
             return None
 

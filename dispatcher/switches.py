@@ -1,5 +1,5 @@
-"""Environment switches that turn one dispatcher feature off: ``ATTN_DISPATCH_VERIFY`` (the
-first-call check), ``ATTN_DISPATCH_HOT_PATH``, ``ATTN_DISPATCH_FAST_PATH`` and
+"""Environment switches that turn one dispatcher feature off: ``ATTN_DISPATCH_MEASURE`` (measuring
+a bucket's candidates on its calls), ``ATTN_DISPATCH_HOT_PATH``, ``ATTN_DISPATCH_FAST_PATH`` and
 ``ATTN_DISPATCH_AUTO_BUILD`` (the fast path's background build)."""
 
 from __future__ import annotations

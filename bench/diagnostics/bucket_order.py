@@ -9,9 +9,9 @@ runs (PyTorch's backend choices and probes as recorded, `bench.offline_card`) an
 
 - the buckets whose first option the re-sort changed, by the kernel it chose, with the paired
   per-round ratio the run measured for a dispatcher column there (`--column`, what ran then);
-- each policy's pick priced by the run's recorded medians (the first-call check simulated as in
-  `bench.first_call_check_simulation.measured_choice`: the timed options' fastest, PyTorch's
-  default unless beaten by `tuning.MIN_WIN_MARGIN`). The kernels' medians were timed through their
+- each policy's pick priced by the run's recorded medians (a bucket's measuring on its calls
+  simulated as in `bench.first_call_check_simulation.measured_choice`: the measured candidates'
+  fastest, PyTorch's default unless beaten by `tuning.MIN_WIN_MARGIN`). The kernels' medians were timed through their
   Python runners, so picks other than the default are priced above what the dispatcher's C++
   entries run them at.
 
@@ -29,7 +29,7 @@ import statistics
 import torch
 
 from attn_dispatch import Dispatcher
-from attn_dispatch.dispatcher import verify
+from attn_dispatch.dispatcher.measured_candidates import measured_candidates
 from attn_dispatch.dispatcher.cold_shape import costly_setups, floor_order, floor_seconds
 from attn_dispatch.dispatcher.planning import rank_options
 from attn_dispatch.dispatcher.ranking import entry_decides_bucket
@@ -62,11 +62,11 @@ def resorted(options: tuple, floors: dict) -> tuple:
 
 
 def checked_pick(options: tuple, problem: Problem, times: dict, decides: bool, cold: dict) -> str:
-    """What a shipped dispatcher's bucket starts with: the first option where an entry decides,
-    else the first-call check's pick (`verify.checked_options`)."""
+    """What a shipped dispatcher's bucket serves with: the first option where an entry decides,
+    else the pick of its measuring on calls (`measured_candidates`)."""
     if decides:
         return options[0].kernel.name
-    checked = verify.checked_options(options, CUDA, problem, sets_up=costly_setups(options, problem, cold))
+    checked = measured_candidates(options, CUDA, problem, sets_up=costly_setups(options, problem, cold))
     return measured_choice([o.kernel.name for o in checked], times) if checked else options[0].kernel.name
 
 

@@ -59,7 +59,7 @@ def paired(calls: dict, rounds: int, device: torch.device) -> dict[str, float]:
 def diagnose(recorded: float, problem: Problem, device: torch.device, rounds: int) -> str:
     import attn_dispatch as ad
 
-    ours = ad.Dispatcher(tune=False)
+    ours = ad.Dispatcher(measure=False)
     inputs = make_inputs(problem, device)
     q, k, v = inputs.query, inputs.key, inputs.value
     extra = {"enable_gqa": True} if inputs.enable_gqa else {}

@@ -15,7 +15,7 @@ from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, use_
 from tests.kernels.cases import Case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device"),
-              pytest.mark.stopwatch]  # the first-call check on, as installed
+              pytest.mark.measuring]  # measuring on calls on, as installed
 GIB = 2**30
 
 CUDA_CASES = {
