@@ -70,8 +70,8 @@ class DeviceState:
                     self.store = None
         return self.store
 
-    def keep_measured(self, bucket: tuple, tuned: Tuned) -> None:
-        """A bucket measured on its calls (`measuring`): kept for this process and in the store."""
+    def keep_measured(self, bucket: tuple, tuned: Tuned, *, store: bool = True) -> None:
+        """A bucket measured on its calls (`measuring`): kept for this process and (`store`) in the store."""
         self.tuned[bucket] = tuned
-        if self.store is not None:
+        if store and self.store is not None:
             self.store.append(bucket, tuned)

@@ -225,6 +225,13 @@ class Trial:
             return f"its set-up on a new shape (~{format_seconds(set_up)}) is over the bucket's measuring budget"
         return None
 
+    @property
+    def compared(self) -> bool:
+        """Whether another candidate than the baseline got a sample: a trial that ended before any did
+        (its budget spent on first calls, or on a noisy machine's hiccups) decided nothing worth
+        keeping for other processes."""
+        return any(c.samples for c in self.contenders[1:])
+
     def budget_s(self) -> float:
         """Seconds the bucket may spend on slower candidates (`BUDGET_CALLS` of the baseline's median)."""
         reference = self.baseline.median()

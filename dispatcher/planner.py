@@ -242,11 +242,12 @@ class DevicePlanner:
         return over_limit_reason(int(kernel.workspace_bytes(problem)), bucket.free, bucket.budget) is None
 
     def _measured(self, bucket: Bucket, trial: Trial) -> None:
-        """`bucket`'s trial is decided: its result is kept (this process and the tuning store), the
-        bucket follows it, and its measuring plans are planned again at their next call."""
+        """`bucket`'s trial is decided: its result is kept (this process, and the tuning store where
+        it compared candidates: `Trial.compared`), the bucket follows it, and its measuring plans
+        are planned again at their next call."""
         with self.lock:
             if trial.result is not None:
-                self.state.keep_measured(bucket.key, trial.result)
+                self.state.keep_measured(bucket.key, trial.result, store=trial.compared)
             bucket.measured_by(trial)
             for plan in trial.plans:
                 plan.recheck = True

@@ -288,3 +288,12 @@ def test_a_trial_reports_its_result_with_every_median(clock):
     assert closed == [trial] and trial.result.kernel == "fast"
     assert dict(trial.result.seconds) == pytest.approx({"base": BASE_S, "fast": BASE_S / 2})
     assert all(math.isfinite(s) for _, s in trial.result.seconds)
+
+
+def test_a_trial_that_compared_nothing_is_not_kept_for_other_processes(monkeypatch, clock, tmp_path):
+    base = Timed("base", BASE_S, clock)
+    first_calls = Timed("cold", 0.0, clock, seconds_by_call=lambda n: 100 * BASE_S if n == 0 else BASE_S / 2)
+    ours = _dispatcher(monkeypatch, [base, first_calls], home=tmp_path)  # its first call spends the budget at once
+    _calls(ours, 10)
+    assert len(first_calls.outputs) == 1 and ours.explain(**qkv()).kernel == "base"
+    assert not list((tmp_path / "tunings").rglob("*.jsonl"))  # the next process measures again
