@@ -160,11 +160,13 @@ class Trial:
         """One call of the bucket (see `runner`)."""
         if not self.open:
             return self._decided_run(problem, own)(query, key, value, attn_mask, scale, enable_gqa, problem)
+        if not self.clock.can_time():  # a CUDA graph being captured: not even an event may be queried
+            return own(query, key, value, attn_mask, scale, enable_gqa, problem)
         with self._lock:
             self._collect()
             contender = self._next() if self.open and len(self._pending) < MAX_PENDING else None
             run = None if contender is None else self._run_of(contender, problem)
-            if run is None or not self.clock.can_time():
+            if run is None:
                 contender = None
             else:
                 contender.calls += 1

@@ -116,7 +116,7 @@ class DevicePlanner:
                 self.probes.save_new()
         plan = self._plan_in(bucket, problem, shape_key, first=decided)
         if plan is None:  # nothing the bucket chose runs or fits this exact shape: decide for it alone
-            alone = self.decide(problem, budget=bucket.budget, measure=False, on_failure=on_failure)
+            alone = self.decide(problem, budget=bucket.budget, measure=settings()[1], on_failure=on_failure, trial=False)
             plan = self._plan_in(alone, problem, shape_key, first=True)
             decided = True
         if plan is None:  # cannot happen: a decision's first option fits its own problem
@@ -184,10 +184,11 @@ class DevicePlanner:
 
     # ------------------------------------------------------------------ per bucket
     def decide(self, problem: Problem, *, budget: int | None, measure: bool,
-               on_failure: Callable[[str, BaseException], None]) -> Bucket:
+               on_failure: Callable[[str, BaseException], None], trial: bool = True) -> Bucket:
         """Rank and fit for `problem`'s bucket; its result measured on an earlier call or process
-        first, else (`measure`) a `measuring.Trial` of its candidates on its next calls. Raises
-        `NoKernelError` when nothing can run it within the memory limit."""
+        first, else (`measure`, and `trial`: not for a shape decided apart from its bucket) a
+        `measuring.Trial` of its candidates on its next calls. Raises `NoKernelError` when nothing
+        can run it within the memory limit."""
         state, config = self.state, self.config
         bucket_key = failure_bucket(problem)
         failed = state.failures.get(bucket_key, {})
@@ -212,7 +213,7 @@ class DevicePlanner:
         if tuned is not None and any(option.kernel.name == tuned.kernel for option in options):
             options, notes = put_first(options, tuned.kernel), (*notes, tuned.note())
             seconds = {name: s for name, s in tuned.seconds}
-        elif measure and measuring_wanted(self.device, entry_decides=state.ranking.entry_decides(problem),
+        elif measure and trial and measuring_wanted(self.device, entry_decides=state.ranking.entry_decides(problem),
                                           level=state.ranking.source.level):
             measured, doubt = state.ranking.measured_note(problem), state.ranking.entry_doubt(problem)
             if measured is not None and doubt is not None:  # an entry that does not decide: say why

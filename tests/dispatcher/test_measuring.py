@@ -118,6 +118,8 @@ def test_a_faster_candidate_wins_after_its_rounds_and_serves_the_bucket(monkeypa
     assert decision.kernel == "fast"
     assert any(note.startswith("measured on this bucket's calls") and "fast beat base in every round" in note
                for note in decision.notes)
+    plan = next(iter(ours._plans.values()))
+    assert plan.trial is None and plan.kernel is fast  # planned again from the decided bucket: warm path and hot path
     served = len(fast.outputs)
     sibling = qkv(q_len=7, kv_len=6)  # same power-of-two bucket: no new measuring
     assert_matches_reference(ours.attention(**sibling), sibling)
