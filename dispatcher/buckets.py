@@ -101,15 +101,19 @@ class Bucket:
         where nothing is measured.
     free: bytes free on the device when decided (None: unknown, e.g. the CPU).
     history: the call counters of the bucket's most recent exact shapes (`cold_shape`).
+    unprobed: ranked with backend probes deferred (`sdpa_probe.probes_deferred`): an option is asked
+        its `Kernel.reasons` again before it runs.
     """
 
-    __slots__ = ("key", "ranked", "options", "decision", "trial", "free", "history", "warm", "measured", "_cold")
+    __slots__ = ("key", "ranked", "options", "decision", "trial", "free", "history", "warm", "measured", "unprobed",
+                 "_cold")
 
     def __init__(self, key: tuple, ranked: Ranked, options: tuple[Option, ...], decision: Decision, *,
-                 seconds: Mapping[str, float], free: int | None) -> None:
+                 seconds: Mapping[str, float], free: int | None, unprobed: bool = False) -> None:
         self.key = key
         self.ranked = ranked
         self.free = free
+        self.unprobed = unprobed
         self.history: deque[list[int]] = deque(maxlen=HISTORY)
         self.trial = None
         self._follow(options, decision, seconds)

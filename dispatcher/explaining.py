@@ -73,4 +73,4 @@ class Explaining:
             device = torch.device("cuda", torch.cuda.current_device())
         planner = self._planner(device)
         return planner.decide(problem, budget=self.memory_budget, measure=self.measure,
-                              on_failure=lambda name, error: None).explained()
+                              on_failure=lambda name, error: None, defer_probes=False).explained()

@@ -167,6 +167,9 @@ class Trial:
             contender = self._next() if self.open and len(self._pending) < MAX_PENDING else None
             run = None if contender is None else self._run_of(contender, problem)
             if run is None:
+                if contender is not None and contender is not self.baseline:
+                    contender.out = "cannot run or does not fit this bucket's shapes"  # e.g. its probe failed
+                    self._judge()
                 contender = None
             else:
                 contender.calls += 1

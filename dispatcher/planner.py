@@ -11,6 +11,7 @@ where the bucket's shapes keep changing (`cold_shape`). Nothing here is on the w
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from attn_dispatch.dispatcher.probe_cache import ProbeCache
 from attn_dispatch.dispatcher.recording import record_problem
 from attn_dispatch.dispatcher.tuning import put_first
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
+from attn_dispatch.kernels.sdpa_probe import probes_deferred
 
 UNMEASURED_LEVELS = ("prior", "none")
 """Ranking sources that measured nothing on this card: the analytic prior and the bare kernel order."""
@@ -155,14 +157,17 @@ class DevicePlanner:
             if kernel.name in failed:
                 skipped.append((kernel.name, f"failed at run time on a problem of this size: {failed[kernel.name]}"))
                 continue
-            if own_problem:
+            if own_problem and not (bucket.unprobed and kernel.reasons(problem)):  # what runs is probed first
                 workspace = option.workspace_bytes
+            elif own_problem:
+                skipped.append((kernel.name, "; ".join(kernel.reasons(problem))))
+                continue
             else:
                 why = kernel.reasons(problem)
                 if why:
                     skipped.append((kernel.name, "; ".join(why)))
                     continue
-                workspace = int(kernel.workspace_bytes(problem))
+                workspace = workspace_bound(kernel, problem)
             if needs_recheck(workspace, free) and not first:  # first: `free` was read by the decision just made
                 free = free_bytes(self.device)
             over = over_limit_reason(workspace, free, budget)
@@ -184,15 +189,19 @@ class DevicePlanner:
 
     # ------------------------------------------------------------------ per bucket
     def decide(self, problem: Problem, *, budget: int | None, measure: bool,
-               on_failure: Callable[[str, BaseException], None], trial: bool = True) -> Bucket:
+               on_failure: Callable[[str, BaseException], None], trial: bool = True,
+               defer_probes: bool = True) -> Bucket:
         """Rank and fit for `problem`'s bucket; its result measured on an earlier call or process
         first, else (`measure`, and `trial`: not for a shape decided apart from its bucket) a
-        `measuring.Trial` of its candidates on its next calls. Raises `NoKernelError` when nothing
-        can run it within the memory limit."""
+        `measuring.Trial` of its candidates on its next calls. `defer_probes`: rank without running
+        backend probes not run yet (`sdpa_probe.probes_deferred`); a kernel is probed where it is
+        about to run (`_plan_in`, `measuring.Trial`, the training route). Raises `NoKernelError`
+        when nothing can run it within the memory limit."""
         state, config = self.state, self.config
         bucket_key = failure_bucket(problem)
         failed = state.failures.get(bucket_key, {})
-        ranked = rank_options(problem, config.kernels, state.ranking, failed, policy=config.policy)
+        with probes_deferred() if defer_probes else contextlib.nullcontext():  # `_plan_in` probes what runs
+            ranked = rank_options(problem, config.kernels, state.ranking, failed, policy=config.policy)
         free = free_bytes(self.device)
         fit = fit_options(ranked, free=free, budget=budget, ranking=state.ranking, failed=failed)
         if not fit.options:
@@ -228,7 +237,7 @@ class DevicePlanner:
             candidates=tuple(option.candidate() for option in options),
             dropped=dropped, free_bytes=free, budget_bytes=budget, notes=notes,
         )
-        bucket = Bucket(bucket_key, ranked, options, decision, seconds=seconds, free=free)
+        bucket = Bucket(bucket_key, ranked, options, decision, seconds=seconds, free=free, unprobed=defer_probes)
         if candidates:
             bucket.trial = Trial(candidates, clock_for(self.device), fits=lambda kernel, exact: self._fits(bucket, kernel, exact),
                                  cold_s={o.kernel.name: cold_seconds(o.kernel, problem, self.cold_costs) for o in candidates},
@@ -237,10 +246,11 @@ class DevicePlanner:
         return bucket
 
     def _fits(self, bucket: Bucket, kernel: Kernel, problem: Problem) -> bool:
-        """Whether `kernel` runs this exact problem of `bucket` within the memory it was decided under."""
+        """Whether `kernel` runs this exact problem of `bucket` (probed: `Kernel.reasons`) within the
+        memory it was decided under (`workspace_bytes`)."""
         if kernel.reasons(problem):
             return False
-        return over_limit_reason(int(kernel.workspace_bytes(problem)), bucket.free, bucket.budget) is None
+        return over_limit_reason(workspace_bound(kernel, problem), bucket.free, bucket.budget) is None
 
     def _measured(self, bucket: Bucket, trial: Trial) -> None:
         """`bucket`'s trial is decided: its result is kept (this process, and the tuning store where
@@ -256,3 +266,12 @@ class DevicePlanner:
     def forget_bucket(self, problem: Problem) -> None:
         """Drop `problem`'s bucket decision (a kernel of it failed: the next shape decides anew)."""
         self.buckets.pop(decision_bucket(problem))
+
+
+def workspace_bound(kernel: Kernel, problem: Problem) -> int:
+    """`kernel`'s workspace on `problem`, estimated without running a probe: a probe not run yet
+    answers as `sdpa_probe.probes_deferred` does (native GQA taken as absent: K/V counted repeated),
+    so the bound is never under what the call takes, and no call waits for a probe to size memory
+    (PyTorch's default sizes its backend's GQA, a probe of its own, on every decode step's new shape)."""
+    with probes_deferred():
+        return int(kernel.workspace_bytes(problem))

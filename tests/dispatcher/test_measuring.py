@@ -299,3 +299,22 @@ def test_a_trial_that_compared_nothing_is_not_kept_for_other_processes(monkeypat
     _calls(ours, 10)
     assert len(first_calls.outputs) == 1 and ours.explain(**qkv()).kernel == "base"
     assert not list((tmp_path / "tunings").rglob("*.jsonl"))  # the next process measures again
+
+
+def test_a_candidate_whose_deferred_probe_fails_leaves_the_trial_unrun(monkeypatch, clock):
+    """Ranked while probes are deferred (`sdpa_probe.probes_deferred`), a backend whose probe then
+    fails where it would first run never runs: it leaves the trial, which goes on without it."""
+    from attn_dispatch.kernels import sdpa_probe
+
+    class Refusing(Timed):
+        def reasons(self, problem):
+            return [] if sdpa_probe._DEFERRED.get() else ["its probe failed (wrong results on this build)"]
+
+    base, refusing, fast = Timed("base", BASE_S, clock), Refusing("refusing", BASE_S, clock), Timed("fast", BASE_S / 2, clock)
+    ours = _dispatcher(monkeypatch, [base, refusing, fast])
+    trial = None
+    for _ in range(40):
+        ours.attention(**qkv())
+        trial = trial or next(iter(ours._plans.values())).trial
+    assert refusing.outputs == [] and "cannot run" in trial.contenders[1].out
+    assert not trial.open and ours.explain(**qkv()).kernel == "fast"
