@@ -31,16 +31,16 @@ import math
 import statistics
 
 from attn_dispatch.dispatcher.tuning import MIN_WIN_MARGIN
-
-TUNE_MARGIN = 2.0
-"""The removed burst tuning's contenders: predicted within this factor of the best prediction, ..."""
-MAX_TUNED = 6
-"""... at most this many."""
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available
 from attn_dispatch.models.measured import DEFAULT_KERNEL
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table_io import load_table
+
+TUNE_MARGIN = 2.0
+"""The removed burst tuning's contenders: predicted within this factor of the best prediction, ..."""
+MAX_TUNED = 6
+"""... at most this many."""
 
 SMALL_Q_ROWS = (2, 64)
 

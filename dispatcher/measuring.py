@@ -294,7 +294,7 @@ class Trial:
         for contender in self.contenders[1:]:
             if contender.out is not None or len(contender.samples) < ROUNDS:
                 continue
-            ratios = [c / b for c, b in zip(contender.samples, baseline.samples)]
+            ratios = [c / b for c, b in zip(contender.samples, baseline.samples, strict=False)]  # paired by round
             median = statistics.median(ratios)
             if all(r < 1.0 for r in ratios) and median < best_ratio:
                 best, best_ratio = contender, median

@@ -21,7 +21,13 @@ import torch
 from attn_dispatch.dispatcher._plan import Plan, mask_ndim_of
 from attn_dispatch.dispatcher.buckets import MAX_BUCKETS, BoundedCache, Bucket
 from attn_dispatch.dispatcher.call_timing import clock_for
-from attn_dispatch.dispatcher.cold_shape import SeenShapes, SpentCalls, cold_seconds, costly_setups, floor_order
+from attn_dispatch.dispatcher.cold_shape import (
+    SeenShapes,
+    SpentCalls,
+    cold_seconds,
+    costly_setups,
+    floor_order,
+)
 from attn_dispatch.dispatcher.decision import Decision
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.errors import NoKernelError

@@ -29,8 +29,8 @@ import statistics
 import torch
 
 from attn_dispatch import Dispatcher
-from attn_dispatch.dispatcher.measured_candidates import measured_candidates
 from attn_dispatch.dispatcher.cold_shape import costly_setups, floor_order, floor_seconds
+from attn_dispatch.dispatcher.measured_candidates import measured_candidates
 from attn_dispatch.dispatcher.planning import rank_options
 from attn_dispatch.dispatcher.ranking import entry_decides_bucket
 from attn_dispatch.kernels.accuracy import LOSSLESS
