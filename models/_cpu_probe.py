@@ -102,33 +102,34 @@ def _op_overhead() -> float:
 PROBE_AT_EXIT = " (this machine's probe runs when the process exits and serves the next process)"
 """Added to the probe-free constants' source while this machine's probe waits for the exit (`explain` shows it)."""
 
-_measured: dict[tuple[str, int], CardSpec] = {}  # (home, torch threads) -> the rates kept or measured there
-_waiting: set[tuple[str, int]] = set()  # probes registered to run at exit
+_measured: dict[int, CardSpec] = {}  # torch threads -> this process's rates (kept or measured: one machine)
+_waiting: set[tuple[str, int]] = set()  # (home, torch threads) of the probes registered to run at exit
 _lock = threading.Lock()
 
 
 def probe_cpu_spec(identity: DeviceIdentity | None = None, root: str | os.PathLike | None = None, *,
                    now: bool = True) -> CardSpec:
-    """This CPU's rates with the threads torch runs now: kept for this machine in the home `root`
-    (`cpu_probe_store`), else measured now and kept (`now`), else the probe-free constants
-    (`FALLBACK_CPU_SPEC`) while the probe waits for the process's exit. Never raises for the home: a
-    home that cannot be written only costs the next process its probe."""
-    identity = identity if identity is not None else DeviceIdentity.cpu()
+    """This CPU's rates with the threads torch runs now: the ones this process already has (read or
+    measured: for any home), else kept for this machine in the home `root` (`cpu_probe_store`), else
+    measured now and kept (`now`), else the probe-free constants (`FALLBACK_CPU_SPEC`) while the probe
+    waits for the process's exit. Never raises for the home: a home that cannot be written only costs
+    the next process its probe."""
     threads = torch.get_num_threads()
-    key = (str(home(root, create=False)), threads)
-    spec = _measured.get(key)
+    spec = _measured.get(threads)  # a process runs on one machine, whichever home it reads
     if spec is not None:
         return spec
+    identity = identity if identity is not None else DeviceIdentity.cpu()
     spec = load_cpu_rates(identity, threads, FALLBACK_CPU_SPEC, root)
     if spec is None and not now:
+        waiting = (str(home(root, create=False)), threads)
         with _lock:
-            if key not in _waiting:
-                _waiting.add(key)
+            if waiting not in _waiting:
+                _waiting.add(waiting)
                 atexit.register(_probe_and_keep, identity, threads, root)
         return replace(FALLBACK_CPU_SPEC, source=FALLBACK_CPU_SPEC.source + PROBE_AT_EXIT)
     if spec is None:
         spec = _probe_and_keep(identity, threads, root)
-    _measured[key] = spec
+    _measured[threads] = spec
     return spec
 
 
