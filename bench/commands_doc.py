@@ -114,7 +114,7 @@ def _environment(work: Path):
     os.chdir(REPO)
     os.environ.update({"ATTN_DISPATCH_HOME": str(work / "home"), "COLUMNS": HELP_COLUMNS, "NO_COLOR": "1",
                        "PYTHON_COLORS": "0"})
-    for name in ("ATTN_DISPATCH_MEMORY_BUDGET", "ATTN_DISPATCH_TUNE", "ATTN_DISPATCH_LOG"):
+    for name in ("ATTN_DISPATCH_MEMORY_BUDGET", "ATTN_DISPATCH_MEASURE", "ATTN_DISPATCH_LOG"):
         os.environ.pop(name, None)
     try:
         yield

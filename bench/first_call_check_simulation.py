@@ -8,16 +8,16 @@ by `tuning.MIN_WIN_MARGIN`. Dispatch overhead is not counted (it is what `llm_gr
 
 Policies:
 - ``table``: the table's first choice;
-- ``check``: today's check (`dispatcher/verify.py`): the table's first choice against PyTorch's
-  default, when it is not the default;
+- ``check``: the first-call check before measuring on calls replaced it: the table's first choice
+  against PyTorch's default, when it is not the default;
 - ``top2`` / ``top3``: the table's first two / three choices and PyTorch's default;
 - ``top2+flash``: those and ``sdpa_flash`` (the backend fastest on 303 of the probe's 580 shapes);
-- ``shipped``: what `dispatcher/verify.py` does on a GPU: ``check`` for decode (one query row),
-  ``top2+flash`` otherwise;
+- ``shipped``: the candidates a GPU bucket measures on its calls (`dispatcher/measured_candidates.py`):
+  ``check`` for decode (one query row), ``top2+flash`` otherwise;
 - ``shipped+family`` / ``top2+family``: those and the table's first choice among our own kernels of a
   family not yet timed (`with_other_family`);
-- ``tuned``: first-call tuning's contenders (`tuning.contenders`: predicted within `TUNE_MARGIN`
-  of the best, at most `MAX_TUNED`) and PyTorch's default.
+- ``tuned``: the removed burst tuning's contenders (predicted within `TUNE_MARGIN` of the best, at
+  most `MAX_TUNED`) and PyTorch's default.
 
 Usage: python -m bench.first_call_check_simulation bench/results/h200_session6/run1_llm_grid.jsonl.gz \\
     [--table models/tables/nvidia-h200-140gb.json]
@@ -29,13 +29,18 @@ import argparse
 import math
 import statistics
 
-from attn_dispatch.dispatcher.tuning import MAX_TUNED, MIN_WIN_MARGIN, TUNE_MARGIN
+from attn_dispatch.dispatcher.tuning import MIN_WIN_MARGIN
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available
 from attn_dispatch.models.measured import DEFAULT_KERNEL
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table_io import load_table
 from bench.grid_measurements import read_grid
+
+TUNE_MARGIN = 2.0
+"""The removed burst tuning's contenders: predicted within this factor of the best prediction, ..."""
+MAX_TUNED = 6
+"""... at most this many."""
 
 SMALL_Q_ROWS = (2, 64)
 
@@ -73,7 +78,7 @@ def policies(ranked: list[tuple[str, float]], q_len: int) -> dict[str, list[str]
         "table": first,
         "check": check,
         "top2": names[:2], "top3": names[:3], "top2+flash": [*names[:2], "sdpa_flash"],
-        "shipped": check if q_len == 1 else [*names[:2], "sdpa_flash"],  # dispatcher/verify.py on a GPU
+        "shipped": check if q_len == 1 else [*names[:2], "sdpa_flash"],  # dispatcher/measured_candidates.py on a GPU
         "tuned": [name for name, seconds in ranked if seconds <= best_predicted * TUNE_MARGIN][:MAX_TUNED],
         "shipped+family": shipped_plus_family(names, q_len),
         "top2+family": with_other_family(names[:2], names),

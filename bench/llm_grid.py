@@ -14,16 +14,16 @@ Paths per shape, each called as a user calls it, on the same inputs:
 The dispatchers are called through ``fast_attention`` as PyTorch's SDPA is called (what `patched`
 and transformers call: the C++ fast path, built first where it is not, `dispatcher.fast_path`;
 runs before session 10 called ``attention``, the Python method):
-- ``table``: a fresh `Dispatcher()` on the table alone (``ATTN_DISPATCH_VERIFY=0``, no tuning);
-- ``shipped``: a fresh `Dispatcher()` as installed (the table, checked against PyTorch's choice
-  on each GPU bucket's first call: `dispatcher/verify.py`);
-- ``tuned``: ``Dispatcher(tune=True, remember_tunings=False)`` (first-call tuning per bucket).
+- ``table``: ``Dispatcher(measure=False)``, the table (or prior) alone;
+- ``shipped``: ``Dispatcher(remember_tunings=False)`` as installed: the table, and each bucket no
+  measured entry of this card decides measured on its own calls (`dispatcher/measuring.py`), afresh
+  in every run.
 
 Each path's first call is timed alone (`cold_s`: the dispatchers decide there, PyTorch builds its
 per-shape plan); a second call estimates the per-call time; kernels `LOSER_FACTOR` x slower than the
-best so far stop there. A dispatcher whose plan for the shape runs a set-up-free kernel until it
-settles is called up to its settle point (`settle_calls`, within `SETTLE_BUDGET_S`): warm is each
-path's steady state. Then `ROUNDS` interleaved rounds (the paths in a seeded shuffle each round,
+best so far stop there. A dispatcher whose bucket still measures its candidates, or whose plan for
+the shape runs a set-up-free kernel until it settles, is called until it has decided and up to its
+settle point (`settle_calls`, within `SETTLE_BUDGET_S`): warm is each path's steady state. Then `ROUNDS` interleaved rounds (the paths in a seeded shuffle each round,
 `round_order`, so that no path always runs right after the same one), each sample a batch of
 back-to-back calls of about `calibration.timer.TARGET_SAMPLE_S`, timed by CUDA events; medians and
 interquartile ranges per path. Shapes run in a shuffled order (`--seed`), so a run cut by
@@ -44,7 +44,6 @@ import os
 import random
 import statistics
 import time
-from contextlib import contextmanager
 
 import torch
 
@@ -69,7 +68,7 @@ SMALL_Q_ROWS = (2, 64)  # the issue's "Lq 2-64" slice (speculative decoding, chu
 ROUNDS = 5
 LOSER_FACTOR = 4.0  # a kernel this much slower than the best so far cannot be the oracle whatever the noise
 FULL_MATRIX_LIMIT = 1 << 30  # score-matrix bytes (fp32) past which `math` / `sdpa_math` are not run
-DISPATCHERS = ("table", "shipped", "tuned")
+DISPATCHERS = ("table", "shipped")
 CONTROL = "pytorch_again"
 """An A/A control path (only where ``--paths`` names it): PyTorch's call again, timed as the
 dispatchers are, so its paired ratios to ``pytorch`` show how many shapes the measurement alone
@@ -140,20 +139,6 @@ def heldout_problems(count: int, seed: int, device_type: str = "cuda") -> list[P
     return problems
 
 
-@contextmanager
-def verify_env(on: bool):
-    """``ATTN_DISPATCH_VERIFY`` for the duration (the dispatcher reads it when it plans a bucket)."""
-    previous = os.environ.get("ATTN_DISPATCH_VERIFY")
-    os.environ["ATTN_DISPATCH_VERIFY"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("ATTN_DISPATCH_VERIFY", None)
-        else:
-            os.environ["ATTN_DISPATCH_VERIFY"] = previous
-
-
 def oracle_kernels(dispatcher, problem: Problem) -> dict:
     """Kernels of the dispatcher's set worth timing on `problem` (see the module docstring)."""
     score_bytes = problem.batch * problem.q_heads * problem.q_len * problem.kv_len * 4
@@ -204,9 +189,8 @@ def measure_shape(problem: Problem, device: torch.device, dispatchers: dict, rou
     cold, estimate, failed = {}, {}, {}
     for label, call in paths.items():
         try:
-            with verify_env(label != "table"):
-                cold[label] = _timed_call(call, device)
-                estimate[label] = _timed_call(call, device)
+            cold[label] = _timed_call(call, device)
+            estimate[label] = _timed_call(call, device)
         except Exception as error:  # noqa: BLE001 - a failing path is recorded, not fatal
             failed[label] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
     shape_key = cache_key(inputs.query, inputs.key, inputs.value, None, problem.causal, inputs.enable_gqa)
@@ -251,10 +235,26 @@ def round_order(labels: list[str], index: int) -> list[str]:
 
 
 def settle_calls(dispatcher, shape_key: tuple, call, once_s: float) -> int:
-    """Calls made so that `dispatcher`'s plan for this shape reaches its settle point: 0 where it
-    has none (or has reached it); minus the calls it would take where that is over
-    `SETTLE_BUDGET_S` (none made). A plan that settles runs the bucket's decided kernel afterwards."""
+    """Calls made so that `dispatcher`'s bucket for this shape has decided its measuring and its plan
+    reached its settle point: 0 where there is neither (or both are done); minus the calls a settle
+    point would take where that is over `SETTLE_BUDGET_S` (none made). A plan that settles runs the
+    bucket's decided kernel afterwards."""
+    measuring = 0
     plan = dispatcher._plans.get(shape_key)
+    while (plan is not None and plan.trial is not None and plan.trial.open
+           and (measuring + 1) * once_s <= SETTLE_BUDGET_S):
+        call()
+        measuring += 1
+        plan = dispatcher._plans.get(shape_key)
+    if measuring:
+        call()  # the plan made from the decided bucket
+        plan, measuring = dispatcher._plans.get(shape_key), measuring + 1
+    settle = _settle_point_calls(plan, call, once_s)
+    return settle if settle < 0 else measuring + settle
+
+
+def _settle_point_calls(plan, call, once_s: float) -> int:
+    """Calls made so that `plan` reaches its settle point (`settle_calls`' rule for that part)."""
     if plan is None or not plan.settle_at:
         return 0
     remaining = plan.settle_at - plan.count[0]
@@ -272,7 +272,7 @@ def conditions(device: torch.device, rounds: int, paths: frozenset[str] | None =
     from attn_dispatch.dispatcher import fast_path
 
     info = {"torch": torch.__version__, "attn_dispatch": attn_dispatch.__version__, "device": str(device),
-            "rounds": rounds, "loser_factor": LOSER_FACTOR, "verify_env": os.environ.get("ATTN_DISPATCH_VERIFY"),
+            "rounds": rounds, "loser_factor": LOSER_FACTOR, "measure_env": os.environ.get("ATTN_DISPATCH_MEASURE"),
             "home": os.environ.get("ATTN_DISPATCH_HOME"), "entry": "fast_attention", "paths": paths,
             "fast_path": fast_path.load() is not None, "settle_budget_s": SETTLE_BUDGET_S}
     if device.type == "cuda":
@@ -294,8 +294,7 @@ def run(args) -> None:
 
     if fast_path.fast_path_enabled() and fast_path.load() is None:
         print(f"building the fast path ... {fast_path.build()}", flush=True)
-    dispatchers = {"table": ad.Dispatcher(tune=False), "shipped": ad.Dispatcher(tune=False),
-                   "tuned": ad.Dispatcher(tune=True, remember_tunings=False)}
+    dispatchers = {"table": ad.Dispatcher(measure=False), "shipped": ad.Dispatcher(remember_tunings=False)}
     started = time.perf_counter()
     with open(args.out, "a") as out:
         out.write(json.dumps({"conditions": conditions(device, args.rounds, sorted(args.paths) if args.paths else None), "shapes": len(problems)}) + "\n")
@@ -447,7 +446,7 @@ def main() -> None:
     parser.add_argument("--heldout", type=int, default=0, metavar="N",
                         help="N shapes off the grid instead of the grid (`heldout_problems`, drawn with --seed + 1)")
     parser.add_argument("--paths", type=_path_names, default=None, metavar="LABELS",
-                        help="time only these paths, comma-separated: pytorch, table, shipped, tuned, kernels (every "
+                        help="time only these paths, comma-separated: pytorch, table, shipped, kernels (every "
                              "kernel:<name>), pytorch_again (PyTorch's call again: an A/A control of the paired ratio); "
                              "e.g. pytorch,pytorch_again,shipped with --rounds 21 checks the 3%% bound on 20-40 us calls")
     parser.add_argument("--summarize", metavar="FILE", help="print the summary of a results file and stop")

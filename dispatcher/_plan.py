@@ -22,9 +22,8 @@ class Plan:
     run: the kernel's `runner` for this problem (`run`, or a shortcut such as the bare PyTorch
         call for ``sdpa_default`` without a mask), bound once.
     recheck: go through `Dispatcher._plan_for` before each call: the workspace is a large part of
-        the memory free when decided (`planning.RECHECK_FRACTION`), or the bucket's tuning is
-        pending (decided without a call's inputs to time: by `explain`, on the training route or
-        under CUDA graph capture).
+        the memory free when decided (`planning.RECHECK_FRACTION`), or the bucket's measuring has
+        decided since this plan was made (`measuring`).
     count: this shape's call counter (a one-element list: the warm path adds to it in place);
         `Dispatcher.stats` sums them per kernel, and a bucket's earlier shapes' counts tell how
         many calls a new shape is expected to get (`cold_shape`).
@@ -38,10 +37,12 @@ class Plan:
         and always None for a call's 1-D mask (``mask_ndim``, from the cache key: `mask_ndim_of`),
         which a `Problem` records as 4-D but PyTorch's SDPA refuses.
     sdpa_flags: that call's keyword arguments beyond the scale (`sdpa_flags`), or None.
+    trial: the bucket's `measuring.Trial` whose candidates this plan's calls run (`measure_with`),
+        else None; `kernel` is then the kernel that serves until the trial is decided.
     """
 
     __slots__ = ("problem", "device", "kernel", "run", "sdpa_call", "sdpa_flags", "workspace", "recheck", "count",
-                 "bucket", "notes", "skipped", "settle_at", "unguardable", "_decision")
+                 "bucket", "notes", "skipped", "settle_at", "unguardable", "trial", "_decision")
 
     def __init__(
         self,
@@ -74,7 +75,19 @@ class Plan:
         self.settle_at = settle_at
         self.unguardable = False
         """No hot-path guard could be built for its tensors (`HotPlans._make_hot`): not tried again."""
+        self.trial = None
         self._decision: Decision | None = None
+
+    def measure_with(self, trial) -> None:
+        """Make this plan's calls run `trial`'s candidates (`measuring.Trial.runner`): never one call of
+        PyTorch's SDPA made by the warm path itself, never on the hot path (whose calls are not timed),
+        never settled; planned again once the trial is decided (`recheck`)."""
+        self.trial = trial
+        self.run = trial.runner(self)
+        self.sdpa_call = self.sdpa_flags = None
+        self.unguardable = True
+        self.settle_at = 0
+        trial.plans.append(self)
 
     @property
     def ranked(self):
@@ -82,16 +95,15 @@ class Plan:
         return self.bucket.ranked
 
     @property
-    def tune_pending(self) -> bool:
-        return self.bucket.tune_pending
-
-    @property
     def decision(self) -> Decision:
-        """The bucket's decision as it applies to this exact shape (`explain`)."""
-        if self._decision is None:
-            self._decision = self.bucket.decision_for(self.problem, self.kernel, self.workspace, self.notes,
-                                                     self.skipped)
-        return self._decision
+        """The bucket's decision as it applies to this exact shape (`explain`; while its bucket
+        measures, with what has been measured so far)."""
+        if self._decision is not None:
+            return self._decision
+        decision = self.bucket.decision_for(self.problem, self.kernel, self.workspace, self.notes, self.skipped)
+        if self.trial is None:
+            self._decision = decision
+        return decision
 
 
 def sdpa_flags(call: tuple[bool, bool, bool] | None, problem: Problem) -> dict[str, bool] | None:

@@ -1,7 +1,7 @@
 """Decisions per size bucket, and the bounded caches that hold them.
 
 A bucket (`planning.failure_bucket`: batch and lengths rounded up to powers of two, everything
-else exact, on one device) is ranked, fitted and tuned once. A new exact shape inside a decided
+else exact, on one device) is ranked and fitted once, and measured on its first calls (`measuring`). A new exact shape inside a decided
 bucket (a decode step's key length one longer than the last) gets its plan from the bucket: the
 chosen kernel's capability and workspace are checked for the exact problem, nothing is ranked or
 timed. The plan cache (exact shapes) and the bucket cache are both bounded (`BoundedCache`).
@@ -24,6 +24,7 @@ from attn_dispatch.dispatcher.cold_shape import (
 )
 from attn_dispatch.dispatcher.decision import Candidate, Decision, format_seconds
 from attn_dispatch.dispatcher.planning import Option, Ranked
+from attn_dispatch.dispatcher.tuning import put_first
 from attn_dispatch.kernels import Kernel, Problem
 
 MAX_PLANS = 4096
@@ -91,31 +92,60 @@ class Bucket:
     ----------
     key: the bucket (`planning.failure_bucket` of its first problem).
     ranked: the first problem's ranked options (kept to refit when memory changes).
-    options: the options that fitted when decided, in try order (a tuned kernel first).
+    options: the options that fitted when decided, in try order (a measured winner first).
     decision: the decision made for the first problem (`explain` adapts it per exact shape).
-    warm: seconds per warm call of each option: measured by the bucket's tuning or first-call
-        check (`seconds`, kernel name -> seconds; empty where nothing was timed), else predicted.
+    warm: seconds per warm call of each option: measured on the bucket's calls (`seconds`, kernel
+        name -> seconds; empty where nothing was timed), else predicted.
     measured: the options whose warm time was measured (the names in `seconds`).
-    tune_pending: tuning is on, but the decision was made without inputs to time.
+    trial: its candidates being measured on its calls (`measuring.Trial`), None once decided or
+        where nothing is measured.
     free: bytes free on the device when decided (None: unknown, e.g. the CPU).
     history: the call counters of the bucket's most recent exact shapes (`cold_shape`).
+    unprobed: ranked with backend probes deferred (`sdpa_probe.probes_deferred`): an option is asked
+        its `Kernel.reasons` again before it runs.
     """
 
-    __slots__ = ("key", "ranked", "options", "decision", "tune_pending", "free", "history", "warm", "measured",
+    __slots__ = ("key", "ranked", "options", "decision", "trial", "free", "history", "warm", "measured", "unprobed",
                  "_cold")
 
     def __init__(self, key: tuple, ranked: Ranked, options: tuple[Option, ...], decision: Decision, *,
-                 seconds: Mapping[str, float], tune_pending: bool, free: int | None) -> None:
+                 seconds: Mapping[str, float], free: int | None, unprobed: bool = False) -> None:
         self.key = key
         self.ranked = ranked
+        self.free = free
+        self.unprobed = unprobed
+        self.history: deque[list[int]] = deque(maxlen=HISTORY)
+        self.trial = None
+        self._follow(options, decision, seconds)
+
+    def _follow(self, options: tuple[Option, ...], decision: Decision, seconds: Mapping[str, float]) -> None:
         self.options = options
         self.decision = decision
-        self.tune_pending = tune_pending
-        self.free = free
-        self.history: deque[list[int]] = deque(maxlen=HISTORY)
         self.warm = tuple(seconds.get(o.kernel.name, o.predicted_s) for o in options)
         self.measured = frozenset(seconds)
         self._cold: tuple[float, ...] | None = None
+
+    def measured_by(self, trial) -> None:
+        """Follow `trial`'s result (`measuring.Trial`, decided): its kernel first, its medians as the
+        options' warm times, a candidate that raised dropped, and what it measured in the notes."""
+        failed = {c.name: c.failure for c in trial.contenders if c.failure is not None}
+        seconds = {} if trial.result is None else {name: s for name, s in trial.result.seconds}
+        options = self.options if trial.result is None else put_first(self.options, trial.result.kernel)
+        options = tuple(o for o in options if o.kernel.name not in failed) or options
+        first = options[0].kernel
+        decision = replace(self.decision, kernel=first.name, params=dict(first.params),
+                           candidates=tuple(o.candidate() for o in options),
+                           dropped=(*self.decision.dropped, *failed.items()),
+                           notes=(*self.decision.notes, trial.describe()))
+        self._follow(options, decision, seconds)
+        self.trial = None
+
+    def explained(self) -> Decision:
+        """`decision`, with what its trial has measured so far while it measures (`explain`)."""
+        trial = self.trial
+        if trial is None or not trial.open:
+            return self.decision
+        return replace(self.decision, notes=(*self.decision.notes, trial.describe()))
 
     @property
     def budget(self) -> int | None:
@@ -175,17 +205,17 @@ class Bucket:
 
     def may_replace_first(self, option: Option) -> bool:
         """Whether `option` may run a new shape in place of the decided kernel: where the bucket's
-        first call timed options (`verify`, tuning), only a timed one, since a table's prediction
-        can be far off (the H200's batch-8 32k decode: `math` predicted under PyTorch's default
-        plus its set-up, measured 5.6x slower per token; `verify.SETUP_FREE_CHECKED`); where
-        nothing was timed, any option, on the table's prediction."""
+        calls measured options (`measuring`), only a measured one, since a table's prediction can be
+        far off (the H200's batch-8 32k decode: `math` predicted under PyTorch's default plus its
+        set-up, measured 5.6x slower per token; `measured_candidates.SETUP_FREE_MEASURED`); where
+        nothing was measured, any option, on the table's prediction."""
         return not self.measured or option.kernel.name in self.measured
 
     def decision_for(self, problem: Problem, kernel: Kernel, workspace: int, notes: tuple[str, ...],
                      skipped: tuple[tuple[str, str], ...] = ()) -> Decision:
         """`decision` for an exact shape of this bucket that runs `kernel`, having passed over the
         options in `skipped` (name, why)."""
-        decision = self.decision
+        decision = self.explained()
         if problem == decision.problem and kernel.name == decision.kernel and not notes and not skipped:
             return decision
         passed = {name for name, _ in skipped}

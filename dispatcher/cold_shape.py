@@ -38,7 +38,7 @@ kernels at any shape and are taken as free of per-shape set-up unless measured o
 
 MATERIAL_SETUP_S = 1e-3
 """A per-shape set-up worth timing another kernel against on a bucket's first call
-(`verify.checked_options`): cuDNN's measured 36-44 ms on the H200; flash's and the memory-efficient
+(`measured_candidates.measured_candidates`): cuDNN's measured 36-44 ms on the H200; flash's and the memory-efficient
 backend's measured 2-13 us are the measurement's floor (calibration.cold_shape, torch 2.11). Counting
 flash's 2 us as a set-up left it out of that check: the H200's batch-8 1k decode then swapped to
 `convert[contiguous]+sdpa_flash`, 2.7-3.0x slower per token than PyTorch warm (against 1.33x with flash;

@@ -1,11 +1,12 @@
 """`torch.compile` runs the dispatcher's choice.
 
 Under compilation `Dispatcher.attention` puts one call into Dynamo's graph, `attention_in_graph`
-(allowed in the graph: Dynamo does not trace into it). AOTAutograd then traces it with fake
+(allowed in the graph: Dynamo does not trace into it; marked when Dynamo is imported, `after_import`). AOTAutograd then traces it with fake
 tensors, and there
 
 - with static shapes, the decision is made from the fake tensors' shapes, dtypes and devices (as
-  for an eager call of that shape: the table, remembered tunings, no timing) and the chosen kernel
+  for an eager call of that shape: the table, remembered measurements, no timing: a bucket still
+  measuring traces the kernel that serves it until then) and the chosen kernel
   runs on them, so its PyTorch ops are traced into the graph (``sdpa_default`` traces exactly what
   a compiled ``F.scaled_dot_product_attention`` would);
 - with symbolic shapes (``dynamic=True``, or after PyTorch's automatic dynamic recompile), no
@@ -42,6 +43,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from attn_dispatch.dispatcher import sdpa_context
 from attn_dispatch.dispatcher._plan import cache_key
+from attn_dispatch.dispatcher.after_import import when_imported
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher.core import Dispatcher
@@ -113,7 +115,6 @@ def _attention_at_run_time_shape(query, key, value, attn_mask, is_causal, scale,
     return _output(query, key, value, enable_gqa)
 
 
-@torch.compiler.allow_in_graph
 def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
                        is_causal: bool, scale: float | None, enable_gqa: bool, dispatcher: int) -> torch.Tensor:
     """The dispatcher's attention as one node of Dynamo's graph: ``[..., Hq, L, Ev]``, decided and
@@ -137,7 +138,17 @@ def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
         if key_ not in ours._traced_shapes:  # PyTorch traces a graph more than once
             ours._traced_shapes.add(key_)
             ours._count_cell(plan.kernel.name + COUNT_SUFFIX)[0] += 1
-    return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+    # a bucket still measuring (`measuring`) traces the kernel serving it: nothing is timed while tracing
+    run = plan.run if plan.trial is None else plan.kernel.runner(plan.problem)
+    return run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+
+
+def _allow_in_graph(dynamo: types.ModuleType) -> None:
+    """Mark `attention_in_graph` as a graph node for Dynamo (`allow_in_graph`), once Dynamo is imported."""
+    dynamo.allow_in_graph(attention_in_graph)
+
+
+when_imported("torch._dynamo", _allow_in_graph)  # importing Dynamo to mark it would cost every process 1.4 s
 
 
 def compiled_attention(dispatcher: Dispatcher, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -35,7 +35,9 @@ from attn_dispatch.dispatcher.hot_path import (
     shapes_called_again,
 )
 from attn_dispatch.dispatcher.kernel_set import kernel_set
+from attn_dispatch.dispatcher.measuring import measure_from_env
 from attn_dispatch.dispatcher.memory import parse_memory_size
+from attn_dispatch.dispatcher.no_table_notice import say_once
 from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
 from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.probe_cache import ProbeCache
@@ -57,7 +59,6 @@ _flash_on, _efficient_on, _math_on, _cudnn_on = BACKEND_SWITCHES
 _sdpa = pytorch_sdpa
 _pytorch = sdpa_context.pytorch_attention
 _dynamo_compiling, _compile_flags = compiling_readers()  # `torch.compiler.is_compiling()`, in two cheap reads
-_NOT_GIVEN = object()  # `_plan_for` without the call's scale: nothing to tune on
 
 
 def read_environment() -> None:
@@ -81,12 +82,12 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
     memory_budget: most workspace one call may use: bytes or a size such as ``"16GiB"``; default
         ``ATTN_DISPATCH_MEMORY_BUDGET`` (read when a decision is made), else no budget.
     home: directory holding threshold tables (default: ``ATTN_DISPATCH_HOME`` or the user cache).
-    tune: time the closest candidates on the first call of each problem bucket and keep the
-        fastest (`dispatcher.tuning`); default ``ATTN_DISPATCH_TUNE`` (read when a decision is
-        made), else off.
-    remember_tunings: keep tunings across processes under the home directory
+    measure: where no measured table entry of this card decides a size bucket, its first calls each
+        run one candidate kernel, timed, until the bucket keeps the fastest (`dispatcher.measuring`);
+        default on unless ``ATTN_DISPATCH_MEASURE`` is 0 (read when a bucket is decided).
+    remember_tunings: keep measured buckets across processes under the home directory
         (`dispatcher.tuning_store`; default on). ``attn-dispatch bench`` turns it off so every run
-        tunes afresh.
+        measures afresh.
     """
 
     def __init__(
@@ -96,7 +97,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         policy: AccuracyPolicy = LOSSLESS,
         memory_budget: int | str | None = None,
         home: str | None = None,
-        tune: bool | None = None,
+        measure: bool | None = None,
         remember_tunings: bool = True,
     ) -> None:
         if not isinstance(policy, AccuracyPolicy):
@@ -107,7 +108,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         self._budget = None if memory_budget is None else parse_memory_size(memory_budget, name="memory_budget")
         read_environment()  # a bad ATTN_DISPATCH_* value fails here, not at a model's first call
         self.home = home
-        self._tune = tune
+        self._measure = measure
         self.remember_tunings = remember_tunings
         self._plans: BoundedCache[tuple, Plan] = BoundedCache(MAX_PLANS, on_evict=self._evicted)
         self._hot: tuple[HotEntry, ...] = ()  # the plans called last, most recent first (`hot_path`)
@@ -116,7 +117,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         self._families: BoundedCache[tuple, Problem] = BoundedCache(MAX_PLANS)  # `_plan.family_key` -> a Problem
         self._planners: dict[torch.device, DevicePlanner] = {}
         self._config = PlannerConfig(self._kernels, policy, self._signature,
-                                     (lambda: tunings_dir(self.home)) if remember_tunings else None)
+                                     (lambda: tunings_dir(self.home)) if remember_tunings else None, self._count_cell)
         self._counts: dict[str, list[int]] = {}  # calls of evicted plans and of the training route
         self._training_route = TrainingRoute()  # forward+backward decisions (`training_route`)
         self._lock = threading.RLock()
@@ -137,9 +138,9 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         return self._budget if self._budget is not None else environment.MEMORY_BUDGET.read()
 
     @property
-    def tune(self) -> bool:
-        """First-call tuning on? The argument, else ``ATTN_DISPATCH_TUNE``."""
-        return self._tune if self._tune is not None else environment.TUNE.read()
+    def measure(self) -> bool:
+        """Measuring on a bucket's calls on? The argument, else ``ATTN_DISPATCH_MEASURE`` (on unless 0)."""
+        return self._measure if self._measure is not None else measure_from_env()
 
     # ------------------------------------------------------------------ the call
     def attention(
@@ -254,7 +255,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
                     # shapes only, nested K/V with a dense query, or a sparse or mkldnn tensor (PyTorch's errors,
                     # not failures remembered against the bucket's kernels): PyTorch's SDPA (issue 13), no plan kept
                     return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-                plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
+                plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
                 promote = shapes_called_again(plan.bucket)  # a decode step's next length: hot from its 1st call
             else:  # (back) on the hot path: its 2nd call, served twice in a row, powers of two (`hot_path.rehot`)
                 promote = plan is self._last_dict_plan or plan.count[0] + 1 == HOT_AFTER or rehot(plan.count[0] + 1)
@@ -313,18 +314,16 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         check_scale(scale)
         plan = self._plans.get(key_)
         if plan is None or plan.recheck:
-            plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa, scale)
+            plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         return PreparedAttention(self, plan, key_, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
     # ------------------------------------------------------------------ deciding
-    def _plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa, scale=_NOT_GIVEN) -> Plan:
+    def _plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa) -> Plan:
         """Cold path: a new exact shape (planned from its bucket, which is decided first if new),
-        or a plan to re-check (free memory, or a bucket tuning still pending). `scale` is the
-        call's (inference route only: it lets a new bucket be tuned on these inputs)."""
+        or a plan to re-check (free memory, or its bucket's measuring decided since)."""
         if self._building is not None:  # a background build of the fast path (`fast_path_autobuild`) may be done
             adopt(self)
         plan = self._plans.get(key_)
-        inputs = None if scale is _NOT_GIVEN else (query, key, value, attn_mask, scale, enable_gqa)
         if plan is not None and not plan.recheck:
             return plan
         family = None
@@ -341,10 +340,10 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
             current = self._plans.get(key_)
             if current is not None and current is not plan:
                 return current  # another thread planned meanwhile
-            new, decided = planner.plan(problem, key_, inputs, settings=self._settings,
+            new, decided = planner.plan(problem, key_, settings=self._settings,
                                         on_failure=self._failure_handler(planner.device, problem),
                                         new_shape=plan is None)
-            if plan is not None and new.kernel is plan.kernel and new.bucket is plan.bucket:
+            if plan is not None and plan.trial is None and new.kernel is plan.kernel and new.bucket is plan.bucket:
                 plan.recheck, new = new.recheck, plan  # unchanged: keep the plan (and its count)
             else:
                 if plan is not None:
@@ -372,8 +371,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         return settled
 
     def _settings(self) -> tuple[int | None, bool]:
-        """(memory budget, tune): what a new bucket decision reads."""
-        return self.memory_budget, self.tune
+        """(memory budget, measure): what a new bucket decision reads."""
+        return self.memory_budget, self.measure
 
     def _planner(self, device: torch.device) -> DevicePlanner:
         planner = self._planners.get(device)
@@ -385,11 +384,13 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
                     state = DeviceState(resolve_ranking(device, home=self.home, **self._ranking_options))
                     planner = self._planners[device] = DevicePlanner(
                         device, state, self._config, measured_costs(device, self.home),
-                        measured_costs(device, self.home, "floor_seconds"), probes=probes)
+                        measured_costs(device, self.home, "floor_seconds"), probes=probes, lock=self._lock)
+                    source = state.ranking.source
+                    say_once(source.identity or str(device), source.level, str(device), measure=self.measure)
         return planner
 
     def _state(self, device: torch.device) -> DeviceState:
-        """The device's ranker, failures and tunings."""
+        """The device's ranker, failures and measured buckets."""
         return self._planner(device).state
 
     def reset(self) -> None:

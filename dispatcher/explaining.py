@@ -11,6 +11,7 @@ from attn_dispatch.dispatcher import sdpa_context
 from attn_dispatch.dispatcher._plan import cache_key
 from attn_dispatch.dispatcher.autocast import any_autocast, autocast_inputs
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
+from attn_dispatch.dispatcher.restricted_calls import restricted_decision
 from attn_dispatch.dispatcher.training_route import pytorch_route_reason
 from attn_dispatch.kernels import Problem
 
@@ -42,7 +43,12 @@ class Explaining:
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> Decision:
-        """The decision `attention` makes (or made) for these arguments, without running it."""
+        """The decision `attention` makes (or made) for these arguments, without running it (under the
+        caller's `sdpa_kernel` restriction: PyTorch's backend that runs, `restricted_calls`)."""
+        if sdpa_context.backends_restricted() and not (query.is_meta or query.is_nested):
+            grad = _grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+            problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
+            return restricted_decision(problem, query.device, self.memory_budget, training=dropout_p != 0.0 or grad)
         attn_mask, is_causal = sdpa_context.explain_arguments(query, key, attn_mask, is_causal)  # issue 13 hook
         cast = autocast_inputs(query, key, value, attn_mask) if any_autocast() else None
         if cast is not None:  # under torch.autocast: the inputs `attention` runs (`autocast`)
@@ -66,5 +72,5 @@ class Explaining:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         planner = self._planner(device)
-        return planner.decide(problem, None, budget=self.memory_budget, tune=self.tune,
-                              on_failure=lambda name, error: None).decision
+        return planner.decide(problem, budget=self.memory_budget, measure=self.measure,
+                              on_failure=lambda name, error: None, defer_probes=False).explained()

@@ -11,7 +11,7 @@ A range holds where a new exact shape of the bucket would be planned exactly as 
 nothing that changes between lengths (`served_key_lengths`):
 - the plan runs the bucket's first option, with no option passed over and no settling ahead, and a
   new shape runs that option whatever the bucket's history (`Bucket.new_shapes_run_first`);
-- no failure is remembered for the bucket, nor a tuning pending, nor a memory re-check asked;
+- no failure is remembered for the bucket, nor its measuring pending, nor a memory re-check asked;
 - every length lies in the bucket (`models.buckets.length_bucket`: the powers of two that bound it)
   and, on a GPU where the plan runs one of our kernels, nowhere: such lengths are decided apart by
   whether they are a multiple of `KEY_COUNT_MULTIPLE` (`planning.keys_aligned`), which every run of
@@ -50,7 +50,8 @@ def served_key_lengths(planner: DevicePlanner, plan: Plan) -> tuple[int, int] | 
     would give a new exact shape (see the module's docstring), or None where it does not hold for
     any other length."""
     bucket = plan.bucket
-    if (plan.settle_at or plan.recheck or plan.skipped or bucket.tune_pending or not bucket.options
+    if (plan.settle_at or plan.recheck or plan.skipped or plan.trial is not None or bucket.trial is not None
+            or not bucket.options
             or bucket.options[0].kernel is not plan.kernel or planner.state.failures.get(bucket.key)
             or not bucket.new_shapes_run_first(planner.cold_costs)):
         return None

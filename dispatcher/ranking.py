@@ -60,7 +60,7 @@ def measured_alignment_carries(entry: MeasuredEntry, problem: Problem) -> bool:
     one bucket's entry, measured at 8,192 keys (`small_q[splits=1]` 130 us, PyTorch's default
     191 us), served 4,731 keys at 2.45x the default's time (session 15, run 4; padding the score
     rows did not help, session 16). Such a call is decided apart (`planning.decision_bucket`) and
-    checked on its first call (`verify`)."""
+    measured on its calls (`measuring`)."""
     if problem.device_type == "cpu" or not _multiplies_scores(entry.winner):
         return True
     return key_count_aligned(entry.kv_len) == key_count_aligned(problem.kv_len)
@@ -115,7 +115,7 @@ class DeviceRanking:
     def entry_decides(self, problem: Problem) -> bool:
         """Whether the table's measured entry for `problem`'s exact bucket decides it: there is one,
         and its winner is not PyTorch's default by a tie (`MeasuredEntry.default_by_tie`: a faster
-        kernel's spread overlaps it; a bucket's first call then times them, `verify`), unless every
+        kernel's spread overlaps it; the bucket's calls then measure them, `measuring`), unless every
         kernel faster than the default there is the backend PyTorch's default runs anyway
         (`default_backend_choice`: on the H200, 190 of the bundled table's 284 tied entries were
         the default against its own cuDNN backend; timing one backend against itself decides
@@ -136,8 +136,8 @@ class DeviceRanking:
             if not measured_alignment_carries(entry, problem):
                 return (f"{entry.winner} was measured at {entry.kv_len} keys, {_multiple_or_not(entry.kv_len)} of "
                         f"{KEY_COUNT_MULTIPLE}, and this call has {problem.kv_len}, {_multiple_or_not(problem.kv_len)}: "
-                        "the first call times the options")
-            return "PyTorch's default wins it only by a tie, so the first call times them"
+                        "the bucket's calls measure the options")
+            return "PyTorch's default wins it only by a tie, so the bucket's calls measure them"
         except Exception:  # noqa: BLE001 - an explanation must never fail a call
             return None
 
@@ -198,7 +198,7 @@ def resolve_ranking(device: torch.device, *, home: str | Path | None = None,
         _warn(f"could not identify {device} ({type(error).__name__}: {error}); no table or prior is used")
         return DeviceRanking(table=None, prior=None, source=none_source, prior_source=none_source)
     key = str(getattr(identity, "key", identity))
-    prior, prior_source = _prior(identity, key, none_source)
+    prior, prior_source = _prior(identity, key, none_source, home)
     if given is not None:
         try:
             table, source = given_table_source(*given, identity)
@@ -262,14 +262,18 @@ def table_description(table: object, level: str, *, given: bool = False) -> str:
     return text
 
 
-def _prior(identity: object, key: str, none_source: RankingSource) -> tuple[Ranker | None, RankingSource]:
+def _prior(identity: object, key: str, none_source: RankingSource,
+           home: str | Path | None) -> tuple[Ranker | None, RankingSource]:
+    """The device's analytic prior and its source. A CPU's rates are the probe kept for the machine in
+    `home`, else the probe-free constants (the probe runs at the process's exit: never inside a call)."""
     try:
         from attn_dispatch.models.priors import PriorRanker, spec_for
 
-        spec = spec_for(identity)
+        spec = spec_for(identity, home=home, probe_now=False)
         prior = PriorRanker(spec)
     except Exception as error:  # noqa: BLE001 - a missing spec must not fail a call
         _warn(f"no analytic prior for {key} ({type(error).__name__}: {error})")
         return None, none_source
     name = getattr(spec, "name", None) or key
-    return prior, RankingSource("prior", f"analytic prior ({name})", None, key)
+    rates = f"; {spec.source}" if getattr(spec, "estimated", False) else ""
+    return prior, RankingSource("prior", f"analytic prior ({name}{rates})", None, key)

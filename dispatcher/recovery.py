@@ -68,7 +68,7 @@ class RecoveringDispatcher:
                         self._fold_count(old)
                     self._drop_bucket_plans(plan.bucket)
                     planner.forget_bucket(plan.problem)
-                    plan, decided = planner.plan(plan.problem, key_, None, settings=self._settings,
+                    plan, decided = planner.plan(plan.problem, key_, settings=self._settings,
                                                  on_failure=self._failure_handler(plan.device, plan.problem),
                                                  new_shape=False)
                     self._keep_plan(key_, plan)

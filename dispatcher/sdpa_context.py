@@ -7,7 +7,8 @@
   manager itself reads them the same way). While any is off, the user asked for exactly PyTorch's
   behaviour, so the call goes to PyTorch's SDPA as given: its backend choice, its errors (the
   MATH backend refuses a mask together with ``is_causal``). Opt out with
-  ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1`` or `respect_sdpa_kernel(False)`.
+  ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1`` or `respect_sdpa_kernel(False)`. `explain` names the
+  restriction and the backend, and a call over the memory budget warns once (`restricted_calls`).
 - **`CausalBias`** (`causal_upper_left`, `causal_lower_right`): a tensor subclass with
   uninitialised storage, never read as a mask. Upper-left (and any bias made for L == S) is
   ``is_causal=True``; lower-right goes on to the kernels, which read its alignment from the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from attn_dispatch.dispatcher.restricted_calls import warn_if_over_budget
 from attn_dispatch.kernels._layout import causal_bias_alignment, is_causal_bias
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.kernels.sdpa_probe import BACKEND_SWITCHES
@@ -98,7 +100,12 @@ def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
 def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor | None:
     """The output when the context decides the call, else None (the dispatcher goes on with the
     same arguments: a lower-right `CausalBias` on the inference route, or a mask subclass)."""
-    if query.is_meta or query.is_nested or backends_restricted():
+    if query.is_meta or query.is_nested:
+        return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if backends_restricted():  # the caller's choice; said once where it goes over the budget (`restricted_calls`)
+        training = dropout_p != 0.0 or (torch.is_grad_enabled() and (
+            query.requires_grad or key.requires_grad or value.requires_grad))
+        warn_if_over_budget(dispatcher.memory_budget, query, key, value, attn_mask, is_causal, enable_gqa, training)
         return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if not is_causal_bias(attn_mask):
         return None

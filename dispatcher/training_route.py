@@ -127,6 +127,10 @@ def choose_training(
         if kernel.name in failed:
             dropped.append((kernel.name, f"failed on the training route: {failed[kernel.name]}"))
             continue
+        why = kernel.reasons(problem)  # a bucket ranked with its probes deferred: they run here (`sdpa_probe`)
+        if why:
+            dropped.append((kernel.name, "; ".join(why)))
+            continue
         need = training_bytes(kernel, problem)
         why = over_limit_reason(need, free, budget)
         if why is None:

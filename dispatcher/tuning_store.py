@@ -1,5 +1,6 @@
-"""First-call tunings kept across processes, so a restarted server does not time every bucket
-again: ``<home>/tunings/<device key>/<kernel set>.jsonl``, one JSON line per tuned bucket.
+"""Buckets measured on their own calls (`measuring`), kept across processes so a restarted server
+does not measure every bucket again: ``<home>/tunings/<device key>/<kernel set>.jsonl``, one JSON
+line per measured bucket (`attn-dispatch export` adds them to a shared table as measured entries).
 
 The device key holds the card and its software stack (`models.identity.DeviceIdentity.key`), so a
 driver or PyTorch update starts afresh; the kernel set's signature (its kernel names and accuracy
@@ -18,7 +19,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from attn_dispatch.dispatcher.tuning import TUNE_ROUNDS, Tuned
+from attn_dispatch.dispatcher.measuring import ROUNDS
+from attn_dispatch.dispatcher.tuning import Tuned
 from attn_dispatch.models.measured import MeasuredEntry, entry_from_tuning
 
 BUCKET_FIELDS = 14
@@ -103,7 +105,7 @@ class TuningStore:
     def entries(self) -> list[MeasuredEntry]:
         """Every tuning of the file as a measured table entry (`models.measured.entry_from_tuning`:
         the bucket is the entry key; contenders that failed are left out)."""
-        found = (entry_from_tuning(bucket, tuned.seconds, rounds=TUNE_ROUNDS) for bucket, tuned in self.load().items())
+        found = (entry_from_tuning(bucket, tuned.seconds, rounds=ROUNDS) for bucket, tuned in self.load().items())
         return [entry for entry in found if entry is not None]
 
 

@@ -33,6 +33,26 @@ _lock = threading.Lock()
 
 _ASSUME_AVAILABLE = ContextVar("assume_backends_available", default=False)
 _ASSUMED_CARD = ContextVar("assumed_card", default=None)
+_DEFERRED = ContextVar("probes_deferred", default=False)
+
+DEFERRED_GQA = "native GQA not probed yet (taken as absent while probes are deferred)"
+"""What a deferred ``gqa`` probe answers: the pessimistic answer, so a workspace estimated meanwhile
+counts K/V repeated per group (never less than the call will take)."""
+
+
+@contextmanager
+def probes_deferred() -> Iterator[None]:
+    """Inside: a probe not run yet in this process is not run, and answers "works" (the ``gqa``
+    probe: "absent", `DEFERRED_GQA`). For ranking a bucket's kernels on its first call without
+    running each backend's probe (a tiny problem against the float64 reference, which cost a fresh
+    process's first call 30-60 ms of first-use set-up per probe on the 2-core CPU): whatever then
+    runs a kernel first asks `Kernel.reasons` outside this block, which probes it (the dispatcher's
+    planner and training route do). Results already known are answered as they are."""
+    token = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
 
 
 class AssumedCard(Protocol):
@@ -79,6 +99,8 @@ def probe_backend(kernel: SdpaBackendKernel, device_type: str, dtype: str, featu
         return _results[key]
     except KeyError:
         pass
+    if _DEFERRED.get():
+        return DEFERRED_GQA if feature == "gqa" else None
     with _lock:
         if key not in _results:
             _results[key] = _run_probe(kernel, device_type, dtype, feature)

@@ -1,18 +1,28 @@
-"""A quick CPU probe: matrix-product FLOP/s per dtype, copy bandwidth and per-op overhead,
-measured once per process (about a quarter of a second) and cached."""
+"""A quick CPU probe: matrix-product FLOP/s per dtype, copy bandwidth, softmax rate and per-op
+overhead, measured once per machine (65-75 ms on the quiet 2-core CPU, up to 0.6 s loaded) and
+kept in the home (`cpu_probe_store`).
+
+The dispatcher never probes inside a call (`probe_cpu_spec` with ``now=False``): where this
+machine's rates are not kept yet, its prior ranks with the probe-free constants and the probe runs
+when the process exits, for the next process. Calibration probes at once (``now=True``).
+"""
 
 from __future__ import annotations
 
-import functools
+import atexit
 import os
 import statistics
+import threading
 import time
+from dataclasses import replace
 from types import MappingProxyType
 
 import torch
 
 from attn_dispatch.models.cards import CardSpec
-from attn_dispatch.models.identity import torch_threads
+from attn_dispatch.models.cpu_probe_store import load_cpu_rates, save_cpu_rates
+from attn_dispatch.models.identity import DeviceIdentity, torch_threads
+from attn_dispatch.models.paths import home
 
 # Matrix sizes: 384^3 fp32 products take a few ms on one modern core (enough to reach MKL/oneDNN's
 # steady rate); half-precision products can be 10-50x slower on CPUs without native support, so
@@ -89,9 +99,61 @@ def _op_overhead() -> float:
     return statistics.median(samples)
 
 
-@functools.lru_cache(maxsize=1)
-def probe_cpu_spec() -> CardSpec:
-    """This CPU's measured rates (cached for the life of the process)."""
+PROBE_AT_EXIT = " (this machine's probe runs when the process exits and serves the next process)"
+"""Added to the probe-free constants' source while this machine's probe waits for the exit (`explain` shows it)."""
+
+_measured: dict[int, CardSpec] = {}  # torch threads -> this process's rates (kept or measured: one machine)
+_waiting: set[tuple[str, int]] = set()  # (home, torch threads) of the probes registered to run at exit
+_lock = threading.Lock()
+
+
+def probe_cpu_spec(identity: DeviceIdentity | None = None, root: str | os.PathLike | None = None, *,
+                   now: bool = True) -> CardSpec:
+    """This CPU's rates with the threads torch runs now: the ones this process already has (read or
+    measured: for any home), else kept for this machine in the home `root` (`cpu_probe_store`), else
+    measured now and kept (`now`), else the probe-free constants (`FALLBACK_CPU_SPEC`) while the probe
+    waits for the process's exit. Never raises for the home: a home that cannot be written only costs
+    the next process its probe."""
+    threads = torch.get_num_threads()
+    spec = _measured.get(threads)  # a process runs on one machine, whichever home it reads
+    if spec is not None:
+        return spec
+    identity = identity if identity is not None else DeviceIdentity.cpu()
+    spec = load_cpu_rates(identity, threads, FALLBACK_CPU_SPEC, root)
+    if spec is None and not now:
+        waiting = (str(home(root, create=False)), threads)
+        with _lock:
+            if waiting not in _waiting:
+                _waiting.add(waiting)
+                atexit.register(_probe_and_keep, identity, threads, root)
+        return replace(FALLBACK_CPU_SPEC, source=FALLBACK_CPU_SPEC.source + PROBE_AT_EXIT)
+    if spec is None:
+        spec = _probe_and_keep(identity, threads, root)
+    _measured[threads] = spec
+    return spec
+
+
+def _probe_and_keep(identity: DeviceIdentity, threads: int, root: str | os.PathLike | None) -> CardSpec:
+    """Measure this CPU (`measure_cpu_spec`) and keep the rates for this machine (not the constants
+    a failed probe gives); torch's thread count is set to `threads` for the probe (an exit may come
+    after the program changed it)."""
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        spec = measure_cpu_spec()
+    finally:
+        torch.set_num_threads(previous)
+    if not spec.estimated:
+        try:
+            save_cpu_rates(identity, threads, spec, root)
+        except OSError:
+            pass
+    return spec
+
+
+def measure_cpu_spec() -> CardSpec:
+    """This CPU's rates, measured now with torch's current thread count (the constants where a
+    dtype cannot be multiplied)."""
     try:
         with torch.inference_mode():
             rates = {
@@ -108,5 +170,5 @@ def probe_cpu_spec() -> CardSpec:
         name="CPU", matrix_flops=MappingProxyType(rates), vector_flops=vector,
         bandwidth=bandwidth, memory_bytes=FALLBACK_CPU_SPEC.memory_bytes,
         compute_units=threads, launch_overhead_s=overhead,
-        source=f"measured by a start-up probe with {torch_threads(threads)}",
+        source=f"measured by this machine's probe with {torch_threads(threads)}",
     )

@@ -102,11 +102,14 @@ def _bool(value: object, path: str) -> bool:
 
 
 def _kernel(value: object, path: str) -> str:
+    if type(value) is str and value in _KERNEL_NAMES:
+        return value
     name = _str(value, path)
     try:
         kernel_named(name)
     except ValueError as error:
         raise _fail(path, f"names a kernel that is not an attn-dispatch kernel ({error})") from None
+    _KERNEL_NAMES.add(name)
     return name
 
 
@@ -114,7 +117,34 @@ def _seconds(value: object, path: str) -> float:
     return _num(value, path, MIN_SECONDS, MAX_SECONDS)
 
 
+_KERNEL_NAMES: set[str] = set()
+"""Names `_kernel` has accepted in this process: a table repeats a few dozen names thousands of times."""
+
+
 def _candidates(value: object, path: str, limit: int) -> tuple[tuple[str, float], ...]:
+    """``[[kernel name, seconds], ...]`` -> a tuple of pairs: valid names (`_kernel`), times in
+    [`MIN_SECONDS`, `MAX_SECONDS`], no name twice. The usual case, every entry well formed, is
+    checked in one tight loop (a table holds tens of thousands: the bundled H200 table's parse spent
+    most of its time building error paths it never used); the first doubt goes through
+    `_candidates_in_detail`, which names the bad field."""
+    known = _KERNEL_NAMES
+    if type(value) is list and len(value) <= limit:
+        entries = []
+        for entry in value:
+            if type(entry) is not list or len(entry) != 2:
+                break
+            name, seconds = entry
+            if (type(name) is not str or name not in known or type(seconds) not in (float, int)
+                    or not MIN_SECONDS <= seconds <= MAX_SECONDS):
+                break
+            entries.append((name, float(seconds)))
+        else:
+            if len({name for name, _ in entries}) == len(entries):
+                return tuple(entries)
+    return _candidates_in_detail(value, path, limit)
+
+
+def _candidates_in_detail(value: object, path: str, limit: int) -> tuple[tuple[str, float], ...]:
     entries = []
     for i, entry in enumerate(_list(value, path, limit)):
         pair = _list(entry, f"{path}[{i}]", 2, min_length=2)

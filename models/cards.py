@@ -7,6 +7,7 @@ are NVIDIA's datasheet, with this workplace's measured ceilings noted beside the
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -137,18 +138,21 @@ def generic_gpu_spec(identity: DeviceIdentity) -> CardSpec:
     )
 
 
-def spec_for(identity: DeviceIdentity, *, probe: bool = True) -> CardSpec:
+def spec_for(identity: DeviceIdentity, *, probe: bool = True, home: str | os.PathLike | None = None,
+             probe_now: bool = True) -> CardSpec:
     """The spec sheet of `identity`'s card.
 
     Parameters
     ----------
-    probe: for a CPU, measure matmul FLOP/s and copy bandwidth once per process (a fraction of a
-        second); False gives a probe-free constant (tests).
+    probe: for a CPU, its probed rates (`_cpu_probe.probe_cpu_spec`: matrix products, copy and
+        softmax, kept per machine in the home `home`); False gives the probe-free constants (tests).
+    probe_now: where this machine's rates are not kept yet, probe now (a fraction of a second);
+        False: the probe-free constants, the probe running at the process's exit (the dispatcher).
     """
     if identity.device_type == "cpu":
         from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC, probe_cpu_spec
 
-        spec = probe_cpu_spec() if probe else FALLBACK_CPU_SPEC
+        spec = probe_cpu_spec(identity, home, now=probe_now) if probe else FALLBACK_CPU_SPEC
         return replace(spec, name=identity.model_key, memory_bytes=identity.memory_bytes or spec.memory_bytes)
     model = identity.model_key
     if model in KNOWN_CARDS:

@@ -1,7 +1,7 @@
 """The ``ATTN_DISPATCH_*`` environment variables: each one declared once here (name, accepted
 values, default, effect), and read and validated only here.
 
-A reader elsewhere asks its variable (``HOME.read()``, ``VERIFY.read()``) at the moment it needs
+A reader elsewhere asks its variable (``HOME.read()``, ``MEASURE.read()``) at the moment it needs
 the value, so a variable changed while a process runs counts from its next read. `check()` reads
 every variable at once; a `Dispatcher`, `install()` and `patched()` call it when they start, so a
 bad value fails there with one line naming the variable and the values it accepts (ValueError),
@@ -120,15 +120,11 @@ MEMORY_BUDGET = Size(
     "Caps the extra memory one attention call may use, e.g. `16GiB` to stand in for a 16 GB card on a bigger one. "
     "`Dispatcher(memory_budget=...)` wins over it.",
 )
-TUNE = Switch(
-    f"{PREFIX}TUNE", False,
-    "First-call tuning: the first call of each size bucket times the kernels the table cannot tell apart, plus "
-    "PyTorch's own choice, and keeps the fastest (meant for GPUs). `Dispatcher(tune=...)` wins over it.",
-)
-VERIFY = Switch(
-    f"{PREFIX}VERIFY", True,
-    "The first-call check: the first call of a bucket a measured table decides times the table's first choices "
-    "against PyTorch's own and keeps PyTorch's unless another is faster beyond the noise.",
+MEASURE = Switch(
+    f"{PREFIX}MEASURE", True,
+    "Measuring on your own calls: a size bucket no measured table entry decides runs its first calls with one "
+    "candidate each (PyTorch's own choice first), keeps PyTorch's unless another is faster beyond the noise, and "
+    "stores the result in the home. `Dispatcher(measure=...)` wins over it.",
 )
 IGNORE_SDPA_KERNEL = Switch(
     f"{PREFIX}IGNORE_SDPA_KERNEL", False,
@@ -171,7 +167,7 @@ COMMIT = Text(
 )
 
 VARIABLES: tuple[Variable, ...] = (
-    HOME, MEMORY_BUDGET, TUNE, VERIFY, IGNORE_SDPA_KERNEL, HOT_PATH, FAST_PATH, AUTO_BUILD, LOG, RECORD,
+    HOME, MEMORY_BUDGET, MEASURE, IGNORE_SDPA_KERNEL, HOT_PATH, FAST_PATH, AUTO_BUILD, LOG, RECORD,
     TRAINING_PROFILE, COMMIT,
 )
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from attn_dispatch.kernels.problem import ITEMSIZE, MASK_KINDS
 from attn_dispatch.models._json_checks import (
+    _KERNEL_NAMES,
     MAX_CANDIDATES,
     MAX_LOG2,
+    MAX_SECONDS,
     MAX_SIZE,
+    MIN_SECONDS,
     _bool,
     _fail,
     _int,
@@ -57,10 +60,24 @@ def _time(value: object, path: str) -> MeasuredTime:
     return MeasuredTime(_kernel(item[0], f"{path}[0]"), median, low, high, _int(item[4], f"{path}[4]", 1, MAX_SAMPLES))
 
 
+def _well_formed_time(value: object) -> MeasuredTime | None:
+    """`_time` for the usual case, checked in one expression: None at the first doubt (`_time` then
+    names the bad field). A table holds thousands of these: building each field's error path
+    up front cost the bundled H200 table's parse most of its time."""
+    if type(value) is not list or len(value) != 5:
+        return None
+    name, median, low, high, samples = value
+    if (type(name) is str and name in _KERNEL_NAMES and type(samples) is int and 1 <= samples <= MAX_SAMPLES
+            and all(type(s) in (float, int) and MIN_SECONDS <= s <= MAX_SECONDS for s in (median, low, high))
+            and low <= median <= high):
+        return MeasuredTime(name, float(median), float(low), float(high), samples)
+    return None
+
+
 def _entry(value: object, path: str) -> MeasuredEntry:
     data = _obj(value, path, ("key", "batch", "q_len", "kv_len", "times", "source"))
     key = _key(data["key"], f"{path}.key")
-    times = tuple(_time(v, f"{path}.times[{i}]")
+    times = tuple(_well_formed_time(v) or _time(v, f"{path}.times[{i}]")
                   for i, v in enumerate(_list(data["times"], f"{path}.times", MAX_CANDIDATES, min_length=1)))
     if len({t.kernel for t in times}) != len(times):
         raise _fail(f"{path}.times", "lists a kernel twice")

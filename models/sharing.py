@@ -3,8 +3,9 @@
 Lookup order: exact card and software stack -> same card model, other stack (warns: stale) ->
 same family (gfx906 tables serve MI50, MI60 and Radeon VII, times scaled by the cards' rates) ->
 the analytic prior. The user's tables (``tables_dir()/<model>/*.json``) come before the bundled
-ones (``models/tables/*.json``). A corrupt or foreign file is skipped with a warning: an attention
-call never fails because of a table.
+ones (``models/tables/*.json``). A file whose head names only cards of another model and family is
+skipped without being parsed (`table_header`); a corrupt file is skipped with a warning: an
+attention call never fails because of a table.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.merge import card_scale
 from attn_dispatch.models.paths import tables_dir
 from attn_dispatch.models.table import ThresholdTable
+from attn_dispatch.models.table_header import head_identities
 from attn_dispatch.models.table_io import dumps_table, load_table, save_table
 
 BUNDLED_TABLES_DIR = Path(__file__).resolve().parent / "tables"
@@ -89,7 +91,11 @@ def import_table(path: str | os.PathLike, *, home: str | os.PathLike | None = No
 
 def match_level(table: ThresholdTable, identity: DeviceIdentity) -> str | None:
     """How `table` matches `identity`: "exact", "model", "family", or None (another card)."""
-    cards = table.provenance.identities
+    return cards_match_level(table.provenance.identities, identity)
+
+
+def cards_match_level(cards: tuple[DeviceIdentity, ...], identity: DeviceIdentity) -> str | None:
+    """How a table measured on `cards` matches `identity` (`match_level`)."""
     if any(card.key == identity.key for card in cards):
         return "exact"
     if any(card.model_key == identity.model_key for card in cards):
@@ -142,6 +148,9 @@ def lookup_table(
     found: list[tuple[tuple, Path, ThresholdTable, str]] = []
     for path, bundled in _candidate_files(home):
         if bundled and not include_bundled:
+            continue
+        cards = head_identities(path)  # a file measured on another card is not parsed (`table_header`)
+        if cards is not None and cards_match_level(cards, identity) is None:
             continue
         try:
             table = _load_unchanged(path)

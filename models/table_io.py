@@ -35,11 +35,14 @@ def _reject_constant(name: str) -> float:
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    keys = [key for key, _ in pairs]
-    if len(set(keys)) != len(keys):
+    """One JSON object as a dict, refusing a key given twice (the dict is built first: a table holds
+    tens of thousands of objects, and building a key list for each doubled the parse)."""
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        keys = [key for key, _ in pairs]
         duplicate = next(key for key in keys if keys.count(key) > 1)
         raise TableError(f"threshold table repeats the key {duplicate!r} in one object; {FIX}")
-    return dict(pairs)
+    return result
 
 
 def loads_table(raw: bytes, *, source: str = "<bytes>") -> ThresholdTable:

@@ -52,9 +52,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def no_first_call_stopwatch(request, monkeypatch):
-    """The first-call check (`dispatcher.verify`) picks by stopwatch on a measured table, which
-    would let machine load decide which kernel a test sees: off in every test but those that
-    test it (marked ``stopwatch``, where the stopwatch is stood in for or only ordering matters)."""
-    if request.node.get_closest_marker("stopwatch") is None:
-        monkeypatch.setenv("ATTN_DISPATCH_VERIFY", "0")
+def no_measuring_on_calls(request, monkeypatch):
+    """Measuring a bucket's candidates on its calls (`dispatcher.measuring`) picks by the clock,
+    which would let machine load decide which kernel a test sees: off in every test but those that
+    test it (marked ``measuring``, where the clock is stood in for or only behaviour matters)."""
+    if request.node.get_closest_marker("measuring") is None:
+        monkeypatch.setenv("ATTN_DISPATCH_MEASURE", "0")

@@ -1,10 +1,9 @@
 """What an inference process imports: `import attn_dispatch`, a `Dispatcher`, its first call and a
 bundled table's ranking need torch and numpy only; scikit-learn and scipy (fitting, scoring),
 joblib and optuna are calibration's. With torch._dynamo they cost a plain script 3.8-4.3 s before
-its first call when imported eagerly (2-core CPU, torch 2.13). torch._dynamo (and its sympy) is
-imported: `dispatcher.compiled` marks its graph node with `torch.compiler.allow_in_graph` at
-import, which cannot be done once a compile has started (1.4-1.5 s here; a transformers or
-diffusers process has imported it already)."""
+its first call when imported eagerly (2-core CPU, torch 2.13). torch._dynamo (1.4-1.5 s here) is not
+imported either: `dispatcher.compiled` marks its graph node when something else imports Dynamo
+(`dispatcher.after_import`; tests/test_first_call.py)."""
 
 from __future__ import annotations
 

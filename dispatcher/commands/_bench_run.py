@@ -38,6 +38,10 @@ PYTORCH_PATH = "pytorch_default"
 PYTORCH_MATH_PATH = "pytorch_math"
 """The baseline of a portable-mode bench: PyTorch's SDPA as gfx906 runs it, its math backend."""
 GIT_TIMEOUT_S = 5  # reading the commit must never hold up a benchmark
+MAX_SETTLING_CALLS = 64
+"""Calls the bench's gated first call of the dispatcher may repeat until the shape's bucket has
+decided its measuring (`measuring`: 2 + 6 candidates x (1 warm-up + 5 rounds) = 38 calls at most
+when every candidate stays in), so the timed rounds see the bucket as it serves for good."""
 # The fill scenario's masking, stated in every report (see calibration.scenarios).
 FILL_NOTE = ("fill uses an explicit [1, 1, Lq, Lk] bool mask as transformers does for Lq < Lk (SDPA's is_causal is "
              "top-left); its content is random, which costs the same for every kernel measured")
@@ -113,8 +117,9 @@ def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape]
         "PyTorch baseline": ("its math backend (portable mode emulates a card without fused backends, whose "
                              "default runs the math backend); the dispatcher's last resort, PyTorch's default, is not benched")
         if baseline is not None and baseline.label == PYTORCH_MATH_PATH else "F.scaled_dot_product_attention as called by a user",
-        "first-call tuning": ("on: the dispatcher times its closest candidates on its first call of each bucket "
-                              "(that call is the gated first call, outside the timed rounds)") if dispatcher.tune else "off",
+        "measuring on calls": ("on: the dispatcher measures each bucket's candidates on its calls; the gated first call "
+                               f"repeats the call until the bucket has decided (at most {MAX_SETTLING_CALLS} calls, outside "
+                               "the timed rounds)") if dispatcher.measure else "off (ATTN_DISPATCH_MEASURE=0)",
         "timing": (f"{timer}; each path: 1 gated first call + {settings.warmup} warm-up + 1 timed sample; then up to "
                    f"{settings.rounds} interleaved rounds of one sample per path (back-to-back calls lasting ~{TARGET_SAMPLE_S * 1e3:g} ms, "
                    f"divided by their count; at least {settings.min_rounds} rounds, no new round after "
@@ -131,13 +136,14 @@ def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape]
 
 def run_bench(
     shapes: list[Shape], device: torch.device, *, kernels: str, policy: AccuracyPolicy, memory_budget: int | None,
-    settings: BenchSettings, size: str, progress: Callable[[ShapeResult], None] | None = None, tune: bool = False,
+    settings: BenchSettings, size: str, progress: Callable[[ShapeResult], None] | None = None, measure: bool = True,
 ) -> BenchReport:
-    """Time every shape on `device` with a fresh dispatcher (tuning on its first call of each
-    bucket when `tune`); see module docstring."""
-    # remember_tunings=False: every bench run tunes afresh, whatever earlier runs left in the home
-    dispatcher = Dispatcher(kernels=kernels, policy=policy, memory_budget=memory_budget, tune=tune, remember_tunings=False)
-    subject = DispatchedKernel(dispatcher, device)
+    """Time every shape on `device` with a fresh dispatcher (measuring each bucket on its calls
+    when `measure`, settled before the timed rounds); see module docstring."""
+    # remember_tunings=False: every bench run measures afresh, whatever earlier runs left in the home
+    dispatcher = Dispatcher(kernels=kernels, policy=policy, memory_budget=memory_budget, measure=measure,
+                            remember_tunings=False)
+    subject = DispatchedKernel(dispatcher, device, settle_calls=MAX_SETTLING_CALLS)
     baseline = baseline_path(kernels)
     report = BenchReport(conditions(device, dispatcher, shapes, settings, size, baseline))
     if shapes:  # process warm-up: thread pools, allocator, library handles; the numbers are discarded

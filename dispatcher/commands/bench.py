@@ -51,9 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kernels", default="all", choices=KERNEL_SETS, help="the dispatcher's kernel set")
     parser.add_argument("--allow-lossy", action="append", default=[], metavar="CONVERSION",
                         help="let the dispatcher use a lossy conversion, e.g. fp32->bf16 (repeatable)")
-    parser.add_argument("--tune", action="store_true",
-                        help="let the dispatcher time its closest candidates on its first call of each problem bucket "
-                        "(ATTN_DISPATCH_TUNE=1; see dispatcher/tuning.py)")
+    parser.add_argument("--no-measure", action="store_true",
+                        help="the dispatcher does not measure a bucket's candidates on its calls (ATTN_DISPATCH_MEASURE=0; "
+                        "see dispatcher/measuring.py); by default it does, on each shape's first call, before the timed rounds")
     parser.add_argument("--rounds", type=int, default=None, metavar="N", help="interleaved rounds per shape (default: 10 GPU, 5 CPU)")
     parser.add_argument("--shape-budget", type=float, default=None, metavar="SECONDS",
                         help="no new round after this many seconds on a shape (default: 2.5 GPU, 1 CPU)")
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError) as error:
         raise CommandError(one_line(error)) from None
     report = run_bench(shapes, device, kernels=args.kernels, policy=policy, memory_budget=budget, settings=settings,
-                       size=size, progress=None if args.quiet else _progress, tune=args.tune)
+                       size=size, progress=None if args.quiet else _progress, measure=not args.no_measure)
     text = report.markdown()
     print(text, end="")
     if args.md:

@@ -16,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=HELP,
         description="For the CPU and every visible GPU: name, architecture, compute units, memory, the card model "
         "and family keys tables are shared by, the fingerprint (card + software stack), and the table lookup level "
-        "that would serve it (exact, model: other stack, family: scaled stand-in, prior: no table); for a CPU "
+        "that would serve it (exact, model: other stack, family: scaled stand-in, prior: no table; without a table "
+        "measured on the card, what the dispatcher does instead); for a CPU "
         "table, the torch threads it was timed with against this process's (a warning when they differ). Last, "
         "whether the C++ fast path is loaded (or why not: `attn-dispatch build-fast-path` builds it).",
     )
@@ -36,6 +37,8 @@ def device_record(device) -> dict:
     """Identity, keys and table lookup of one device."""
     import torch
 
+    from attn_dispatch.dispatcher.measuring import measure_from_env
+    from attn_dispatch.dispatcher.no_table_notice import no_table_line
     from attn_dispatch.models import DeviceIdentity, lookup_table
     from attn_dispatch.models.thread_words import threads_line
 
@@ -52,6 +55,7 @@ def device_record(device) -> dict:
         "table_timing_threads": None if found.table is None else found.table.provenance.timing_threads,
         "table_threads": None if found.table is None else threads_line(found.table, torch.get_num_threads()),
         "notes": list(found.warnings),
+        "no_table": no_table_line(found.level, str(device), measure=measure_from_env()),
     }
 
 
@@ -59,7 +63,7 @@ LEVEL_WORDS = {
     "exact": "its own table (same card, same software stack)",
     "model": "a table of the same card model on another software stack (may be stale: run `attn-dispatch check`)",
     "family": "a table of another card of its family, times scaled (unmeasured on this card)",
-    "prior": "no table: the analytic prior decides (run `attn-dispatch calibrate` or `attn-dispatch import`)",
+    "prior": "no table: the analytic prior orders the kernels (run `attn-dispatch calibrate` or `attn-dispatch import`)",
 }
 
 
@@ -85,5 +89,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"    {r['table_threads']}")
         for note in r["notes"]:
             print(f"    note: {note}")
+        if r["no_table"]:
+            print(f"    {r['no_table']}")
     print(f"fast path: {fast}")
     return 0

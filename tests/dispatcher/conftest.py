@@ -1,4 +1,4 @@
-"""Every dispatcher test runs with its own table directory, no budget, no log or tuning switch, a
+"""Every dispatcher test runs with its own table directory, no budget, no log switch, a
 reset default dispatcher and nothing installed."""
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTN_DISPATCH_HOME", str(tmp_path / "attn-dispatch-home"))
     monkeypatch.delenv("ATTN_DISPATCH_MEMORY_BUDGET", raising=False)
     monkeypatch.delenv("ATTN_DISPATCH_LOG", raising=False)
-    monkeypatch.delenv("ATTN_DISPATCH_TUNE", raising=False)  # tests that tune say so
     dispatcher.reset()
     yield
     dispatcher.reset()

@@ -35,22 +35,27 @@ def test_a_new_length_in_a_decided_bucket_is_not_ranked_again(monkeypatch):
     assert ranker.calls == 2
 
 
-def test_tuning_runs_once_per_bucket(monkeypatch):
+@pytest.mark.measuring
+def test_a_decode_loop_measures_each_bucket_once(monkeypatch):
+    """A decode loop's key length grows by one per step: every new length is a new exact shape of
+    the same bucket, measured by one trial (its calls, whatever their lengths, run its candidates)."""
     use_ranking(monkeypatch, FixedRanker(["math", "chunked[q=128,kv=1024]"]))
-    tunings = []
-    from attn_dispatch.dispatcher import device_state
+    from attn_dispatch.dispatcher import planner
 
-    real_tune = device_state.tune
+    trials = []
 
-    def counting_tune(*args, **kwargs):
-        tunings.append(1)
-        return real_tune(*args, **kwargs)
+    class CountedTrial(planner.Trial):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            trials.append(self)
 
-    monkeypatch.setattr(device_state, "tune", counting_tune)
-    ours = Dispatcher(kernels=["math", "chunked[q=128,kv=1024]"], tune=True, remember_tunings=False)
+    monkeypatch.setattr(planner, "Trial", CountedTrial)
+    ours = Dispatcher(kernels=["math", "chunked[q=128,kv=1024]"], remember_tunings=False)
     for kv_len in range(100, 128, 3):
-        ours.attention(**_decode(kv_len))
-    assert len(tunings) == 1
+        inputs = _decode(kv_len)
+        assert_matches_reference(ours.attention(**inputs), inputs)
+    assert len(trials) == 1
+    assert sum(c.calls for c in trials[0].contenders) > 1  # calls of several key lengths measured by the one trial
 
 
 def test_an_exact_shape_the_buckets_kernel_cannot_run_is_decided_alone(monkeypatch):
@@ -266,35 +271,38 @@ def test_pytorch_backends_have_no_floor():
         assert floor_seconds(kernel_from_name(name), floors) is None
 
 
-def test_a_new_shape_swaps_only_to_a_kernel_the_first_call_timed(monkeypatch):
-    """Where the bucket's first call timed options (`verify`), a new shape leaves the kernel that
-    sets up per shape only for a timed one: chunked is predicted fastest, but only math was timed."""
-    from attn_dispatch.dispatcher import planner
+def test_a_new_shape_swaps_only_to_a_kernel_the_bucket_measured(monkeypatch):
+    """Where the bucket's calls measured options (`measuring`; here a result kept from an earlier
+    process), a new shape leaves the kernel that sets up per shape only for a measured one: chunked
+    is predicted fastest, but only math was measured."""
+    from attn_dispatch.dispatcher.tuning import Tuned
 
     chunked = "chunked[q=128,kv=1024]"
     use_ranking(monkeypatch, FixedRanker(["setup_math", chunked, "math"]))
-    monkeypatch.setattr(planner, "verification_wanted", lambda *args, **kwargs: True)
-    timed = {"setup_math": 1e-6, "math": 3e-6}
-    monkeypatch.setattr(planner, "verify_against_default",
-                        lambda options, notes, *args, **kwargs: (options, notes, dict(timed)))
     ours = Dispatcher(kernels=[SetUpKernel(), "chunked[q=128,kv=1024]", MathKernel()])
-    ours._planner(torch.device("cpu")).cold_costs["setup_math"] = {"decode": 1e-3, "prefill": 1e-3}
-    for _ in range(4):
-        ours.attention(**_decode(100))
+
+    def start(measured):
+        ours.reset()
+        planner = ours._planner(torch.device("cpu"))
+        planner.cold_costs["setup_math"] = {"decode": 1e-3, "prefill": 1e-3}
+        bucket = failure_bucket(Problem.from_tensors(**{k: v for k, v in _decode(100).items()}))
+        if measured:
+            planner.state.open_store(None, "")
+            planner.state.tuned[bucket] = Tuned("setup_math", (("setup_math", 1e-6), ("math", 3e-6)))
+        for _ in range(4):
+            ours.attention(**_decode(100))
+
+    start(measured=True)
     second = _decode(101)
     assert ours.explain(**second).kernel == "math"
     assert_matches_reference(ours.attention(**second), second)
-    timed.clear()  # nothing timed: the table's prediction decides, as before
-    ours.reset()
-    ours._planner(torch.device("cpu")).cold_costs["setup_math"] = {"decode": 1e-3, "prefill": 1e-3}
-    for _ in range(4):
-        ours.attention(**_decode(100))
+    start(measured=False)  # nothing measured: the table's prediction decides, as before
     assert ours.explain(**second).kernel == chunked
 
 
 def test_only_a_material_set_up_counts_as_one():
     """Flash's measured 2 us per new shape is the measurement's floor, not a set-up to avoid: it must
-    stay among the options the first-call check may time as set-up-free (`verify.checked_options`)."""
+    stay among the options a bucket may measure as set-up-free (`measured_candidates`)."""
     from types import SimpleNamespace
 
     from attn_dispatch.dispatcher.cold_shape import costly_setups

@@ -1,6 +1,7 @@
 """On a CUDA/ROCm device (skipped without one): SDPA equivalence, free memory that counts the
-caching allocator, a 16 GiB budget on a bigger card, a real out-of-memory fallback, and CPU and
-GPU in one process."""
+caching allocator, a 16 GiB budget on a bigger card, a real out-of-memory fallback, CPU and GPU in
+one process, and a bucket measured on its calls with CUDA events (no sync; nothing timed while a
+CUDA graph is captured)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, use_
 from tests.kernels.cases import Case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device"),
-              pytest.mark.stopwatch]  # the first-call check on, as installed
+              pytest.mark.measuring]  # measuring on calls on, as installed
 GIB = 2**30
 
 CUDA_CASES = {
@@ -70,7 +71,7 @@ def test_real_out_of_memory_falls_back(monkeypatch):
     problem = Problem(1, heads, heads, length, length, 64, 64, "float16", device_type="cuda")
     assert MathKernel().workspace_bytes(problem) > torch.cuda.get_device_properties(0).total_memory
     q, k, v = (torch.randn(1, heads, length, 64, device="cuda", dtype=torch.float16) for _ in range(3))
-    ours = Dispatcher()
+    ours = Dispatcher(measure=False)  # the ranking's first choice runs the first call
     out = ours.attention(q, k, v)
     assert "OutOfMemoryError" in ours.explain(q, k, v).reason_dropped("math")
     torch.testing.assert_close(out, pytorch_sdpa(q, k, v), rtol=2e-2, atol=2e-3)
@@ -86,3 +87,43 @@ def test_cpu_and_cuda_in_one_process():
         assert_matches_reference(ours.attention(inputs["query"], inputs["key"], inputs["value"], **flags), inputs)
     cpu, cuda = (state.ranking.source for state in (p.state for p in ours._planners.values()))
     assert len(ours._planners) == 2 and cpu.identity != cuda.identity
+
+
+def _measuring_plan(ours, q, k, v):
+    from attn_dispatch.dispatcher._plan import cache_key
+
+    return ours._plans.get(cache_key(q, k, v, None, False, False))
+
+
+def test_a_bucket_measures_on_its_calls_with_cuda_events_and_never_syncs(monkeypatch):
+    q, k, v = (torch.randn(1, 8, 256, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    ours = Dispatcher(remember_tunings=False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: pytest.fail("a measuring call synchronised"))
+    outs = [ours.attention(q, k, v) for _ in range(80)]
+    monkeypatch.undo()
+    torch.cuda.synchronize()
+    for out in outs:
+        torch.testing.assert_close(out, pytorch_sdpa(q, k, v), rtol=2e-2, atol=2e-3)
+    plan = _measuring_plan(ours, q, k, v)
+    assert plan is not None and plan.trial is None  # decided, and planned again from the decided bucket
+    assert any(note.startswith("measured on this bucket's calls") for note in ours.explain(q, k, v).notes)
+
+
+def test_nothing_is_timed_while_a_cuda_graph_is_captured():
+    q, k, v = (torch.randn(1, 8, 256, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    ours = Dispatcher(remember_tunings=False)
+    ours.attention(q, k, v)  # the bucket decides: its trial starts
+    trial = _measuring_plan(ours, q, k, v).trial
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ours.attention(q, k, v)  # warm on the side stream, as capture requires
+    torch.cuda.current_stream().wait_stream(stream)
+    calls = [c.calls for c in trial.contenders]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ours.attention(q, k, v)
+    assert [c.calls for c in trial.contenders] == calls  # nothing ran as a candidate while captured
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, pytorch_sdpa(q, k, v), rtol=2e-2, atol=2e-3)

@@ -8,7 +8,7 @@ import pytest
 
 from attn_dispatch.dispatcher import Dispatcher, TableWarning
 from attn_dispatch.dispatcher.ranking import resolve_ranking
-from attn_dispatch.kernels import MathKernel
+from attn_dispatch.kernels import MathKernel, Problem
 from tests.dispatcher.helpers import BrokenRanker, FixedRanker, assert_matches_reference, qkv, use_ranking
 
 
@@ -107,7 +107,7 @@ def test_a_measured_entry_is_explained_in_words(tmp_path):
 
 def test_an_entry_tied_to_the_default_does_not_decide_its_bucket():
     """An entry whose winner is PyTorch's default only because a faster kernel's spread overlaps
-    it leaves the bucket to the first-call check (`verify`); a clear winner, either way, decides."""
+    it leaves the bucket to be measured on its calls (`measuring`); a clear winner, either way, decides."""
     from attn_dispatch.dispatcher.decision import RankingSource
     from attn_dispatch.dispatcher.ranking import DeviceRanking
     from attn_dispatch.kernels import Problem
@@ -138,3 +138,49 @@ def test_an_entry_tied_to_the_default_does_not_decide_its_bucket():
     assert not faster.entry_decides(Problem(1, 4, 2, 800, 800, 64, 64, "float32"))  # no entry there
     source = RankingSource("exact", "test")
     assert not DeviceRanking(table=None, prior=None, source=source, prior_source=source).entry_decides(problem)
+
+
+class _RankerWithEntry(FixedRanker):
+    """A table holding one measured entry for every problem it is asked about."""
+
+    def __init__(self, order, times):
+        super().__init__(order)
+        self.times = times
+
+    def measured_entry(self, problem):
+        from attn_dispatch.models.measured import MeasuredEntry, entry_key
+
+        return MeasuredEntry(entry_key(problem), problem.batch, problem.q_len, problem.kv_len, self.times)
+
+
+def test_an_entry_of_ours_measured_at_an_aligned_key_count_does_not_decide_an_unaligned_call():
+    """On a GPU, a portable kernel's measured win at 8,192 keys does not carry to 4,731 keys (rows
+    not a multiple of `KEY_COUNT_MULTIPLE`: 2.45x PyTorch's default on the H200, session 15): the
+    bucket measures its candidates on its calls, and `explain` says why. PyTorch's backends, and CPUs, keep the
+    entry's word."""
+    from attn_dispatch.dispatcher.ranking import DeviceRanking, entry_decides_bucket
+    from attn_dispatch.models.measured import MeasuredEntry, MeasuredTime, entry_key
+    from tests.dispatcher.helpers import PRIOR_SOURCE, TEST_SOURCE
+
+    def entry(winner, problem):
+        times = (MeasuredTime(winner, 1.3e-4, 1.24e-4, 1.36e-4, 5), MeasuredTime("sdpa_default", 1.9e-4, 1.88e-4, 1.93e-4, 5))
+        return MeasuredEntry(entry_key(problem), problem.batch, problem.q_len, 8192, times)
+
+    def call(kv_len, device_type="cuda"):
+        return Problem(4, 32, 8, 2, kv_len, 256, 256, "bfloat16", device_type=device_type)
+
+    ours = entry("small_q[splits=1]", call(8192))
+    assert not entry_decides_bucket(ours, call(4731))
+    assert entry_decides_bucket(ours, call(4736)) and entry_decides_bucket(ours, call(8192))
+    assert entry_decides_bucket(entry("small_q[splits=1]", call(8192, "cpu")), call(4731, "cpu"))
+    assert entry_decides_bucket(entry("sdpa_flash", call(8192)), call(4731))
+    from attn_dispatch.dispatcher.planning import decision_bucket
+
+    assert decision_bucket(call(4731)) != decision_bucket(call(4736))  # decided apart: the first seen never decides both
+    assert decision_bucket(call(4731, "cpu")) == decision_bucket(call(4736, "cpu"))
+    ranking = DeviceRanking(table=_RankerWithEntry(["small_q[splits=1]", "sdpa_default"], ours.times),
+                            prior=None, source=TEST_SOURCE, prior_source=PRIOR_SOURCE)
+    ranking.table.measured_entry = lambda problem: ours
+    assert not ranking.entry_decides(call(4731)) and ranking.entry_decides(call(4736))
+    assert "this call has 4731, not a multiple" in ranking.entry_doubt(call(4731))
+    assert ranking.entry_doubt(call(4736)) is None

@@ -1,4 +1,5 @@
-"""The grid's warm-up to a dispatcher plan's settle point (`bench.llm_grid.settle_calls`) and its round order."""
+"""The grid's warm-up to a dispatcher plan's settle point and its bucket's decided measuring
+(`bench.llm_grid.settle_calls`), and its round order."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ KEY = ("shape",)
 
 def dispatcher_with(settle_at: int, count: int):
     """A stand-in dispatcher holding one plan, and the call that counts as the fast path does."""
-    plan = SimpleNamespace(settle_at=settle_at, count=[count])
+    plan = SimpleNamespace(settle_at=settle_at, count=[count], trial=None)
     dispatcher = SimpleNamespace(_plans={KEY: plan})
 
     def call():
@@ -45,6 +46,25 @@ def test_over_the_budget_reports_the_calls_it_would_take_and_makes_none():
     dispatcher, plan, call = dispatcher_with(settle_at=needed + 2, count=2)
     assert settle_calls(dispatcher, KEY, call, once_s=once_s) == -needed
     assert plan.count[0] == 2
+
+
+def test_a_bucket_still_measuring_is_called_until_it_has_decided():
+    """A plan whose bucket measures its candidates on its calls (`dispatcher.measuring`) is called
+    until the trial closes (the dispatcher then plans it again), then once more for the new plan."""
+    trial = SimpleNamespace(open=True)
+    measuring = SimpleNamespace(settle_at=0, count=[1], trial=trial)
+    decided = SimpleNamespace(settle_at=0, count=[0], trial=None)
+    dispatcher = SimpleNamespace(_plans={KEY: measuring})
+
+    def call():
+        plan = dispatcher._plans[KEY]
+        plan.count[0] += 1
+        if plan is measuring and plan.count[0] == 6:
+            trial.open = False
+            dispatcher._plans[KEY] = decided
+
+    assert settle_calls(dispatcher, KEY, call, once_s=25e-6) == 6
+    assert measuring.count[0] == 6 and decided.count[0] == 1
 
 
 def test_rounds_shuffle_the_paths_so_none_always_follows_the_same_one():

@@ -74,8 +74,19 @@ def test_the_dispatchers_cache_seeds_and_writes_only_new_passes(clean_probes, mo
     assert load_passed(CARD, "91002", tmp_path) == PASSED | {new_key}  # the failure is not kept
 
 
-def test_no_cache_off_gpus_or_when_the_device_cannot_be_identified(monkeypatch, tmp_path):
-    assert probe_cache.ProbeCache.for_device(torch.device("cpu"), str(tmp_path)) is None
+def test_a_cpus_passes_are_kept_too(clean_probes, tmp_path):
+    cache = probe_cache.ProbeCache.for_device(torch.device("cpu"), str(tmp_path))
+    key = ("sdpa_flash", "cpu", "float32", "plain")
+    sdpa_probe._results[key] = None
+    cache.save_new()
+    assert key in load_passed(DeviceIdentity.cpu(), "", tmp_path)
+    sdpa_probe.clear_probe_cache()
+    probe_cache.ProbeCache.for_device(torch.device("cpu"), str(tmp_path))  # the next process
+    assert key in sdpa_probe.passed_probes("cpu")
+
+
+def test_no_cache_on_other_devices_or_when_the_device_cannot_be_identified(monkeypatch, tmp_path):
+    assert probe_cache.ProbeCache.for_device(torch.device("meta"), str(tmp_path)) is None
 
     def fails(cls, device):
         raise RuntimeError("no driver")

@@ -1,0 +1,141 @@
+"""What a fresh process pays the first time, on the CPU: the first `ad.attention` call (with
+``import attn_dispatch``) against PyTorch's first SDPA call, a new small shape under `patched()`,
+and the worst token of a decode loop whose key length crosses size buckets.
+
+Every number comes from its own fresh process (``--child``), each with its own home: an empty
+temporary one, or a fresh copy of ``--home`` (a calibrated home: ``attn-dispatch calibrate --quick``
+makes one, with the fast path built), so no process sees what an earlier one kept. Medians over
+``--repeats`` processes. The fast path's background build is off (``ATTN_DISPATCH_AUTO_BUILD=0``):
+an empty home's process would start one at its exit, and its 15-20 s compile would slow the next
+process measured.
+
+    python -m bench.first_call [--repeats 3] [--home CALIBRATED_HOME] [--json PATH]
+
+Rows:
+- ``sdpa first call``: ``F.scaled_dot_product_attention`` once, torch imported before the clock;
+- ``ad first call``: ``import attn_dispatch`` and one ``ad.attention`` call (the import alone beside);
+  both first-call rows give the process's CPU seconds beside the wall time (every thread's: on a
+  machine shared with other work the wall time also holds the waits for a core);
+- ``patched new shape``: under ``ad.patched()``, after three calls of one shape, the first call of a
+  small shape of another size bucket (what a model's new layer shape or a new prompt length pays);
+- ``decode``: a decode loop (`bench.decode_loop.decode_pass`: 8 layers, one query row, GQA 8/2,
+  D 64) from 900 keys over 300 tokens: its first token, the token whose key length first crosses
+  into the next size bucket (1025 keys: a new bucket decision), the slowest of the other tokens and
+  the median token, the dispatcher's against SDPA's, each in its own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SHAPE = (1, 8, 512, 64)  # batch, heads, tokens, head dim: a causal prefill, fp32
+SMALL = (1, 4, 48, 32)  # the new small shape under patched(): another bucket than SHAPE's
+DECODE = {"context": 900, "tokens": 300, "layers": 8, "heads": 8, "kv_heads": 2, "head_dim": 64}
+NEW_BUCKET_KEYS = 1025  # the first key length of the next power-of-two bucket after the context's
+
+
+def child(mode: str) -> dict:
+    """One measurement in this (fresh) process."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    if mode == "sdpa":
+        q = torch.randn(*SHAPE)
+        start, cpu = time.perf_counter(), time.process_time()
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        return {"seconds": time.perf_counter() - start, "cpu_s": time.process_time() - cpu}
+    if mode == "ad":
+        q = torch.randn(*SHAPE)
+        start, cpu = time.perf_counter(), time.process_time()
+        import attn_dispatch as ad
+
+        ad.attention  # noqa: B018 - the public API, imported on first use
+        imported = time.perf_counter()
+        ad.attention(q, q, q, is_causal=True)
+        return {"seconds": time.perf_counter() - start, "cpu_s": time.process_time() - cpu, "import_s": imported - start}
+    if mode == "patched":
+        import attn_dispatch as ad
+
+        q, small = torch.randn(*SHAPE), torch.randn(*SMALL)
+        with ad.patched():
+            for _ in range(3):
+                F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            start = time.perf_counter()
+            F.scaled_dot_product_attention(small, small, small, is_causal=True)
+            return {"seconds": time.perf_counter() - start}
+    if mode in ("decode_sdpa", "decode_ad"):
+        from bench.decode_loop import decode_pass
+
+        d = DECODE
+        total = d["context"] + d["tokens"]
+        query = torch.randn(1, d["heads"], 1, d["head_dim"])
+        cache_k, cache_v = (torch.randn(1, d["kv_heads"], total, d["head_dim"]) for _ in range(2))
+        if mode == "decode_ad":
+            import attn_dispatch as ad
+
+            attend = ad.attention
+        else:
+            attend = F.scaled_dot_product_attention
+        per_token = decode_pass(attend, query, cache_k, cache_v, d["context"], d["tokens"], d["layers"])
+        crossing = NEW_BUCKET_KEYS - d["context"]
+        others = [s for i, s in enumerate(per_token) if i not in (0, crossing)]
+        return {"seconds": per_token[crossing], "first_token_s": per_token[0], "worst_other_s": max(others),
+                "median_token_s": statistics.median(per_token)}
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def run_child(mode: str, home: str | None) -> dict:
+    """`mode` in a fresh process with a fresh home (empty, or a copy of `home`)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        own = os.path.join(scratch, "home")
+        if home is not None:
+            shutil.copytree(home, own)
+        else:
+            os.mkdir(own)
+        env = {**os.environ, "ATTN_DISPATCH_HOME": own, "ATTN_DISPATCH_AUTO_BUILD": "0"}
+        done = subprocess.run([sys.executable, "-m", "bench.first_call", "--child", mode], capture_output=True,
+                              text=True, env=env, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="fresh processes per row (median)")
+    parser.add_argument("--home", default=None, help="a calibrated home, copied afresh for every process")
+    parser.add_argument("--json", default=None, help="also write the rows as JSON")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        print(json.dumps(child(args.child)))
+        return 0
+    rows = {}
+    for label, mode in (("sdpa first call", "sdpa"), ("ad first call", "ad"), ("patched new shape", "patched"),
+                        ("decode new-bucket token, sdpa", "decode_sdpa"), ("decode new-bucket token, ad", "decode_ad")):
+        runs = [run_child(mode, args.home) for _ in range(args.repeats)]
+        rows[label] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        rows[label]["runs_s"] = [run["seconds"] for run in runs]
+        extra = "".join(f", {key} {value * 1e3:.1f} ms" for key, value in rows[label].items()
+                        if key not in ("seconds", "runs_s"))
+        print(f"{label}: {rows[label]['seconds'] * 1e3:.1f} ms (runs {', '.join(f'{s * 1e3:.1f}' for s in rows[label]['runs_s'])}){extra}",
+              flush=True)
+    added = rows["ad first call"]["seconds"] - rows["sdpa first call"]["seconds"]
+    added_cpu = rows["ad first call"]["cpu_s"] - rows["sdpa first call"]["cpu_s"]
+    print(f"the first ad.attention call (import included) adds {added * 1e3:.1f} ms over PyTorch's first SDPA call "
+          f"({added_cpu * 1e3:.1f} ms of CPU time); load average {os.getloadavg()[0]:.2f}")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"rows": rows, "added_s": added, "home": args.home, "load": os.getloadavg()}, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

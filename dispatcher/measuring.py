@@ -1,0 +1,359 @@
+"""A size bucket's kernels measured on the bucket's own calls: each call runs one candidate, and its
+output is that call's output.
+
+Where no measured table entry of this card decides a bucket (a card without its family's table, a
+CPU before `attn-dispatch calibrate`, a bucket a table only predicts), a table or prior ranks the
+kernels, but on another card a prior fitted to the H200's measurements picked kernels up to 4.5x
+slower than the fastest (an H100 with the bundled tables removed, issue 34). So the bucket's first
+calls measure (`Trial`): the baseline first (PyTorch's default, what the caller would have run
+without us; in the portable set, where the default is only a last resort, the ranking's first
+choice), then the other candidates in the ranking's order, one call each in turn, every call timed
+without waiting for the device (`call_timing`). The rules:
+
+- warm-up: a candidate's first call is not a sample (lazy set-up, cold caches); the baseline has
+  its warm-up and one sample before any other candidate runs, so every other call has a reference;
+- clearly slower: a candidate whose fastest sample is slower than every sample of the fastest
+  candidate so far by more than `CLEARLY_SLOWER` leaves at once;
+- bounded: what calls of other candidates cost beyond the baseline's median (a first call: beyond
+  the baseline's first call) is the bucket's spend, at most `BUDGET_CALLS` of the baseline's calls. A candidate whose prediction (or per-shape
+  set-up) says its first call alone would go over what is left is never run; once the budget is
+  spent, only candidates faster than the baseline so far stay;
+- decided: after `ROUNDS` samples of every candidate still in, the baseline stays unless a
+  candidate beat it in every round, paired round by round, and by more than `MIN_WIN_MARGIN` at
+  the median (a sign test: five wins in five rounds happen by chance 1 time in 32);
+- never waiting: on a GPU at most `MAX_PENDING` readings wait for their events; beyond that, calls
+  run the baseline untimed until they are read. Nothing is timed while a CUDA graph is captured.
+
+A candidate that raises is out (its failure remembered for the bucket as any run-time failure is),
+and the call runs the plan's own kernel instead. When the trial is decided, `on_close` hands the
+result (`tuning.Tuned`) to the bucket, which keeps it in the home's tuning store for later
+processes (`tuning_store`). ``ATTN_DISPATCH_MEASURE=0`` (or ``Dispatcher(measure=False)``) turns
+the measuring off: the ranking's order serves, PyTorch's default first where nothing was measured.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from attn_dispatch.dispatcher._plan import failure_message
+from attn_dispatch.dispatcher.decision import format_seconds
+from attn_dispatch.dispatcher.planning import Option
+from attn_dispatch.dispatcher.tuning import MIN_WIN_MARGIN, Tuned
+from attn_dispatch.kernels import Kernel, Problem
+from attn_dispatch.models import environment
+
+MEASURE_ENV = environment.MEASURE.name
+"""``0`` (false, no, off) turns the measuring off for dispatchers built without `measure=`."""
+
+ROUNDS = 5
+"""Samples of each candidate still in before the bucket is decided: five paired rounds make the sign
+test that lets a candidate replace the baseline (it beats it in all five) a 1-in-32 chance event
+when the two are equally fast."""
+
+BASELINE_CALLS = 2
+"""The baseline's calls before another candidate runs: its warm-up and one sample, the reference
+every other call's cost is counted against."""
+
+WARM_UP_CALLS = 1
+"""A candidate's first call, not counted as a sample: PyTorch's backends and our kernels set up lazily
+(allocator pools, cuDNN plans per shape, oneDNN primitives), so a first call times the set-up."""
+
+CLEARLY_SLOWER = 0.10
+"""A candidate whose fastest sample is this much slower than the slowest sample of the fastest
+candidate so far cannot win: it leaves after that sample. One margin over two extremes, so call-to-
+call noise (a few percent on a GPU's events, 10-30% on a loaded 2-core CPU's host clock) can only
+keep a candidate in longer, never push a faster one out on one unlucky call."""
+
+BUDGET_CALLS = 3.0
+"""What a bucket may spend on slower candidates, in calls of the baseline: the summed excess of
+their calls over the baseline's median. Three calls' worth, once per bucket: a decode loop of 32
+layers spends it within its first token, and a bucket never costs seconds on a tiny call (the burst
+tuning this replaces spent 0.5-1.2 s on one call of a large bucket on the H100, issue 34)."""
+
+MAX_PENDING = 2
+"""Readings that may wait for their device events before calls go untimed: a GPU call's events
+complete within a call or two of it, so two in flight keep the trial moving without a sync."""
+
+MAX_RUNNERS = 64
+"""Exact problems whose candidate runners a trial keeps (a decode loop makes a new one each token)."""
+
+
+def measure_from_env() -> bool:
+    """Whether buckets measure on their calls (``ATTN_DISPATCH_MEASURE``, on by default)."""
+    return environment.MEASURE.read()
+
+
+@dataclass
+class Contender:
+    """One candidate in a trial: the option, the calls it was given, its samples (seconds per call,
+    warm-ups left out), why it left the race (None while in) and, where it raised, why."""
+
+    option: Option
+    calls: int = 0
+    samples: list[float] = field(default_factory=list)
+    out: str | None = None
+    failure: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.option.kernel.name
+
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else math.inf
+
+
+class Trial:
+    """The measuring of one bucket (module docstring).
+
+    Parameters
+    ----------
+    options: the candidates, the baseline first, then the ranking's order.
+    clock: `call_timing.clock_for` the bucket's device.
+    fits: ``fits(kernel, problem) -> bool``: the kernel runs this exact problem of the bucket within
+        the memory limits it was decided under.
+    cold_s: kernel name -> seconds it sets up on a new exact shape (`cold_shape.cold_seconds`).
+    on_close: called once with the trial when it is decided (outside the trial's lock).
+    on_failure: ``(kernel name, error)`` of a candidate that raised on a call.
+    count_cell: ``(kernel name) -> [calls]``: where a call run by another candidate than its plan's
+        kernel is counted (`Dispatcher.stats`).
+    """
+
+    def __init__(self, options: tuple[Option, ...], clock, *, fits: Callable[[Kernel, Problem], bool],
+                 cold_s: Mapping[str, float] | None = None, on_close: Callable[[Trial], None] | None = None,
+                 on_failure: Callable[[str, BaseException], None] | None = None,
+                 count_cell: Callable[[str], list[int]] | None = None) -> None:
+        if len(options) < 2:
+            raise ValueError(f"a trial needs at least two candidates, got {len(options)}")
+        self.contenders = [Contender(option) for option in options]
+        self.baseline = self.contenders[0]
+        self.clock = clock
+        self.fits = fits
+        self.cold_s = dict(cold_s or {})
+        self.on_close = on_close
+        self.on_failure = on_failure
+        self.count_cell = count_cell
+        self.open = True
+        self.spent_s = 0.0
+        self.baseline_first_s = 0.0  # the baseline's first (warm-up) call
+        self.plans: list = []  # the measuring plans of the bucket (`planner`): re-planned once decided
+        self.result: Tuned | None = None
+        self._pending: list[tuple[Contender, object, bool]] = []
+        self._runners: dict[tuple[str, Problem], Callable | None] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ what the bucket's plans run
+    def runner(self, plan) -> Callable:
+        """The `run` of a measuring plan: ``run(query, key, value, attn_mask, scale, enable_gqa,
+        problem)`` runs this call's candidate (or, with nothing to time, the plan's own kernel)."""
+        own = plan.kernel.runner(plan.problem)
+
+        def run(query, key, value, attn_mask, scale, enable_gqa, problem):
+            return self.call(plan, own, query, key, value, attn_mask, scale, enable_gqa, problem)
+
+        return run
+
+    def call(self, plan, own: Callable, query, key, value, attn_mask, scale, enable_gqa, problem):
+        """One call of the bucket (see `runner`)."""
+        if not self.open:
+            return self._decided_run(problem, own)(query, key, value, attn_mask, scale, enable_gqa, problem)
+        if not self.clock.can_time():  # a CUDA graph being captured: not even an event may be queried
+            return own(query, key, value, attn_mask, scale, enable_gqa, problem)
+        with self._lock:
+            self._collect()
+            contender = self._next() if self.open and len(self._pending) < MAX_PENDING else None
+            run = None if contender is None else self._run_of(contender, problem)
+            if run is None:
+                if contender is not None and contender is not self.baseline:
+                    contender.out = "cannot run or does not fit this bucket's shapes"  # e.g. its probe failed
+                    self._judge()
+                contender = None
+            else:
+                contender.calls += 1
+                warm_up = contender.calls <= WARM_UP_CALLS
+        if contender is None:
+            self._close_if_decided()  # a reading collected above may have decided it
+            return own(query, key, value, attn_mask, scale, enable_gqa, problem)
+        started = self.clock.start()
+        try:
+            out = run(query, key, value, attn_mask, scale, enable_gqa, problem)
+        except Exception as error:  # noqa: BLE001 - a failing candidate is out; the plan's own kernel runs
+            if contender is self.baseline and plan.kernel is contender.option.kernel:
+                raise  # the plan's own kernel: the dispatcher's fallback (`recovery`) takes over
+            out = own(query, key, value, attn_mask, scale, enable_gqa, problem)  # raises: not the candidate's fault
+            self._failed(contender, error)
+            return out
+        reading = self.clock.stop(started)
+        if contender.option.kernel is not plan.kernel and self.count_cell is not None:
+            plan.count[0] -= 1  # `stats`: this call ran the candidate, not the plan's kernel
+            self.count_cell(contender.name)[0] += 1
+        with self._lock:
+            self._pending.append((contender, reading, warm_up))
+            self._collect()
+        self._close_if_decided()
+        return out
+
+    # ------------------------------------------------------------------ the rules
+    def _next(self) -> Contender | None:
+        """The candidate this call runs; None to run the plan's kernel untimed (readings awaited)."""
+        baseline = self.baseline
+        if baseline.out is not None:
+            return None  # it failed: the plans run their own kernels until the bucket is decided again
+        if baseline.calls < BASELINE_CALLS:
+            return baseline
+        if not baseline.samples:
+            return None  # its readings are still on the device: the reference is not known yet
+        for contender in self.contenders[1:]:
+            if contender.out is None and contender.calls == 0:
+                contender.out = self._over_budget_at_once(contender)
+        live = [c for c in self.contenders if c.out is None and len(c.samples) < ROUNDS]
+        if not live:
+            return None
+        return min(live, key=lambda c: (c.calls, self.contenders.index(c)))
+
+    def _over_budget_at_once(self, contender: Contender) -> str | None:
+        """Why `contender`'s first call alone would spend more than is left, by its prediction
+        relative to the baseline's (scaled to the baseline's measured median) or its per-shape set-up."""
+        left = self.budget_s() - self.spent_s
+        reference = self.baseline.median()
+        predicted, base = contender.option.predicted_s, self.baseline.option.predicted_s
+        if predicted is not None and base:
+            extra = (predicted / base - 1.0) * reference
+            if extra > left:
+                return (f"predicted {predicted / base:.3g}x the baseline's time: its first call would spend more than "
+                        "the bucket's measuring budget")
+        set_up = self.cold_s.get(contender.name, 0.0)
+        if set_up > left:
+            return f"its set-up on a new shape (~{format_seconds(set_up)}) is over the bucket's measuring budget"
+        return None
+
+    @property
+    def compared(self) -> bool:
+        """Whether another candidate than the baseline got a sample: a trial that ended before any did
+        (its budget spent on first calls, or on a noisy machine's hiccups) decided nothing worth
+        keeping for other processes."""
+        return any(c.samples for c in self.contenders[1:])
+
+    def budget_s(self) -> float:
+        """Seconds the bucket may spend on slower candidates (`BUDGET_CALLS` of the baseline's median)."""
+        reference = self.baseline.median()
+        return BUDGET_CALLS * reference if math.isfinite(reference) else 0.0
+
+    def _collect(self) -> None:
+        """Read every pending reading that is ready, oldest first (events complete in stream order)."""
+        while self._pending and self._pending[0][1].ready():
+            contender, reading, warm_up = self._pending.pop(0)
+            self._record(contender, reading.seconds(), warm_up)
+
+    def _record(self, contender: Contender, seconds: float, warm_up: bool) -> None:
+        """One reading: a sample (not a warm-up), and what it cost beyond the baseline (a warm-up
+        against the baseline's own first call, which the caller would have paid anyway)."""
+        if contender is self.baseline:
+            if warm_up:
+                self.baseline_first_s = seconds
+        else:
+            reference = self.baseline.median()
+            if warm_up:
+                reference = max(reference, self.baseline_first_s)
+            if math.isfinite(reference):
+                self.spent_s += max(0.0, seconds - reference)
+        if not warm_up:
+            contender.samples.append(seconds)
+        self._judge()
+
+    def _judge(self) -> None:
+        """Drop what is clearly slower (or cannot show a gain once the budget is spent); close when
+        every candidate still in has its rounds."""
+        live = [c for c in self.contenders if c.out is None]
+        sampled = [c for c in live if c.samples]
+        if sampled:
+            best = min(sampled, key=Contender.median)
+            ceiling = max(best.samples) * (1.0 + CLEARLY_SLOWER)
+            for contender in sampled:
+                if contender is not best and contender is not self.baseline and min(contender.samples) > ceiling:
+                    contender.out = f"clearly slower than {best.name}"
+        if self.spent_s >= self.budget_s() > 0:
+            reference = self.baseline.median()
+            for contender in live[1:]:
+                if contender.out is None and not contender.median() < reference:
+                    contender.out = "the bucket's measuring budget was spent"
+        others = [c for c in self.contenders[1:] if c.out is None]
+        if not others or not any(len(c.samples) < ROUNDS for c in (self.baseline, *others) if c.out is None):
+            self._decide()
+
+    def _decide(self) -> None:
+        """Close: the baseline, unless a candidate beat it in every paired round and by more than
+        `MIN_WIN_MARGIN` at the median."""
+        baseline, best, best_ratio = self.baseline, self.baseline, 1.0 / (1.0 + MIN_WIN_MARGIN)
+        self.open = False
+        if baseline.out is not None:  # it failed: nothing measured against it decides; the bucket decides again
+            return
+        for contender in self.contenders[1:]:
+            if contender.out is not None or len(contender.samples) < ROUNDS:
+                continue
+            ratios = [c / b for c, b in zip(contender.samples, baseline.samples, strict=False)]  # paired by round
+            median = statistics.median(ratios)
+            if all(r < 1.0 for r in ratios) and median < best_ratio:
+                best, best_ratio = contender, median
+        self.result = Tuned(best.name, tuple((c.name, c.median()) for c in self.contenders if c.samples))
+
+    def _close_if_decided(self) -> None:
+        if not self.open and self.on_close is not None:
+            with self._lock:
+                on_close, self.on_close = self.on_close, None
+            if on_close is not None:
+                on_close(self)
+
+    def _failed(self, contender: Contender, error: BaseException) -> None:
+        with self._lock:
+            contender.out = contender.failure = f"failed at run time on a problem of this size: {failure_message(error)}"
+            self._judge()
+        if self.on_failure is not None:
+            self.on_failure(contender.name, error)
+        self._close_if_decided()
+
+    # ------------------------------------------------------------------ runners
+    def _run_of(self, contender: Contender, problem: Problem) -> Callable | None:
+        """`contender`'s runner for this exact problem; None where it cannot run it or does not fit."""
+        key = (contender.name, problem)
+        if key not in self._runners:
+            if len(self._runners) >= MAX_RUNNERS:
+                self._runners.clear()
+            kernel = contender.option.kernel
+            self._runners[key] = kernel.runner(problem) if self.fits(kernel, problem) else None
+        return self._runners[key]
+
+    def _decided_run(self, problem: Problem, own: Callable) -> Callable:
+        """The winner's runner for this problem (until the plan is re-planned from the decided bucket)."""
+        if self.result is None:
+            return own
+        winner = next(c for c in self.contenders if c.name == self.result.kernel)
+        with self._lock:
+            run = self._run_of(winner, problem)
+        return own if run is None else run
+
+    # ------------------------------------------------------------------ explain
+    def describe(self) -> str:
+        """One line for `explain`: what has been measured, what is pending, the budget."""
+        with self._lock:
+            parts = []
+            for contender in self.contenders:
+                if contender.samples:
+                    text = f"{contender.name} {format_seconds(contender.median())} ({len(contender.samples)} samples)"
+                else:
+                    text = f"{contender.name} not yet timed"
+                if contender.out is not None:
+                    text += f", out: {contender.out}"
+                parts.append(text)
+            if self.open:
+                spent = (f"; spent {format_seconds(self.spent_s)} of {format_seconds(self.budget_s())} on slower "
+                         "candidates" if self.baseline.samples else "")
+                return (f"measurement pending: this bucket's calls each run one candidate, {self.baseline.name} "
+                        f"first, until each has {ROUNDS} samples: " + "; ".join(parts) + spent)
+            winner = self.result.kernel if self.result is not None else self.baseline.name
+            outcome = ("the baseline stays" if winner == self.baseline.name
+                       else f"{winner} beat {self.baseline.name} in every round")
+            return "measured on this bucket's calls: " + "; ".join(parts) + f"; {outcome}"

@@ -1,0 +1,54 @@
+"""A fresh process's first call: it imports no compiler stack and runs no probe (torch.compile
+still works when it comes later), and what its buckets measured serves the next process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FIRST_CALL = """
+import json, sys
+import torch
+import attn_dispatch as ad
+from attn_dispatch.models import _cpu_probe
+
+q = torch.randn(1, 2, 16, 8)
+ad.attention(q, q, q, is_causal=True)
+state = {"dynamo": "torch._dynamo" in sys.modules, "probed": bool(_cpu_probe._measured),
+         "probe_waits": bool(_cpu_probe._waiting)}
+compiled = torch.compile(lambda q: ad.attention(q, q, q, is_causal=True), backend="eager", fullgraph=True)
+state["compiled_matches"] = bool(torch.allclose(compiled(q), torch.nn.functional.scaled_dot_product_attention(
+    q, q, q, is_causal=True), atol=1e-5))
+print(json.dumps(state))
+"""
+
+
+def _run(code_or_module: list[str], home: Path) -> dict:
+    env = {**os.environ, "ATTN_DISPATCH_HOME": str(home)}
+    done = subprocess.run([sys.executable, *code_or_module], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=ROOT, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_first_call_imports_no_compiler_and_probes_nothing_but_compiling_later_works(tmp_path):
+    first = _run(["-c", FIRST_CALL], tmp_path)
+    assert first == {"dynamo": False, "probed": False, "probe_waits": True, "compiled_matches": True}
+    assert list((tmp_path / "probes").glob("cpu__*.json"))  # probed at the exit, for the next process
+    second = _run(["-c", FIRST_CALL], tmp_path)
+    assert second["probed"] and not second["probe_waits"]  # the kept probe serves
+
+
+@pytest.mark.measuring
+def test_what_a_process_measured_serves_the_next_one(tmp_path):
+    first = _run(["-m", "tests.dispatcher.measuring_child", str(tmp_path)], tmp_path)
+    assert first["kernel"] == "fast" and first["fast"] > 0
+    second = _run(["-m", "tests.dispatcher.measuring_child", str(tmp_path)], tmp_path)
+    assert second["kernel"] == "fast" and second["base"] == 0 and second["fast"] == 40  # nothing measured again
+    assert any("kept in the home's tuning store" in note for note in second["notes"])
