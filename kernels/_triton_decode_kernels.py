@@ -21,9 +21,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-MASK_NONE = 0
-MASK_BOOL = 1
-MASK_FLOAT = 2
+from attn_dispatch.kernels import _triton_ops
+
+NO_MASK = tl.constexpr(_triton_ops.NO_MASK)
+BOOL_MASK = tl.constexpr(_triton_ops.BOOL_MASK)
+FLOAT_MASK = tl.constexpr(_triton_ops.FLOAT_MASK)
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 
 
@@ -75,10 +77,10 @@ def split_kernel(
         key_ok = offs_n < end - n0
         k = tl.load(k_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N], fp32
-        if MASK_KIND == 1:
+        if MASK_KIND == BOOL_MASK:
             allowed = tl.load(mask_ptrs, mask=row_ok[:, None] & key_ok[None, :], other=0)
             scores = tl.where(allowed != 0, scores, float("-inf"))
-        if MASK_KIND == 2:
+        if MASK_KIND == FLOAT_MASK:
             scores += tl.load(mask_ptrs, mask=row_ok[:, None] & key_ok[None, :], other=0.0).to(tl.float32)
         visible = key_ok[None, :]
         if CAUSAL:  # query i sees keys up to i + causal_offset
@@ -94,7 +96,7 @@ def split_kernel(
         m_i = m_new
         k_ptrs += BLOCK_N * stride_ks
         v_ptrs += BLOCK_N * stride_vs
-        if MASK_KIND != 0:
+        if MASK_KIND != NO_MASK:
             mask_ptrs += BLOCK_N * stride_ms
 
     seen = l_i > 0.0

@@ -9,18 +9,14 @@ from typing import Optional
 
 import torch
 
-from attn_dispatch.kernels._triton_decode_kernels import (
-    MASK_BOOL,
-    MASK_FLOAT,
-    MASK_NONE,
-    merge_kernel,
-    split_kernel,
-)
+from attn_dispatch.kernels._triton_decode_kernels import merge_kernel, split_kernel
 from attn_dispatch.kernels._triton_decode_layout import DecodeLayout, key_limit
 from attn_dispatch.kernels._triton_ops import (
     broadcast_strides,
     dot_precision,
     eager_tensors,
+    mask_kind,
+    mask_operand,
     on_device,
     triton_operator,
     wrap_triton,
@@ -61,21 +57,16 @@ def launch_decode(
         part_out = partials[: partial_rows * value_dim]
         part_max = partials[partial_rows * value_dim: partial_rows * (value_dim + 1)]
         part_sum = partials[partial_rows * (value_dim + 1):]
-    if mask is None:
-        mask_kind, mask_arg = MASK_NONE, query
-    else:
-        mask_kind = MASK_BOOL if mask.dtype == torch.bool else MASK_FLOAT
-        mask_arg = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
     grid = (batch * kv_heads, layout.splits, layout.row_blocks)
     with on_device(query):
         wrap_triton(split_kernel)[grid](
-            query, key, value, mask_arg, part_out, part_max, part_sum, out,
+            query, key, value, mask_operand(mask, query), part_out, part_max, part_sum, out,
             *query.stride(), *key.stride(), *value.stride(), *broadcast_strides(mask), *out.stride(),
             kv_heads, group, q_len, layout.key_count, layout.rows,
             scale, causal_offset, layout.keys_per_split,
             HEAD_DIM=head_dim, VALUE_DIM=value_dim,
             BLOCK_M=layout.block_m, BLOCK_N=layout.block_n, BLOCK_D=layout.block_d, BLOCK_DV=layout.block_dv,
-            MASK_KIND=mask_kind, CAUSAL=causal, DIRECT=layout.direct, DOT_PRECISION=dot_precision(query.dtype),
+            MASK_KIND=mask_kind(mask), CAUSAL=causal, DIRECT=layout.direct, DOT_PRECISION=dot_precision(query.dtype),
             num_warps=warps, num_stages=stages,
         )
         if not layout.direct:

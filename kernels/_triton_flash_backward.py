@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from attn_dispatch.kernels._triton_flash_config import BackwardBlocks, padded_dim
-from attn_dispatch.kernels._triton_flash_forward import dot_precision, mask_kind, mask_operand, mask_strides
 from attn_dispatch.kernels._triton_flash_tiles import (
     FLOAT_MASK,
     LOG2E,
@@ -29,6 +28,7 @@ from attn_dispatch.kernels._triton_flash_tiles import (
     query_block_of_program,
     score_tile,
 )
+from attn_dispatch.kernels._triton_ops import broadcast_strides, dot_precision, mask_kind, mask_operand
 
 DELTA_ROWS = 64
 """Rows per program of `delta_kernel`: a ``64 x 256`` fp32 product of two tiles at most."""
@@ -277,7 +277,7 @@ def launch_backward(launch, grad_out, query, key, value, mask, out, lse, delta, 
     shared = dict(HEAD_DIM=head_dim, VALUE_DIM=value_dim, BLOCK_D=block_d, BLOCK_DV=block_dv,
                   MASK_KIND=mask_kind(mask), CAUSAL=causal, DOT_PRECISION=dot_precision(query.dtype),
                   num_warps=warps, num_stages=blocks.stages)
-    strides = (*query.stride(), *key.stride(), *value.stride(), *mask_strides(mask), *grad_out.stride())
+    strides = (*query.stride(), *key.stride(), *value.stride(), *broadcast_strides(mask), *grad_out.stride())
     mask_arg = mask_operand(mask, query)
     key_blocks = triton.cdiv(kv_len, blocks.resident)
     launch(key_grad_kernel)[(key_blocks * batch * kv_heads,)](

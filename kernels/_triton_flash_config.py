@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from attn_dispatch.kernels._triton_ops import BOOL_MASK, FLOAT_MASK, NO_MASK  # noqa: F401 - the tiles' mask kinds
 from attn_dispatch.kernels.problem import Problem
 
 MIN_BLOCK = 16
@@ -25,9 +26,6 @@ BACKWARD_STREAMED_MAX = 32
 """Largest streamed block of a backward kernel (Triton's fused-attention tutorial streams 32 rows
 against a resident block of 128)."""
 
-NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
-"""The mask kinds the kernels are specialised for (`tl.constexpr` arguments)."""
-MASK_KINDS = {"none": NO_MASK, "bool": BOOL_MASK, "float": FLOAT_MASK}
 
 
 def padded_dim(size: int) -> int:

@@ -10,11 +10,10 @@ tensors past 2**31 elements are addressed correctly.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from attn_dispatch.kernels._triton_flash_config import MASK_KINDS, FlashConfig, padded_dim
+from attn_dispatch.kernels._triton_flash_config import FlashConfig, padded_dim
 from attn_dispatch.kernels._triton_flash_tiles import (
     FLOAT_MASK,
     LN2,
@@ -25,6 +24,7 @@ from attn_dispatch.kernels._triton_flash_tiles import (
     query_block_of_program,
     score_tile,
 )
+from attn_dispatch.kernels._triton_ops import broadcast_strides, dot_precision, mask_kind, mask_operand
 
 
 @triton.jit
@@ -127,33 +127,6 @@ def flash_forward_kernel(
         tl.store(Lse + tl.cast(head_row, tl.int64) * q_len + m_offset + rows, lse, mask=m_start + rows < q_len)
 
 
-def dot_precision(dtype: torch.dtype) -> str | None:
-    """fp32 products in full precision (tf32's ~3e-4 relative error is past fp32's tolerance);
-    None (Triton's default) for half inputs, where it changes nothing."""
-    return "ieee" if dtype == torch.float32 else None
-
-
-def mask_strides(mask: torch.Tensor | None) -> tuple[int, int, int, int]:
-    """The canonical mask's strides, 0 on its broadcast (size-1) dimensions; zeros without a mask."""
-    if mask is None:
-        return (0, 0, 0, 0)
-    return tuple(stride if size > 1 else 0 for size, stride in zip(mask.shape, mask.stride(), strict=True))
-
-
-def mask_kind(mask: torch.Tensor | None) -> int:
-    if mask is None:
-        return MASK_KINDS["none"]
-    return MASK_KINDS["bool" if mask.dtype in (torch.bool, torch.uint8) else "float"]
-
-
-def mask_operand(mask: torch.Tensor | None, fallback: torch.Tensor) -> torch.Tensor:
-    """What the kernels read as the mask: a bool mask as bytes (a view), a float mask as given,
-    and `fallback` (never read) without one."""
-    if mask is None:
-        return fallback
-    return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
-
-
 def launch_forward(launch, query, key, value, mask, out, lse, scale: float, causal: bool, causal_offset: int,
                    config: FlashConfig, store_lse: bool) -> None:
     """Run the forward kernel into `out` ``[B, Hq, L, Ev]`` (and `lse` ``[B, Hq, L]`` fp32 when
@@ -166,7 +139,7 @@ def launch_forward(launch, query, key, value, mask, out, lse, scale: float, caus
     grid = (query_blocks * batch * q_heads,)
     launch(flash_forward_kernel)[grid](
         query, key, value, mask_operand(mask, query), out, lse,
-        *query.stride(), *key.stride(), *value.stride(), *mask_strides(mask), *out.stride(),
+        *query.stride(), *key.stride(), *value.stride(), *broadcast_strides(mask), *out.stride(),
         q_heads, q_heads // kv_heads, q_len, kv_len, causal_offset, scale, query_blocks,
         HEAD_DIM=head_dim, VALUE_DIM=value_dim, BLOCK_D=padded_dim(head_dim), BLOCK_DV=padded_dim(value_dim),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, MASK_KIND=mask_kind(mask), CAUSAL=causal,

@@ -11,7 +11,6 @@ calls can be captured in CUDA (HIP) graphs.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Optional
 
 import torch
@@ -19,9 +18,10 @@ import torch
 from attn_dispatch.kernels._triton_flash_backward import launch_backward
 from attn_dispatch.kernels._triton_flash_config import FlashConfig, backward_blocks
 from attn_dispatch.kernels._triton_flash_forward import launch_forward
+from attn_dispatch.kernels._triton_ops import TORCH_HAS_TRITON_OP as HAS_TRITON_OP
+from attn_dispatch.kernels._triton_ops import on_device
 from attn_dispatch.kernels._triton_support import shared_memory_limit
 
-HAS_TRITON_OP = hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
 FORWARD_OP = "attn_dispatch::triton_flash_forward"
 BACKWARD_OP = "attn_dispatch::triton_flash_backward"
 
@@ -29,13 +29,6 @@ BACKWARD_OP = "attn_dispatch::triton_flash_backward"
 def _launcher(kernel):
     """A kernel as a custom operator must launch it (`wrap_triton`), or as it is."""
     return torch.library.wrap_triton(kernel) if HAS_TRITON_OP else kernel
-
-
-def _on_device(tensor: torch.Tensor):
-    """Triton launches on the current device: make it `tensor`'s GPU for the launch."""
-    if tensor.device.type == "cuda" and tensor.device.index != torch.cuda.current_device():
-        return torch.cuda.device(tensor.device)
-    return contextlib.nullcontext()
 
 
 def _forward(
@@ -58,7 +51,7 @@ def _forward(
     batch, q_heads, q_len, _ = query.shape
     out = query.new_empty(batch, q_heads, q_len, value.shape[-1])
     lse = query.new_empty((batch, q_heads, q_len) if store_lse else (1,), dtype=torch.float32)
-    with _on_device(query):
+    with on_device(query):
         launch_forward(_launcher, query, key, value, mask, out, lse, scale, causal, causal_offset,
                        FlashConfig(block_m, block_n, warps, stages), store_lse)
     return out, lse
@@ -88,7 +81,7 @@ def _backward_op(
     limit = shared_memory_limit(query.device.index) if query.device.type == "cuda" else None
     blocks = backward_blocks(FlashConfig(block_m, block_n, warps, stages), query.shape[-1], value.shape[-1],
                              query.element_size(), limit)
-    with _on_device(query):
+    with on_device(query):
         launch_backward(_launcher, grad_out, query, key, value, mask, out, lse, delta, d_query, d_key, d_value,
                         scale, causal, causal_offset, blocks, warps)
     return d_query, d_key, d_value

@@ -1,7 +1,8 @@
-"""Registering a launch of Triton kernels the way PyTorch documents for user-defined Triton kernels
+"""Helpers every Triton family shares (no Triton import): registering a launch of Triton kernels the way PyTorch documents for user-defined Triton kernels
 (`torch.library.triton_op` with each kernel launched through `torch.library.wrap_triton`, torch
 >= 2.6), so that `torch.compile(fullgraph=True)` traces the launch with no graph break and CUDA
-graphs capture it. On an older torch the launch stays a plain function (eager calls only).
+graphs capture it (on an older torch the launch stays a plain function: eager calls only); the
+launch's device, `tl.dot` precision and mask operand; a kernel name's parameter check.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 TORCH_HAS_TRITON_OP = hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
 """torch >= 2.6: `torch.library.triton_op` and `torch.library.wrap_triton` exist."""
+NO_MASK, BOOL_MASK, FLOAT_MASK = 0, 1, 2
+"""The mask kinds the kernels are specialised for (their `MASK_KIND` constexpr argument)."""
 
 
 def tracing() -> bool:
@@ -69,3 +72,28 @@ def broadcast_strides(tensor: torch.Tensor | None) -> tuple[int, ...]:
     if tensor is None:
         return (0, 0, 0, 0)
     return tuple(stride if size > 1 else 0 for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+
+
+def mask_kind(mask: torch.Tensor | None) -> int:
+    """The kernels' `MASK_KIND` for a canonical mask (bool or float, `kernels._layout`), or none."""
+    if mask is None:
+        return NO_MASK
+    return BOOL_MASK if mask.dtype == torch.bool else FLOAT_MASK
+
+
+def mask_operand(mask: torch.Tensor | None, fallback: torch.Tensor) -> torch.Tensor:
+    """What the kernels read as the mask: a bool mask as bytes (a view), a float mask as given,
+    and `fallback` (never read) without one."""
+    if mask is None:
+        return fallback
+    return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+
+
+def checked_parameter(name: str, value: object, low: int, high: int, *, power_of_two: bool = False) -> int:
+    """`value` if it is an integer from `low` to `high` (and a power of two when asked); else
+    ValueError naming the parameter (a kernel name's tunables, e.g. ``bm`` of `triton_flash`)."""
+    valid = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    if not valid or (power_of_two and value & (value - 1)):
+        kind = "a power of two" if power_of_two else "an integer"
+        raise ValueError(f"{name} must be {kind} from {low} to {high}, got {value!r}")
+    return value

@@ -26,6 +26,7 @@ from attn_dispatch.kernels._triton_decode_layout import (
     MIN_DOT_SIZE,
     DecodeLayout,
 )
+from attn_dispatch.kernels._triton_ops import checked_parameter
 from attn_dispatch.kernels._triton_support import shared_memory_limit, triton_reasons
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
@@ -38,16 +39,6 @@ MAX_WARPS = 16
 """Largest warp count a name may ask for (Triton's limit for a CUDA block of 512 threads)."""
 MAX_STAGES = 8
 """Largest pipeline depth a name may ask for (each stage holds one more key and value block)."""
-
-
-def _checked(name: str, value: object, low: int, high: int, *, power_of_two: bool = False) -> int:
-    """`value` if it is an integer from `low` to `high` (and a power of two when asked); else
-    ValueError naming the parameter."""
-    valid = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-    if not valid or (power_of_two and value & (value - 1)):
-        kind = "a power of two" if power_of_two else "an integer"
-        raise ValueError(f"{name} must be {kind} from {low} to {high}, got {value!r}")
-    return value
 
 
 class TritonDecodeKernel(Kernel):
@@ -66,10 +57,10 @@ class TritonDecodeKernel(Kernel):
     PARAM_SPACE = {"splits": [1, 2, 4, 8, 16, 32, 64, 128], "bn": [16, 32, 64, 128], "w": [1, 2, 4, 8], "s": [1, 2, 3, 4]}
 
     def __init__(self, splits: int = 16, bn: int = 64, w: int = 4, s: int = 2) -> None:
-        self.splits = _checked("splits (key splits)", splits, 1, MAX_SPLITS)
-        self.block_n = _checked("bn (keys per block)", bn, MIN_DOT_SIZE, MAX_BLOCK_KEYS, power_of_two=True)
-        self.warps = _checked("w (warps)", w, 1, MAX_WARPS, power_of_two=True)
-        self.stages = _checked("s (pipeline stages)", s, 1, MAX_STAGES)
+        self.splits = checked_parameter("splits (key splits)", splits, 1, MAX_SPLITS)
+        self.block_n = checked_parameter("bn (keys per block)", bn, MIN_DOT_SIZE, MAX_BLOCK_KEYS, power_of_two=True)
+        self.warps = checked_parameter("w (warps)", w, 1, MAX_WARPS, power_of_two=True)
+        self.stages = checked_parameter("s (pipeline stages)", s, 1, MAX_STAGES)
 
     @property
     def params(self) -> dict[str, object]:

@@ -25,6 +25,7 @@ from attn_dispatch.kernels._triton_flash_config import (
     forward_shared_bytes,
     row_statistics_bytes,
 )
+from attn_dispatch.kernels._triton_ops import checked_parameter
 from attn_dispatch.kernels._triton_support import shared_memory_limit, triton_reasons
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
@@ -36,16 +37,6 @@ MAX_WARPS = 16
 """Largest warp count a name may ask for (Triton's limit for a CUDA block of 512 threads)."""
 MAX_STAGES = 8
 """Largest pipeline depth a name may ask for (each stage holds one more key and value block)."""
-
-
-def _checked(name: str, value: object, low: int, high: int, *, power_of_two: bool) -> int:
-    """`value` if it is an integer from `low` to `high` (and a power of two when asked); else
-    ValueError naming the parameter."""
-    valid = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-    if not valid or (power_of_two and value & (value - 1)):
-        kind = "a power of two" if power_of_two else "an integer"
-        raise ValueError(f"{name} must be {kind} from {low} to {high}, got {value!r}")
-    return value
 
 
 class TritonFlashKernel(Kernel):
@@ -65,10 +56,10 @@ class TritonFlashKernel(Kernel):
 
     def __init__(self, bm: int = 128, bn: int = 64, w: int = 8, s: int = 3) -> None:
         self.config = FlashConfig(
-            block_m=_checked("bm (query rows per block)", bm, MIN_BLOCK, MAX_BLOCK, power_of_two=True),
-            block_n=_checked("bn (key rows per block)", bn, MIN_BLOCK, MAX_BLOCK, power_of_two=True),
-            warps=_checked("w (warps)", w, 1, MAX_WARPS, power_of_two=True),
-            stages=_checked("s (pipeline stages)", s, 1, MAX_STAGES, power_of_two=False),
+            block_m=checked_parameter("bm (query rows per block)", bm, MIN_BLOCK, MAX_BLOCK, power_of_two=True),
+            block_n=checked_parameter("bn (key rows per block)", bn, MIN_BLOCK, MAX_BLOCK, power_of_two=True),
+            warps=checked_parameter("w (warps)", w, 1, MAX_WARPS, power_of_two=True),
+            stages=checked_parameter("s (pipeline stages)", s, 1, MAX_STAGES, power_of_two=False),
         )
 
     @property
