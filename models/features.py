@@ -34,8 +34,10 @@ PRIOR_FEATURE = f"log_prior_s_v{PRIOR_VERSION}"
 """The log prior time's feature name: it names the prior's version (`models.priors.PRIOR_VERSION`;
 version 1's was ``log_prior_s``)."""
 
+FAMILY_FEATURE_PREFIX = "family="
+"""One-hot columns of the working kernel family: ``family=chunked``, ... (a model's fitted families)."""
 FEATURE_NAMES: tuple[str, ...] = (
-    *(f"family={family}" for family in _FAMILIES),
+    *(f"{FAMILY_FEATURE_PREFIX}{family}" for family in _FAMILIES),
     "convert_dtype", "convert_layout", "log2_convert_size_ratio",
     "log2_q_chunk", "log2_kv_chunk", "log2_splits", "log2_blocks_visited", "visited_fraction",
     "log2_block_score_bytes",

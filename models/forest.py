@@ -4,6 +4,13 @@
 arrays and evaluates it with numpy, all trees at once. `EmbeddedModel` adds what turns its
 output into seconds: the card spec its features were computed with, whether it predicts the
 residual over the prior, and a time scale (a family stand-in or a merge).
+
+A model stores the names of the features it was fitted on. A later attn-dispatch that computes
+every one of them (under the same names: a feature whose definition changes gets a new name, as
+the prior's version does) evaluates it on those columns, in the model's order, whatever columns
+were added since; and it prices only kernels of the families it was fitted with (its
+``family=...`` features): a family registered after the fit is the prior's to price
+(`models.table.ThresholdTable.model_seconds`).
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.registry import working_family
 from attn_dispatch.models.cards import CardSpec
-from attn_dispatch.models.features import FEATURE_NAMES, feature_matrix
+from attn_dispatch.models.features import FAMILY_FEATURE_PREFIX, FEATURE_NAMES, feature_matrix
+from attn_dispatch.models.ranking import kernel_named
 
 if TYPE_CHECKING:  # scikit-learn is imported by whoever fits a model; evaluating a table needs numpy only
     from attn_dispatch.models.cost_model import CostModel
@@ -128,6 +137,10 @@ def export_forest(model: CostModel) -> tuple[dict[str, list[list]], float]:
     return arrays, float(np.ravel(estimator._baseline_prediction)[0])
 
 
+_COMPUTED = frozenset(FEATURE_NAMES)
+_COLUMN = {name: index for index, name in enumerate(FEATURE_NAMES)}
+
+
 @dataclass(frozen=True, eq=False)
 class EmbeddedModel:
     """A cost model inside a table (see module docstring).
@@ -153,15 +166,42 @@ class EmbeddedModel:
 
     @property
     def compatible(self) -> bool:
-        """True when this attn-dispatch computes the features the model was fitted on."""
-        return tuple(self.feature_names) == FEATURE_NAMES
+        """True when this attn-dispatch computes every feature the model was fitted on (names in
+        `FEATURE_NAMES`; columns added since are not read)."""
+        return set(self.feature_names) <= _COMPUTED
+
+    @cached_property
+    def columns(self) -> np.ndarray:
+        """``int64 [len(feature_names)]``: the `FEATURE_NAMES` column of each of the model's
+        features, in the model's order (ValueError when not `compatible`)."""
+        if not self.compatible:
+            missing = sorted(set(self.feature_names) - _COMPUTED)
+            raise ValueError(f"this embedded cost model reads features this attn-dispatch does not compute "
+                             f"({', '.join(missing[:3])}); refit it with `attn-dispatch check --fix` or recalibrate")
+        return np.array([_COLUMN[name] for name in self.feature_names], dtype=np.int64)
+
+    @cached_property
+    def families(self) -> frozenset[str] | None:
+        """The kernel families the model was fitted with (its ``family=...`` features); None when
+        its features name no family (a model of hand-made columns prices every kernel)."""
+        named = {name.removeprefix(FAMILY_FEATURE_PREFIX) for name in self.feature_names
+                 if name.startswith(FAMILY_FEATURE_PREFIX)}
+        return frozenset(named) if named else None
+
+    def knows(self, kernel_name: str) -> bool:
+        """Whether the model was fitted with the family of the kernel doing the work (a
+        conversion's inner kernel's): only then does it price the kernel. ValueError for a name
+        that is not ours."""
+        return self.families is None or working_family(kernel_named(kernel_name)) in self.families
 
     def predict_seconds(self, problems: Sequence[Problem], kernel_names: Sequence[str]) -> np.ndarray:
         return self.seconds_from_features(feature_matrix(problems, kernel_names, self.spec))
 
     def seconds_from_features(self, X: np.ndarray) -> np.ndarray:
-        """Seconds for feature rows built with this model's `spec` (`feature_matrix`)."""
-        log_seconds = self.forest.predict(X) + (X[:, self.prior_column] if self.residual else 0.0)
+        """Seconds for feature rows ``[n, len(FEATURE_NAMES)]`` built with this model's `spec`
+        (`feature_matrix`); the model reads its own columns (`columns`)."""
+        own = np.asarray(X, dtype=np.float64)[:, self.columns]
+        log_seconds = self.forest.predict(own) + (own[:, self.prior_column] if self.residual else 0.0)
         return np.exp(log_seconds) * self.scale
 
     def scaled(self, factor: float) -> EmbeddedModel:

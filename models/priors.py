@@ -20,10 +20,20 @@ from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 from attn_dispatch.kernels.sdpa_gqa_fold import SdpaGqaFoldKernel, folded_problem
 from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
 from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
+from attn_dispatch.kernels.triton_flash import TritonFlashKernel
 from attn_dispatch.models._blocks_cost import visited_fraction
 from attn_dispatch.models.cards import CardSpec, spec_for
+from attn_dispatch.models.rates import (
+    FUSED_EFFICIENCY,
+    MATMUL_EFFICIENCY,
+    MATMUL_TILE,
+    SOFTMAX_FLOPS_PER_ELEMENT,
+    Rates,
+)
+from attn_dispatch.models.triton_costs import triton_decode_seconds, triton_flash_seconds
 
-__all__ = ["PRIOR_VERSION", "PriorRanker", "prior_seconds", "roofline_seconds", "spec_for", "score_bytes_per_element"]
+__all__ = ["MATMUL_EFFICIENCY", "PRIOR_VERSION", "PriorRanker", "prior_seconds", "roofline_seconds", "spec_for",
+           "score_bytes_per_element"]
 from attn_dispatch.models.ranking import UNPRICED, priceable, supported
 
 PRIOR_VERSION = 2
@@ -33,31 +43,13 @@ over one version of the prior; the prior's feature name carries the version
 (`EmbeddedModel.compatible`): the table's measured entries and decision map still serve. Version 2
 (session 15): fused kernels without key splitting stream keys per block, in waves."""
 
-# Achievable fractions of the datasheet peaks: 788 of 989 TFLOP/s bf16 and 4.3 of 4.8 TB/s
-# measured through PyTorch on this workplace's H200 (.library/device/KINDS.md).
-MATMUL_EFFICIENCY = 0.8
-BANDWIDTH_EFFICIENCY = 0.9
-# Output tile of a typical GPU matrix-product kernel (cuBLAS / rocBLAS macro tiles are 64-256).
-MATMUL_TILE = 128
-# Query rows per block of a fused attention kernel (FlashAttention-2 uses 64-128).
-FUSED_Q_TILE = 128
-# Softmax arithmetic per score element: max, subtract, exp (~4 FLOPs), sum. A rough count.
-SOFTMAX_FLOPS_PER_ELEMENT = 8
-# Fraction of the matrix peak fused kernels reach, from the H200 probe's non-causal 32768^2,
-# D=64 fp16 case (h200-probe.md, 32 heads): cuDNN 10.0 ms = 0.89 of peak, flash 14.6 ms = 0.61,
-# efficient 32.6 ms = 0.27. Its causal 16384^2 prefill ran at ~0.6 of those: causal load imbalance.
-FUSED_EFFICIENCY = {"sdpa_cudnn": 0.85, "sdpa_flash": 0.6, "sdpa_efficient": 0.27}
-# `triton_flash` (our FlashAttention-2 in Triton): provisionally priced as PyTorch's flash, the same
-# algorithm, without its key splitting; unmeasured until a calibration times it.
-TRITON_FLASH_EFFICIENCY = FUSED_EFFICIENCY["sdpa_flash"]
 FUSED_CAUSAL_EFFICIENCY = 0.6
 # Fused kernels that split the keys across compute units for few query rows (flash-decoding):
 # the H200 probe's decode at 131072 keys ran flash at 0.55 ms, efficient at 4.3 ms. cuDNN (torch
 # 2.11, H200) splits them for one query row only: at 32768 keys, B1 32 heads, D=128, bf16 it took
 # 41.5 us (32/8 heads) and 129 us (32/32) at Lq=1 and a flat 382-390 us at every Lq from 2 to 128,
 # one block per head streaming all the keys (bench/results/h200_session14/run1_llm_grid_all_paths.jsonl).
-FUSED_SPLITS_KEYS = {"sdpa_cudnn": "one query row", "sdpa_flash": "always", "sdpa_efficient": "never",
-                     "triton_flash": "never"}
+FUSED_SPLITS_KEYS = {"sdpa_cudnn": "one query row", "sdpa_flash": "always", "sdpa_efficient": "never"}
 FUSED_LAUNCHES = 3  # the kernel, the log-sum-exp buffer, the output allocation
 # A backend forced by name against PyTorch's own pick among its fused backends. Without
 # measurements the prior cannot tell the fused backends apart, PyTorch's heuristic can: on the
@@ -67,9 +59,8 @@ FUSED_LAUNCHES = 3  # the kernel, the log-sum-exp buffer, the output allocation
 # PyTorch's choice unless its estimate for a forced backend is better by more than this factor;
 # only calibration (measured times) overrides it.
 FORCED_BACKEND_FACTOR = 1.25
-# Fraction of the matrix peak `triton_decode` reaches: unmeasured, assumed at PyTorch's flash
-# backend's (`FUSED_EFFICIENCY`), which runs the same split-KV algorithm.
-TRITON_DECODE_EFFICIENCY = FUSED_EFFICIENCY["sdpa_flash"]
+# Query rows per block of a fused attention kernel (FlashAttention-2 uses 64-128).
+FUSED_Q_TILE = 128
 # Eager op counts of the portable kernels (from kernels/_blocks.py, kernels/math_kernel.py,
 # kernels/chunked.py, kernels/small_q.py): per key block (scores, softmax, online merge), per
 # query block (scale the rows, normalise, scatter), and per call.
@@ -105,35 +96,6 @@ def roofline_seconds(problem: Problem, spec: CardSpec) -> float:
     return max(problem.flops / spec.flops(problem.dtype), problem.io_bytes / spec.bandwidth)
 
 
-class _Rates:
-    """A card's achievable rates for one problem's dtype."""
-
-    def __init__(self, problem: Problem, spec: CardSpec) -> None:
-        self.matmul = spec.flops(problem.dtype) * MATMUL_EFFICIENCY
-        self.bandwidth = spec.bandwidth * BANDWIDTH_EFFICIENCY
-        self.vector = spec.vector_flops
-        self.units = max(spec.compute_units, 1)
-        self.launch = spec.launch_overhead_s
-
-    def waves(self, tiles: float) -> int:
-        """Rounds in which `tiles` blocks run, one block per compute unit at a time."""
-        return math.ceil(max(tiles, 1.0) / self.units)
-
-    def occupancy(self, tiles: float) -> float:
-        """Share of the compute units that `tiles` output tiles of a matrix product keep busy."""
-        return min(1.0, max(tiles, 1.0) / self.units)
-
-    def wave_occupancy(self, tiles: float) -> float:
-        """Share of the compute units' time that `tiles` equal blocks keep busy: fewer blocks than
-        units leave units idle, and a last partial wave does too (160 blocks on the H200's 132
-        units take two full rounds: 0.61)."""
-        return max(tiles, 1.0) / (self.units * self.waves(tiles))
-
-    def product(self, flops: float, operand_bytes: float, tiles: float) -> float:
-        """One (batched) matrix product, derated when it has fewer tiles than compute units."""
-        return max(flops / self.matmul, operand_bytes / self.bandwidth) / self.occupancy(tiles)
-
-
 def _tiles(*extents: float) -> float:
     return math.prod(max(1.0, math.ceil(extent / MATMUL_TILE)) for extent in extents)
 
@@ -144,7 +106,7 @@ def _unfused_seconds(
 ) -> float:
     """Portable kernels: blocks of ``q_block x kv_block`` scores per head, products in the input
     dtype, softmax in fp32 (see `score_bytes_per_element`)."""
-    rates = _Rates(problem, spec)
+    rates = Rates(problem, spec)
     L, S = problem.q_len, problem.kv_len
     q_block, kv_block = max(1, min(q_block, L)), max(1, min(kv_block, S))
     fraction, visited, n_q = visited_fraction(L, S, q_block, kv_block, problem.causal)
@@ -196,27 +158,10 @@ def small_q_seconds(problem: Problem, kernel: SmallQKernel, spec: CardSpec) -> f
                             ops_per_block=0, ops_per_q_block=0, ops_fixed=SMALL_Q_OPS, merge_bytes=partial_bytes)
 
 
-def triton_decode_seconds(problem: Problem, kernel: TritonDecodeKernel, spec: CardSpec) -> float:
-    """Flash-decoding: the visible keys and values read once per block of packed rows, the splits'
-    fp32 partials written and read back, spread over (batch x K/V head, split, row block) programs
-    in waves; the products padded to the block's rows; one launch, two with a merge."""
-    rates = _Rates(problem, spec)
-    layout = kernel.layout(problem)
-    programs = problem.batch * problem.kv_heads * layout.splits * layout.row_blocks
-    visible = layout.key_count / max(problem.kv_len, 1)
-    streamed = (problem.kv_bytes * visible * layout.row_blocks + problem.q_bytes + problem.out_bytes
-                + problem.mask_bytes + 2 * layout.partial_bytes(problem) + 2 * Kernel.input_copy_bytes(problem))
-    padded_rows = layout.block_m * layout.row_blocks / max(layout.rows, 1)
-    compute = problem.flops * visible * padded_rows / (rates.matmul * TRITON_DECODE_EFFICIENCY)
-    occupancy = rates.wave_occupancy(programs)
-    launches = 1 if layout.direct else 2
-    return max(compute, streamed / rates.bandwidth) / occupancy + launches * rates.launch
-
-
 def sdpa_math_seconds(problem: Problem, spec: CardSpec) -> float:
     """PyTorch's math backend: scores, one fused softmax, the value product; half inputs are
     upcast to fp32 first on GPU builds (kernels/sdpa_backends.py `SdpaMathKernel`)."""
-    rates = _Rates(problem, spec)
+    rates = Rates(problem, spec)
     acc = accumulation_itemsize(problem)
     elements = problem.score_elements
     heads, L, S = problem.batch * problem.q_heads, max(problem.q_len, 1), max(problem.kv_len, 1)
@@ -248,9 +193,8 @@ def fused_seconds(problem: Problem, family: str, spec: CardSpec, *, folded: bool
     a wave of blocks after another: on the H200, B4 40/8 heads (160 blocks on 132 units) took 2.0x
     the time of the same call with the groups folded (32 blocks), and B1 1.0x
     (bench/results/h200_session15/run3_gqa_fold.txt)."""
-    rates = _Rates(problem, spec)
-    base = TRITON_FLASH_EFFICIENCY if family == "triton_flash" else FUSED_EFFICIENCY[family]
-    efficiency = base * (FUSED_CAUSAL_EFFICIENCY if problem.causal else 1.0)
+    rates = Rates(problem, spec)
+    efficiency = FUSED_EFFICIENCY[family] * (FUSED_CAUSAL_EFFICIENCY if problem.causal else 1.0)
     fraction, _, _ = visited_fraction(problem.q_len, problem.kv_len, FUSED_Q_TILE, FUSED_Q_TILE, problem.causal)
     group = problem.gqa_ratio if folded else 1
     tiles = problem.batch * (problem.q_heads // group) * math.ceil(max(problem.q_len * group, 1) / FUSED_Q_TILE)
@@ -268,6 +212,18 @@ def fused_seconds(problem: Problem, family: str, spec: CardSpec, *, folded: bool
         block_bytes = problem.kv_len * (problem.head_dim + problem.value_dim) * problem.itemsize * fraction
         memory = max(streamed / rates.bandwidth, rates.waves(tiles) * block_bytes * rates.units / rates.bandwidth)
     return max(compute, memory) + FUSED_LAUNCHES * rates.launch
+
+
+def triton_seconds(problem: Problem, kernel: TritonFlashKernel | TritonDecodeKernel, spec: CardSpec) -> float:
+    """Our Triton kernels (`models.triton_costs`). Unmeasured by the prior's sources: on a card
+    where PyTorch's own choice is a fused kernel, it keeps the call unless these are clearly faster
+    (`FORCED_BACKEND_FACTOR`, as for a forced backend); where PyTorch has none (gfx906) they are
+    priced as they are, against our other estimated kernels."""
+    if isinstance(kernel, TritonFlashKernel):
+        seconds = triton_flash_seconds(problem, kernel, spec)
+    else:
+        seconds = triton_decode_seconds(problem, kernel, spec)
+    return seconds * FORCED_BACKEND_FACTOR if spec.fused_attention else seconds
 
 
 def default_backend(problem: Problem, spec: CardSpec) -> str:
@@ -289,7 +245,7 @@ def prior_seconds(problem: Problem, kernel: Kernel, spec: CardSpec) -> float:
         else:
             copy = (problem.q_bytes + problem.kv_bytes) * (1 + inner.itemsize / problem.itemsize)
             copy += problem.out_bytes * (1 + inner.itemsize / problem.itemsize)
-        rates = _Rates(problem, spec)
+        rates = Rates(problem, spec)
         return copy / rates.bandwidth + CONVERT_OPS * rates.launch + prior_seconds(inner, kernel.inner, spec)
     family = kernel.family
     if family == "math":
@@ -303,14 +259,12 @@ def prior_seconds(problem: Problem, kernel: Kernel, spec: CardSpec) -> float:
     if family == "sdpa_default":
         backend = default_backend(problem, spec)
         return sdpa_math_seconds(problem, spec) if backend == "sdpa_math" else fused_seconds(problem, backend, spec)
-    if family == "triton_flash":
-        return fused_seconds(problem, family, spec)
+    if isinstance(kernel, TritonFlashKernel | TritonDecodeKernel):
+        return triton_seconds(problem, kernel, spec)
     # Estimated, never measured by the prior's sources: PyTorch's own choice keeps the call unless
     # these are clearly faster, as for a forced backend.
     if isinstance(kernel, SdpaGqaFoldKernel):
         return prior_seconds(folded_problem(problem), SdpaDefaultKernel(), spec) * FORCED_BACKEND_FACTOR
-    if isinstance(kernel, TritonDecodeKernel):
-        return triton_decode_seconds(problem, kernel, spec) * FORCED_BACKEND_FACTOR
     if family in FUSED_EFFICIENCY:
         folded = problem.gqa_ratio > 1 and kernel._gqa_mode(problem) == "fold"
         return fused_seconds(problem, family, spec, folded=folded) * FORCED_BACKEND_FACTOR

@@ -26,7 +26,7 @@ from attn_dispatch.models.guard import Guard
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measured import DEFAULT_KERNEL, MeasuredEntry, entry_key
 from attn_dispatch.models.priors import PriorRanker, prior_seconds
-from attn_dispatch.models.ranking import UNPRICED, priceable, supported
+from attn_dispatch.models.ranking import UNPRICED, kernel_named, priceable, supported
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -207,13 +207,21 @@ class ThresholdTable:
 
     @property
     def usable_models(self) -> tuple[EmbeddedModel, ...]:
-        """The embedded models this attn-dispatch can evaluate (same feature definitions)."""
+        """The embedded models this attn-dispatch can evaluate: it computes every feature they read
+        (`EmbeddedModel.compatible`)."""
         return tuple(model for model in self.models if model.compatible)
 
     def model_seconds(self, problems: Sequence[Problem], kernel_names: Sequence[str]) -> np.ndarray:
-        """Predicted seconds of each (problem, kernel name) pair by the usable embedded models: the
-        median over them (the cards of a merged table). Feature rows are built once per distinct
-        card spec (equal by value), not once per model.
+        """Predicted seconds of each (problem, kernel name) pair by the usable embedded models that
+        were fitted with the kernel's family (`EmbeddedModel.knows`): the median over them (the
+        cards of a merged table). Feature rows are built once per distinct card spec (equal by
+        value), not once per model.
+
+        A pair no model knows (a family registered after the fit) is priced by the analytic prior
+        of the table's card, carried onto the models' scale for its problem: times the models'
+        prediction for PyTorch's default over the prior's (`_prior_beside_models`), so that what
+        the models learned of the problem (every kernel slower than the roofline at head dim 64,
+        say) applies to it too, while the order among kernels comes from the prior.
 
         Raises
         ------
@@ -224,15 +232,38 @@ class ThresholdTable:
         if not models:
             raise ValueError("this table has no usable embedded cost model; rank by its decision map")
         features: list[tuple[dict, np.ndarray]] = []
-        predictions = []
-        for model in models:
+        predictions = np.full((len(models), len(kernel_names)), np.nan)
+        for index, model in enumerate(models):
+            known = np.array([model.knows(name) for name in kernel_names], dtype=bool)
+            if not known.any():
+                continue
             spec = _spec_dict(model.spec)
             X = next((rows for seen, rows in features if seen == spec), None)
             if X is None:
                 X = feature_matrix(problems, kernel_names, model.spec)
                 features.append((spec, X))
-            predictions.append(model.seconds_from_features(X))
-        return np.median(predictions, axis=0)
+            predictions[index, known] = model.seconds_from_features(X[known])
+        priced = ~np.isnan(predictions).all(axis=0)
+        seconds = np.empty(len(kernel_names))
+        seconds[priced] = np.nanmedian(predictions[:, priced], axis=0)
+        if not priced.all():
+            unknown = np.flatnonzero(~priced)
+            seconds[unknown] = self._prior_beside_models([problems[row] for row in unknown],
+                                                         [kernel_names[row] for row in unknown])
+        return seconds
+
+    def _prior_beside_models(self, problems: Sequence[Problem], kernel_names: Sequence[str]) -> np.ndarray:
+        """The prior's seconds of kernels no embedded model knows, each times the models' seconds
+        of PyTorch's default on its problem over the prior's (no factor where no model knows the
+        default either)."""
+        prior = np.array([prior_seconds(problem, kernel_named(name), self.spec)
+                          for problem, name in zip(problems, kernel_names, strict=True)])
+        if not any(model.knows(DEFAULT_KERNEL) for model in self.usable_models):
+            return prior
+        modelled = self.model_seconds(problems, [DEFAULT_KERNEL] * len(problems))
+        default = kernel_named(DEFAULT_KERNEL)
+        baseline = np.array([prior_seconds(problem, default, self.spec) for problem in problems])
+        return prior * modelled / baseline
 
     def rank(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
         """Supported kernels of `kernels` with predicted seconds, fastest first, in the table's
@@ -285,7 +316,8 @@ class ThresholdTable:
 
     def rank_by_model(self, problem: Problem, kernels: list[Kernel], cell: Cell | None) -> list[tuple[str, float]]:
         """With embedded models: every supported kernel predicted for this exact problem (the
-        median over the cards of a merged table), except those calibration measured inaccurate or
+        median over the cards of a merged table; a family the models were not fitted with by the
+        prior, `model_seconds`), except those calibration measured inaccurate or
         failing in `cell` (the cell `rank_by_map` would read: the problem's bucket in its class,
         else the nearest cell of the nearest class). Without: the decision map (`rank_by_map`)."""
         if not self.usable_models:

@@ -1,0 +1,53 @@
+"""A card's achievable rates: the fractions of its datasheet peaks that real kernels reach, and one
+problem's view of them (its dtype's matrix rate, waves of blocks over the compute units). Shared
+by the analytic prior (`models.priors`) and the Triton kernels' costs (`models.triton_costs`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models.cards import CardSpec
+
+# Achievable fractions of the datasheet peaks: 788 of 989 TFLOP/s bf16 and 4.3 of 4.8 TB/s
+# measured through PyTorch on this workplace's H200 (.library/device/KINDS.md).
+MATMUL_EFFICIENCY = 0.8
+BANDWIDTH_EFFICIENCY = 0.9
+# Output tile of a typical GPU matrix-product kernel (cuBLAS / rocBLAS macro tiles are 64-256).
+MATMUL_TILE = 128
+# Softmax arithmetic per score element: max, subtract, exp (~4 FLOPs), sum. A rough count.
+SOFTMAX_FLOPS_PER_ELEMENT = 8
+# Fraction of the matrix peak fused kernels reach, from the H200 probe's non-causal 32768^2,
+# D=64 fp16 case (h200-probe.md, 32 heads): cuDNN 10.0 ms = 0.89 of peak, flash 14.6 ms = 0.61,
+# efficient 32.6 ms = 0.27. Its causal 16384^2 prefill ran at ~0.6 of those: causal load imbalance.
+FUSED_EFFICIENCY = {"sdpa_cudnn": 0.85, "sdpa_flash": 0.6, "sdpa_efficient": 0.27}
+
+
+class Rates:
+    """A card's achievable rates for one problem's dtype."""
+
+    def __init__(self, problem: Problem, spec: CardSpec) -> None:
+        self.matmul = spec.flops(problem.dtype) * MATMUL_EFFICIENCY
+        self.bandwidth = spec.bandwidth * BANDWIDTH_EFFICIENCY
+        self.vector = spec.vector_flops
+        self.units = max(spec.compute_units, 1)
+        self.launch = spec.launch_overhead_s
+
+    def waves(self, tiles: float) -> int:
+        """Rounds in which `tiles` blocks run, one block per compute unit at a time."""
+        return math.ceil(max(tiles, 1.0) / self.units)
+
+    def occupancy(self, tiles: float) -> float:
+        """Share of the compute units that `tiles` output tiles of a matrix product keep busy."""
+        return min(1.0, max(tiles, 1.0) / self.units)
+
+    def wave_occupancy(self, tiles: float) -> float:
+        """Share of the compute units' time that `tiles` equal blocks keep busy: fewer blocks than
+        units leave units idle, and a last partial wave does too (160 blocks on the H200's 132
+        units take two full rounds: 0.61)."""
+        return max(tiles, 1.0) / (self.units * self.waves(tiles))
+
+    def product(self, flops: float, operand_bytes: float, tiles: float) -> float:
+        """One (batched) matrix product, derated when it has fewer tiles than compute units."""
+        return max(flops / self.matmul, operand_bytes / self.bandwidth) / self.occupancy(tiles)
