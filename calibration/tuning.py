@@ -1,5 +1,5 @@
-"""optuna search over one kernel family's parameters (chunk sizes, splits) on one problem, with
-real timings.
+"""optuna search over one kernel family's parameters (chunk sizes, splits, and the Triton kernels'
+block sizes, warps and stages) on one problem, with real timings.
 
 One study per (calibration, family, problem) in the shared storage, so a killed run resumes its
 search. Parameters are indices into the family's candidate values, restricted to those that give
@@ -7,11 +7,18 @@ distinct kernels on this problem (a 4096-row query chunk is the same kernel as a
 the query has 1 row), so TPE sees an ordinal space. The sweep's default configurations are added
 to the study as finished trials; a config already measured (in the study, the sweep or the results
 store) is never measured again; a config clearly losing after its first repetitions is pruned.
+
+A configuration the card cannot run scores ``inf`` with its reason recorded, never a crash (as in
+Triton's autotuner): one its `reasons` refuse (a Triton block past the card's shared memory) is
+recorded unsupported and costs no trial (nor an ask of the search's budget); one that fails to
+compile or run is recorded failed with the error (`calibration.measure`) and counts as a trial.
+Scored ``inf`` rather than failed, such configurations teach TPE where not to look.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections.abc import Callable
 
@@ -22,13 +29,14 @@ from optuna.samplers import TPESampler
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
+from attn_dispatch.kernels._triton_decode_layout import DecodeLayout
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.registry import PLAIN_FAMILIES, kernel_from_name, param_space
 from attn_dispatch.kernels.small_q import effective_splits
 from attn_dispatch.models.measurement import Measurement
 
-TUNABLE_FAMILIES = ("chunked", "small_q")
+TUNABLE_FAMILIES = ("chunked", "small_q", "triton_flash", "triton_decode")
 # Tune a family on a problem when its best default configuration is within this factor of the
 # problem's fastest kernel: elsewhere better parameters cannot change the decision.
 TUNE_WITHIN = 1.5
@@ -39,7 +47,16 @@ PRUNE_RATIO = 2.0
 ASKS_PER_TRIAL = 3
 # TPE's random start-up trials (optuna's default is 10; our studies have about 10 trials in all).
 TPE_STARTUP_TRIALS = 3
-LENGTH_PARAMS = {("chunked", "q"): "q_len", ("chunked", "kv"): "kv_len"}
+LENGTH_PARAMS = {
+    ("chunked", "q"): "q_len", ("chunked", "kv"): "kv_len",
+    ("triton_flash", "bm"): "q_len", ("triton_flash", "bn"): "kv_len", ("triton_decode", "bn"): "kv_len",
+}
+"""Block sizes past a problem's length: the first that covers it is kept, larger ones only pad."""
+REFUSED = "refused"
+"""User attribute of a trial whose configuration the kernel's `reasons` refused (not a trial run)."""
+FAILED_SCORE = math.inf
+"""The score of a configuration that did not give a time (refused, failed, out of memory,
+inaccurate): the slowest possible, as Triton's autotuner scores a config that fails."""
 
 MeasureFn = Callable[[Kernel, Callable[[list[float]], bool] | None], Measurement]
 
@@ -55,15 +72,22 @@ def effective_values(family: str, problem: Problem) -> dict[str, list[int]]:
             first_cover = next((v for v in values if v >= length), values[-1])
             out[name] = [v for v in values if v < length] + [first_cover]
         elif family == "small_q" and name == "splits":
-            seen, kept = set(), []
-            for v in values:
-                if effective_splits(v, problem.kv_len) not in seen:
-                    seen.add(effective_splits(v, problem.kv_len))
-                    kept.append(v)
-            out[name] = kept
+            out[name] = _distinct(values, lambda v: effective_splits(v, problem.kv_len))
+        elif family == "triton_decode" and name == "splits":  # splits actually used, at the finest key block
+            out[name] = _distinct(values, lambda v: DecodeLayout.of(problem, v, min(space["bn"])).splits)
         else:
             out[name] = values
     return out
+
+
+def _distinct(values: list[int], effect: Callable[[int], object]) -> list[int]:
+    """The first of `values` (ascending) for each distinct `effect`."""
+    seen, kept = set(), []
+    for value in values:
+        if effect(value) not in seen:
+            seen.add(effect(value))
+            kept.append(value)
+    return kept
 
 
 def configurations(values: dict[str, list[int]]) -> list[dict[str, int]]:
@@ -115,10 +139,9 @@ def _seed_known(study: optuna.Study, family: str, values: dict, known: dict[str,
         encoded = _encode(values, kernel.params) if kernel is not None else None
         if encoded is None:
             continue
-        ok = measurement.status == "ok"
+        attrs = {"kernel": name, "source": "sweep", **_refused_attr(measurement)}
         study.add_trial(optuna.trial.create_trial(
-            params=encoded, distributions=distributions, user_attrs={"kernel": name, "source": "sweep"},
-            value=measurement.median_s if ok else None, state=TrialState.COMPLETE if ok else TrialState.FAIL,
+            params=encoded, distributions=distributions, user_attrs=attrs, value=_score(measurement),
         ))
 
 
@@ -160,15 +183,15 @@ def tune_family(
     )
     _fail_orphans(storage, study)
     _seed_known(study, family, values, known)
-    untried = [c for c in configurations(values) if build_kernel(family, c).name not in known]
-    finished = sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished())
-    if len(untried) <= trials - finished:  # small space: try every config, no sampling
+    every = configurations(values)
+    untried = [c for c in every if _runnable(build_kernel(family, c), problem, known)]
+    if len(untried) <= trials - _finished(study):  # small space: try every config, no sampling
         for config in untried:
             study.enqueue_trial(_encode(values, config))
     new: list[Measurement] = []
-    for _ in range(ASKS_PER_TRIAL * trials):
-        finished = sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished())
-        if finished >= trials or not untried:
+    refused_asks = len(every) - len(untried)  # asks that hit a refused config cost nothing to answer
+    for _ in range(ASKS_PER_TRIAL * trials + refused_asks):
+        if _finished(study) >= trials or not untried:
             break
         trial = study.ask(distributions)
         config = {name: values[name][trial.params[name]] for name in values}
@@ -176,21 +199,43 @@ def tune_family(
         trial.set_user_attr("kernel", kernel.name)
         if kernel.name in known:  # never measure the same config twice
             previous = known[kernel.name]
-            study.tell(trial, previous.median_s if previous.status == "ok" else None,
-                       state=TrialState.COMPLETE if previous.status == "ok" else TrialState.FAIL)
+            for key, value in _refused_attr(previous).items():
+                trial.set_user_attr(key, value)
+            study.tell(trial, _score(previous))
             continue
         pruner.best_s = min(best_s, study.best_value if _has_complete(study) else best_s)
         measurement = measure(kernel, _prune_hook(trial))
         known[kernel.name] = measurement
         untried = [c for c in untried if build_kernel(family, c).name != kernel.name]
         new.append(measurement)
-        if measurement.status != "ok":
-            study.tell(trial, state=TrialState.FAIL)
-        elif measurement.extra.get("stopped") == "early":
+        for key, value in _refused_attr(measurement).items():
+            trial.set_user_attr(key, value)
+        if measurement.ok and measurement.extra.get("stopped") == "early":
             study.tell(trial, state=TrialState.PRUNED)
         else:
-            study.tell(trial, measurement.median_s)
+            study.tell(trial, _score(measurement))
     return new
+
+
+def _score(measurement: Measurement) -> float:
+    """A trial's value: the measured median, `FAILED_SCORE` when the config gave no time."""
+    return measurement.median_s if measurement.ok else FAILED_SCORE
+
+
+def _refused_attr(measurement: Measurement) -> dict[str, bool]:
+    """``{REFUSED: True}`` for a configuration its `reasons` refused (recorded unsupported, never
+    run: not a trial against the budget), else nothing."""
+    return {REFUSED: True} if measurement.status == "unsupported" else {}
+
+
+def _runnable(kernel: Kernel, problem: Problem, known: dict[str, Measurement]) -> bool:
+    """Not measured yet, and not refused by the kernel's `reasons` on `problem`."""
+    return kernel.name not in known and not kernel.reasons(problem)
+
+
+def _finished(study: optuna.Study) -> int:
+    """Trials that count against the budget: finished, except configurations refused unrun."""
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not t.user_attrs.get(REFUSED))
 
 
 def _has_complete(study: optuna.Study) -> bool:

@@ -3,6 +3,13 @@
 One row per pair: the kernel's family and parameters, the problem's shape (log2 sizes), dtype,
 causality and mask kind, and analytic terms (FLOPs, bytes, roofline and prior times). Times are
 natural logs of seconds, like the cost model's target; sizes are log2.
+
+A kernel's parameters share columns across families: its query and key blocks (chunked's chunks,
+the Triton kernels' ``bm``/``bn`` block rows, flash-decoding's packed-row block and key step), its
+effective key splits, the key blocks it visits and their share of the score matrix; the Triton
+kernels add their warps and pipeline stages. A feature's name is its definition: a model stored
+in a table reads its columns by name (`models.forest.EmbeddedModel`), so a feature whose meaning
+changes takes a new name, and new columns may be added.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from attn_dispatch.kernels.convert import ConvertKernel
 from attn_dispatch.kernels.problem import ITEMSIZE, MASK_KINDS, Problem
 from attn_dispatch.kernels.registry import PLAIN_FAMILIES
 from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
+from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
+from attn_dispatch.kernels.triton_flash import TritonFlashKernel
 from attn_dispatch.models._blocks_cost import visited_fraction
 from attn_dispatch.models.cards import CardSpec
 from attn_dispatch.models.priors import (
@@ -40,7 +49,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     *(f"{FAMILY_FEATURE_PREFIX}{family}" for family in _FAMILIES),
     "convert_dtype", "convert_layout", "log2_convert_size_ratio",
     "log2_q_chunk", "log2_kv_chunk", "log2_splits", "log2_blocks_visited", "visited_fraction",
-    "log2_block_score_bytes",
+    "log2_block_score_bytes", "log2_warps", "log2_stages",
     "log2_q_len", "log2_kv_len", "log2_head_dim", "log2_value_dim", "log2_batch", "log2_q_heads",
     "log2_gqa_ratio", "log2_rows_per_kv_head",
     *(f"dtype={dtype}" for dtype in _DTYPES),
@@ -63,8 +72,9 @@ def _log2(value: float) -> float:
 
 
 def _kernel_params(kernel, problem: Problem) -> tuple[float, float, float, float, float]:
-    """(log2 q chunk, log2 kv chunk, log2 effective splits, log2 blocks visited, visited fraction)
-    with chunks clipped to the problem's lengths (a 4096 chunk on 100 keys is one 100-key block)."""
+    """(log2 q block, log2 kv block, log2 effective splits, log2 blocks visited, visited fraction)
+    with chunks clipped to the problem's lengths (a 4096 chunk on 100 keys is one 100-key block);
+    a Triton kernel's blocks are its program's tiles (computed whole, padding included)."""
     L, S = problem.q_len, problem.kv_len
     if isinstance(kernel, ChunkedKernel):
         q_block, kv_block = max(1, min(kernel.q_chunk, L)), max(1, min(kernel.kv_chunk, S))
@@ -72,7 +82,25 @@ def _kernel_params(kernel, problem: Problem) -> tuple[float, float, float, float
         return _log2(q_block), _log2(kv_block), 0.0, _log2(visited), fraction
     if isinstance(kernel, SmallQKernel):
         return _log2(L), _log2(S), _log2(effective_splits(kernel.splits, S)), 0.0, 1.0
+    if isinstance(kernel, TritonFlashKernel):
+        config = kernel.config
+        fraction, visited, _ = visited_fraction(L, S, config.block_m, config.block_n, problem.causal)
+        return _log2(config.block_m), _log2(config.block_n), 0.0, _log2(visited), fraction
+    if isinstance(kernel, TritonDecodeKernel):
+        layout = kernel.layout(problem)
+        visited = layout.row_blocks * math.ceil(layout.key_count / layout.block_n)
+        return (_log2(layout.block_m), _log2(layout.block_n), _log2(layout.splits), _log2(visited),
+                layout.key_count / max(S, 1))
     return _log2(L), _log2(S), 0.0, 0.0, 1.0
+
+
+def _launch_params(kernel) -> tuple[float, float]:
+    """(log2 warps, log2 pipeline stages) of a Triton kernel; zeros for the others."""
+    if isinstance(kernel, TritonFlashKernel):
+        return _log2(kernel.config.warps), _log2(kernel.config.stages)
+    if isinstance(kernel, TritonDecodeKernel):
+        return _log2(kernel.warps), _log2(kernel.stages)
+    return 0.0, 0.0
 
 
 def feature_row(problem: Problem, kernel_name: str, spec: CardSpec) -> list[float]:
@@ -92,6 +120,7 @@ def feature_row(problem: Problem, kernel_name: str, spec: CardSpec) -> list[floa
     row += list(params)
     # One block's fp32 scores (the working set that decides whether it stays in cache).
     row.append(params[0] + params[1] + _log2(run_problem.batch * run_problem.q_heads * 4))
+    row += _launch_params(inner)
     row += [
         _log2(problem.q_len), _log2(problem.kv_len), _log2(problem.head_dim), _log2(problem.value_dim),
         _log2(problem.batch), _log2(problem.q_heads), _log2(problem.gqa_ratio),
