@@ -1,5 +1,6 @@
 """`Dispatcher.explain` and `Dispatcher.decide`: the decision for a call or a `Problem`, without
-running it (a base class of `core.Dispatcher`: it uses the dispatcher's plans and planners)."""
+running it (a base class of `core.Dispatcher`: it uses the dispatcher's plans and planners), with
+what a lossy conversion the policy keeps off would gain (`lossy_gain`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from attn_dispatch.dispatcher import sdpa_context
 from attn_dispatch.dispatcher._plan import cache_key
 from attn_dispatch.dispatcher.autocast import any_autocast, autocast_inputs
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
+from attn_dispatch.dispatcher.lossy_gain import with_lossy_gain
 from attn_dispatch.dispatcher.restricted_calls import restricted_decision
 from attn_dispatch.dispatcher.training_route import pytorch_route_reason
 from attn_dispatch.kernels import Problem
@@ -61,7 +63,9 @@ class Explaining:
         inputs_grad = grad and (query.requires_grad or key.requires_grad or value.requires_grad)
         why = pytorch_route_reason(dropout_p, False, grad and attn_mask is not None and attn_mask.requires_grad, plan.kernel)
         if why is None:
-            return self._training_route.decision(plan, self.memory_budget) if inputs_grad else plan.decision
+            if inputs_grad:
+                return self._training_route.decision(plan, self.memory_budget)
+            return with_lossy_gain(plan.decision, self._planner(query.device).state.ranking.prior, self.policy)
         return replace(plan.decision, kernel=TRAINING_KERNEL, params={}, route=ROUTE_TRAINING,
                        notes=(*plan.decision.notes, f"training: {why}"))
 
@@ -72,5 +76,6 @@ class Explaining:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         planner = self._planner(device)
-        return planner.decide(problem, budget=self.memory_budget, measure=self.measure,
-                              on_failure=lambda name, error: None, defer_probes=False).explained()
+        decision = planner.decide(problem, budget=self.memory_budget, measure=self.measure,
+                                  on_failure=lambda name, error: None, defer_probes=False).explained()
+        return with_lossy_gain(decision, planner.state.ranking.prior, self.policy)

@@ -93,8 +93,11 @@ DEFAULT_TRITON_FLASH = (TritonFlashKernel(bm=128, bn=64, w=8, s=3), TritonFlashK
 # 64-key blocks for batched or short caches; 64 splits of 32-key blocks for one sequence's long
 # cache, small enough (two stages of 32 keys) for gfx906's 64 KiB of LDS at head dim 128.
 DEFAULT_TRITON_DECODE = (TritonDecodeKernel(splits=16, bn=64, w=4, s=2), TritonDecodeKernel(splits=64, bn=32, w=4, s=2))
-# What a conversion hands its inputs to: the fused backends and one portable kernel of each kind.
-CONVERT_INNER = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "chunked[q=512,kv=4096]", "small_q[splits=8]")
+# What a conversion hands its inputs to: the fused backends, one portable kernel of each kind, and
+# the Triton kernels' small configurations (they fit gfx906's 64 KiB of LDS, where bf16 inputs
+# converted to fp16 run at the card's dot2 rate: `convert[bf16->fp16]+triton_flash[...]`).
+CONVERT_INNER = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "chunked[q=512,kv=4096]", "small_q[splits=8]",
+                 DEFAULT_TRITON_FLASH[-1].name, DEFAULT_TRITON_DECODE[-1].name)
 CONVERSIONS = ("fp16->fp32", "bf16->fp32", "bf16->fp16", "fp16->bf16", "fp32->bf16", "fp32->fp16", CONTIGUOUS)
 
 

@@ -80,3 +80,35 @@ def qkv(batch=1, heads=4, kv_heads=2, q_len=8, kv_len=8, dim=16, dtype=torch.flo
         "value": torch.randn(batch, kv_heads, kv_len, dim, generator=generator, dtype=dtype),
         "enable_gqa": heads != kv_heads,
     }
+
+
+GFX906_LDS = 64 * 1024
+"""Shared memory (LDS) one program may use on a gfx906 card."""
+
+
+def fake_gfx906(monkeypatch, *, triton: tuple[int, int] | None) -> None:
+    """Make ``cuda:0`` a faked MI50 32GB on ROCm (its properties as tests/models/conftest.py fakes
+    them) with Triton `triton` (None: not installed), ranked by its analytic prior, 32 GiB free;
+    Triton's interpreter off, as on the card (the kernel sets that serve leave interpreted kernels
+    out). For deciding only: nothing can run there."""
+    from attn_dispatch.dispatcher import planner
+    from attn_dispatch.dispatcher.decision import RankingSource
+    from attn_dispatch.kernels import _triton_support as support
+    from attn_dispatch.kernels import triton_decode, triton_flash
+    from attn_dispatch.models.cards import MI50_32GB
+    from attn_dispatch.models.identity import DeviceIdentity
+    from attn_dispatch.models.priors import PriorRanker
+    from tests.models.conftest import fake_identity
+
+    monkeypatch.setenv(support.INTERPRETER_VARIABLE, "0")
+    identity = fake_identity("mi50_32")
+    monkeypatch.setattr(DeviceIdentity, "detect", classmethod(lambda cls, device: identity))
+    monkeypatch.setattr(support, "gpu_architecture", lambda device_index=None: ("gfx906", (9, 0)))
+    monkeypatch.setattr(support, "triton_version", lambda: triton)
+    monkeypatch.setattr(support.torch.version, "hip", "6.2")
+    for module in (triton_flash, triton_decode):
+        monkeypatch.setattr(module, "shared_memory_limit", lambda device_index=None: GFX906_LDS)
+    monkeypatch.setattr(planner, "free_bytes", lambda device: 32 * 2**30)
+    source = RankingSource("prior", "analytic prior of AMD Instinct MI50 32GB", None, identity.key)
+    monkeypatch.setattr(core, "resolve_ranking", lambda device, *, home=None, **options: DeviceRanking(
+        table=None, prior=PriorRanker(MI50_32GB), source=source, prior_source=source))
