@@ -19,7 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         NAME,
         help=HELP,
         description="Time every kernel over a seeded sweep of problem shapes on this card, tune chunk "
-        "sizes and splits with optuna, fit the cost model and write the card's threshold table. "
+        "sizes, splits and the Triton kernels' blocks, warps and stages with optuna, fit the cost model "
+        "and write the card's threshold table. "
         "Resumable: a killed run continues where it stopped (same options, same journal). "
         "Files live under $ATTN_DISPATCH_HOME (default: the user cache directory).",
     )
@@ -38,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default=None, metavar="PATH", help="also write the threshold table here")
     parser.add_argument("--results", default=None, metavar="PATH", help="results file (JSON Lines; default: cache directory)")
     parser.add_argument("--kernels", default="all", metavar="SET",
-                        help="'all' (default), 'portable' (math, chunked, small_q, convert: what gfx906 has) or kernel names")
+                        help="'all' (default), 'portable' (math, chunked, small_q, the Triton kernels where Triton compiles for the card, convert: what gfx906 has) or kernel names")
     parser.add_argument("--memory-budget", default=None, metavar="SIZE",
                         help="emulate a smaller card, e.g. 16GiB (G = GiB, as in bench and check): points over it are infeasible")
     parser.add_argument("--allow-lossy", action="append", default=[], metavar="CONVERSION",
