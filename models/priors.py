@@ -25,15 +25,13 @@ from attn_dispatch.models._blocks_cost import visited_fraction
 from attn_dispatch.models.cards import CardSpec, spec_for
 from attn_dispatch.models.rates import (
     FUSED_EFFICIENCY,
-    MATMUL_EFFICIENCY,
     MATMUL_TILE,
     SOFTMAX_FLOPS_PER_ELEMENT,
     Rates,
 )
 from attn_dispatch.models.triton_costs import triton_decode_seconds, triton_flash_seconds
 
-__all__ = ["MATMUL_EFFICIENCY", "PRIOR_VERSION", "PriorRanker", "prior_seconds", "roofline_seconds", "spec_for",
-           "score_bytes_per_element"]
+__all__ = ["PRIOR_VERSION", "PriorRanker", "prior_seconds", "roofline_seconds", "spec_for", "score_bytes_per_element"]
 from attn_dispatch.models.ranking import UNPRICED, priceable, supported
 
 PRIOR_VERSION = 2
@@ -41,7 +39,9 @@ PRIOR_VERSION = 2
 over one version of the prior; the prior's feature name carries the version
 (`models.features.PRIOR_FEATURE`), so a model fitted against another version is not evaluated
 (`EmbeddedModel.compatible`): the table's measured entries and decision map still serve. Version 2
-(session 15): fused kernels without key splitting stream keys per block, in waves."""
+(session 15): fused kernels without key splitting stream keys per block, in waves. The Triton
+kernels' prices (`models.triton_costs`) came with their families: a model fitted before them does
+not price them (`EmbeddedModel.knows`), so they need no new version."""
 
 FUSED_CAUSAL_EFFICIENCY = 0.6
 # Fused kernels that split the keys across compute units for few query rows (flash-decoding):
