@@ -26,7 +26,7 @@ from attn_dispatch.kernels import _triton_ops
 NO_MASK = tl.constexpr(_triton_ops.NO_MASK)
 BOOL_MASK = tl.constexpr(_triton_ops.BOOL_MASK)
 FLOAT_MASK = tl.constexpr(_triton_ops.FLOAT_MASK)
-LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E)
 
 
 @triton.jit
@@ -47,6 +47,7 @@ def split_kernel(
     (`_triton_decode_layout.visible_key_count`). ``DIRECT`` (one split): writes ``Out`` in its dtype;
     else ``PartOut [B * Hkv, splits, rows, Ev]`` (normalised), ``PartMax`` and ``PartSum``
     ``[B * Hkv, splits, rows]`` (the row's largest score and its sum of exp(score - max), fp32)."""
+    scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64
     bh = tl.program_id(0).to(tl.int64)  # every offset below that grows with a size is int64
     split = tl.program_id(1)
     b = bh // kv_heads

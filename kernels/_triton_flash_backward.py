@@ -98,6 +98,7 @@ def key_grad_kernel(
 ):
     """Grid ``key_blocks * B * Hkv``: dK and dV of `BLOCK_N` keys of one (batch, key/value head),
     summed over the query heads of its group, `BLOCK_M` query rows per step."""
+    scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64
     pid = tl.program_id(0)
     kv_row = pid // key_blocks
     n_start = (pid % key_blocks) * BLOCK_N
@@ -205,6 +206,7 @@ def query_grad_kernel(
 ):
     """Grid ``query_blocks * B * Hq``: dQ of `BLOCK_M` query rows of one (batch, query head),
     `BLOCK_N` keys per step over the keys the rows see (as the forward)."""
+    scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64
     head_row, m_start, batch, head, kv_head = query_block_of_program(query_blocks, q_heads, group, BLOCK_M, CAUSAL)
     m_offset = tl.cast(m_start, tl.int64)
     rows = tl.arange(0, BLOCK_M)

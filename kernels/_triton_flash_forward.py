@@ -65,6 +65,7 @@ def flash_forward_kernel(
 ):
     """Grid ``query_blocks * B * Hq`` (`query_block_of_program`): the output of `BLOCK_M` query rows
     of one (batch, query head), and their log-sum-exp when `STORE_LSE`."""
+    scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64
     head_row, m_start, batch, head, kv_head = query_block_of_program(query_blocks, q_heads, group, BLOCK_M, CAUSAL)
     m_offset = tl.cast(m_start, tl.int64)
 
