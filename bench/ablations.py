@@ -10,7 +10,8 @@ bucket measures its candidates on its calls (`measured_candidates.measured_candi
 an exact measurement: the fastest candidate that beats PyTorch's default by `tuning.MIN_WIN_MARGIN`.
 Dispatch overhead is not counted.
 
-Variants: each removes one mechanism (`VARIANTS`). Printed per file: geomean over PyTorch's default,
+Variants: each removes one mechanism (`VARIANTS`; the guard margin and region default were ablated
+at e5f849f and removed after). Printed per file: geomean over PyTorch's default,
 geomean over the fastest kernel, and the shapes whose pick moved by more than 3% against the shipped
 pick. Usage::
 
@@ -41,7 +42,6 @@ from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table
 from bench.grid_measurements import grid_times
-from bench.guard_ablations import without_margin, without_regions
 from bench.offline_card import offline_card_for
 
 R = "bench/results"
@@ -71,14 +71,10 @@ class Rules:
 
 VARIANTS: dict[str, Rules] = {
     "shipped": Rules(),
-    "no guard margin": Rules(table=without_margin),
-    "no region default": Rules(table=without_regions),
-    "no margin or regions": Rules(table=lambda t: without_regions(without_margin(t))),
     "no key-alignment split": Rules(alignment=False),
     "no tie rule": Rules(tie=False),
     "no floor order": Rules(floors=False),
     "no measuring on calls": Rules(measuring=False),
-    "table only (no measuring), no margin or regions": Rules(measuring=False, table=lambda t: without_regions(without_margin(t))),
     "table without its models: decision map": Rules(table=lambda t: replace(t, models=())),
     "table without its models: prior": Rules(table=lambda t: PriorRanker(t.spec)),
 }
@@ -139,10 +135,9 @@ def report(label: str, shapes, chosen: list[float], shipped: list[float]) -> Non
 
 def cpu_ablations(variants: list[str]) -> None:
     """The variants on the committed CPU calibration: grouped folds by problem (`CPU_CALIBRATION`)."""
-    import random
-
     import gzip
     import json
+    import random
 
     from attn_dispatch.models.identity import DeviceIdentity
     from attn_dispatch.models.measurement import Measurement

@@ -4,7 +4,7 @@ Refits a recorded calibration (plus, with ``--grid``, the points of recorded LLM
 `bench.grid_measurements`) the way `attn-dispatch calibrate` does (`models.fit.fit_and_build`)
 and prints, on its held-out problems (seed 0, 20%), the choices of the table as it was built
 before issue 15 (model, then decision map) and of the guarded table (measured entries of the
-training problems, regions kept for PyTorch's default, the verdict). Then it scores whole tables
+training problems, the verdict). Then it scores whole tables
 on recorded `attn-dispatch bench` runs (every kernel timed per shape): the table's first choice
 among the kernels timed there, against the fastest of them and against PyTorch's default.
 
@@ -36,7 +36,6 @@ from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table, save_table
 from bench.grid_measurements import grid_measurements
-from bench.guard_ablations import without_regions
 from bench.offline_card import card_line, offline_card_for
 
 
@@ -122,11 +121,10 @@ def main() -> None:
         print(f"  {quality.verdict}")
         if args.out:
             print(f"refitted table: {save_table(table, args.out)}")
-        print(f"refitted table: {len(table.entries)} measured entries, "
-              f"{sum(c.keep_default for tc in table.classes.values() for c in tc.cells.values())} buckets kept for PyTorch's default")
-        unguarded = without_regions(replace(table, entries={}, guard=None))
+        print(f"refitted table: {len(table.entries)} measured entries")
+        unguarded = replace(table, entries={}, guard=None)
         tables = ([("before", before)] if before is not None else []) + [
-            ("refit, no guard or entries", unguarded), ("refit, guard only (margin, regions)", replace(table, entries={})),
+            ("refit, no guard or entries", unguarded), ("refit, guard only", replace(table, entries={})),
             ("refit, entries only", replace(unguarded, entries=table.entries)), ("after", table)]
         for path in args.bench:
             shapes = bench_shapes(path)

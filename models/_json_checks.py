@@ -26,7 +26,6 @@ MAX_QUALITY_KEYS = 64
 MIN_SECONDS, MAX_SECONDS = 1e-9, 3600.0
 # Spec sheet sanity: no card moves more than 10^16 B/s or computes 10^19 FLOP/s.
 MAX_RATE = 1e19
-MAX_ERROR_FACTOR = 1e6  # a region guard's error factor (models.guard): a model wrong a million times over is no model
 FIX = "re-create it with `attn-dispatch calibrate` or re-export it from its owner"
 
 

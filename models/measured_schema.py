@@ -17,7 +17,6 @@ from attn_dispatch.models._json_checks import (
     _int,
     _kernel,
     _list,
-    _num,
     _obj,
     _seconds,
     _str,
@@ -29,7 +28,6 @@ MAX_ENTRIES = 20000
 """Entries per table: a merged table of a dozen owners' calibrations (~300 problems each) and
 their tunings stays far below; at ~300 bytes an entry, 20000 fit the 8 MiB cap."""
 MAX_SAMPLES = 10**9
-MAX_MARGIN = 100.0  # a model must beat the default 101-fold: past any real use
 MAX_DEVICE_TYPE_CHARS = 32
 
 
@@ -109,11 +107,15 @@ def entries_to_list(entries: dict[tuple, MeasuredEntry]) -> list[dict]:
     ]
 
 
+RETIRED_GUARD_FIELDS = ("default_margin",)
+"""The guard's margin, which tables written before its removal still hold: accepted and ignored
+(docs/RESULTS.md#ablations)."""
+
+
 def parse_guard(value: object) -> Guard:
-    data = _obj(value, "guard", ("verdict", "reason"), ("default_margin",))
-    return Guard(_str(data["verdict"], "guard.verdict", VERDICTS), _str(data["reason"], "guard.reason"),
-                 _num(data.get("default_margin", 0.0), "guard.default_margin", 0.0, MAX_MARGIN))
+    data = _obj(value, "guard", ("verdict", "reason"), RETIRED_GUARD_FIELDS)
+    return Guard(_str(data["verdict"], "guard.verdict", VERDICTS), _str(data["reason"], "guard.reason"))
 
 
 def guard_to_dict(guard: Guard) -> dict:
-    return {"verdict": guard.verdict, "reason": guard.reason, "default_margin": guard.default_margin}
+    return {"verdict": guard.verdict, "reason": guard.reason}

@@ -112,7 +112,7 @@ class Quality:
     default: ChoiceQuality | None = None
     """"Always PyTorch's default" on the same held-out problems (`models.guard`), when evaluated."""
     guarded: ChoiceQuality | None = None
-    """The table after the quality guard (verdict and regions, no measured entries of the held-out
+    """The table after the quality guard (its verdict, no measured entries of the held-out
     problems: they were held out), when evaluated."""
     verdict: str | None = None
     """The quality guard's line (`models.guard.Guard.describe`), when evaluated."""

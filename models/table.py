@@ -64,18 +64,12 @@ def carried_seconds(seconds: float, kernel: Kernel, source: Problem, target: Pro
 
 @dataclass(frozen=True)
 class Cell:
-    """One (q bucket, kv bucket) of a class: ranked candidates and what was measured there.
-    `keep_default`: the region guard found the model's pick slower than PyTorch's default here
-    (`models.guard.regions_losing_to_default`): the default goes first, except where the model
-    predicts it more than `default_yields_at` times slower than the best kernel (the model's
-    largest miss in this region; infinite: always first, as in tables written before it)."""
+    """One (q bucket, kv bucket) of a class: ranked candidates and what was measured there."""
 
     ranking: tuple[Candidate, ...]
     measured: tuple[Candidate, ...] = ()
     spread: dict[str, tuple[float, float]] = field(default_factory=dict)
     excluded: tuple[tuple[str, str], ...] = ()
-    keep_default: bool = False
-    default_yields_at: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -262,26 +256,14 @@ class ThresholdTable:
 
     def rank_unmeasured(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
         """By the guard's verdict: the analytic prior ("prior"), PyTorch's default then the prior
-        ("default"), else the model or decision map (`rank_by_model`) with the default first in
-        the regions the guard kept for it (`Cell.keep_default`; with an embedded model, unless
-        predicted slower than the best by more than `Cell.default_yields_at`) and, with an embedded model,
-        wherever it is predicted within the guard's margin of the best
-        (`models.guard.Guard.default_margin`)."""
+        ("default"), else the model or decision map (`rank_by_model`)."""
         kernels = list(kernels)
         if self.verdict != "table":
             ranked = PriorRanker(self.spec).rank(problem, kernels)
             return _default_first(ranked) if self.verdict == "default" else ranked
         table_class = self.find_class(problem)
         cell = table_class.nearest_cell(bucket_of(problem))[1] if table_class is not None else None
-        ranked = self.rank_by_model(problem, kernels, cell)
-        # the margin compares the model's predictions (the decision map's order is its listed
-        # candidates first, then the prior's: times from two sources)
-        margin = self.guard.default_margin if self.guard is not None and self.usable_models else math.inf
-        default_s = next((seconds for name, seconds in ranked if name == DEFAULT_KERNEL), math.inf)
-        close = bool(ranked) and math.isfinite(margin) and default_s <= ranked[0][1] * (1.0 + margin)
-        kept = cell is not None and cell.keep_default and not (
-            self.usable_models and bool(ranked) and default_s > ranked[0][1] * cell.default_yields_at)
-        return _default_first(ranked) if close or kept else ranked
+        return self.rank_by_model(problem, kernels, cell)
 
     def rank_by_model(self, problem: Problem, kernels: list[Kernel], cell: Cell | None) -> list[tuple[str, float]]:
         """With embedded models: every supported kernel predicted for this exact problem (the

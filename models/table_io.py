@@ -9,7 +9,6 @@ writes a temporary file in the target directory and renames it over the target.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
@@ -131,10 +130,6 @@ def _cell_dict(bucket: tuple[int, int], cell: Cell) -> dict:
         out["spread"] = {n: [lo, hi] for n, (lo, hi) in cell.spread.items()}
     if cell.excluded:
         out["excluded"] = [[n, why] for n, why in cell.excluded]
-    if cell.keep_default:
-        out["keep_default"] = True
-        if math.isfinite(cell.default_yields_at):
-            out["default_yields_at"] = cell.default_yields_at
     return out
 
 

@@ -8,7 +8,6 @@ parsed by the registry's grammar, numbers are range-checked, unknown fields are 
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 
 from attn_dispatch.kernels.problem import ITEMSIZE, MASK_KINDS
@@ -17,7 +16,6 @@ from attn_dispatch.models._json_checks import (
     MAX_CANDIDATES,
     MAX_CELLS_PER_CLASS,
     MAX_CLASSES,
-    MAX_ERROR_FACTOR,
     MAX_LIST,
     MAX_LOG2,
     MAX_QUALITY_KEYS,
@@ -117,8 +115,13 @@ def _quality(value: object) -> dict:
     return quality
 
 
+RETIRED_CELL_FIELDS = ("keep_default", "default_yields_at")
+"""Cell fields of the region guard, which tables written before its removal still hold (the bundled
+H200 table among them): accepted and ignored (docs/RESULTS.md#ablations)."""
+
+
 def _cell(value: object, path: str) -> tuple[tuple[int, int], Cell]:
-    data = _obj(value, path, ("q", "kv", "ranking"), ("measured", "spread", "excluded", "keep_default", "default_yields_at"))
+    data = _obj(value, path, ("q", "kv", "ranking"), ("measured", "spread", "excluded", *RETIRED_CELL_FIELDS))
     spread = _mapping(data.get("spread", {}), f"{path}.spread", MAX_CANDIDATES)
     spreads = {}
     for name, pair in spread.items():
@@ -135,9 +138,7 @@ def _cell(value: object, path: str) -> tuple[tuple[int, int], Cell]:
     cell = Cell(
         ranking=_candidates(data["ranking"], f"{path}.ranking", MAX_CANDIDATES),
         measured=_candidates(data.get("measured", []), f"{path}.measured", MAX_CANDIDATES),
-        spread=spreads, excluded=tuple(excluded), keep_default=_bool(data.get("keep_default", False), f"{path}.keep_default"),
-        default_yields_at=(_num(data["default_yields_at"], f"{path}.default_yields_at", 1.0, MAX_ERROR_FACTOR)
-                           if "default_yields_at" in data else math.inf),
+        spread=spreads, excluded=tuple(excluded),
     )
     return bucket, cell
 

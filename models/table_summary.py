@@ -78,13 +78,11 @@ def quality_lines(table: ThresholdTable) -> list[str]:
 
 
 def guard_lines(table: ThresholdTable) -> list[str]:
-    """The quality guard's verdict, the regions kept for PyTorch's default, the measured entries."""
-    kept = sum(cell.keep_default for c in table.classes.values() for cell in c.cells.values())
+    """The quality guard's verdict and the measured entries."""
     guard = table.guard.describe() if table.guard is not None else "quality guard: not evaluated (an older table, or too few problems)"
     sources = sorted({e.source for e in table.entries.values()})
     return [
         guard,
-        f"regions kept for PyTorch's default (the model's pick lost there): {kept} buckets",
         f"measured entries (consulted before the model): {len(table.entries)}" + (f" from {', '.join(sources)}" if sources else ""),
     ]
 

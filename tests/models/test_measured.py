@@ -111,7 +111,7 @@ def test_export_and_import_carry_entries_and_the_guard(mi50_table, tmp_path, mon
 
     monkeypatch.setattr(sharing, "BUNDLED_TABLES_DIR", tmp_path / "bundled")
     entry = _entry(_time("math", 1e-3), _time(DEFAULT_KERNEL, 2e-3), problem=replace(PROBLEM, device_type="cuda"))
-    table = replace(mi50_table, entries={entry.key: entry}, guard=Guard("default", "held-out mean slowdown: test", 0.1))
+    table = replace(mi50_table, entries={entry.key: entry}, guard=Guard("default", "held-out mean slowdown: test"))
     shared = export_table(table, tmp_path / "shared.json")
     stored = import_table(shared, home=tmp_path / "home")
     found = lookup_table(table.identity, home=tmp_path / "home", warn=False)

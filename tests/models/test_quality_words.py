@@ -22,7 +22,7 @@ TABLE, PRIOR, DEFAULT = _choice(0.5, 0.12), _choice(0.143, 0.43), _choice(0.625,
 
 
 def _quality(**changes) -> Quality:
-    verdict = decide_verdict(TABLE, PRIOR, DEFAULT, default_margin=0.3)
+    verdict = decide_verdict(TABLE, PRIOR, DEFAULT)
     quality = Quality(model=_choice(0.5, 0.27), prior=PRIOR, n_points_fit=456, n_problems_fit=32, n_points_test=120,
                       n_problems_test=8, holdout_fraction=0.2, seed=0, description="test model", table=_choice(0.5, 0.27),
                       decision_map=_choice(0.375, 0.69), default=DEFAULT, guarded=TABLE, verdict=verdict.describe())
@@ -50,7 +50,7 @@ def test_the_summary_ends_with_the_verdict_and_what_decides_it():
     assert lines[-1] == (
         "quality guard: the table's choices serve (held-out mean slowdown over the fastest kernel: table 12.0%, "
         "always PyTorch's default 173.0%, analytic prior 43.0%; the lowest average slowdown decides, not how often "
-        "a pick is the fastest; the model's pick replaces PyTorch's default only where predicted over 1.3x faster)"
+        "a pick is the fastest)"
     )
     assert len(lines) == 1 + 6 + 1
 
@@ -76,7 +76,7 @@ def test_every_verdict_says_who_ranks_kernels():
     assert busy == ("quality guard: PyTorch's default serves outside measured buckets, not the table's model "
                     "(measured on a machine too busy to time kernels (calibrate --allow-busy))")
     assert "lost" not in busy  # it did not lose on its data: the machine was too busy to trust the data
-    assert Guard("table", "merged", default_margin=0.0).describe() == "quality guard: the table's choices serve (merged)"
+    assert Guard("table", "merged").describe() == "quality guard: the table's choices serve (merged)"
 
 
 def test_a_too_busy_calibration_says_what_is_stored(tmp_path, monkeypatch):

@@ -127,22 +127,6 @@ def test_merge_keeps_the_spread_between_cards(mi50_table, tmp_path):
     assert len(load_table(export_table(merged, tmp_path / "merged.json")).models) == 2
 
 
-def test_merge_keeps_each_regions_largest_error_factor(mi50_table):
-    from attn_dispatch.models.table_build import with_regions
-
-    key = next(iter(mi50_table.classes))
-    first, second, third = list(mi50_table.classes[key].cells)[:3]
-    one = with_regions(mi50_table, {(key, first): 1.5, (key, second): 4.0})
-    other = _for(with_regions(mi50_table, {(key, first): 3.0, (key, third): 2.0}).scaled(1.2, spec=MI50_32GB, note="x"),
-                 fake_identity("mi50_32", **OTHER_ROCM_STACK))
-    cells = merge_tables([one, other]).classes[key].cells
-    assert [(cells[b].keep_default, cells[b].default_yields_at) for b in (first, second, third)] == [
-        (True, 3.0), (True, 4.0), (True, 2.0)]
-    # a card whose region kept the default without a factor (an older table) keeps it first
-    older = _for(with_regions(mi50_table, {(key, first)}), fake_identity("mi50_32", **OTHER_ROCM_STACK))
-    assert merge_tables([one, older]).classes[key].cells[first].default_yields_at == float("inf")
-
-
 def test_merge_family_tables_scales_each_card(mi50_table):
     mi60_table = _for(replace(mi50_table, spec=MI60), fake_identity("mi60"))
     merged = merge_tables([mi50_table, mi60_table])
