@@ -11,7 +11,7 @@ an exact measurement: the fastest candidate that beats PyTorch's default by `tun
 Dispatch overhead is not counted.
 
 Variants: each removes one mechanism (`VARIANTS`; the guard margin and region default were ablated
-at e5f849f and removed after). Printed per file: geomean over PyTorch's default,
+at e5f849f and removed after, as was ranking by the decision map where a table has no usable model). Printed per file: geomean over PyTorch's default,
 geomean over the fastest kernel, and the shapes whose pick moved by more than 3% against the shipped
 pick. Usage::
 
@@ -37,7 +37,6 @@ from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available
 from attn_dispatch.models.cold_shape_store import load_cold_costs
 from attn_dispatch.models.measured import DEFAULT_KERNEL
-from attn_dispatch.models.priors import PriorRanker
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table
@@ -75,8 +74,7 @@ VARIANTS: dict[str, Rules] = {
     "no tie rule": Rules(tie=False),
     "no floor order": Rules(floors=False),
     "no measuring on calls": Rules(measuring=False),
-    "table without its models: decision map": Rules(table=lambda t: replace(t, models=())),
-    "table without its models: prior": Rules(table=lambda t: PriorRanker(t.spec)),
+    "table without its models (the analytic prior ranks)": Rules(table=lambda t: replace(t, models=())),
 }
 
 

@@ -3,7 +3,7 @@
 Refits a recorded calibration (plus, with ``--grid``, the points of recorded LLM grid runs:
 `bench.grid_measurements`) the way `attn-dispatch calibrate` does (`models.fit.fit_and_build`)
 and prints, on its held-out problems (seed 0, 20%), the choices of the table as it was built
-before issue 15 (model, then decision map) and of the guarded table (measured entries of the
+before issue 15 (the model alone) and of the guarded table (measured entries of the
 training problems, the verdict). Then it scores whole tables
 on recorded `attn-dispatch bench` runs (every kernel timed per shape): the table's first choice
 among the kernels timed there, against the fastest of them and against PyTorch's default.
@@ -113,8 +113,7 @@ def main() -> None:
         if args.note:
             table = replace(table, provenance=replace(table.provenance, notes=(*table.provenance.notes, *args.note)))
         print(f"{args.run}: held-out problems (seed {args.seed}), choice / fastest measured")
-        print(_line("before (model, then decision map)", quality.table))
-        print(_line("decision map alone", quality.decision_map))
+        print(_line("before (the model alone)", quality.table))
         print(_line("analytic prior", quality.prior))
         print(_line("always PyTorch's default", quality.default))
         print(_line("after (guard + measured entries)", quality.guarded))

@@ -98,8 +98,7 @@ def fit_and_build(
             default = default_choice_quality(held_out)
             guard = decide_verdict(scored(with_entries), holdout.quality.prior, default)
             quality = replace(
-                holdout.quality, table=scored(unguarded), decision_map=scored(replace(unguarded, models=())),
-                default=default,
+                holdout.quality, table=scored(unguarded), default=default,
                 guarded=scored(replace(with_entries, guard=guard)), verdict=guard.describe(),
             )
         else:

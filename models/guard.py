@@ -17,7 +17,7 @@ from attn_dispatch.models.measured import DEFAULT_KERNEL
 from attn_dispatch.models.quality import ChoiceQuality, choice_quality
 
 VERDICTS = ("table", "prior", "default")
-"""table: the table's model (or decision map) ranks; prior: the analytic prior does; default:
+"""table: the table's model ranks; prior: the analytic prior does; default:
 PyTorch's default goes first, the prior orders the rest."""
 
 VERDICT_WORDS = {

@@ -107,8 +107,6 @@ class Quality:
     description: str
     table: ChoiceQuality | None = None
     """The threshold table's choices on the same held-out problems, when evaluated."""
-    decision_map: ChoiceQuality | None = None
-    """The table's decision map alone (its fallback without an embedded model), when evaluated."""
     default: ChoiceQuality | None = None
     """"Always PyTorch's default" on the same held-out problems (`models.guard`), when evaluated."""
     guarded: ChoiceQuality | None = None
@@ -121,7 +119,7 @@ class Quality:
         """Flat JSON-ready dict (the table's ``quality`` section)."""
         flat = {f"{key}": value for key, value in asdict(self.model).items()}
         flat.update({f"prior_{key}": value for key, value in asdict(self.prior).items()})
-        for prefix, part in (("table", self.table), ("map", self.decision_map), ("default", self.default),
+        for prefix, part in (("table", self.table), ("default", self.default),
                              ("guarded", self.guarded)):
             if part is not None:
                 flat.update({f"{prefix}_{key}": value for key, value in asdict(part).items()})

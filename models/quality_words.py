@@ -20,7 +20,6 @@ CHOOSERS = (
     ("prior_", "the analytic prior alone"),
     ("table_", "the table before its quality guard"),
     ("", "its cost model alone"),
-    ("map_", "its decision map alone"),
 )
 
 

@@ -216,7 +216,7 @@ class ThresholdTable:
         """
         models = self.usable_models
         if not models:
-            raise ValueError("this table has no usable embedded cost model; rank by its decision map")
+            raise ValueError("this table has no usable embedded cost model; rank by the analytic prior")
         features: list[tuple[dict, np.ndarray]] = []
         predictions = []
         for model in models:
@@ -256,7 +256,7 @@ class ThresholdTable:
 
     def rank_unmeasured(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
         """By the guard's verdict: the analytic prior ("prior"), PyTorch's default then the prior
-        ("default"), else the model or decision map (`rank_by_model`)."""
+        ("default"), else the embedded model (`rank_by_model`)."""
         kernels = list(kernels)
         if self.verdict != "table":
             ranked = PriorRanker(self.spec).rank(problem, kernels)
@@ -266,14 +266,16 @@ class ThresholdTable:
         return self.rank_by_model(problem, kernels, cell)
 
     def rank_by_model(self, problem: Problem, kernels: list[Kernel], cell: Cell | None) -> list[tuple[str, float]]:
-        """With embedded models: every supported kernel predicted for this exact problem (the
-        median over the cards of a merged table), except those calibration measured inaccurate or
-        failing in `cell` (the cell `rank_by_map` would read: the problem's bucket in its class,
-        else the nearest cell of the nearest class). Without: the decision map (`rank_by_map`)."""
-        if not self.usable_models:
-            return self.rank_by_map(problem, kernels)
+        """Every supported kernel predicted for this exact problem by the embedded models (the median
+        over the cards of a merged table), except those calibration measured inaccurate or failing in
+        `cell` (the problem's bucket in its class, else the nearest cell of the nearest class). A
+        table without a usable model (fitted against other features or another prior version) ranks
+        those kernels by the analytic prior: its decision map ranked no better
+        (docs/RESULTS.md#ablations)."""
         barred = {name for name, _ in cell.excluded} if cell is not None else set()
         usable = [kernel for kernel in supported(problem, kernels) if kernel.name not in barred]
+        if not self.usable_models:
+            return PriorRanker(self.spec).rank(problem, usable)
         names = [kernel.name for kernel in usable if priceable(kernel)]
         foreign = [(kernel.name, UNPRICED) for kernel in usable if not priceable(kernel)]
         if not names:
@@ -281,31 +283,6 @@ class ThresholdTable:
         seconds = self.model_seconds([problem] * len(names), names)
         ranked = sorted(zip(names, (float(s) for s in seconds), strict=True), key=lambda item: (item[1], item[0]))
         return ranked + foreign
-
-    def rank_by_map(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
-        """The decision map's ranking: the candidates of the problem's bucket (the nearest one in
-        its class) first, fastest first, their times carried from the bucket's representative
-        problem to this one by the prior's ratio; then every other supported kernel ranked by the
-        prior. Classes the table lacks are ranked by the prior alone."""
-        kernels = list(kernels)
-        prior = PriorRanker(self.spec)
-        table_class = self.find_class(problem)
-        if table_class is None:
-            return prior.rank(problem, kernels)
-        by_name = {kernel.name: kernel for kernel in kernels}
-        bucket, cell = table_class.nearest_cell(bucket_of(problem))
-        template = table_class.problem_at(bucket, problem.device_type)
-        barred = {name for name, _ in cell.excluded}
-        kernels = [kernel for kernel in kernels if kernel.name not in barred]
-        listed = []
-        for name, seconds in cell.ranking:
-            kernel = by_name.get(name)
-            if kernel is None or kernel.reasons(problem) or not priceable(kernel):
-                continue
-            listed.append((name, carried_seconds(seconds, kernel, template, problem, self.spec)))
-        listed.sort(key=lambda item: (item[1], item[0]))
-        names = {name for name, _ in listed}
-        return listed + prior.rank(problem, [k for k in kernels if k.name not in names])
 
     # ------------------------------------------------------------------ transforms
     def scaled(self, factor: float, *, spec: CardSpec, note: str) -> ThresholdTable:

@@ -155,7 +155,7 @@ def build_table(
     quality: the model's held-out quality (`models.quality.Quality.to_dict`).
     class_fields, work_step: how finely classes are split (`models.buckets`).
     embed_model: carry the cost model's trees in the table (JSON) so `rank` predicts each exact
-        problem; False leaves only the decision map.
+        problem; False: the analytic prior ranks what measured entries do not decide.
     measured_entries: keep every measured problem's timings as an exact entry consulted before
         the model (`models.measured`).
     guard: the quality guard's verdict (`models.guard.decide_verdict`); None: not evaluated.
@@ -179,7 +179,7 @@ def build_table(
     classes = {key: table_class for key, (table_class, _) in built.items()}
     embedded = embed(cost_model, spec, _check_rows(np.vstack([X for _, X in built.values()]))) if embed_model else None
     if embed_model and embedded is None:
-        notes = (*notes, "the cost model could not be embedded (its export did not reproduce it): ranking by the decision map")
+        notes = (*notes, "the cost model could not be embedded (its export did not reproduce it): the analytic prior ranks")
     provenance = Provenance(
         identity=identity, created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         points_measured=sum(m.status != "unsupported" for m in measurements), calibration_wall_s=calibration_wall_s,

@@ -25,7 +25,7 @@ def _quality(**changes) -> Quality:
     verdict = decide_verdict(TABLE, PRIOR, DEFAULT)
     quality = Quality(model=_choice(0.5, 0.27), prior=PRIOR, n_points_fit=456, n_problems_fit=32, n_points_test=120,
                       n_problems_test=8, holdout_fraction=0.2, seed=0, description="test model", table=_choice(0.5, 0.27),
-                      decision_map=_choice(0.375, 0.69), default=DEFAULT, guarded=TABLE, verdict=verdict.describe())
+                      default=DEFAULT, guarded=TABLE, verdict=verdict.describe())
     return replace(quality, **changes)
 
 
@@ -40,7 +40,6 @@ def test_each_way_of_choosing_gets_the_same_two_numbers_in_words():
         "  the table before its quality guard: fastest on 50.0%, 27.0% slower on average",
         "  its cost model alone: fastest on 50.0% (50.0% within measurement noise), 27.0% slower on average, "
         "81.0% at worst; rank correlation 0.50",
-        "  its decision map alone: fastest on 37.5%, 69.0% slower on average",
     ]
     assert not any("top-1" in line for line in (header, *rows))
 
@@ -52,12 +51,12 @@ def test_the_summary_ends_with_the_verdict_and_what_decides_it():
         "always PyTorch's default 173.0%, analytic prior 43.0%; the lowest average slowdown decides, not how often "
         "a pick is the fastest)"
     )
-    assert len(lines) == 1 + 6 + 1
+    assert len(lines) == 1 + 5 + 1
 
 
 def test_a_reference_without_scores_is_left_out():
     no_default = _quality(default=_choice(float("nan"), float("nan"), n=0), guarded=None, table=None,
-                          decision_map=None, verdict=None)
+                          verdict=None)
     rows = held_out_lines(no_default.to_dict())[1:]
     assert [row.split(":")[0].strip() for row in rows] == ["the analytic prior alone", "its cost model alone"]
     older_table = {"top1_accuracy": 0.75, "top1_within_noise": 0.8, "mean_slowdown": 0.05, "worst_slowdown": 0.4,

@@ -155,10 +155,10 @@ def test_merge_over_the_size_cap_says_merge_fewer_tables(mi50_table, monkeypatch
 
 def test_merged_quality_keeps_the_worst_card_per_metric(mi50_table):
     other = _for(mi50_table, fake_identity("mi50_32", **OTHER_ROCM_STACK))
-    other = replace(other, quality={**mi50_table.quality, "top1_accuracy": 0.1, "map_spearman": -0.5,
+    other = replace(other, quality={**mi50_table.quality, "top1_accuracy": 0.1, "prior_spearman": -0.5,
                                     "worst_slowdown": 9.0, "seed": 7, "holdout_fraction": 0.5})
     merged = merge_tables([mi50_table, other]).quality
-    assert (merged["top1_accuracy"], merged["map_spearman"], merged["worst_slowdown"]) == (0.1, -0.5, 9.0)
+    assert (merged["top1_accuracy"], merged["prior_spearman"], merged["worst_slowdown"]) == (0.1, -0.5, 9.0)
     assert merged["n_points_fit"] == 2 * mi50_table.quality["n_points_fit"]
     assert (merged["seed"], merged["holdout_fraction"]) == (mi50_table.quality["seed"], mi50_table.quality["holdout_fraction"])
 

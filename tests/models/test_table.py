@@ -1,4 +1,4 @@
-"""Threshold tables as rankers: the embedded model, the decision map, readable thresholds."""
+"""Threshold tables as rankers: the embedded model, the prior where it has none, readable thresholds."""
 
 from __future__ import annotations
 
@@ -38,17 +38,13 @@ def test_table_ranks_every_supported_kernel_it_is_given(mi50_table):
     assert mi50_table.rank(DECODE, []) == []
 
 
-def test_decision_map_lists_candidates_then_the_prior(mi50_table):
+def test_a_table_without_a_usable_model_ranks_by_the_prior_less_its_barred_kernels(mi50_table):
     table = replace(mi50_table, models=())
     kernels = all_kernels()
-    ranking = table.rank(DECODE, kernels)
-    assert ranking == table.rank_by_map(DECODE, kernels)
-    table_class = table.find_class(DECODE)
-    bucket, cell = table_class.nearest_cell(bucket_of(DECODE))
-    given = {k.name for k in kernels}
-    listed = {name for name, _ in cell.ranking if name in given}  # the table's candidates we have
-    assert listed and {name for name, _ in ranking[: len(listed)]} == listed
-    assert {name for name, _ in ranking} == {k.name for k in kernels if not k.reasons(DECODE)}
+    cell = table.find_class(DECODE).nearest_cell(bucket_of(DECODE))[1]
+    barred = {name for name, _ in cell.excluded}
+    expected = PriorRanker(table.spec).rank(DECODE, [k for k in kernels if k.name not in barred])
+    assert table.rank(DECODE, kernels) == expected
 
 
 def test_unknown_class_falls_back_to_the_prior(mi50_table):
@@ -63,7 +59,7 @@ def test_incompatible_embedded_model_is_ignored(mi50_table):
     old = replace(mi50_table.models[0], feature_names=("something", "else"))
     table = replace(mi50_table, models=(old,))
     assert not table.usable_models
-    assert table.rank(DECODE, all_kernels()) == table.rank_by_map(DECODE, all_kernels())
+    assert table.rank(DECODE, all_kernels()) == replace(mi50_table, models=()).rank(DECODE, all_kernels())
 
 
 def test_a_model_fitted_against_the_first_prior_is_not_evaluated(mi50_table):
