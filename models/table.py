@@ -29,8 +29,8 @@ from attn_dispatch.models.priors import PriorRanker, prior_seconds
 from attn_dispatch.models.ranking import UNPRICED, priceable, supported
 
 FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-"""Version 1 tables (no measured entries, no guard) still load: they rank as before."""
+"""The one version read and written. Version 1 (before measured entries and the quality guard) is
+refused: `attn-dispatch calibrate` writes version 2, and so does `export` from a newer install."""
 TABLE_KIND = "attn-dispatch threshold table"
 Candidate = tuple[str, float]
 # Measured statuses that bar a kernel from a bucket (it ran and was wrong, or it raised): a

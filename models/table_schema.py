@@ -1,4 +1,4 @@
-"""The threshold table's JSON schema (format_version 1, docs/TABLE_FORMAT.md): strict
+"""The threshold table's JSON schema (format_version 2, docs/TABLE_FORMAT.md): strict
 validation of untrusted data into a `ThresholdTable` (`models.table_io` writes it).
 
 Every rejection is a `TableError` naming the field (``classes[3].cells[7].ranking[0]``), what
@@ -41,7 +41,6 @@ from attn_dispatch.models.measured_schema import parse_entries, parse_guard
 from attn_dispatch.models.table import (
     EXCLUDING_STATUSES,
     FORMAT_VERSION,
-    READABLE_VERSIONS,
     TABLE_KIND,
     Cell,
     Provenance,
@@ -56,7 +55,7 @@ HEADER_KEYS = (
     "format_version", "kind", "provenance", "spec", "quality", "class_fields", "work_step", "classes", "models",
 )
 OPTIONAL_HEADER_KEYS = ("measured_entries", "guard")
-"""Added in format_version 2 (a version 1 table has neither: no entries, no verdict)."""
+"""Absent where a calibration measured too few problems for a held-out verdict, or none was kept."""
 __all__ = ["TableError", "table_from_dict", "FIX"]
 
 
@@ -202,10 +201,10 @@ def table_from_dict(data: object) -> ThresholdTable:
     if data.get("kind") != TABLE_KIND and ("kind" in data or "format_version" not in data):
         raise TableError(f"not an attn-dispatch table (its \"kind\" is {data.get('kind')!r}, not {TABLE_KIND!r}); {FIX}")
     version = data.get("format_version")
-    if version not in READABLE_VERSIONS or isinstance(version, bool):
+    if version != FORMAT_VERSION or isinstance(version, bool):
         raise TableError(
-            f"threshold table format_version {version!r} is not supported (this attn-dispatch reads "
-            f"versions {', '.join(map(str, READABLE_VERSIONS))}); upgrade attn-dispatch or {FIX}"
+            f"threshold table format_version {version!r} is not supported (this attn-dispatch reads version "
+            f"{FORMAT_VERSION}); {'upgrade attn-dispatch' if isinstance(version, int) and version > FORMAT_VERSION else 'recalibrate'} or {FIX}"
         )
     data = _obj(data, "(top level)", HEADER_KEYS, OPTIONAL_HEADER_KEYS)
     _str(data["kind"], "kind", (TABLE_KIND,))

@@ -1,6 +1,6 @@
 """Measured entries: an exact bucket's measured winner comes before the model; export, import and
 merge carry entries and resolve conflicts by the measured times and spread; version 1 tables
-(before entries and the guard) still load."""
+(before entries and the guard) are refused."""
 
 from __future__ import annotations
 
@@ -119,14 +119,13 @@ def test_export_and_import_carry_entries_and_the_guard(mi50_table, tmp_path, mon
     assert json.loads(shared.read_text())["format_version"] == 2
 
 
-def test_a_version_1_table_still_loads_and_ranks_as_before(mi50_table):
+def test_only_version_2_tables_are_read(mi50_table):
     data = table_to_dict(replace(mi50_table, entries={}, guard=None))
+    unguarded = loads_table(json.dumps(data).encode())
+    assert unguarded.entries == {} and unguarded.guard is None and unguarded.verdict == "table"
     data["format_version"] = 1
-    old = loads_table(json.dumps(data).encode())
-    assert old.entries == {} and old.guard is None and old.verdict == "table"
-    problem = replace(PROBLEM, device_type="cuda")
-    kernels = [kernel_named(name) for name in KERNELS[:3]]
-    assert old.rank(problem, kernels) == replace(mi50_table, entries={}, guard=None).rank(problem, kernels)
+    with pytest.raises(TableError, match="format_version 1 is not supported .* recalibrate"):
+        loads_table(json.dumps(data).encode())
     data["format_version"] = 3
     with pytest.raises(TableError, match="format_version 3 is not supported"):
         loads_table(json.dumps(data).encode())
