@@ -5,9 +5,7 @@ and the worst token of a decode loop whose key length crosses size buckets.
 Every number comes from its own fresh process (``--child``), each with its own home: an empty
 temporary one, or a fresh copy of ``--home`` (a calibrated home: ``attn-dispatch calibrate --quick``
 makes one, with the fast path built), so no process sees what an earlier one kept. Medians over
-``--repeats`` processes. The fast path's background build is off (``ATTN_DISPATCH_AUTO_BUILD=0``):
-an empty home's process would start one at its exit, and its 15-20 s compile would slow the next
-process measured.
+``--repeats`` processes.
 
     python -m bench.first_call [--repeats 3] [--home CALIBRATED_HOME] [--json PATH]
 
@@ -101,7 +99,7 @@ def run_child(mode: str, home: str | None) -> dict:
             shutil.copytree(home, own)
         else:
             os.mkdir(own)
-        env = {**os.environ, "ATTN_DISPATCH_HOME": own, "ATTN_DISPATCH_AUTO_BUILD": "0"}
+        env = {**os.environ, "ATTN_DISPATCH_HOME": own}
         done = subprocess.run([sys.executable, "-m", "bench.first_call", "--child", mode], capture_output=True,
                               text=True, env=env, check=True)
         return json.loads(done.stdout.strip().splitlines()[-1])

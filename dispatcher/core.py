@@ -25,7 +25,7 @@ from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
 from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.explaining import Explaining
-from attn_dispatch.dispatcher.fast_path_autobuild import adopt, attach_or_build
+from attn_dispatch.dispatcher.fast_path import attach
 from attn_dispatch.dispatcher.hot_path import (
     HOT_AFTER,
     HotEntry,
@@ -124,7 +124,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         self._traced_shapes: set[tuple] = set()  # exact shapes traced into compiled graphs (`compiled`)
         self.compile_id = dispatcher_id(self)
         """Names this dispatcher inside torch.compile graphs (`compiled`)."""
-        self._fast, self._building = attach_or_build(self)  # `fast_path`'s C++ entry, or None and a build awaited
+        self._fast = attach(self)  # `fast_path`'s C++ entry where it is built, else None
 
     # ------------------------------------------------------------------ configuration
     @property
@@ -321,8 +321,6 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
     def _plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa) -> Plan:
         """Cold path: a new exact shape (planned from its bucket, which is decided first if new),
         or a plan to re-check (free memory, or its bucket's measuring decided since)."""
-        if self._building is not None:  # a background build of the fast path (`fast_path_autobuild`) may be done
-            adopt(self)
         plan = self._plans.get(key_)
         if plan is not None and not plan.recheck:
             return plan

@@ -39,9 +39,9 @@ Where: `patching.install` and `hf.make_attention_function` use ``dispatcher.fast
 stand-in calling `Dispatcher.attention` (``torch._dynamo.substitute_in_graph``), so a compiled
 model traces the dispatcher's choice as before.
 
-Built, never inside a call: ``attn-dispatch build-fast-path`` (in the background where a dispatcher
-finds none, `fast_path_autobuild`, and, best effort, at the end of ``attn-dispatch calibrate``) compiles it with torch's C++ extension loader (a C++17 compiler,
-Python headers and ninja) in a private folder and installs it, with a manifest (size, sha256),
+Built only where the user asks, never by the runtime library: ``attn-dispatch build-fast-path`` and,
+best effort, the end of ``attn-dispatch calibrate`` compile it with torch's C++ extension loader (a
+C++17 compiler, Python headers and ninja) in a private folder and install it, with a manifest (size, sha256),
 under ``<home>/fast_path/<name>`` (`fast_path_build`), the name keyed by the torch build, the Python
 ABI and the source; a `Dispatcher` loads it only when that exact build is installed and matches its
 manifest (or is already loaded in this process): a partial or foreign file is never dlopened.
@@ -75,6 +75,11 @@ if TYPE_CHECKING:
     from attn_dispatch.dispatcher.core import Dispatcher
 
 BUILD_COMMAND = "build-fast-path"
+WITHOUT_IT = ("without it, calls the fast path would serve take the Python path: about 1.5-3.5 us more per call "
+              "than PyTorch's SDPA on the CPU and on an H200's host (docs/RESULTS.md#warm-parity)")
+"""What a user without the fast path loses, as `status` and ``attn-dispatch devices`` say it: the
+Python hot path's extra over SDPA (+1.1 to +2.8 us on the dev VM's CPU, +2.0 to +3.2 us on the
+H200's host) against the fast path's (-0.5 to -0.1 us), `bench.dispatch_overhead`."""
 logger = logging.getLogger("attn_dispatch")
 _loaded: dict[str, tuple[ModuleType, Path]] = {}  # module name -> the module and its library, once per process
 _checks: dict[tuple, str] = {}  # the library's and manifest's (path, inode, size, mtime) -> `rejection`
@@ -172,16 +177,10 @@ def status(home: str | os.PathLike | None = None) -> str:
         path = _loaded[module_name()][1]
         served = sum(_hits_or_none(fast) or 0 for fast in list(_made))
         return f"loaded {path} ({served} calls served in C++ by this process's dispatchers)"
-    from attn_dispatch.dispatcher.fast_path_autobuild import status as build_status
-
     reason = _rejected.get(str(library_path(home)))
-    rejected = reason is not None and _checked_rejection(library_path(home)) is not None
-    building = build_status(home, skipped=not rejected)  # a background build: running, failed or skipped
-    if building is not None:
-        return building
-    if not rejected:
-        return f"not built: {fix}"
-    return f"built library rejected ({reason}): {fix}"
+    if reason is None or _checked_rejection(library_path(home)) is None:
+        return f"not built: {fix} ({WITHOUT_IT})"
+    return f"built library rejected ({reason}): {fix} ({WITHOUT_IT})"
 
 
 def _hits_or_none(fast: FastPath) -> int | None:
