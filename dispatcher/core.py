@@ -168,7 +168,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         -------
         ``[..., Hq, L, Ev]`` in the query's dtype.
 
-        The Python path; `fast_attention` (what `patched` installs) serves hot PyTorch-call plans in C++.
+        The Python path; `fast_attention` (what `attn_dispatch.attention`, `patched` and `register_transformers`
+        call) serves hot PyTorch-call plans in C++ and hands every other call to this method.
         """
         if _dynamo_compiling() or _compile_flags._is_compiling_flag:  # torch.compile: made and traced in `compiled`
             if dropout_p != 0.0 or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor) or (

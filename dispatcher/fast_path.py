@@ -34,8 +34,9 @@ keys under the thread's state (inference mode, autocast), dtype, device, sizes, 
 settle point. A forwarded call that raises is handed to `Dispatcher.attention` (whose recovery then
 runs: out of memory, restricted backends).
 
-Where: `patching.install` and `hf.make_attention_function` use ``dispatcher.fast_attention``;
-`Dispatcher.attention` stays the Python method. Under torch.compile, Dynamo inlines a Python
+Where: `attn_dispatch.attention` (the default dispatcher's), `patching.install` and
+`hf.make_attention_function` use ``dispatcher.fast_attention``; `Dispatcher.attention` stays the
+Python method (the callable hands it every call it does not serve). Under torch.compile, Dynamo inlines a Python
 stand-in calling `Dispatcher.attention` (``torch._dynamo.substitute_in_graph``), so a compiled
 model traces the dispatcher's choice as before.
 
@@ -66,6 +67,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from attn_dispatch.dispatcher import fast_path_build
+from attn_dispatch.dispatcher.after_import import when_imported
 from attn_dispatch.dispatcher.fast_path_build import library_path, module_name
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.models.environment import FAST_PATH
@@ -201,7 +203,7 @@ class FastPath:
         direct = pytorch_sdpa is torch._C._nn.scaled_dot_product_attention  # else tests' stand-in: call it
         self.call = module.make(pytorch_sdpa, dispatcher.attention, getattr(torch, "compiler", None), direct)
         self._dispatcher = dispatcher
-        self._registered: bool | None = None  # the compile stand-in: None not tried, then whether it took
+        self._registered = False  # the compile stand-in: registered once Dynamo is imported (`callable`)
         _made.add(self)
 
     @property
@@ -210,11 +212,14 @@ class FastPath:
         return self.module.hits(self.call)
 
     def callable(self):
-        """The fast callable, its torch.compile stand-in registered on first use; None where that
-        fails (a graph would break on it: the caller uses `Dispatcher.attention`)."""
-        if self._registered is None:
-            self._registered = _register_stand_in(self.call, self._dispatcher)
-        return self.call if self._registered else None
+        """The fast callable. Its torch.compile stand-in is registered when Dynamo is imported
+        (`after_import.when_imported`: at once where it already is), so handing it out imports no
+        compiler stack; where this torch refuses the stand-in, a compiled graph breaks on the callable
+        and runs it eagerly (one warning in the log)."""
+        if not self._registered:
+            self._registered = True
+            when_imported("torch._dynamo", lambda _: _register_stand_in(self.call, self._dispatcher))
+        return self.call
 
     def entry(self, plan: Plan, tensors: tuple[torch.Tensor, ...], is_causal: bool, enable_gqa: bool,
               key_lengths: tuple[int, int] | None = None):
@@ -299,7 +304,8 @@ def _register_stand_in(fast, dispatcher: Dispatcher) -> bool:
         _stand_in_targets[number] = dispatcher
         substitute_in_graph(fast, skip_signature_check=True)(fast_attention)
         return True
-    except Exception as error:  # noqa: BLE001 - no stand-in: no fast path for this dispatcher
+    except Exception as error:  # noqa: BLE001 - no stand-in: a compiled graph breaks on the fast callable
         _stand_in_targets.pop(number, None)
-        logger.debug("attn_dispatch: fast path stand-in not registered (%s: %s)", type(error).__name__, error)
+        logger.warning("attn_dispatch: torch.compile cannot trace the fast path here (%s: %s): a compiled graph "
+                       "breaks on it and runs it eagerly", type(error).__name__, error)
         return False

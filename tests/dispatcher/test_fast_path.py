@@ -422,6 +422,32 @@ def test_a_dispatcher_made_over_a_truncated_library_has_no_fast_path(tmp_path, f
     assert python_path_serves == "True" and status.startswith("built library rejected (") and reason in status
 
 
+ATTENTION_CHILD = """
+import sys, torch
+import attn_dispatch as ad
+from attn_dispatch.dispatcher.api import default_dispatcher
+q = torch.randn(1, 4, 1, 16)
+k = torch.randn(1, 4, 40, 16)
+outs = [ad.attention(q, k, k) for _ in range(5)]
+ours = default_dispatcher()
+print(ad.attention is ours.fast_attention, ours._fast.hits, "torch._dynamo" in sys.modules,
+      torch.equal(outs[-1], torch.nn.functional.scaled_dot_product_attention(q, k, k)))
+"""
+
+
+def test_attention_is_the_fast_callable_and_imports_no_compiler(tmp_path, fast_path_build):
+    """`attn_dispatch.attention`, the README's first drop-in, reaches the fast path as `patched()` does;
+    handing it out imports no Dynamo (its compile stand-in waits for Dynamo's import)."""
+    installed_copy(tmp_path, fast_path_build)
+    environment = {**os.environ, "ATTN_DISPATCH_HOME": str(tmp_path), "ATTN_DISPATCH_MEASURE": "0"}
+    environment.pop(FAST_PATH.name, None)
+    child = subprocess.run([sys.executable, "-c", ATTENTION_CHILD], env=environment, capture_output=True, text=True,
+                           timeout=CHILD_TIMEOUT_S)
+    assert child.returncode == 0, child.stderr[-2000:]
+    is_fast, hits, dynamo, equal = child.stdout.split()
+    assert (is_fast, dynamo, equal) == ("True", "False", "True") and int(hits) >= 1
+
+
 def test_patching_and_stats_count_fast_calls():
     ours = Dispatcher(kernels=["sdpa_default"])
     inputs = qkv(kv_heads=4)
