@@ -2,7 +2,7 @@
 recorded H200 grids and held-out draws, with one mechanism taken out at a time.
 
 For every recorded shape (every kernel timed there, `bench.grid_measurements.grid_times`) the pick
-follows `dispatcher.planner.DevicePlanner.decide` on an H200 with the bundled table: the table ranks
+follows `dispatcher.device_planner.DevicePlanner.decide` on an H200 with the bundled table: the table ranks
 the kernels timed there (PyTorch's backends answering as recorded on the card, `bench.offline_card`);
 the per-call floors of the shipped cold-shape file reorder the first option; where a measured entry
 of the card decides the bucket (`ranking.entry_decides_bucket`) its first choice runs, else the
@@ -29,10 +29,13 @@ from dataclasses import replace
 import torch
 
 from attn_dispatch.dispatcher import ranking as ranking_module
-from attn_dispatch.dispatcher.cold_shape import costly_setups, floor_order
-from attn_dispatch.dispatcher.measured_candidates import measured_candidates
-from attn_dispatch.dispatcher.planning import Option
-from attn_dispatch.dispatcher.tuning import MIN_WIN_MARGIN
+from attn_dispatch.dispatcher.selection import (
+    MIN_WIN_MARGIN,
+    Option,
+    costly_setups,
+    floor_order,
+    measured_candidates,
+)
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available
 from attn_dispatch.models.cold_shape_store import load_cold_costs

@@ -29,7 +29,7 @@ import argparse
 import math
 import statistics
 
-from attn_dispatch.dispatcher.tuning import MIN_WIN_MARGIN
+from attn_dispatch.dispatcher.selection import MIN_WIN_MARGIN
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available
 from attn_dispatch.models.measured import DEFAULT_KERNEL

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from attn_dispatch.dispatcher._plan import failure_message
 from attn_dispatch.dispatcher.decision import Decision
+from attn_dispatch.dispatcher.plans import failure_message
 from attn_dispatch.models.environment import LOG
 
 logger = logging.getLogger("attn_dispatch")

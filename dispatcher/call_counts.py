@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from attn_dispatch.dispatcher._plan import Plan
+    from attn_dispatch.dispatcher.plans import Plan
 
 
 class CallCounts:

@@ -42,8 +42,8 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from attn_dispatch.dispatcher import sdpa_context
-from attn_dispatch.dispatcher._plan import cache_key
 from attn_dispatch.dispatcher.after_import import when_imported
+from attn_dispatch.dispatcher.plans import cache_key
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher.core import Dispatcher

@@ -16,14 +16,17 @@ from collections.abc import Sequence
 import torch
 
 from attn_dispatch.dispatcher import _log, sdpa_context
-from attn_dispatch.dispatcher._plan import Plan, cache_key, check_scale, family_key, problem_at_key_length
 from attn_dispatch.dispatcher.autocast import any_autocast as _any_autocast
 from attn_dispatch.dispatcher.autocast import attention_under_autocast, autocast_inputs
-from attn_dispatch.dispatcher.buckets import MAX_PLANS, BoundedCache
 from attn_dispatch.dispatcher.call_counts import CallCounts
-from attn_dispatch.dispatcher.cold_shape import measured_costs
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
-from attn_dispatch.dispatcher.device_state import DeviceState
+from attn_dispatch.dispatcher.device_planner import (
+    DevicePlanner,
+    DeviceState,
+    PlannerConfig,
+    ProbeCache,
+    measured_costs,
+)
 from attn_dispatch.dispatcher.explaining import Explaining
 from attn_dispatch.dispatcher.fast_path import attach
 from attn_dispatch.dispatcher.hot_path import (
@@ -38,9 +41,16 @@ from attn_dispatch.dispatcher.kernel_set import kernel_set
 from attn_dispatch.dispatcher.measuring import measure_from_env
 from attn_dispatch.dispatcher.memory import parse_memory_size
 from attn_dispatch.dispatcher.no_table_notice import say_once
-from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
+from attn_dispatch.dispatcher.plans import (
+    MAX_PLANS,
+    BoundedCache,
+    Plan,
+    cache_key,
+    check_scale,
+    family_key,
+    problem_at_key_length,
+)
 from attn_dispatch.dispatcher.prepared import PreparedAttention
-from attn_dispatch.dispatcher.probe_cache import ProbeCache
 from attn_dispatch.dispatcher.ranking import resolve_ranking
 from attn_dispatch.dispatcher.recovery import RecoveringDispatcher
 from attn_dispatch.dispatcher.training_calls import TRAINING_COUNT, TrainingCalls  # noqa: F401 - TRAINING_COUNT: imported from here

@@ -54,7 +54,7 @@ def smallest_workspace(ranked) -> tuple[str, int] | None:
     workspace, counting the chunked kernel shrunk to its smallest chunks (`planning.MIN_CHUNK`),
     which the dispatcher tries when nothing else fits (of equal workspaces, the first name); None when no kernel
     supports the problem."""
-    from attn_dispatch.dispatcher.planning import MIN_CHUNK
+    from attn_dispatch.dispatcher.selection import MIN_CHUNK
     from attn_dispatch.kernels import ChunkedKernel
 
     sizes = [(option.kernel.name, int(option.workspace_bytes)) for option in ranked.options]

@@ -8,9 +8,9 @@ from dataclasses import replace
 import torch
 
 from attn_dispatch.dispatcher import sdpa_context
-from attn_dispatch.dispatcher._plan import cache_key
 from attn_dispatch.dispatcher.autocast import any_autocast, autocast_inputs
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
+from attn_dispatch.dispatcher.plans import cache_key
 from attn_dispatch.dispatcher.restricted_calls import restricted_decision
 from attn_dispatch.dispatcher.training_route import pytorch_route_reason
 from attn_dispatch.kernels import Problem

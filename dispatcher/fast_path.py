@@ -73,8 +73,8 @@ from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.models.environment import FAST_PATH
 
 if TYPE_CHECKING:
-    from attn_dispatch.dispatcher._plan import Plan
     from attn_dispatch.dispatcher.core import Dispatcher
+    from attn_dispatch.dispatcher.plans import Plan
 
 BUILD_COMMAND = "build-fast-path"
 WITHOUT_IT = ("without it, calls the fast path would serve take the Python path: about 1.5-3.5 us more per call "

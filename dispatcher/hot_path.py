@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attn_dispatch.dispatcher.cold_shape import calls_per_shape
 from attn_dispatch.dispatcher.length_range import served_key_lengths
+from attn_dispatch.dispatcher.selection import calls_per_shape
 from attn_dispatch.models.environment import HOT_PATH
 
 if TYPE_CHECKING:
-    from attn_dispatch.dispatcher._plan import Plan
+    from attn_dispatch.dispatcher.plans import Plan
 
 HOT_SLOTS = 2
 """Plans kept on the hot path, most recent first: two serve a model alternating two shapes (a

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attn_dispatch.dispatcher.planning import decision_bucket, keys_aligned, needs_recheck, over_limit_reason
+from attn_dispatch.dispatcher.selection import decision_bucket, keys_aligned, needs_recheck, over_limit_reason
 from attn_dispatch.kernels.registry import uses_fused_backend
 from attn_dispatch.models.buckets import length_bucket
 
 if TYPE_CHECKING:
-    from attn_dispatch.dispatcher._plan import Plan
-    from attn_dispatch.dispatcher.planner import DevicePlanner
+    from attn_dispatch.dispatcher.device_planner import DevicePlanner
+    from attn_dispatch.dispatcher.plans import Plan
     from attn_dispatch.kernels import Problem
 
 

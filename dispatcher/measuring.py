@@ -39,10 +39,9 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from attn_dispatch.dispatcher._plan import failure_message
 from attn_dispatch.dispatcher.decision import format_seconds
-from attn_dispatch.dispatcher.planning import Option
-from attn_dispatch.dispatcher.tuning import MIN_WIN_MARGIN, Tuned
+from attn_dispatch.dispatcher.plans import failure_message
+from attn_dispatch.dispatcher.selection import MIN_WIN_MARGIN, Option, Tuned
 from attn_dispatch.kernels import Kernel, Problem
 from attn_dispatch.models import environment
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attn_dispatch.dispatcher._plan import Plan, cache_key
+from attn_dispatch.dispatcher.plans import Plan, cache_key
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher.core import Dispatcher

@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 
 from attn_dispatch.dispatcher import _log
-from attn_dispatch.dispatcher._plan import Plan, check_scale
 from attn_dispatch.dispatcher.dual_calls import carries_tangent, pytorch_dual_call
 from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.memory import release_cached_memory
+from attn_dispatch.dispatcher.plans import Plan, check_scale
 from attn_dispatch.dispatcher.sdpa_context import some_backend_off
 from attn_dispatch.kernels import Problem
 from attn_dispatch.kernels.failures import is_out_of_memory

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from attn_dispatch.dispatcher import _log
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Candidate, Decision
 from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
-from attn_dispatch.dispatcher.planning import Option, memory_limit, over_limit_reason, shrink_chunked
+from attn_dispatch.dispatcher.selection import Option, memory_limit, over_limit_reason, shrink_chunked
 from attn_dispatch.kernels import ChunkedKernel, Kernel, Problem
 from attn_dispatch.kernels.backward_memory import training_bytes
 from attn_dispatch.models.training_times import TrainingTimes

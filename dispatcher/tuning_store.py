@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from attn_dispatch.dispatcher.measuring import ROUNDS
-from attn_dispatch.dispatcher.tuning import Tuned
+from attn_dispatch.dispatcher.selection import Tuned
 from attn_dispatch.models.measured import MeasuredEntry, entry_from_tuning
 
 BUCKET_FIELDS = 14

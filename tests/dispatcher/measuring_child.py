@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
-from attn_dispatch.dispatcher import Dispatcher, core, planner
+from attn_dispatch.dispatcher import Dispatcher, core
+from attn_dispatch.dispatcher import device_planner as planner
 from attn_dispatch.dispatcher.ranking import DeviceRanking
 from tests.dispatcher.helpers import PRIOR_SOURCE, FixedRanker, qkv
 from tests.dispatcher.test_measuring import BASE_S, Timed, VirtualClock

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_dispatch.dispatcher import Dispatcher, planner
+from attn_dispatch.dispatcher import Dispatcher
+from attn_dispatch.dispatcher import device_planner as planner
 from attn_dispatch.dispatcher.memory import free_bytes
 from attn_dispatch.kernels import MathKernel, Problem
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
@@ -90,7 +91,7 @@ def test_cpu_and_cuda_in_one_process():
 
 
 def _measuring_plan(ours, q, k, v):
-    from attn_dispatch.dispatcher._plan import cache_key
+    from attn_dispatch.dispatcher.plans import cache_key
 
     return ours._plans.get(cache_key(q, k, v, None, False, False))
 

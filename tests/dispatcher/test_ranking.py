@@ -174,7 +174,7 @@ def test_an_entry_of_ours_measured_at_an_aligned_key_count_does_not_decide_an_un
     assert entry_decides_bucket(ours, call(4736)) and entry_decides_bucket(ours, call(8192))
     assert entry_decides_bucket(entry("small_q[splits=1]", call(8192, "cpu")), call(4731, "cpu"))
     assert entry_decides_bucket(entry("sdpa_flash", call(8192)), call(4731))
-    from attn_dispatch.dispatcher.planning import decision_bucket
+    from attn_dispatch.dispatcher.selection import decision_bucket
 
     assert decision_bucket(call(4731)) != decision_bucket(call(4736))  # decided apart: the first seen never decides both
     assert decision_bucket(call(4731, "cpu")) == decision_bucket(call(4736, "cpu"))
