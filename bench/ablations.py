@@ -4,14 +4,15 @@ recorded H200 grids and held-out draws, with one mechanism taken out at a time.
 For every recorded shape (every kernel timed there, `bench.grid_measurements.grid_times`) the pick
 follows `dispatcher.device_planner.DevicePlanner.decide` on an H200 with the bundled table: the table ranks
 the kernels timed there (PyTorch's backends answering as recorded on the card, `bench.offline_card`);
-the per-call floors of the shipped cold-shape file reorder the first option; where a measured entry
+where a measured entry
 of the card decides the bucket (`ranking.entry_decides_bucket`) its first choice runs, else the
 bucket measures its candidates on its calls (`measured_candidates.measured_candidates`), simulated as
 an exact measurement: the fastest candidate that beats PyTorch's default by `tuning.MIN_WIN_MARGIN`.
 Dispatch overhead is not counted.
 
 Variants: each removes one mechanism (`VARIANTS`; the guard margin and region default were ablated
-at e5f849f and removed after, as was ranking by the decision map where a table has no usable model). Printed per file: geomean over PyTorch's default,
+at e5f849f and removed after, as were the per-call floor order and ranking by the decision map where a
+table has no usable model). Printed per file: geomean over PyTorch's default,
 geomean over the fastest kernel, and the shapes whose pick moved by more than 3% against the shipped
 pick. Usage::
 
@@ -33,7 +34,6 @@ from attn_dispatch.dispatcher.selection import (
     MIN_WIN_MARGIN,
     Option,
     costly_setups,
-    floor_order,
     measured_candidates,
 )
 from attn_dispatch.kernels.problem import Problem
@@ -75,7 +75,6 @@ VARIANTS: dict[str, Rules] = {
     "shipped": Rules(),
     "no key-alignment split": Rules(alignment=False),
     "no tie rule": Rules(tie=False),
-    "no floor order": Rules(floors=False),
     "no measuring on calls": Rules(measuring=False),
     "table without its models (the analytic prior ranks)": Rules(table=lambda t: replace(t, models=())),
 }
@@ -110,8 +109,6 @@ def pick(table, problem: Problem, times: dict[str, float], rules: Rules, floors,
     kernels = [kernel_named(name) for name in times]
     ranked = table.rank(problem, kernels)
     options = tuple(Option(kernel_named(name), seconds, 0) for name, seconds in ranked)
-    if rules.floors and floors:
-        options, _ = floor_order(options, problem, [o.predicted_s for o in options], floors)
     if not rules.measuring or entry_decides(table, problem, rules):
         return options[0].kernel.name
     candidates = measured_candidates(options, device, problem, sets_up=costly_setups(options, problem, cold))

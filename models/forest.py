@@ -18,6 +18,7 @@ import numpy as np
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.cards import CardSpec
 from attn_dispatch.models.features import FEATURE_NAMES, feature_matrix
+from attn_dispatch.models.ranking import kernel_named
 
 if TYPE_CHECKING:  # scikit-learn is imported by whoever fits a model; evaluating a table needs numpy only
     from attn_dispatch.models.cost_model import CostModel
@@ -128,6 +129,16 @@ def export_forest(model: CostModel) -> tuple[dict[str, list[list]], float]:
     return arrays, float(np.ravel(estimator._baseline_prediction)[0])
 
 
+FAMILY_PREFIX = "family="
+"""How the kernel-family one-hot features are named (`models.features.FEATURE_NAMES`)."""
+
+
+def feature_family(kernel_name: str) -> str:
+    """The family whose one-hot feature a kernel's rows set: a conversion's inner kernel's."""
+    kernel = kernel_named(kernel_name)
+    return getattr(kernel, "inner", kernel).family
+
+
 @dataclass(frozen=True, eq=False)
 class EmbeddedModel:
     """A cost model inside a table (see module docstring).
@@ -153,14 +164,26 @@ class EmbeddedModel:
 
     @property
     def compatible(self) -> bool:
-        """True when this attn-dispatch computes the features the model was fitted on."""
-        return tuple(self.feature_names) == FEATURE_NAMES
+        """True when this attn-dispatch computes every feature the model was fitted on: the same
+        list, or one that has gained only kernel families (``family=`` one-hots) since. A model
+        fitted before a family was added predicts the families it knew (`knows`) as before: their
+        rows are zero in the new columns, which `seconds_from_features` leaves out."""
+        names = set(self.feature_names)
+        return names <= set(FEATURE_NAMES) and all(
+            name.startswith(FAMILY_PREFIX) for name in set(FEATURE_NAMES) - names)
+
+    def knows(self, kernel_name: str) -> bool:
+        """Whether the model was fitted with the family feature `kernel_name`'s rows set."""
+        return f"{FAMILY_PREFIX}{feature_family(kernel_name)}" in self.feature_names
 
     def predict_seconds(self, problems: Sequence[Problem], kernel_names: Sequence[str]) -> np.ndarray:
         return self.seconds_from_features(feature_matrix(problems, kernel_names, self.spec))
 
     def seconds_from_features(self, X: np.ndarray) -> np.ndarray:
-        """Seconds for feature rows built with this model's `spec` (`feature_matrix`)."""
+        """Seconds for feature rows built with this model's `spec` (`feature_matrix`: this version's
+        `FEATURE_NAMES`; the model's own columns are taken by name)."""
+        if self.feature_names != FEATURE_NAMES:
+            X = X[:, [FEATURE_NAMES.index(name) for name in self.feature_names]]
         log_seconds = self.forest.predict(X) + (X[:, self.prior_column] if self.residual else 0.0)
         return np.exp(log_seconds) * self.scale
 

@@ -268,16 +268,19 @@ class ThresholdTable:
     def rank_by_model(self, problem: Problem, kernels: list[Kernel], cell: Cell | None) -> list[tuple[str, float]]:
         """Every supported kernel predicted for this exact problem by the embedded models (the median
         over the cards of a merged table), except those calibration measured inaccurate or failing in
-        `cell` (the problem's bucket in its class, else the nearest cell of the nearest class). A
-        table without a usable model (fitted against other features or another prior version) ranks
-        those kernels by the analytic prior: its decision map ranked no better
+        `cell` (the problem's bucket in its class, else the nearest cell of the nearest class); a
+        kernel of a family the models were not fitted on (added since: `EmbeddedModel.knows`) comes
+        after, unpriced. A table without a usable model (fitted against other features or another
+        prior version) ranks those kernels by the analytic prior: its decision map ranked no better
         (docs/RESULTS.md#ablations)."""
         barred = {name for name, _ in cell.excluded} if cell is not None else set()
         usable = [kernel for kernel in supported(problem, kernels) if kernel.name not in barred]
-        if not self.usable_models:
+        models = self.usable_models
+        if not models:
             return PriorRanker(self.spec).rank(problem, usable)
-        names = [kernel.name for kernel in usable if priceable(kernel)]
-        foreign = [(kernel.name, UNPRICED) for kernel in usable if not priceable(kernel)]
+        known = [priceable(kernel) and all(model.knows(kernel.name) for model in models) for kernel in usable]
+        names = [kernel.name for kernel, ok in zip(usable, known, strict=True) if ok]
+        foreign = [(kernel.name, UNPRICED) for kernel, ok in zip(usable, known, strict=True) if not ok]
         if not names:
             return foreign
         seconds = self.model_seconds([problem] * len(names), names)

@@ -182,3 +182,26 @@ def test_nearest_class_measures_work_in_the_tables_own_steps(mi50_table):
                     classes={key: replace(template, key=key) for key in (wide, deep)})
     assert class_key(DECODE, fields=table.class_fields, work_step=6).work_log2 == 6
     assert table.find_class(DECODE).key == deep
+
+
+def test_a_model_fitted_before_new_kernel_families_still_serves():
+    """The bundled H200 table's model was fitted before the Triton and GQA-fold families were added
+    to the features: it still predicts the kernels it was fitted on (their rows are zero in the new
+    columns), and a kernel of a family it never saw comes after them, unpriced."""
+    from attn_dispatch.kernels.sdpa_probe import assume_backends_available
+    from attn_dispatch.models.features import FEATURE_NAMES
+    from attn_dispatch.models.ranking import UNPRICED, kernel_named
+    from attn_dispatch.models.table_io import load_table
+    from bench.offline_card import H200_TORCH_2_11
+
+    table = load_table("models/tables/nvidia-h200-140gb.json")
+    (model,) = table.models
+    assert set(FEATURE_NAMES) - set(model.feature_names) and model.compatible and table.usable_models
+    assert model.knows("sdpa_flash") and model.knows("convert[fp32->bf16]+math") and not model.knows("sdpa_gqa_fold")
+    problem = Problem(1, 32, 8, 16, 4096, 128, 128, "bfloat16", device_type="cuda")
+    with assume_backends_available(H200_TORCH_2_11):
+        ranked = table.rank_by_model(problem, [kernel_named(n) for n in ("sdpa_gqa_fold", "sdpa_flash", "math")], None)
+    assert [name for name, _ in ranked][-1] == "sdpa_gqa_fold" and ranked[-1][1] == UNPRICED
+    assert all(math.isfinite(seconds) for _, seconds in ranked[:-1])
+    narrowed = replace(model, feature_names=(*model.feature_names, "log2_something_new"))
+    assert not narrowed.compatible  # any other new feature: the model is not evaluated
