@@ -119,7 +119,7 @@ def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, 
     ours = Dispatcher(kernels=[NullKernel()]) if null else Dispatcher(kernels=kernels)
     ours.attention(q, k, v, mask, enable_gqa=gqa)
     dict_path = Dispatcher(kernels=[NullKernel()]) if null else Dispatcher(kernels=kernels)
-    dict_path._make_hot = lambda *args: None  # the warm path before `hot_path`: key tuple and dict lookup
+    dict_path._hot_path.make_hot = lambda *args: None  # the warm path before `hot_path`: key tuple and dict lookup
     dict_path.attention(q, k, v, mask, enable_gqa=gqa)
     plan = ours._plans.get(cache_key(q, k, v, mask, False, gqa))
     kernel, problem = plan.kernel, plan.problem

@@ -134,10 +134,10 @@ def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     # Dynamo and a functional one by AOTAutograd: one key for both, the eager call's (one plan, one count)
     key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa, mask_class=torch.Tensor)
     with _disable_current_modes():  # deciding may probe PyTorch with real tensors: not into the graph
-        plan = ours._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+        plan = ours._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         if key_ not in ours._traced_shapes:  # PyTorch traces a graph more than once
             ours._traced_shapes.add(key_)
-            ours._count_cell(plan.kernel.name + COUNT_SUFFIX)[0] += 1
+            ours._counts.cell(plan.kernel.name + COUNT_SUFFIX)[0] += 1
     # a bucket still measuring (`measuring`) traces the kernel serving it: nothing is timed while tracing
     run = plan.run if plan.trial is None else plan.kernel.runner(plan.problem)
     return run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)

@@ -5,7 +5,7 @@ A dual input makes some kernels raise (PyTorch's CPU flash: NotImplementedError 
 forward AD with _scaled_dot_product_flash_attention_for_cpu"); the dispatcher's recovery used to
 remember that failure for the size bucket and fall back, so one dual call moved every later plain
 call of the bucket to ``sdpa_math`` and returned a result where PyTorch raises (a new user's
-trial). Tangents are looked for only once a kernel has raised (`RecoveringDispatcher._recover`,
+trial). Tangents are looked for only once a kernel has raised (`cold_path.ColdPath.recover`,
 `TrainingCalls._training`) and where a bucket is decided on the call's inputs (`DevicePlanner.plan`:
 no timing on duals): a warm call, or a new exact shape in a decided bucket, pays nothing. A dual call whose kernel ran without raising
 keeps that kernel's result (its forward-AD tangent follows the kernel's own ops).

@@ -22,7 +22,7 @@ tensor's strides before comparing anything, and a strided nested tensor's abort 
 The fast path (`fast_path`) mirrors these slots in C++: an entry whose plan is exactly its call's own
 PyTorch SDPA call, or one fused backend's bare operator call, gets a C++ record of its tensors
 (``HotEntry.fast``), serving the key lengths of its bucket that a new shape would get the same call
-at (`length_range`), and every change of the slots goes through `HotPlans._set_hot`, which hands the
+at (`length_range`), and every change of the slots goes through `HotSlots.set`, which hands the
 C++ side the new set.
 """
 
@@ -146,64 +146,58 @@ def promoted(slots: tuple, entry: HotEntry) -> tuple:
     return (entry, *(e for e in slots if e.plan is not entry.plan))[:HOT_SLOTS]
 
 
-class HotPlans:
-    """The hot path's upkeep in `core.Dispatcher` (a base class of it: it uses the dispatcher's
-    plan cache, `_hot` slots and counts)."""
+class HotSlots:
+    """A dispatcher's hot path: its last `HOT_SLOTS` plans with their guards (`slots`, most recent
+    first), mirrored into the fast path's C++ slots where it is loaded (`fast`). Reads the plan table
+    (`table`: exact shape key -> `Plan`) to make sure a plan is still cached when it goes hot, and the
+    device planners (`planners`) for the key lengths a C++ entry may serve (`length_range`)."""
 
-    def _make_hot(self, key_, plan: Plan, query, key, value, attn_mask, is_causal, enable_gqa) -> None:
-        """Put `plan` first on the hot path (`hot_path`), guarded by this call's tensors: only an
-        inference plan (no tensor requiring grad: a match is then no training call) kept under `key_`,
-        with no mask or a plain tensor one (`sdpa_context.route` reads a `CausalBias`'s variant, which
-        no tensor guard sees)."""
+    def __init__(self, table: dict, lock, planners: dict, *, enabled: bool, fast=None) -> None:
+        self.slots: tuple[HotEntry, ...] = ()
+        self.table = table
+        self.lock = lock
+        self.planners = planners
+        self.enabled = enabled
+        self.fast = fast
+
+    def make_hot(self, key_, plan: Plan, query, key, value, attn_mask, is_causal, enable_gqa) -> None:
+        """Put `plan` first on the hot path, guarded by this call's tensors: only an inference plan
+        (no tensor requiring grad: a match is then no training call) kept under `key_`, with no mask
+        or a plain tensor one (`sdpa_context.route` reads a `CausalBias`'s variant, which no tensor
+        guard sees)."""
         tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
-        if (not self._hot_enabled or plan.recheck or plan.unguardable or any(t.requires_grad for t in tensors)
-                or self._plan_table.get(key_) is not plan
+        if (not self.enabled or plan.recheck or plan.unguardable or any(t.requires_grad for t in tensors)
+                or self.table.get(key_) is not plan
                 or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor)):
             return
         check = tensor_guard(tensors)
         fast = lengths = None
-        if self._fast is not None:
-            planner = self._planners.get(plan.device)
+        if self.fast is not None:
+            planner = self.planners.get(plan.device)
             lengths = None if planner is None else served_key_lengths(planner, plan)
-            fast = self._fast.entry(plan, tensors, is_causal, enable_gqa, lengths)
+            fast = self.fast.entry(plan, tensors, is_causal, enable_gqa, lengths)
         if check is None and fast is None:  # nothing can guard these tensors: not tried on every call
             plan.unguardable = True
             return
-        with self._lock:  # another thread may have reset, evicted or replaced the plan meanwhile
-            if self._plan_table.get(key_) is plan:
+        with self.lock:  # another thread may have reset, evicted or replaced the plan meanwhile
+            if self.table.get(key_) is plan:
                 if lengths is not None and served_key_lengths(planner, plan) != lengths:
                     # or failed or re-decided its bucket: the range no longer holds, only the exact shape
-                    fast = self._fast.entry(plan, tensors, is_causal, enable_gqa)
-                self._set_hot(promoted(self._hot, HotEntry(check or _never_matches, plan, key_, is_causal, enable_gqa,
-                                                           attn_mask is not None, fast)))
+                    fast = self.fast.entry(plan, tensors, is_causal, enable_gqa)
+                self.set(promoted(self.slots, HotEntry(check or _never_matches, plan, key_, is_causal, enable_gqa,
+                                                       attn_mask is not None, fast)))
 
-    def _evicted(self, key_: tuple, plan: Plan) -> None:
-        """`plan` left the bounded plan cache: its calls stay in `stats`, it leaves the hot path, and
-        the calls it made toward settling count for its shape's next plan (`cold_shape.SpentCalls`)."""
-        self._fold_count(plan)
-        if plan.settle_at and plan.count[0]:
-            planner = self._planners.get(plan.device)
-            if planner is not None:
-                planner.spent.add(key_, plan.count[0])
-        self._set_hot(tuple(entry for entry in self._hot if entry.plan is not plan))
+    def drop_plan(self, plan: Plan) -> None:
+        """`plan` leaves the hot path (evicted, replaced, or its bucket decided again)."""
+        self.set(tuple(entry for entry in self.slots if entry.plan is not plan))
 
-    def _drop_hot(self, key_: tuple) -> None:
+    def drop(self, key_: tuple) -> None:
         """The plan cached under `key_` is replaced or removed: it leaves the hot path (the others stay)."""
-        self._set_hot(tuple(entry for entry in self._hot if entry.key != key_))
+        self.set(tuple(entry for entry in self.slots if entry.key != key_))
 
-    @property
-    def fast_attention(self):
-        """What to put where SDPA is looked up (`patching` and `hf` do): a C builtin with SDPA's
-        signature that serves the dispatcher's hot plans which are PyTorch's own SDPA call or a fused
-        backend's bare operator call with no Python frame and hands every other call to `attention`
-        (`fast_path`); `attention` itself where the fast path is off, unsupported or not built.
-        `attention` is always the Python path."""
-        fast = None if self._fast is None else self._fast.callable()
-        return self.attention if fast is None else fast
-
-    def _set_hot(self, slots: tuple) -> None:
-        """The one place the hot path changes: `fast_path`'s C++ slots mirror it, so they never
+    def set(self, slots: tuple) -> None:
+        """The one place the hot path changes: the fast path's C++ slots mirror it, so they never
         serve a plan dropped here."""
-        self._hot = slots
-        if self._fast is not None:
-            self._fast.mirror(slots)
+        self.slots = slots
+        if self.fast is not None:
+            self.fast.mirror(slots)

@@ -181,7 +181,7 @@ class Trial:
             out = run(query, key, value, attn_mask, scale, enable_gqa, problem)
         except Exception as error:  # noqa: BLE001 - a failing candidate is out; the plan's own kernel runs
             if contender is self.baseline and plan.kernel is contender.option.kernel:
-                raise  # the plan's own kernel: the dispatcher's fallback (`recovery`) takes over
+                raise  # the plan's own kernel: the dispatcher's fallback (`cold_path.ColdPath.recover`) takes over
             out = own(query, key, value, attn_mask, scale, enable_gqa, problem)  # raises: not the candidate's fault
             self._failed(contender, error)
             return out

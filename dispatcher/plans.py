@@ -3,7 +3,7 @@ and the bounded caches that hold plans and bucket decisions (`BoundedCache`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import torch
@@ -72,6 +72,42 @@ class BoundedCache(Generic[K, V]):
         return key in self._items
 
 
+class CallCounts:
+    """Calls per kernel name that no cached plan counts: those of plans evicted or replaced, of the
+    training route, of a measuring call run by another candidate than its plan's kernel, of traced
+    graphs. Each cached plan counts its own calls in a one-cell list (`Plan.count`, bumped in place
+    on the warm path); `stats` adds the two."""
+
+    def __init__(self, lock) -> None:
+        self._cells: dict[str, list[int]] = {}
+        self._lock = lock
+
+    def cell(self, name: str) -> list[int]:
+        """Kernel `name`'s one-cell counter (made on first use)."""
+        cell = self._cells.get(name)
+        if cell is None:
+            with self._lock:
+                cell = self._cells.setdefault(name, [0])
+        return cell
+
+    def fold(self, plan: Plan) -> None:
+        """An evicted or replaced plan's calls stay in `stats`."""
+        if plan.count[0]:
+            self.cell(plan.kernel.name)[0] += plan.count[0]
+
+    def stats(self, plans: Iterable[Plan]) -> dict[str, int]:
+        """Calls per kernel name: these counts and those of the cached `plans`. Approximate under
+        concurrent calls."""
+        with self._lock:
+            counts = {name: cell[0] for name, cell in self._cells.items()}
+            for plan in list(plans):
+                counts[plan.kernel.name] = counts.get(plan.kernel.name, 0) + plan.count[0]
+        return {name: count for name, count in counts.items() if count}
+
+    def clear(self) -> None:
+        self._cells.clear()
+
+
 class Plan:
     """A decision for one exact call shape, ready to run: the kernel, the validated problem, and
     the size bucket it was decided for.
@@ -133,7 +169,7 @@ class Plan:
         self.skipped = skipped
         self.settle_at = settle_at
         self.unguardable = False
-        """No hot-path guard could be built for its tensors (`HotPlans._make_hot`): not tried again."""
+        """No hot-path guard could be built for its tensors (`hot_path.HotSlots.make_hot`): not tried again."""
         self.trial = None
         self._decision: Decision | None = None
 

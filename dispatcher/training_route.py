@@ -5,7 +5,7 @@ whose forward-plus-backward memory fits the budget.
 memory limits); `TrainingRoute` caches it per problem, logs it once, says loudly (a WARNING, once
 per problem) when nothing fits and the route goes over the budget, and builds the `Decision`
 that `Dispatcher.explain` returns. Dropout and a mask that requires grad never come here: only
-PyTorch's SDPA does them (`training_calls.TrainingCalls._pytorch_training`).
+PyTorch's SDPA does them (`cold_path.ColdPath.training`).
 
 Order: measured forward+backward times from a training profile (`calibration.training_profile`,
 found through `models.training_times`) where there are some, else the inference ranking's

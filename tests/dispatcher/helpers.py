@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attn_dispatch.dispatcher import core
+from attn_dispatch.dispatcher import cold_path
 from attn_dispatch.dispatcher.decision import RankingSource
 from attn_dispatch.dispatcher.ranking import DeviceRanking
 from attn_dispatch.kernels import (
@@ -45,7 +45,7 @@ def use_ranking(monkeypatch, table, prior=None) -> None:
     def resolve(device, *, home=None):
         return DeviceRanking(table=table, prior=prior, source=TEST_SOURCE, prior_source=PRIOR_SOURCE)
 
-    monkeypatch.setattr(core, "resolve_ranking", resolve)
+    monkeypatch.setattr(cold_path, "resolve_ranking", resolve)
 
 
 class FailingKernel(MathKernel):

@@ -104,7 +104,7 @@ def test_ten_thousand_key_lengths_keep_the_caches_bounded_and_memory_flat(monkey
     after_10000, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert len(ours._plans) <= ours._plans.limit == 256
-    assert len(ours._families) <= 4096 and len(ours._planner(torch.device("cpu")).buckets) <= buckets.MAX_BUCKETS
+    assert len(ours._cold.families) <= 4096 and len(ours._cold.planner(torch.device("cpu")).buckets) <= buckets.MAX_BUCKETS
     assert sum(ours.stats().values()) == 10_000  # evicted plans' calls are still counted
     assert after_10000 - after_8000 < 64 * 1024, (after_8000, after_10000)
 
@@ -158,7 +158,7 @@ def _key(call: dict) -> tuple:
 def _cold_dispatcher(monkeypatch, cold_s: float) -> Dispatcher:
     use_ranking(monkeypatch, FixedRanker(["setup_math", "math"]))  # 1 us and 2 us predicted
     ours = Dispatcher(kernels=[SetUpKernel(), MathKernel()])
-    ours._planner(torch.device("cpu")).cold_costs["setup_math"] = {"decode": cold_s, "prefill": cold_s}
+    ours._cold.planner(torch.device("cpu")).cold_costs["setup_math"] = {"decode": cold_s, "prefill": cold_s}
     return ours
 
 
@@ -273,7 +273,7 @@ def test_a_new_shape_swaps_only_to_a_kernel_the_bucket_measured(monkeypatch):
 
     def start(measured):
         ours.reset()
-        planner = ours._planner(torch.device("cpu"))
+        planner = ours._cold.planner(torch.device("cpu"))
         planner.cold_costs["setup_math"] = {"decode": 1e-3, "prefill": 1e-3}
         bucket = failure_bucket(Problem.from_tensors(**{k: v for k, v in _decode(100).items()}))
         if measured:
@@ -321,7 +321,7 @@ def test_a_swap_the_numbers_call_free_still_settles(monkeypatch):
 
     use_ranking(monkeypatch, TiedRanker(["setup_math", "math"]))
     ours = Dispatcher(kernels=[SetUpKernel(), MathKernel()])
-    ours._planner(torch.device("cpu")).cold_costs["setup_math"] = {"decode": 1e-3, "prefill": 1e-3}
+    ours._cold.planner(torch.device("cpu")).cold_costs["setup_math"] = {"decode": 1e-3, "prefill": 1e-3}
     for _ in range(4):
         ours.attention(**_decode(100))
     second = _decode(101)

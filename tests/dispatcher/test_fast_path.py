@@ -267,8 +267,8 @@ def test_the_settling_call_goes_to_python():
     (plan,) = ours._plans.table.values()
     plan.settle_at = WARM_CALLS + 2  # the entry (made on the next call) records it
     settling = []
-    original = ours._settle
-    ours._settle = lambda key_, plan_: settling.append(plan_) or original(key_, plan_)
+    original = ours._cold.settle
+    ours._cold.settle = lambda key_, plan_: settling.append(plan_) or original(key_, plan_)
     fast = ours.fast_attention
     fast(q, k, v)  # hot now
     assert served(ours, lambda: fast(q, k, v))  # call WARM_CALLS + 1
@@ -284,7 +284,7 @@ def test_a_plan_dropped_evicted_or_reset_on_the_python_side_is_no_longer_served(
     fast = warm(ours, q, k, v)
     assert served(ours, lambda: fast(q, k, v))
     (key_,) = ours._plans.table
-    ours._drop_hot(key_)
+    ours._hot_path.drop(key_)
     assert not served(ours, lambda: fast(q, k, v))  # the dict path's 2nd call in a row: hot again
     assert served(ours, lambda: fast(q, k, v))
     ours._plans.limit = 1

@@ -86,8 +86,8 @@ def test_cpu_and_cuda_in_one_process():
         inputs = case.build(device)
         flags = {k: v for k, v in inputs.items() if k not in ("query", "key", "value")}
         assert_matches_reference(ours.attention(inputs["query"], inputs["key"], inputs["value"], **flags), inputs)
-    cpu, cuda = (state.ranking.source for state in (p.state for p in ours._planners.values()))
-    assert len(ours._planners) == 2 and cpu.identity != cuda.identity
+    cpu, cuda = (state.ranking.source for state in (p.state for p in ours._cold.planners.values()))
+    assert len(ours._cold.planners) == 2 and cpu.identity != cuda.identity
 
 
 def _measuring_plan(ours, q, k, v):

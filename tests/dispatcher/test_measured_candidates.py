@@ -28,7 +28,7 @@ GPU_PREFILL = Problem(1, 4, 4, 16, 64, 16, 16, "float16", device_type="cuda")
 def _options(monkeypatch, order, problem=DECODE, kernels=None):
     use_ranking(monkeypatch, FixedRanker(order))
     ours = Dispatcher(kernels=kernels if kernels is not None else order)
-    planner = ours._planner(CPU)
+    planner = ours._cold.planner(CPU)
     return planner.decide(problem, budget=None, measure=False, on_failure=lambda *a: None).options
 
 

@@ -217,7 +217,7 @@ def test_recheck_miss_skips_a_kernel_that_failed_in_the_bucket_since(monkeypatch
     ours = Dispatcher(kernels="portable")
     ours.attention(**inputs)
     # the next option failed on another shape of the bucket after this decision was made
-    failures = ours._state(torch.device("cpu")).failures
+    failures = ours._cold.state(torch.device("cpu")).failures
     failures.setdefault(failure_bucket(problem), {})["chunked[q=128,kv=1024]"] = "RuntimeError: injected"
     free["bytes"] = math_bytes - 1
     ours.attention(**inputs)

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from attn_dispatch.dispatcher import Dispatcher, core, no_table_notice
+from attn_dispatch.dispatcher import Dispatcher, cold_path, no_table_notice
 from attn_dispatch.dispatcher.cli import main
 from attn_dispatch.dispatcher.decision import RankingSource
 from attn_dispatch.dispatcher.ranking import DeviceRanking
@@ -22,7 +22,7 @@ def _ranked_at(monkeypatch, source: RankingSource) -> None:
         return DeviceRanking(table=None, prior=FixedRanker(["sdpa_default", "math"]), source=source,
                              prior_source=PRIOR_SOURCE)
 
-    monkeypatch.setattr(core, "resolve_ranking", resolve)
+    monkeypatch.setattr(cold_path, "resolve_ranking", resolve)
     monkeypatch.setattr(no_table_notice, "_said", set())
 
 
