@@ -5,7 +5,7 @@ For every recorded shape (every kernel timed there, `bench.grid_measurements.gri
 follows `dispatcher.device_planner.DevicePlanner.decide` on an H200 with the bundled table: the table ranks
 the kernels timed there (PyTorch's backends answering as recorded on the card, `bench.offline_card`);
 where a measured entry
-of the card decides the bucket (`ranking.entry_decides_bucket`) its first choice runs, else the
+of the card decides the bucket (`device_ranking.entry_decides_bucket`) its first choice runs, else the
 bucket measures its candidates on its calls (`measured_candidates.measured_candidates`), simulated as
 an exact measurement: the fastest candidate that beats PyTorch's default by `tuning.MIN_WIN_MARGIN`.
 Dispatch overhead is not counted.
@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import torch
 
-from attn_dispatch.dispatcher import ranking as ranking_module
+from attn_dispatch.dispatcher import device_ranking as ranking_module
 from attn_dispatch.dispatcher.selection import (
     MIN_WIN_MARGIN,
     Option,
@@ -81,7 +81,7 @@ VARIANTS: dict[str, Rules] = {
 
 
 def entry_decides(table, problem: Problem, rules: Rules) -> bool:
-    """`ranking.DeviceRanking.entry_decides` with the key-alignment and tie rules switchable."""
+    """`device_ranking.DeviceRanking.entry_decides` with the key-alignment and tie rules switchable."""
     entry = table.measured_entry(problem) if hasattr(table, "measured_entry") else None
     if entry is None:
         return False

@@ -24,11 +24,11 @@ from attn_dispatch.dispatcher.device_planner import (
     ProbeCache,
     measured_costs,
 )
+from attn_dispatch.dispatcher.device_ranking import resolve_ranking, say_once
 from attn_dispatch.dispatcher.dual_calls import carries_tangent, pytorch_dual_call
 from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.hot_path import HotSlots
 from attn_dispatch.dispatcher.memory import release_cached_memory
-from attn_dispatch.dispatcher.no_table_notice import say_once
 from attn_dispatch.dispatcher.plans import (
     MAX_PLANS,
     BoundedCache,
@@ -38,7 +38,6 @@ from attn_dispatch.dispatcher.plans import (
     family_key,
     problem_at_key_length,
 )
-from attn_dispatch.dispatcher.ranking import resolve_ranking
 from attn_dispatch.dispatcher.sdpa_context import pytorch_attention, some_backend_off
 from attn_dispatch.dispatcher.training_route import TrainingRoute
 from attn_dispatch.kernels import Problem
@@ -72,7 +71,7 @@ class ColdPath:
         self.home = home
         self.planners: dict[torch.device, DevicePlanner] = hot.planners
         self.families: BoundedCache[tuple, Problem] = BoundedCache(MAX_PLANS)  # `plans.family_key` -> a Problem
-        self.ranking_options: dict = {}  # more arguments of `ranking.resolve_ranking` (`Dispatcher.use_table`)
+        self.ranking_options: dict = {}  # more arguments of `device_ranking.resolve_ranking` (`Dispatcher.use_table`)
         self.training_route = TrainingRoute()
 
     # ------------------------------------------------------------------ planning

@@ -32,13 +32,13 @@ from attn_dispatch.dispatcher.hot_path import (
     shapes_called_again,
 )
 from attn_dispatch.dispatcher.kernel_set import kernel_set
+from attn_dispatch.dispatcher.measured_store import kernel_set_signature
 from attn_dispatch.dispatcher.measuring import measure_from_env
 from attn_dispatch.dispatcher.memory import parse_memory_size
 from attn_dispatch.dispatcher.plans import MAX_PLANS, BoundedCache, CallCounts, Plan, cache_key, check_scale
 from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.restricted_calls import restricted_decision
 from attn_dispatch.dispatcher.training_route import pytorch_route_reason
-from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
 from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.kernels.sdpa_probe import BACKEND_SWITCHES
@@ -79,7 +79,7 @@ class Dispatcher:
         run one candidate kernel, timed, until the bucket keeps the fastest (`dispatcher.measuring`);
         default on unless ``ATTN_DISPATCH_MEASURE`` is 0 (read when a bucket is decided).
     remember_tunings: keep measured buckets across processes under the home directory
-        (`dispatcher.tuning_store`; default on). ``attn-dispatch bench`` turns it off so every run
+        (`dispatcher.measured_store`; default on). ``attn-dispatch bench`` turns it off so every run
         measures afresh.
     """
 

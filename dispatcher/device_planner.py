@@ -22,11 +22,11 @@ import torch
 
 from attn_dispatch.dispatcher.call_timing import clock_for
 from attn_dispatch.dispatcher.decision import Candidate, Decision
+from attn_dispatch.dispatcher.device_ranking import DeviceRanking, no_table_line
+from attn_dispatch.dispatcher.measured_store import TuningStore
 from attn_dispatch.dispatcher.measuring import Trial
 from attn_dispatch.dispatcher.memory import free_bytes
-from attn_dispatch.dispatcher.no_table_notice import no_table_line
 from attn_dispatch.dispatcher.plans import MAX_BUCKETS, BoundedCache, Plan, failure_message, mask_ndim_of
-from attn_dispatch.dispatcher.ranking import DeviceRanking
 from attn_dispatch.dispatcher.recording import record_problem
 from attn_dispatch.dispatcher.selection import (
     FASTER_DID_NOT_FIT,
@@ -45,7 +45,6 @@ from attn_dispatch.dispatcher.selection import (
     over_limit_reason,
     put_first,
 )
-from attn_dispatch.dispatcher.tuning_store import TuningStore
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
 from attn_dispatch.kernels.sdpa_probe import passed_probes, probes_deferred, seed_passed_probes
 from attn_dispatch.models.cold_shape_store import load_cold_costs

@@ -16,7 +16,7 @@ nothing that changes between lengths (`served_key_lengths`):
   and, on a GPU where the plan runs one of our kernels, nowhere: such lengths are decided apart by
   whether they are a multiple of `KEY_COUNT_MULTIPLE` (`planning.keys_aligned`), which every run of
   consecutive lengths crosses (PyTorch's fused backends are taken alike on both sides, as their
-  measured entries are: `ranking.measured_alignment_carries`); where causal, on one side of the query length (square and rectangular causality are probed
+  measured entries are: `device_ranking.measured_alignment_carries`); where causal, on one side of the query length (square and rectangular causality are probed
   as different features: `SdpaBackendKernel._features`);
 - at both ends of the range the kernel takes the problem and makes the same call (`Kernel.sdpa_call`,
   `bare_call`), and at the longest its workspace fits as the planner would check it (`planning`).

@@ -5,7 +5,7 @@ exact, on one device) is decided once, by `decide`, which runs these stages in o
 
 1. `rank`: what can run the problem (each kernel's `reasons`, no failure remembered for the
    bucket), in the ranker's order: the table's measured entry of the bucket first, then its cost
-   model, else the analytic prior (`ranking.DeviceRanking`).
+   model, else the analytic prior (`device_ranking.DeviceRanking`).
 2. `fit`: memory fit: what fits in free memory and the budget; where nothing does, a `chunked`
    kernel with smaller chunks.
 3. `keep_default_unmeasured`: with nothing measured on this card, PyTorch's own choice goes first.
@@ -33,9 +33,9 @@ import torch
 
 from attn_dispatch.dispatcher.call_timing import clock_for
 from attn_dispatch.dispatcher.decision import Candidate, format_seconds
+from attn_dispatch.dispatcher.device_ranking import FALLBACK_FIRST, DeviceRanking
 from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.memory import format_bytes
-from attn_dispatch.dispatcher.ranking import FALLBACK_FIRST, DeviceRanking
 from attn_dispatch.kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
 from attn_dispatch.kernels._blocks import key_count_aligned
 from attn_dispatch.kernels.registry import uses_fused_backend, working_family
@@ -332,7 +332,7 @@ entries are another card's times, scaled, and decide nothing here."""
 def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -> bool:
     """Whether a bucket measures its candidates on its calls: its device's calls can be timed without
     waiting (`call_timing.clock_for`) and no measured table entry of this card decides it
-    (`entry_decides`: `ranking.DeviceRanking.entry_decides`, at a lookup `level` of this card)."""
+    (`entry_decides`: `device_ranking.DeviceRanking.entry_decides`, at a lookup `level` of this card)."""
     return clock_for(device) is not None and not (entry_decides and level in SAME_CARD_LEVELS)
 
 

@@ -2,7 +2,7 @@
 
 MIOpen keeps a find-db of measured solver choices and asks its heuristics only for problems not in
 it; a table does the same. Every calibrated problem and every remembered first-call tuning
-(`dispatcher.tuning_store`) becomes a `MeasuredEntry`: the problem's exact bucket (`entry_key`:
+(`dispatcher.measured_store`) becomes a `MeasuredEntry`: the problem's exact bucket (`entry_key`:
 batch and lengths rounded up to powers of two, every other field exact: the dispatcher's
 per-bucket key) with each timed kernel's median, spread and sample count.
 

@@ -6,7 +6,7 @@ import torch
 
 from attn_dispatch.dispatcher import cold_path
 from attn_dispatch.dispatcher.decision import RankingSource
-from attn_dispatch.dispatcher.ranking import DeviceRanking
+from attn_dispatch.dispatcher.device_ranking import DeviceRanking
 from attn_dispatch.kernels import (
     TOLERANCES,
     Kernel,

@@ -10,7 +10,7 @@ import sys
 
 from attn_dispatch.dispatcher import Dispatcher, cold_path
 from attn_dispatch.dispatcher import device_planner as planner
-from attn_dispatch.dispatcher.ranking import DeviceRanking
+from attn_dispatch.dispatcher.device_ranking import DeviceRanking
 from tests.dispatcher.helpers import PRIOR_SOURCE, FixedRanker, qkv
 from tests.dispatcher.test_measuring import BASE_S, Timed, VirtualClock
 

@@ -1,5 +1,5 @@
 """A device with no table measured on its card says so once per process: what is happening, and
-what `attn-dispatch calibrate` would add and how long it takes (`dispatcher.no_table_notice`);
+what `attn-dispatch calibrate` would add and how long it takes (`dispatcher.device_ranking`);
 `explain` and `attn-dispatch devices` say the same."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ import logging
 
 import pytest
 
-from attn_dispatch.dispatcher import Dispatcher, cold_path, no_table_notice
+from attn_dispatch.dispatcher import Dispatcher, cold_path
+from attn_dispatch.dispatcher import device_ranking as no_table_notice
 from attn_dispatch.dispatcher.cli import main
 from attn_dispatch.dispatcher.decision import RankingSource
-from attn_dispatch.dispatcher.ranking import DeviceRanking
+from attn_dispatch.dispatcher.device_ranking import DeviceRanking
 from tests.dispatcher.helpers import PRIOR_SOURCE, TEST_SOURCE, FixedRanker, qkv
 
 pytestmark = pytest.mark.measuring

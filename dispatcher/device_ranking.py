@@ -8,10 +8,17 @@ or failing table gives a `TableWarning` and the prior serves instead; if even th
 rank, PyTorch's own choice (``sdpa_default``) goes first and the other kernels follow. A CPU table
 that records its timing threads says them in the source's notes (`models.thread_words`), and
 serves whatever threads the process runs.
+
+A device with no table measured on its card model (a card outside every shipped table's family, a
+family stand-in, a CPU before its owner calibrates) says so once per process and device, as a
+WARNING of the ``attn_dispatch`` logger (`say_once`): what is happening, where the measurements are
+kept, and what `attn-dispatch calibrate` would add and how long it takes; `explain` and
+``attn-dispatch devices`` say the same (`no_table_line`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 from collections.abc import Sequence
@@ -29,7 +36,8 @@ from attn_dispatch.models.ranking import Ranker, supported
 from attn_dispatch.models.sharing import TableWarning  # one warning class for every table problem
 from attn_dispatch.models.thread_words import threads_line
 
-__all__ = ["DeviceRanking", "TableWarning", "fallback_order", "resolve_ranking", "table_description"]
+__all__ = ["DeviceRanking", "TableWarning", "fallback_order", "no_table_line", "resolve_ranking", "say_once",
+           "table_description"]
 
 ANOTHER_CARD = "another card"
 """The level of a table file given for a device it does not match (`given_table_source`)."""
@@ -277,3 +285,46 @@ def _prior(identity: object, key: str, none_source: RankingSource,
     name = getattr(spec, "name", None) or key
     rates = f"; {spec.source}" if getattr(spec, "estimated", False) else ""
     return prior, RankingSource("prior", f"analytic prior ({name}{rates})", None, key)
+
+
+# ------------------------------------------------------------------ the one line about no table
+logger = logging.getLogger("attn_dispatch")
+
+MEASURED_LEVELS = ("exact", "model")
+"""Table lookup levels measured on this card model: nothing to say."""
+
+CALIBRATE_TIME = ("`attn-dispatch calibrate --quick` takes 2-3 minutes on a 2-core CPU, a full "
+                  "`attn-dispatch calibrate` about 10 minutes on a GPU")
+"""How long calibrating takes: calibration's default measuring budgets (100 s with --quick, 8 min
+otherwise: `calibration.config.QUICK_BUDGET_S`, `FULL_BUDGET_S`) plus start-up and the fit (the
+dispatcher does not import calibration to read them)."""
+
+_said: set[str] = set()
+_lock = threading.Lock()
+
+
+def no_table_line(level: str, device: str, *, measure: bool) -> str | None:
+    """The line for a device whose ranking comes from lookup `level` (``"prior"``, ``"family"``,
+    ``"none"``...); None where a table measured on this card model serves (`MEASURED_LEVELS`)."""
+    if level in MEASURED_LEVELS:
+        return None
+    ranked = "another card's table of its family, times scaled" if level == "family" else "its analytic prior"
+    if measure:
+        doing = ("each new size bucket's first calls run the candidate kernels in turn, PyTorch's default first, "
+                 "and the bucket keeps the fastest (a few calls' worth, remembered in the home for later processes)")
+    else:
+        doing = "PyTorch's default runs where nothing measured another kernel faster (ATTN_DISPATCH_MEASURE=0)"
+    return (f"no table measured on this card for {device} (ranked by {ranked}): {doing}; calibrating measures every "
+            f"kernel over a sweep of shapes ahead of time instead: {CALIBRATE_TIME}")
+
+
+def say_once(key: str, level: str, device: str, *, measure: bool) -> None:
+    """Log `no_table_line` once per process for the device identity `key`."""
+    line = no_table_line(level, device, measure=measure)
+    if line is None:
+        return
+    with _lock:
+        if key in _said:
+            return
+        _said.add(key)
+    logger.warning("attn_dispatch: %s", line)
