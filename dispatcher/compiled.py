@@ -18,9 +18,8 @@ inputs requiring grad) stays PyTorch's SDPA under compilation, traced as usual.
 
 Compile caches: AOTAutograd's cache keys a graph by Dynamo's graph, which names the call but not
 the kernel the dispatcher will choose (that depends on its kernel set, table and tunings). A
-custom operator counts as cache-safe there, so a warm cache replayed another process's kernel
-(a dispatcher limited to `sdpa_default` ran a `chunked` graph compiled earlier, while `stats()`
-said `sdpa_default (traced)`: torch 2.13, CPU, 2026-12-01). A plain function in the graph makes
+custom operator counts as cache-safe there, so a warm cache would replay another process's kernel
+(a dispatcher limited to `sdpa_default` running a `chunked` graph compiled earlier). A plain function in the graph makes
 AOTAutograd bypass its cache for such graphs; Inductor's own cache still serves them, keyed by the
 traced kernel's ops. The price: a process with a warm cache traces such a graph again (seconds for
 a model), where a model compiled with PyTorch's SDPA loads it. `torch.export` holds the chosen
@@ -62,7 +61,7 @@ def compiling_readers() -> tuple[Callable[[], bool], object]:
     """``(is_dynamo_compiling, flags)``: ``is_dynamo_compiling() or flags._is_compiling_flag`` is
     `torch.compiler.is_compiling()` outside TorchScript (dynamo folds both functions to True
     while it traces; non-strict export sets the flag), read without that function's TorchScript
-    check, which cost 0.1 us of every eager dispatcher call (2-core CPU, torch 2.13). A torch
+    check, which would cost every eager dispatcher call. A torch
     lacking either reads `is_compiling()` and a flag that stays False."""
     compiler = getattr(torch, "compiler", None)
     dynamo = getattr(compiler, "is_dynamo_compiling", None)

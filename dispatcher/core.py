@@ -199,7 +199,7 @@ class Dispatcher:
                     plan = self._cold.settle(key_, plan)
                 flags = plan.sdpa_flags
         if plan is None:
-            # issue 13 hook, before any size is read: sdpa_kernel restrictions, CausalBias, a query subclass
+            # the caller's context, before any size is read: sdpa_kernel restrictions, CausalBias, a query subclass
             # (jagged nested). Meta and strided nested queries are found where the key misses or fails
             if (type(query) is not _Tensor or (attn_mask is not None and attn_mask.__class__ is not _Tensor)
                     or (_respecting[0] and not (_flash_on() and _efficient_on() and _math_on() and _cudnn_on()))):
@@ -248,7 +248,7 @@ class Dispatcher:
                 if (query.is_meta or key.is_nested or value.is_nested
                         or not sdpa_context.all_strided(query, key, value, attn_mask)):
                     # shapes only, nested K/V with a dense query, or a sparse or mkldnn tensor (PyTorch's errors,
-                    # not failures remembered against the bucket's kernels): PyTorch's SDPA (issue 13), no plan kept
+                    # not failures remembered against the bucket's kernels): PyTorch's SDPA (`sdpa_context`), no plan kept
                     return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
                 plan = self._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
                 promote = shapes_called_again(plan.bucket)  # a decode step's next length: hot from its 1st call
@@ -331,7 +331,7 @@ class Dispatcher:
             grad = _grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
             problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
             return restricted_decision(problem, query.device, self.memory_budget, training=dropout_p != 0.0 or grad)
-        attn_mask, is_causal = sdpa_context.explain_arguments(query, key, attn_mask, is_causal)  # issue 13 hook
+        attn_mask, is_causal = sdpa_context.explain_arguments(query, key, attn_mask, is_causal)  # the caller's context (`sdpa_context`)
         cast = autocast_inputs(query, key, value, attn_mask) if _any_autocast() else None
         if cast is not None:  # under torch.autocast: the inputs `attention` runs (`autocast`)
             query, key, value, attn_mask = cast

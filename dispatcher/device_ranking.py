@@ -62,13 +62,10 @@ def entry_decides_bucket(entry: MeasuredEntry, problem: Problem) -> bool:
 def measured_alignment_carries(entry: MeasuredEntry, problem: Problem) -> bool:
     """Whether the entry's times carry to `problem` as far as row alignment goes: on a GPU, a
     winner of our own (matrix products over the scores) measured where the key count was a multiple
-    of `KEY_COUNT_MULTIPLE` says nothing of a call whose key count is not, nor the other way round.
-    On the H200 unaligned calls ran our portable kernels at a median 2.1-3.2x PyTorch's default
-    against 0.9-1.8x aligned (988 recorded shapes with Lq <= 64, docs/RESULTS.md section 21), and
-    one bucket's entry, measured at 8,192 keys (`small_q[splits=1]` 130 us, PyTorch's default
-    191 us), served 4,731 keys at 2.45x the default's time (session 15, run 4; padding the score
-    rows did not help, session 16). Such a call is decided apart (`planning.decision_bucket`) and
-    measured on its calls (`measuring`)."""
+    of `KEY_COUNT_MULTIPLE` says nothing of a call whose key count is not, nor the other way round
+    (our kernels' times by key-count alignment: docs/RESULTS.md#kernels-per-call; the shape it
+    saves: docs/RESULTS.md#ablations). Such a call is decided apart (`selection.decision_bucket`)
+    and measured on its calls (`measuring`)."""
     if problem.device_type == "cpu" or not _multiplies_scores(entry.winner):
         return True
     return key_count_aligned(entry.kv_len) == key_count_aligned(problem.kv_len)
@@ -125,9 +122,7 @@ class DeviceRanking:
         and its winner is not PyTorch's default by a tie (`MeasuredEntry.default_by_tie`: a faster
         kernel's spread overlaps it; the bucket's calls then measure them, `measuring`), unless every
         kernel faster than the default there is the backend PyTorch's default runs anyway
-        (`default_backend_choice`: on the H200, 190 of the bundled table's 284 tied entries were
-        the default against its own cuDNN backend; timing one backend against itself decides
-        nothing). Never raises."""
+        (`default_backend_choice`: timing one backend against itself decides nothing). Never raises."""
         try:
             entry = self.table.measured_entry(problem) if self.table is not None else None
             return entry is not None and entry_decides_bucket(entry, problem)

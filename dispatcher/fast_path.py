@@ -1,10 +1,9 @@
 """The fast path: a C builtin (`fast_call.cpp`) in front of `Dispatcher.attention` for the calls that
 are PyTorch's own SDPA call or one fused backend's ATen operator call.
 
-Why: any Python function in front of ``F.scaled_dot_product_attention`` costs a frame, +0.56-0.98 us
-on the H200 host for a bare pass-through, +1.47-2.07 us with one tensor guard (issue 14's floors),
-12-15% of a settled decode step's 23-37 us call, where every plan is PyTorch's SDPA anyway. The
-builtin reads the arguments from the vectorcall array, checks them against the dispatcher's hot
+Any Python function in front of ``F.scaled_dot_product_attention`` costs a frame, a large share of
+a settled decode step's call where every plan is PyTorch's SDPA anyway (docs/RESULTS.md#warm-parity).
+The builtin reads the arguments from the vectorcall array, checks them against the dispatcher's hot
 entries (`hot_path`) in C++ and, on a match, adds one to the plan's count and makes the call's own
 SDPA call: no Python frame. It calls ATen's SDPA as PyTorch's Python binding does (the GIL released,
 C++ warnings raised as Python warnings) but without the binding's argument parser, whose work the
@@ -15,8 +14,7 @@ forwarded unchanged to PyTorch's SDPA instead. Every other call is forwarded unc
 A hot plan that runs a fused backend's operator bare (`kernels._bare_call.BareCall`: flash,
 memory-efficient or cuDNN with no mask, GQA native or folded into rows) is served the same way: the
 builtin makes that operator call through ATen, with the GIL released as PyTorch's bindings release
-it, where the Python path paid +2.8-3.2 us over the operator (session 10's grid, H200 host). Such an
-entry also requires a float or no ``scale`` and every SDPA backend switched on (`sdpa_kernel`
+it. Such an entry also requires a float or no ``scale`` and every SDPA backend switched on (`sdpa_kernel`
 restrictions are `sdpa_context.route`'s).
 
 An entry may serve a range of key lengths (`length_range`): every length over which the plan's

@@ -1,23 +1,21 @@
 """The hot path: the plans called most recently, matched by one C++ check of the call's tensors
 instead of a key tuple built from their attributes and a dict lookup.
 
-A warm call's key reads shape, dtype and device of query, key and value, their contiguity and the
-mask's fields: about a dozen attribute reads of 60-150 ns each, then a dict lookup that hashes the
-tuple, ~1.2 us in all (2-core CPU, torch 2.13, `bench.diagnostics.warm_path_pieces`). The loops
-users run call one shape many times in a row (every layer of a decode step, every block of a
-denoising step), so the dispatcher keeps its last `HOT_SLOTS` plans with a guard each: Dynamo's own
-tensor check (`torch._C._dynamo.guards.TensorGuards`, what a compiled graph runs before each call),
-which compares in C++ the Python type, dispatch keys, dtype, device, exact sizes and strides and
-``requires_grad`` of every tensor: 0.26-0.43 us for three tensors on the same CPU, 0.16 us to
-reject a call whose first tensor differs.
+A warm call's key reads about a dozen tensor attributes and hashes the tuple for a dict lookup.
+The loops users run call one shape many times in a row (every layer of a decode step, every block
+of a denoising step), so the dispatcher keeps its last `HOT_SLOTS` plans with a guard each:
+Dynamo's own tensor check (`torch._C._dynamo.guards.TensorGuards`, what a compiled graph runs
+before each call), which compares in C++ the Python type, dispatch keys, dtype, device, exact sizes
+and strides and ``requires_grad`` of every tensor. Where the fast path is not built, or the plan
+runs one of our own kernels, this is what serves a warm call (its cost against the dict path's:
+docs/RESULTS.md#warm-parity).
 
 A guard is stricter than the plan's key (exact strides, not only contiguity; the dispatch keys
 carry inference mode), so a match always falls in the plan's key, and a miss only means the dict
 path. It records ``requires_grad`` as False on every tensor (only inference plans go hot), so a
 match with no dropout is an inference call. Where a torch build lacks the class or refuses the
 arguments, `tensor_guard` returns None and the dict path serves every call. A check reads each
-tensor's strides before comparing anything, and a strided nested tensor's abort the process
-(torch 2.13), so `Dispatcher.attention` sends a call with a nested tensor to the dict path first.
+tensor's strides before comparing anything, and a strided nested tensor's abort the process, so `Dispatcher.attention` sends a call with a nested tensor to the dict path first.
 
 The fast path (`fast_path`) mirrors these slots in C++: an entry whose plan is exactly its call's own
 PyTorch SDPA call, or one fused backend's bare operator call, gets a C++ record of its tensors
@@ -43,13 +41,13 @@ if TYPE_CHECKING:
 HOT_SLOTS = 2
 """Plans kept on the hot path, most recent first: two serve a model alternating two shapes (a
 diffusion block's self- and cross-attention), one its decode step; each slot a call misses costs
-one rejected check (~0.16-0.3 us)."""
+one rejected check."""
 
 HOT_AFTER = 2
-"""Calls of one plan (its exact shape) before it goes hot: building a guard costs ~4.6 us (2-core
-CPU, torch 2.13), about four warm calls' keys, so a shape called once (a decode step's first layer
-that never comes back) does not pay it, and one called on every layer pays it once. A new shape of
-a bucket whose shapes are called again (`shapes_called_again`) goes hot at its first call."""
+"""Calls of one plan (its exact shape) before it goes hot: building a guard costs about four warm
+calls' keys, so a shape called once (a decode step's first layer that never comes back) does not
+pay it, and one called on every layer pays it once. A new shape of a bucket whose shapes are called
+again (`shapes_called_again`) goes hot at its first call."""
 
 
 def hot_path_enabled() -> bool:
@@ -65,20 +63,18 @@ def rehot(calls: int) -> bool:
     about log2(calls) guards per plan instead of one per call.
 
     A warm plan the dict path serves twice in a row also goes back on at once
-    (`Dispatcher.attention`). A repeated decode loop meets each key length for one run of calls (one
-    per layer) per pass: by the power-of-two rule alone, a length seen in many passes almost never
-    came back, and its calls took the dict path (+3 us against +1.6 us on the H200 host, session 9).
-    A rotation of shapes never serves one plan twice in a row, so it builds no more guards."""
+    (`Dispatcher.attention`): a repeated decode loop meets each key length for one run of calls (one
+    per layer) per pass, which the power-of-two rule alone would leave on the dict path. A rotation
+    of shapes never serves one plan twice in a row, so it builds no more guards."""
     return calls > HOT_AFTER and not calls & (calls - 1)
 
 
 def shapes_called_again(bucket) -> bool:
     """Whether a new exact shape of `bucket` goes hot at its first call: where the bucket's earlier
-    shapes got `HOT_AFTER` calls or more each (`cold_shape.calls_per_shape`: a decode loop calls every
+    shapes got `HOT_AFTER` calls or more each (`selection.calls_per_shape`: a decode loop calls every
     layer at each new key length), its guard would be built at the second call anyway, and building
-    it at the first spares the second call the dict path (one of a token's calls per new length: the
-    dict path cost 3.0-6.1 us a call over SDPA in the H200 settled decode loop, session 11 run 1). A
-    shape of a bucket with no such history waits for its second call, as before."""
+    it at the first spares the second call the dict path. A shape of a bucket with no such history
+    waits for its second call."""
     expected = calls_per_shape(cell[0] for cell in bucket.history)
     return expected is not None and expected >= HOT_AFTER
 
@@ -89,8 +85,8 @@ def tensor_guard(tensors: tuple[torch.Tensor, ...]) -> Callable[..., bool] | Non
     None where this torch has no usable `TensorGuards`.
 
     A tensor passed twice (``key is value``, self-attention on one tensor) fails `TensorGuards`'s
-    own check (torch 2.13): the guard then covers each distinct tensor once and the check also
-    requires the same positions to hold the same tensor (a Python wrapper, ~1 us, on such calls only)."""
+    own check: the guard then covers each distinct tensor once and the check also requires the same
+    positions to hold the same tensor (a Python wrapper, on such calls only)."""
     firsts = tuple(next(j for j, u in enumerate(tensors) if u is t) for t in tensors)
     distinct = tuple(sorted(set(firsts)))
     try:

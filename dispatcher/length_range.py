@@ -2,10 +2,9 @@
 plan's bucket would give a new exact shape the very same call.
 
 A decode loop with a growing cache calls every layer at a key length one longer than the last
-step's. Served per exact shape, each new length took the dict path twice before its plan went hot
-(a plan made from the bucket, then a guard built): two of the 32 calls of a 32-layer token, +1.58 us
-a call on average over PyTorch's SDPA in a settled H200 decode loop (session 10), most of the
-dispatcher's whole cost there. A range entry serves the next lengths in C++ from the first.
+step's. Served per exact shape, each new length would take the dict path twice before its plan
+went hot (a plan made from the bucket, then a guard built); a range entry serves the next lengths
+in C++ from the first.
 
 A range holds where a new exact shape of the bucket would be planned exactly as this one was, with
 nothing that changes between lengths (`served_key_lengths`):

@@ -3,9 +3,8 @@ output is that call's output.
 
 Where no measured table entry of this card decides a bucket (a card without its family's table, a
 CPU before `attn-dispatch calibrate`, a bucket a table only predicts), a table or prior ranks the
-kernels, but on another card a prior fitted to the H200's measurements picked kernels up to 4.5x
-slower than the fastest (an H100 with the bundled tables removed, issue 34). So the bucket's first
-calls measure (`Trial`): the baseline first (PyTorch's default, what the caller would have run
+kernels, and a ranking can be far off on a card it was not fitted on
+(docs/RESULTS.md#h100-without-tables). So the bucket's first calls measure (`Trial`): the baseline first (PyTorch's default, what the caller would have run
 without us; in the portable set, where the default is only a last resort, the ranking's first
 choice), then the other candidates in the ranking's order, one call each in turn, every call timed
 without waiting for the device (`call_timing`). The rules:
@@ -64,14 +63,13 @@ WARM_UP_CALLS = 1
 CLEARLY_SLOWER = 0.10
 """A candidate whose fastest sample is this much slower than the slowest sample of the fastest
 candidate so far cannot win: it leaves after that sample. One margin over two extremes, so call-to-
-call noise (a few percent on a GPU's events, 10-30% on a loaded 2-core CPU's host clock) can only
+call noise (a few percent on a GPU's events, tens of percent on a loaded CPU's host clock) can only
 keep a candidate in longer, never push a faster one out on one unlucky call."""
 
 BUDGET_CALLS = 3.0
 """What a bucket may spend on slower candidates, in calls of the baseline: the summed excess of
 their calls over the baseline's median. Three calls' worth, once per bucket: a decode loop of 32
-layers spends it within its first token, and a bucket never costs seconds on a tiny call (the burst
-tuning this replaces spent 0.5-1.2 s on one call of a large bucket on the H100, issue 34)."""
+layers spends it within its first token, and a bucket never costs seconds on a tiny call."""
 
 MAX_PENDING = 2
 """Readings that may wait for their device events before calls go untimed: a GPU call's events

@@ -204,8 +204,7 @@ class Plan:
 def sdpa_flags(call: tuple[bool, bool, bool] | None, problem: Problem) -> dict[str, bool] | None:
     """The warm path's form of `Kernel.sdpa_call`: PyTorch's SDPA is called as
     ``sdpa(query, key, value, attn_mask, **flags)`` (``scale=`` added when given), with only the
-    flags that are on: each keyword PyTorch parses costs ~30 ns (2-core CPU, torch 2.13;
-    `bench.diagnostics.warm_path_pieces`). The mask is passed as given, so only where the call
+    flags that are on (each keyword PyTorch parses costs the warm path time). The mask is passed as given, so only where the call
     takes the mask exactly when the problem has one (an unmasked problem's mask is None); else None."""
     if call is None or call[0] != (problem.mask_kind != "none"):
         return None

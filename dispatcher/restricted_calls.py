@@ -8,8 +8,7 @@ whatever the dispatcher would have chosen. So `explain` names the restriction an
 (``ATTN_DISPATCH_MEMORY_BUDGET`` or the dispatcher's), a call whose backend needs more than the
 budget (its forward workspace, or forward and backward for inputs requiring grad:
 `kernels.backward_memory.training_bytes`) logs one WARNING per exact shape naming the budget and
-the bytes (`warn_if_over_budget`). On the 2-core CPU, training inputs held to math under a 64 MiB
-budget took 1.24 GiB more in the forward while `explain` named a chunked kernel (issue 31).
+the bytes (`warn_if_over_budget`).
 """
 
 from __future__ import annotations

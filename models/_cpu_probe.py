@@ -1,6 +1,5 @@
 """A quick CPU probe: matrix-product FLOP/s per dtype, copy bandwidth, softmax rate and per-op
-overhead, measured once per machine (65-75 ms on the quiet 2-core CPU, up to 0.6 s loaded) and
-kept in the home (`cpu_probe_store`).
+overhead, measured once per machine and kept in the home (`cpu_probe_store`).
 
 The dispatcher never probes inside a call (`probe_cpu_spec` with ``now=False``): where this
 machine's rates are not kept yet, its prior ranks with the probe-free constants and the probe runs
@@ -45,9 +44,8 @@ SOFTMAX_N = 1024
 SOFTMAX_REPEATS = 5
 
 # Probe-free fallback (tests, or a probe that failed): this probe on the project's 2-core dev
-# machine as it was on 2026-11-30 (reported then as a Xeon Sapphire Rapids with AMX; the shared VM
-# since 2026-12-01 is an AMD EPYC, docs/RESULTS.md section 8) gave 214 GFLOP/s fp32, 280 bf16, 173 fp16,
-# 131 fp64, 51 GB/s copy and 0.9 us per op; rounded down, marked as an estimate.
+# machine on 2026-11-30 gave 214 GFLOP/s fp32, 280 bf16, 173 fp16, 131 fp64, 51 GB/s copy and
+# 0.9 us per op; rounded down, marked as an estimate.
 FALLBACK_CPU_SPEC = CardSpec(
     name="generic CPU",
     matrix_flops=MappingProxyType({"float16": 150e9, "bfloat16": 250e9, "float32": 200e9, "float64": 120e9}),

@@ -1,8 +1,7 @@
 """A CPU's probed rates (`_cpu_probe`), kept in the home per machine so the probe runs once per machine.
 
-The probe times matrix products, a copy and a softmax: 65-75 ms on the quiet 2-core CPU, 0.6 s
-with the machine loaded (torch 2.13), which a process's first attention call used to pay. Its
-answer depends on the processor, the memory, the torch build and the thread count torch runs
+The probe times matrix products, a copy and a softmax: tens to hundreds of milliseconds, which a
+process's first attention call would otherwise pay. Its answer depends on the processor, the memory, the torch build and the thread count torch runs
 with, so it is kept under a name holding all four (`DeviceIdentity.key` names the processor, its
 logical CPUs and the torch version; the memory and threads are added): another machine, a resized
 VM or a torch update finds no file and probes again. One small JSON file::

@@ -60,8 +60,8 @@ def _time(value: object, path: str) -> MeasuredTime:
 
 def _well_formed_time(value: object) -> MeasuredTime | None:
     """`_time` for the usual case, checked in one expression: None at the first doubt (`_time` then
-    names the bad field). A table holds thousands of these: building each field's error path
-    up front cost the bundled H200 table's parse most of its time."""
+    names the bad field). A table holds thousands of these: each field's error path is built only
+    on a doubt."""
     if type(value) is not list or len(value) != 5:
         return None
     name, median, low, high, samples = value

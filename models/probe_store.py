@@ -1,9 +1,8 @@
 """Backend probes that passed on this device and software stack, kept across processes.
 
 A probe (`kernels.sdpa_probe`) runs a tiny problem through one of PyTorch's SDPA backends and
-checks it against the float64 reference. On the H200 a process's first `generate()` spent 0.28 s
-of its 1.0 s in them (bench.diagnostics.first_call_profile, docs/RESULTS.md section 13): the float64
-reference, and a cuDNN plan built for the probe's own shape. Their answer depends only on the card
+checks it against the float64 reference: a large part of a GPU process's first call (the float64
+reference, and a cuDNN plan built for the probe's own shape). Their answer depends only on the card
 and the software, so the ones that passed are kept here and a later process on the same stack
 starts from them. Failures are never kept: a failure may be transient (out of memory), and
 probing again costs only the processes where a backend does not work.

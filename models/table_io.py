@@ -57,8 +57,7 @@ def loads_table(raw: bytes, *, source: str = "<bytes>") -> ThresholdTable:
     if not text.strip():
         raise TableError(f"{source}: the file is empty; {FIX}")
     # The parse allocates ~500k acyclic objects, enough to set off full collections over everything
-    # the process holds (torch, transformers): the bundled H200 table's load took 0.08-0.22 s from
-    # one run to the next on the 2-core CPU, 0.07-0.09 s with the collector paused.
+    # the process holds (torch, transformers): the collector is paused meanwhile.
     with cyclic_collection_paused():
         return _parse(text, source)
 
