@@ -6,7 +6,7 @@ held-out data (its model, the analytic prior, or PyTorch's default); the source 
 (`table_description`). Resolved once per device. An attention call never fails because of a table: a corrupt, foreign
 or failing table gives a `TableWarning` and the prior serves instead; if even the prior cannot
 rank, PyTorch's own choice (``sdpa_default``) goes first and the other kernels follow. A CPU table
-that records its timing threads says them in the source's notes (`models.thread_words`), and
+that records its timing threads says them in the source's notes (`models.table_summary`), and
 serves whatever threads the process runs.
 
 A device with no table measured on its card model (a card outside every shipped table's family, a
@@ -34,7 +34,7 @@ from attn_dispatch.kernels.sdpa_probe import default_backend_choice
 from attn_dispatch.models.measured import MeasuredEntry
 from attn_dispatch.models.ranking import Ranker, supported
 from attn_dispatch.models.sharing import TableWarning  # one warning class for every table problem
-from attn_dispatch.models.thread_words import threads_line
+from attn_dispatch.models.table_summary import threads_line
 
 __all__ = ["DeviceRanking", "TableWarning", "fallback_order", "no_table_line", "resolve_ranking", "say_once",
            "table_description"]
@@ -246,7 +246,7 @@ def given_table_source(table, path: str, identity) -> tuple[object, RankingSourc
 
 def _with_threads(notes: tuple[str, ...], table: object) -> tuple[str, ...]:
     """`notes` and, for a CPU table that records them, the threads its timings hold for against
-    this process's (`models.thread_words.threads_line`)."""
+    this process's (`models.table_summary.threads_line`)."""
     threads = threads_line(table, torch.get_num_threads()) if hasattr(table, "provenance") else None
     return notes if threads is None else (*notes, threads)
 

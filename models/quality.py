@@ -132,8 +132,8 @@ class Quality:
         return flat
 
     def summary(self) -> str:
-        """The held-out comparison in words (`models.quality_words`), then the quality guard's line."""
-        from attn_dispatch.models.quality_words import held_out_lines
+        """The held-out comparison in words (`models.table_summary`), then the quality guard's line."""
+        from attn_dispatch.models.table_summary import held_out_lines
 
         return "\n".join([*held_out_lines(self.to_dict()), *([self.verdict] if self.verdict else [])])
 
