@@ -5,7 +5,7 @@ recovering from a kernel that raised, and the training route's calls.
 A kernel that raises is remembered for its bucket (`device_planner.DeviceState.remember`: not tried
 there again; out of memory only until nothing else is left), the bucket decides again without it and
 the next candidate runs, repeatedly, until one returns or nothing is left (`NoKernelError`). A call
-with a forward-AD dual tensor gets PyTorch's SDPA instead, nothing remembered (`dual_calls`).
+with a forward-AD dual tensor gets PyTorch's SDPA instead, nothing remembered (`cold_path`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import threading
 from collections.abc import Callable
 
 import torch
+from torch.autograd import forward_ad
 
-from attn_dispatch.dispatcher import _log
+from attn_dispatch.dispatcher import _log, sdpa_context
 from attn_dispatch.dispatcher.decision import TRAINING_KERNEL
 from attn_dispatch.dispatcher.device_planner import (
     DevicePlanner,
@@ -25,7 +26,6 @@ from attn_dispatch.dispatcher.device_planner import (
     measured_costs,
 )
 from attn_dispatch.dispatcher.device_ranking import resolve_ranking, say_once
-from attn_dispatch.dispatcher.dual_calls import carries_tangent, pytorch_dual_call
 from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.hot_path import HotSlots
 from attn_dispatch.dispatcher.memory import release_cached_memory
@@ -279,3 +279,18 @@ class ColdPath:
         self.counts.cell(TRAINING_COUNT)[0] += 1
         gqa = {"enable_gqa": True} if enable_gqa else {}
         return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
+
+
+def carries_tangent(*tensors: torch.Tensor | None) -> bool:
+    """Whether any plain tensor given is a forward-AD dual at the current dual level
+    (``forward_ad.unpack_dual(t).tangent``; outside ``forward_ad.dual_level()`` none is; torch 1.9+).
+    A tensor subclass (a `CausalBias`, whose storage is never read) counts as no dual."""
+    return any(t.__class__ is torch.Tensor and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+
+
+def pytorch_dual_call(key_: tuple, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:
+    """PyTorch's SDPA on an inference-route call (no dropout) planned under `key_`
+    (`_plan.cache_key`, whose second-to-last field is the call's ``is_causal``): its result or its
+    exception."""
+    is_causal = key_[-2]
+    return sdpa_context.pytorch_attention(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)

@@ -19,9 +19,9 @@ from types import MappingProxyType
 import torch
 
 from attn_dispatch.models.cards import CardSpec
-from attn_dispatch.models.cpu_probe_store import load_cpu_rates, save_cpu_rates
 from attn_dispatch.models.identity import DeviceIdentity, torch_threads
 from attn_dispatch.models.paths import home
+from attn_dispatch.models.probe_store import load_cpu_rates, save_cpu_rates
 
 # Matrix sizes: 384^3 fp32 products take a few ms on one modern core (enough to reach MKL/oneDNN's
 # steady rate); half-precision products can be 10-50x slower on CPUs without native support, so

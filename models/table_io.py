@@ -16,9 +16,8 @@ from attn_dispatch.models._json_checks import _spec_dict
 from attn_dispatch.models.atomic_files import write_text_atomically
 from attn_dispatch.models.forest_schema import models_to_dict
 from attn_dispatch.models.gc_pause import cyclic_collection_paused
-from attn_dispatch.models.measured_schema import entries_to_list, guard_to_dict
 from attn_dispatch.models.table import TABLE_KIND, Cell, ThresholdTable
-from attn_dispatch.models.table_schema import FIX, TableError, table_from_dict
+from attn_dispatch.models.table_schema import FIX, TableError, entries_to_list, guard_to_dict, table_from_dict
 
 # A card's table is a few hundred KiB written compactly, mostly its embedded cost model's trees
 # (~300 trees of ~30 nodes); a merged table keeps every card's model (`merge_tables` refuses a

@@ -21,8 +21,7 @@ from attn_dispatch.kernels.accuracy import is_lossless
 from attn_dispatch.kernels.convert import ConvertKernel
 from attn_dispatch.models.identity import torch_threads
 from attn_dispatch.models.ranking import kernel_named
-from attn_dispatch.models.table import ThresholdTable
-from attn_dispatch.models.thresholds import thresholds_for
+from attn_dispatch.models.table import ThresholdTable, thresholds_for
 
 GIB = 2**30
 GIGA = 1e9
