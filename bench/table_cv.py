@@ -15,7 +15,7 @@ the same shapes.
         --score bench/results/h200_session8/run3_llm_grid.jsonl.gz --table models/tables/nvidia-h200-140gb.json
 
 Off the card PyTorch's backends are assumed available (`kernels.sdpa_probe`); `sdpa_default`'s
-workspace feature then follows what this machine computes (`bench.refit_table`'s caveat).
+workspace feature then follows what this machine computes.
 """
 
 from __future__ import annotations
