@@ -1,12 +1,13 @@
 """`Dispatcher`: per device, the fastest kernel that fits, decided once per size bucket; a kernel
 that fails at run time is replaced by the next one and remembered.
 
-Hot path (`hot_path`: one of the last two plans called): one C++ guard check of the tensors, then
-the kernel's `run`. Warm path (an exact shape seen before): one key tuple from tensor attributes, one
-dict lookup, the kernel's `run` (no validation: done when the plan was made; the key reads no layout,
-so a sparse or mkldnn tensor a kernel fails on goes to PyTorch). A new exact shape in a decided bucket
-(`planner.DevicePlanner`) is validated and checked against the bucket's kernel, nothing more. Both
-caches are bounded (`buckets.MAX_PLANS`, `MAX_BUCKETS`)."""
+Composed of its parts: the plan table (`plans`: exact shape -> `Plan`, bounded), the hot slots over
+it (`hot_path.HotSlots`, mirrored into the C++ fast path where built), the call counts
+(`plans.CallCounts`) and the cold path (`cold_path.ColdPath`: planning a new shape from its bucket,
+settling, recovery, training calls). `attention` is the warm path: the hot slots (one C++ guard
+check of the tensors), else one key tuple from tensor attributes and one dict lookup, then the
+plan's `run` (no validation: done when the plan was made; the key reads no layout, so a sparse or
+mkldnn tensor a kernel fails on goes to PyTorch); a miss goes to the cold path."""
 
 from __future__ import annotations
 

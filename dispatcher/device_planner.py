@@ -90,7 +90,7 @@ class DevicePlanner:
         self.spent = SpentCalls()  # calls of evicted plans still waiting to settle
         self.cold_costs = {name: dict(by_kind) for name, by_kind in (cold_costs or {}).items()}
         self.floors = {name: dict(by_kind) for name, by_kind in (floors or {}).items()}
-        # the portable set (gfx906's): PyTorch's default is its last resort, not a contender (`measured_candidates`)
+        # the portable set (gfx906's): PyTorch's default is its last resort, not a contender (`selection.measured_candidates`)
         self.portable = any(getattr(kernel, "last_resort", False) for kernel in config.kernels.values())
 
     # ------------------------------------------------------------------ per exact shape

@@ -13,7 +13,7 @@ nothing that changes between lengths (`served_key_lengths`):
 - no failure is remembered for the bucket, nor its measuring pending, nor a memory re-check asked;
 - every length lies in the bucket (`models.buckets.length_bucket`: the powers of two that bound it)
   and, on a GPU where the plan runs one of our kernels, nowhere: such lengths are decided apart by
-  whether they are a multiple of `KEY_COUNT_MULTIPLE` (`planning.keys_aligned`), which every run of
+  whether they are a multiple of `KEY_COUNT_MULTIPLE` (`selection.keys_aligned`), which every run of
   consecutive lengths crosses (PyTorch's fused backends are taken alike on both sides, as their
   measured entries are: `device_ranking.measured_alignment_carries`); where causal, on one side of the query length (square and rectangular causality are probed
   as different features: `SdpaBackendKernel._features`);

@@ -24,7 +24,7 @@ from attn_dispatch.dispatcher.selection import Tuned
 from attn_dispatch.models.measured import MeasuredEntry, entry_from_tuning
 
 BUCKET_FIELDS = 14
-"""Length of a `planning.failure_bucket` key (a line whose bucket differs is from another version)."""
+"""Length of a `selection.failure_bucket` key (a line whose bucket differs is from another version)."""
 
 
 def kernel_set_signature(names: Iterable[str], policy: str) -> str:

@@ -26,7 +26,7 @@ without waiting for the device (`call_timing`). The rules:
 A candidate that raises is out (its failure remembered for the bucket as any run-time failure is),
 and the call runs the plan's own kernel instead. When the trial is decided, `on_close` hands the
 result (`tuning.Tuned`) to the bucket, which keeps it in the home's tuning store for later
-processes (`tuning_store`). ``ATTN_DISPATCH_MEASURE=0`` (or ``Dispatcher(measure=False)``) turns
+processes (`measured_store`). ``ATTN_DISPATCH_MEASURE=0`` (or ``Dispatcher(measure=False)``) turns
 the measuring off: the ranking's order serves, PyTorch's default first where nothing was measured.
 """
 
@@ -112,7 +112,7 @@ class Trial:
     clock: `call_timing.clock_for` the bucket's device.
     fits: ``fits(kernel, problem) -> bool``: the kernel runs this exact problem of the bucket within
         the memory limits it was decided under.
-    cold_s: kernel name -> seconds it sets up on a new exact shape (`cold_shape.cold_seconds`).
+    cold_s: kernel name -> seconds it sets up on a new exact shape (`selection.cold_seconds`).
     on_close: called once with the trial when it is decided (outside the trial's lock).
     on_failure: ``(kernel name, error)`` of a candidate that raised on a call.
     count_cell: ``(kernel name) -> [calls]``: where a call run by another candidate than its plan's

@@ -409,7 +409,7 @@ def decide(problem: Problem, *, kernels: Mapping[str, Kernel], policy: AccuracyP
     measure: measure the candidates on the bucket's calls where nothing measured decides it.
     portable: the portable set (gfx906's): PyTorch's default is its last resort, not a contender.
     cold_costs: measured per-shape set-up seconds (`models.cold_shape_store`).
-    notice: a line for `explain` about the device's ranking (`no_table_notice.no_table_line`).
+    notice: a line for `explain` about the device's ranking (`device_ranking.no_table_line`).
 
     Raises
     ------
@@ -447,7 +447,7 @@ Every other PyTorch backend and our own kernels launch the same kernels at any s
 as free of per-shape set-up unless measured otherwise."""
 
 MATERIAL_SETUP_S = 1e-3
-"""A per-shape set-up worth timing another kernel against (`measured_candidates`): cuDNN's measured
+"""A per-shape set-up worth timing another kernel against (`selection.measured_candidates`): cuDNN's measured
 36-44 ms on the H200; flash's and the memory-efficient backend's measured 2-13 us are the
 measurement's floor (docs/RESULTS.md#per-shape-set-up-costs)."""
 

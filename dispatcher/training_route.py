@@ -92,7 +92,7 @@ def in_decided_order(plan) -> tuple[Option, ...]:
 
 def shrink_for_training(problem: Problem, limit: int, failed: Mapping[str, str]) -> ChunkedKernel | None:
     """The largest-chunked `ChunkedKernel` whose forward+backward bound fits `limit`
-    (`planning.shrink_chunked` with `training_bytes`). None when even the smallest is over."""
+    (`selection.shrink_chunked` with `training_bytes`). None when even the smallest is over."""
     return shrink_chunked(problem, limit, failed, training_bytes)
 
 
@@ -109,7 +109,7 @@ def choose_training(
 
     Parameters
     ----------
-    options: the problem's runnable kernels in inference-ranking order (`planning.Ranked.options`).
+    options: the problem's runnable kernels in inference-ranking order (`selection.Ranked.options`).
     free, budget: free device memory and the configured budget in bytes (None: unknown / none).
     failed: kernel name -> why it failed on this route (not chosen again).
     measured: kernel name -> measured forward+backward seconds for this problem's bucket.

@@ -1,5 +1,5 @@
 """A quick CPU probe: matrix-product FLOP/s per dtype, copy bandwidth, softmax rate and per-op
-overhead, measured once per machine and kept in the home (`cpu_probe_store`).
+overhead, measured once per machine and kept in the home (`probe_store`).
 
 The dispatcher never probes inside a call (`probe_cpu_spec` with ``now=False``): where this
 machine's rates are not kept yet, its prior ranks with the probe-free constants and the probe runs
@@ -108,7 +108,7 @@ _lock = threading.Lock()
 def probe_cpu_spec(identity: DeviceIdentity | None = None, root: str | os.PathLike | None = None, *,
                    now: bool = True) -> CardSpec:
     """This CPU's rates with the threads torch runs now: the ones this process already has (read or
-    measured: for any home), else kept for this machine in the home `root` (`cpu_probe_store`), else
+    measured: for any home), else kept for this machine in the home `root` (`probe_store`), else
     measured now and kept (`now`), else the probe-free constants (`FALLBACK_CPU_SPEC`) while the probe
     waits for the process's exit. Never raises for the home: a home that cannot be written only costs
     the next process its probe."""

@@ -292,7 +292,7 @@ def test_a_new_shape_swaps_only_to_a_kernel_the_bucket_measured(monkeypatch):
 
 def test_only_a_material_set_up_counts_as_one():
     """Flash's measured 2 us per new shape is the measurement's floor, not a set-up to avoid: it must
-    stay among the options a bucket may measure as set-up-free (`measured_candidates`)."""
+    stay among the options a bucket may measure as set-up-free (`selection.measured_candidates`)."""
     from types import SimpleNamespace
 
     from attn_dispatch.dispatcher.selection import costly_setups

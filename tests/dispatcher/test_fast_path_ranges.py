@@ -116,7 +116,7 @@ def test_no_range_where_a_new_shape_of_the_bucket_would_be_planned_otherwise():
 
 @pytest.mark.parametrize(("kernel", "expected"), [("math", None), ("sdpa_default", (33, 64))])
 def test_on_a_gpu_a_plan_of_our_kernels_serves_no_range(monkeypatch, kernel, expected):
-    """A GPU decides a bucket's lengths apart by key-count alignment (`planning.decision_bucket`),
+    """A GPU decides a bucket's lengths apart by key-count alignment (`selection.decision_bucket`),
     and consecutive lengths cross it: a plan of our own kernel stands for its own alignment only.
     Here the CPU plan is given the GPU's answer to "is the key count aligned?"."""
     from attn_dispatch.dispatcher import length_range
