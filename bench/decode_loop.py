@@ -71,12 +71,8 @@ def child(args) -> dict:
         attends["sdpa"] = torch.nn.functional.scaled_dot_product_attention
     if args.impl in ("dispatch", "both"):
         import attn_dispatch as ad
-        from attn_dispatch.dispatcher.fast_path_autobuild import follow_fast_path
-
         ours = ad.Dispatcher(kernels=args.kernels, memory_budget=args.memory_budget)
         attends["dispatch"], stats = ours.fast_attention, ours.stats  # what patched() and transformers call
-        # and, as they do, the fast path built in the background once adopted (from the next pass on)
-        follow_fast_path(ours, lambda fast: attends.__setitem__("dispatch", fast))
 
     def one_pass(attend) -> list[float]:
         return decode_pass(attend, query, cache_k, cache_v, args.context, args.tokens, args.layers,

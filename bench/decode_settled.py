@@ -1,7 +1,7 @@
 """The dispatcher's own cost in a repeated decode loop once every length runs PyTorch's choice.
 
 A long-running server's decode loop ends with every key length settled on PyTorch's default
-(`dispatcher.cold_shape.settle_after`). This times that steady state directly: dispatchers
+(`dispatcher.selection.settle_after`). This times that steady state directly: dispatchers
 limited to ``sdpa_default`` (so every plan is PyTorch's own call from the start, as a settled one
 is) against `F.scaled_dot_product_attention`, in the decode pattern (per token a new key length,
 one call per layer on K/V slices of one preallocated cache), passes alternating in one process:

@@ -39,9 +39,9 @@ import torch
 
 from attn_dispatch.calibration.inputs import make_inputs
 from attn_dispatch.dispatcher import Dispatcher, fast_path, patched
-from attn_dispatch.dispatcher._plan import cache_key
 from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.hot_path import tensor_guard
+from attn_dispatch.dispatcher.plans import cache_key
 from attn_dispatch.kernels import MathKernel, Problem
 
 
@@ -119,7 +119,7 @@ def bench_shape(shape: tuple[str, Problem], device, rounds: int, calls: int, *, 
     ours = Dispatcher(kernels=[NullKernel()]) if null else Dispatcher(kernels=kernels)
     ours.attention(q, k, v, mask, enable_gqa=gqa)
     dict_path = Dispatcher(kernels=[NullKernel()]) if null else Dispatcher(kernels=kernels)
-    dict_path._make_hot = lambda *args: None  # the warm path before `hot_path`: key tuple and dict lookup
+    dict_path._hot_path.make_hot = lambda *args: None  # the warm path before `hot_path`: key tuple and dict lookup
     dict_path.attention(q, k, v, mask, enable_gqa=gqa)
     plan = ours._plans.get(cache_key(q, k, v, mask, False, gqa))
     kernel, problem = plan.kernel, plan.problem

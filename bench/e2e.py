@@ -211,8 +211,7 @@ MATRICES = {
 def fresh_home() -> str:
     """A fresh ``ATTN_DISPATCH_HOME`` for one configuration: no tunings remembered from another one
     (the bundled table serves), but this home's fast path linked in, built first where it is not,
-    as a user's second process finds it (`fast_path_autobuild`). Runs before session 12 had no fast
-    path in these homes: their dispatcher calls took the Python path."""
+    as a user who ran `attn-dispatch build-fast-path` (or `calibrate`) finds it."""
     from attn_dispatch.dispatcher import fast_path
     from attn_dispatch.dispatcher.fast_path_build import BUILD_SUBDIR
     from attn_dispatch.models.paths import home

@@ -3,8 +3,8 @@
 Refits a recorded calibration (plus, with ``--grid``, the points of recorded LLM grid runs:
 `bench.grid_measurements`) the way `attn-dispatch calibrate` does (`models.fit.fit_and_build`)
 and prints, on its held-out problems (seed 0, 20%), the choices of the table as it was built
-before issue 15 (model, then decision map) and of the guarded table (measured entries of the
-training problems, regions kept for PyTorch's default, the verdict). Then it scores whole tables
+before issue 15 (the model alone) and of the guarded table (measured entries of the
+training problems, the verdict). Then it scores whole tables
 on recorded `attn-dispatch bench` runs (every kernel timed per shape): the table's first choice
 among the kernels timed there, against the fastest of them and against PyTorch's default.
 
@@ -36,7 +36,6 @@ from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table, save_table
 from bench.grid_measurements import grid_measurements
-from bench.guard_ablations import without_regions
 from bench.offline_card import card_line, offline_card_for
 
 
@@ -114,19 +113,17 @@ def main() -> None:
         if args.note:
             table = replace(table, provenance=replace(table.provenance, notes=(*table.provenance.notes, *args.note)))
         print(f"{args.run}: held-out problems (seed {args.seed}), choice / fastest measured")
-        print(_line("before (model, then decision map)", quality.table))
-        print(_line("decision map alone", quality.decision_map))
+        print(_line("before (the model alone)", quality.table))
         print(_line("analytic prior", quality.prior))
         print(_line("always PyTorch's default", quality.default))
         print(_line("after (guard + measured entries)", quality.guarded))
         print(f"  {quality.verdict}")
         if args.out:
             print(f"refitted table: {save_table(table, args.out)}")
-        print(f"refitted table: {len(table.entries)} measured entries, "
-              f"{sum(c.keep_default for tc in table.classes.values() for c in tc.cells.values())} buckets kept for PyTorch's default")
-        unguarded = without_regions(replace(table, entries={}, guard=None))
+        print(f"refitted table: {len(table.entries)} measured entries")
+        unguarded = replace(table, entries={}, guard=None)
         tables = ([("before", before)] if before is not None else []) + [
-            ("refit, no guard or entries", unguarded), ("refit, guard only (margin, regions)", replace(table, entries={})),
+            ("refit, no guard or entries", unguarded), ("refit, guard only", replace(table, entries={})),
             ("refit, entries only", replace(unguarded, entries=table.entries)), ("after", table)]
         for path in args.bench:
             shapes = bench_shapes(path)

@@ -49,7 +49,7 @@ import torch
 
 from attn_dispatch.calibration.inputs import make_inputs
 from attn_dispatch.calibration.timer import calls_per_sample, interquartile_range, time_batch
-from attn_dispatch.dispatcher._plan import cache_key
+from attn_dispatch.dispatcher.plans import cache_key
 from attn_dispatch.kernels import Problem
 from attn_dispatch.kernels.convert import ConvertKernel
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
@@ -79,7 +79,7 @@ SETTLE_BUDGET_S = 3.0
 point before it is timed (`settle_calls`). "Warm" is each path's steady state on a shape that keeps
 being called: PyTorch's after its first call (cuDNN's per-shape plan built), the dispatcher's once a
 plan that runs a set-up-free kernel in place of one that sets up per shape has settled
-(`dispatcher.cold_shape.settle_after`): cuDNN's ~36 ms set-up over a 5% loss on a 30 us call is
+(`dispatcher.selection.settle_after`): cuDNN's ~36 ms set-up over a 5% loss on a 30 us call is
 24,000 calls, 0.7 s. No grid shape has one (each is the first of its decision bucket, where no
 swap happens: session 14, runs 3 and 5); shapes of an off-grid draw (`--heldout`) can share one."""
 

@@ -37,10 +37,10 @@ if ((${#EXTRA[@]})); then EXTRA_NOTE=(--note "with the points of ${EXTRA[*]}"); 
     $R/h200_session11/run1_grid_fast_path_on.jsonl.gz $R/h200_session11/run2_llm_grid_fast_path.jsonl.gz "${EXTRA[@]}" \
   --model "$REFIT_MODEL" --before models/tables/nvidia-h200-140gb.json --out models/tables/nvidia-h200-140gb.json \
   --note "bundled with attn-dispatch: measured by \`attn-dispatch calibrate --device cuda:0 --problems 320 --budget-minutes 7.4 --allow-lossy any\` on one H200, 2026-11-30 (254 problems measured before the deadline; bench/results/h200_calibrations/run6_more_problems_*; docs/RESULTS.md)" \
-  --note "refit with the quality guard and measured entries (issue 15) by \`bash bench/regenerate_h200_table.sh\` (cost model $REFIT_MODEL)" \
-  --note "with the points of four \`python -m bench.llm_grid\` runs on the H200 (sessions 6-8, 2026-12-01/02: 1868 shape runs of the 580-shape LLM grid; bench/results/h200_session{6,7,8}/*llm_grid.jsonl.gz)" \
-  --note "with 300 shapes off the grid (session 9, \`llm_grid --heldout 300\`: batch 1-4, heads 40/8 and 28/4, head dim 96) and the grid at batch 4 up to 32k keys (session 10, \`llm_grid --batch 4 --max-kv 32768\`: 484 shapes); bench/results/h200_session9/run2_heldout_grid.jsonl.gz, bench/results/h200_session10/run1_llm_grid_b4.jsonl.gz" \
-  --note "with session 11's points: an off-grid draw (\`llm_grid --heldout 300 --seed 2\`) and three grid runs with the fast path; flash there took up to 1.8x sessions 6-9's time on 20-40 us calls, so entries measured in both tie with the default, which serves; bench/results/h200_session11/run{3_heldout_seed2,1_grid_fast_path_*,2_llm_grid_fast_path}.jsonl.gz" \
+  --note "refit with the quality guard and measured entries  by \`bash bench/regenerate_h200_table.sh\` (cost model $REFIT_MODEL)" \
+  --note "with the points of four \`python -m bench.llm_grid\` runs on the H200 (2026-12-01/02: 1868 shape runs of the 580-shape LLM grid; bench/results/h200_session{6,7,8}/*llm_grid.jsonl.gz)" \
+  --note "with 300 shapes off the grid (\`llm_grid --heldout 300\`: batch 1-4, heads 40/8 and 28/4, head dim 96) and the grid at batch 4 up to 32k keys (\`llm_grid --batch 4 --max-kv 32768\`: 484 shapes); bench/results/h200_session9/run2_heldout_grid.jsonl.gz, bench/results/h200_session10/run1_llm_grid_b4.jsonl.gz" \
+  --note "with a further off-grid draw (\`llm_grid --heldout 300 --seed 2\`) and three grid runs with the fast path; flash there took up to 1.8x the earlier runs' time on 20-40 us calls, so entries measured in both tie with the default, which serves; bench/results/h200_session11/run{3_heldout_seed2,1_grid_fast_path_*,2_llm_grid_fast_path}.jsonl.gz" \
   --note "fitted against the prior's version 2 (fused kernels without key splitting stream each block's keys, in waves; docs/RESULTS.md#table-quality)" \
   "${EXTRA_NOTE[@]}"
 "$PYTHON" -m bench.table_cv $R/h200_calibrations/run6_more_problems --folds 0 \

@@ -15,7 +15,7 @@ the same shapes.
         --score bench/results/h200_session8/run3_llm_grid.jsonl.gz --table models/tables/nvidia-h200-140gb.json
 
 Off the card PyTorch's backends are assumed available (`kernels.sdpa_probe`); `sdpa_default`'s
-workspace feature then follows what this machine computes (`bench.refit_table`'s caveat).
+workspace feature then follows what this machine computes.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table
 from bench.grid_measurements import grid_measurements, grid_times
-from bench.guard_ablations import ablations
 from bench.offline_card import card_line, offline_card_for
 
 SLOW_PICK = 1.5
@@ -135,8 +134,6 @@ def main() -> None:
     parser.add_argument("--group", choices=sorted(GROUPINGS) + [BY_FILE], default="shape",
                         help=f"{BY_FILE}: one fold per --score file (its shapes, from every file, held out; "
                              "--folds then only needs to be non-zero)")
-    parser.add_argument("--ablate", action="store_true",
-                        help="also score each fold's table with parts of its guard taken out (bench.guard_ablations)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", type=json.loads, default={}, metavar="JSON",
                         help='the folds\' cost model settings, e.g. \'{"min_samples_leaf": 8}\' (models.cost_model.CostModel)')
@@ -173,7 +170,7 @@ def main() -> None:
             table = fitted_table(calibration + [m for m in grid_points if group(m.problem) not in fold], identity,
                                  args.seed, CostModel(**args.model))
             fit_s = time.perf_counter() - started
-            variants = ablations(table) if args.ablate else [("as fitted", table)]
+            variants = [("as fitted", table)]
             for score_path, shapes in shapes_by_file.items():
                 if args.group == BY_FILE and score_path != score_files[index]:
                     continue

@@ -49,6 +49,14 @@ CHECK_HEADS = 4
 DEFAULT_CONFIGS = ("triton_flash[bm=128,bn=64,w=8,s=3]", "triton_flash[bm=128,bn=128,w=8,s=3]",
                    "triton_flash[bm=128,bn=64,w=4,s=3]", "triton_flash[bm=64,bn=64,w=4,s=3]")
 TRAINING_CONFIGS = ("triton_flash[bm=128,bn=64,w=8,s=3]", "triton_flash[bm=64,bn=64,w=4,s=3]")
+PORTABLE = "dispatcher:portable"
+"""The path of ``Dispatcher(kernels="portable", memory_budget=PORTABLE_BUDGET)`` (what a gfx906
+owner runs: no PyTorch fused backend), called as a user calls it (``--portable``)."""
+PORTABLE_BUDGET = "16GiB"
+PORTABLE_TARGET = 1.3
+"""Issue 32: portable mode within 1.3x flash on these shapes."""
+PORTABLE_WARM_CALLS = 12
+"""Calls before its first timed round: a bucket measures its candidates on its first calls."""
 
 
 @dataclass(frozen=True)
@@ -194,8 +202,9 @@ def free_memory(device: torch.device) -> None:
 
 # ---------------------------------------------------------------- the forward table
 def forward_records(shape: Shape, dtype: torch.dtype, configs: list[str], device: torch.device, rounds: int,
-                    rep_ms: int) -> list[dict]:
-    """Flash and every config on `shape` in `dtype`: per-round times, paired ratios, error, memory."""
+                    rep_ms: int, portable=None) -> list[dict]:
+    """Flash and every config on `shape` in `dtype`: per-round times, paired ratios, error, memory;
+    with `portable` (a `Dispatcher`), its calls too, warmed until decided, with the kernel it chose."""
     problem = shape.problem(dtype, device)
     input_sets = [make_inputs(shape, dtype, device, seed) for seed in range(INPUT_SETS)]
     flash_sets = []
@@ -223,6 +232,20 @@ def forward_records(shape: Shape, dtype: torch.dtype, configs: list[str], device
             record["peak_extra_bytes"] = peak_extra_bytes(ours_call(kernel, input_sets[0], problem), device)
             contenders[name] = rotating([ours_call(kernel, inputs, problem) for inputs in input_sets])
         except Exception as error:  # noqa: BLE001 - a config that cannot build or run is a data point
+            record.update(status="failed", error=first_line(error))
+            free_memory(device)
+    if portable is not None:
+        record = {"kernel": PORTABLE, "status": "ok"}
+        records[PORTABLE] = record
+        try:
+            for _ in range(PORTABLE_WARM_CALLS):
+                out = portable.attention(**input_sets[0])
+            record["chosen"] = portable.explain(**input_sets[0]).kernel
+            record["relative_l2_vs_flash"] = relative_l2(out, reference)
+            del out
+            record["peak_extra_bytes"] = peak_extra_bytes(lambda: portable.attention(**input_sets[0]), device)
+            contenders[PORTABLE] = rotating([lambda inputs=inputs: portable.attention(**inputs) for inputs in input_sets])
+        except Exception as error:  # noqa: BLE001
             record.update(status="failed", error=first_line(error))
             free_memory(device)
     del reference
@@ -353,7 +376,13 @@ def table(forward: list[dict], training: list[dict], compiled: dict | None) -> s
     for shape, dtype in keys:
         rows = [r for r in forward if (r["shape"], r["dtype"]) == (shape, dtype)]
         flash = next((r for r in rows if r["kernel"].startswith("sdpa_flash")), {})
-        ours = [r for r in rows if "ratio_to_flash" in r]
+        ours = [r for r in rows if "ratio_to_flash" in r and r["kernel"] != PORTABLE]
+        dispatched = next((r for r in rows if r["kernel"] == PORTABLE), None)
+        if dispatched is not None:
+            ratio = dispatched.get("ratio_to_flash", float("nan"))
+            lines.append(f"| {shape} | {dtype} | portable dispatcher chose {dispatched.get('chosen', dispatched.get('error', '?'))[:80]} "
+                         f"| {dispatched.get('median_ms', float('nan')):.2f} ms | x{ratio:.2f} flash | "
+                         f"{'met' if ratio <= PORTABLE_TARGET else 'not met'} (<= {PORTABLE_TARGET}) |")
         if not ours:
             failures = "; ".join(f"{r['kernel']}: {r.get('error', '?')}" for r in rows if r["status"] != "ok")
             lines.append(f"| {shape} | {dtype} | {flash.get('median_ms', float('nan')):.2f} | none ran: {failures[:120]} "
@@ -391,6 +420,8 @@ def main() -> None:
     parser.add_argument("--rep-ms", type=int, default=100, help="do_bench's measuring time per timing")
     parser.add_argument("--skip-compile", action="store_true", help="skip torch.compile and CUDA graphs")
     parser.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test of this script")
+    parser.add_argument("--portable", action="store_true",
+                        help=f"also time the portable dispatcher ({PORTABLE_BUDGET} budget) and name what it chose")
     args = parser.parse_args()
     device = torch.device(args.device)
     shapes = QUICK_SHAPES if args.quick else {name: SHAPES[name] for name in args.shapes.split(",") if name}
@@ -412,11 +443,16 @@ def main() -> None:
         with open(args.out, "w") as sink:
             json.dump(report, sink, indent=1)
 
+    portable = None
+    if args.portable:
+        from attn_dispatch.dispatcher import Dispatcher
+
+        portable = Dispatcher(kernels="portable", memory_budget=PORTABLE_BUDGET)
     for shape in shapes.values():
         for dtype in dtypes:
             print(f"[{time.time() - started:6.0f} s] forward {shape.name} {dtype}", flush=True)
             try:
-                report["forward"] += forward_records(shape, dtype, configs, device, args.rounds, args.rep_ms)
+                report["forward"] += forward_records(shape, dtype, configs, device, args.rounds, args.rep_ms, portable)
             except Exception as error:  # noqa: BLE001 - the baseline itself failed (memory?): go on
                 report["forward"].append({"shape": shape.name, "dtype": str(dtype), "kernel": "sdpa_flash",
                                           "status": "failed", "error": first_line(error)})

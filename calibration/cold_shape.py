@@ -1,4 +1,4 @@
-"""Measure what each kernel pays on its first call at a new exact shape (`dispatcher.cold_shape`).
+"""Measure what each kernel pays on its first call at a new exact shape (`dispatcher.selection`, stage 5).
 
 Per kernel and kind of problem (a decode step, a causal prefill), on shapes of a realistic LLM
 layer: the first call at each of several key lengths never used before in the process, minus the

@@ -99,7 +99,7 @@ def fit_and_write(
     `timing_threads`: on a CPU, the torch threads the points were timed with (e.g. "1 torch thread
     of its 2"), kept as a provenance note: the table's card model counts logical CPUs instead.
     `timing_thread_count`: that count as a number, recorded in the table's provenance
-    (``timing_threads``): `explain` and `devices` state it (`models.thread_words`)."""
+    (``timing_threads``): `explain` and `devices` state it (`models.table_summary`)."""
     # One order whatever the hosts' and workers' interleaving: the same points give the same table.
     measurements = sorted(measurements, key=lambda m: unit_key(m.problem, m.kernel))
     gated, excluded = apply_numerics_gate(measurements)

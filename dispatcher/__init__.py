@@ -34,7 +34,7 @@ _PUBLIC = {
     "Dispatcher": "core", "Decision": "decision", "Candidate": "decision", "RankingSource": "decision",
     "NoKernelError": "errors", "register_transformers": "hf", "free_bytes": "memory",
     "parse_memory_size": "memory", "install": "patching", "uninstall": "patching", "patched": "patching",
-    "is_installed": "patching", "TableWarning": "ranking", "record": "recording", "PreparedAttention": "prepared",
+    "is_installed": "patching", "TableWarning": "device_ranking", "record": "recording", "PreparedAttention": "prepared",
 }
 _KERNELS = {"AccuracyPolicy": "attn_dispatch.kernels.accuracy", "LOSSLESS": "attn_dispatch.kernels.accuracy"}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from attn_dispatch.dispatcher._plan import failure_message
 from attn_dispatch.dispatcher.decision import Decision
+from attn_dispatch.dispatcher.plans import failure_message
 from attn_dispatch.models.environment import LOG
 
 logger = logging.getLogger("attn_dispatch")
@@ -50,7 +50,7 @@ def fallback(failed: str, error: BaseException, replacement: str) -> None:
 
 
 def settled(kernel: str, previous: str, calls: int) -> None:
-    """An exact shape called `calls` times moves from `previous` to `kernel` (`cold_shape.settle_after`)."""
+    """An exact shape called `calls` times moves from `previous` to `kernel` (`selection.settle_after`)."""
     level = logging.INFO if enabled() else logging.DEBUG
     if enabled():
         _ensure_handler()

@@ -1,9 +1,8 @@
 """Run a function once a module has been imported, without importing it: a post-import hook.
 
 Marking a function for torch.compile (`torch.compiler.allow_in_graph`) imports `torch._dynamo`,
-which imports sympy, Triton and much of torch's compiler stack: 1.4-1.5 s on the 2-core CPU
-(torch 2.13), paid by every process that imports the dispatcher, although a process that never
-compiles never needs the mark. `when_imported("torch._dynamo", mark)` marks at once where Dynamo
+which imports sympy, Triton and much of torch's compiler stack (over a second of a process's
+start), although a process that never compiles never needs the mark. `when_imported("torch._dynamo", mark)` marks at once where Dynamo
 is already imported (a transformers or diffusers process usually has it), and otherwise the moment
 something imports it (``torch.compile`` does, before it traces anything).
 

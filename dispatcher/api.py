@@ -13,7 +13,7 @@ def default_dispatcher() -> Dispatcher:
     return _DEFAULT
 
 
-attention = _DEFAULT.attention
+attention = _DEFAULT.fast_attention  # the fast path's C++ entry where built (`fast_path`), else `Dispatcher.attention`
 explain = _DEFAULT.explain
 stats = _DEFAULT.stats
 reset = _DEFAULT.reset

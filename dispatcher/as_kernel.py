@@ -47,7 +47,7 @@ class DispatchedKernel(Kernel):
         return decision.candidates[0].workspace_bytes if decision.candidates else 0
 
     def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
-        causal = problem.causal and not is_causal_bias(attn_mask)  # a CausalBias carries it (issue 13)
+        causal = problem.causal and not is_causal_bias(attn_mask)  # a CausalBias carries it
         out = self.dispatcher.attention(query, key, value, attn_mask, 0.0, causal, scale=scale, enable_gqa=enable_gqa)
         for _ in range(self.settle_calls if self._measuring(problem) else 0):
             out = self.dispatcher.attention(query, key, value, attn_mask, 0.0, causal, scale=scale,

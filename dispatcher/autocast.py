@@ -4,8 +4,8 @@ Autocast casts `F.scaled_dot_product_attention`'s floating inputs to its lower p
 float16 by default; CPU: bfloat16) before the call: query, key, value and a float mask, each on
 the autocast's device type and not float64 (autocast's `is_eligible`), and the result comes out in
 that dtype. The dispatcher is a Python function autocast never sees, so without this a
-`Dispatcher` limited to our kernels computed and returned float32 under a bfloat16 autocast where
-PyTorch returns bfloat16 (found by a review, torch 2.13 CPU). The inputs are cast the same way and
+`Dispatcher` limited to our kernels would compute and return float32 under a bfloat16 autocast
+where PyTorch returns bfloat16. The inputs are cast the same way and
 the call runs with that device's autocast off, as autocast itself runs the operator: our kernels
 then compute exactly as on inputs of that dtype.
 """

@@ -18,9 +18,8 @@ inputs requiring grad) stays PyTorch's SDPA under compilation, traced as usual.
 
 Compile caches: AOTAutograd's cache keys a graph by Dynamo's graph, which names the call but not
 the kernel the dispatcher will choose (that depends on its kernel set, table and tunings). A
-custom operator counts as cache-safe there, so a warm cache replayed another process's kernel
-(a dispatcher limited to `sdpa_default` ran a `chunked` graph compiled earlier, while `stats()`
-said `sdpa_default (traced)`: torch 2.13, CPU, 2026-12-01). A plain function in the graph makes
+custom operator counts as cache-safe there, so a warm cache would replay another process's kernel
+(a dispatcher limited to `sdpa_default` running a `chunked` graph compiled earlier). A plain function in the graph makes
 AOTAutograd bypass its cache for such graphs; Inductor's own cache still serves them, keyed by the
 traced kernel's ops. The price: a process with a warm cache traces such a graph again (seconds for
 a model), where a model compiled with PyTorch's SDPA loads it. `torch.export` holds the chosen
@@ -42,8 +41,8 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from attn_dispatch.dispatcher import sdpa_context
-from attn_dispatch.dispatcher._plan import cache_key
 from attn_dispatch.dispatcher.after_import import when_imported
+from attn_dispatch.dispatcher.plans import cache_key
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher.core import Dispatcher
@@ -62,7 +61,7 @@ def compiling_readers() -> tuple[Callable[[], bool], object]:
     """``(is_dynamo_compiling, flags)``: ``is_dynamo_compiling() or flags._is_compiling_flag`` is
     `torch.compiler.is_compiling()` outside TorchScript (dynamo folds both functions to True
     while it traces; non-strict export sets the flag), read without that function's TorchScript
-    check, which cost 0.1 us of every eager dispatcher call (2-core CPU, torch 2.13). A torch
+    check, which would cost every eager dispatcher call. A torch
     lacking either reads `is_compiling()` and a flag that stays False."""
     compiler = getattr(torch, "compiler", None)
     dynamo = getattr(compiler, "is_dynamo_compiling", None)
@@ -134,10 +133,10 @@ def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     # Dynamo and a functional one by AOTAutograd: one key for both, the eager call's (one plan, one count)
     key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa, mask_class=torch.Tensor)
     with _disable_current_modes():  # deciding may probe PyTorch with real tensors: not into the graph
-        plan = ours._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+        plan = ours._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         if key_ not in ours._traced_shapes:  # PyTorch traces a graph more than once
             ours._traced_shapes.add(key_)
-            ours._count_cell(plan.kernel.name + COUNT_SUFFIX)[0] += 1
+            ours._counts.cell(plan.kernel.name + COUNT_SUFFIX)[0] += 1
     # a bucket still measuring (`measuring`) traces the kernel serving it: nothing is timed while tracing
     run = plan.run if plan.trial is None else plan.kernel.runner(plan.problem)
     return run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)

@@ -1,51 +1,46 @@
 """`Dispatcher`: per device, the fastest kernel that fits, decided once per size bucket; a kernel
 that fails at run time is replaced by the next one and remembered.
 
-Hot path (`hot_path`: one of the last two plans called): one C++ guard check of the tensors, then
-the kernel's `run`. Warm path (an exact shape seen before): one key tuple from tensor attributes, one
-dict lookup, the kernel's `run` (no validation: done when the plan was made; the key reads no layout,
-so a sparse or mkldnn tensor a kernel fails on goes to PyTorch). A new exact shape in a decided bucket
-(`planner.DevicePlanner`) is validated and checked against the bucket's kernel, nothing more. Both
-caches are bounded (`buckets.MAX_PLANS`, `MAX_BUCKETS`)."""
+Composed of its parts: the plan table (`plans`: exact shape -> `Plan`, bounded), the hot slots over
+it (`hot_path.HotSlots`, mirrored into the C++ fast path where built), the call counts
+(`plans.CallCounts`) and the cold path (`cold_path.ColdPath`: planning a new shape from its bucket,
+settling, recovery, training calls). `attention` is the warm path: the hot slots (one C++ guard
+check of the tensors), else one key tuple from tensor attributes and one dict lookup, then the
+plan's `run` (no validation: done when the plan was made; the key reads no layout, so a sparse or
+mkldnn tensor a kernel fails on goes to PyTorch); a miss goes to the cold path."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
-from attn_dispatch.dispatcher import _log, sdpa_context
-from attn_dispatch.dispatcher._plan import Plan, cache_key, check_scale, family_key, problem_at_key_length
+from attn_dispatch.dispatcher import sdpa_context
 from attn_dispatch.dispatcher.autocast import any_autocast as _any_autocast
 from attn_dispatch.dispatcher.autocast import attention_under_autocast, autocast_inputs
-from attn_dispatch.dispatcher.buckets import MAX_PLANS, BoundedCache
-from attn_dispatch.dispatcher.call_counts import CallCounts
-from attn_dispatch.dispatcher.cold_shape import measured_costs
+from attn_dispatch.dispatcher.cold_path import ColdPath
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
-from attn_dispatch.dispatcher.device_state import DeviceState
-from attn_dispatch.dispatcher.explaining import Explaining
-from attn_dispatch.dispatcher.fast_path_autobuild import adopt, attach_or_build
+from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
+from attn_dispatch.dispatcher.device_planner import PlannerConfig
+from attn_dispatch.dispatcher.fast_path import attach
 from attn_dispatch.dispatcher.hot_path import (
     HOT_AFTER,
-    HotEntry,
-    HotPlans,
+    HotSlots,
     hot_path_enabled,
     rehot,
     shapes_called_again,
 )
 from attn_dispatch.dispatcher.kernel_set import kernel_set
+from attn_dispatch.dispatcher.lossy_gain import with_lossy_gain
+from attn_dispatch.dispatcher.measured_store import kernel_set_signature
 from attn_dispatch.dispatcher.measuring import measure_from_env
 from attn_dispatch.dispatcher.memory import parse_memory_size
-from attn_dispatch.dispatcher.no_table_notice import say_once
-from attn_dispatch.dispatcher.planner import DevicePlanner, PlannerConfig
+from attn_dispatch.dispatcher.plans import MAX_PLANS, BoundedCache, CallCounts, Plan, cache_key, check_scale
 from attn_dispatch.dispatcher.prepared import PreparedAttention
-from attn_dispatch.dispatcher.probe_cache import ProbeCache
-from attn_dispatch.dispatcher.ranking import resolve_ranking
-from attn_dispatch.dispatcher.recovery import RecoveringDispatcher
-from attn_dispatch.dispatcher.training_calls import TRAINING_COUNT, TrainingCalls  # noqa: F401 - TRAINING_COUNT: imported from here
-from attn_dispatch.dispatcher.training_route import TrainingRoute
-from attn_dispatch.dispatcher.tuning_store import kernel_set_signature
+from attn_dispatch.dispatcher.restricted_calls import restricted_decision
+from attn_dispatch.dispatcher.training_route import pytorch_route_reason
 from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.kernels.sdpa_probe import BACKEND_SWITCHES
@@ -69,7 +64,7 @@ def read_environment() -> None:
     sdpa_context.follow_environment()
 
 
-class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, CallCounts):
+class Dispatcher:
     """Runs each attention call with the fastest kernel that fits in memory on its device.
 
     Parameters
@@ -86,7 +81,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         run one candidate kernel, timed, until the bucket keeps the fastest (`dispatcher.measuring`);
         default on unless ``ATTN_DISPATCH_MEASURE`` is 0 (read when a bucket is decided).
     remember_tunings: keep measured buckets across processes under the home directory
-        (`dispatcher.tuning_store`; default on). ``attn-dispatch bench`` turns it off so every run
+        (`dispatcher.measured_store`; default on). ``attn-dispatch bench`` turns it off so every run
         measures afresh.
     """
 
@@ -107,24 +102,24 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         self._signature = kernel_set_signature(self._kernels, policy.describe())  # names its tuning store
         self._budget = None if memory_budget is None else parse_memory_size(memory_budget, name="memory_budget")
         read_environment()  # a bad ATTN_DISPATCH_* value fails here, not at a model's first call
-        self.home = home
+        self._home = home
         self._measure = measure
         self.remember_tunings = remember_tunings
-        self._plans: BoundedCache[tuple, Plan] = BoundedCache(MAX_PLANS, on_evict=self._evicted)
-        self._hot: tuple[HotEntry, ...] = ()  # the plans called last, most recent first (`hot_path`)
-        self._hot_enabled, self._last_dict_plan = hot_path_enabled(), None  # the dict path's last (`hot_path.rehot`)
-        self._plan_table = self._plans.table  # the warm path's lookup
-        self._families: BoundedCache[tuple, Problem] = BoundedCache(MAX_PLANS)  # `_plan.family_key` -> a Problem
-        self._planners: dict[torch.device, DevicePlanner] = {}
-        self._config = PlannerConfig(self._kernels, policy, self._signature,
-                                     (lambda: tunings_dir(self.home)) if remember_tunings else None, self._count_cell)
-        self._counts: dict[str, list[int]] = {}  # calls of evicted plans and of the training route
-        self._training_route = TrainingRoute()  # forward+backward decisions (`training_route`)
         self._lock = threading.RLock()
-        self._traced_shapes: set[tuple] = set()  # exact shapes traced into compiled graphs (`compiled`)
         self.compile_id = dispatcher_id(self)
         """Names this dispatcher inside torch.compile graphs (`compiled`)."""
-        self._fast, self._building = attach_or_build(self)  # `fast_path`'s C++ entry, or None and a build awaited
+        self._fast = attach(self)  # `fast_path`'s C++ entry where it is built, else None
+        # the parts: plans per exact shape, the hot slots over them, call counts, and the cold path
+        self._plans: BoundedCache[tuple, Plan] = BoundedCache(MAX_PLANS, on_evict=self._evicted)
+        self._plan_table = self._plans.table  # the warm path's lookup
+        self._counts = CallCounts(self._lock)
+        self._hot_path = HotSlots(self._plan_table, self._lock, {}, enabled=hot_path_enabled(), fast=self._fast)
+        self._last_dict_plan = None  # the dict path's last plan (`hot_path.rehot`)
+        config = PlannerConfig(self._kernels, policy, self._signature,
+                               (lambda: tunings_dir(self.home)) if remember_tunings else None, self._counts.cell)
+        self._cold = ColdPath(config, self._plans, self._hot_path, self._counts, settings=self._settings,
+                              lock=self._lock, home=home)
+        self._traced_shapes: set[tuple] = set()  # exact shapes traced into compiled graphs (`compiled`)
 
     # ------------------------------------------------------------------ configuration
     @property
@@ -168,7 +163,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         -------
         ``[..., Hq, L, Ev]`` in the query's dtype.
 
-        The Python path; `fast_attention` (what `patched` installs) serves hot PyTorch-call plans in C++.
+        The Python path; `fast_attention` (what `attn_dispatch.attention`, `patched` and `register_transformers`
+        call) serves hot PyTorch-call plans in C++ and hands every other call to this method.
         """
         if _dynamo_compiling() or _compile_flags._is_compiling_flag:  # torch.compile: made and traced in `compiled`
             if dropout_p != 0.0 or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor) or (
@@ -179,7 +175,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
                                                       enable_gqa)
             return compiled_attention(self, query, key, value, attn_mask, is_causal, scale, enable_gqa)
         plan = None
-        hot = self._hot
+        hot = self._hot_path.slots
         if hot and dropout_p == 0.0:  # `hot_path`: the plans called last, matched by one C++ check of the tensors
             entry = None  # no strided nested tensor may reach a check (it reads strides first: the process aborts)
             try:
@@ -202,10 +198,10 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
                 calls = count[0] + 1  # a hot plan is past HOT_AFTER: only its settling is checked
                 count[0] = calls
                 if calls == plan.settle_at:
-                    plan = self._settle(key_, plan)
+                    plan = self._cold.settle(key_, plan)
                 flags = plan.sdpa_flags
         if plan is None:
-            # issue 13 hook, before any size is read: sdpa_kernel restrictions, CausalBias, a query subclass
+            # the caller's context, before any size is read: sdpa_kernel restrictions, CausalBias, a query subclass
             # (jagged nested). Meta and strided nested queries are found where the key misses or fails
             if (type(query) is not _Tensor or (attn_mask is not None and attn_mask.__class__ is not _Tensor)
                     or (_respecting[0] and not (_flash_on() and _efficient_on() and _math_on() and _cudnn_on()))):
@@ -244,7 +240,8 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
                     return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
                 raise
             if training:
-                return self._training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_)
+                return self._cold.training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_,
+                                           self.memory_budget)
             try:
                 plan = self._plan_table[key_]  # a subscript, not `.get`: 40 ns less
             except KeyError:
@@ -253,9 +250,9 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
                 if (query.is_meta or key.is_nested or value.is_nested
                         or not sdpa_context.all_strided(query, key, value, attn_mask)):
                     # shapes only, nested K/V with a dense query, or a sparse or mkldnn tensor (PyTorch's errors,
-                    # not failures remembered against the bucket's kernels): PyTorch's SDPA (issue 13), no plan kept
+                    # not failures remembered against the bucket's kernels): PyTorch's SDPA (`sdpa_context`), no plan kept
                     return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-                plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+                plan = self._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
                 promote = shapes_called_again(plan.bucket)  # a decode step's next length: hot from its 1st call
             else:  # (back) on the hot path: its 2nd call, served twice in a row, powers of two (`hot_path.rehot`)
                 promote = plan is self._last_dict_plan or plan.count[0] + 1 == HOT_AFTER or rehot(plan.count[0] + 1)
@@ -264,9 +261,9 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
             calls = count[0] + 1  # the cell read once, not twice: 25 ns
             count[0] = calls
             if calls == plan.settle_at:
-                plan = self._settle(key_, plan)
+                plan = self._cold.settle(key_, plan)
             elif promote:  # after the count: a plan evicted while its guard is built keeps this call in `stats`
-                self._make_hot(key_, plan, query, key, value, attn_mask, is_causal, enable_gqa)
+                self._hot_path.make_hot(key_, plan, query, key, value, attn_mask, is_causal, enable_gqa)
             flags = plan.sdpa_flags
         try:
             if flags is not None:  # PyTorch's SDPA on the call's tensors and scale, no frame of ours between (a
@@ -283,7 +280,7 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
                 raise  # restricted backends: PyTorch's own call, its own error (as `route` gives)
             if not sdpa_context.all_strided(query, key, value, attn_mask):  # sparse/mkldnn hit a warm plan: no
                 return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)  # failure kept
-            return self._recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa)
+            return self._cold.recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa)
 
     __call__ = attention
 
@@ -314,94 +311,98 @@ class Dispatcher(RecoveringDispatcher, TrainingCalls, HotPlans, Explaining, Call
         check_scale(scale)
         plan = self._plans.get(key_)
         if plan is None or plan.recheck:
-            plan = self._plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+            plan = self._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         return PreparedAttention(self, plan, key_, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
-    # ------------------------------------------------------------------ deciding
-    def _plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa) -> Plan:
-        """Cold path: a new exact shape (planned from its bucket, which is decided first if new),
-        or a plan to re-check (free memory, or its bucket's measuring decided since)."""
-        if self._building is not None:  # a background build of the fast path (`fast_path_autobuild`) may be done
-            adopt(self)
+    # ------------------------------------------------------------------ explaining
+    def explain(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        *,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Decision:
+        """The decision `attention` makes (or made) for these arguments, without running it (under the
+        caller's `sdpa_kernel` restriction: PyTorch's backend that runs, `restricted_calls`)."""
+        if sdpa_context.backends_restricted() and not (query.is_meta or query.is_nested):
+            grad = _grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+            problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
+            return restricted_decision(problem, query.device, self.memory_budget, training=dropout_p != 0.0 or grad)
+        attn_mask, is_causal = sdpa_context.explain_arguments(query, key, attn_mask, is_causal)  # the caller's context (`sdpa_context`)
+        cast = autocast_inputs(query, key, value, attn_mask) if _any_autocast() else None
+        if cast is not None:  # under torch.autocast: the inputs `attention` runs (`autocast`)
+            query, key, value, attn_mask = cast
+        key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
         plan = self._plans.get(key_)
-        if plan is not None and not plan.recheck:
-            return plan
-        family = None
-        if plan is not None:
-            problem = plan.problem
-        else:  # a sibling shape (another key length) spares the validation
-            family = family_key(query, key, value, attn_mask, is_causal, enable_gqa)
-            sibling = self._families.get(family)
-            problem = None if sibling is None else problem_at_key_length(sibling, key, value, attn_mask)
-            if problem is None:
-                problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
-        planner = self._planner(query.device)
-        with self._lock:
-            current = self._plans.get(key_)
-            if current is not None and current is not plan:
-                return current  # another thread planned meanwhile
-            new, decided = planner.plan(problem, key_, settings=self._settings,
-                                        on_failure=self._failure_handler(planner.device, problem),
-                                        new_shape=plan is None)
-            if plan is not None and plan.trial is None and new.kernel is plan.kernel and new.bucket is plan.bucket:
-                plan.recheck, new = new.recheck, plan  # unchanged: keep the plan (and its count)
-            else:
-                if plan is not None:
-                    self._fold_count(plan)
-                self._keep_plan(key_, new)
-            if family is not None:
-                self._families.put(family, problem)
-            if decided:
-                _log.new_decision(new.decision)
-        return new
+        if plan is None or plan.recheck:
+            plan = self._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+        grad = _grad_enabled()
+        inputs_grad = grad and (query.requires_grad or key.requires_grad or value.requires_grad)
+        why = pytorch_route_reason(dropout_p, False, grad and attn_mask is not None and attn_mask.requires_grad, plan.kernel)
+        if why is None:
+            if inputs_grad:
+                return self._cold.training_route.decision(plan, self.memory_budget)
+            return with_lossy_gain(plan.decision, self._cold.planner(query.device).state.ranking.prior, self.policy)
+        return replace(plan.decision, kernel=TRAINING_KERNEL, params={}, route=ROUTE_TRAINING,
+                       notes=(*plan.decision.notes, f"training: {why}"))
 
-    def _settle(self, key_, plan: Plan) -> Plan:
-        """`plan`'s shape has been called `plan.settle_at` times: from now on it runs the bucket's
-        decided kernel, paying that kernel's per-shape set-up once (`cold_shape.settle_after`)."""
-        with self._lock:
-            settled = self._planner(plan.device).settled(plan, key_)
-            if settled is None or self._plans.get(key_) is not plan:
-                return plan
-            plan.count[0] -= 1  # this call runs the settled plan: counted there
-            settled.count[0] += 1
-            self._fold_count(plan)
-            self._drop_hot(key_)
-            self._plans.put(key_, settled)
-            _log.settled(settled.kernel.name, plan.kernel.name, plan.settle_at)
-        return settled
+    def decide(self, problem: Problem, *, device: torch.device | str) -> Decision:
+        """The decision for a `Problem` on `device` without tensors (``attn-dispatch explain``);
+        not cached and not logged."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        planner = self._cold.planner(device)
+        decision = planner.decide(problem, budget=self.memory_budget, measure=self.measure,
+                                  on_failure=lambda name, error: None, defer_probes=False).explained()
+        return with_lossy_gain(decision, planner.state.ranking.prior, self.policy)
+
+    def use_table(self, table, path: str) -> None:
+        """Rank with `table` (a `models.ThresholdTable` read from `path`) on every device instead of
+        the table each device's lookup finds (``attn-dispatch explain --table``); every decision
+        made so far is forgotten (`reset`)."""
+        self._cold.ranking_options = {"given": (table, str(path))}
+        self.reset()
+
+    # ------------------------------------------------------------------ the parts
+    @property
+    def home(self) -> str | None:
+        """The directory holding threshold tables and measured buckets (None: ``ATTN_DISPATCH_HOME``
+        or the user cache)."""
+        return self._home
+
+    @property
+    def fast_attention(self):
+        """What to put where SDPA is looked up (`attn_dispatch.attention`, `patching`, `hf`): a C builtin
+        with SDPA's signature that serves the hot plans which are PyTorch's own SDPA call or a fused
+        backend's bare operator call with no Python frame, and hands every other call to `attention`
+        (`fast_path`); `attention` itself where the fast path is off, unsupported or not built."""
+        return self.attention if self._fast is None else self._fast.callable()
+
+    def stats(self) -> dict[str, int]:
+        """Calls per kernel name since the last `reset` (training calls that went to PyTorch's SDPA
+        count as ``"pytorch_sdpa (training)"``). Approximate under concurrent calls."""
+        return self._counts.stats(self._plans.values())
 
     def _settings(self) -> tuple[int | None, bool]:
         """(memory budget, measure): what a new bucket decision reads."""
         return self.memory_budget, self.measure
 
-    def _planner(self, device: torch.device) -> DevicePlanner:
-        planner = self._planners.get(device)
-        if planner is None:
-            with self._lock:
-                planner = self._planners.get(device)
-                if planner is None:
-                    probes = ProbeCache.for_device(device, self.home)  # before any kernel is probed
-                    state = DeviceState(resolve_ranking(device, home=self.home, **self._ranking_options))
-                    planner = self._planners[device] = DevicePlanner(
-                        device, state, self._config, measured_costs(device, self.home),
-                        measured_costs(device, self.home, "floor_seconds"), probes=probes, lock=self._lock)
-                    source = state.ranking.source
-                    say_once(source.identity or str(device), source.level, str(device), measure=self.measure)
-        return planner
-
-    def _state(self, device: torch.device) -> DeviceState:
-        """The device's ranker, failures and measured buckets."""
-        return self._planner(device).state
+    def _evicted(self, key_: tuple, plan: Plan) -> None:
+        self._cold.evicted(key_, plan)
 
     def reset(self) -> None:
         """Forget every decision, table, remembered failure and count (after recalibrating, or
         after changing ``ATTN_DISPATCH_MEMORY_BUDGET`` / ``ATTN_DISPATCH_HOME``)."""
         with self._lock:
             self._plans.clear()
-            self._set_hot(())  # every plan leaves
+            self._hot_path.set(())  # every plan leaves
             self._last_dict_plan = None
-            self._families.clear()
             self._traced_shapes.clear()
-            self._planners.clear()
             self._counts.clear()
-            self._training_route.reset()
+            self._cold.reset()

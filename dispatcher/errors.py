@@ -44,17 +44,17 @@ class NoKernelError(RuntimeError):
 
     @classmethod
     def nothing_fits(cls, ranked, fit, device: str, *, free: int | None, budget: int | None) -> NoKernelError:
-        """The error for a `planning.Ranked` whose `planning.Fit` kept no option."""
+        """The error for a `selection.Ranked` whose `selection.Fit` kept no option."""
         return cls(ranked.problem, device, ranked.dropped + fit.dropped, smallest=smallest_workspace(ranked),
                    budget=budget, free=free)
 
 
 def smallest_workspace(ranked) -> tuple[str, int] | None:
-    """(name, workspace bytes) of the runnable option of a `planning.Ranked` that needs the least
-    workspace, counting the chunked kernel shrunk to its smallest chunks (`planning.MIN_CHUNK`),
+    """(name, workspace bytes) of the runnable option of a `selection.Ranked` that needs the least
+    workspace, counting the chunked kernel shrunk to its smallest chunks (`selection.MIN_CHUNK`),
     which the dispatcher tries when nothing else fits (of equal workspaces, the first name); None when no kernel
     supports the problem."""
-    from attn_dispatch.dispatcher.planning import MIN_CHUNK
+    from attn_dispatch.dispatcher.selection import MIN_CHUNK
     from attn_dispatch.kernels import ChunkedKernel
 
     sizes = [(option.kernel.name, int(option.workspace_bytes)) for option in ranked.options]

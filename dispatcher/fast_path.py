@@ -1,10 +1,9 @@
 """The fast path: a C builtin (`fast_call.cpp`) in front of `Dispatcher.attention` for the calls that
 are PyTorch's own SDPA call or one fused backend's ATen operator call.
 
-Why: any Python function in front of ``F.scaled_dot_product_attention`` costs a frame, +0.56-0.98 us
-on the H200 host for a bare pass-through, +1.47-2.07 us with one tensor guard (issue 14's floors),
-12-15% of a settled decode step's 23-37 us call, where every plan is PyTorch's SDPA anyway. The
-builtin reads the arguments from the vectorcall array, checks them against the dispatcher's hot
+Any Python function in front of ``F.scaled_dot_product_attention`` costs a frame, a large share of
+a settled decode step's call where every plan is PyTorch's SDPA anyway (docs/RESULTS.md#warm-parity).
+The builtin reads the arguments from the vectorcall array, checks them against the dispatcher's hot
 entries (`hot_path`) in C++ and, on a match, adds one to the plan's count and makes the call's own
 SDPA call: no Python frame. It calls ATen's SDPA as PyTorch's Python binding does (the GIL released,
 C++ warnings raised as Python warnings) but without the binding's argument parser, whose work the
@@ -15,8 +14,7 @@ forwarded unchanged to PyTorch's SDPA instead. Every other call is forwarded unc
 A hot plan that runs a fused backend's operator bare (`kernels._bare_call.BareCall`: flash,
 memory-efficient or cuDNN with no mask, GQA native or folded into rows) is served the same way: the
 builtin makes that operator call through ATen, with the GIL released as PyTorch's bindings release
-it, where the Python path paid +2.8-3.2 us over the operator (session 10's grid, H200 host). Such an
-entry also requires a float or no ``scale`` and every SDPA backend switched on (`sdpa_kernel`
+it. Such an entry also requires a float or no ``scale`` and every SDPA backend switched on (`sdpa_kernel`
 restrictions are `sdpa_context.route`'s).
 
 An entry may serve a range of key lengths (`length_range`): every length over which the plan's
@@ -34,14 +32,15 @@ keys under the thread's state (inference mode, autocast), dtype, device, sizes, 
 settle point. A forwarded call that raises is handed to `Dispatcher.attention` (whose recovery then
 runs: out of memory, restricted backends).
 
-Where: `patching.install` and `hf.make_attention_function` use ``dispatcher.fast_attention``;
-`Dispatcher.attention` stays the Python method. Under torch.compile, Dynamo inlines a Python
+Where: `attn_dispatch.attention` (the default dispatcher's), `patching.install` and
+`hf.make_attention_function` use ``dispatcher.fast_attention``; `Dispatcher.attention` stays the
+Python method (the callable hands it every call it does not serve). Under torch.compile, Dynamo inlines a Python
 stand-in calling `Dispatcher.attention` (``torch._dynamo.substitute_in_graph``), so a compiled
 model traces the dispatcher's choice as before.
 
-Built, never inside a call: ``attn-dispatch build-fast-path`` (in the background where a dispatcher
-finds none, `fast_path_autobuild`, and, best effort, at the end of ``attn-dispatch calibrate``) compiles it with torch's C++ extension loader (a C++17 compiler,
-Python headers and ninja) in a private folder and installs it, with a manifest (size, sha256),
+Built only where the user asks, never by the runtime library: ``attn-dispatch build-fast-path`` and,
+best effort, the end of ``attn-dispatch calibrate`` compile it with torch's C++ extension loader (a
+C++17 compiler, Python headers and ninja) in a private folder and install it, with a manifest (size, sha256),
 under ``<home>/fast_path/<name>`` (`fast_path_build`), the name keyed by the torch build, the Python
 ABI and the source; a `Dispatcher` loads it only when that exact build is installed and matches its
 manifest (or is already loaded in this process): a partial or foreign file is never dlopened.
@@ -66,15 +65,21 @@ from typing import TYPE_CHECKING
 import torch
 
 from attn_dispatch.dispatcher import fast_path_build
+from attn_dispatch.dispatcher.after_import import when_imported
 from attn_dispatch.dispatcher.fast_path_build import library_path, module_name
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.models.environment import FAST_PATH
 
 if TYPE_CHECKING:
-    from attn_dispatch.dispatcher._plan import Plan
     from attn_dispatch.dispatcher.core import Dispatcher
+    from attn_dispatch.dispatcher.plans import Plan
 
 BUILD_COMMAND = "build-fast-path"
+WITHOUT_IT = ("without it, calls the fast path would serve take the Python path: about 1.5-3.5 us more per call "
+              "than PyTorch's SDPA on the CPU and on an H200's host (docs/RESULTS.md#warm-parity)")
+"""What a user without the fast path loses, as `status` and ``attn-dispatch devices`` say it: the
+Python hot path's extra over SDPA (+1.1 to +2.8 us on the dev VM's CPU, +2.0 to +3.2 us on the
+H200's host) against the fast path's (-0.5 to -0.1 us), `bench.dispatch_overhead`."""
 logger = logging.getLogger("attn_dispatch")
 _loaded: dict[str, tuple[ModuleType, Path]] = {}  # module name -> the module and its library, once per process
 _checks: dict[tuple, str] = {}  # the library's and manifest's (path, inode, size, mtime) -> `rejection`
@@ -172,16 +177,10 @@ def status(home: str | os.PathLike | None = None) -> str:
         path = _loaded[module_name()][1]
         served = sum(_hits_or_none(fast) or 0 for fast in list(_made))
         return f"loaded {path} ({served} calls served in C++ by this process's dispatchers)"
-    from attn_dispatch.dispatcher.fast_path_autobuild import status as build_status
-
     reason = _rejected.get(str(library_path(home)))
-    rejected = reason is not None and _checked_rejection(library_path(home)) is not None
-    building = build_status(home, skipped=not rejected)  # a background build: running, failed or skipped
-    if building is not None:
-        return building
-    if not rejected:
-        return f"not built: {fix}"
-    return f"built library rejected ({reason}): {fix}"
+    if reason is None or _checked_rejection(library_path(home)) is None:
+        return f"not built: {fix} ({WITHOUT_IT})"
+    return f"built library rejected ({reason}): {fix} ({WITHOUT_IT})"
 
 
 def _hits_or_none(fast: FastPath) -> int | None:
@@ -202,7 +201,7 @@ class FastPath:
         direct = pytorch_sdpa is torch._C._nn.scaled_dot_product_attention  # else tests' stand-in: call it
         self.call = module.make(pytorch_sdpa, dispatcher.attention, getattr(torch, "compiler", None), direct)
         self._dispatcher = dispatcher
-        self._registered: bool | None = None  # the compile stand-in: None not tried, then whether it took
+        self._registered = False  # the compile stand-in: registered once Dynamo is imported (`callable`)
         _made.add(self)
 
     @property
@@ -211,11 +210,14 @@ class FastPath:
         return self.module.hits(self.call)
 
     def callable(self):
-        """The fast callable, its torch.compile stand-in registered on first use; None where that
-        fails (a graph would break on it: the caller uses `Dispatcher.attention`)."""
-        if self._registered is None:
-            self._registered = _register_stand_in(self.call, self._dispatcher)
-        return self.call if self._registered else None
+        """The fast callable. Its torch.compile stand-in is registered when Dynamo is imported
+        (`after_import.when_imported`: at once where it already is), so handing it out imports no
+        compiler stack; where this torch refuses the stand-in, a compiled graph breaks on the callable
+        and runs it eagerly (one warning in the log)."""
+        if not self._registered:
+            self._registered = True
+            when_imported("torch._dynamo", lambda _: _register_stand_in(self.call, self._dispatcher))
+        return self.call
 
     def entry(self, plan: Plan, tensors: tuple[torch.Tensor, ...], is_causal: bool, enable_gqa: bool,
               key_lengths: tuple[int, int] | None = None):
@@ -300,7 +302,8 @@ def _register_stand_in(fast, dispatcher: Dispatcher) -> bool:
         _stand_in_targets[number] = dispatcher
         substitute_in_graph(fast, skip_signature_check=True)(fast_attention)
         return True
-    except Exception as error:  # noqa: BLE001 - no stand-in: no fast path for this dispatcher
+    except Exception as error:  # noqa: BLE001 - no stand-in: a compiled graph breaks on the fast callable
         _stand_in_targets.pop(number, None)
-        logger.debug("attn_dispatch: fast path stand-in not registered (%s: %s)", type(error).__name__, error)
+        logger.warning("attn_dispatch: torch.compile cannot trace the fast path here (%s: %s): a compiled graph "
+                       "breaks on it and runs it eagerly", type(error).__name__, error)
         return False

@@ -143,10 +143,7 @@ def build(home: str | os.PathLike | None = None) -> tuple[Path, ModuleType | Non
     """Compile and install the library under `home` unless a matching one is installed there: the
     installed library's path and the module compiled now (None where the installed one was reused).
     Raises RuntimeError naming what is missing (compiler, headers, ninja) when the build fails."""
-    from attn_dispatch.dispatcher.fast_path_markers import clear_failure  # (it imports this module)
-
     library = library_path(home)
-    clear_failure(library)  # an explicit build: background builds (`fast_path_autobuild`) may start again
     folder = build_directory(home)
     folder.mkdir(parents=True, exist_ok=True)
     with install_lock(folder) as locked:

@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attn_dispatch.dispatcher.fast_path_autobuild import follow_fast_path
-
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher.core import Dispatcher
 
@@ -34,15 +32,8 @@ def make_attention_function(dispatcher: Dispatcher | None = None):
         from attn_dispatch.dispatcher.api import default_dispatcher
 
         dispatcher = default_dispatcher()
-    # bound, not looked up per call: the fast path (`fast_path`), again when one built in the background is
-    # adopted (`fast_path_autobuild`); an object with only `attention`, that
-    run = dispatcher.attention
-
-    def rebind(fast) -> None:
-        nonlocal run
-        run = fast
-
-    follow_fast_path(dispatcher, rebind)
+    # bound, not looked up per call: the fast path (`fast_path`) where built; an object with only `attention`, that
+    run = getattr(dispatcher, "fast_attention", None) or dispatcher.attention
 
     def attn_dispatch_forward(
         module: torch.nn.Module,

@@ -1,28 +1,26 @@
 """The hot path: the plans called most recently, matched by one C++ check of the call's tensors
 instead of a key tuple built from their attributes and a dict lookup.
 
-A warm call's key reads shape, dtype and device of query, key and value, their contiguity and the
-mask's fields: about a dozen attribute reads of 60-150 ns each, then a dict lookup that hashes the
-tuple, ~1.2 us in all (2-core CPU, torch 2.13, `bench.diagnostics.warm_path_pieces`). The loops
-users run call one shape many times in a row (every layer of a decode step, every block of a
-denoising step), so the dispatcher keeps its last `HOT_SLOTS` plans with a guard each: Dynamo's own
-tensor check (`torch._C._dynamo.guards.TensorGuards`, what a compiled graph runs before each call),
-which compares in C++ the Python type, dispatch keys, dtype, device, exact sizes and strides and
-``requires_grad`` of every tensor: 0.26-0.43 us for three tensors on the same CPU, 0.16 us to
-reject a call whose first tensor differs.
+A warm call's key reads about a dozen tensor attributes and hashes the tuple for a dict lookup.
+The loops users run call one shape many times in a row (every layer of a decode step, every block
+of a denoising step), so the dispatcher keeps its last `HOT_SLOTS` plans with a guard each:
+Dynamo's own tensor check (`torch._C._dynamo.guards.TensorGuards`, what a compiled graph runs
+before each call), which compares in C++ the Python type, dispatch keys, dtype, device, exact sizes
+and strides and ``requires_grad`` of every tensor. Where the fast path is not built, or the plan
+runs one of our own kernels, this is what serves a warm call (its cost against the dict path's:
+docs/RESULTS.md#warm-parity).
 
 A guard is stricter than the plan's key (exact strides, not only contiguity; the dispatch keys
 carry inference mode), so a match always falls in the plan's key, and a miss only means the dict
 path. It records ``requires_grad`` as False on every tensor (only inference plans go hot), so a
 match with no dropout is an inference call. Where a torch build lacks the class or refuses the
 arguments, `tensor_guard` returns None and the dict path serves every call. A check reads each
-tensor's strides before comparing anything, and a strided nested tensor's abort the process
-(torch 2.13), so `Dispatcher.attention` sends a call with a nested tensor to the dict path first.
+tensor's strides before comparing anything, and a strided nested tensor's abort the process, so `Dispatcher.attention` sends a call with a nested tensor to the dict path first.
 
 The fast path (`fast_path`) mirrors these slots in C++: an entry whose plan is exactly its call's own
 PyTorch SDPA call, or one fused backend's bare operator call, gets a C++ record of its tensors
 (``HotEntry.fast``), serving the key lengths of its bucket that a new shape would get the same call
-at (`length_range`), and every change of the slots goes through `HotPlans._set_hot`, which hands the
+at (`length_range`), and every change of the slots goes through `HotSlots.set`, which hands the
 C++ side the new set.
 """
 
@@ -33,23 +31,23 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attn_dispatch.dispatcher.cold_shape import calls_per_shape
 from attn_dispatch.dispatcher.length_range import served_key_lengths
+from attn_dispatch.dispatcher.selection import calls_per_shape
 from attn_dispatch.models.environment import HOT_PATH
 
 if TYPE_CHECKING:
-    from attn_dispatch.dispatcher._plan import Plan
+    from attn_dispatch.dispatcher.plans import Plan
 
 HOT_SLOTS = 2
 """Plans kept on the hot path, most recent first: two serve a model alternating two shapes (a
 diffusion block's self- and cross-attention), one its decode step; each slot a call misses costs
-one rejected check (~0.16-0.3 us)."""
+one rejected check."""
 
 HOT_AFTER = 2
-"""Calls of one plan (its exact shape) before it goes hot: building a guard costs ~4.6 us (2-core
-CPU, torch 2.13), about four warm calls' keys, so a shape called once (a decode step's first layer
-that never comes back) does not pay it, and one called on every layer pays it once. A new shape of
-a bucket whose shapes are called again (`shapes_called_again`) goes hot at its first call."""
+"""Calls of one plan (its exact shape) before it goes hot: building a guard costs about four warm
+calls' keys, so a shape called once (a decode step's first layer that never comes back) does not
+pay it, and one called on every layer pays it once. A new shape of a bucket whose shapes are called
+again (`shapes_called_again`) goes hot at its first call."""
 
 
 def hot_path_enabled() -> bool:
@@ -65,20 +63,18 @@ def rehot(calls: int) -> bool:
     about log2(calls) guards per plan instead of one per call.
 
     A warm plan the dict path serves twice in a row also goes back on at once
-    (`Dispatcher.attention`). A repeated decode loop meets each key length for one run of calls (one
-    per layer) per pass: by the power-of-two rule alone, a length seen in many passes almost never
-    came back, and its calls took the dict path (+3 us against +1.6 us on the H200 host, session 9).
-    A rotation of shapes never serves one plan twice in a row, so it builds no more guards."""
+    (`Dispatcher.attention`): a repeated decode loop meets each key length for one run of calls (one
+    per layer) per pass, which the power-of-two rule alone would leave on the dict path. A rotation
+    of shapes never serves one plan twice in a row, so it builds no more guards."""
     return calls > HOT_AFTER and not calls & (calls - 1)
 
 
 def shapes_called_again(bucket) -> bool:
     """Whether a new exact shape of `bucket` goes hot at its first call: where the bucket's earlier
-    shapes got `HOT_AFTER` calls or more each (`cold_shape.calls_per_shape`: a decode loop calls every
+    shapes got `HOT_AFTER` calls or more each (`selection.calls_per_shape`: a decode loop calls every
     layer at each new key length), its guard would be built at the second call anyway, and building
-    it at the first spares the second call the dict path (one of a token's calls per new length: the
-    dict path cost 3.0-6.1 us a call over SDPA in the H200 settled decode loop, session 11 run 1). A
-    shape of a bucket with no such history waits for its second call, as before."""
+    it at the first spares the second call the dict path. A shape of a bucket with no such history
+    waits for its second call."""
     expected = calls_per_shape(cell[0] for cell in bucket.history)
     return expected is not None and expected >= HOT_AFTER
 
@@ -89,8 +85,8 @@ def tensor_guard(tensors: tuple[torch.Tensor, ...]) -> Callable[..., bool] | Non
     None where this torch has no usable `TensorGuards`.
 
     A tensor passed twice (``key is value``, self-attention on one tensor) fails `TensorGuards`'s
-    own check (torch 2.13): the guard then covers each distinct tensor once and the check also
-    requires the same positions to hold the same tensor (a Python wrapper, ~1 us, on such calls only)."""
+    own check: the guard then covers each distinct tensor once and the check also requires the same
+    positions to hold the same tensor (a Python wrapper, on such calls only)."""
     firsts = tuple(next(j for j, u in enumerate(tensors) if u is t) for t in tensors)
     distinct = tuple(sorted(set(firsts)))
     try:
@@ -146,64 +142,58 @@ def promoted(slots: tuple, entry: HotEntry) -> tuple:
     return (entry, *(e for e in slots if e.plan is not entry.plan))[:HOT_SLOTS]
 
 
-class HotPlans:
-    """The hot path's upkeep in `core.Dispatcher` (a base class of it: it uses the dispatcher's
-    plan cache, `_hot` slots and counts)."""
+class HotSlots:
+    """A dispatcher's hot path: its last `HOT_SLOTS` plans with their guards (`slots`, most recent
+    first), mirrored into the fast path's C++ slots where it is loaded (`fast`). Reads the plan table
+    (`table`: exact shape key -> `Plan`) to make sure a plan is still cached when it goes hot, and the
+    device planners (`planners`) for the key lengths a C++ entry may serve (`length_range`)."""
 
-    def _make_hot(self, key_, plan: Plan, query, key, value, attn_mask, is_causal, enable_gqa) -> None:
-        """Put `plan` first on the hot path (`hot_path`), guarded by this call's tensors: only an
-        inference plan (no tensor requiring grad: a match is then no training call) kept under `key_`,
-        with no mask or a plain tensor one (`sdpa_context.route` reads a `CausalBias`'s variant, which
-        no tensor guard sees)."""
+    def __init__(self, table: dict, lock, planners: dict, *, enabled: bool, fast=None) -> None:
+        self.slots: tuple[HotEntry, ...] = ()
+        self.table = table
+        self.lock = lock
+        self.planners = planners
+        self.enabled = enabled
+        self.fast = fast
+
+    def make_hot(self, key_, plan: Plan, query, key, value, attn_mask, is_causal, enable_gqa) -> None:
+        """Put `plan` first on the hot path, guarded by this call's tensors: only an inference plan
+        (no tensor requiring grad: a match is then no training call) kept under `key_`, with no mask
+        or a plain tensor one (`sdpa_context.route` reads a `CausalBias`'s variant, which no tensor
+        guard sees)."""
         tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
-        if (not self._hot_enabled or plan.recheck or plan.unguardable or any(t.requires_grad for t in tensors)
-                or self._plan_table.get(key_) is not plan
+        if (not self.enabled or plan.recheck or plan.unguardable or any(t.requires_grad for t in tensors)
+                or self.table.get(key_) is not plan
                 or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor)):
             return
         check = tensor_guard(tensors)
         fast = lengths = None
-        if self._fast is not None:
-            planner = self._planners.get(plan.device)
+        if self.fast is not None:
+            planner = self.planners.get(plan.device)
             lengths = None if planner is None else served_key_lengths(planner, plan)
-            fast = self._fast.entry(plan, tensors, is_causal, enable_gqa, lengths)
+            fast = self.fast.entry(plan, tensors, is_causal, enable_gqa, lengths)
         if check is None and fast is None:  # nothing can guard these tensors: not tried on every call
             plan.unguardable = True
             return
-        with self._lock:  # another thread may have reset, evicted or replaced the plan meanwhile
-            if self._plan_table.get(key_) is plan:
+        with self.lock:  # another thread may have reset, evicted or replaced the plan meanwhile
+            if self.table.get(key_) is plan:
                 if lengths is not None and served_key_lengths(planner, plan) != lengths:
                     # or failed or re-decided its bucket: the range no longer holds, only the exact shape
-                    fast = self._fast.entry(plan, tensors, is_causal, enable_gqa)
-                self._set_hot(promoted(self._hot, HotEntry(check or _never_matches, plan, key_, is_causal, enable_gqa,
-                                                           attn_mask is not None, fast)))
+                    fast = self.fast.entry(plan, tensors, is_causal, enable_gqa)
+                self.set(promoted(self.slots, HotEntry(check or _never_matches, plan, key_, is_causal, enable_gqa,
+                                                       attn_mask is not None, fast)))
 
-    def _evicted(self, key_: tuple, plan: Plan) -> None:
-        """`plan` left the bounded plan cache: its calls stay in `stats`, it leaves the hot path, and
-        the calls it made toward settling count for its shape's next plan (`cold_shape.SpentCalls`)."""
-        self._fold_count(plan)
-        if plan.settle_at and plan.count[0]:
-            planner = self._planners.get(plan.device)
-            if planner is not None:
-                planner.spent.add(key_, plan.count[0])
-        self._set_hot(tuple(entry for entry in self._hot if entry.plan is not plan))
+    def drop_plan(self, plan: Plan) -> None:
+        """`plan` leaves the hot path (evicted, replaced, or its bucket decided again)."""
+        self.set(tuple(entry for entry in self.slots if entry.plan is not plan))
 
-    def _drop_hot(self, key_: tuple) -> None:
+    def drop(self, key_: tuple) -> None:
         """The plan cached under `key_` is replaced or removed: it leaves the hot path (the others stay)."""
-        self._set_hot(tuple(entry for entry in self._hot if entry.key != key_))
+        self.set(tuple(entry for entry in self.slots if entry.key != key_))
 
-    @property
-    def fast_attention(self):
-        """What to put where SDPA is looked up (`patching` and `hf` do): a C builtin with SDPA's
-        signature that serves the dispatcher's hot plans which are PyTorch's own SDPA call or a fused
-        backend's bare operator call with no Python frame and hands every other call to `attention`
-        (`fast_path`); `attention` itself where the fast path is off, unsupported or not built.
-        `attention` is always the Python path."""
-        fast = None if self._fast is None else self._fast.callable()
-        return self.attention if fast is None else fast
-
-    def _set_hot(self, slots: tuple) -> None:
-        """The one place the hot path changes: `fast_path`'s C++ slots mirror it, so they never
+    def set(self, slots: tuple) -> None:
+        """The one place the hot path changes: the fast path's C++ slots mirror it, so they never
         serve a plan dropped here."""
-        self._hot = slots
-        if self._fast is not None:
-            self._fast.mirror(slots)
+        self.slots = slots
+        if self.fast is not None:
+            self.fast.mirror(slots)

@@ -2,10 +2,9 @@
 plan's bucket would give a new exact shape the very same call.
 
 A decode loop with a growing cache calls every layer at a key length one longer than the last
-step's. Served per exact shape, each new length took the dict path twice before its plan went hot
-(a plan made from the bucket, then a guard built): two of the 32 calls of a 32-layer token, +1.58 us
-a call on average over PyTorch's SDPA in a settled H200 decode loop (session 10), most of the
-dispatcher's whole cost there. A range entry serves the next lengths in C++ from the first.
+step's. Served per exact shape, each new length would take the dict path twice before its plan
+went hot (a plan made from the bucket, then a guard built); a range entry serves the next lengths
+in C++ from the first.
 
 A range holds where a new exact shape of the bucket would be planned exactly as this one was, with
 nothing that changes between lengths (`served_key_lengths`):
@@ -14,9 +13,9 @@ nothing that changes between lengths (`served_key_lengths`):
 - no failure is remembered for the bucket, nor its measuring pending, nor a memory re-check asked;
 - every length lies in the bucket (`models.buckets.length_bucket`: the powers of two that bound it)
   and, on a GPU where the plan runs one of our kernels, nowhere: such lengths are decided apart by
-  whether they are a multiple of `KEY_COUNT_MULTIPLE` (`planning.keys_aligned`), which every run of
+  whether they are a multiple of `KEY_COUNT_MULTIPLE` (`selection.keys_aligned`), which every run of
   consecutive lengths crosses (PyTorch's fused backends are taken alike on both sides, as their
-  measured entries are: `ranking.measured_alignment_carries`); where causal, on one side of the query length (square and rectangular causality are probed
+  measured entries are: `device_ranking.measured_alignment_carries`); where causal, on one side of the query length (square and rectangular causality are probed
   as different features: `SdpaBackendKernel._features`);
 - at both ends of the range the kernel takes the problem and makes the same call (`Kernel.sdpa_call`,
   `bare_call`), and at the longest its workspace fits as the planner would check it (`planning`).
@@ -26,13 +25,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attn_dispatch.dispatcher.planning import decision_bucket, keys_aligned, needs_recheck, over_limit_reason
+from attn_dispatch.dispatcher.selection import decision_bucket, keys_aligned, needs_recheck, over_limit_reason
 from attn_dispatch.kernels.registry import uses_fused_backend
 from attn_dispatch.models.buckets import length_bucket
 
 if TYPE_CHECKING:
-    from attn_dispatch.dispatcher._plan import Plan
-    from attn_dispatch.dispatcher.planner import DevicePlanner
+    from attn_dispatch.dispatcher.device_planner import DevicePlanner
+    from attn_dispatch.dispatcher.plans import Plan
     from attn_dispatch.kernels import Problem
 
 

@@ -3,9 +3,8 @@ output is that call's output.
 
 Where no measured table entry of this card decides a bucket (a card without its family's table, a
 CPU before `attn-dispatch calibrate`, a bucket a table only predicts), a table or prior ranks the
-kernels, but on another card a prior fitted to the H200's measurements picked kernels up to 4.5x
-slower than the fastest (an H100 with the bundled tables removed, issue 34). So the bucket's first
-calls measure (`Trial`): the baseline first (PyTorch's default, what the caller would have run
+kernels, and a ranking can be far off on a card it was not fitted on
+(docs/RESULTS.md#h100-without-tables). So the bucket's first calls measure (`Trial`): the baseline first (PyTorch's default, what the caller would have run
 without us; in the portable set, where the default is only a last resort, the ranking's first
 choice), then the other candidates in the ranking's order, one call each in turn, every call timed
 without waiting for the device (`call_timing`). The rules:
@@ -27,7 +26,7 @@ without waiting for the device (`call_timing`). The rules:
 A candidate that raises is out (its failure remembered for the bucket as any run-time failure is),
 and the call runs the plan's own kernel instead. When the trial is decided, `on_close` hands the
 result (`tuning.Tuned`) to the bucket, which keeps it in the home's tuning store for later
-processes (`tuning_store`). ``ATTN_DISPATCH_MEASURE=0`` (or ``Dispatcher(measure=False)``) turns
+processes (`measured_store`). ``ATTN_DISPATCH_MEASURE=0`` (or ``Dispatcher(measure=False)``) turns
 the measuring off: the ranking's order serves, PyTorch's default first where nothing was measured.
 """
 
@@ -39,10 +38,9 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from attn_dispatch.dispatcher._plan import failure_message
 from attn_dispatch.dispatcher.decision import format_seconds
-from attn_dispatch.dispatcher.planning import Option
-from attn_dispatch.dispatcher.tuning import MIN_WIN_MARGIN, Tuned
+from attn_dispatch.dispatcher.plans import failure_message
+from attn_dispatch.dispatcher.selection import MIN_WIN_MARGIN, Option, Tuned
 from attn_dispatch.kernels import Kernel, Problem
 from attn_dispatch.models import environment
 
@@ -65,14 +63,13 @@ WARM_UP_CALLS = 1
 CLEARLY_SLOWER = 0.10
 """A candidate whose fastest sample is this much slower than the slowest sample of the fastest
 candidate so far cannot win: it leaves after that sample. One margin over two extremes, so call-to-
-call noise (a few percent on a GPU's events, 10-30% on a loaded 2-core CPU's host clock) can only
+call noise (a few percent on a GPU's events, tens of percent on a loaded CPU's host clock) can only
 keep a candidate in longer, never push a faster one out on one unlucky call."""
 
 BUDGET_CALLS = 3.0
 """What a bucket may spend on slower candidates, in calls of the baseline: the summed excess of
 their calls over the baseline's median. Three calls' worth, once per bucket: a decode loop of 32
-layers spends it within its first token, and a bucket never costs seconds on a tiny call (the burst
-tuning this replaces spent 0.5-1.2 s on one call of a large bucket on the H100, issue 34)."""
+layers spends it within its first token, and a bucket never costs seconds on a tiny call."""
 
 MAX_PENDING = 2
 """Readings that may wait for their device events before calls go untimed: a GPU call's events
@@ -115,7 +112,7 @@ class Trial:
     clock: `call_timing.clock_for` the bucket's device.
     fits: ``fits(kernel, problem) -> bool``: the kernel runs this exact problem of the bucket within
         the memory limits it was decided under.
-    cold_s: kernel name -> seconds it sets up on a new exact shape (`cold_shape.cold_seconds`).
+    cold_s: kernel name -> seconds it sets up on a new exact shape (`selection.cold_seconds`).
     on_close: called once with the trial when it is decided (outside the trial's lock).
     on_failure: ``(kernel name, error)`` of a candidate that raised on a call.
     count_cell: ``(kernel name) -> [calls]``: where a call run by another candidate than its plan's
@@ -182,7 +179,7 @@ class Trial:
             out = run(query, key, value, attn_mask, scale, enable_gqa, problem)
         except Exception as error:  # noqa: BLE001 - a failing candidate is out; the plan's own kernel runs
             if contender is self.baseline and plan.kernel is contender.option.kernel:
-                raise  # the plan's own kernel: the dispatcher's fallback (`recovery`) takes over
+                raise  # the plan's own kernel: the dispatcher's fallback (`cold_path.ColdPath.recover`) takes over
             out = own(query, key, value, attn_mask, scale, enable_gqa, problem)  # raises: not the candidate's fault
             self._failed(contender, error)
             return out

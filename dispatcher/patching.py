@@ -91,15 +91,6 @@ def uninstall(token: int | None = None) -> None:
             _original = None
 
 
-def rebind(dispatcher: Dispatcher, fast: Callable) -> None:
-    """`dispatcher` adopted a fast path built in the background (`fast_path_autobuild`): where it
-    serves now and SDPA is still its Python `attention`, SDPA becomes `fast` (its `fast_attention`;
-    `uninstall` reads that again, and the last one restores the original)."""
-    with _lock:
-        if _active and _active[-1][1] is dispatcher and F.scaled_dot_product_attention == dispatcher.attention:
-            F.scaled_dot_product_attention = fast
-
-
 def is_installed() -> bool:
     """Whether some dispatcher serves `F.scaled_dot_product_attention` now."""
     return bool(_active)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attn_dispatch.dispatcher._plan import Plan, cache_key
+from attn_dispatch.dispatcher.plans import Plan, cache_key
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher.core import Dispatcher
@@ -64,7 +64,7 @@ class PreparedAttention:
         try:
             return plan.run(query, key, value, attn_mask, self._scale, self._gqa, plan.problem)
         except Exception as error:  # noqa: BLE001 - the dispatcher's fallback takes over
-            return self._dispatcher._recover(plan, self._key, error, query, key, value, attn_mask, self._scale, self._gqa)
+            return self._dispatcher._cold.recover(plan, self._key, error, query, key, value, attn_mask, self._scale, self._gqa)
 
     def __repr__(self) -> str:
         return f"PreparedAttention({self._plan.decision.summary()})"

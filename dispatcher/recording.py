@@ -1,7 +1,7 @@
 """Record the distinct problem buckets a real run hits, for ``attn-dispatch calibrate --workload``.
 
 Turn it on for a whole process with ``ATTN_DISPATCH_RECORD=path``, or for a block with
-``with attn_dispatch.record(path): ...``. Each new bucket (`dispatcher.planning.failure_bucket`:
+``with attn_dispatch.record(path): ...``. Each new bucket (`dispatcher.selection.failure_bucket`:
 batch and lengths rounded up to powers of two, every other field exact) is appended to the file
 as one JSON line ``{"format": 1, "bucket": [...], "problem": {...}}`` holding the first exact
 problem seen in it. The file is append-only and deduplicated by bucket, across runs too (the
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from attn_dispatch.dispatcher.planning import failure_bucket
+from attn_dispatch.dispatcher.selection import failure_bucket
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.environment import RECORD
 

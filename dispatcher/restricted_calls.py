@@ -8,8 +8,7 @@ whatever the dispatcher would have chosen. So `explain` names the restriction an
 (``ATTN_DISPATCH_MEMORY_BUDGET`` or the dispatcher's), a call whose backend needs more than the
 budget (its forward workspace, or forward and backward for inputs requiring grad:
 `kernels.backward_memory.training_bytes`) logs one WARNING per exact shape naming the budget and
-the bytes (`warn_if_over_budget`). On the 2-core CPU, training inputs held to math under a 64 MiB
-budget took 1.24 GiB more in the forward while `explain` named a chunked kernel (issue 31).
+the bytes (`warn_if_over_budget`).
 """
 
 from __future__ import annotations
@@ -19,9 +18,9 @@ import threading
 
 import torch
 
-from attn_dispatch.dispatcher._plan import cache_key
 from attn_dispatch.dispatcher.decision import Candidate, Decision, RankingSource
 from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
+from attn_dispatch.dispatcher.plans import cache_key
 from attn_dispatch.kernels import Problem, kernel_from_name
 from attn_dispatch.kernels.backward_memory import training_bytes
 from attn_dispatch.kernels.sdpa_probe import BACKEND_SWITCHES, default_backend_choice

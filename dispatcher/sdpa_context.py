@@ -1,5 +1,5 @@
-"""What the caller's context asks of an SDPA call before the dispatcher may choose a kernel
-(issue 13): PyTorch's backend restrictions, `CausalBias` objects, meta tensors.
+"""What the caller's context asks of an SDPA call before the dispatcher may choose a kernel:
+PyTorch's backend restrictions, `CausalBias` objects, meta tensors.
 
 - **`sdpa_kernel` restrictions.** ``with torch.nn.attention.sdpa_kernel([...])`` (and
   ``torch.backends.cuda.enable_*_sdp(False)``) switch PyTorch's backends off through global flags

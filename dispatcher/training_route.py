@@ -5,7 +5,7 @@ whose forward-plus-backward memory fits the budget.
 memory limits); `TrainingRoute` caches it per problem, logs it once, says loudly (a WARNING, once
 per problem) when nothing fits and the route goes over the budget, and builds the `Decision`
 that `Dispatcher.explain` returns. Dropout and a mask that requires grad never come here: only
-PyTorch's SDPA does them (`training_calls.TrainingCalls._pytorch_training`).
+PyTorch's SDPA does them (`cold_path.ColdPath.training`).
 
 Order: measured forward+backward times from a training profile (`calibration.training_profile`,
 found through `models.training_times`) where there are some, else the inference ranking's
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from attn_dispatch.dispatcher import _log
 from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Candidate, Decision
 from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
-from attn_dispatch.dispatcher.planning import Option, memory_limit, over_limit_reason, shrink_chunked
+from attn_dispatch.dispatcher.selection import Option, memory_limit, over_limit_reason, shrink_chunked
 from attn_dispatch.kernels import ChunkedKernel, Kernel, Problem
 from attn_dispatch.kernels.backward_memory import training_bytes
 from attn_dispatch.models.training_times import TrainingTimes
@@ -92,7 +92,7 @@ def in_decided_order(plan) -> tuple[Option, ...]:
 
 def shrink_for_training(problem: Problem, limit: int, failed: Mapping[str, str]) -> ChunkedKernel | None:
     """The largest-chunked `ChunkedKernel` whose forward+backward bound fits `limit`
-    (`planning.shrink_chunked` with `training_bytes`). None when even the smallest is over."""
+    (`selection.shrink_chunked` with `training_bytes`). None when even the smallest is over."""
     return shrink_chunked(problem, limit, failed, training_bytes)
 
 
@@ -109,7 +109,7 @@ def choose_training(
 
     Parameters
     ----------
-    options: the problem's runnable kernels in inference-ranking order (`planning.Ranked.options`).
+    options: the problem's runnable kernels in inference-ranking order (`selection.Ranked.options`).
     free, budget: free device memory and the configured budget in bytes (None: unknown / none).
     failed: kernel name -> why it failed on this route (not chosen again).
     measured: kernel name -> measured forward+backward seconds for this problem's bucket.

@@ -8,18 +8,26 @@ if __name__ == "kernels":
     # This folder was imported as a top-level package named `kernels`, not as
     # `attn_dispatch.kernels`: Python puts the current directory first on sys.path, so from the
     # clone root it would hide the `kernels` package installed there (Hugging Face's, which
-    # transformers >= 5 imports). Step aside: load that one in our place, or fail as if we were absent.
+    # transformers >= 5 imports). Step aside: load that one in our place; without one, leave an empty
+    # namespace package (what Python gives for a folder without __init__.py: no __file__, no
+    # __version__), which is how transformers' availability check tells a shadowing folder from an
+    # installed package (raising here instead would break `import transformers` when it looks).
     def _load_the_installed_kernels() -> None:
         import importlib.machinery
         import importlib.util
         import os
         import sys
+        import types
 
         clone_root = os.path.realpath(os.path.dirname(os.path.dirname(__file__)))
         elsewhere = [entry for entry in sys.path if os.path.realpath(entry or os.curdir) != clone_root]
         spec = importlib.machinery.PathFinder.find_spec(__name__, elsewhere)
         if spec is None:
-            raise ModuleNotFoundError(f"No module named {__name__!r}", name=__name__)
+            empty = types.ModuleType(__name__)
+            empty.__file__ = None
+            empty.__path__ = []
+            sys.modules[__name__] = empty
+            return
         installed = importlib.util.module_from_spec(spec)
         sys.modules[__name__] = installed  # the import statement returns what sys.modules holds
         if spec.loader is not None:

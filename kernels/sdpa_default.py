@@ -91,7 +91,7 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         """Where `runner` is the bare call (see there), the flags of that call (`Kernel.sdpa_call`).
         PyTorch < 2.5 has no ``enable_gqa``: None. A problem's mask is 4-D whatever the caller's
         was: a plan made for a 1-D mask, which PyTorch refuses, makes no bare call
-        (`dispatcher._plan.Plan`: ``mask_ndim``); a decode step's (B, 1, 1, S) mask does, which
+        (`dispatcher.plans.Plan`: ``mask_ndim``); a decode step's (B, 1, 1, S) mask does, which
         keeps a masked CPU decode loop level with SDPA (docs/RESULTS.md#decode-loop)."""
         if (not TORCH_HAS_ENABLE_GQA or problem.broadcast_inputs or problem.causal_offset or problem.is_degenerate
                 or problem.causal_alignment != "top_left"):

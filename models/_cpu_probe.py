@@ -1,6 +1,5 @@
 """A quick CPU probe: matrix-product FLOP/s per dtype, copy bandwidth, softmax rate and per-op
-overhead, measured once per machine (65-75 ms on the quiet 2-core CPU, up to 0.6 s loaded) and
-kept in the home (`cpu_probe_store`).
+overhead, measured once per machine and kept in the home (`probe_store`).
 
 The dispatcher never probes inside a call (`probe_cpu_spec` with ``now=False``): where this
 machine's rates are not kept yet, its prior ranks with the probe-free constants and the probe runs
@@ -20,9 +19,9 @@ from types import MappingProxyType
 import torch
 
 from attn_dispatch.models.cards import CardSpec
-from attn_dispatch.models.cpu_probe_store import load_cpu_rates, save_cpu_rates
 from attn_dispatch.models.identity import DeviceIdentity, torch_threads
 from attn_dispatch.models.paths import home
+from attn_dispatch.models.probe_store import load_cpu_rates, save_cpu_rates
 
 # Matrix sizes: 384^3 fp32 products take a few ms on one modern core (enough to reach MKL/oneDNN's
 # steady rate); half-precision products can be 10-50x slower on CPUs without native support, so
@@ -45,9 +44,8 @@ SOFTMAX_N = 1024
 SOFTMAX_REPEATS = 5
 
 # Probe-free fallback (tests, or a probe that failed): this probe on the project's 2-core dev
-# machine as it was on 2026-11-30 (reported then as a Xeon Sapphire Rapids with AMX; the shared VM
-# since 2026-12-01 is an AMD EPYC, docs/RESULTS.md section 8) gave 214 GFLOP/s fp32, 280 bf16, 173 fp16,
-# 131 fp64, 51 GB/s copy and 0.9 us per op; rounded down, marked as an estimate.
+# machine on 2026-11-30 gave 214 GFLOP/s fp32, 280 bf16, 173 fp16, 131 fp64, 51 GB/s copy and
+# 0.9 us per op; rounded down, marked as an estimate.
 FALLBACK_CPU_SPEC = CardSpec(
     name="generic CPU",
     matrix_flops=MappingProxyType({"float16": 150e9, "bfloat16": 250e9, "float32": 200e9, "float64": 120e9}),
@@ -110,7 +108,7 @@ _lock = threading.Lock()
 def probe_cpu_spec(identity: DeviceIdentity | None = None, root: str | os.PathLike | None = None, *,
                    now: bool = True) -> CardSpec:
     """This CPU's rates with the threads torch runs now: the ones this process already has (read or
-    measured: for any home), else kept for this machine in the home `root` (`cpu_probe_store`), else
+    measured: for any home), else kept for this machine in the home `root` (`probe_store`), else
     measured now and kept (`now`), else the probe-free constants (`FALLBACK_CPU_SPEC`) while the probe
     waits for the process's exit. Never raises for the home: a home that cannot be written only costs
     the next process its probe."""

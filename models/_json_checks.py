@@ -26,7 +26,6 @@ MAX_QUALITY_KEYS = 64
 MIN_SECONDS, MAX_SECONDS = 1e-9, 3600.0
 # Spec sheet sanity: no card moves more than 10^16 B/s or computes 10^19 FLOP/s.
 MAX_RATE = 1e19
-MAX_ERROR_FACTOR = 1e6  # a region guard's error factor (models.guard): a model wrong a million times over is no model
 FIX = "re-create it with `attn-dispatch calibrate` or re-export it from its owner"
 
 
@@ -124,8 +123,8 @@ _KERNEL_NAMES: set[str] = set()
 def _candidates(value: object, path: str, limit: int) -> tuple[tuple[str, float], ...]:
     """``[[kernel name, seconds], ...]`` -> a tuple of pairs: valid names (`_kernel`), times in
     [`MIN_SECONDS`, `MAX_SECONDS`], no name twice. The usual case, every entry well formed, is
-    checked in one tight loop (a table holds tens of thousands: the bundled H200 table's parse spent
-    most of its time building error paths it never used); the first doubt goes through
+    checked in one tight loop (a table holds tens of thousands; building error paths up front would
+    cost most of the parse); the first doubt goes through
     `_candidates_in_detail`, which names the bad field."""
     known = _KERNEL_NAMES
     if type(value) is list and len(value) <= limit:

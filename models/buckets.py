@@ -7,7 +7,7 @@ the table then carries times from its representative problem to the actual one b
 ratio. Within a class, a bucket is ``(ceil(log2 Lq), ceil(log2 Lk))``: bucket ``b`` holds lengths
 in ``(2^(b-1), 2^b]`` and is represented by the length ``2^b``. (The dispatcher caches its
 decisions per exact call shape; only the kernels that failed at run time are remembered per
-length bucket, `dispatcher.planning.failure_bucket`.)
+length bucket, `dispatcher.selection.failure_bucket`.)
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Measured per-shape set-up costs, kept per device: what `calibration.cold_shape` measures and the
-dispatcher weighs (`dispatcher.cold_shape`).
+dispatcher weighs (`dispatcher.selection`, stage 5).
 
 One small JSON file per device identity, ``<home>/cold_shape/<card model>/<device key>.json``::
 

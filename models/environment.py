@@ -139,13 +139,8 @@ HOT_PATH = Switch(
 )
 FAST_PATH = Switch(
     f"{PREFIX}FAST_PATH", True,
-    "`patched()` and `register_transformers()` serve warm calls from the compiled C++ entry point, once built. "
-    "Read when a dispatcher is made.",
-)
-AUTO_BUILD = Switch(
-    f"{PREFIX}AUTO_BUILD", True,
-    "The first dispatcher made where the fast path is not built starts its build in the background, at the "
-    "lowest CPU priority (`attn-dispatch build-fast-path` builds it ahead of time).",
+    "`attention`, `patched()` and `register_transformers()` serve warm calls from the compiled C++ entry point "
+    "where `attn-dispatch build-fast-path` (or `calibrate`) built it. Read when a dispatcher is made.",
 )
 LOG = Switch(
     f"{PREFIX}LOG", False,
@@ -167,7 +162,7 @@ COMMIT = Text(
 )
 
 VARIABLES: tuple[Variable, ...] = (
-    HOME, MEMORY_BUDGET, MEASURE, IGNORE_SDPA_KERNEL, HOT_PATH, FAST_PATH, AUTO_BUILD, LOG, RECORD,
+    HOME, MEMORY_BUDGET, MEASURE, IGNORE_SDPA_KERNEL, HOT_PATH, FAST_PATH, LOG, RECORD,
     TRAINING_PROFILE, COMMIT,
 )
 

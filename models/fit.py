@@ -14,25 +14,17 @@ import numpy as np
 from sklearn.base import clone
 
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available
-from attn_dispatch.models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP
 from attn_dispatch.models.cards import CardSpec, spec_for
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import TrainingSet, training_set
-from attn_dispatch.models.guard import (
-    Guard,
-    choose_default_margin,
-    decide_verdict,
-    default_choice_quality,
-    out_of_fold_predictions,
-    regions_losing_to_default,
-)
+from attn_dispatch.models.guard import decide_verdict, default_choice_quality
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measured import entries_from_measurements
 from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.quality import Quality, choice_quality, holdout_fit
 from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
-from attn_dispatch.models.table_build import CANDIDATES_PER_CELL, build_table, with_regions
+from attn_dispatch.models.table_build import CANDIDATES_PER_CELL, build_table
 
 # Fewer measured problems than this and a held-out split says nothing: the table is built
 # without a quality section (and says so in its notes).
@@ -88,7 +80,7 @@ def fit_and_build(
         spec = spec if spec is not None else spec_for(identity)
         template = model if model is not None else CostModel()
         data = training_set(measurements, spec)
-        quality, notes, guard, keep_default = None, [], None, set()
+        quality, notes, guard = None, [], None
         if data.n_problems >= MIN_PROBLEMS_FOR_HOLDOUT:
             holdout = holdout_fit(data, template, holdout_fraction=holdout_fraction, seed=seed)
             train, test, train_model = holdout.train, holdout.test, holdout.fitted
@@ -100,34 +92,20 @@ def fit_and_build(
                 return choice_quality(held_out.groups, np.exp(held_out.y), table_choices(table, held_out),
                                       median_error=held_out.median_error)
 
-            # The guard's regions come from out-of-fold picks: inside the training problems for the
-            # table scored here; those plus the held-out model's picks for the final table.
-            train_oof = out_of_fold_predictions(data.subset(train), template)
-            oof = np.full(len(data.y), np.nan)
-            oof[train], oof[test] = train_oof, train_model.predict(held_out.X)
             build = dict(kernel_names=kernel_names, candidates=candidates)
             unguarded = build_table(train_model, spec, identity, train_points, measured_entries=False, **build)
-            train_margin = choose_default_margin(data.subset(train), train_oof)
-            train_regions = regions_losing_to_default(data.subset(train), train_oof, class_fields=DEFAULT_CLASS_FIELDS,
-                                                      work_step=WORK_STEP, margin=train_margin)
-            regioned = with_regions(unguarded, train_regions).with_entries(entries_from_measurements(train_points).values())
-            regioned = replace(regioned, guard=Guard("table", "", train_margin))
+            with_entries = unguarded.with_entries(entries_from_measurements(train_points).values())
             default = default_choice_quality(held_out)
-            train_guard = decide_verdict(scored(regioned), holdout.quality.prior, default, default_margin=train_margin)
+            guard = decide_verdict(scored(with_entries), holdout.quality.prior, default)
             quality = replace(
-                holdout.quality, table=scored(unguarded), decision_map=scored(replace(unguarded, models=())),
-                default=default, guarded=scored(replace(regioned, guard=train_guard)), verdict=train_guard.describe(),
+                holdout.quality, table=scored(unguarded), default=default,
+                guarded=scored(replace(with_entries, guard=guard)), verdict=guard.describe(),
             )
-            margin = choose_default_margin(data, oof)
-            guard = replace(train_guard, default_margin=margin)
-            keep_default = regions_losing_to_default(data, oof, class_fields=DEFAULT_CLASS_FIELDS, work_step=WORK_STEP,
-                                                     margin=margin)
         else:
             notes.append(f"only {data.n_problems} problems measured: no held-out quality (needs {MIN_PROBLEMS_FOR_HOLDOUT})")
         final = clone(template).fit(data.X, data.y)
         table = build_table(
             final, spec, identity, measurements, kernel_names, quality=quality.to_dict() if quality else None,
-            candidates=candidates, calibration_wall_s=calibration_wall_s, notes=notes, keep_default=keep_default,
-            guard=guard,
+            candidates=candidates, calibration_wall_s=calibration_wall_s, notes=notes, guard=guard,
         )
         return table, final, quality

@@ -2,7 +2,7 @@
 
 MIOpen keeps a find-db of measured solver choices and asks its heuristics only for problems not in
 it; a table does the same. Every calibrated problem and every remembered first-call tuning
-(`dispatcher.tuning_store`) becomes a `MeasuredEntry`: the problem's exact bucket (`entry_key`:
+(`dispatcher.measured_store`) becomes a `MeasuredEntry`: the problem's exact bucket (`entry_key`:
 batch and lengths rounded up to powers of two, every other field exact: the dispatcher's
 per-bucket key) with each timed kernel's median, spread and sample count.
 
@@ -51,7 +51,7 @@ KEY_FIELDS = (
 def entry_key(problem: Problem) -> tuple:
     """The exact bucket of `problem`: batch and lengths rounded up to powers of two (their
     exponents), the mask reduced to which of its dimensions broadcast, every other field exact.
-    Equal to the dispatcher's per-bucket key (`dispatcher.planning.failure_bucket`), so a
+    Equal to the dispatcher's per-bucket key (`dispatcher.selection.failure_bucket`), so a
     remembered tuning's bucket is an entry key."""
     return (
         length_bucket(problem.batch), problem.q_heads, problem.kv_heads,
@@ -214,7 +214,7 @@ def _single(problem: Problem, *times: MeasuredTime) -> MeasuredEntry:
 
 
 def entry_from_tuning(key: tuple, seconds: Sequence[tuple[str, float]], *, rounds: int) -> MeasuredEntry | None:
-    """A remembered first-call tuning (`dispatcher.tuning.Tuned.seconds` of bucket `key`) as an
+    """A remembered first-call tuning (`dispatcher.selection.Tuned.seconds` of bucket `key`) as an
     entry: each contender's median over `rounds` interleaved samples, its spread the minimum
     (`MIN_RELATIVE_SPREAD`: a tuning keeps no spread). Contenders that failed are left out;
     None when fewer than two ran. The bucket's sizes stand for the problem (lengths ``2^b``)."""

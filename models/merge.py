@@ -9,13 +9,11 @@ Measured entries (`models.measured`) are unioned: an exact bucket measured by se
 keeps every kernel any of them timed; a kernel timed by more than one keeps the median with more
 samples and a spread covering all of them, and the entry's winner follows `models.measured.pick`
 (the faster median wins unless the spreads overlap; then PyTorch's default, else the kernel with
-more samples). A region kept for PyTorch's default in any table stays so, and the merged verdict
-is the most cautious one (`merged_guard`).
+more samples). The merged verdict is the most cautious one (`merged_guard`).
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -35,11 +33,11 @@ from attn_dispatch.models.table import (
     ThresholdTable,
     carried_seconds,
     quality_kind,
+    thresholds_for,
 )
 from attn_dispatch.models.table_build import round_seconds
 from attn_dispatch.models.table_io import MAX_TABLE_BYTES, table_bytes
 from attn_dispatch.models.table_schema import TableError
-from attn_dispatch.models.thresholds import thresholds_for
 from attn_dispatch.models.versions import software_versions
 
 # A card's attention time scales with both its matrix rate and its bandwidth (the unfused
@@ -84,11 +82,6 @@ def _merge_class(key, parts: list[tuple[TableClass, float]], spec: CardSpec, dev
     ranking: dict = defaultdict(lambda: defaultdict(list))
     measured: dict = defaultdict(lambda: defaultdict(list))
     excluded: dict = defaultdict(dict)
-    keep_default: dict = {}  # bucket -> the largest error factor any card's region guard recorded
-    for table_class, _ in parts:
-        for bucket, cell in table_class.cells.items():
-            if cell.keep_default:
-                keep_default[bucket] = max(keep_default.get(bucket, 1.0), cell.default_yields_at)
     for table_class, scale in parts:
         for bucket, cell in table_class.cells.items():
             source = table_class.problem_at(bucket, device_type)
@@ -102,8 +95,7 @@ def _merge_class(key, parts: list[tuple[TableClass, float]], spec: CardSpec, dev
         ranked, spread = _pool(samples, limit)
         cells[bucket] = Cell(
             ranking=ranked, measured=_pool(measured[bucket], MAX_CANDIDATES)[0] if bucket in measured else (),
-            spread=spread, excluded=tuple(sorted(excluded[bucket].items())), keep_default=bucket in keep_default,
-            default_yields_at=keep_default.get(bucket, math.inf),
+            spread=spread, excluded=tuple(sorted(excluded[bucket].items())),
         )
     return TableClass(key=key, template=base.template, cells=cells, thresholds=thresholds_for(cells))
 

@@ -65,5 +65,5 @@ def cold_shape_dir(override: str | os.PathLike | None = None) -> Path:
 
 def tunings_dir(override: str | os.PathLike | None = None) -> Path:
     """First-call tunings the dispatcher keeps across processes (JSON lines, one file per device
-    and kernel set: `dispatcher.tuning_store`)."""
+    and kernel set: `dispatcher.measured_store`)."""
     return _sub("tunings", override)

@@ -107,12 +107,10 @@ class Quality:
     description: str
     table: ChoiceQuality | None = None
     """The threshold table's choices on the same held-out problems, when evaluated."""
-    decision_map: ChoiceQuality | None = None
-    """The table's decision map alone (its fallback without an embedded model), when evaluated."""
     default: ChoiceQuality | None = None
     """"Always PyTorch's default" on the same held-out problems (`models.guard`), when evaluated."""
     guarded: ChoiceQuality | None = None
-    """The table after the quality guard (verdict and regions, no measured entries of the held-out
+    """The table after the quality guard (its verdict, no measured entries of the held-out
     problems: they were held out), when evaluated."""
     verdict: str | None = None
     """The quality guard's line (`models.guard.Guard.describe`), when evaluated."""
@@ -121,7 +119,7 @@ class Quality:
         """Flat JSON-ready dict (the table's ``quality`` section)."""
         flat = {f"{key}": value for key, value in asdict(self.model).items()}
         flat.update({f"prior_{key}": value for key, value in asdict(self.prior).items()})
-        for prefix, part in (("table", self.table), ("map", self.decision_map), ("default", self.default),
+        for prefix, part in (("table", self.table), ("default", self.default),
                              ("guarded", self.guarded)):
             if part is not None:
                 flat.update({f"{prefix}_{key}": value for key, value in asdict(part).items()})
@@ -134,8 +132,8 @@ class Quality:
         return flat
 
     def summary(self) -> str:
-        """The held-out comparison in words (`models.quality_words`), then the quality guard's line."""
-        from attn_dispatch.models.quality_words import held_out_lines
+        """The held-out comparison in words (`models.table_summary`), then the quality guard's line."""
+        from attn_dispatch.models.table_summary import held_out_lines
 
         return "\n".join([*held_out_lines(self.to_dict()), *([self.verdict] if self.verdict else [])])
 

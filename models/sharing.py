@@ -107,9 +107,8 @@ def cards_match_level(cards: tuple[DeviceIdentity, ...], identity: DeviceIdentit
 
 
 def _load_unchanged(path: Path) -> ThresholdTable:
-    """`load_table`, parsed once per process while the file is unchanged (the bundled 0.7 MB H200
-    table took 44-142 ms to load on the 2-core dev VM, and every new dispatcher device looks at
-    every file)."""
+    """`load_table`, parsed once per process while the file is unchanged (every new dispatcher
+    device looks at every file)."""
     stat = path.stat()
     return _load_version(path, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size)
 

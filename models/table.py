@@ -10,6 +10,7 @@ docs/TABLE_FORMAT.md and validated by `models.table_schema`; files are read and 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -29,8 +30,8 @@ from attn_dispatch.models.priors import PriorRanker, prior_seconds
 from attn_dispatch.models.ranking import UNPRICED, kernel_named, priceable, supported
 
 FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-"""Version 1 tables (no measured entries, no guard) still load: they rank as before."""
+"""The one version read and written. Version 1 (before measured entries and the quality guard) is
+refused: `attn-dispatch calibrate` writes version 2, and so does `export` from a newer install."""
 TABLE_KIND = "attn-dispatch threshold table"
 Candidate = tuple[str, float]
 # Measured statuses that bar a kernel from a bucket (it ran and was wrong, or it raised): a
@@ -64,18 +65,12 @@ def carried_seconds(seconds: float, kernel: Kernel, source: Problem, target: Pro
 
 @dataclass(frozen=True)
 class Cell:
-    """One (q bucket, kv bucket) of a class: ranked candidates and what was measured there.
-    `keep_default`: the region guard found the model's pick slower than PyTorch's default here
-    (`models.guard.regions_losing_to_default`): the default goes first, except where the model
-    predicts it more than `default_yields_at` times slower than the best kernel (the model's
-    largest miss in this region; infinite: always first, as in tables written before it)."""
+    """One (q bucket, kv bucket) of a class: ranked candidates and what was measured there."""
 
     ranking: tuple[Candidate, ...]
     measured: tuple[Candidate, ...] = ()
     spread: dict[str, tuple[float, float]] = field(default_factory=dict)
     excluded: tuple[tuple[str, str], ...] = ()
-    keep_default: bool = False
-    default_yields_at: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -230,7 +225,7 @@ class ThresholdTable:
         """
         models = self.usable_models
         if not models:
-            raise ValueError("this table has no usable embedded cost model; rank by its decision map")
+            raise ValueError("this table has no usable embedded cost model; rank by the analytic prior")
         features: list[tuple[dict, np.ndarray]] = []
         predictions = np.full((len(models), len(kernel_names)), np.nan)
         for index, model in enumerate(models):
@@ -293,37 +288,27 @@ class ThresholdTable:
 
     def rank_unmeasured(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
         """By the guard's verdict: the analytic prior ("prior"), PyTorch's default then the prior
-        ("default"), else the model or decision map (`rank_by_model`) with the default first in
-        the regions the guard kept for it (`Cell.keep_default`; with an embedded model, unless
-        predicted slower than the best by more than `Cell.default_yields_at`) and, with an embedded model,
-        wherever it is predicted within the guard's margin of the best
-        (`models.guard.Guard.default_margin`)."""
+        ("default"), else the embedded model (`rank_by_model`)."""
         kernels = list(kernels)
         if self.verdict != "table":
             ranked = PriorRanker(self.spec).rank(problem, kernels)
             return _default_first(ranked) if self.verdict == "default" else ranked
         table_class = self.find_class(problem)
         cell = table_class.nearest_cell(bucket_of(problem))[1] if table_class is not None else None
-        ranked = self.rank_by_model(problem, kernels, cell)
-        # the margin compares the model's predictions (the decision map's order is its listed
-        # candidates first, then the prior's: times from two sources)
-        margin = self.guard.default_margin if self.guard is not None and self.usable_models else math.inf
-        default_s = next((seconds for name, seconds in ranked if name == DEFAULT_KERNEL), math.inf)
-        close = bool(ranked) and math.isfinite(margin) and default_s <= ranked[0][1] * (1.0 + margin)
-        kept = cell is not None and cell.keep_default and not (
-            self.usable_models and bool(ranked) and default_s > ranked[0][1] * cell.default_yields_at)
-        return _default_first(ranked) if close or kept else ranked
+        return self.rank_by_model(problem, kernels, cell)
 
     def rank_by_model(self, problem: Problem, kernels: list[Kernel], cell: Cell | None) -> list[tuple[str, float]]:
-        """With embedded models: every supported kernel predicted for this exact problem (the
-        median over the cards of a merged table; a family the models were not fitted with by the
-        prior, `model_seconds`), except those calibration measured inaccurate or
-        failing in `cell` (the cell `rank_by_map` would read: the problem's bucket in its class,
-        else the nearest cell of the nearest class). Without: the decision map (`rank_by_map`)."""
-        if not self.usable_models:
-            return self.rank_by_map(problem, kernels)
+        """Every supported kernel predicted for this exact problem by the embedded models (the median
+        over the cards of a merged table; a family the models were not fitted with is priced by the
+        prior, `model_seconds`), except those calibration measured inaccurate or failing in `cell`
+        (the problem's bucket in its class, else the nearest cell of the nearest class). A table
+        without a usable model (fitted against other features or another prior version) ranks those
+        kernels by the analytic prior: its decision map ranked no better (docs/RESULTS.md#ablations)."""
         barred = {name for name, _ in cell.excluded} if cell is not None else set()
         usable = [kernel for kernel in supported(problem, kernels) if kernel.name not in barred]
+        models = self.usable_models
+        if not models:
+            return PriorRanker(self.spec).rank(problem, usable)
         names = [kernel.name for kernel in usable if priceable(kernel)]
         foreign = [(kernel.name, UNPRICED) for kernel in usable if not priceable(kernel)]
         if not names:
@@ -331,31 +316,6 @@ class ThresholdTable:
         seconds = self.model_seconds([problem] * len(names), names)
         ranked = sorted(zip(names, (float(s) for s in seconds), strict=True), key=lambda item: (item[1], item[0]))
         return ranked + foreign
-
-    def rank_by_map(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
-        """The decision map's ranking: the candidates of the problem's bucket (the nearest one in
-        its class) first, fastest first, their times carried from the bucket's representative
-        problem to this one by the prior's ratio; then every other supported kernel ranked by the
-        prior. Classes the table lacks are ranked by the prior alone."""
-        kernels = list(kernels)
-        prior = PriorRanker(self.spec)
-        table_class = self.find_class(problem)
-        if table_class is None:
-            return prior.rank(problem, kernels)
-        by_name = {kernel.name: kernel for kernel in kernels}
-        bucket, cell = table_class.nearest_cell(bucket_of(problem))
-        template = table_class.problem_at(bucket, problem.device_type)
-        barred = {name for name, _ in cell.excluded}
-        kernels = [kernel for kernel in kernels if kernel.name not in barred]
-        listed = []
-        for name, seconds in cell.ranking:
-            kernel = by_name.get(name)
-            if kernel is None or kernel.reasons(problem) or not priceable(kernel):
-                continue
-            listed.append((name, carried_seconds(seconds, kernel, template, problem, self.spec)))
-        listed.sort(key=lambda item: (item[1], item[0]))
-        names = {name for name, _ in listed}
-        return listed + prior.rank(problem, [k for k in kernels if k.name not in names])
 
     # ------------------------------------------------------------------ transforms
     def scaled(self, factor: float, *, spec: CardSpec, note: str) -> ThresholdTable:
@@ -404,3 +364,44 @@ class ThresholdTable:
 def _default_first(ranked: list[tuple[str, float]]) -> list[tuple[str, float]]:
     """`ranked` with PyTorch's default (when listed) moved to the front."""
     return [item for item in ranked if item[0] == DEFAULT_KERNEL] + [item for item in ranked if item[0] != DEFAULT_KERNEL]
+
+
+def _range_text(symbol: str, low: int, high: int, grid_low: int, grid_high: int) -> str:
+    parts = []
+    if low > grid_low:
+        parts.append(f"{symbol} > {2 ** (low - 1) if low > 0 else 0}")
+    if high < grid_high:
+        parts.append(f"{symbol} <= {2 ** high}")
+    return " and ".join(parts)
+
+
+def thresholds_for(cells: dict[tuple[int, int], Cell]) -> tuple[Threshold, ...]:
+    """One `Threshold` per winning kernel, most buckets first."""
+    won: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for bucket, cell in cells.items():
+        if cell.ranking:
+            won[cell.ranking[0][0]].append(bucket)
+    q_all = [b[0] for b in cells]
+    kv_all = [b[1] for b in cells]
+    result = []
+    for kernel, buckets in won.items():
+        q_low, q_high = min(b[0] for b in buckets), max(b[0] for b in buckets)
+        kv_low, kv_high = min(b[1] for b in buckets), max(b[1] for b in buckets)
+        in_box = sum(1 for q, kv in cells if q_low <= q <= q_high and kv_low <= kv <= kv_high)
+        conditions = [
+            text for text in (
+                _range_text("Lq", q_low, q_high, min(q_all), max(q_all)),
+                _range_text("Lk", kv_low, kv_high, min(kv_all), max(kv_all)),
+            ) if text
+        ]
+        if conditions:
+            text = f"{kernel} when {' and '.join(conditions)}"
+            if in_box > len(buckets):
+                text += f" ({len(buckets)} of {in_box} buckets)"
+        elif in_box > len(buckets):  # wins across the whole grid, but not every bucket of it
+            text = f"{kernel} in {len(buckets)} of {in_box} buckets, spread over the whole class"
+        else:
+            text = f"{kernel} everywhere in this class"
+        result.append(Threshold(kernel, (q_low, q_high), (kv_low, kv_high), len(buckets), in_box, text))
+    result.sort(key=lambda t: (-t.cells_won, t.kernel))
+    return tuple(result)

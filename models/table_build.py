@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -37,8 +35,8 @@ from attn_dispatch.models.table import (
     TableClass,
     Template,
     ThresholdTable,
+    thresholds_for,
 )
-from attn_dispatch.models.thresholds import thresholds_for
 from attn_dispatch.models.versions import software_versions
 
 if TYPE_CHECKING:  # the fitted model comes from the caller: building a table never imports scikit-learn here
@@ -97,7 +95,7 @@ def _fastest_measured(times: dict[str, float]) -> tuple[tuple[str, float], ...]:
 
 def _build_class(
     key: ClassKey, points: list[Measurement], grid: list[tuple[int, int]], model: CostModel, spec: CardSpec,
-    kernel_names: Sequence[str], device_type: str, candidates: int, keep_default: Mapping[tuple, float],
+    kernel_names: Sequence[str], device_type: str, candidates: int,
 ) -> tuple[TableClass, np.ndarray]:
     shell = TableClass(key=key, template=_template([m.problem for m in points]), cells={})
     measured, excluded = _measured_cells(points)
@@ -119,8 +117,6 @@ def _build_class(
             ranking=tuple(entries[:candidates]),
             measured=_fastest_measured(measured.get(bucket, {})),
             excluded=tuple(sorted(excluded.get(bucket, {}).items())),
-            keep_default=(key, bucket) in keep_default,
-            default_yields_at=keep_default.get((key, bucket), math.inf),
         )
     if not cells:
         raise ValueError(
@@ -145,7 +141,6 @@ def build_table(
     notes: Sequence[str] = (),
     embed_model: bool = True,
     measured_entries: bool = True,
-    keep_default: Mapping[tuple, float] | Iterable[tuple] = (),
     guard: Guard | None = None,
 ) -> ThresholdTable:
     """A decision map for every problem class that was measured.
@@ -160,11 +155,9 @@ def build_table(
     quality: the model's held-out quality (`models.quality.Quality.to_dict`).
     class_fields, work_step: how finely classes are split (`models.buckets`).
     embed_model: carry the cost model's trees in the table (JSON) so `rank` predicts each exact
-        problem; False leaves only the decision map.
+        problem; False: the analytic prior ranks what measured entries do not decide.
     measured_entries: keep every measured problem's timings as an exact entry consulted before
         the model (`models.measured`).
-    keep_default: ``(ClassKey, bucket)`` regions where PyTorch's default goes first, mapped to the
-        model's error factor there (`models.guard.regions_losing_to_default`); a plain set: always first.
     guard: the quality guard's verdict (`models.guard.decide_verdict`); None: not evaluated.
     """
     if not measurements:
@@ -180,13 +173,13 @@ def build_table(
     problems = [m.problem for m in measurements]
     built = {
         key: _build_class(key, points, _grid(problems, key.causal), cost_model, spec, kernel_names,
-                          identity.device_type, candidates, region_factors(keep_default))
+                          identity.device_type, candidates)
         for key, points in sorted(by_class.items())
     }
     classes = {key: table_class for key, (table_class, _) in built.items()}
     embedded = embed(cost_model, spec, _check_rows(np.vstack([X for _, X in built.values()]))) if embed_model else None
     if embed_model and embedded is None:
-        notes = (*notes, "the cost model could not be embedded (its export did not reproduce it): ranking by the decision map")
+        notes = (*notes, "the cost model could not be embedded (its export did not reproduce it): the analytic prior ranks")
     provenance = Provenance(
         identity=identity, created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         points_measured=sum(m.status != "unsupported" for m in measurements), calibration_wall_s=calibration_wall_s,
@@ -195,33 +188,6 @@ def build_table(
     return ThresholdTable(provenance=provenance, spec=spec, quality=dict(quality or {}), classes=classes,
                           models=(embedded,) if embedded else (), class_fields=fields, work_step=work_step,
                           entries=entries_from_measurements(measurements) if measured_entries else {}, guard=guard)
-
-
-def region_factors(keep_default: Mapping[tuple, float] | Iterable[tuple]) -> dict[tuple, float]:
-    """``{(ClassKey, bucket): error factor}``; regions given without one always keep the default."""
-    return dict(keep_default) if isinstance(keep_default, Mapping) else dict.fromkeys(keep_default, math.inf)
-
-
-def with_regions(table: ThresholdTable, keep_default: Mapping[tuple, float] | Iterable[tuple]) -> ThresholdTable:
-    """A copy of `table` whose cells in `keep_default` (``(ClassKey, bucket)``, optionally mapped to
-    the model's error factor there) put PyTorch's default first
-    (`models.guard.regions_losing_to_default`); other cells unchanged."""
-    regions = region_factors(keep_default)
-
-    def guarded(key, bucket, cell: Cell) -> Cell:
-        if (key, bucket) not in regions:
-            return cell
-        factor = regions[(key, bucket)]
-        return replace(cell, keep_default=True,
-                       default_yields_at=max(factor, cell.default_yields_at) if cell.keep_default else factor)
-
-    classes = {
-        key: replace(table_class, cells={
-            bucket: guarded(key, bucket, cell) for bucket, cell in table_class.cells.items()
-        })
-        for key, table_class in table.classes.items()
-    }
-    return replace(table, classes=classes)
 
 
 # The embedded trees are checked against the estimator on at most this many grid rows (evenly

@@ -1,7 +1,7 @@
 """Which cards a table file was measured on, read from the start of the file without parsing the rest.
 
-A table file is a few hundred KiB to a few MiB (the bundled H200 table: 3.4 MB, 0.4 s to parse and
-validate on the 2-core CPU), and a device's table lookup looks at every file in the user's and the
+A table file is a few hundred KiB to a few MiB (parsing and validating the bundled H200 table takes
+a large share of a first call on a CPU), and a device's table lookup looks at every file in the user's and the
 bundled folders. Tables are written with their provenance (the cards they were measured on) near
 the top (`table_io.table_to_dict`), so the lookup reads the members of the top-level object one by
 one from the first `HEAD_BYTES` until it meets ``"provenance"``, and skips a file measured on no

@@ -9,7 +9,6 @@ writes a temporary file in the target directory and renames it over the target.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
@@ -17,9 +16,8 @@ from attn_dispatch.models._json_checks import _spec_dict
 from attn_dispatch.models.atomic_files import write_text_atomically
 from attn_dispatch.models.forest_schema import models_to_dict
 from attn_dispatch.models.gc_pause import cyclic_collection_paused
-from attn_dispatch.models.measured_schema import entries_to_list, guard_to_dict
 from attn_dispatch.models.table import TABLE_KIND, Cell, ThresholdTable
-from attn_dispatch.models.table_schema import FIX, TableError, table_from_dict
+from attn_dispatch.models.table_schema import FIX, TableError, entries_to_list, guard_to_dict, table_from_dict
 
 # A card's table is a few hundred KiB written compactly, mostly its embedded cost model's trees
 # (~300 trees of ~30 nodes); a merged table keeps every card's model (`merge_tables` refuses a
@@ -58,8 +56,7 @@ def loads_table(raw: bytes, *, source: str = "<bytes>") -> ThresholdTable:
     if not text.strip():
         raise TableError(f"{source}: the file is empty; {FIX}")
     # The parse allocates ~500k acyclic objects, enough to set off full collections over everything
-    # the process holds (torch, transformers): the bundled H200 table's load took 0.08-0.22 s from
-    # one run to the next on the 2-core CPU, 0.07-0.09 s with the collector paused.
+    # the process holds (torch, transformers): the collector is paused meanwhile.
     with cyclic_collection_paused():
         return _parse(text, source)
 
@@ -131,10 +128,6 @@ def _cell_dict(bucket: tuple[int, int], cell: Cell) -> dict:
         out["spread"] = {n: [lo, hi] for n, (lo, hi) in cell.spread.items()}
     if cell.excluded:
         out["excluded"] = [[n, why] for n, why in cell.excluded]
-    if cell.keep_default:
-        out["keep_default"] = True
-        if math.isfinite(cell.default_yields_at):
-            out["default_yields_at"] = cell.default_yields_at
     return out
 
 

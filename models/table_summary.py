@@ -1,14 +1,27 @@
 """A threshold table in words: the card, where the table came from, how good its model is, and
-where each kernel wins (what `attn-dispatch show` prints)."""
+where each kernel wins (what `attn-dispatch show` prints).
+
+Held-out quality (`held_out_lines`, what `calibrate`, `check --fix` and `show` print from one flat
+``quality`` mapping, `models.quality.Quality.to_dict`): each way of choosing a kernel (the stored
+table, PyTorch's default, the analytic prior, and the table's parts) gets one line saying on how
+many held-out problems its pick was the fastest kernel and how much slower than the fastest its
+picks ran on average; the quality guard's verdict weighs the second.
+
+Timing threads (`threads_line`, what `explain` and `devices` print): a CPU calibration times its
+kernels with some number of torch threads (``provenance.timing_threads``); a process with another
+count is served the same table quietly, and the line states both counts and what matches them
+(``torch.set_num_threads``), never changing a decision. GPU tables and tables without the field get
+no line."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from attn_dispatch.kernels.accuracy import is_lossless
 from attn_dispatch.kernels.convert import ConvertKernel
-from attn_dispatch.models.quality_words import held_out_lines
+from attn_dispatch.models.identity import torch_threads
 from attn_dispatch.models.ranking import kernel_named
-from attn_dispatch.models.table import ThresholdTable
-from attn_dispatch.models.thresholds import thresholds_for
+from attn_dispatch.models.table import ThresholdTable, thresholds_for
 
 GIB = 2**30
 GIGA = 1e9
@@ -66,7 +79,7 @@ def provenance_lines(table: ThresholdTable) -> list[str]:
 
 
 def quality_lines(table: ThresholdTable) -> list[str]:
-    """The table's held-out quality against PyTorch's default and the prior (`models.quality_words`)."""
+    """The table's held-out quality against PyTorch's default and the prior (`models.table_summary`)."""
     q = table.quality
     if not q or "top1_accuracy" not in q:
         return ["held-out quality: not evaluated (too few problems measured, or an older table)"]
@@ -78,13 +91,11 @@ def quality_lines(table: ThresholdTable) -> list[str]:
 
 
 def guard_lines(table: ThresholdTable) -> list[str]:
-    """The quality guard's verdict, the regions kept for PyTorch's default, the measured entries."""
-    kept = sum(cell.keep_default for c in table.classes.values() for cell in c.cells.values())
+    """The quality guard's verdict and the measured entries."""
     guard = table.guard.describe() if table.guard is not None else "quality guard: not evaluated (an older table, or too few problems)"
     sources = sorted({e.source for e in table.entries.values()})
     return [
         guard,
-        f"regions kept for PyTorch's default (the model's pick lost there): {kept} buckets",
         f"measured entries (consulted before the model): {len(table.entries)}" + (f" from {', '.join(sources)}" if sources else ""),
     ]
 
@@ -116,3 +127,67 @@ def threshold_lines(table: ThresholdTable) -> list[str]:
 def summary_lines(table: ThresholdTable) -> list[str]:
     """Everything above, in order."""
     return [*card_lines(table), *provenance_lines(table), *quality_lines(table), *guard_lines(table), *threshold_lines(table)]
+
+
+# (key prefix in the quality mapping, who chose), in the order printed: the table as the
+# dispatcher uses it, the two references the quality guard weighs it against, then its parts.
+CHOOSERS = (
+    ("guarded_", "the table as stored, after its quality guard"),
+    ("default_", "always PyTorch's default"),
+    ("prior_", "the analytic prior alone"),
+    ("table_", "the table before its quality guard"),
+    ("", "its cost model alone"),
+)
+
+
+def _percent(value: object) -> str:
+    return f"{value:.1%}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
+
+
+def chooser_line(q: Mapping[str, object], prefix: str, who: str) -> str | None:
+    """``"  who: fastest on 62.5%, 11.9% slower on average, 56.2% at worst"``; None when `q` has no
+    score for `prefix` (an older table, or no problem with a timed PyTorch default)."""
+    if q.get(f"{prefix}mean_slowdown") is None or not q.get(f"{prefix}n_problems", 1):
+        return None
+    fastest = f"fastest on {_percent(q.get(f'{prefix}top1_accuracy'))}"
+    if prefix == "" and q.get("top1_within_noise") is not None:
+        fastest += f" ({_percent(q['top1_within_noise'])} within measurement noise)"
+    line = f"  {who}: {fastest}, {_percent(q[f'{prefix}mean_slowdown'])} slower on average"
+    if prefix in ("guarded_", "") and q.get(f"{prefix}worst_slowdown") is not None:
+        line += f", {_percent(q[f'{prefix}worst_slowdown'])} at worst"
+    spearman = q.get("spearman")
+    if prefix == "" and isinstance(spearman, (int, float)):
+        line += f"; rank correlation {spearman:.2f}"
+    return line
+
+
+def held_out_lines(q: Mapping[str, object]) -> list[str]:
+    """The header (to follow ``"held-out quality: "``) and one line per way of choosing."""
+    fit = ""
+    if "n_points_fit" in q:
+        fit = f" (fit on {q['n_points_fit']} points of {q.get('n_problems_fit', '?')} problems)"
+    header = (f"on {q.get('n_problems', '?')} problems the fit never saw{fit}: how often each way of choosing picked "
+              "the fastest kernel, and how much slower than the fastest its picks ran")
+    rows = (chooser_line(q, prefix, who) for prefix, who in CHOOSERS)
+    return [header, *(row for row in rows if row is not None)]
+
+
+def timing_threads(table: ThresholdTable) -> int | None:
+    """The threads `table`'s CPU timings were taken with; None for a GPU table or where unrecorded."""
+    if table.identity.device_type != "cpu":
+        return None
+    return table.provenance.timing_threads
+
+
+def threads_line(table: ThresholdTable, threads: int) -> str | None:
+    """What `table`'s timings hold for, against `threads` (this process's
+    ``torch.get_num_threads()``): ``"timing threads: 2 torch threads, as this process runs"``, or
+    the two counts and what matches them; None for a GPU table or one that records no count."""
+    timed = timing_threads(table)
+    if timed is None:
+        return None
+    if timed == threads:
+        return f"timing threads: {torch_threads(timed)}, as this process runs"
+    return (f"timing threads: {torch_threads(timed)}, its timings hold for that count; this process runs "
+            f"{torch_threads(threads)} and is served the table all the same (torch.set_num_threads({timed}) "
+            "matches it)")

@@ -30,10 +30,6 @@ EXPLORE_EXAMPLES = 200
 # fixtures (a private cache directory per test) need not be reset between examples.
 SUPPRESSED = [HealthCheck.filter_too_much, HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 
-# No test spawns a background compile of the fast path (`fast_path_autobuild`): set for the whole
-# suite, the children it starts included; its own tests turn it on with a cheap stand-in build.
-os.environ["ATTN_DISPATCH_AUTO_BUILD"] = "0"
-
 settings.register_profile("ci", max_examples=CI_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=SUPPRESSED)
 settings.register_profile("explore", max_examples=EXPLORE_EXAMPLES, deadline=None, suppress_health_check=SUPPRESSED)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

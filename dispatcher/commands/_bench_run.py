@@ -28,7 +28,7 @@ from attn_dispatch.dispatcher.as_kernel import DISPATCHER_PATH, DispatchedKernel
 from attn_dispatch.dispatcher.core import Dispatcher
 from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
-from attn_dispatch.dispatcher.planning import memory_limit
+from attn_dispatch.dispatcher.selection import memory_limit
 from attn_dispatch.kernels import AccuracyPolicy, MathKernel, Problem, kernel_from_name
 from attn_dispatch.kernels.sdpa_backends import SdpaMathKernel
 from attn_dispatch.models.environment import COMMIT

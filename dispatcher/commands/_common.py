@@ -4,6 +4,7 @@ check of ``--device`` / ``--devices``, made once before any command runs."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 class CommandError(Exception):
@@ -63,3 +64,18 @@ def check_devices(args: argparse.Namespace) -> None:
     for text in (getattr(args, "devices", None) or "").split(","):
         if text.strip():
             resolve_device(text.strip())
+
+
+def what_is_stored(target: Path) -> tuple[object | None, str | None]:
+    """The table stored at `target` and its `describe` line; (None, None) where there is none. An
+    unreadable file there is described as such, with no table: replacing it loses something too."""
+    from attn_dispatch.dispatcher.commands.export import describe  # (export imports this module)
+    from attn_dispatch.models import TableError, load_table
+
+    if not target.exists():
+        return None, None
+    try:
+        stored = load_table(target)
+    except (TableError, OSError) as error:
+        return None, f"an unreadable table file ({one_line(error)})"
+    return stored, describe(stored)

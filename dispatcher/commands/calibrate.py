@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--refine-rounds", type=int, default=None, metavar="N", help="crossover refinement rounds after the sweep")
     parser.add_argument("--active-rounds", type=int, default=0, metavar="N",
                         help="rounds after the sweep measuring the next sample points that bootstrap cost-model fits "
-                        "disagree on most (off by default; simulated on H200 run 6: docs/RESULTS.md section 8)")
+                        "disagree on most (off by default; docs/RESULTS.md#calibration)")
     parser.add_argument("--workload", default=None, metavar="PATH",
                         help="measure first the problems a real run recorded (ATTN_DISPATCH_RECORD=PATH or "
                         "attn_dispatch.record(PATH)), as recorded, then the sweep")

@@ -37,10 +37,10 @@ def device_record(device) -> dict:
     """Identity, keys and table lookup of one device."""
     import torch
 
+    from attn_dispatch.dispatcher.device_ranking import no_table_line
     from attn_dispatch.dispatcher.measuring import measure_from_env
-    from attn_dispatch.dispatcher.no_table_notice import no_table_line
     from attn_dispatch.models import DeviceIdentity, lookup_table
-    from attn_dispatch.models.thread_words import threads_line
+    from attn_dispatch.models.table_summary import threads_line
 
     identity = DeviceIdentity.detect(device)
     found = lookup_table(identity, warn=False)

@@ -38,7 +38,7 @@ def describe(table) -> str:
 
 def with_remembered_tunings(table):
     """`table` with this machine's remembered tunings of its card as measured entries."""
-    from attn_dispatch.dispatcher.tuning_store import tuning_entries
+    from attn_dispatch.dispatcher.measured_store import tuning_entries
     from attn_dispatch.models.paths import tunings_dir
 
     return table.with_entries(tuning_entries(tunings_dir(), table.identity.key))

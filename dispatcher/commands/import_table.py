@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attn_dispatch.dispatcher.commands._common import CommandError, one_line
-from attn_dispatch.dispatcher.commands._stored import what_is_stored
+from attn_dispatch.dispatcher.commands._common import CommandError, one_line, what_is_stored
 from attn_dispatch.dispatcher.commands.export import describe
 
 NAME = "import"

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attn_dispatch.dispatcher.commands._common import CommandError, one_line
-from attn_dispatch.dispatcher.commands._stored import what_is_stored
+from attn_dispatch.dispatcher.commands._common import CommandError, one_line, what_is_stored
 from attn_dispatch.dispatcher.commands.export import describe
 
 NAME = "merge"

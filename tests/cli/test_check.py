@@ -31,7 +31,7 @@ def test_check_fix_refits_and_stores(cli, tmp_path):
     path = save_table(drifted_table(), tmp_path / "drifted.json")
     code, out, _ = cli("check", path, "--points", "2", "--fix")
     assert code == 0 and "refit on the new points and the table's own predictions" in out
-    assert "\nheld-out quality: " in out  # its own line, as in the calibrate summary (models.quality_words)
+    assert "\nheld-out quality: " in out  # its own line, as in the calibrate summary (models.table_summary)
     stored = local_table_path(DeviceIdentity.detect("cpu"))
     assert f"stored: {stored}" in out
     refit = load_table(stored)

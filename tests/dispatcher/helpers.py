@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from attn_dispatch.dispatcher import core
+from attn_dispatch.dispatcher import cold_path
 from attn_dispatch.dispatcher.decision import RankingSource
-from attn_dispatch.dispatcher.ranking import DeviceRanking
+from attn_dispatch.dispatcher.device_ranking import DeviceRanking
 from attn_dispatch.kernels import (
     TOLERANCES,
     Kernel,
@@ -45,7 +45,7 @@ def use_ranking(monkeypatch, table, prior=None) -> None:
     def resolve(device, *, home=None):
         return DeviceRanking(table=table, prior=prior, source=TEST_SOURCE, prior_source=PRIOR_SOURCE)
 
-    monkeypatch.setattr(core, "resolve_ranking", resolve)
+    monkeypatch.setattr(cold_path, "resolve_ranking", resolve)
 
 
 class FailingKernel(MathKernel):
@@ -91,7 +91,7 @@ def fake_gfx906(monkeypatch, *, triton: tuple[int, int] | None) -> None:
     them) with Triton `triton` (None: not installed), ranked by its analytic prior, 32 GiB free;
     Triton's interpreter off, as on the card (the kernel sets that serve leave interpreted kernels
     out). For deciding only: nothing can run there."""
-    from attn_dispatch.dispatcher import planner
+    from attn_dispatch.dispatcher import device_planner as planner
     from attn_dispatch.dispatcher.decision import RankingSource
     from attn_dispatch.kernels import _triton_support as support
     from attn_dispatch.kernels import triton_decode, triton_flash
@@ -110,5 +110,5 @@ def fake_gfx906(monkeypatch, *, triton: tuple[int, int] | None) -> None:
         monkeypatch.setattr(module, "shared_memory_limit", lambda device_index=None: GFX906_LDS)
     monkeypatch.setattr(planner, "free_bytes", lambda device: 32 * 2**30)
     source = RankingSource("prior", "analytic prior of AMD Instinct MI50 32GB", None, identity.key)
-    monkeypatch.setattr(core, "resolve_ranking", lambda device, *, home=None, **options: DeviceRanking(
+    monkeypatch.setattr(cold_path, "resolve_ranking", lambda device, *, home=None, **options: DeviceRanking(
         table=None, prior=PriorRanker(MI50_32GB), source=source, prior_source=source))

@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import sys
 
-from attn_dispatch.dispatcher import Dispatcher, core, planner
-from attn_dispatch.dispatcher.ranking import DeviceRanking
+from attn_dispatch.dispatcher import Dispatcher, cold_path
+from attn_dispatch.dispatcher import device_planner as planner
+from attn_dispatch.dispatcher.device_ranking import DeviceRanking
 from tests.dispatcher.helpers import PRIOR_SOURCE, FixedRanker, qkv
 from tests.dispatcher.test_measuring import BASE_S, Timed, VirtualClock
 
@@ -17,7 +18,7 @@ from tests.dispatcher.test_measuring import BASE_S, Timed, VirtualClock
 def main(home: str) -> int:
     clock = VirtualClock()
     planner.clock_for = lambda device: clock
-    core.resolve_ranking = lambda device, *, home=None: DeviceRanking(
+    cold_path.resolve_ranking = lambda device, *, home=None: DeviceRanking(
         table=FixedRanker(["base", "fast"]), prior=None, source=PRIOR_SOURCE, prior_source=PRIOR_SOURCE)
     base, fast = Timed("base", BASE_S, clock), Timed("fast", BASE_S / 2, clock)
     ours = Dispatcher(kernels=[base, fast], home=home, measure=True)

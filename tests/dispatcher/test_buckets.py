@@ -10,10 +10,10 @@ import tracemalloc
 import pytest
 import torch
 
-from attn_dispatch.dispatcher import Dispatcher, buckets, core
-from attn_dispatch.dispatcher._plan import cache_key
-from attn_dispatch.dispatcher.buckets import BoundedCache
-from attn_dispatch.dispatcher.planning import failure_bucket
+from attn_dispatch.dispatcher import Dispatcher, core
+from attn_dispatch.dispatcher import plans as buckets
+from attn_dispatch.dispatcher.plans import BoundedCache, cache_key
+from attn_dispatch.dispatcher.selection import failure_bucket
 from attn_dispatch.kernels import MathKernel, Problem
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
 
@@ -40,7 +40,7 @@ def test_a_decode_loop_measures_each_bucket_once(monkeypatch):
     """A decode loop's key length grows by one per step: every new length is a new exact shape of
     the same bucket, measured by one trial (its calls, whatever their lengths, run its candidates)."""
     use_ranking(monkeypatch, FixedRanker(["math", "chunked[q=128,kv=1024]"]))
-    from attn_dispatch.dispatcher import planner
+    from attn_dispatch.dispatcher import device_planner as planner
 
     trials = []
 
@@ -104,7 +104,7 @@ def test_ten_thousand_key_lengths_keep_the_caches_bounded_and_memory_flat(monkey
     after_10000, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert len(ours._plans) <= ours._plans.limit == 256
-    assert len(ours._families) <= 4096 and len(ours._planner(torch.device("cpu")).buckets) <= buckets.MAX_BUCKETS
+    assert len(ours._cold.families) <= 4096 and len(ours._cold.planner(torch.device("cpu")).buckets) <= buckets.MAX_BUCKETS
     assert sum(ours.stats().values()) == 10_000  # evicted plans' calls are still counted
     assert after_10000 - after_8000 < 64 * 1024, (after_8000, after_10000)
 
@@ -158,7 +158,7 @@ def _key(call: dict) -> tuple:
 def _cold_dispatcher(monkeypatch, cold_s: float) -> Dispatcher:
     use_ranking(monkeypatch, FixedRanker(["setup_math", "math"]))  # 1 us and 2 us predicted
     ours = Dispatcher(kernels=[SetUpKernel(), MathKernel()])
-    ours._planner(torch.device("cpu")).cold_costs["setup_math"] = {"decode": cold_s, "prefill": cold_s}
+    ours._cold.planner(torch.device("cpu")).cold_costs["setup_math"] = {"decode": cold_s, "prefill": cold_s}
     return ours
 
 
@@ -238,18 +238,8 @@ def test_bucket_of_a_problem_ignores_exact_lengths_within_powers_of_two():
     assert failure_bucket(p) == failure_bucket(q) != failure_bucket(r)
 
 
-def test_a_kernel_predicted_under_its_measured_floor_gives_way(monkeypatch):
-    use_ranking(monkeypatch, FixedRanker(["setup_math", "math"]))  # 1 us and 2 us predicted
-    ours = Dispatcher(kernels=[SetUpKernel(), MathKernel()])
-    ours._planner(torch.device("cpu")).floors["setup_math"] = {"decode": 1e-3}  # measured: 1 ms per call at least
-    decision = ours.explain(**_decode(100))
-    assert decision.kernel == "math"
-    assert any("measured floor" in note for note in decision.notes)
-    assert ours.explain(**qkv(q_len=8, kv_len=100)).kernel == "math"  # the decode probe's floor bounds a prefill too
-
-
 def test_a_floor_measured_for_one_variant_bounds_the_others_of_its_family():
-    from attn_dispatch.dispatcher.cold_shape import floor_seconds
+    from attn_dispatch.dispatcher.selection import floor_seconds
     from attn_dispatch.kernels import kernel_from_name
 
     floors = {"small_q[splits=16]": {"decode": 1e-4, "prefill": 7e-4}, "small_q[splits=4]": {"decode": 2e-4},
@@ -263,7 +253,7 @@ def test_a_floor_measured_for_one_variant_bounds_the_others_of_its_family():
 def test_pytorch_backends_have_no_floor():
     """A fused backend is one launch: a probe it is busy on measures its time there, not a floor
     (the H200's prefill probe took flash 79 us, where Lq 2-64 shapes take it 25-40 us)."""
-    from attn_dispatch.dispatcher.cold_shape import floor_seconds
+    from attn_dispatch.dispatcher.selection import floor_seconds
     from attn_dispatch.kernels import kernel_from_name
 
     floors = {"sdpa_flash": {"decode": 3e-5, "prefill": 8e-5}, "sdpa_default": {"decode": 2e-5}}
@@ -275,7 +265,7 @@ def test_a_new_shape_swaps_only_to_a_kernel_the_bucket_measured(monkeypatch):
     """Where the bucket's calls measured options (`measuring`; here a result kept from an earlier
     process), a new shape leaves the kernel that sets up per shape only for a measured one: chunked
     is predicted fastest, but only math was measured."""
-    from attn_dispatch.dispatcher.tuning import Tuned
+    from attn_dispatch.dispatcher.selection import Tuned
 
     chunked = "chunked[q=128,kv=1024]"
     use_ranking(monkeypatch, FixedRanker(["setup_math", chunked, "math"]))
@@ -283,7 +273,7 @@ def test_a_new_shape_swaps_only_to_a_kernel_the_bucket_measured(monkeypatch):
 
     def start(measured):
         ours.reset()
-        planner = ours._planner(torch.device("cpu"))
+        planner = ours._cold.planner(torch.device("cpu"))
         planner.cold_costs["setup_math"] = {"decode": 1e-3, "prefill": 1e-3}
         bucket = failure_bucket(Problem.from_tensors(**{k: v for k, v in _decode(100).items()}))
         if measured:
@@ -302,10 +292,10 @@ def test_a_new_shape_swaps_only_to_a_kernel_the_bucket_measured(monkeypatch):
 
 def test_only_a_material_set_up_counts_as_one():
     """Flash's measured 2 us per new shape is the measurement's floor, not a set-up to avoid: it must
-    stay among the options a bucket may measure as set-up-free (`measured_candidates`)."""
+    stay among the options a bucket may measure as set-up-free (`selection.measured_candidates`)."""
     from types import SimpleNamespace
 
-    from attn_dispatch.dispatcher.cold_shape import costly_setups
+    from attn_dispatch.dispatcher.selection import costly_setups
     from attn_dispatch.kernels import kernel_from_name
 
     options = [SimpleNamespace(kernel=kernel_from_name(name)) for name in ("sdpa_default", "sdpa_flash", "math")]
@@ -327,11 +317,11 @@ def test_a_swap_the_numbers_call_free_still_settles(monkeypatch):
     """The bucket ranks setup_math first although math is predicted faster (a table's tie, within
     its noise): the swap to math for a new shape is taken to lose `TIED_LOSS_SHARE` of setup_math's
     time per call, so the shape settles instead of running math for good."""
-    from attn_dispatch.dispatcher.cold_shape import TIED_LOSS_SHARE
+    from attn_dispatch.dispatcher.selection import TIED_LOSS_SHARE
 
     use_ranking(monkeypatch, TiedRanker(["setup_math", "math"]))
     ours = Dispatcher(kernels=[SetUpKernel(), MathKernel()])
-    ours._planner(torch.device("cpu")).cold_costs["setup_math"] = {"decode": 1e-3, "prefill": 1e-3}
+    ours._cold.planner(torch.device("cpu")).cold_costs["setup_math"] = {"decode": 1e-3, "prefill": 1e-3}
     for _ in range(4):
         ours.attention(**_decode(100))
     second = _decode(101)
@@ -345,21 +335,8 @@ def test_a_swap_the_numbers_call_free_still_settles(monkeypatch):
     assert ours.explain(**second).kernel == "setup_math"
 
 
-def test_floors_of_other_kernels_leave_the_tables_order_alone(monkeypatch):
-    """The table puts setup_math first although math is predicted faster (a measured tie, the
-    guard's margin); a floor known only for math must not re-sort the bucket by predicted time
-    (the H200 grid: 114 of 580 buckets left PyTorch's default that way, session 14)."""
-
-    use_ranking(monkeypatch, TiedRanker(["setup_math", "math"]))
-    ours = Dispatcher(kernels=[SetUpKernel(), MathKernel()])
-    ours._planner(torch.device("cpu")).floors["math"] = {"decode": 5e-7}  # under math's prediction: lifts nothing
-    decision = ours.explain(**_decode(100))
-    assert decision.kernel == "setup_math"
-    assert not any("measured floor" in note for note in decision.notes)
-
-
 def test_settle_after_weighs_at_least_the_tied_share_and_nothing_unpriced():
-    from attn_dispatch.dispatcher.cold_shape import TIED_LOSS_SHARE, settle_after
+    from attn_dispatch.dispatcher.selection import TIED_LOSS_SHARE, settle_after
 
     assert settle_after(1e-3, 1e-6, 2e-6) == 1000  # a real loss over the share: the set-up over it
     share = TIED_LOSS_SHARE * 1e-6

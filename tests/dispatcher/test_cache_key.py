@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from attn_dispatch.dispatcher import Dispatcher
-from attn_dispatch.dispatcher._plan import cache_key, problem_at_key_length
+from attn_dispatch.dispatcher.plans import cache_key, problem_at_key_length
 from attn_dispatch.kernels import Problem
 from tests.dispatcher.helpers import qkv
 

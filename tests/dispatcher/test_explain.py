@@ -11,7 +11,7 @@ import torch
 import attn_dispatch as dispatcher
 from attn_dispatch.dispatcher import Dispatcher, _log
 from attn_dispatch.dispatcher.cli import main
-from attn_dispatch.dispatcher.core import TRAINING_COUNT
+from attn_dispatch.dispatcher.cold_path import TRAINING_COUNT
 from attn_dispatch.dispatcher.decision import TRAINING_KERNEL
 from tests.dispatcher.helpers import FixedRanker, qkv, use_ranking
 
@@ -84,9 +84,9 @@ def test_several_devices_keep_separate_state():
     ours.attention(**inputs)
     out = ours.attention(**meta)  # shapes only: PyTorch's SDPA serves meta calls, no decision (issue 13)
     assert out.device.type == "meta" and out.shape == (1, 4, 8, 16)
-    assert set(ours._planners) == {torch.device("cpu")}
+    assert set(ours._cold.planners) == {torch.device("cpu")}
     assert ours.explain(**meta).device == "meta" and ours.explain(**inputs).device == "cpu"
-    assert set(ours._planners) == {torch.device("cpu"), torch.device("meta")}
+    assert set(ours._cold.planners) == {torch.device("cpu"), torch.device("meta")}
 
 
 @pytest.mark.parametrize("kernel", ["sdpa_math", "math"])  # with and without backward

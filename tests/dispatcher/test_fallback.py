@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attn_dispatch.dispatcher import Dispatcher, NoKernelError
-from attn_dispatch.dispatcher.planning import failure_bucket
+from attn_dispatch.dispatcher.selection import failure_bucket
 from attn_dispatch.kernels import MathKernel, Problem
 from tests.dispatcher.helpers import FailingKernel, FixedRanker, assert_matches_reference, qkv, use_ranking
 

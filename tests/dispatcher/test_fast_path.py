@@ -267,8 +267,8 @@ def test_the_settling_call_goes_to_python():
     (plan,) = ours._plans.table.values()
     plan.settle_at = WARM_CALLS + 2  # the entry (made on the next call) records it
     settling = []
-    original = ours._settle
-    ours._settle = lambda key_, plan_: settling.append(plan_) or original(key_, plan_)
+    original = ours._cold.settle
+    ours._cold.settle = lambda key_, plan_: settling.append(plan_) or original(key_, plan_)
     fast = ours.fast_attention
     fast(q, k, v)  # hot now
     assert served(ours, lambda: fast(q, k, v))  # call WARM_CALLS + 1
@@ -284,7 +284,7 @@ def test_a_plan_dropped_evicted_or_reset_on_the_python_side_is_no_longer_served(
     fast = warm(ours, q, k, v)
     assert served(ours, lambda: fast(q, k, v))
     (key_,) = ours._plans.table
-    ours._drop_hot(key_)
+    ours._hot_path.drop(key_)
     assert not served(ours, lambda: fast(q, k, v))  # the dict path's 2nd call in a row: hot again
     assert served(ours, lambda: fast(q, k, v))
     ours._plans.limit = 1
@@ -340,8 +340,8 @@ def test_a_library_without_a_manifest_is_not_built_and_never_loaded(monkeypatch,
     library.parent.mkdir(parents=True)
     library.write_bytes(b"not a shared library")
     assert fast_path.load(tmp_path) is None
-    status = fast_path.status(tmp_path)  # the suite turns the background build off: the line says so
-    assert status.startswith("not built") and status.endswith(FIX) and "rejected" not in status
+    status = fast_path.status(tmp_path)
+    assert status.startswith("not built") and status.endswith(f"{FIX} ({fast_path.WITHOUT_IT})") and "rejected" not in status
     ours = Dispatcher(kernels=["sdpa_default"], home=str(tmp_path))
     assert ours.fast_attention == ours.attention
     inputs = qkv(kv_heads=4)
@@ -397,7 +397,7 @@ def test_a_truncated_library_says_why_and_is_never_loaded(monkeypatch, tmp_path,
     monkeypatch.setattr(fast_path, "_loaded", {})
     assert fast_path.load(tmp_path) is None
     status = fast_path.status(tmp_path)
-    assert status.startswith("built library rejected (") and reason in status and status.endswith(f"): {FIX}")
+    assert status.startswith("built library rejected (") and reason in status and status.endswith(f"): {FIX} ({fast_path.WITHOUT_IT})")
 
 
 CHILD = """
@@ -420,6 +420,32 @@ def test_a_dispatcher_made_over_a_truncated_library_has_no_fast_path(tmp_path, f
     assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
     python_path_serves, status = child.stdout.splitlines()
     assert python_path_serves == "True" and status.startswith("built library rejected (") and reason in status
+
+
+ATTENTION_CHILD = """
+import sys, torch
+import attn_dispatch as ad
+from attn_dispatch.dispatcher.api import default_dispatcher
+q = torch.randn(1, 4, 1, 16)
+k = torch.randn(1, 4, 40, 16)
+outs = [ad.attention(q, k, k) for _ in range(5)]
+ours = default_dispatcher()
+print(ad.attention is ours.fast_attention, ours._fast.hits, "torch._dynamo" in sys.modules,
+      torch.equal(outs[-1], torch.nn.functional.scaled_dot_product_attention(q, k, k)))
+"""
+
+
+def test_attention_is_the_fast_callable_and_imports_no_compiler(tmp_path, fast_path_build):
+    """`attn_dispatch.attention`, the README's first drop-in, reaches the fast path as `patched()` does;
+    handing it out imports no Dynamo (its compile stand-in waits for Dynamo's import)."""
+    installed_copy(tmp_path, fast_path_build)
+    environment = {**os.environ, "ATTN_DISPATCH_HOME": str(tmp_path), "ATTN_DISPATCH_MEASURE": "0"}
+    environment.pop(FAST_PATH.name, None)
+    child = subprocess.run([sys.executable, "-c", ATTENTION_CHILD], env=environment, capture_output=True, text=True,
+                           timeout=CHILD_TIMEOUT_S)
+    assert child.returncode == 0, child.stderr[-2000:]
+    is_fast, hits, dynamo, equal = child.stdout.split()
+    assert (is_fast, dynamo, equal) == ("True", "False", "True") and int(hits) >= 1
 
 
 def test_patching_and_stats_count_fast_calls():

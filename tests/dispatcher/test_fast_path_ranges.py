@@ -99,7 +99,7 @@ def test_no_range_where_a_new_shape_of_the_bucket_would_be_planned_otherwise():
     query, cache_k, cache_v = _decode_inputs()
     ours.attention(query, cache_k[:, :, :FIRST], cache_v[:, :, :FIRST], enable_gqa=True)
     plan = _only_plan(ours)
-    planner = ours._planners[plan.device]
+    planner = ours._cold.planners[plan.device]
     assert served_key_lengths(planner, plan) == (33, 64)
     plan.settle_at = 5  # settling ahead: its shape alone
     assert served_key_lengths(planner, plan) is None
@@ -116,7 +116,7 @@ def test_no_range_where_a_new_shape_of_the_bucket_would_be_planned_otherwise():
 
 @pytest.mark.parametrize(("kernel", "expected"), [("math", None), ("sdpa_default", (33, 64))])
 def test_on_a_gpu_a_plan_of_our_kernels_serves_no_range(monkeypatch, kernel, expected):
-    """A GPU decides a bucket's lengths apart by key-count alignment (`planning.decision_bucket`),
+    """A GPU decides a bucket's lengths apart by key-count alignment (`selection.decision_bucket`),
     and consecutive lengths cross it: a plan of our own kernel stands for its own alignment only.
     Here the CPU plan is given the GPU's answer to "is the key count aligned?"."""
     from attn_dispatch.dispatcher import length_range
@@ -126,7 +126,7 @@ def test_on_a_gpu_a_plan_of_our_kernels_serves_no_range(monkeypatch, kernel, exp
     query, cache_k, cache_v = _decode_inputs()
     ours.attention(query, cache_k[:, :, :FIRST], cache_v[:, :, :FIRST], enable_gqa=True)
     plan = _only_plan(ours)
-    planner = ours._planners[plan.device]
+    planner = ours._cold.planners[plan.device]
     assert served_key_lengths(planner, plan) == (33, 64)  # on the CPU: one decision for every length
     monkeypatch.setattr(length_range, "keys_aligned", lambda problem: key_count_aligned(problem.kv_len))
     assert served_key_lengths(planner, plan) == expected
@@ -139,7 +139,7 @@ def test_a_causal_range_stays_on_one_side_of_the_query_length(q_len, kv_len, exp
     query, cache_k, cache_v = _decode_inputs(q_len=q_len)
     ours.attention(query, cache_k[:, :, :kv_len], cache_v[:, :, :kv_len], is_causal=True, enable_gqa=True)
     plan = _only_plan(ours)
-    assert served_key_lengths(ours._planners[plan.device], plan) == expected
+    assert served_key_lengths(ours._cold.planners[plan.device], plan) == expected
 
 
 def test_a_failure_at_one_length_takes_the_bucket_s_range_off_the_fast_path(monkeypatch):

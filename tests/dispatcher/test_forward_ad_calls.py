@@ -11,7 +11,7 @@ import torch
 from torch.autograd import forward_ad
 
 from attn_dispatch.dispatcher import Dispatcher
-from attn_dispatch.dispatcher.dual_calls import carries_tangent
+from attn_dispatch.dispatcher.cold_path import carries_tangent
 from attn_dispatch.kernels import MathKernel
 from tests.dispatcher.helpers import FailingKernel, FixedRanker, qkv, use_ranking
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_dispatch.dispatcher import Dispatcher, planner
+from attn_dispatch.dispatcher import Dispatcher
+from attn_dispatch.dispatcher import device_planner as planner
 from attn_dispatch.dispatcher.memory import free_bytes
 from attn_dispatch.kernels import MathKernel, Problem
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
@@ -85,12 +86,12 @@ def test_cpu_and_cuda_in_one_process():
         inputs = case.build(device)
         flags = {k: v for k, v in inputs.items() if k not in ("query", "key", "value")}
         assert_matches_reference(ours.attention(inputs["query"], inputs["key"], inputs["value"], **flags), inputs)
-    cpu, cuda = (state.ranking.source for state in (p.state for p in ours._planners.values()))
-    assert len(ours._planners) == 2 and cpu.identity != cuda.identity
+    cpu, cuda = (state.ranking.source for state in (p.state for p in ours._cold.planners.values()))
+    assert len(ours._cold.planners) == 2 and cpu.identity != cuda.identity
 
 
 def _measuring_plan(ours, q, k, v):
-    from attn_dispatch.dispatcher._plan import cache_key
+    from attn_dispatch.dispatcher.plans import cache_key
 
     return ours._plans.get(cache_key(q, k, v, None, False, False))
 

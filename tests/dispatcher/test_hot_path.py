@@ -32,10 +32,10 @@ def _hot_dispatcher(kernels=("math",), calls=HOT_AFTER + 1, **arguments):
 
 def test_a_shape_called_again_goes_hot_and_gives_pytorchs_result():
     ours, (q, k, v) = _hot_dispatcher(calls=HOT_AFTER - 1)
-    assert ours._hot == ()
+    assert ours._hot_path.slots == ()
     with torch.no_grad():
         outs = [ours.attention(q, k, v) for _ in range(4)]
-    (entry,) = ours._hot
+    (entry,) = ours._hot_path.slots
     assert entry.plan is next(iter(ours._plans.values()))
     for out in outs:
         torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
@@ -82,7 +82,7 @@ def test_plans_of_tensors_requiring_grad_under_no_grad_never_go_hot():
     with torch.no_grad():
         for _ in range(HOT_AFTER + 2):
             ours.attention(q, k, v)
-    assert ours._hot == ()
+    assert ours._hot_path.slots == ()
 
 
 @pytest.mark.parametrize("arguments", [{"is_causal": True}, {"enable_gqa": True}, {"mask": True}, {"dropout": True}])
@@ -116,7 +116,7 @@ def test_two_alternating_shapes_both_stay_hot():
         for _ in range(HOT_AFTER + 1):
             ours.attention(*a)
             ours.attention(*b)
-    assert {entry.plan.problem.kv_len for entry in ours._hot} == {7, 11}
+    assert {entry.plan.problem.kv_len for entry in ours._hot_path.slots} == {7, 11}
 
 
 def test_sdpa_kernel_restrictions_reach_pytorch_from_a_hot_plan():
@@ -133,22 +133,22 @@ def test_sdpa_kernel_restrictions_reach_pytorch_from_a_hot_plan():
 
 def test_reset_and_eviction_take_plans_off_the_hot_path(monkeypatch):
     ours, inputs = _hot_dispatcher()
-    assert ours._hot
+    assert ours._hot_path.slots
     ours.reset()
-    assert ours._hot == ()
+    assert ours._hot_path.slots == ()
     monkeypatch.setattr(core, "MAX_PLANS", 2)
     small = Dispatcher(kernels=["math"])
     with torch.no_grad():
         for kv_len in (7, 7, 7, 9, 11):  # the 7-key plan goes hot, then is evicted
             small.attention(*_inputs(kv_len=kv_len))
-    assert all(entry.plan.problem.kv_len != 7 for entry in small._hot)
+    assert all(entry.plan.problem.kv_len != 7 for entry in small._hot_path.slots)
     assert small.stats() == {"math": 5}
 
 
 def test_a_failure_on_the_hot_path_falls_back_and_leaves_it(monkeypatch):
     use_ranking(monkeypatch, FixedRanker(["sdpa_default", "math"]))
     ours, (q, k, v) = _hot_dispatcher(kernels=["sdpa_default", "math"])
-    assert ours._hot and ours._hot[0].plan.kernel.name == "sdpa_default"
+    assert ours._hot_path.slots and ours._hot_path.slots[0].plan.kernel.name == "sdpa_default"
 
     def failing(*args, **kwargs):
         raise RuntimeError("injected failure")
@@ -156,14 +156,14 @@ def test_a_failure_on_the_hot_path_falls_back_and_leaves_it(monkeypatch):
     monkeypatch.setattr(core, "_sdpa", failing)
     with torch.no_grad():
         torch.testing.assert_close(ours.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
-    assert ours._hot == ()
+    assert ours._hot_path.slots == ()
     assert ours.stats() == {"sdpa_default": HOT_AFTER + 1, "math": 1}
 
 
 def test_without_tensor_guards_the_dict_path_serves_every_call(monkeypatch):
     monkeypatch.setattr(hot_path, "tensor_guard", lambda tensors: None)
     ours, (q, k, v) = _hot_dispatcher(calls=HOT_AFTER + 3)
-    assert ours._hot == ()
+    assert ours._hot_path.slots == ()
     assert ours.stats() == {"math": HOT_AFTER + 3}
     with torch.no_grad():
         torch.testing.assert_close(ours.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
@@ -173,10 +173,10 @@ def test_without_tensor_guards_the_dict_path_serves_every_call(monkeypatch):
 def test_the_environment_turns_the_hot_path_off(monkeypatch, value):
     monkeypatch.setenv("ATTN_DISPATCH_HOT_PATH", value)
     ours, (q, k, v) = _hot_dispatcher(calls=HOT_AFTER + 2)
-    assert ours._hot == ()
+    assert ours._hot_path.slots == ()
     assert ours.stats() == {"math": HOT_AFTER + 2}
     monkeypatch.setenv("ATTN_DISPATCH_HOT_PATH", "1")
-    assert _hot_dispatcher()[0]._hot
+    assert _hot_dispatcher()[0]._hot_path.slots
 
 
 def test_an_evicted_plan_leaves_the_hot_path_and_the_others_stay(monkeypatch):
@@ -187,7 +187,7 @@ def test_an_evicted_plan_leaves_the_hot_path_and_the_others_stay(monkeypatch):
             ours.attention(*_inputs(kv_len=kv_len))
         for kv_len in (33, 65):  # the 7-key plan is evicted by the fourth plan (new buckets: not hot at once)
             ours.attention(*_inputs(kv_len=kv_len))
-    assert [entry.plan.problem.kv_len for entry in ours._hot] == [9]
+    assert [entry.plan.problem.kv_len for entry in ours._hot_path.slots] == [9]
 
 
 def test_a_new_shape_of_a_bucket_whose_shapes_are_called_again_goes_hot_at_its_first_call():
@@ -195,13 +195,13 @@ def test_a_new_shape_of_a_bucket_whose_shapes_are_called_again_goes_hot_at_its_f
     ours = Dispatcher(kernels=["math"])
     with torch.no_grad():
         ours.attention(*_inputs(kv_len=9))  # a bucket's first shape, called once: not hot
-        assert not ours._hot
+        assert not ours._hot_path.slots
         ours.attention(*_inputs(kv_len=9))
-        assert [entry.plan.problem.kv_len for entry in ours._hot] == [9]
+        assert [entry.plan.problem.kv_len for entry in ours._hot_path.slots] == [9]
         ours.attention(*_inputs(kv_len=10))  # its history says shapes are called again: hot at once
-        assert [entry.plan.problem.kv_len for entry in ours._hot] == [10, 9]
+        assert [entry.plan.problem.kv_len for entry in ours._hot_path.slots] == [10, 9]
         ours.attention(*_inputs(kv_len=17))  # another bucket, no history: its second call makes it hot
-        assert [entry.plan.problem.kv_len for entry in ours._hot] == [10, 9]
+        assert [entry.plan.problem.kv_len for entry in ours._hot_path.slots] == [10, 9]
 
 
 def test_a_plan_pushed_off_the_hot_path_comes_back_at_powers_of_two():
@@ -210,9 +210,9 @@ def test_a_plan_pushed_off_the_hot_path_comes_back_at_powers_of_two():
     with torch.no_grad():
         for n in (7, 7, 7, 9, 9, 11, 11):  # 7 goes hot at its second call, then 9 and 11 push it off
             ours.attention(*shapes[n])
-        assert 7 not in {entry.plan.problem.kv_len for entry in ours._hot}
+        assert 7 not in {entry.plan.problem.kv_len for entry in ours._hot_path.slots}
         ours.attention(*shapes[7])  # its fourth call, on the dict path: back on
-        assert ours._hot[0].plan.problem.kv_len == 7
+        assert ours._hot_path.slots[0].plan.problem.kv_len == 7
     assert ours.stats() == {"math": 8}
 
 
@@ -227,7 +227,7 @@ def test_a_hot_plan_that_is_pytorchs_call_keeps_pytorchs_behaviour_under_restric
         for _ in range(HOT_AFTER + 1):
             ours.attention(q, k, v, attn_mask=mask)
             ours.attention(q, k, v)
-        assert len(ours._hot) == 2 and all(entry.plan.sdpa_flags is not None for entry in ours._hot)
+        assert len(ours._hot_path.slots) == 2 and all(entry.plan.sdpa_flags is not None for entry in ours._hot_path.slots)
         with sdpa_kernel([SDPBackend.MATH]):
             for arguments in ({}, {"attn_mask": mask}):
                 torch.testing.assert_close(ours.attention(q, k, v, **arguments),
@@ -239,7 +239,7 @@ def test_a_hot_plan_that_is_pytorchs_call_keeps_pytorchs_behaviour_under_restric
                 with pytest.raises(RuntimeError) as ours_error:
                     ours.attention(q, k, v, **arguments)
                 assert str(ours_error.value) == str(theirs.value)
-    assert "math" not in ours.stats() and not ours._state(q.device).failures
+    assert "math" not in ours.stats() and not ours._cold.state(q.device).failures
 
 
 def test_a_plan_served_twice_in_a_row_by_the_dict_path_goes_back_on():
@@ -252,7 +252,7 @@ def test_a_plan_served_twice_in_a_row_by_the_dict_path_goes_back_on():
             for n, inputs in shapes.items():
                 ours.attention(*inputs)
                 ours.attention(*inputs)
-                assert ours._hot[0].plan.problem.kv_len == n
+                assert ours._hot_path.slots[0].plan.problem.kv_len == n
                 ours.attention(*inputs)
                 ours.attention(*inputs)
     assert ours.stats() == {"math": 120}
@@ -273,7 +273,7 @@ def test_a_plan_that_drops_enable_gqa_is_not_taken_for_pytorchs_own_call():
         for _ in range(HOT_AFTER + 1):
             ours.attention(q, k, v, enable_gqa=True)
             ours.attention(q, k, v)
-    by_flag = {entry.enable_gqa: entry for entry in ours._hot}
+    by_flag = {entry.enable_gqa: entry for entry in ours._hot_path.slots}
     assert by_flag[False].pytorch_call
     assert by_flag[True].plan.sdpa_flags == {} and not by_flag[True].pytorch_call
 
@@ -299,7 +299,7 @@ def test_a_call_with_key_is_value_goes_hot_and_builds_one_guard(monkeypatch, ker
     ours = Dispatcher(kernels=[kernel])
     with torch.no_grad():
         outs = [ours.attention(q, kv, kv) for _ in range(HOT_AFTER + 8)]
-    assert len(ours._hot) == 1 and built == [3]
+    assert len(ours._hot_path.slots) == 1 and built == [3]
     for out in outs:
         torch.testing.assert_close(out, F.scaled_dot_product_attention(q, kv, kv))
 
@@ -308,5 +308,5 @@ def test_a_plan_no_guard_can_cover_is_not_tried_on_every_call(monkeypatch):
     tried = []
     monkeypatch.setattr(hot_path, "tensor_guard", lambda tensors: tried.append(1) and None)
     ours, (q, k, v) = _hot_dispatcher(calls=HOT_AFTER + 8)  # `math`: no fast-path entry either
-    assert ours._hot == () and len(tried) == 1
+    assert ours._hot_path.slots == () and len(tried) == 1
     assert next(iter(ours._plans.values())).unguardable

@@ -43,7 +43,7 @@ def _nested_call_outcome(position: str):
             ours.attention(query, key, value, mask)
         arguments = {"query": query, "key": key, "value": value, "mask": mask}
         arguments[position] = torch.nested.nested_tensor(list(arguments[position]))
-        return _outcome(lambda: ours.attention(*arguments.values())), bool(ours._hot)
+        return _outcome(lambda: ours.attention(*arguments.values())), bool(ours._hot_path.slots)
 
 
 @pytest.mark.parametrize("position", ["query", "key", "value", "mask"])

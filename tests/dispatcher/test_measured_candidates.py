@@ -1,4 +1,4 @@
-"""Which buckets measure on their calls, and which candidates (`dispatcher.measured_candidates`):
+"""Which buckets measure on their calls, and which candidates (`dispatcher.selection.measured_candidates`):
 PyTorch's default first, then the ranking's first choices, flash on a GPU, each family of ours on
 a CPU; nothing where a measured entry of this card decides."""
 
@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from attn_dispatch.dispatcher import Dispatcher
-from attn_dispatch.dispatcher.measured_candidates import (
+from attn_dispatch.dispatcher.selection import (
+    Option,
     measured_candidates,
     measuring_wanted,
     own_family_options,
 )
-from attn_dispatch.dispatcher.planning import Option
 from attn_dispatch.kernels import Problem, kernel_from_name
 from tests.dispatcher.helpers import FixedRanker, qkv, use_ranking
 
@@ -28,7 +28,7 @@ GPU_PREFILL = Problem(1, 4, 4, 16, 64, 16, 16, "float16", device_type="cuda")
 def _options(monkeypatch, order, problem=DECODE, kernels=None):
     use_ranking(monkeypatch, FixedRanker(order))
     ours = Dispatcher(kernels=kernels if kernels is not None else order)
-    planner = ours._planner(CPU)
+    planner = ours._cold.planner(CPU)
     return planner.decide(problem, budget=None, measure=False, on_failure=lambda *a: None).options
 
 

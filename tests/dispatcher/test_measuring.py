@@ -10,10 +10,11 @@ import math
 import pytest
 import torch
 
-from attn_dispatch.dispatcher import Dispatcher, measuring, planner
+from attn_dispatch.dispatcher import Dispatcher, measuring
+from attn_dispatch.dispatcher import device_planner as planner
 from attn_dispatch.dispatcher.call_timing import Reading
 from attn_dispatch.dispatcher.measuring import BASELINE_CALLS, BUDGET_CALLS, ROUNDS, Trial
-from attn_dispatch.dispatcher.planning import Option
+from attn_dispatch.dispatcher.selection import Option
 from attn_dispatch.kernels import MathKernel, Problem
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
 

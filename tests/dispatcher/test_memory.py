@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import attn_dispatch as dispatcher
-from attn_dispatch.dispatcher import Dispatcher, NoKernelError, core, parse_memory_size, planner
+from attn_dispatch.dispatcher import Dispatcher, NoKernelError, core, parse_memory_size
+from attn_dispatch.dispatcher import device_planner as planner
 from attn_dispatch.dispatcher.memory import MAX_MEMORY_BUDGET, format_bytes, free_bytes
 from attn_dispatch.dispatcher.patching import install, is_installed, patched
-from attn_dispatch.dispatcher.planning import RECHECK_FRACTION, failure_bucket
+from attn_dispatch.dispatcher.selection import RECHECK_FRACTION, failure_bucket
 from attn_dispatch.kernels import ChunkedKernel, MathKernel, Problem, all_kernels
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
 
@@ -216,7 +217,7 @@ def test_recheck_miss_skips_a_kernel_that_failed_in_the_bucket_since(monkeypatch
     ours = Dispatcher(kernels="portable")
     ours.attention(**inputs)
     # the next option failed on another shape of the bucket after this decision was made
-    failures = ours._state(torch.device("cpu")).failures
+    failures = ours._cold.state(torch.device("cpu")).failures
     failures.setdefault(failure_bucket(problem), {})["chunked[q=128,kv=1024]"] = "RuntimeError: injected"
     free["bytes"] = math_bytes - 1
     ours.attention(**inputs)

@@ -1,5 +1,5 @@
 """A device with no table measured on its card says so once per process: what is happening, and
-what `attn-dispatch calibrate` would add and how long it takes (`dispatcher.no_table_notice`);
+what `attn-dispatch calibrate` would add and how long it takes (`dispatcher.device_ranking`);
 `explain` and `attn-dispatch devices` say the same."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ import logging
 
 import pytest
 
-from attn_dispatch.dispatcher import Dispatcher, core, no_table_notice
+from attn_dispatch.dispatcher import Dispatcher, cold_path
+from attn_dispatch.dispatcher import device_ranking as no_table_notice
 from attn_dispatch.dispatcher.cli import main
 from attn_dispatch.dispatcher.decision import RankingSource
-from attn_dispatch.dispatcher.ranking import DeviceRanking
+from attn_dispatch.dispatcher.device_ranking import DeviceRanking
 from tests.dispatcher.helpers import PRIOR_SOURCE, TEST_SOURCE, FixedRanker, qkv
 
 pytestmark = pytest.mark.measuring
@@ -22,7 +23,7 @@ def _ranked_at(monkeypatch, source: RankingSource) -> None:
         return DeviceRanking(table=None, prior=FixedRanker(["sdpa_default", "math"]), source=source,
                              prior_source=PRIOR_SOURCE)
 
-    monkeypatch.setattr(core, "resolve_ranking", resolve)
+    monkeypatch.setattr(cold_path, "resolve_ranking", resolve)
     monkeypatch.setattr(no_table_notice, "_said", set())
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import attn_dispatch as dispatcher
 from attn_dispatch.dispatcher import Dispatcher, install, is_installed, patched, uninstall
-from attn_dispatch.dispatcher.core import TRAINING_COUNT
+from attn_dispatch.dispatcher.cold_path import TRAINING_COUNT
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
 
 ORIGINAL = F.scaled_dot_product_attention

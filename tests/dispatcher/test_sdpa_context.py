@@ -151,7 +151,7 @@ def test_meta_tensors_give_meta_output_without_warnings():
         warnings.simplefilter("error")
         out = ours.attention(q, q, q, is_causal=True)
     assert out.device.type == "meta" and out.shape == (2, 4, 16, 8)
-    assert not ours._planners  # no ranking, no table, no memory query
+    assert not ours._cold.planners  # no ranking, no table, no memory query
 
 
 @pytest.mark.parametrize("shapes", [
@@ -243,4 +243,4 @@ def test_a_sparse_tensor_gets_pytorchs_error_and_leaves_the_bucket_untouched(whi
     with pytest.raises(type(theirs.value)):
         ours.attention(**args)
     torch.testing.assert_close(ours.attention(q, k, v, attn_mask=mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
-    assert not ours._state(q.device).failures, "a sparse call was remembered against the bucket's kernels"
+    assert not ours._cold.state(q.device).failures, "a sparse call was remembered against the bucket's kernels"

@@ -97,8 +97,8 @@ def test_a_table_whose_model_lost_says_so_in_explain_and_its_default_serves(monk
 
 def test_export_carries_the_remembered_tunings_as_measured_entries(monkeypatch, tmp_path, cpu_table):
     from attn_dispatch.dispatcher.cli import main
-    from attn_dispatch.dispatcher.tuning import Tuned
-    from attn_dispatch.dispatcher.tuning_store import TuningStore, tuning_entries
+    from attn_dispatch.dispatcher.measured_store import TuningStore, tuning_entries
+    from attn_dispatch.dispatcher.selection import Tuned
     from attn_dispatch.kernels import Problem
     from attn_dispatch.models.measured import entry_key
     from attn_dispatch.models.paths import tunings_dir

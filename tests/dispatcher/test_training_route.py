@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from attn_dispatch.dispatcher import Dispatcher
-from attn_dispatch.dispatcher.core import TRAINING_COUNT
-from attn_dispatch.dispatcher.planning import Option
+from attn_dispatch.dispatcher.cold_path import TRAINING_COUNT
+from attn_dispatch.dispatcher.selection import Option
 from attn_dispatch.dispatcher.training_route import choose_training
 from attn_dispatch.kernels import ChunkedKernel, MathKernel, Problem, kernel_from_name, reference_attention
 from attn_dispatch.kernels.backward_memory import training_bytes

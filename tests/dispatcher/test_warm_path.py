@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from attn_dispatch.dispatcher import Dispatcher, core
-from attn_dispatch.dispatcher._plan import mask_ndim_of, sdpa_flags
 from attn_dispatch.dispatcher.compiled import compiling_readers
+from attn_dispatch.dispatcher.plans import mask_ndim_of, sdpa_flags
 from attn_dispatch.kernels import Problem
 from attn_dispatch.kernels.sdpa_backends import TORCH_HAS_ENABLE_GQA, pytorch_sdpa
 from tests.dispatcher.helpers import FixedRanker, qkv, use_ranking

@@ -153,7 +153,7 @@ def test_sdpa_call_is_none_where_run_does_more_than_one_call(monkeypatch):
     """A mask PyTorch's rows need repairing for, a mask with causality, broadcast inputs,
     bottom-right causality: `run` (or the runner) handles them. Other kernels never name such a
     call. A mask of one query row (a decode step's) is PyTorch's call; a 1-D mask is the same
-    problem, and only its plan knows to leave it to `run` (`dispatcher._plan.Plan`)."""
+    problem, and only its plan knows to leave it to `run` (`dispatcher.plans.Plan`)."""
     from torch.nn.attention.bias import causal_lower_right
 
     from attn_dispatch.kernels import MathKernel, sdpa_default

@@ -1,4 +1,4 @@
-"""The CPU probe kept in the home per machine (`models.cpu_probe_store`), and never run inside a
+"""The CPU probe kept in the home per machine (`models.probe_store`), and never run inside a
 dispatcher's call (`models._cpu_probe.probe_cpu_spec` with ``now=False``)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 
 from attn_dispatch.models import _cpu_probe
 from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC, PROBE_AT_EXIT, probe_cpu_spec
-from attn_dispatch.models.cpu_probe_store import load_cpu_rates, probe_path, save_cpu_rates
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.probe_store import load_cpu_rates, probe_path, save_cpu_rates
 
 MEASURED = replace(FALLBACK_CPU_SPEC, bandwidth=12.5e9, estimated=False, source="measured by this machine's probe")
 

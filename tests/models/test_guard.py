@@ -16,13 +16,7 @@ from attn_dispatch.kernels import Problem
 from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC
 from attn_dispatch.models.dataset import training_set
 from attn_dispatch.models.fit import fit_and_build
-from attn_dispatch.models.guard import (
-    DEFAULT_MARGINS,
-    Guard,
-    choose_default_margin,
-    decide_verdict,
-    regions_losing_to_default,
-)
+from attn_dispatch.models.guard import Guard, decide_verdict
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measured import DEFAULT_KERNEL
 from attn_dispatch.models.measurement import Measurement
@@ -88,11 +82,9 @@ def test_the_verdict_is_stored_in_the_table_and_survives_a_round_trip(noisy_fit,
 
     table, quality, _, _ = noisy_fit
     assert table.guard is not None and table.guard.verdict in ("table", "default", "prior")
-    assert table.guard.reason in quality.verdict  # the held-out verdict, with the margin of all the data
+    assert table.guard.reason in quality.verdict
     again = load_table(save_table(table, tmp_path / "noisy.json"))
     assert again.guard == table.guard and again.entries == table.entries
-    assert {key for key, c in again.classes.items() for b, cell in c.cells.items() if cell.keep_default} == \
-        {key for key, c in table.classes.items() for b, cell in c.cells.items() if cell.keep_default}
 
 
 def _quality(mean: float) -> ChoiceQuality:
@@ -120,57 +112,19 @@ def test_verdicts_rank_by_the_reference_outside_measured_buckets(cpu_fit):
     as_default = replace(table, guard=Guard("default", "test"))
     assert as_default.rank(PROBLEM, kernels)[0][0] == DEFAULT_KERNEL
     assert sorted(as_default.rank(PROBLEM, kernels)) == sorted(as_prior.rank(PROBLEM, kernels))
-    huge_margin = replace(table, guard=Guard("table", "test", default_margin=100.0))
-    assert huge_margin.rank(PROBLEM, kernels)[0][0] == DEFAULT_KERNEL
 
 
-def test_a_region_kept_for_the_default_puts_it_first(cpu_fit):
-    from attn_dispatch.models.table_build import with_regions
-
-    kernels = [kernel_named(n) for n in KERNELS]
-    table = replace(cpu_fit[0], guard=None, entries={})
-    table_class = table.find_class(PROBLEM)
-    bucket = table_class.nearest_cell((9, 9))[0]
-    plain = [name for name, _ in table.rank(PROBLEM, kernels)]
-    guarded = [name for name, _ in with_regions(table, {(table_class.key, bucket)}).rank(PROBLEM, kernels)]
-    assert guarded == [DEFAULT_KERNEL] + [name for name in plain if name != DEFAULT_KERNEL]
-
-
-def test_regions_and_margin_come_from_where_the_model_lost(noisy_fit):
-    _, _, data, _ = noisy_fit
-    # a "model" that always predicts the measured slowest kernel loses to the default wherever it can
-    inverted = -data.y
-    regions = regions_losing_to_default(data, inverted, class_fields=(), work_step=2)
-    assert regions and all(len(bucket) == 2 for _, bucket in regions)
-    # its error factor: predicted faster than the default, measured slower: more than 1 either way
-    assert all(factor > 1.0 for factor in regions.values())
-    assert choose_default_margin(data, inverted) == max(DEFAULT_MARGINS)
-    # a perfect model never loses: no region
-    assert regions_losing_to_default(data, data.y, class_fields=(), work_step=2) == {}
-
-
-def test_a_region_yields_only_where_the_model_predicts_the_default_slower_than_it_erred_there(cpu_fit, tmp_path):
-    from attn_dispatch.models.table_build import with_regions
+def test_a_table_written_with_the_retired_guard_fields_still_loads(cpu_fit, tmp_path):
+    """Tables written before the guard margin and region default were removed (the bundled H200
+    table among them) hold their fields: read and ignored."""
     from attn_dispatch.models.table_io import load_table, save_table
 
-    kernels = [kernel_named(n) for n in KERNELS]
-    table = replace(cpu_fit[0], guard=None, entries={})
-    region = (table.find_class(PROBLEM).key, table.find_class(PROBLEM).nearest_cell((9, 9))[0])
-    plain = table.rank(PROBLEM, kernels)
-    predicted = dict(plain)
-    best = plain[0]
-    assert best[0] != DEFAULT_KERNEL, "the test needs a problem whose model pick is not the default"
-    predicted_speedup = predicted[DEFAULT_KERNEL] / best[1]
-    assert predicted_speedup > 1.0
-    # the model erred by less than it now predicts: its pick serves
-    assert with_regions(table, {region: predicted_speedup * 0.9}).rank(PROBLEM, kernels)[0][0] == best[0]
-    # it erred by more: the default stays first
-    wary = with_regions(table, {region: predicted_speedup * 1.1})
-    assert wary.rank(PROBLEM, kernels)[0][0] == DEFAULT_KERNEL
-    # the factor is stored and read back; a table without it keeps the default first everywhere
-    path = save_table(wary, tmp_path / "t.json")
-    cell = load_table(path).find_class(PROBLEM).nearest_cell((9, 9))[1]
-    assert cell.keep_default and cell.default_yields_at == pytest.approx(predicted_speedup * 1.1)
-    assert with_regions(table, {region}).rank(PROBLEM, kernels)[0][0] == DEFAULT_KERNEL
-    # no kernel to rank in a kept region: nothing to put first, no error
-    assert wary.rank_unmeasured(PROBLEM, []) == []
+    table = cpu_fit[0]
+    data = json.loads(save_table(table, tmp_path / "t.json").read_text())
+    data["guard"]["default_margin"] = 0.2
+    cell = data["classes"][0]["cells"][0]
+    cell["keep_default"], cell["default_yields_at"] = True, 2.0
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = load_table(tmp_path / "old.json")
+    assert old.guard == table.guard
+    assert old.rank(PROBLEM, [kernel_named(n) for n in KERNELS]) == table.rank(PROBLEM, [kernel_named(n) for n in KERNELS])

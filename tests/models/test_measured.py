@@ -1,6 +1,6 @@
 """Measured entries: an exact bucket's measured winner comes before the model; export, import and
 merge carry entries and resolve conflicts by the measured times and spread; version 1 tables
-(before entries and the guard) still load."""
+(before entries and the guard) are refused."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_export_and_import_carry_entries_and_the_guard(mi50_table, tmp_path, mon
 
     monkeypatch.setattr(sharing, "BUNDLED_TABLES_DIR", tmp_path / "bundled")
     entry = _entry(_time("math", 1e-3), _time(DEFAULT_KERNEL, 2e-3), problem=replace(PROBLEM, device_type="cuda"))
-    table = replace(mi50_table, entries={entry.key: entry}, guard=Guard("default", "held-out mean slowdown: test", 0.1))
+    table = replace(mi50_table, entries={entry.key: entry}, guard=Guard("default", "held-out mean slowdown: test"))
     shared = export_table(table, tmp_path / "shared.json")
     stored = import_table(shared, home=tmp_path / "home")
     found = lookup_table(table.identity, home=tmp_path / "home", warn=False)
@@ -119,14 +119,13 @@ def test_export_and_import_carry_entries_and_the_guard(mi50_table, tmp_path, mon
     assert json.loads(shared.read_text())["format_version"] == 2
 
 
-def test_a_version_1_table_still_loads_and_ranks_as_before(mi50_table):
+def test_only_version_2_tables_are_read(mi50_table):
     data = table_to_dict(replace(mi50_table, entries={}, guard=None))
+    unguarded = loads_table(json.dumps(data).encode())
+    assert unguarded.entries == {} and unguarded.guard is None and unguarded.verdict == "table"
     data["format_version"] = 1
-    old = loads_table(json.dumps(data).encode())
-    assert old.entries == {} and old.guard is None and old.verdict == "table"
-    problem = replace(PROBLEM, device_type="cuda")
-    kernels = [kernel_named(name) for name in KERNELS[:3]]
-    assert old.rank(problem, kernels) == replace(mi50_table, entries={}, guard=None).rank(problem, kernels)
+    with pytest.raises(TableError, match="format_version 1 is not supported .* recalibrate"):
+        loads_table(json.dumps(data).encode())
     data["format_version"] = 3
     with pytest.raises(TableError, match="format_version 3 is not supported"):
         loads_table(json.dumps(data).encode())

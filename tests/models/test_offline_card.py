@@ -1,9 +1,6 @@
-"""A card's recorded answers off the card (`bench.offline_card`, `assume_backends_available(card)`)
-and the guard ablations (`bench.guard_ablations`)."""
+"""A card's recorded answers off the card (`bench.offline_card`, `assume_backends_available(card)`)."""
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import pytest
 import torch
@@ -14,8 +11,6 @@ from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available, default_backend_choice
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.ranking import kernel_named
-from attn_dispatch.models.table_io import load_table
-from bench.guard_ablations import ablations, without_margin, without_regions
 from bench.offline_card import H200_TORCH_2_11, offline_card_for
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="off the card only: a GPU answers for itself")
@@ -84,21 +79,3 @@ def test_the_card_is_found_by_device_and_torch_version():
     assert offline_card_for(h200_identity()) is H200_TORCH_2_11
     assert offline_card_for(h200_identity("2.12.0+cu130")) is None
     assert offline_card_for(DeviceIdentity.cpu()) is None
-
-
-def test_ablations_take_out_the_margin_and_the_regions():
-    bundled = load_table(BUNDLED_H200)  # its fitted margin may be 0: give it one to take out
-    table = replace(bundled, guard=replace(bundled.guard, default_margin=0.05))
-    assert table.guard.default_margin > 0 and any(
-        cell.keep_default for tc in table.classes.values() for cell in tc.cells.values())
-    assert without_margin(table).guard.default_margin == 0.0
-    assert not any(cell.keep_default for tc in without_regions(table).classes.values() for cell in tc.cells.values())
-    labels = [label for label, _ in ablations(table)]
-    assert labels[0] == "as fitted" and len(set(labels)) == len(labels)
-    alone = dict(ablations(table))["model alone (no entries, margin or regions)"]
-    assert not alone.entries and alone.guard is None
-
-
-def test_a_table_without_a_guard_has_no_margin_to_take_out():
-    table = replace(load_table(BUNDLED_H200), guard=None)
-    assert without_margin(table) is table

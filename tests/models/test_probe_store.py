@@ -1,4 +1,4 @@
-"""Backend probes kept across processes (`models.probe_store`, `dispatcher.probe_cache`): only
+"""Backend probes kept across processes (`models.probe_store`, `dispatcher.device_planner.ProbeCache`): only
 passes are kept, per device identity and cuDNN version; a damaged or foreign file is ignored."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from attn_dispatch.dispatcher import probe_cache
+from attn_dispatch.dispatcher import device_planner as probe_cache
 from attn_dispatch.kernels import sdpa_probe
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.probe_store import load_passed, probe_file, save_passed

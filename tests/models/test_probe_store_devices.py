@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_dispatch.dispatcher import probe_cache
+from attn_dispatch.dispatcher import device_planner as probe_cache
 from attn_dispatch.kernels import sdpa_probe
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.probe_store import load_passed, save_passed

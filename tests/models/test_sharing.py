@@ -127,22 +127,6 @@ def test_merge_keeps_the_spread_between_cards(mi50_table, tmp_path):
     assert len(load_table(export_table(merged, tmp_path / "merged.json")).models) == 2
 
 
-def test_merge_keeps_each_regions_largest_error_factor(mi50_table):
-    from attn_dispatch.models.table_build import with_regions
-
-    key = next(iter(mi50_table.classes))
-    first, second, third = list(mi50_table.classes[key].cells)[:3]
-    one = with_regions(mi50_table, {(key, first): 1.5, (key, second): 4.0})
-    other = _for(with_regions(mi50_table, {(key, first): 3.0, (key, third): 2.0}).scaled(1.2, spec=MI50_32GB, note="x"),
-                 fake_identity("mi50_32", **OTHER_ROCM_STACK))
-    cells = merge_tables([one, other]).classes[key].cells
-    assert [(cells[b].keep_default, cells[b].default_yields_at) for b in (first, second, third)] == [
-        (True, 3.0), (True, 4.0), (True, 2.0)]
-    # a card whose region kept the default without a factor (an older table) keeps it first
-    older = _for(with_regions(mi50_table, {(key, first)}), fake_identity("mi50_32", **OTHER_ROCM_STACK))
-    assert merge_tables([one, older]).classes[key].cells[first].default_yields_at == float("inf")
-
-
 def test_merge_family_tables_scales_each_card(mi50_table):
     mi60_table = _for(replace(mi50_table, spec=MI60), fake_identity("mi60"))
     merged = merge_tables([mi50_table, mi60_table])
@@ -171,10 +155,10 @@ def test_merge_over_the_size_cap_says_merge_fewer_tables(mi50_table, monkeypatch
 
 def test_merged_quality_keeps_the_worst_card_per_metric(mi50_table):
     other = _for(mi50_table, fake_identity("mi50_32", **OTHER_ROCM_STACK))
-    other = replace(other, quality={**mi50_table.quality, "top1_accuracy": 0.1, "map_spearman": -0.5,
+    other = replace(other, quality={**mi50_table.quality, "top1_accuracy": 0.1, "prior_spearman": -0.5,
                                     "worst_slowdown": 9.0, "seed": 7, "holdout_fraction": 0.5})
     merged = merge_tables([mi50_table, other]).quality
-    assert (merged["top1_accuracy"], merged["map_spearman"], merged["worst_slowdown"]) == (0.1, -0.5, 9.0)
+    assert (merged["top1_accuracy"], merged["prior_spearman"], merged["worst_slowdown"]) == (0.1, -0.5, 9.0)
     assert merged["n_points_fit"] == 2 * mi50_table.quality["n_points_fit"]
     assert (merged["seed"], merged["holdout_fraction"]) == (mi50_table.quality["seed"], mi50_table.quality["holdout_fraction"])
 

@@ -1,4 +1,4 @@
-"""Threshold tables as rankers: the embedded model, the decision map, readable thresholds."""
+"""Threshold tables as rankers: the embedded model, the prior where it has none, readable thresholds."""
 
 from __future__ import annotations
 
@@ -38,17 +38,13 @@ def test_table_ranks_every_supported_kernel_it_is_given(mi50_table):
     assert mi50_table.rank(DECODE, []) == []
 
 
-def test_decision_map_lists_candidates_then_the_prior(mi50_table):
+def test_a_table_without_a_usable_model_ranks_by_the_prior_less_its_barred_kernels(mi50_table):
     table = replace(mi50_table, models=())
     kernels = all_kernels()
-    ranking = table.rank(DECODE, kernels)
-    assert ranking == table.rank_by_map(DECODE, kernels)
-    table_class = table.find_class(DECODE)
-    bucket, cell = table_class.nearest_cell(bucket_of(DECODE))
-    given = {k.name for k in kernels}
-    listed = {name for name, _ in cell.ranking if name in given}  # the table's candidates we have
-    assert listed and {name for name, _ in ranking[: len(listed)]} == listed
-    assert {name for name, _ in ranking} == {k.name for k in kernels if not k.reasons(DECODE)}
+    cell = table.find_class(DECODE).nearest_cell(bucket_of(DECODE))[1]
+    barred = {name for name, _ in cell.excluded}
+    expected = PriorRanker(table.spec).rank(DECODE, [k for k in kernels if k.name not in barred])
+    assert table.rank(DECODE, kernels) == expected
 
 
 def test_unknown_class_falls_back_to_the_prior(mi50_table):
@@ -63,7 +59,7 @@ def test_incompatible_embedded_model_is_ignored(mi50_table):
     old = replace(mi50_table.models[0], feature_names=("something", "else"))
     table = replace(mi50_table, models=(old,))
     assert not table.usable_models
-    assert table.rank(DECODE, all_kernels()) == table.rank_by_map(DECODE, all_kernels())
+    assert table.rank(DECODE, all_kernels()) == replace(mi50_table, models=()).rank(DECODE, all_kernels())
 
 
 def test_a_model_fitted_against_the_first_prior_is_not_evaluated(mi50_table):
@@ -186,3 +182,27 @@ def test_nearest_class_measures_work_in_the_tables_own_steps(mi50_table):
                     classes={key: replace(template, key=key) for key in (wide, deep)})
     assert class_key(DECODE, fields=table.class_fields, work_step=6).work_log2 == 6
     assert table.find_class(DECODE).key == deep
+
+
+def test_a_model_fitted_before_new_kernel_families_still_serves():
+    """The bundled H200 table's model was fitted before the Triton and GQA-fold families were added
+    to the features: it still predicts the kernels it was fitted on (their rows are zero in the new
+    columns), and a kernel of a family it never saw is priced by the prior carried onto the model's
+    scale (`ThresholdTable.model_seconds`), not left unpriced."""
+    from attn_dispatch.kernels.sdpa_probe import assume_backends_available
+    from attn_dispatch.models.features import FEATURE_NAMES
+    from attn_dispatch.models.ranking import kernel_named
+    from attn_dispatch.models.table_io import load_table
+    from bench.offline_card import H200_TORCH_2_11
+
+    table = load_table("models/tables/nvidia-h200-140gb.json")
+    (model,) = table.models
+    assert set(FEATURE_NAMES) - set(model.feature_names) and model.compatible and table.usable_models
+    assert model.knows("sdpa_flash") and model.knows("convert[fp32->bf16]+math") and not model.knows("sdpa_gqa_fold")
+    problem = Problem(1, 32, 8, 16, 4096, 128, 128, "bfloat16", device_type="cuda")
+    with assume_backends_available(H200_TORCH_2_11):
+        ranked = table.rank_by_model(problem, [kernel_named(n) for n in ("sdpa_gqa_fold", "sdpa_flash", "math")], None)
+    assert sorted(name for name, _ in ranked) == ["math", "sdpa_flash", "sdpa_gqa_fold"]
+    assert all(math.isfinite(seconds) and seconds > 0 for _, seconds in ranked)
+    narrowed = replace(model, feature_names=(*model.feature_names, "log2_something_new"))
+    assert not narrowed.compatible  # any other new feature: the model is not evaluated

@@ -113,8 +113,6 @@ def _set_node(data: dict, field: str, value: object, *, leaf: bool) -> None:
         (lambda d: d["provenance"].__setitem__("created", "yesterday"), r"provenance\.created: must be an ISO 8601"),
         (lambda d: d["provenance"].__setitem__("created", "2026-13-01T00:00:00Z"), r"provenance\.created"),
         (lambda d: _first_cell(d).__setitem__("excluded", [["math", "slow"]]), r"excluded\[0\]\[1\]: must be one of"),
-        (lambda d: _first_cell(d).__setitem__("default_yields_at", 0.5), r"cells\[0\]\.default_yields_at"),
-        (lambda d: _first_cell(d).__setitem__("default_yields_at", "2"), r"cells\[0\]\.default_yields_at"),
         (lambda d: d["classes"][0]["thresholds"][0].__setitem__("q_log2", [5, 2]), r"thresholds\[0\]\.q_log2: low 5 exceeds"),
         (lambda d: d["classes"][0]["thresholds"][0].__setitem__("kv_log2", [9, 1]), r"thresholds\[0\]\.kv_log2"),
         # malformed trees: every one a TableError naming the field, never a ValueError from numpy

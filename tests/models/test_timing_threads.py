@@ -13,7 +13,7 @@ from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.merge import merge_tables
 from attn_dispatch.models.table_io import dumps_table, loads_table
 from attn_dispatch.models.table_schema import TableError
-from attn_dispatch.models.thread_words import threads_line
+from attn_dispatch.models.table_summary import threads_line
 from tests.cli.tables import honest_table
 
 H200 = DeviceIdentity(device_type="cuda", name="NVIDIA H200", vendor="NVIDIA", arch="sm_90", compute_units=132,

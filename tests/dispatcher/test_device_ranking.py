@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from attn_dispatch.dispatcher import Dispatcher, TableWarning
-from attn_dispatch.dispatcher.ranking import resolve_ranking
+from attn_dispatch.dispatcher.device_ranking import resolve_ranking
 from attn_dispatch.kernels import MathKernel, Problem
 from tests.dispatcher.helpers import BrokenRanker, FixedRanker, assert_matches_reference, qkv, use_ranking
 
@@ -85,7 +85,7 @@ def test_real_resolution_never_raises(tmp_path):
 
 def test_a_measured_entry_is_explained_in_words(tmp_path):
     from attn_dispatch.dispatcher.decision import RankingSource
-    from attn_dispatch.dispatcher.ranking import DeviceRanking
+    from attn_dispatch.dispatcher.device_ranking import DeviceRanking
     from attn_dispatch.kernels import Problem
     from attn_dispatch.models.measured import MeasuredEntry, MeasuredTime, entry_key
 
@@ -109,7 +109,7 @@ def test_an_entry_tied_to_the_default_does_not_decide_its_bucket():
     """An entry whose winner is PyTorch's default only because a faster kernel's spread overlaps
     it leaves the bucket to be measured on its calls (`measuring`); a clear winner, either way, decides."""
     from attn_dispatch.dispatcher.decision import RankingSource
-    from attn_dispatch.dispatcher.ranking import DeviceRanking
+    from attn_dispatch.dispatcher.device_ranking import DeviceRanking
     from attn_dispatch.kernels import Problem
     from attn_dispatch.models.measured import MeasuredEntry, MeasuredTime, entry_key
 
@@ -158,7 +158,7 @@ def test_an_entry_of_ours_measured_at_an_aligned_key_count_does_not_decide_an_un
     not a multiple of `KEY_COUNT_MULTIPLE`: 2.45x PyTorch's default on the H200, session 15): the
     bucket measures its candidates on its calls, and `explain` says why. PyTorch's backends, and CPUs, keep the
     entry's word."""
-    from attn_dispatch.dispatcher.ranking import DeviceRanking, entry_decides_bucket
+    from attn_dispatch.dispatcher.device_ranking import DeviceRanking, entry_decides_bucket
     from attn_dispatch.models.measured import MeasuredEntry, MeasuredTime, entry_key
     from tests.dispatcher.helpers import PRIOR_SOURCE, TEST_SOURCE
 
@@ -174,7 +174,7 @@ def test_an_entry_of_ours_measured_at_an_aligned_key_count_does_not_decide_an_un
     assert entry_decides_bucket(ours, call(4736)) and entry_decides_bucket(ours, call(8192))
     assert entry_decides_bucket(entry("small_q[splits=1]", call(8192, "cpu")), call(4731, "cpu"))
     assert entry_decides_bucket(entry("sdpa_flash", call(8192)), call(4731))
-    from attn_dispatch.dispatcher.planning import decision_bucket
+    from attn_dispatch.dispatcher.selection import decision_bucket
 
     assert decision_bucket(call(4731)) != decision_bucket(call(4736))  # decided apart: the first seen never decides both
     assert decision_bucket(call(4731, "cpu")) == decision_bucket(call(4736, "cpu"))

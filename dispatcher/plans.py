@@ -1,8 +1,10 @@
-"""The cached decision of one exact call shape (what the warm path reads) and its cache key."""
+"""What the warm path reads: the cached decision of one exact call shape (`Plan`), its cache key,
+and the bounded caches that hold plans and bucket decisions (`BoundedCache`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Hashable, Iterable
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import torch
 
@@ -10,7 +12,100 @@ from attn_dispatch.dispatcher.decision import Decision
 from attn_dispatch.kernels import Kernel, Problem
 
 if TYPE_CHECKING:
-    from attn_dispatch.dispatcher.buckets import Bucket
+    from attn_dispatch.dispatcher.device_planner import Bucket
+
+MAX_PLANS = 4096
+"""Exact call shapes whose plans are kept per dispatcher: a decode loop with a growing cache makes
+one per generated token, so an unbounded cache grows for ever; 4096 covers every layer shape of
+a long generation's last few thousand tokens, at a few hundred bytes each. Older ones are evicted
+first (a miss costs one plan made from its bucket's decision, not a new decision)."""
+
+MAX_BUCKETS = 1024
+"""Size buckets whose decisions are kept per dispatcher: lengths are bucketed by powers of two, so
+a model meets a few dozen; 1024 bounds pathological callers (a sweep over many head counts)."""
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class BoundedCache(Generic[K, V]):
+    """A dict with at most `limit` entries; adding past it evicts the oldest entry (first in, first
+    out: a warm hit costs one ``dict.get``, with no reordering), which goes to ``on_evict(key, value)``."""
+
+    def __init__(self, limit: int, on_evict: Callable[[K, V], None] | None = None) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self.limit = limit
+        self._items: dict[K, V] = {}
+        self.get = self._items.get  # bound once
+        self.table = self._items
+        """The dict itself, for lookups by subscript (``table[key]``, KeyError on a miss: the warm
+        path's, 40 ns less than a `get` call); change it through the methods only."""
+        self._on_evict = on_evict
+
+    def put(self, key: K, value: V) -> None:
+        items = self._items
+        if key not in items:
+            while len(items) >= self.limit:
+                oldest = next(iter(items))
+                evicted = items.pop(oldest)
+                if self._on_evict is not None:
+                    self._on_evict(oldest, evicted)
+        items[key] = value
+
+    def pop(self, key: K, default: V | None = None) -> V | None:
+        return self._items.pop(key, default)
+
+    def values(self):
+        return self._items.values()
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+
+class CallCounts:
+    """Calls per kernel name that no cached plan counts: those of plans evicted or replaced, of the
+    training route, of a measuring call run by another candidate than its plan's kernel, of traced
+    graphs. Each cached plan counts its own calls in a one-cell list (`Plan.count`, bumped in place
+    on the warm path); `stats` adds the two."""
+
+    def __init__(self, lock) -> None:
+        self._cells: dict[str, list[int]] = {}
+        self._lock = lock
+
+    def cell(self, name: str) -> list[int]:
+        """Kernel `name`'s one-cell counter (made on first use)."""
+        cell = self._cells.get(name)
+        if cell is None:
+            with self._lock:
+                cell = self._cells.setdefault(name, [0])
+        return cell
+
+    def fold(self, plan: Plan) -> None:
+        """An evicted or replaced plan's calls stay in `stats`."""
+        if plan.count[0]:
+            self.cell(plan.kernel.name)[0] += plan.count[0]
+
+    def stats(self, plans: Iterable[Plan]) -> dict[str, int]:
+        """Calls per kernel name: these counts and those of the cached `plans`. Approximate under
+        concurrent calls."""
+        with self._lock:
+            counts = {name: cell[0] for name, cell in self._cells.items()}
+            for plan in list(plans):
+                counts[plan.kernel.name] = counts.get(plan.kernel.name, 0) + plan.count[0]
+        return {name: count for name, count in counts.items() if count}
+
+    def clear(self) -> None:
+        self._cells.clear()
 
 
 class Plan:
@@ -22,16 +117,16 @@ class Plan:
     run: the kernel's `runner` for this problem (`run`, or a shortcut such as the bare PyTorch
         call for ``sdpa_default`` without a mask), bound once.
     recheck: go through `Dispatcher._plan_for` before each call: the workspace is a large part of
-        the memory free when decided (`planning.RECHECK_FRACTION`), or the bucket's measuring has
+        the memory free when decided (`selection.RECHECK_FRACTION`), or the bucket's measuring has
         decided since this plan was made (`measuring`).
     count: this shape's call counter (a one-element list: the warm path adds to it in place);
         `Dispatcher.stats` sums them per kernel, and a bucket's earlier shapes' counts tell how
-        many calls a new shape is expected to get (`cold_shape`).
-    bucket: the `buckets.Bucket` whose decision this is; `decision` is built from it on demand.
+        many calls a new shape is expected to get (`selection.new_shape_order`).
+    bucket: the `device_planner.Bucket` whose decision this is; `decision` is built from it on demand.
     notes, skipped: what this exact shape's plan adds to the bucket's decision: notes, and
         ``(kernel, why)`` for the bucket's options passed over here (memory, capability, failure).
     settle_at: the call count at which this shape is planned again on the bucket's decided order
-        (`cold_shape.settle_after`; 0: never): it runs a kernel chosen to spare a per-shape set-up.
+        (`selection.settle_after`; 0: never): it runs a kernel chosen to spare a per-shape set-up.
     sdpa_call: ``(takes_mask, is_causal, enable_gqa)`` where running this shape is exactly one
         call of PyTorch's SDPA, which the warm path then makes itself (`Kernel.sdpa_call`); else None,
         and always None for a call's 1-D mask (``mask_ndim``, from the cache key: `mask_ndim_of`),
@@ -74,7 +169,7 @@ class Plan:
         self.skipped = skipped
         self.settle_at = settle_at
         self.unguardable = False
-        """No hot-path guard could be built for its tensors (`HotPlans._make_hot`): not tried again."""
+        """No hot-path guard could be built for its tensors (`hot_path.HotSlots.make_hot`): not tried again."""
         self.trial = None
         self._decision: Decision | None = None
 
@@ -91,7 +186,7 @@ class Plan:
 
     @property
     def ranked(self):
-        """The bucket's ranked options (`planning.Ranked` of its first problem)."""
+        """The bucket's ranked options (`selection.Ranked` of its first problem)."""
         return self.bucket.ranked
 
     @property
@@ -109,8 +204,7 @@ class Plan:
 def sdpa_flags(call: tuple[bool, bool, bool] | None, problem: Problem) -> dict[str, bool] | None:
     """The warm path's form of `Kernel.sdpa_call`: PyTorch's SDPA is called as
     ``sdpa(query, key, value, attn_mask, **flags)`` (``scale=`` added when given), with only the
-    flags that are on: each keyword PyTorch parses costs ~30 ns (2-core CPU, torch 2.13;
-    `bench.diagnostics.warm_path_pieces`). The mask is passed as given, so only where the call
+    flags that are on (each keyword PyTorch parses costs the warm path time). The mask is passed as given, so only where the call
     takes the mask exactly when the problem has one (an unmasked problem's mask is None); else None."""
     if call is None or call[0] != (problem.mask_kind != "none"):
         return None

@@ -6,12 +6,19 @@ held-out data (its model, the analytic prior, or PyTorch's default); the source 
 (`table_description`). Resolved once per device. An attention call never fails because of a table: a corrupt, foreign
 or failing table gives a `TableWarning` and the prior serves instead; if even the prior cannot
 rank, PyTorch's own choice (``sdpa_default``) goes first and the other kernels follow. A CPU table
-that records its timing threads says them in the source's notes (`models.thread_words`), and
+that records its timing threads says them in the source's notes (`models.table_summary`), and
 serves whatever threads the process runs.
+
+A device with no table measured on its card model (a card outside every shipped table's family, a
+family stand-in, a CPU before its owner calibrates) says so once per process and device, as a
+WARNING of the ``attn_dispatch`` logger (`say_once`): what is happening, where the measurements are
+kept, and what `attn-dispatch calibrate` would add and how long it takes; `explain` and
+``attn-dispatch devices`` say the same (`no_table_line`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 from collections.abc import Sequence
@@ -27,9 +34,10 @@ from attn_dispatch.kernels.sdpa_probe import default_backend_choice
 from attn_dispatch.models.measured import MeasuredEntry
 from attn_dispatch.models.ranking import Ranker, supported
 from attn_dispatch.models.sharing import TableWarning  # one warning class for every table problem
-from attn_dispatch.models.thread_words import threads_line
+from attn_dispatch.models.table_summary import threads_line
 
-__all__ = ["DeviceRanking", "TableWarning", "fallback_order", "resolve_ranking", "table_description"]
+__all__ = ["DeviceRanking", "TableWarning", "fallback_order", "no_table_line", "resolve_ranking", "say_once",
+           "table_description"]
 
 ANOTHER_CARD = "another card"
 """The level of a table file given for a device it does not match (`given_table_source`)."""
@@ -54,13 +62,10 @@ def entry_decides_bucket(entry: MeasuredEntry, problem: Problem) -> bool:
 def measured_alignment_carries(entry: MeasuredEntry, problem: Problem) -> bool:
     """Whether the entry's times carry to `problem` as far as row alignment goes: on a GPU, a
     winner of our own (matrix products over the scores) measured where the key count was a multiple
-    of `KEY_COUNT_MULTIPLE` says nothing of a call whose key count is not, nor the other way round.
-    On the H200 unaligned calls ran our portable kernels at a median 2.1-3.2x PyTorch's default
-    against 0.9-1.8x aligned (988 recorded shapes with Lq <= 64, docs/RESULTS.md section 21), and
-    one bucket's entry, measured at 8,192 keys (`small_q[splits=1]` 130 us, PyTorch's default
-    191 us), served 4,731 keys at 2.45x the default's time (session 15, run 4; padding the score
-    rows did not help, session 16). Such a call is decided apart (`planning.decision_bucket`) and
-    measured on its calls (`measuring`)."""
+    of `KEY_COUNT_MULTIPLE` says nothing of a call whose key count is not, nor the other way round
+    (our kernels' times by key-count alignment: docs/RESULTS.md#kernels-per-call; the shape it
+    saves: docs/RESULTS.md#ablations). Such a call is decided apart (`selection.decision_bucket`)
+    and measured on its calls (`measuring`)."""
     if problem.device_type == "cpu" or not _multiplies_scores(entry.winner):
         return True
     return key_count_aligned(entry.kv_len) == key_count_aligned(problem.kv_len)
@@ -117,9 +122,7 @@ class DeviceRanking:
         and its winner is not PyTorch's default by a tie (`MeasuredEntry.default_by_tie`: a faster
         kernel's spread overlaps it; the bucket's calls then measure them, `measuring`), unless every
         kernel faster than the default there is the backend PyTorch's default runs anyway
-        (`default_backend_choice`: on the H200, 190 of the bundled table's 284 tied entries were
-        the default against its own cuDNN backend; timing one backend against itself decides
-        nothing). Never raises."""
+        (`default_backend_choice`: timing one backend against itself decides nothing). Never raises."""
         try:
             entry = self.table.measured_entry(problem) if self.table is not None else None
             return entry is not None and entry_decides_bucket(entry, problem)
@@ -243,7 +246,7 @@ def given_table_source(table, path: str, identity) -> tuple[object, RankingSourc
 
 def _with_threads(notes: tuple[str, ...], table: object) -> tuple[str, ...]:
     """`notes` and, for a CPU table that records them, the threads its timings hold for against
-    this process's (`models.thread_words.threads_line`)."""
+    this process's (`models.table_summary.threads_line`)."""
     threads = threads_line(table, torch.get_num_threads()) if hasattr(table, "provenance") else None
     return notes if threads is None else (*notes, threads)
 
@@ -277,3 +280,46 @@ def _prior(identity: object, key: str, none_source: RankingSource,
     name = getattr(spec, "name", None) or key
     rates = f"; {spec.source}" if getattr(spec, "estimated", False) else ""
     return prior, RankingSource("prior", f"analytic prior ({name}{rates})", None, key)
+
+
+# ------------------------------------------------------------------ the one line about no table
+logger = logging.getLogger("attn_dispatch")
+
+MEASURED_LEVELS = ("exact", "model")
+"""Table lookup levels measured on this card model: nothing to say."""
+
+CALIBRATE_TIME = ("`attn-dispatch calibrate --quick` takes 2-3 minutes on a 2-core CPU, a full "
+                  "`attn-dispatch calibrate` about 10 minutes on a GPU")
+"""How long calibrating takes: calibration's default measuring budgets (100 s with --quick, 8 min
+otherwise: `calibration.config.QUICK_BUDGET_S`, `FULL_BUDGET_S`) plus start-up and the fit (the
+dispatcher does not import calibration to read them)."""
+
+_said: set[str] = set()
+_lock = threading.Lock()
+
+
+def no_table_line(level: str, device: str, *, measure: bool) -> str | None:
+    """The line for a device whose ranking comes from lookup `level` (``"prior"``, ``"family"``,
+    ``"none"``...); None where a table measured on this card model serves (`MEASURED_LEVELS`)."""
+    if level in MEASURED_LEVELS:
+        return None
+    ranked = "another card's table of its family, times scaled" if level == "family" else "its analytic prior"
+    if measure:
+        doing = ("each new size bucket's first calls run the candidate kernels in turn, PyTorch's default first, "
+                 "and the bucket keeps the fastest (a few calls' worth, remembered in the home for later processes)")
+    else:
+        doing = "PyTorch's default runs where nothing measured another kernel faster (ATTN_DISPATCH_MEASURE=0)"
+    return (f"no table measured on this card for {device} (ranked by {ranked}): {doing}; calibrating measures every "
+            f"kernel over a sweep of shapes ahead of time instead: {CALIBRATE_TIME}")
+
+
+def say_once(key: str, level: str, device: str, *, measure: bool) -> None:
+    """Log `no_table_line` once per process for the device identity `key`."""
+    line = no_table_line(level, device, measure=measure)
+    if line is None:
+        return
+    with _lock:
+        if key in _said:
+            return
+        _said.add(key)
+    logger.warning("attn_dispatch: %s", line)

@@ -20,11 +20,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from attn_dispatch.dispatcher.measuring import ROUNDS
-from attn_dispatch.dispatcher.tuning import Tuned
+from attn_dispatch.dispatcher.selection import Tuned
 from attn_dispatch.models.measured import MeasuredEntry, entry_from_tuning
 
 BUCKET_FIELDS = 14
-"""Length of a `planning.failure_bucket` key (a line whose bucket differs is from another version)."""
+"""Length of a `selection.failure_bucket` key (a line whose bucket differs is from another version)."""
 
 
 def kernel_set_signature(names: Iterable[str], policy: str) -> str:

@@ -1,4 +1,4 @@
-"""The held-out comparison in words (`models.quality_words`, `models.guard.Guard.describe`): every
+"""The held-out comparison in words (`models.table_summary`, `models.guard.Guard.describe`): every
 way of choosing gets the same two numbers, named plainly, and the verdict line says it weighs the
 average slowdown, not how often a pick is the fastest (a new user read "always PyTorch's default:
 top-1 62.5%" beside the table's "50.0%" and a verdict for the table as a contradiction)."""
@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from attn_dispatch.models.guard import Guard, decide_verdict
 from attn_dispatch.models.quality import ChoiceQuality, Quality
-from attn_dispatch.models.quality_words import held_out_lines
+from attn_dispatch.models.table_summary import held_out_lines
 
 
 def _choice(top1: float, mean: float, n: int = 8) -> ChoiceQuality:
@@ -22,10 +22,10 @@ TABLE, PRIOR, DEFAULT = _choice(0.5, 0.12), _choice(0.143, 0.43), _choice(0.625,
 
 
 def _quality(**changes) -> Quality:
-    verdict = decide_verdict(TABLE, PRIOR, DEFAULT, default_margin=0.3)
+    verdict = decide_verdict(TABLE, PRIOR, DEFAULT)
     quality = Quality(model=_choice(0.5, 0.27), prior=PRIOR, n_points_fit=456, n_problems_fit=32, n_points_test=120,
                       n_problems_test=8, holdout_fraction=0.2, seed=0, description="test model", table=_choice(0.5, 0.27),
-                      decision_map=_choice(0.375, 0.69), default=DEFAULT, guarded=TABLE, verdict=verdict.describe())
+                      default=DEFAULT, guarded=TABLE, verdict=verdict.describe())
     return replace(quality, **changes)
 
 
@@ -40,7 +40,6 @@ def test_each_way_of_choosing_gets_the_same_two_numbers_in_words():
         "  the table before its quality guard: fastest on 50.0%, 27.0% slower on average",
         "  its cost model alone: fastest on 50.0% (50.0% within measurement noise), 27.0% slower on average, "
         "81.0% at worst; rank correlation 0.50",
-        "  its decision map alone: fastest on 37.5%, 69.0% slower on average",
     ]
     assert not any("top-1" in line for line in (header, *rows))
 
@@ -50,14 +49,14 @@ def test_the_summary_ends_with_the_verdict_and_what_decides_it():
     assert lines[-1] == (
         "quality guard: the table's choices serve (held-out mean slowdown over the fastest kernel: table 12.0%, "
         "always PyTorch's default 173.0%, analytic prior 43.0%; the lowest average slowdown decides, not how often "
-        "a pick is the fastest; the model's pick replaces PyTorch's default only where predicted over 1.3x faster)"
+        "a pick is the fastest)"
     )
-    assert len(lines) == 1 + 6 + 1
+    assert len(lines) == 1 + 5 + 1
 
 
 def test_a_reference_without_scores_is_left_out():
     no_default = _quality(default=_choice(float("nan"), float("nan"), n=0), guarded=None, table=None,
-                          decision_map=None, verdict=None)
+                          verdict=None)
     rows = held_out_lines(no_default.to_dict())[1:]
     assert [row.split(":")[0].strip() for row in rows] == ["the analytic prior alone", "its cost model alone"]
     older_table = {"top1_accuracy": 0.75, "top1_within_noise": 0.8, "mean_slowdown": 0.05, "worst_slowdown": 0.4,
@@ -76,7 +75,7 @@ def test_every_verdict_says_who_ranks_kernels():
     assert busy == ("quality guard: PyTorch's default serves outside measured buckets, not the table's model "
                     "(measured on a machine too busy to time kernels (calibrate --allow-busy))")
     assert "lost" not in busy  # it did not lose on its data: the machine was too busy to trust the data
-    assert Guard("table", "merged", default_margin=0.0).describe() == "quality guard: the table's choices serve (merged)"
+    assert Guard("table", "merged").describe() == "quality guard: the table's choices serve (merged)"
 
 
 def test_a_too_busy_calibration_says_what_is_stored(tmp_path, monkeypatch):

@@ -1,0 +1,296 @@
+"""What a `Dispatcher` does off its warm path: the plan of a new exact shape (from its bucket, decided
+by `selection.decide` where the bucket is new), settling a shape that has paid for a kernel's set-up,
+recovering from a kernel that raised, and the training route's calls.
+
+A kernel that raises is remembered for its bucket (`device_planner.DeviceState.remember`: not tried
+there again; out of memory only until nothing else is left), the bucket decides again without it and
+the next candidate runs, repeatedly, until one returns or nothing is left (`NoKernelError`). A call
+with a forward-AD dual tensor gets PyTorch's SDPA instead, nothing remembered (`cold_path`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import torch
+from torch.autograd import forward_ad
+
+from attn_dispatch.dispatcher import _log, sdpa_context
+from attn_dispatch.dispatcher.decision import TRAINING_KERNEL
+from attn_dispatch.dispatcher.device_planner import (
+    DevicePlanner,
+    DeviceState,
+    PlannerConfig,
+    ProbeCache,
+    measured_costs,
+)
+from attn_dispatch.dispatcher.device_ranking import resolve_ranking, say_once
+from attn_dispatch.dispatcher.errors import NoKernelError
+from attn_dispatch.dispatcher.hot_path import HotSlots
+from attn_dispatch.dispatcher.memory import release_cached_memory
+from attn_dispatch.dispatcher.plans import (
+    MAX_PLANS,
+    BoundedCache,
+    CallCounts,
+    Plan,
+    check_scale,
+    family_key,
+    problem_at_key_length,
+)
+from attn_dispatch.dispatcher.sdpa_context import pytorch_attention, some_backend_off
+from attn_dispatch.dispatcher.training_route import TrainingRoute
+from attn_dispatch.kernels import Problem
+from attn_dispatch.kernels.failures import is_out_of_memory
+from attn_dispatch.kernels.registry import uses_fused_backend
+from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
+
+TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
+"""`stats` key of calls that went to PyTorch's SDPA on the training route."""
+
+
+class ColdPath:
+    """One dispatcher's decisions: its device planners and everything it changes in the plan cache.
+
+    Parameters
+    ----------
+    config: what the planners share (`device_planner.PlannerConfig`).
+    plans, hot, counts: the dispatcher's plan cache, hot slots and call counts.
+    settings: ``() -> (memory budget, measure)``, read when a bucket is decided.
+    lock: the dispatcher's lock (every change to the caches is made under it).
+    """
+
+    def __init__(self, config: PlannerConfig, plans: BoundedCache, hot: HotSlots, counts: CallCounts, *,
+                 settings: Callable[[], tuple[int | None, bool]], lock: threading.RLock, home: str | None) -> None:
+        self.config = config
+        self.plans = plans
+        self.hot = hot
+        self.counts = counts
+        self.settings = settings
+        self.lock = lock
+        self.home = home
+        self.planners: dict[torch.device, DevicePlanner] = hot.planners
+        self.families: BoundedCache[tuple, Problem] = BoundedCache(MAX_PLANS)  # `plans.family_key` -> a Problem
+        self.ranking_options: dict = {}  # more arguments of `device_ranking.resolve_ranking` (`Dispatcher.use_table`)
+        self.training_route = TrainingRoute()
+
+    # ------------------------------------------------------------------ planning
+    def plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa) -> Plan:
+        """A new exact shape's plan (from its bucket, decided first where new), or a plan re-checked
+        (free memory, or its bucket's measuring decided since)."""
+        plan = self.plans.get(key_)
+        if plan is not None and not plan.recheck:
+            return plan
+        family = None
+        if plan is not None:
+            problem = plan.problem
+        else:  # a sibling shape (another key length) spares the validation
+            family = family_key(query, key, value, attn_mask, is_causal, enable_gqa)
+            sibling = self.families.get(family)
+            problem = None if sibling is None else problem_at_key_length(sibling, key, value, attn_mask)
+            if problem is None:
+                problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
+        planner = self.planner(query.device)
+        with self.lock:
+            current = self.plans.get(key_)
+            if current is not None and current is not plan:
+                return current  # another thread planned meanwhile
+            new, decided = planner.plan(problem, key_, settings=self.settings,
+                                        on_failure=self.failure_handler(planner.device, problem),
+                                        new_shape=plan is None)
+            if plan is not None and plan.trial is None and new.kernel is plan.kernel and new.bucket is plan.bucket:
+                plan.recheck, new = new.recheck, plan  # unchanged: keep the plan (and its count)
+            else:
+                if plan is not None:
+                    self.counts.fold(plan)
+                self.keep(key_, new)
+            if family is not None:
+                self.families.put(family, problem)
+            if decided:
+                _log.new_decision(new.decision)
+        return new
+
+    def settle(self, key_, plan: Plan) -> Plan:
+        """`plan`'s shape has been called `plan.settle_at` times: from now on it runs the bucket's
+        decided kernel, paying that kernel's per-shape set-up once (`selection.settle_after`)."""
+        with self.lock:
+            settled = self.planner(plan.device).settled(plan, key_)
+            if settled is None or self.plans.get(key_) is not plan:
+                return plan
+            plan.count[0] -= 1  # this call runs the settled plan: counted there
+            settled.count[0] += 1
+            self.counts.fold(plan)
+            self.hot.drop(key_)
+            self.plans.put(key_, settled)
+            _log.settled(settled.kernel.name, plan.kernel.name, plan.settle_at)
+        return settled
+
+    def planner(self, device: torch.device) -> DevicePlanner:
+        """`device`'s planner, made on first use: its ranker (table or prior), kept probes and
+        measured set-up costs."""
+        planner = self.planners.get(device)
+        if planner is None:
+            with self.lock:
+                planner = self.planners.get(device)
+                if planner is None:
+                    probes = ProbeCache.for_device(device, self.home)  # before any kernel is probed
+                    state = DeviceState(resolve_ranking(device, home=self.home, **self.ranking_options))
+                    planner = self.planners[device] = DevicePlanner(
+                        device, state, self.config, measured_costs(device, self.home),
+                        measured_costs(device, self.home, "floor_seconds"), probes=probes, lock=self.lock)
+                    source = state.ranking.source
+                    say_once(source.identity or str(device), source.level, str(device), measure=self.settings()[1])
+        return planner
+
+    def state(self, device: torch.device) -> DeviceState:
+        """The device's ranker, failures and measured buckets."""
+        return self.planner(device).state
+
+    def keep(self, key_: tuple, plan: Plan) -> None:
+        """Cache `plan` under `key_`, unless it is a meta device's (from `explain` or `plan`): a meta
+        call must miss, since `Dispatcher.attention` sends it to PyTorch's SDPA on a miss only. A plan
+        it replaces leaves the hot path."""
+        if plan.device.type != "meta":
+            if self.plans.get(key_) is not None:
+                self.hot.drop(key_)
+            self.plans.put(key_, plan)
+
+    def evicted(self, key_: tuple, plan: Plan) -> None:
+        """`plan` left the bounded plan cache: its calls stay in `stats`, it leaves the hot path, and
+        the calls it made toward settling count for its shape's next plan (`device_planner.SpentCalls`)."""
+        self.counts.fold(plan)
+        if plan.settle_at and plan.count[0]:
+            planner = self.planners.get(plan.device)
+            if planner is not None:
+                planner.spent.add(key_, plan.count[0])
+        self.hot.drop_plan(plan)
+
+    def reset(self) -> None:
+        """Forget every plan, bucket, device planner and training decision."""
+        self.families.clear()
+        self.planners.clear()
+        self.training_route.reset()
+
+    # ------------------------------------------------------------------ recovery
+    def recover(self, plan: Plan, key_, error, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:
+        """`plan`'s kernel raised: remember it for the bucket, run the next candidate (repeatedly)."""
+        plan.count[0] -= 1  # count calls that returned, not attempts (a bad `scale` raises here, uncounted)
+        if carries_tangent(query, key, value, attn_mask):  # PyTorch's answer to a dual tensor, nothing remembered
+            return pytorch_dual_call(key_, query, key, value, attn_mask, scale, enable_gqa)
+        check_scale(scale)
+        switched: list[tuple[Problem, str]] = []
+        try:
+            return self._recover_from(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa, switched)
+        finally:
+            if switched:
+                self._forget_switched(plan, key_, switched)
+
+    def _forget_switched(self, plan: Plan, key_: tuple, switched: list[tuple[Problem, str]]) -> None:
+        """Forget failures a switched-off backend may have caused (reached inside ``sdpa_kernel(...)``
+        where restrictions are not respected: ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``), and the plans
+        made without those kernels, so the bucket decides anew at its next call: kept, such a failure
+        made a later call that PyTorch serves raise `NoKernelError`."""
+        with self.lock:
+            for problem, name in switched:
+                self.state(plan.device).forget_failure(problem, name)
+            old = self.plans.pop(key_, None)
+            self.hot.drop(key_)
+            if old is not None:
+                self.counts.fold(old)
+                self._drop_bucket_plans(old.bucket)
+            self.planner(plan.device).forget_bucket(plan.problem)
+
+    def _recover_from(self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa,
+                      switched: list) -> torch.Tensor:
+        """The recovery loop of `recover`; a failure of a kernel running PyTorch's SDPA while some
+        backend is switched off is also appended to `switched` as ``(problem, name)``."""
+        planner = self.planner(plan.device)
+        while True:
+            failed = plan.kernel.name
+            self.remember(plan.device, plan.problem, failed, error)
+            if uses_fused_backend(plan.kernel) and some_backend_off():
+                switched.append((plan.problem, failed))
+            try:
+                with self.lock:
+                    old = self.plans.pop(key_, None)
+                    self.hot.drop(key_)
+                    if old is not None:
+                        self.counts.fold(old)
+                    self._drop_bucket_plans(plan.bucket)
+                    planner.forget_bucket(plan.problem)
+                    plan, _ = planner.plan(plan.problem, key_, settings=self.settings,
+                                           on_failure=self.failure_handler(plan.device, plan.problem), new_shape=False)
+                    self.keep(key_, plan)
+            except NoKernelError as no_kernel:
+                with self.lock:
+                    self.state(plan.device).forget_out_of_memory(plan.problem)
+                raise no_kernel from error
+            _log.fallback(failed, error, plan.kernel.name)
+            plan.count[0] += 1
+            try:
+                return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+            except Exception as next_error:  # noqa: BLE001
+                plan.count[0] -= 1
+                error = next_error
+
+    def _drop_bucket_plans(self, bucket) -> None:
+        """A kernel of `bucket` failed and the bucket decides again: its other exact shapes' plans
+        leave too, and the hot path with them (their calls stay in `stats`; a C++ range entry leaves
+        with the plan it was made for), so every shape of the bucket is planned anew."""
+        for key_, plan in list(self.plans.table.items()):
+            if plan.bucket is bucket:
+                self.plans.pop(key_)
+                self.evicted(key_, plan)
+
+    def failure_handler(self, device: torch.device, problem: Problem):
+        """Where a measuring trial reports a candidate that raised on `problem`."""
+        return lambda name, error: self.remember(device, problem, name, error)
+
+    def remember(self, device: torch.device, problem: Problem, name: str, error: BaseException) -> None:
+        """Kernel `name` raised `error` on `problem` (`DeviceState.remember`)."""
+        out_of_memory = is_out_of_memory(error)
+        if out_of_memory:
+            release_cached_memory(device)
+        with self.lock:
+            self.state(device).remember(problem, name, error, out_of_memory)
+
+    # ------------------------------------------------------------------ training
+    def training(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_,
+                 budget: int | None) -> torch.Tensor:
+        """A call that needs a gradient (or dropout): the fastest kernel with a backward that fits
+        (`training_route.TrainingRoute`), else PyTorch's own SDPA as given."""
+        if query.is_meta:  # as in `attention`: PyTorch's SDPA, no plan
+            return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if dropout_p == 0.0 and not (attn_mask is not None and attn_mask.requires_grad):
+            plan = self.plans.get(key_)
+            if plan is None or plan.recheck:
+                plan = self.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+            choice = self.training_route.choose(plan, budget)
+            if choice.kernel is not None:
+                count = self.counts.cell(choice.kernel.name)
+                count[0] += 1
+                try:
+                    return choice.kernel.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
+                except Exception as error:  # noqa: BLE001 - remembered; PyTorch's SDPA runs this call
+                    count[0] -= 1
+                    if not carries_tangent(query, key, value, attn_mask):  # a dual's failure: not the kernel's
+                        self.training_route.failed(plan, budget, choice.kernel, error)
+                        _log.fallback(choice.kernel.name, error, TRAINING_KERNEL)
+        self.counts.cell(TRAINING_COUNT)[0] += 1
+        gqa = {"enable_gqa": True} if enable_gqa else {}
+        return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
+
+
+def carries_tangent(*tensors: torch.Tensor | None) -> bool:
+    """Whether any plain tensor given is a forward-AD dual at the current dual level
+    (``forward_ad.unpack_dual(t).tangent``; outside ``forward_ad.dual_level()`` none is; torch 1.9+).
+    A tensor subclass (a `CausalBias`, whose storage is never read) counts as no dual."""
+    return any(t.__class__ is torch.Tensor and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+
+
+def pytorch_dual_call(key_: tuple, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:
+    """PyTorch's SDPA on an inference-route call (no dropout) planned under `key_`
+    (`_plan.cache_key`, whose second-to-last field is the call's ``is_causal``): its result or its
+    exception."""
+    is_causal = key_[-2]
+    return sdpa_context.pytorch_attention(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)

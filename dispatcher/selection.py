@@ -1,0 +1,599 @@
+"""How a kernel is selected: the whole decision, one stage after another.
+
+A size bucket (`decision_bucket`: batch and lengths rounded up to powers of two, everything else
+exact, on one device) is decided once, by `decide`, which runs these stages in order:
+
+1. `rank`: what can run the problem (each kernel's `reasons`, no failure remembered for the
+   bucket), in the ranker's order: the table's measured entry of the bucket first, then its cost
+   model, else the analytic prior (`device_ranking.DeviceRanking`).
+2. `fit`: memory fit: what fits in free memory and the budget; where nothing does, a `chunked`
+   kernel with smaller chunks.
+3. `keep_default_unmeasured`: with nothing measured on this card, PyTorch's own choice goes first.
+4. `measured_order`: a result measured on this bucket's own calls (this process, or kept in the
+   home) serves; else, where no measured entry of this card decides the bucket, its next calls
+   measure `measured_candidates` (`measuring.Trial`), the baseline serving meanwhile.
+
+Each exact shape then gets its plan from its bucket (`device_planner`), with one more stage:
+
+5. `new_shape_order`: set-up cost and settling: a kernel that sets up per exact shape (cuDNN)
+   moves behind one that is faster over the calls a shape gets, and the shape settles back on it
+   once it has been called often enough to pay the set-up (`settle_after`).
+
+Why each stage is there: docs/RESULTS.md#ablations.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from attn_dispatch.dispatcher.call_timing import clock_for
+from attn_dispatch.dispatcher.decision import Candidate, format_seconds
+from attn_dispatch.dispatcher.device_ranking import FALLBACK_FIRST, DeviceRanking
+from attn_dispatch.dispatcher.errors import NoKernelError
+from attn_dispatch.dispatcher.memory import format_bytes
+from attn_dispatch.kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
+from attn_dispatch.kernels._blocks import key_count_aligned
+from attn_dispatch.kernels.registry import uses_fused_backend, working_family
+from attn_dispatch.kernels.sdpa_probe import default_backend_choice
+from attn_dispatch.models.buckets import length_bucket
+from attn_dispatch.models.cold_shape_store import kind_of
+from attn_dispatch.models.measured import entry_key
+
+# ------------------------------------------------------------------------------------ the options
+
+
+@dataclass(frozen=True)
+class Option:
+    """A kernel that can run the problem, with its predicted time and workspace."""
+
+    kernel: Kernel
+    predicted_s: float | None
+    workspace_bytes: int
+
+    def candidate(self) -> Candidate:
+        return Candidate(self.kernel.name, self.predicted_s, self.workspace_bytes)
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """The problem's runnable kernels, fastest first, and why every other kernel cannot run."""
+
+    problem: Problem
+    options: tuple[Option, ...]
+    dropped: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The options that fit in memory now (try order) and those dropped for memory."""
+
+    options: tuple[Option, ...]
+    dropped: tuple[tuple[str, str], ...]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """A bucket's result measured on its own calls: the kernel that serves it and every candidate's
+    median seconds per call (inf: it failed)."""
+
+    kernel: str
+    seconds: tuple[tuple[str, float], ...]
+
+    def timings(self) -> str:
+        """``"sdpa_flash 0.034 ms, sdpa_default 0.029 ms"`` (a candidate that raised: "failed")."""
+        return ", ".join(f"{name} {s * 1e3:.3g} ms" if math.isfinite(s) else f"{name} failed" for name, s in self.seconds)
+
+    def note(self) -> str:
+        return f"measured on this bucket's calls (kept in the home's tuning store): {self.timings()}; {self.kernel} serves it"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A bucket's decision (`decide`): its options in try order, what was dropped and why, the notes
+    for `explain`, the measured seconds that ordered them, and the candidates its calls measure."""
+
+    ranked: Ranked
+    options: tuple[Option, ...]
+    dropped: tuple[tuple[str, str], ...]
+    notes: tuple[str, ...]
+    seconds: Mapping[str, float]
+    candidates: tuple[Option, ...]
+
+
+def put_first(options: tuple[Option, ...], name: str) -> tuple[Option, ...]:
+    """`options` with kernel `name` moved to the front (unchanged when it is not among them)."""
+    chosen = [o for o in options if o.kernel.name == name]
+    return tuple(chosen + [o for o in options if o.kernel.name != name])
+
+
+def is_default(option: Option) -> bool:
+    """PyTorch's own choice as a contender (not the portable set's last resort)."""
+    return option.kernel.name == FALLBACK_FIRST and not getattr(option.kernel, "last_resort", False)
+
+
+# ------------------------------------------------------------------------------------ the buckets
+
+
+def failure_bucket(problem: Problem) -> tuple:
+    """The bucket a run-time failure or a measured result is kept for: the problem with batch and
+    lengths rounded up to powers of two (`models.buckets.length_bucket`) and the mask reduced to
+    which of its dimensions broadcast. It is a table's measured-entry key (`models.measured.entry_key`)."""
+    return entry_key(problem)
+
+
+def decision_bucket(problem: Problem) -> tuple:
+    """The bucket a decision is made once for: `failure_bucket`, the causal alignment (a lower-right
+    `CausalBias` runs on other kernels than top-left causality) and, on a GPU, whether the key count
+    is a multiple of `KEY_COUNT_MULTIPLE` (`keys_aligned`: our kernels' measured times carry only
+    within one; docs/RESULTS.md#ablations, key-alignment split)."""
+    return (*entry_key(problem), problem.causal_alignment, keys_aligned(problem))
+
+
+def keys_aligned(problem: Problem) -> bool | None:
+    """Whether `problem`'s key count is a multiple of `KEY_COUNT_MULTIPLE`; None on a CPU."""
+    return None if problem.device_type == "cpu" else key_count_aligned(problem.kv_len)
+
+
+# ------------------------------------------------------------------------------------ stage 1: rank
+
+
+def rank(problem: Problem, kernels: Mapping[str, Kernel], ranking: DeviceRanking, failed: Mapping[str, str], *,
+         policy: AccuracyPolicy) -> Ranked:
+    """Stage 1: the kernels that can run `problem`, in the ranker's order (the table's measured entry,
+    then its model, else the analytic prior), then the supported kernels it did not rank
+    (``sdpa_default`` first among them, so PyTorch's own choice is always a fallback). Kernels marked
+    ``last_resort`` (`kernel_set.LastResortDefault`) are never ranked.
+
+    Parameters
+    ----------
+    kernels: the dispatcher's kernel set by name.
+    failed: kernel name -> why it failed at run time in this problem's bucket (dropped).
+    """
+    last_resort = {name for name, kernel in kernels.items() if getattr(kernel, "last_resort", False)}
+    ranked = ranking.rank(problem, [kernel for name, kernel in kernels.items() if name not in last_resort])
+    options: list[Option] = []
+    dropped: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for name, predicted in ranked:
+        if name in seen or name in last_resort:
+            continue
+        seen.add(name)
+        kernel = kernels.get(name)
+        if kernel is None:
+            try:
+                kernel = kernel_from_name(name, policy=policy)
+            except ValueError as error:
+                dropped.append((name, f"named by the ranker but not a kernel of this version: {error}"))
+                continue
+        _consider(kernel, predicted, problem, failed, options, dropped)
+    unranked = [kernel for name, kernel in kernels.items() if name not in seen]
+    unranked.sort(key=lambda kernel: (kernel.name in last_resort, kernel.name != FALLBACK_FIRST))
+    for kernel in unranked:
+        _consider(kernel, None, problem, failed, options, dropped)
+    return Ranked(problem, tuple(options), tuple(dropped))
+
+
+def _consider(kernel, predicted, problem, failed, options, dropped) -> None:
+    why = kernel.reasons(problem)
+    if why:
+        dropped.append((kernel.name, "; ".join(why)))
+    elif kernel.name in failed:
+        dropped.append((kernel.name, f"failed at run time on a problem of this size: {failed[kernel.name]}"))
+    else:
+        options.append(Option(kernel, predicted, int(kernel.workspace_bytes(problem))))
+
+
+# ------------------------------------------------------------------------------------ stage 2: fit
+
+MIN_CHUNK = 16
+"""Smallest query or key block `shrink_chunked` goes down to: below 16 rows a block's matmul no
+longer fills even a CPU SIMD tile and the Python loop over blocks dominates; by then the block
+workspace is a few percent of the output, so halving further frees almost nothing."""
+
+RECHECK_FRACTION = 0.25
+"""A decision whose workspace is above this fraction of the memory free when it was made is
+re-checked against free memory on every call: other allocations between calls (activations, a
+growing KV cache) can plausibly take that much. A judgement call, not a measurement: it keeps the
+re-check (tens of microseconds) off every small problem, where per-call overhead matters."""
+
+FASTER_DID_NOT_FIT = "a faster kernel did not fit in the memory free now; dispatcher.reset() reconsiders it"
+
+
+def memory_limit(free: int | None, budget: int | None) -> int | None:
+    """The most workspace one call may use: the smaller of free memory and the budget."""
+    limits = [value for value in (free, budget) if value is not None]
+    return min(limits) if limits else None
+
+
+def over_limit_reason(workspace: int, free: int | None, budget: int | None) -> str | None:
+    """Why `workspace` bytes do not fit (None when they do)."""
+    if budget is not None and workspace > budget:
+        return f"needs {format_bytes(workspace)} of workspace, over the memory budget of {format_bytes(budget)}"
+    if free is not None and workspace > free:
+        return f"needs {format_bytes(workspace)} of workspace, only {format_bytes(free)} free on the device"
+    return None
+
+
+def needs_recheck(workspace: int, free: int | None) -> bool:
+    """Re-check free memory on every call for this decision? (see `RECHECK_FRACTION`)"""
+    return free is not None and workspace > RECHECK_FRACTION * free
+
+
+def fit(ranked: Ranked, *, free: int | None, budget: int | None, ranking: DeviceRanking,
+        failed: Mapping[str, str]) -> Fit:
+    """Stage 2: the options whose workspace fits free memory and the budget; where none does, a
+    chunked kernel shrunk until one does (`shrink_chunked`). A last-resort option
+    (`kernel_set.LastResortDefault`) comes after all of them."""
+    fitting: list[Option] = []
+    dropped: list[tuple[str, str]] = []
+    dropped_for_free_memory = False
+    last_resort = [o for o in ranked.options if getattr(o.kernel, "last_resort", False)]
+    for option in (o for o in ranked.options if o not in last_resort):
+        why = over_limit_reason(option.workspace_bytes, free, budget)
+        if why is None:
+            fitting.append(option)
+        else:
+            dropped.append((option.kernel.name, why))
+            dropped_for_free_memory |= not fitting and (budget is None or option.workspace_bytes <= budget)
+    notes: list[str] = []
+    if dropped_for_free_memory:
+        notes.append(FASTER_DID_NOT_FIT)
+    if not fitting and dropped:  # something runs but nothing fits: smaller chunks fit in less
+        shrunk = shrink_chunked(ranked.problem, memory_limit(free, budget), failed)
+        if shrunk is not None:
+            predicted = dict(ranking.rank(ranked.problem, [shrunk])).get(shrunk.name)
+            fitting.append(Option(shrunk, predicted, int(shrunk.workspace_bytes(ranked.problem))))
+            notes.append(f"no ranked kernel fits in memory: {shrunk.name} uses smaller chunks to fit")
+    for option in last_resort:  # after everything else, even a shrunk chunked kernel
+        why = over_limit_reason(option.workspace_bytes, free, budget)
+        if why is None:
+            fitting.append(option)
+        else:
+            dropped.append((option.kernel.name, why))
+    return Fit(tuple(fitting), tuple(dropped), tuple(notes))
+
+
+def shrink_chunked(problem: Problem, limit: int | None, failed: Mapping[str, str],
+                   bytes_needed: Callable[[ChunkedKernel, Problem], int] | None = None) -> ChunkedKernel | None:
+    """The largest-chunked `ChunkedKernel` whose memory (`bytes_needed(kernel, problem)`, default
+    its forward workspace) fits `limit`, halving the larger of the query and key chunks from the
+    kernel's defaults (clipped to the problem) down to `MIN_CHUNK`. None when even the smallest
+    does not fit (the output alone may not)."""
+    if limit is None:
+        return None
+    if bytes_needed is None:
+        bytes_needed = ChunkedKernel.workspace_bytes
+    default = ChunkedKernel()
+    q = max(MIN_CHUNK, min(default.q_chunk, 1 << length_bucket(problem.q_len)))
+    kv = max(MIN_CHUNK, min(default.kv_chunk, 1 << length_bucket(problem.kv_len)))
+    while True:
+        kernel = ChunkedKernel(q=q, kv=kv)
+        if kernel.name not in failed and not kernel.reasons(problem) and bytes_needed(kernel, problem) <= limit:
+            return kernel
+        if q <= MIN_CHUNK and kv <= MIN_CHUNK:
+            return None
+        if kv >= q and kv > MIN_CHUNK:
+            kv //= 2
+        else:
+            q //= 2
+
+
+# ------------------------------------------------------------------------------------ stage 3: nothing measured
+
+UNMEASURED_LEVELS = ("prior", "none")
+"""Ranking sources that measured nothing on this card: the analytic prior and the bare kernel order."""
+
+DEFAULT_KEPT_UNMEASURED = ("no table measured on this card: PyTorch's own choice (sdpa_default) runs wherever it fits "
+                           "until the bucket's calls measured another kernel faster; the prior only orders the kernels "
+                           "behind it")
+
+
+def keep_default_unmeasured(options: tuple[Option, ...], level: str) -> tuple[tuple[Option, ...], str | None]:
+    """Stage 3: with nothing measured on this card (`UNMEASURED_LEVELS`), PyTorch's own choice first,
+    and the note saying so: the prior alone picked kernels up to 4.5x slower than the fastest on a
+    card it was not fitted on (docs/RESULTS.md#h100-without-tables). It then serves wherever the
+    bucket's calls cannot be measured (torch.compile, CUDA graphs, ``ATTN_DISPATCH_MEASURE=0``)."""
+    if level not in UNMEASURED_LEVELS or not any(is_default(o) for o in options[1:]):
+        return options, None
+    return (*(o for o in options if is_default(o)), *(o for o in options if not is_default(o))), DEFAULT_KEPT_UNMEASURED
+
+
+# ------------------------------------------------------------------------------------ stage 4: measured on calls
+
+MIN_WIN_MARGIN = 0.03
+"""A candidate replaces the baseline (PyTorch's own choice) only when faster by more than this
+fraction at the median of its paired rounds: the dispatcher is never to be slower than doing
+nothing, and no shape more than 3% slower than the default (issue 14's target)."""
+
+RANKED_CANDIDATES = 2
+"""The ranking's first choices measured besides the baseline (docs/RESULTS.md#ablations)."""
+
+GPU_ALSO_MEASURED = "sdpa_flash"
+"""Measured on a GPU bucket wherever it can run: the fastest backend on 303 of 580 H200 grid shapes."""
+
+SETUP_FREE_MEASURED = 1
+"""Options free of per-shape set-up also measured where PyTorch's default pays one and flash cannot
+run the problem: the ranking's first such."""
+
+MAX_CANDIDATES = 7
+"""Candidates of one bucket at most, the baseline included."""
+
+SAME_CARD_LEVELS = ("exact", "model")
+"""Table lookup levels whose measured entries were measured on this card model: a family stand-in's
+entries are another card's times, scaled, and decide nothing here."""
+
+
+def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -> bool:
+    """Whether a bucket measures its candidates on its calls: its device's calls can be timed without
+    waiting (`call_timing.clock_for`) and no measured table entry of this card decides it
+    (`entry_decides`: `device_ranking.DeviceRanking.entry_decides`, at a lookup `level` of this card)."""
+    return clock_for(device) is not None and not (entry_decides and level in SAME_CARD_LEVELS)
+
+
+def measured_candidates(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
+                        portable: bool = False, sets_up: frozenset[str] = frozenset()) -> tuple[Option, ...]:
+    """The options a bucket measures on its calls, the baseline first, then in the ranking's order;
+    empty where there is nothing to choose between:
+
+    - the baseline: PyTorch's default where it is a contender (what the caller had without us), else
+      the ranking's first choice (the portable set, gfx906's, where the default is the last resort);
+    - the ranking's first `RANKED_CANDIDATES` other options;
+    - on a GPU, `GPU_ALSO_MEASURED` wherever it runs; on a CPU, the ranking's first option of each of
+      our own kernel families not among those (`own_family_options`);
+    - where the baseline sets up per exact shape (`sets_up`: `costly_setups`), flash, else the
+      ranking's first option free of set-up (`SETUP_FREE_MEASURED`), so that a bucket whose shapes
+      keep changing swaps only to a kernel whose warm time was measured;
+    - decode on a GPU (one query row) with PyTorch's backends: only the ranking's first choice when
+      it is not the default.
+
+    At most `MAX_CANDIDATES`; the measuring's budget (`measuring.BUDGET_CALLS`) bounds what the
+    slower ones cost."""
+    default = next((option for option in options if is_default(option)), None)
+    baseline = options[0] if portable or default is None else default
+    others = [option for option in options if option is not baseline]
+    if device.type == "cuda" and problem.q_len == 1 and not portable:
+        picked = [options[0]] if options[0] is not baseline else []
+    else:
+        picked = others[:RANKED_CANDIDATES]
+        if device.type == "cuda":
+            picked += [option for option in others if option.kernel.name == GPU_ALSO_MEASURED]
+        elif device.type == "cpu":
+            picked += own_family_options(others, [baseline, *picked])
+    if baseline.kernel.name in sets_up:
+        free = [option for option in others if option.kernel.name not in sets_up]
+        picked += [option for option in free if option.kernel.name == GPU_ALSO_MEASURED] or free[:SETUP_FREE_MEASURED]
+    names = {option.kernel.name for option in picked}
+    chosen = (baseline, *(option for option in others if option.kernel.name in names))[:MAX_CANDIDATES]
+    return chosen if len(chosen) > 1 else ()
+
+
+def own_family_options(options: list[Option], picked: list[Option]) -> list[Option]:
+    """The first option of each of our own kernel families (`math`, `small_q`, `chunked`, conversions
+    of them) that `picked` lacks, in the ranking's order: measured on a CPU bucket, where quick
+    calibrations' misses were our families ranked behind PyTorch's backends."""
+    families = {working_family(option.kernel) for option in picked}
+    chosen = []
+    for option in options:
+        family = working_family(option.kernel)
+        if not uses_fused_backend(option.kernel) and family not in families:
+            families.add(family)
+            chosen.append(option)
+    return chosen
+
+
+def measured_order(options: tuple[Option, ...], tuned: Tuned | None) -> tuple[tuple[Option, ...], dict[str, float]]:
+    """Stage 4, where the bucket was measured before: `tuned`'s kernel first (when it is among
+    `options`) and its measured seconds; else `options` unchanged and no seconds."""
+    if tuned is None or not any(option.kernel.name == tuned.kernel for option in options):
+        return options, {}
+    return put_first(options, tuned.kernel), dict(tuned.seconds)
+
+
+def decide(problem: Problem, *, kernels: Mapping[str, Kernel], policy: AccuracyPolicy, ranking: DeviceRanking,
+           failed: Mapping[str, str], free: int | None, budget: int | None, tuned: Tuned | None,
+           measure: bool, device: torch.device, portable: bool,
+           cold_costs: Mapping[str, Mapping[str, float]], notice: str | None = None) -> Selection:
+    """Stages 1-4 for `problem`'s bucket (module docstring).
+
+    Parameters
+    ----------
+    failed: kernel name -> why it failed at run time in this bucket (`device_planner.DeviceState`).
+    free, budget: bytes free on the device now (None: unknown) and the memory budget (None: none).
+    tuned: the bucket's result measured on its calls before (this process or the home), or None.
+    measure: measure the candidates on the bucket's calls where nothing measured decides it.
+    portable: the portable set (gfx906's): PyTorch's default is its last resort, not a contender.
+    cold_costs: measured per-shape set-up seconds (`models.cold_shape_store`).
+    notice: a line for `explain` about the device's ranking (`device_ranking.no_table_line`).
+
+    Raises
+    ------
+    NoKernelError
+        When nothing can run the problem within the memory limit.
+    """
+    ranked = rank(problem, kernels, ranking, failed, policy=policy)
+    fitted = fit(ranked, free=free, budget=budget, ranking=ranking, failed=failed)
+    if not fitted.options:
+        raise NoKernelError.nothing_fits(ranked, fitted, str(device), free=free, budget=budget)
+    options, notes = fitted.options, fitted.notes
+    options, kept = keep_default_unmeasured(options, ranking.source.level)
+    notes = (*notes, *(line for line in (kept, notice) if line is not None))
+    options, seconds = measured_order(options, tuned)
+    candidates: tuple[Option, ...] = ()
+    if seconds:
+        notes = (*notes, tuned.note())
+    elif measure and measuring_wanted(device, entry_decides=ranking.entry_decides(problem), level=ranking.source.level):
+        measured, doubt = ranking.measured_note(problem), ranking.entry_doubt(problem)
+        if measured is not None and doubt is not None:  # an entry that does not decide: say why
+            notes = (*notes, f"{measured}: {doubt}")
+        candidates = measured_candidates(options, device, problem, portable=portable,
+                                         sets_up=costly_setups(options, problem, cold_costs))
+        if candidates:  # the baseline serves until the measuring decides (`measuring.Trial`)
+            options = put_first(options, candidates[0].kernel.name)
+    return Selection(ranked, options, (*fitted.dropped, *ranked.dropped), notes, seconds, candidates)
+
+
+# ------------------------------------------------------------------------------------ stage 5: set-up cost
+
+CUDNN_COLD_SHAPE_PRIOR_S = 8e-3
+"""Seconds cuDNN attention spends on its first call at a new exact shape where calibration did not
+measure it (the smaller of two H200 figures, torch 2.11: docs/RESULTS.md#per-shape-set-up-costs).
+Every other PyTorch backend and our own kernels launch the same kernels at any shape and are taken
+as free of per-shape set-up unless measured otherwise."""
+
+MATERIAL_SETUP_S = 1e-3
+"""A per-shape set-up worth timing another kernel against (`selection.measured_candidates`): cuDNN's measured
+36-44 ms on the H200; flash's and the memory-efficient backend's measured 2-13 us are the
+measurement's floor (docs/RESULTS.md#per-shape-set-up-costs)."""
+
+MIN_SHAPES_OF_HISTORY = 1
+"""Earlier exact shapes a bucket must have served before its calls per shape are estimated: one
+finished shape tells how many calls a shape gets (a decode step calls every layer once)."""
+
+HISTORY = 8
+"""Most recent exact shapes of a bucket whose call counts estimate the next one's (the median)."""
+
+TIED_LOSS_SHARE = 0.05
+"""Share of the decided kernel's warm time that a kernel run in its place is taken to lose per call
+where the numbers alone say it loses nothing: the bucket's order put the decided kernel first all
+the same (a measured tie, a region kept for PyTorch's default, the measuring's win margin), so
+"predicted no slower" is no evidence of it. A judgement, not measured in a loop on a card
+(docs/RESULTS.md#ablations, settling)."""
+
+SETTLED = ("this exact shape has been called often enough to pay the chosen kernel's per-shape set-up "
+           "(selection.settle_after): it now runs the bucket's decided kernel")
+
+
+def cold_kernel_family(kernel: Kernel, problem: Problem) -> str | None:
+    """The per-shape set-up this kernel pays on `problem`, named by the backend that pays it
+    (``"sdpa_cudnn"``), or None. ``sdpa_default`` pays it where PyTorch's own choice for such
+    problems is cuDNN; ``convert[...]+k`` where its inner kernel does."""
+    inner = getattr(kernel, "inner", None)
+    if inner is not None:
+        return cold_kernel_family(inner, problem)
+    family = kernel.family
+    if family == "sdpa_default" and problem.device_type == "cuda":
+        family = default_backend_choice(problem)
+    return family if family == "sdpa_cudnn" and problem.device_type == "cuda" else None
+
+
+def cold_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mapping[str, float]]) -> float:
+    """Seconds of per-shape set-up on the first call of `kernel` at a new exact shape: measured on
+    this card for this kernel and kind of problem (`models.cold_shape_store`) when it was, else
+    the prior of the backend that pays it (`cold_kernel_family`), else 0."""
+    kind = kind_of(problem.q_len)
+    by_kind = measured.get(kernel.name)
+    if by_kind is not None and kind in by_kind:
+        return by_kind[kind]
+    family = cold_kernel_family(kernel, problem)
+    if family is None:
+        return 0.0
+    return measured.get(family, {}).get(kind, CUDNN_COLD_SHAPE_PRIOR_S)
+
+
+def costly_setups(options: Iterable[Option], problem: Problem,
+                  measured: Mapping[str, Mapping[str, float]]) -> frozenset[str]:
+    """Names of the `options` whose per-shape set-up on `problem` is material (`MATERIAL_SETUP_S`)."""
+    return frozenset(o.kernel.name for o in options if cold_seconds(o.kernel, problem, measured) >= MATERIAL_SETUP_S)
+
+
+def calls_per_shape(counts: Iterable[int]) -> float | None:
+    """Median calls the bucket's earlier exact shapes got (None: too little history)."""
+    history = [count for count in counts if count > 0]
+    if len(history) < MIN_SHAPES_OF_HISTORY:
+        return None
+    return float(statistics.median(history))
+
+
+def expected_seconds(warm_s: float | None, cold_s: float, expected_calls: float | None) -> float | None:
+    """Seconds per call over an exact shape's life: warm time plus the set-up spread over the
+    calls the shape is expected to get. None when the warm time is unknown and nothing is added."""
+    extra = cold_s / expected_calls if cold_s and expected_calls else 0.0
+    if warm_s is None:
+        return extra or None
+    return warm_s + extra
+
+
+def settle_after(cold_s: float, warm_first_s: float | None, warm_chosen_s: float | None) -> int:
+    """Calls of one exact shape after which its plan moves to the kernel that sets up per shape
+    (0: never). Until then the shape runs a kernel slower per call but free of set-up; once the
+    calls have lost as much as the set-up costs, paying it is the better bet (the ski-rental rule:
+    never more than twice the best cost in hindsight). The loss per call is at least
+    `TIED_LOSS_SHARE` of the decided kernel's time; 0 where no loss is known (a time missing, zero
+    or unpriced)."""
+    if not cold_s or warm_first_s is None or warm_chosen_s is None:
+        return 0
+    loss = max(warm_chosen_s - warm_first_s, TIED_LOSS_SHARE * warm_first_s)
+    if not (loss > 0 and math.isfinite(loss)):  # a zero or infinite (unpriced) time: nothing to weigh
+        return 0
+    return max(1, math.ceil(round(cold_s / loss, 6)))  # 1e-3 / 1e-6 is 1000.0000000000001
+
+
+def floor_seconds(kernel: Kernel, floors: Mapping[str, Mapping[str, float]]) -> float | None:
+    """`kernel`'s measured per-call floor: the smallest time per call back to back measured for it,
+    or for another variant of its family (the variants share the launch sequence's host time), over
+    every kind of probe; None when none was measured, and for PyTorch's fused backends (one launch,
+    `kernels.registry.uses_fused_backend`). Bounds an unmeasured prediction from below in
+    `new_shape_order`."""
+    if uses_fused_backend(kernel):
+        return None
+    inner = getattr(kernel, "inner", None)
+    if inner is not None:  # a conversion: its own floor, else its inner kernel's (which it only adds to)
+        own = floors.get(kernel.name)
+        return min(own.values()) if own else floor_seconds(inner, floors)
+    prefix = kernel.family + "["
+    measured = [seconds for name, by_kind in floors.items() if name == kernel.name or name == kernel.family
+                or name.startswith(prefix) for seconds in by_kind.values()]
+    return min(measured) if measured else None
+
+
+def new_shape_order(options: tuple[Option, ...], warm: Sequence[float | None], cold: Sequence[float],
+                    measured: frozenset[str], history: Iterable[int], is_set_up: Callable[[str], bool],
+                    floors: Mapping[str, Mapping[str, float]]) -> tuple[tuple[Option, ...], tuple[str, ...], int]:
+    """Stage 5: a bucket's options in try order for a new exact shape, with notes and the calls after
+    which the shape settles (0: never). The decided order, except that a first option paying a
+    per-shape set-up it has not paid for this shape (`is_set_up(name)`: has kernel `name` run this
+    exact shape already?) moves behind the option fastest over the calls a shape gets (`history`:
+    the bucket's recent shapes' call counts), and the shape settles on it once it has lost as much
+    per call as the set-up costs (`settle_after`).
+
+    `warm`: seconds per warm call of each option, measured (`measured`: their names) or predicted;
+    `cold`: each option's set-up seconds (`cold_seconds`). Where the bucket's calls measured options,
+    only a measured one may run a new shape in place of the first: a table's prediction can be far
+    off (`may_replace_first`)."""
+    if not cold or not cold[0]:
+        return options, (), 0
+    expected_calls = calls_per_shape(history)
+    first = options[0]
+    if expected_calls is None or is_set_up(first.kernel.name):
+        return options, (), 0
+    warm = [None if w is None else w if o.kernel.name in measured  # a floor bounds predictions only
+            else max(w, floor_seconds(o.kernel, floors) or 0.0)
+            for o, w in zip(options, warm, strict=True)]
+    costs = [
+        expected_seconds(w, 0.0 if c and is_set_up(o.kernel.name) else c, expected_calls)
+        if i == 0 or may_replace_first(o, measured) else None
+        for i, (o, w, c) in enumerate(zip(options, warm, cold, strict=True))
+    ]
+    best = min((i for i, cost in enumerate(costs) if cost is not None), key=costs.__getitem__, default=0)
+    if best == 0:
+        return options, (), 0
+    chosen = options[best]
+    settle = settle_after(cold[0], warm[0], warm[best])
+    note = (f"{first.kernel.name} sets up per exact shape (~{format_seconds(cold[0])} on a new shape) and this "
+            f"bucket's shapes get ~{expected_calls:g} calls each: {chosen.kernel.name} is faster over a shape's "
+            f"life ({format_seconds(costs[best])} against {format_seconds(costs[0])} per call)")
+    if settle:
+        note += f"; a shape called {settle} times settles on {first.kernel.name}"
+    return (chosen, *(o for o in options if o is not chosen)), (note,), settle
+
+
+def may_replace_first(option: Option, measured: frozenset[str]) -> bool:
+    """Whether `option` may run a new shape in place of the decided kernel: where the bucket's calls
+    measured options, only a measured one; where nothing was measured, any option."""
+    return not measured or option.kernel.name in measured
