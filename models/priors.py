@@ -38,10 +38,10 @@ PRIOR_VERSION = 2
 """Bumped whenever `prior_seconds` changes its numbers. A table's cost model learns the residual
 over one version of the prior; the prior's feature name carries the version
 (`models.features.PRIOR_FEATURE`), so a model fitted against another version is not evaluated
-(`EmbeddedModel.compatible`): the table's measured entries and decision map still serve. Version 2
-(session 15): fused kernels without key splitting stream keys per block, in waves. The Triton
-kernels' prices (`models.triton_costs`) came with their families: a model fitted before them does
-not price them (`EmbeddedModel.knows`), so they need no new version."""
+(`EmbeddedModel.compatible`): the table's measured entries still serve, and the prior ranks. Version
+2: fused kernels without key splitting stream keys per block, in waves. The Triton kernels' prices
+(`models.triton_costs`) came with their families: a model fitted before them prices them by this
+prior carried onto its scale (`ThresholdTable.model_seconds`), so they need no new version."""
 
 FUSED_CAUSAL_EFFICIENCY = 0.6
 # Fused kernels that split the keys across compute units for few query rows (flash-decoding):
@@ -177,10 +177,8 @@ def sdpa_math_seconds(problem: Problem, spec: CardSpec) -> float:
 def splits_keys(family: str, problem: Problem) -> bool:
     """Whether `family` spreads one block's keys over several compute units (`FUSED_SPLITS_KEYS`).
     The caller's query length decides, not the rows our kernel folds a GQA group into: counting
-    those (our cuDNN kernel's folded decode at 32/8 heads took 0.86 ms at 32k keys where PyTorch's
-    default took 0.10 ms, session 14's grid) halved the prior's cuDNN decode error, but the table
-    refit on it scored worse off the grid (seed 1: worst 3.05x against 2.02x; docs/RESULTS.md
-    section 21)."""
+    those halved the prior's cuDNN decode error but made the refit table's held-out picks worse
+    (docs/RESULTS.md, "What we tried and dropped")."""
     rule = FUSED_SPLITS_KEYS[family]
     return rule == "always" or (rule == "one query row" and problem.q_len == 1)
 
@@ -201,8 +199,8 @@ def fused_seconds(problem: Problem, family: str, spec: CardSpec, *, folded: bool
     bias = problem.batch * problem.q_heads * problem.q_len * problem.kv_len * problem.itemsize if problem.mask_kind != "none" else 0
     # Derated by the unsplit blocks' waves even where the keys split (flash): that over-prices flash
     # on long keys at Lq 65-512 (1.2 ms predicted, 0.5 measured at 131k keys, B1 32/8 D64); counting
-    # the split blocks instead made the prior's picks worse on 3 of 4 recorded draws (session 15's
-    # review): flash's efficiency would need refitting with it.
+    # the split blocks instead made the prior's picks worse on 3 of 4 recorded draws: flash's
+    # efficiency would need refitting with it.
     compute = problem.flops * fraction / (rates.matmul * efficiency) / rates.wave_occupancy(tiles)
     streamed = problem.io_bytes + 2 * bias + 2 * Kernel.input_copy_bytes(problem)
     if splits_keys(family, problem):
