@@ -36,6 +36,9 @@ from attn_dispatch.dispatcher.selection import (
     Ranked,
     Tuned,
     cold_seconds,
+    compile_deferred_order,
+    compile_seconds,
+    shape_setup_seconds,
     decide,
     decision_bucket,
     failure_bucket,
@@ -143,6 +146,9 @@ class DevicePlanner:
             order, notes, settle_at = bucket.order_for_new_shape(
                 lambda name: self.seen.has(name, shape_key), self.cold_costs, self.floors)
             settle_at = self.spent.settle_at(shape_key, settle_at)
+        waiting = None if settled else bucket.compile_wait(problem, self.cold_costs)
+        if waiting is not None:  # the first option would compile now: a set-up-free one runs until it paid
+            order, notes, settle_at = waiting
         own_problem = problem == bucket.ranked.problem
         failed = self.state.failures.get(bucket.key, {})
         free, skipped, budget = bucket.free, [], bucket.budget
@@ -178,6 +184,8 @@ class DevicePlanner:
             trial = bucket.trial
             if trial is not None and trial.open:
                 plan.measure_with(trial)
+            if waiting is not None and option is order[0]:
+                bucket.waited.append(plan.count)
             return plan
         return None
 
@@ -272,7 +280,7 @@ class Bucket:
     """
 
     __slots__ = ("key", "ranked", "options", "decision", "trial", "free", "history", "warm", "measured", "unprobed",
-                 "_cold")
+                 "waited", "_cold", "_wait_calls")
 
     def __init__(self, key: tuple, ranked: Ranked, options: tuple[Option, ...], decision: Decision, *,
                  seconds: Mapping[str, float], free: int | None, unprobed: bool = False) -> None:
@@ -282,6 +290,7 @@ class Bucket:
         self.unprobed = unprobed
         self.history: deque[list[int]] = deque(maxlen=HISTORY)
         self.trial = None
+        self.waited: list[list[int]] = []
         self._follow(options, decision, seconds)
 
     def _follow(self, options: tuple[Option, ...], decision: Decision, seconds: Mapping[str, float]) -> None:
@@ -290,6 +299,7 @@ class Bucket:
         self.warm = tuple(seconds.get(o.kernel.name, o.predicted_s) for o in options)
         self.measured = frozenset(seconds)
         self._cold: tuple[float, ...] | None = None
+        self._wait_calls: int | None = None  # `compile_wait`'s calls for the bucket, once priced
 
     def measured_by(self, trial) -> None:
         """Follow `trial`'s result (`measuring.Trial`, decided): its kernel first, its medians as the
@@ -319,11 +329,30 @@ class Bucket:
         return self.decision.budget_bytes
 
     def cold(self, measured: Mapping[str, float]) -> tuple[float, ...]:
-        """Seconds of per-shape set-up of each option (`selection.cold_seconds`; every exact
+        """Seconds of per-shape set-up of each option (`selection.shape_setup_seconds`; every exact
         problem of the bucket is of one kind for it)."""
         if self._cold is None:
-            self._cold = tuple(cold_seconds(o.kernel, self.ranked.problem, measured) for o in self.options)
+            self._cold = tuple(shape_setup_seconds(o.kernel, self.ranked.problem, measured) for o in self.options)
         return self._cold
+
+    def compile_wait(self, problem: Problem, measured: Mapping[str, float],
+                     ) -> tuple[tuple[Option, ...], tuple[str, ...], int] | None:
+        """Where the bucket's first option would compile on `problem` in this process
+        (`selection.compile_deferred_order`): the order that runs a set-up-free option instead, its
+        notes and the calls left before the bucket compiles (counted over all its shapes: `waited`);
+        None where nothing compiles or nothing else can run."""
+        compiling = compile_seconds(self.options[0].kernel, problem)
+        if not compiling:
+            self.waited.clear()
+            return None
+        cold = tuple(s + compile_seconds(o.kernel, problem) for s, o in zip(self.cold(measured), self.options, strict=True))
+        order, notes, calls = compile_deferred_order(self.options, self.warm, cold, compiling, self.measured)
+        if not calls:
+            return None
+        if self._wait_calls is None:
+            self._wait_calls = calls
+        left = max(1, self._wait_calls - sum(cell[0] for cell in self.waited))
+        return order, notes, left
 
     def order_for_new_shape(self, is_set_up: Callable[[str], bool], measured_cold: Mapping[str, float],
                             floors: Mapping[str, Mapping[str, float]] | None = None,
@@ -338,6 +367,8 @@ class Bucket:
         bucket's history and whatever has been set up: the first option pays no per-shape set-up,
         or no other option may run a new shape in its place."""
         cold = self.cold(measured_cold)
+        if compile_seconds(self.options[0].kernel, self.ranked.problem):
+            return False
         return not cold or not cold[0] or not any(may_replace_first(o, self.measured) for o in self.options[1:])
 
     def decision_for(self, problem: Problem, kernel: Kernel, workspace: int, notes: tuple[str, ...],

@@ -10,7 +10,10 @@ choice), then the other candidates in the ranking's order, one call each in turn
 without waiting for the device (`call_timing`). The rules:
 
 - warm-up: a candidate's first call is not a sample (lazy set-up, cold caches); the baseline has
-  its warm-up and one sample before any other candidate runs, so every other call has a reference;
+  its warm-up and one sample before any other candidate runs, so every other call has a reference.
+  A warm-up that is the first run of its kernel's variant in this process (`first_run`: loading
+  its device code, creating library handles) pays a once-per-process cost that whichever bucket
+  came first would pay: it is not charged to this bucket's budget;
 - clearly slower: a candidate whose fastest sample is slower than every sample of the fastest
   candidate so far by more than `CLEARLY_SLOWER` leaves at once;
 - bounded: what calls of other candidates cost beyond the baseline's median (a first call: beyond
@@ -71,9 +74,33 @@ BUDGET_CALLS = 3.0
 their calls over the baseline's median. Three calls' worth, once per bucket: a decode loop of 32
 layers spends it within its first token, and a bucket never costs seconds on a tiny call."""
 
+FIRST_RUN = "first run"
+"""A warm-up that is its kernel variant's first run in the process (`first_run`)."""
+
 MAX_PENDING = 2
 """Readings that may wait for their device events before calls go untimed: a GPU call's events
 complete within a call or two of it, so two in flight keep the trial moving without a sync."""
+
+_variants_run: set[tuple] = set()
+"""Kernel variants (`variant_key`) that have run a warm-up in this process."""
+
+
+def variant_key(kernel: Kernel, problem: Problem) -> tuple:
+    """What shares a kernel's lazily loaded device code: its name, the device and dtype, the head
+    dims, causality and the mask's kind."""
+    return (kernel.name, problem.device_type, problem.dtype, problem.head_dim, problem.value_dim, problem.causal,
+            problem.mask_kind)
+
+
+def first_run(kernel: Kernel, problem: Problem) -> bool:
+    """Whether this is the first warm-up of `kernel`'s variant for `problem` in this process (it is
+    noted as run)."""
+    key = variant_key(kernel, problem)
+    if key in _variants_run:
+        return False
+    _variants_run.add(key)
+    return True
+
 
 MAX_RUNNERS = 64
 """Exact problems whose candidate runners a trial keeps (a decode loop makes a new one each token)."""
@@ -136,6 +163,7 @@ class Trial:
         self.open = True
         self.spent_s = 0.0
         self.baseline_first_s = 0.0  # the baseline's first (warm-up) call
+        self.first_runs_s = 0.0  # warm-ups that were their variant's first run in the process (not charged)
         self.plans: list = []  # the measuring plans of the bucket (`planner`): re-planned once decided
         self.result: Tuned | None = None
         self._pending: list[tuple[Contender, object, bool]] = []
@@ -171,6 +199,8 @@ class Trial:
             else:
                 contender.calls += 1
                 warm_up = contender.calls <= WARM_UP_CALLS
+                if warm_up and first_run(contender.option.kernel, problem) and not self.cold_s.get(contender.name):
+                    warm_up = FIRST_RUN  # a once-per-process cost: not charged to the bucket
         if contender is None:
             self._close_if_decided()  # a reading collected above may have decided it
             return own(query, key, value, attn_mask, scale, enable_gqa, problem)
@@ -224,7 +254,8 @@ class Trial:
                         "the bucket's measuring budget")
         set_up = self.cold_s.get(contender.name, 0.0)
         if set_up > left:
-            return f"its set-up on a new shape (~{format_seconds(set_up)}) is over the bucket's measuring budget"
+            return (f"its first call's set-up (~{format_seconds(set_up)}: a per-shape plan, or a compile in this process) "
+                    "is over the bucket's measuring budget")
         return None
 
     @property
@@ -245,12 +276,15 @@ class Trial:
             contender, reading, warm_up = self._pending.pop(0)
             self._record(contender, reading.seconds(), warm_up)
 
-    def _record(self, contender: Contender, seconds: float, warm_up: bool) -> None:
+    def _record(self, contender: Contender, seconds: float, warm_up: bool | str) -> None:
         """One reading: a sample (not a warm-up), and what it cost beyond the baseline (a warm-up
-        against the baseline's own first call, which the caller would have paid anyway)."""
+        against the baseline's own first call, which the caller would have paid anyway; nothing for
+        a variant's first run in the process, `FIRST_RUN`)."""
         if contender is self.baseline:
             if warm_up:
                 self.baseline_first_s = seconds
+        elif warm_up == FIRST_RUN:
+            self.first_runs_s += seconds
         else:
             reference = self.baseline.median()
             if warm_up:

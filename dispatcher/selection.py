@@ -483,6 +483,22 @@ def cold_kernel_family(kernel: Kernel, problem: Problem) -> str | None:
 
 
 def cold_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mapping[str, float]]) -> float:
+    """Seconds `kernel`'s first call at a new exact shape spends setting up: its per-shape set-up
+    (`shape_setup_seconds`) and what it still has to compile in this process (`compile_seconds`)."""
+    return shape_setup_seconds(kernel, problem, measured) + compile_seconds(kernel, problem)
+
+
+def compile_seconds(kernel: Kernel, problem: Problem) -> float:
+    """Seconds `kernel`'s next run of `problem` spends compiling in this process (a Triton kernel's
+    configuration not run here yet: `Kernel.setup_seconds`); 0 for every kernel that compiles nothing."""
+    inner = getattr(kernel, "inner", None)
+    if inner is not None:
+        return compile_seconds(inner, problem)
+    setup = getattr(kernel, "setup_seconds", None)
+    return setup(problem) if setup is not None else 0.0
+
+
+def shape_setup_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mapping[str, float]]) -> float:
     """Seconds of per-shape set-up on the first call of `kernel` at a new exact shape: measured on
     this card for this kernel and kind of problem (`models.cold_shape_store`) when it was, else
     the prior of the backend that pays it (`cold_kernel_family`), else 0."""
@@ -591,6 +607,34 @@ def new_shape_order(options: tuple[Option, ...], warm: Sequence[float | None], c
     if settle:
         note += f"; a shape called {settle} times settles on {first.kernel.name}"
     return (chosen, *(o for o in options if o is not chosen)), (note,), settle
+
+
+def compile_deferred_order(options: tuple[Option, ...], warm: Sequence[float | None], cold: Sequence[float],
+                           compiling: float, measured: frozenset[str],
+                           ) -> tuple[tuple[Option, ...], tuple[str, ...], int]:
+    """Stage 5 for a first option that would compile on this call (`compiling` seconds: a Triton
+    configuration this process has not run): the options in try order with notes, and the bucket's
+    calls after which it runs the first option all the same (0: the decided order now).
+
+    The fastest option that sets up nothing (by `warm`, seconds per call; one the bucket's calls
+    measured where they measured any) runs first; once its calls have lost as much against the first
+    option's time as the compile costs, the bucket compiles (`settle_after`, the bound that never
+    spends more than twice the better choice in hindsight). A first call never waits a compile for a
+    kernel whose gain has not paid for it."""
+    if not compiling or warm[0] is None:
+        return options, (), 0
+    free = [i for i in range(1, len(options))
+            if not cold[i] and warm[i] is not None and may_replace_first(options[i], measured)]
+    if not free:
+        return options, (), 0
+    best = min(free, key=warm.__getitem__)
+    calls = settle_after(compiling, warm[0], warm[best])
+    if not calls:
+        return options, (), 0
+    first, chosen = options[0], options[best]
+    note = (f"{first.kernel.name} compiles on its first run in this process (~{format_seconds(compiling)}): "
+            f"{chosen.kernel.name} runs until this bucket's calls have lost that much to it ({calls} calls)")
+    return (chosen, *(o for o in options if o is not chosen)), (note,), calls
 
 
 def may_replace_first(option: Option, measured: frozenset[str]) -> bool:

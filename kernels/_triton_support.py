@@ -117,3 +117,37 @@ def triton_reasons(device_type: str, dtype: str) -> list[str]:
         if dtype == "bfloat16" and capability < MIN_CUDA_CAPABILITY_BF16:
             return [f"bf16 matrix products need compute capability >= {_version_text(MIN_CUDA_CAPABILITY_BF16)}, this GPU has {_version_text(capability)}"]
     return []
+
+
+COMPILE_PRIOR_S = 1.0
+"""Seconds a Triton kernel's first run of a configuration takes in a process that has not run it:
+Triton compiles it (or loads it from its disk cache). About 1 s on an H100 with Triton 3.6
+(docs/RESULTS.md#end-to-end); what the dispatcher weighs before it lets a call pay it."""
+INTEGER_SPECIALISATION = 16
+"""Triton compiles one variant of a kernel per integer argument divisible by 16 and one for the rest."""
+
+_compiled: set[tuple] = set()
+"""Configurations run in this process (`instance_key`): a later run of one launches at once."""
+
+
+def instance_key(kernel, problem) -> tuple:
+    """What one compiled Triton variant serves: the kernel's name (its configuration), the device,
+    dtypes, head dims, causality, the mask and the length arguments' divisibility."""
+    return (kernel.name, problem.device_type, problem.dtype, problem.head_dim, problem.value_dim, problem.causal,
+            problem.causal_alignment, problem.mask_kind, problem.q_len % INTEGER_SPECIALISATION == 0,
+            problem.kv_len % INTEGER_SPECIALISATION == 0)
+
+
+def compile_seconds(kernel, problem) -> float:
+    """Seconds `kernel`'s next run of `problem` spends compiling: 0 where this process has run that
+    variant, or under the interpreter (nothing compiles); else `COMPILE_PRIOR_S`."""
+    if interpreting() or problem.device_type != "cuda" or instance_key(kernel, problem) in _compiled:
+        return 0.0
+    return COMPILE_PRIOR_S
+
+
+def mark_compiled(kernel, problem) -> None:
+    """`kernel` has run `problem` in this process: its variant is compiled (nothing is noted while
+    torch.compile traces the call)."""
+    if not torch.compiler.is_compiling():
+        _compiled.add(instance_key(kernel, problem))

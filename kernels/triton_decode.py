@@ -27,7 +27,7 @@ from attn_dispatch.kernels._triton_decode_layout import (
     DecodeLayout,
 )
 from attn_dispatch.kernels._triton_ops import checked_parameter
-from attn_dispatch.kernels._triton_support import shared_memory_limit, triton_reasons
+from attn_dispatch.kernels._triton_support import compile_seconds, mark_compiled, shared_memory_limit, triton_reasons
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 
@@ -93,9 +93,15 @@ class TritonDecodeKernel(Kernel):
         and canonicalisation's copies."""
         return problem.out_bytes + self.layout(problem).partial_bytes(problem) + self.input_copy_bytes(problem)
 
+    def setup_seconds(self, problem: Problem) -> float:
+        """Seconds the next run of `problem` spends compiling (`_triton_support.compile_seconds`)."""
+        return compile_seconds(self, problem)
+
     # ------------------------------------------------------------------ running
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
         from attn_dispatch.kernels._triton_decode_launch import run_decode
 
-        return run_decode(query, key, value, mask, float(scale), problem.causal, problem.causal_offset,
-                          self.splits, self.block_n, self.warps, self.stages)
+        out = run_decode(query, key, value, mask, float(scale), problem.causal, problem.causal_offset,
+                         self.splits, self.block_n, self.warps, self.stages)
+        mark_compiled(self, problem)
+        return out

@@ -26,7 +26,7 @@ from attn_dispatch.kernels._triton_flash_config import (
     row_statistics_bytes,
 )
 from attn_dispatch.kernels._triton_ops import checked_parameter
-from attn_dispatch.kernels._triton_support import shared_memory_limit, triton_reasons
+from attn_dispatch.kernels._triton_support import compile_seconds, mark_compiled, shared_memory_limit, triton_reasons
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 
@@ -92,6 +92,10 @@ class TritonFlashKernel(Kernel):
         gradients = problem.q_bytes + problem.kv_bytes
         return saved + copies + gradients + row_statistics_bytes(problem)
 
+    def setup_seconds(self, problem: Problem) -> float:
+        """Seconds the next run of `problem` spends compiling (`_triton_support.compile_seconds`)."""
+        return compile_seconds(self, problem)
+
     # ------------------------------------------------------------------ running
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
         with_backward = needs_backward(query, key, value)
@@ -102,5 +106,7 @@ class TritonFlashKernel(Kernel):
             )
         from attn_dispatch.kernels._triton_flash_ops import flash_attention
 
-        return flash_attention(query, key, value, mask, scale, problem.causal, problem.causal_offset, self.config,
-                               with_backward)
+        out = flash_attention(query, key, value, mask, scale, problem.causal, problem.causal_offset, self.config,
+                              with_backward)
+        mark_compiled(self, problem)
+        return out

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import attn_dispatch as dispatcher
-from attn_dispatch.dispatcher import fast_path, patching
+from attn_dispatch.dispatcher import fast_path, measuring, patching
+from attn_dispatch.kernels import _triton_support
 
 FAST_PATH_TEST_HOME = Path(tempfile.gettempdir()) / "attn-dispatch-test-fast-path"
 
@@ -33,6 +34,8 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTN_DISPATCH_HOME", str(tmp_path / "attn-dispatch-home"))
     monkeypatch.delenv("ATTN_DISPATCH_MEMORY_BUDGET", raising=False)
     monkeypatch.delenv("ATTN_DISPATCH_LOG", raising=False)
+    monkeypatch.setattr(measuring, "_variants_run", set())  # what "this process" has run: per test
+    monkeypatch.setattr(_triton_support, "_compiled", set())
     dispatcher.reset()
     yield
     dispatcher.reset()

@@ -150,9 +150,28 @@ def test_what_slower_candidates_cost_a_bucket_is_bounded(monkeypatch, clock):
     slow = [Timed(f"slow{i}", 1.4 * BASE_S, clock) for i in range(5)]  # each within its prediction's reach
     ours = _dispatcher(monkeypatch, [base, *slow])
     _calls(ours, 100)
-    spent = sum(len(k.outputs) * (k.seconds - BASE_S) for k in slow)
+    spent = sum(max(0, len(k.outputs) - 1) * (k.seconds - BASE_S) for k in slow)  # each first run is not charged
     assert spent <= (BUDGET_CALLS + 1) * BASE_S  # the budget, overshot by at most the call that spent it
     assert ours.explain(**qkv()).kernel == "base"
+
+
+def test_a_variant_run_before_in_the_process_pays_its_warm_up_from_the_budget(monkeypatch, clock):
+    base = Timed("base", BASE_S, clock)
+    slow = [Timed(f"slow{i}", 1.4 * BASE_S, clock) for i in range(5)]
+    monkeypatch.setattr(measuring, "first_run", lambda kernel, problem: False)
+    ours = _dispatcher(monkeypatch, [base, *slow])
+    _calls(ours, 100)
+    spent = sum(len(k.outputs) * (k.seconds - BASE_S) for k in slow)
+    assert spent <= (BUDGET_CALLS + 1) * BASE_S
+
+
+def test_a_first_run_in_the_process_is_not_charged_to_the_bucket(monkeypatch, clock):
+    """A candidate's first call that loads its code (a once-per-process cost) does not end the trial."""
+    base = Timed("base", BASE_S, clock)
+    loading = Timed("loading", 0.0, clock, seconds_by_call=lambda n: 100 * BASE_S if n == 0 else BASE_S / 2)
+    ours = _dispatcher(monkeypatch, [base, loading])
+    _calls(ours, 30)
+    assert ours.explain(**qkv()).kernel == "loading"
 
 
 def test_a_candidate_whose_first_call_alone_would_spend_the_budget_never_runs(monkeypatch, clock):
@@ -296,6 +315,7 @@ def test_a_trial_reports_its_result_with_every_median(clock):
 def test_a_trial_that_compared_nothing_is_not_kept_for_other_processes(monkeypatch, clock, tmp_path):
     base = Timed("base", BASE_S, clock)
     first_calls = Timed("cold", 0.0, clock, seconds_by_call=lambda n: 100 * BASE_S if n == 0 else BASE_S / 2)
+    monkeypatch.setattr(measuring, "first_run", lambda kernel, problem: False)  # its code was loaded before
     ours = _dispatcher(monkeypatch, [base, first_calls], home=tmp_path)  # its first call spends the budget at once
     _calls(ours, 10)
     assert len(first_calls.outputs) == 1 and ours.explain(**qkv()).kernel == "base"
