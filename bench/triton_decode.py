@@ -17,9 +17,12 @@ device-to-device copy bandwidth (bytes read plus written). A config that fails t
 is recorded with its error.
 
 CPU (``--fold``): `sdpa_gqa_fold` against PyTorch's own ``enable_gqa=True`` call at B1, 8 query /
-2 K/V heads, Lq 1, 1700 keys, D64, fp32 (issue 32's shape): median over interleaved rounds of
-calls, the fold both as its runner and through a dispatcher limited to it, with the load average
-before and after.
+2 K/V heads, Lq 1, 1700 keys, D64, fp32 (issue 32's shape): median and quartiles over interleaved
+rounds of calls, each path's ratio to PyTorch's paired per round; the fold as its runner and through
+a dispatcher limited to it (its Python path and its C++ fast path, where built), PyTorch's call
+timed twice (an A/A control), one SDPA call on rows folded ahead of time (the floor: what any
+fold pays) and SDPA on rows folded per call (the runner before it called the CPU kernel's operator),
+with the load average before and after.
 """
 
 from __future__ import annotations
@@ -280,15 +283,25 @@ def run_fold(args) -> dict:
                          for h, n in ((heads, q_len), (kv_heads, kv_len), (kv_heads, kv_len)))
     problem = Problem.from_tensors(query, key, value, enable_gqa=True)
     runner = SdpaGqaFoldKernel().runner(problem)
+    rows = query.reshape(batch, kv_heads, heads // kv_heads * q_len, dim)  # folded once, outside the timing
+    expected_shape = query.shape
     dispatcher = Dispatcher(kernels=["sdpa_gqa_fold"])
+    fast = dispatcher.fast_attention
     paths = {"pytorch_enable_gqa": lambda: pytorch_sdpa(query, key, value, enable_gqa=True),
+             "pytorch_again": lambda: pytorch_sdpa(query, key, value, enable_gqa=True),  # A/A control
+             "folded_sdpa_floor": lambda: pytorch_sdpa(rows, key, value),  # one SDPA call on pre-folded rows
+             "fold_sdpa_runner": lambda: pytorch_sdpa(query.reshape(rows.shape), key, value).reshape(expected_shape),
              "fold_runner": lambda: runner(query, key, value, None, None, True, problem),
-             "dispatcher_fold": lambda: dispatcher.attention(query, key, value, enable_gqa=True)}
+             "dispatcher_python": lambda: dispatcher.attention(query, key, value, enable_gqa=True),
+             "dispatcher_fast": lambda: fast(query, key, value, enable_gqa=True)}
     expected = paths["pytorch_enable_gqa"]()
-    errors = {name: relative_errors(call(), expected)[0] for name, call in paths.items()}
+    floor = paths["folded_sdpa_floor"]().reshape(expected.shape)
+    errors = {name: relative_errors(call().reshape(expected.shape), expected)[0] for name, call in paths.items()}
+    same_as_floor = {name: torch.equal(call().reshape(expected.shape), floor) for name, call in paths.items()}
     for call in paths.values():
         for _ in range(FOLD_WARMUP):
             call()
+    chosen = dispatcher.stats()
     load_before = os.getloadavg()
     samples: dict[str, list[float]] = {name: [] for name in paths}
     names = list(paths)
@@ -300,18 +313,33 @@ def run_fold(args) -> dict:
             samples[name].append((time.perf_counter() - start) / FOLD_CALLS)
     load_after = os.getloadavg()
     base = samples["pytorch_enable_gqa"]
-    rows = {name: {"median_us": statistics.median(values) * 1e6, "min_us": min(values) * 1e6,
-                   "speedup_paired_median": statistics.median(b / v for b, v in zip(base, values, strict=True)),
-                   "rel_l2_vs_pytorch": errors[name]} for name, values in samples.items()}
+    rows_out = {}
+    for name, values in samples.items():
+        ratios = [b / v for b, v in zip(base, values, strict=True)]
+        rows_out[name] = {"median_us": statistics.median(values) * 1e6, "min_us": min(values) * 1e6,
+                          "q1_us": _quartiles(values)[0] * 1e6, "q3_us": _quartiles(values)[1] * 1e6,
+                          "speedup_paired_median": statistics.median(ratios),
+                          "speedup_paired_q1": _quartiles(ratios)[0], "speedup_paired_q3": _quartiles(ratios)[1],
+                          "rel_l2_vs_pytorch": errors[name], "bitwise_equal_to_folded_sdpa": same_as_floor[name]}
     info = {"shape": dict(zip(("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim"), FOLD_SHAPE, strict=True)),
             "dtype": "float32", "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "calls_per_sample": FOLD_CALLS, "rounds": args.rounds, "load_before": load_before, "load_after": load_after}
+            "calls_per_sample": FOLD_CALLS, "rounds": args.rounds, "load_before": load_before, "load_after": load_after,
+            "dispatcher_calls": chosen, "fast_path": fast != dispatcher.attention}
     print(f"sdpa_gqa_fold, CPU, {torch.get_num_threads()} threads, torch {torch.__version__}; B1 8/2 Lq1 Lk1700 D64 "
-          f"fp32; {args.rounds} interleaved rounds of {FOLD_CALLS} calls; load {load_before[0]:.2f} -> {load_after[0]:.2f}")
-    for name, row in rows.items():
-        print(f"    {name:20s} median {row['median_us']:7.1f} us  min {row['min_us']:7.1f} us  "
-              f"{row['speedup_paired_median']:.2f}x PyTorch (paired)  rel L2 {row['rel_l2_vs_pytorch']:.1e}")
-    return {"conditions": info, "paths": rows}
+          f"fp32; {args.rounds} interleaved rounds of {FOLD_CALLS} calls; load {load_before[0]:.2f} -> {load_after[0]:.2f}; "
+          f"dispatcher calls {chosen}; C++ fast path {'built' if info['fast_path'] else 'not built'}")
+    print(f"    {'path':20s} {'median us [q1-q3]':>24s} {'min':>7s}  x PyTorch paired [q1-q3]  rel L2   = folded SDPA")
+    for name, row in rows_out.items():
+        print(f"    {name:20s} {row['median_us']:7.1f} [{row['q1_us']:6.1f}-{row['q3_us']:6.1f}] {row['min_us']:7.1f}  "
+              f"{row['speedup_paired_median']:5.2f}x [{row['speedup_paired_q1']:.2f}-{row['speedup_paired_q3']:.2f}]  "
+              f"{row['rel_l2_vs_pytorch']:.1e}  {row['bitwise_equal_to_folded_sdpa']}")
+    return {"conditions": info, "paths": rows_out}
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    """First and third quartiles."""
+    cuts = statistics.quantiles(values, n=4)
+    return cuts[0], cuts[2]
 
 
 def main() -> None:

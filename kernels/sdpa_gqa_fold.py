@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import torch
 
+from attn_dispatch.kernels._bare_call import BareCall, aten_binding
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
@@ -104,12 +105,23 @@ class SdpaGqaFoldKernel(SdpaDefaultKernel):
     def runner(self, problem: Problem):
         """Without a mask, on 4-D inputs that do not broadcast: the folded call itself, ``SDPA(
         query.reshape(rows), key, value).reshape(out)``, with nothing of ours around PyTorch's but
-        the two reshapes (`run` canonicalises and folds on every call)."""
+        the two reshapes (`run` canonicalises and folds on every call). On a CPU where PyTorch's SDPA
+        takes the folded call to its fused CPU kernel (`_cpu_flash_takes`), that kernel's operator
+        itself (`bare_call`): the same kernel on the same tensors, without SDPA's backend choice."""
         if problem.mask_kind != "none" or problem.broadcast_inputs or problem.is_degenerate or problem.gqa_ratio == 1:
             return self.run
         rows = (problem.batch, problem.kv_heads, problem.gqa_ratio * problem.q_len, problem.head_dim)
         out_shape = (problem.batch, problem.q_heads, problem.q_len, problem.value_dim)
-        run = self.run
+        run, strided = self.run, problem.strided
+        if _cpu_flash_takes(problem):
+            cpu_flash = aten_binding(CPU_FLASH_OPERATOR)
+
+            def folded_cpu(query, key, value, mask, scale, enable_gqa, problem):
+                if query.dim() != 4 or strided and not (query.stride(-1) == key.stride(-1) == value.stride(-1) == 1):
+                    return run(query, key, value, mask, scale, enable_gqa, problem)
+                return cpu_flash(query.reshape(rows), key, value, 0.0, False, scale=scale)[0].reshape(out_shape)
+
+            return folded_cpu
 
         def folded(query, key, value, mask, scale, enable_gqa, problem):
             if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
@@ -122,9 +134,29 @@ class SdpaGqaFoldKernel(SdpaDefaultKernel):
         """None: the call PyTorch gets is the folded one (`runner`), never the caller's as given."""
         return None
 
-    def bare_call(self, problem: Problem) -> None:
-        """None: the fold runs through `runner`."""
-        return None
+    def bare_call(self, problem: Problem) -> BareCall | None:
+        """The fused CPU kernel's operator on the folded rows where `runner` calls it
+        (`_cpu_flash_takes`: the fast path then makes the call in C++), else None: `runner`."""
+        if (problem.mask_kind != "none" or problem.broadcast_inputs or problem.is_degenerate
+                or problem.gqa_ratio == 1 or not _cpu_flash_takes(problem)):
+            return None
+        return BareCall("flash_cpu", (problem.batch, problem.kv_heads, problem.gqa_ratio * problem.q_len, problem.head_dim),
+                        (problem.batch, problem.q_heads, problem.q_len, problem.value_dim))
+
+
+CPU_FLASH_OPERATOR = "_scaled_dot_product_flash_attention_for_cpu"
+CPU_FLASH_DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+def _cpu_flash_takes(problem: Problem) -> bool:
+    """Whether PyTorch's SDPA runs the folded call of `problem` (no mask, 4-D inputs, the last
+    dimension dense) on its fused CPU kernel, as it does on a CPU for these dtypes with one head dim
+    for query, key and value (`sdp_utils_cpp.cpp`, `use_flash_attention_cpp`; a value head dim of its
+    own goes to the math backend). A caller's `sdpa_kernel` restriction reaches no runner: the
+    dispatcher sends such calls to PyTorch's SDPA as given (`dispatcher.sdpa_context`), unless the
+    caller lets it choose inside them (`respect_sdpa_kernel(False)`), as for `sdpa_flash`."""
+    return (problem.device_type == "cpu" and problem.dtype in CPU_FLASH_DTYPES
+            and problem.value_dim == problem.head_dim)
 
 
 def _causality_hides_nothing(problem: Problem) -> bool:

@@ -9,6 +9,8 @@ import torch
 from torch.nn.attention.bias import causal_lower_right
 
 from attn_dispatch.kernels import Problem, SdpaGqaFoldKernel, reference_attention, relative_errors
+from attn_dispatch.kernels._bare_call import BareCall
+from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.kernels.sdpa_gqa_fold import fold_mask, fold_mask_bytes, folded_problem
 from attn_dispatch.kernels.tolerances import TOLERANCES
 from tests.kernels.contract import TEST_DEVICE
@@ -94,12 +96,71 @@ def test_the_warm_runner_is_the_folded_call_itself():
     query, key, value = _inputs(q_len=2)
     problem = Problem.from_tensors(query, key, value, enable_gqa=True)
     runner = FOLD.runner(problem)
-    assert runner != FOLD.run and FOLD.sdpa_call(problem) is None and FOLD.bare_call(problem) is None
+    assert runner != FOLD.run and FOLD.sdpa_call(problem) is None
     out = runner(query, key, value, None, None, True, problem)
     _assert_matches(out, reference_attention(query, key, value, enable_gqa=True))
+    # exactly PyTorch's own call on the folded rows: the same kernel on the same tensors
+    assert torch.equal(out, pytorch_sdpa(query.reshape(2, 2, 8, 32), key, value).reshape(2, 8, 2, 32))
     unbatched = Problem.from_tensors(query[0], key[0], value[0], enable_gqa=True)  # 3-D inputs: through `run`
     three_d = FOLD.runner(unbatched)(query[0], key[0], value[0], None, None, True, unbatched)
     _assert_matches(three_d, reference_attention(query[0], key[0], value[0], enable_gqa=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_on_a_cpu_the_runner_and_the_fast_path_call_pytorchs_fused_cpu_kernel(dtype):
+    """Where PyTorch's SDPA takes the folded call to its fused CPU kernel, the runner calls that
+    operator (and names it for the C++ fast path): the same output, bit for bit, as SDPA's call."""
+    query, key, value = _inputs(q_len=3, dtype=dtype, dim=40)
+    query, key, value = query.cpu(), key.cpu(), value.cpu()
+    problem = Problem.from_tensors(query, key, value, enable_gqa=True)
+    assert FOLD.bare_call(problem) == BareCall("flash_cpu", (2, 2, 12, 40), (2, 8, 3, 40))
+    out = FOLD.runner(problem)(query, key, value, None, 0.3, True, problem)
+    assert out.dtype == dtype and out.shape == (2, 8, 3, 40)
+    assert torch.equal(out, pytorch_sdpa(query.reshape(2, 2, 12, 40), key, value, scale=0.3).reshape(2, 8, 3, 40))
+
+
+def test_where_pytorch_would_not_take_its_fused_cpu_kernel_the_runner_calls_sdpa():
+    """A value head dim of its own (PyTorch's math backend), a mask, no GQA: no bare operator."""
+    query, key, _ = _inputs(q_len=2)
+    value = torch.randn(2, 2, 37, 48, generator=torch.Generator().manual_seed(4)).to(TEST_DEVICE)
+    problem = Problem.from_tensors(query, key, value, enable_gqa=True)
+    assert FOLD.bare_call(problem) is None
+    out = FOLD.runner(problem)(query, key, value, None, None, True, problem)
+    _assert_matches(out, reference_attention(query, key, value, enable_gqa=True))
+    masked = Problem.from_tensors(*_inputs(), torch.ones(1, 1, 1, 37, dtype=torch.bool), enable_gqa=True)
+    assert FOLD.bare_call(masked) is None and FOLD.runner(masked) == FOLD.run
+    assert FOLD.bare_call(Problem(1, 8, 8, 1, 20, 64, 64, "float32")) is None
+    assert FOLD.bare_call(Problem(1, 8, 2, 1, 20, 64, 64, "float16", device_type="cuda")) is None
+
+
+def test_the_runner_takes_a_last_dimension_that_is_not_dense_through_run():
+    query, key, value = _inputs(q_len=2, dim=64)
+    query, key, value = query[..., ::2], key[..., ::2], value[..., ::2]  # head dim 32, stride 2
+    problem = Problem.from_tensors(query, key, value, enable_gqa=True)
+    out = FOLD.runner(problem)(query, key, value, None, None, True, problem)
+    _assert_matches(out, reference_attention(query, key, value, enable_gqa=True))
+
+
+def test_the_fast_path_serves_the_fold_in_cpp_with_the_runner_s_exact_result(tmp_path, monkeypatch):
+    """The dispatcher's C++ fast path makes the fold's operator call itself (where this process can
+    load the library the dispatcher tests build: `tests/dispatcher/conftest.py`)."""
+    from attn_dispatch.dispatcher import Dispatcher, fast_path
+    from tests.dispatcher.conftest import FAST_PATH_TEST_HOME
+
+    if TEST_DEVICE != "cpu" or not fast_path.fast_path_enabled() or fast_path.load(FAST_PATH_TEST_HOME) is None:
+        pytest.skip("the fast path is not built (the dispatcher tests build it) or the tests run on a GPU")
+    monkeypatch.setenv("ATTN_DISPATCH_HOME", str(tmp_path))
+    ours = Dispatcher(kernels=["sdpa_gqa_fold"])
+    fast = ours.fast_attention
+    query, key, value = _inputs(q_len=1, kv_len=45)
+    for _ in range(2):  # the first call makes the plan, the second makes it hot (its C++ entry)
+        fast(query, key, value, scale=0.3, enable_gqa=True)
+    hits = ours._fast.hits
+    out = fast(query, key, value, scale=0.3, enable_gqa=True)
+    assert ours._fast.hits == hits + 1, "not served in C++"
+    problem = Problem.from_tensors(query, key, value, enable_gqa=True)
+    assert torch.equal(out, FOLD.runner(problem)(query, key, value, None, 0.3, True, problem))
+    assert ours.stats() == {"sdpa_gqa_fold": 3}
 
 
 def test_strided_query_and_cache_slice():
