@@ -30,12 +30,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def describe(table) -> str:
-    """One line: card, stack, date, points, classes."""
+    """One line: card, stack, date, points, classes, what ranks kernels outside measured buckets."""
+    from attn_dispatch.models.guard import VERDICT_WORDS
+
     p = table.provenance
     merged = f", merged from {len(p.identities)} cards" if p.merged_from else ""
     return (f"{table.identity.model_key} ({table.identity.software_key}), created {p.created}, "
             f"{p.points_measured} points, {len(table.classes)} classes, {len(table.entries)} measured entries, "
-            f"verdict {table.verdict}{merged}")
+            f"outside measured buckets {VERDICT_WORDS.get(table.verdict, table.verdict)}{merged}")
 
 
 def with_remembered_tunings(table):
