@@ -64,8 +64,8 @@ EXAMPLES = (
     Example("help", ("--help",), checked=True),
     Example("show-h200", ("show", H200_TABLE), checked=True,
             keep=(r"^(table:|card:|software:|provenance:|built with:|note:|spec sheet|held-out quality|cost model:|"
-                  r"quality guard:|decision map:)", r"^  (the table |always PyTorch|the analytic prior|its cost model|"
-                  r"its decision map)"),
+                  r"outside measured buckets:|winning kernels:)", r"^  (the table |always PyTorch|the analytic prior|"
+                  r"its cost model)"),
             sections=(r"^  (bfloat16, non-causal, mask none|float16, causal, mask none|float32, non-causal, "
                       r"mask none) ",)),
     Example("export-h200", ("export", "{work}/shared/h200.json", "--table", H200_TABLE), checked=True),
@@ -89,7 +89,7 @@ EXAMPLES = (
     Example("explain-budget", ("explain", "--lq", "1", "--lk", "4096", "--device", "cpu", "--memory-budget", "100B"),
             checked=True),
     Example("show-cpu", ("show", "--device", "cpu"),
-            keep=(r"^(table:|card:|provenance:|note:|held-out quality|quality guard:|decision map:)",
+            keep=(r"^(table:|card:|provenance:|note:|held-out quality|outside measured buckets:|winning kernels:)",
                   r"^  (the table as stored|always PyTorch|the analytic prior)"),
             sections=(r"^  float32, non-causal, mask none ",)),
     Example("check", ("check", "--device", "cpu", "--points", "4", "--threads", "1")),

@@ -74,7 +74,7 @@ def store_for_lookup(table, identity: DeviceIdentity) -> Path:
 
 TOO_BUSY_REASON = ALLOWED_REASON
 TOO_BUSY_SCORES = ("for reference only, timed on the same too-busy machine (these scores did not choose what "
-                   "serves: the quality guard line says what does): ")
+                   "serves: the 'outside measured buckets' line says what does): ")
 """Heads a too-busy calibration's held-out scores: the table's verdict is PyTorch's default
 whichever way of choosing scored best on that noise."""
 

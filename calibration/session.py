@@ -57,7 +57,7 @@ def too_busy_stored(cause: str) -> str:
     """The busy warning of a calibration a probe found too busy (`busy_words.too_busy_cause`:
     `cause`) whose table was stored: what serves is decided by the busy verdict, not by the
     held-out scores (`finish.fit_and_write`)."""
-    return (f"warning: {cause}, so the table stored does not use its model or decision map: PyTorch's "
+    return (f"warning: {cause}, so the table stored does not use its model or its per-bucket winners: PyTorch's "
             "default serves inference calls, except in the buckets measured here, where their measured "
             "winners do (PyTorch's default where its time overlaps the fastest); calibrate again when the "
             "machine is quiet")

@@ -90,6 +90,8 @@ class ColdPath:
             problem = None if sibling is None else problem_at_key_length(sibling, key, value, attn_mask)
             if problem is None:
                 problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
+            if problem.causal and problem.mask_kind != "none":  # PyTorch's RuntimeError where it takes MATH
+                sdpa_context.check_mask_with_causal(query, key, value, attn_mask, enable_gqa)
         planner = self.planner(query.device)
         with self.lock:
             current = self.plans.get(key_)

@@ -190,7 +190,7 @@ class Dispatcher:
                         entry = None
             except AttributeError:  # not tensors: the dict path raises SDPA's TypeError
                 entry = None
-            if entry is not None and (entry.pytorch_call or not _respecting[0] or (
+            if entry is not None and (entry.pytorch_call or not (_respecting[0] or entry.masked and is_causal) or (
                     _flash_on() and _efficient_on() and _math_on() and _cudnn_on())):  # else `route` below: a plan
                 # that is one call of PyTorch's SDPA makes that same call (re-raising its error): ~600 instructions less
                 plan, key_ = entry.plan, entry.key
@@ -204,7 +204,8 @@ class Dispatcher:
             # the caller's context, before any size is read: sdpa_kernel restrictions, CausalBias, a query subclass
             # (jagged nested). Meta and strided nested queries are found where the key misses or fails
             if (type(query) is not _Tensor or (attn_mask is not None and attn_mask.__class__ is not _Tensor)
-                    or (_respecting[0] and not (_flash_on() and _efficient_on() and _math_on() and _cudnn_on()))):
+                    or ((_respecting[0] or is_causal is True and attn_mask is not None)  # a mask with is_causal: route's
+                        and not (_flash_on() and _efficient_on() and _math_on() and _cudnn_on()))):
                 try:
                     routed = sdpa_context.route(self, query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                 enable_gqa)

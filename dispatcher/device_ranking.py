@@ -303,7 +303,8 @@ def no_table_line(level: str, device: str, *, measure: bool) -> str | None:
     ``"none"``...); None where a table measured on this card model serves (`MEASURED_LEVELS`)."""
     if level in MEASURED_LEVELS:
         return None
-    ranked = "another card's table of its family, times scaled" if level == "family" else "its analytic prior"
+    ranked = ("another card's table of its family, times scaled" if level == "family"
+              else "its analytic prior, an estimate from the card's spec sheet")
     if measure:
         doing = ("each new size bucket's first calls run the candidate kernels in turn, PyTorch's default first, "
                  "and the bucket keeps the fastest (a few calls' worth, remembered in the home for later processes)")

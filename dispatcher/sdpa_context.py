@@ -7,7 +7,9 @@ PyTorch's backend restrictions, `CausalBias` objects, meta tensors.
   manager itself reads them the same way). While any is off, the user asked for exactly PyTorch's
   behaviour, so the call goes to PyTorch's SDPA as given: its backend choice, its errors (the
   MATH backend refuses a mask together with ``is_causal``). Opt out with
-  ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1`` or `respect_sdpa_kernel(False)`. `explain` names the
+  ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1`` or `respect_sdpa_kernel(False)`, except for a mask
+  together with ``is_causal=True``: whether PyTorch combines the two or raises depends on its
+  backend (`check_mask_with_causal`), so that call stays PyTorch's. `explain` names the
   restriction and the backend, and a call over the memory budget warns once (`restricted_calls`).
 - **`CausalBias`** (`causal_upper_left`, `causal_lower_right`): a tensor subclass with
   uninitialised storage, never read as a mask. Upper-left (and any bias made for L == S) is
@@ -81,6 +83,30 @@ def some_backend_off() -> bool:
     return not _all_enabled()
 
 
+MASK_WITH_CAUSAL = (
+    "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True (PyTorch's SDPA "
+    "takes its MATH backend for these inputs, which refuses the pair): fold the causality into the mask "
+    "(mask & torch.ones(L, S, dtype=torch.bool).tril()) or pass only one of them"
+)
+
+
+def check_mask_with_causal(query, key, value, attn_mask, enable_gqa) -> None:
+    """A mask together with ``is_causal=True``: PyTorch's fused backends combine the two (a query
+    sees a key only where both allow it), its MATH backend raises RuntimeError. Raise it where
+    PyTorch takes MATH for these inputs (3-D inputs, or a size no fused backend takes), as asked of
+    PyTorch itself on the call's tensors (``torch._fused_sdp_choice``, about 2 us, once per new
+    shape). Traced tensors (torch.compile's fake ones) are not asked."""
+    if query.__class__ is not torch.Tensor:
+        return
+    gqa = {"enable_gqa": True} if enable_gqa else {}  # torch < 2.5: none
+    try:
+        choice = torch._fused_sdp_choice(query, key, value, attn_mask, 0.0, True, **gqa)
+    except Exception:  # noqa: BLE001 - PyTorch cannot even choose: the call itself says why
+        return
+    if int(choice) == 0:  # SDPBackend.MATH
+        raise RuntimeError(MASK_WITH_CAUSAL)
+
+
 def all_strided(*tensors) -> bool:
     """Every tensor given is strided (not sparse, not mkldnn): what our kernels and plans take; the
     others go to PyTorch's SDPA, whose errors they get."""
@@ -102,7 +128,9 @@ def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale,
     same arguments: a lower-right `CausalBias` on the inference route, or a mask subclass)."""
     if query.is_meta or query.is_nested:
         return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if backends_restricted():  # the caller's choice; said once where it goes over the budget (`restricted_calls`)
+    if backends_restricted() or (is_causal is True and attn_mask is not None and some_backend_off()):
+        # the caller's choice (a mask with is_causal: PyTorch's in any case, `check_mask_with_causal`); said
+        # once where it goes over the budget (`restricted_calls`)
         training = dropout_p != 0.0 or (torch.is_grad_enabled() and (
             query.requires_grad or key.requires_grad or value.requires_grad))
         warn_if_over_budget(dispatcher.memory_budget, query, key, value, attn_mask, is_causal, enable_gqa, training)

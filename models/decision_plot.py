@@ -56,7 +56,7 @@ def _require_matplotlib():
         from matplotlib.figure import Figure
     except ImportError as missing:
         raise ImportError(
-            f"drawing a decision map needs matplotlib ({missing}); install it with `pip install matplotlib` "
+            f"drawing the winning kernels needs matplotlib ({missing}); install it with `pip install matplotlib` "
             "or run `attn-dispatch show` without --plot"
         ) from None
     return Figure, FigureCanvasAgg

@@ -21,9 +21,9 @@ VERDICTS = ("table", "prior", "default")
 PyTorch's default goes first, the prior orders the rest."""
 
 VERDICT_WORDS = {
-    "table": "the table's choices serve",
-    "default": "PyTorch's default serves outside measured buckets, not the table's model",
-    "prior": "the analytic prior ranks kernels outside measured buckets, not the table's model",
+    "table": "the table's model chooses",
+    "default": "PyTorch's default serves, not the table's model",
+    "prior": "the analytic prior (an estimate from the card's spec sheet) ranks kernels, not the table's model",
 }
 """What each verdict means for the dispatcher, in `Guard.describe`."""
 
@@ -43,7 +43,7 @@ class Guard:
         why = self.reason
         if SCORED_REASON in why:
             why += "; the lowest average slowdown decides, not how often a pick is the fastest"
-        return f"quality guard: {VERDICT_WORDS.get(self.verdict, self.verdict)} ({why})"
+        return f"outside measured buckets: {VERDICT_WORDS.get(self.verdict, self.verdict)} ({why})"
 
 
 def default_choice_quality(data: TrainingSet) -> ChoiceQuality:

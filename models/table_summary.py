@@ -92,7 +92,7 @@ def quality_lines(table: ThresholdTable) -> list[str]:
 
 def guard_lines(table: ThresholdTable) -> list[str]:
     """The quality guard's verdict and the measured entries."""
-    guard = table.guard.describe() if table.guard is not None else "quality guard: not evaluated (an older table, or too few problems)"
+    guard = table.guard.describe() if table.guard is not None else "outside measured buckets: the table's model chooses (not compared with simpler rules: an older table, or too few problems)"
     sources = sorted({e.source for e in table.entries.values()})
     return [
         guard,
@@ -103,7 +103,7 @@ def guard_lines(table: ThresholdTable) -> list[str]:
 def threshold_lines(table: ThresholdTable) -> list[str]:
     """Per class, where each kernel wins (most buckets first)."""
     unused = len(table.models) - len(table.usable_models)
-    lines = [f"decision map: {len(table.classes)} classes, "
+    lines = [f"winning kernels: {len(table.classes)} kinds of problem (dtype, causality, mask) over "
              f"{sum(len(c.cells) for c in table.classes.values())} buckets of (Lq, Lk); {len(table.models)} embedded cost model(s)"
              + (f" ({unused} not used: fitted on features this version does not compute, such as an older"
                 " prior; refit with `attn-dispatch check --fix` where its measurements are kept, or recalibrate)"
@@ -132,10 +132,10 @@ def summary_lines(table: ThresholdTable) -> list[str]:
 # (key prefix in the quality mapping, who chose), in the order printed: the table as the
 # dispatcher uses it, the two references the quality guard weighs it against, then its parts.
 CHOOSERS = (
-    ("guarded_", "the table as stored, after its quality guard"),
+    ("guarded_", "the table as stored (what the dispatcher uses)"),
     ("default_", "always PyTorch's default"),
-    ("prior_", "the analytic prior alone"),
-    ("table_", "the table before its quality guard"),
+    ("prior_", "the analytic prior alone (a spec-sheet estimate)"),
+    ("table_", "the table with its model everywhere"),
     ("", "its cost model alone"),
 )
 

@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=HELP,
         description="For each scenario's shapes, time the dispatcher (a fresh one), PyTorch's default SDPA, the math "
         "path and every single kernel, interleaved round-robin, and report medians, spreads, the kernel the "
-        "dispatcher chose, its ratio to the oracle (the best single kernel) and to PyTorch's default, and failures "
+        "dispatcher chose, its ratio to the best single kernel and to PyTorch's default, and failures "
         "(out of memory, over budget) per path, with every condition in the header (whether the machine was busy "
         "while timing among them), and end with a verdict: gain or no gain on this machine, and why. Markdown on stdout.",
     )
@@ -48,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="shape sizes: full (GPU), small (CPU, seconds) or auto (small on the CPU, full otherwise)")
     parser.add_argument("--small-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                         help="dtype of every shape with --size small (default float32)")
-    parser.add_argument("--kernels", default="all", choices=KERNEL_SETS, help="the dispatcher's kernel set")
+    parser.add_argument("--kernels", default="all", choices=KERNEL_SETS,
+                        help="the dispatcher's kernel set: every kernel, or those that run without PyTorch's fused backends, as on gfx906 (default: all)")
     parser.add_argument("--allow-lossy", action="append", default=[], metavar="CONVERSION",
                         help="let the dispatcher use a lossy conversion, e.g. fp32->bf16 (repeatable)")
     parser.add_argument("--no-measure", action="store_true",
@@ -82,7 +83,7 @@ def _progress(result) -> None:
     ratio = result.ratio("oracle")
     to_pytorch = result.ratio("pytorch")
     print(f"{result.shape.label}: chose {result.chosen}, "
-          f"x oracle {'-' if ratio is None else f'{ratio:.2f}'}, x PyTorch {'-' if to_pytorch is None else f'{to_pytorch:.2f}'} "
+          f"x best kernel {'-' if ratio is None else f'{ratio:.2f}'}, x PyTorch {'-' if to_pytorch is None else f'{to_pytorch:.2f}'} "
           f"({result.wall_s:.1f} s)", file=sys.stderr, flush=True)
 
 

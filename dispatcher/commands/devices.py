@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  table: {r['table_level']}: {LEVEL_WORDS.get(r['table_level'], r['table_level'])}")
         if r["table_path"]:
             print(f"    {r['table_path']}")
-            print(f"    {r['table_guard'] or 'quality guard: not evaluated (an older table)'}")
+            unscored = "outside measured buckets: the table's model chooses (not compared with simpler rules: an older table)"
+            print(f"    {r['table_guard'] or unscored}")
             if r["table_threads"]:
                 print(f"    {r['table_threads']}")
         for note in r["notes"]:

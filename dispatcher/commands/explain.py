@@ -43,23 +43,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--lq", type=size, required=True, help="query length (1 for decode)")
     parser.add_argument("--lk", type=size, default=None, help="key/value length (default: --lq)")
-    parser.add_argument("--batch", type=size, default=1)
-    parser.add_argument("--heads", type=size, default=32, help="query heads")
+    parser.add_argument("--batch", type=size, default=1, help="batch size (default: 1)")
+    parser.add_argument("--heads", type=size, default=32, help="query heads (default: 32)")
     parser.add_argument("--kv-heads", type=size, default=None, help="key/value heads (GQA; default: --heads)")
-    parser.add_argument("--head-dim", type=size, default=128)
+    parser.add_argument("--head-dim", type=size, default=128, help="query/key head dim (default: 128)")
     parser.add_argument("--value-dim", type=size, default=None, help="value head dim (default: --head-dim)")
-    parser.add_argument("--dtype", default="float16", choices=dtype_choices())
-    parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--mask", default="none", choices=MASK_KINDS, help="attention mask kind, shape [B, 1, Lq, Lk]")
+    parser.add_argument("--dtype", default="float16", choices=dtype_choices(), help="input dtype (default: float16)")
+    parser.add_argument("--causal", action="store_true", help="causal attention, is_causal=True (default: not causal)")
+    parser.add_argument("--mask", default="none", choices=MASK_KINDS, help="attention mask kind, shape [B, 1, Lq, Lk] (default: none)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    parser.add_argument("--memory-budget", default=None, help="workspace cap, e.g. 16GiB (default: ATTN_DISPATCH_MEMORY_BUDGET)")
-    parser.add_argument("--kernels", default="all", choices=KERNEL_SETS, help="kernel set")
+    parser.add_argument("--memory-budget", default=None, help="workspace cap, e.g. 16GiB (default: ATTN_DISPATCH_MEMORY_BUDGET, else free memory only)")
+    parser.add_argument("--kernels", default="all", choices=KERNEL_SETS, help="kernel set: every kernel, or those that run without PyTorch's fused backends, as on gfx906 (default: all)")
     parser.add_argument("--allow-lossy", action="append", default=[], metavar="CONVERSION",
-                        help="accept a lossy conversion, e.g. fp32->bf16 (repeatable; 'any' for all)")
+                        help="accept a lossy conversion, e.g. fp32->bf16 (repeatable; 'any' for all; default: none, lossless only)")
     parser.add_argument("--table", default=None, metavar="FILE",
-                        help="explain the decision this table file makes (as `show` and `check` read it) instead of "
-                        "the table this device's lookup finds")
-    parser.add_argument("--json", action="store_true", help="print the decision as JSON")
+                        help="explain the decision this table file makes (as `show` and `check` read it; default: the "
+                        "table this device's lookup finds)")
+    parser.add_argument("--json", action="store_true", help="print the decision as JSON (default: as text)")
     parser.set_defaults(run=run)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+from pathlib import Path
 
 from attn_dispatch.dispatcher.commands._common import CommandError, one_line
 from attn_dispatch.dispatcher.commands.show import resolve_table
@@ -19,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Validate the table the dispatcher uses on --device (or TABLE given with --table) and write it "
         "to OUT: one self-contained JSON file other owners of the same card model or family can import.",
     )
-    parser.add_argument("out", metavar="OUT", help="the JSON file to write")
+    parser.add_argument("out", metavar="OUT", help="the JSON file to write, in a folder that exists")
     parser.add_argument("--device", default=None, help="whose table (default: cuda if available, else cpu)")
     parser.add_argument("--table", default=None, metavar="PATH", help="export this table file instead (validated)")
     parser.add_argument("--no-tunings", action="store_true",
@@ -28,12 +30,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def describe(table) -> str:
-    """One line: card, stack, date, points, classes."""
+    """One line: card, stack, date, points, classes, what ranks kernels outside measured buckets."""
+    from attn_dispatch.models.guard import VERDICT_WORDS
+
     p = table.provenance
     merged = f", merged from {len(p.identities)} cards" if p.merged_from else ""
     return (f"{table.identity.model_key} ({table.identity.software_key}), created {p.created}, "
             f"{p.points_measured} points, {len(table.classes)} classes, {len(table.entries)} measured entries, "
-            f"verdict {table.verdict}{merged}")
+            f"outside measured buckets {VERDICT_WORDS.get(table.verdict, table.verdict)}{merged}")
 
 
 def with_remembered_tunings(table):
@@ -44,9 +48,22 @@ def with_remembered_tunings(table):
     return table.with_entries(tuning_entries(tunings_dir(), table.identity.key))
 
 
+def check_out_folder(out: str) -> None:
+    """OUT's folder must exist: like `cp` or `curl -o`, export creates no folders (a typo in a path
+    would otherwise leave a new folder tree behind); a `CommandError` naming OUT and the fix."""
+    folder = Path(out).parent
+    if folder.is_dir():
+        return
+    if folder.exists():
+        raise CommandError(f"OUT {out}: {folder} is not a folder: give OUT in a folder that exists")
+    raise CommandError(f"OUT {out}: its folder {folder} does not exist (export creates no folders): create it "
+                       f"first (mkdir -p {shlex.quote(str(folder))}) or give OUT in a folder that exists")
+
+
 def run(args: argparse.Namespace) -> int:
     from attn_dispatch.models import TableError, export_table
 
+    check_out_folder(args.out)
     table, source = resolve_table(args.table, args.device, "export")
     if args.table is None and "family match" in source:
         raise CommandError(

@@ -8,7 +8,7 @@ import argparse
 from attn_dispatch.dispatcher.commands._common import CommandError, one_line, resolve_device
 
 NAME = "show"
-HELP = "summarise a threshold table (card, provenance, quality, thresholds) and plot its decision map"
+HELP = "summarise a threshold table (card, provenance, quality, thresholds) and plot its winning kernel per size bucket"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("table", nargs="?", default=None, metavar="TABLE", help="a table file (default: this device's)")
     parser.add_argument("--device", default=None, help="whose table to show without TABLE (default: cuda if available, else cpu)")
-    parser.add_argument("--plot", default=None, metavar="PATH.png", help="write the decision map to this PNG")
+    parser.add_argument("--plot", default=None, metavar="PATH.png", help="write a PNG of the winning kernel per (Lq, Lk) bucket, one panel per kind of problem")
     parser.set_defaults(run=run)
 
 
@@ -70,5 +70,5 @@ def run(args: argparse.Namespace) -> int:
             written = plot_decision_map(table, args.plot)
         except (ImportError, ValueError, OSError) as error:
             raise CommandError(f"--plot {args.plot}: {one_line(error)}") from None
-        print(f"decision map: {written}")
+        print(f"plot of the winning kernels: {written}")
     return 0

@@ -43,7 +43,7 @@ def test_a_machine_that_became_too_busy_says_so_with_its_cpu_share(tmp_path, mon
               f"(CPU share {QUIET_SHARE:.0%} before, {STOP_CPU_SHARE / 2:.0%} after)")
     assert "--allow-busy" not in text
     assert summary.fit.table_paths, summary.fit.note
-    assert f"warning: {became}, so the table stored does not use its model or decision map" in text
+    assert f"warning: {became}, so the table stored does not use its model or its per-bucket winners" in text
     table = load_table(summary.fit.table_paths[0])
     assert table.guard.verdict == "default"
     assert table.guard.reason == "measured on a machine that " + became.removeprefix("the machine ")

@@ -38,9 +38,9 @@ def test_a_too_busy_summary_says_what_serves_and_its_scores_chose_nothing(tmp_pa
     assert not any("the held-out quality below says how the table compares" in line for line in lines)
     (held_out,) = [line for line in lines if line.startswith("held-out quality: ")]
     assert held_out.startswith(f"held-out quality: {TOO_BUSY_SCORES}on ")
-    assert "the quality guard line says what does" in held_out
-    guard = [line for line in lines if line.startswith("quality guard: ")]
-    assert guard and all(line.startswith("quality guard: PyTorch's default serves") for line in guard)
+    assert "the 'outside measured buckets' line says what does" in held_out
+    guard = [line for line in lines if line.startswith("outside measured buckets: ")]
+    assert guard and all(line.startswith("outside measured buckets: PyTorch's default serves") for line in guard)
 
 
 def test_a_busy_but_not_too_busy_summary_lets_the_scores_decide(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ SHAPE = ("--lq", "300", "--lk", "5000", "--batch", "2", "--heads", "28", "--kv-h
 def test_show_reports_the_bundled_model_in_use(cli):
     code, out, _ = cli("show", BUNDLED_H200)
     assert code == 0
-    (line,) = [line for line in out.splitlines() if line.startswith("decision map:")]
+    (line,) = [line for line in out.splitlines() if line.startswith("winning kernels:")]
     assert line.endswith("1 embedded cost model(s)")
 
 

@@ -16,9 +16,26 @@ from tests.models.conftest import fake_identity
 def test_export_writes_this_devices_table(cli, tmp_path):
     store_table(honest_table())
     out_path = tmp_path / "shared" / "mine.json"
+    out_path.parent.mkdir()
     code, out, _ = cli("export", out_path)
     assert code == 0 and "exported " in out and f"to {out_path}" in out
     assert load_table(out_path).classes == honest_table().classes
+
+
+def test_export_creates_no_folders_and_says_how(cli, tmp_path):
+    """New-user trial: a missing folder of OUT was created silently; like `cp`, export refuses in
+    one line naming OUT, the folder and the fix, and writes nothing."""
+    store_table(honest_table())
+    out_path = tmp_path / "typo" / "deeper" / "mine.json"
+    code, out, err = cli("export", out_path)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert f"OUT {out_path}: its folder {out_path.parent} does not exist" in err
+    assert f"mkdir -p {out_path.parent}" in err
+    assert not (tmp_path / "typo").exists()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, _, err = cli("export", blocker / "mine.json")
+    assert code == 2 and f"{blocker} is not a folder" in err and blocker.read_text() == ""
 
 
 def test_export_without_a_table_fails_clearly(cli, tmp_path):

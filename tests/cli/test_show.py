@@ -20,9 +20,9 @@ def test_show_file_summary_and_plot(cli, tmp_path):
     assert "card: " in out and "provenance: created 2026-11-30T00:00:00Z, fitted on 8 measured points" in out
     assert "held-out quality: on 8 problems the fit never saw: how often each way of choosing picked" in out
     assert "  its cost model alone: fastest on 75.0% (80.0% within measurement noise), 5.0% slower on average" in out
-    assert "decision map: 2 classes, 4 buckets" in out
+    assert "winning kernels: 2 kinds of problem (dtype, causality, mask) over 4 buckets" in out
     assert f"    - {FAST} everywhere in this class" in out
-    assert f"decision map: {png}" in out
+    assert f"plot of the winning kernels: {png}" in out
     data = png.read_bytes()
     assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000
 

@@ -3,6 +3,7 @@ restrictions, `CausalBias` objects, meta tensors, and the errors PyTorch gives."
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -88,6 +89,54 @@ def test_sdpa_kernel_restriction_gives_pytorchs_behaviour():
     combined = ours.attention(q, k, v, attn_mask=mask, is_causal=True)
     torch.testing.assert_close(combined, F.scaled_dot_product_attention(q, k, v, is_causal=True))
     assert sum(ours.stats().values()) == 1
+
+
+def _outcome(call):
+    """What `call()` gives: ``(exception type, None)`` or ``(None, output)``."""
+    try:
+        return None, call()
+    except Exception as error:  # noqa: BLE001 - the type is what is compared
+        return type(error), None
+
+
+@pytest.mark.filterwarnings("ignore:.*kernel not used because")
+@pytest.mark.filterwarnings("ignore:All fused kernels requires")
+@pytest.mark.parametrize("ignore", ["0", "1"], ids=["respected", "IGNORE_SDPA_KERNEL=1"])
+@pytest.mark.parametrize("case", ["3d", "4d", "4d_under_math"])
+def test_a_mask_with_is_causal_raises_or_combines_as_pytorch(case, ignore, monkeypatch):
+    """New-user trial: a mask together with is_causal=True gives PyTorch's outcome for the same input,
+    with or without ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``: RuntimeError where PyTorch takes its MATH
+    backend (3-D inputs; inside ``sdpa_kernel([MATH])``, also from a plan made hot outside it), the
+    combined result where its fused CPU backend runs it; through `attention`, the fast path and `patched()`."""
+    generator = torch.Generator().manual_seed(0)
+    lead = (5,) if case == "3d" else (5, 2)
+    q = torch.randn(*lead, 4, 6, generator=generator)
+    k, v = (torch.randn(*lead, 3, 6, generator=generator) for _ in range(2))
+    mask = torch.ones(4, 3, dtype=torch.bool).tril()
+    sdpa = torch._C._nn.scaled_dot_product_attention  # PyTorch's, never patched
+    monkeypatch.setenv("ATTN_DISPATCH_IGNORE_SDPA_KERNEL", ignore)
+    try:
+        ours = Dispatcher()
+        fast = ours.fast_attention
+        calls = {"attention": lambda: ours.attention(q, k, v, attn_mask=mask, is_causal=True),
+                 "fast path": lambda: fast(q, k, v, attn_mask=mask, is_causal=True)}
+        with patched(ours):
+            calls["patched"] = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
+            if case == "4d_under_math":  # the plan made and hot outside the restriction first
+                for call in calls.values():
+                    call()
+            with sdpa_kernel([SDPBackend.MATH]) if case == "4d_under_math" else contextlib.nullcontext():
+                error, expected = _outcome(lambda: sdpa(q, k, v, mask, 0.0, True))
+                assert (error is RuntimeError) is (case != "4d")
+                for name, call in calls.items():
+                    for _ in range(3):  # cold, then warm and hot
+                        got_error, got = _outcome(call)
+                        assert got_error is error, (name, got_error)
+                        if error is None:
+                            torch.testing.assert_close(got, expected)
+    finally:
+        monkeypatch.delenv("ATTN_DISPATCH_IGNORE_SDPA_KERNEL")
+        sdpa_context.follow_environment()
 
 
 def test_sdpa_kernel_restriction_opt_out():

@@ -1,0 +1,23 @@
+"""New-user trial: `attn-dispatch explain --help` shows every option's default where it has one."""
+
+from __future__ import annotations
+
+import argparse
+
+from attn_dispatch.dispatcher.cli import build_parser
+
+
+def explain_parser() -> argparse.ArgumentParser:
+    subparsers = next(a for a in build_parser(full=["explain"])._actions if isinstance(a, argparse._SubParsersAction))
+    return subparsers.choices["explain"]
+
+
+def test_every_optional_option_of_explain_says_its_default():
+    for action in explain_parser()._actions:
+        if action.required or isinstance(action, argparse._HelpAction):
+            continue
+        name = action.option_strings[0]
+        assert action.help and "default:" in action.help, f"{name}: no default in its help: {action.help!r}"
+        if action.default not in (None, False, []):
+            assert f"default: {action.default})" in action.help, f"{name}: the help does not name {action.default!r}"
+    assert "batch size (default: 1)" in explain_parser().format_help()
