@@ -19,7 +19,7 @@ from pathlib import Path
 
 from optuna.storages import BaseStorage
 
-from attn_dispatch.calibration.storage import (
+from attn_dispatch.calibration.results import (
     StudyIds,
     add_record_trial,
     ensure_study,

@@ -1,10 +1,10 @@
-"""What one calibration is: its options (JSON, handed to every worker) and its id.
+"""What one calibration is: its options (JSON, handed to every worker), its id, and where its files
+go by default.
 
-The id hashes everything that can invalidate a timing or change the sample (Triton's autotuner
-cache key): the device fingerprint and software stack (`DeviceIdentity.key`), the attn-dispatch
-version, the kernel set and accuracy policy, the memory budget, the timer settings, the profile
-and the seed. Workers with the same id share claims, studies and results; a changed option starts
-a fresh calibration instead of mixing incompatible timings.
+The id hashes everything that can invalidate a timing or change the sample: the device
+fingerprint and software stack (`DeviceIdentity.key`), the attn-dispatch version, the kernel set
+and accuracy policy, the memory budget, the timer settings, the profile and the seed. Workers with
+the same id share claims, studies and results; a changed option starts a fresh calibration.
 """
 
 from __future__ import annotations
@@ -12,11 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
+from pathlib import Path
 
 from attn_dispatch.calibration.timer import DEFAULT, QUICK, TimerSettings
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.paths import journals_dir, tables_dir
 
 # Hex digits of the option hash in a calibration id.
 CONFIG_HASH_HEX = 12
@@ -31,7 +34,7 @@ FULL_TUNE_TRIALS = 10
 # Crossover refinement: rounds after the sweep, and new problems per round as a share of the sweep.
 REFINE_ROUNDS = 1
 REFINE_SHARE = 0.25
-# Active rounds (`calibration.active_round`, off by default until tried on a card): candidates
+# Active rounds (`calibration.plan`, off by default until tried on a card): candidates
 # are the next points of the seeded sample, this many times the sweep's size.
 ACTIVE_POOL_FACTOR = 4
 
@@ -73,7 +76,7 @@ class CalibrationConfig:
     refine_rounds: crossover refinement rounds after the sweep.
     seed: the sample's and the samplers' seed.
     active_rounds: rounds after the sweep that measure the problems bootstrap fits disagree on
-        most (`calibration.active_round`), each `REFINE_SHARE` of the problems so far.
+        most (`calibration.plan`), each `REFINE_SHARE` of the problems so far.
     allow_busy: calibrate even when `calibration.noise` finds the machine too busy (the timer is
         widened and the summary says so); not part of the id (it changes no timing setting).
     workload: a recorded workload (`dispatcher.recording`, JSON Lines) whose problems are
@@ -148,3 +151,27 @@ class CalibrationConfig:
             options["active_rounds"] = self.active_rounds
         digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:CONFIG_HASH_HEX]
         return f"{PACKAGE}|{identity.key}|{digest}"
+
+
+# Characters kept in file names made from calibration ids (the rest become "_").
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def file_stem(calibration_id: str) -> str:
+    """A calibration id as a file name stem (``|`` and other unsafe characters -> ``_``)."""
+    return _UNSAFE.sub("_", calibration_id).strip("_")
+
+
+def default_storage(calibration_id: str) -> Path:
+    """The optuna journal of a calibration."""
+    return journals_dir() / f"{file_stem(calibration_id)}.journal"
+
+
+def default_results(calibration_id: str) -> Path:
+    """The JSON Lines results file of a calibration."""
+    return journals_dir() / f"{file_stem(calibration_id)}.jsonl"
+
+
+def default_table(model_key_slug: str, key: str) -> Path:
+    """Where a card's threshold table goes when `models` gives no place for it."""
+    return tables_dir() / model_key_slug / f"{key}.json"

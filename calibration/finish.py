@@ -1,10 +1,7 @@
-"""The end of a calibration: gather every measurement (this host's results store and the shared
-storage), apply the class-level numerics gate, fit the cost model, build the threshold table and
-write it where the dispatcher looks (and to ``--out``), and keep the fitted cost model in the
-local cache with its library versions (`models.persist`; never shared, unlike the table).
-
-If the models package offers no fit (an older checkout), the measurements stay in the results
-store and the summary says so: nothing measured is lost, and the table can be built later.
+"""The end of a calibration: gather every measurement, apply the class-level numerics gate (a kernel
+that failed its tolerance on any point of a table class is unusable for the whole class), fit the
+cost model, build the threshold table and write it where the dispatcher looks (and to ``--out``),
+and keep the fitted cost model in the local cache (`models.persist`).
 """
 
 from __future__ import annotations
@@ -13,14 +10,60 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from attn_dispatch.calibration.busy_words import ALLOWED_REASON
-from attn_dispatch.calibration.gate import apply_numerics_gate, describe_class
+from attn_dispatch.calibration.noise import ALLOWED_REASON
 from attn_dispatch.calibration.results import unit_key
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
+from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.registry import kernel_from_name
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.paths import tables_dir
+
+
+def problem_class(problem: Problem) -> tuple:
+    """The threshold table's class of a problem."""
+    return (problem.dtype, problem.head_dim, problem.causal, problem.gqa_ratio, problem.mask_kind)
+
+
+def describe_class(key: tuple) -> str:
+    dtype, head_dim, causal, gqa, mask = key
+    return f"{dtype} D={head_dim}{' causal' if causal else ''} GQA={gqa} mask={mask}"
+
+
+def unusable(measurements: list[Measurement]) -> dict[tuple, dict[str, Measurement]]:
+    """class -> kernel -> its worst inaccurate measurement in that class."""
+    worst: dict[tuple, dict[str, Measurement]] = {}
+    for m in measurements:
+        if m.status != "inaccurate":
+            continue
+        per_class = worst.setdefault(problem_class(m.problem), {})
+        previous = per_class.get(m.kernel)
+        if previous is None or (m.rel_error or 0.0) > (previous.rel_error or 0.0):
+            per_class[m.kernel] = m
+    return worst
+
+
+def apply_numerics_gate(measurements: list[Measurement]) -> tuple[list[Measurement], dict[tuple, dict[str, Measurement]]]:
+    """Mark every point of an unusable (class, kernel) inaccurate.
+
+    Returns
+    -------
+    (the gated measurements, the `unusable` map used)
+    """
+    excluded = unusable(measurements)
+    gated = []
+    for m in measurements:
+        offender = excluded.get(problem_class(m.problem), {}).get(m.kernel)
+        if offender is not None and m.status == "ok":
+            m = replace(
+                m, status="inaccurate",
+                reason=f"unusable for {describe_class(problem_class(m.problem))}: {offender.reason} "
+                f"on {offender.problem.q_len}x{offender.problem.kv_len}",
+                extra={**m.extra, "gated_by_class": True},
+            )
+        gated.append(m)
+    return gated, excluded
+
 
 # Share of problems held out to evaluate the model (the models package's default).
 HOLDOUT_FRACTION = 0.2

@@ -10,8 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from attn_dispatch.calibration.inputs import AttentionInputs, InputCache, rotation_count
-from attn_dispatch.calibration.numerics import gate_errors
+from attn_dispatch.calibration.inputs import AttentionInputs, InputCache, gate_errors, rotation_count
 from attn_dispatch.calibration.peak_memory import measure_peak_bytes
 from attn_dispatch.calibration.timer import DEFAULT, TimerSettings, time_repetitions
 from attn_dispatch.kernels.base import Kernel

@@ -1,25 +1,172 @@
-"""The results store: every measurement appended as one JSON line, with its full conditions.
-
-Each line is ``Measurement.to_dict()`` plus ``run`` (the calibration id), ``worker`` and ``unit``
-(problem id + kernel name). Appends take an exclusive advisory lock (``fcntl.flock``) and end
-with flush + fsync, so concurrent writers on one host never interleave and a crash loses at most
-the point in flight. Readers skip a truncated last line (and any malformed line) instead of
-failing. Results are JSON, never pickles.
+"""Where measurements are kept: the results store (one JSON line per point, with its conditions),
+the optuna storage every worker of a calibration shares, and the `Recorder` that writes both.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import json
+import logging
 import math
 import os
-from collections.abc import Iterable, Iterator
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import optuna
+from optuna.exceptions import DuplicatedStudyError
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.measurement import Measurement
+
+SEPARATOR = "|"
+# A journal lock left by a killed worker is broken after this many seconds without change
+# (optuna's default is 30 s). Every holder keeps the lock for one append + fsync (milliseconds),
+# so 10 s never breaks a live lock and a resumed run waits at most 10 s.
+JOURNAL_LOCK_GRACE_S = 10
+# Workers of several hosts start together on an empty database: each creates optuna's tables, and
+# PostgreSQL lets only one `CREATE TABLE` of a name win (the others fail on a unique index). A
+# loser finds the tables made on its next attempt; a few attempts over about a second cover it.
+OPEN_ATTEMPTS = 5
+OPEN_RETRY_S = 0.3
+
+
+def quiet_optuna() -> None:
+    """Optuna logs every trial at INFO; calibration prints its own progress."""
+    optuna.logging.set_verbosity(logging.WARNING)
+
+
+def is_url(storage: str) -> bool:
+    return "://" in storage
+
+
+def open_storage(storage: str | os.PathLike | None, *, default_journal: str | os.PathLike) -> BaseStorage:
+    """A storage from a URL, a journal file path, or None (the default journal file).
+
+    Raises
+    ------
+    ValueError: for a URL optuna cannot open (the message names it).
+    """
+    quiet_optuna()
+    if storage is None:
+        storage = default_journal
+    text = os.fspath(storage)
+    if is_url(text):
+        return _open_database(text)
+    path = Path(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = JournalFileSymlinkLock(str(path), grace_period=JOURNAL_LOCK_GRACE_S)
+    return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
+
+
+def with_installed_driver(url: str) -> str:
+    """SQLAlchemy reads a bare ``postgresql://`` URL as psycopg2's; where only psycopg 3 (the
+    maintained driver, the one the `test` extra installs) is present, the URL names it."""
+    scheme, separator, rest = url.partition("://")
+    if scheme == "postgresql" and not _installed("psycopg2") and _installed("psycopg"):
+        return f"postgresql+psycopg{separator}{rest}"
+    return url
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _open_database(url: str) -> RDBStorage:
+    """optuna's RDBStorage on `url`, retried while a peer is creating the tables (`OPEN_ATTEMPTS`).
+
+    Raises
+    ------
+    ValueError: when the database cannot be opened (the message names it, without a password).
+    """
+    attempt = 1
+    while True:
+        try:
+            return RDBStorage(with_installed_driver(url))
+        except Exception as error:  # noqa: BLE001 - sqlalchemy and the drivers raise many types
+            if attempt >= OPEN_ATTEMPTS or not _lost_a_creation_race(error):
+                raise ValueError(f"cannot open optuna storage {_without_password(url)}: {error}") from error
+        attempt += 1
+        time.sleep(OPEN_RETRY_S * random.uniform(0.5, 1.5))
+
+
+def _lost_a_creation_race(error: Exception) -> bool:
+    """Another process created optuna's tables (or a row of them) at the same moment."""
+    text = str(error).lower()
+    return "already exists" in text or "duplicate key" in text or "unique" in text
+
+
+def _without_password(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.rpartition('@')[2]}"
+
+
+def describe_storage(storage: str | os.PathLike | None, *, default_journal: str | os.PathLike) -> str:
+    text = os.fspath(storage if storage is not None else default_journal)
+    return _without_password(text) if is_url(text) else text  # never print a password
+
+
+def study_name(calibration_id: str, *parts: str) -> str:
+    """``<calibration id>|part|part...`` (the id holds device, software, kernel set, settings)."""
+    return SEPARATOR.join((calibration_id, *parts))
+
+
+def ensure_study(storage: BaseStorage, name: str) -> int:
+    """The id of study `name`, created (minimising) if it does not exist yet. Looks before it
+    writes: creating an existing study would still append a log line to a journal."""
+    existing = find_study(storage, name)
+    if existing is not None:
+        return existing
+    try:
+        return storage.create_new_study([StudyDirection.MINIMIZE], name)
+    except DuplicatedStudyError:
+        return storage.get_study_id_from_name(name)
+
+
+class StudyIds:
+    """`ensure_study` with the ids remembered (a study is never deleted during a calibration)."""
+
+    def __init__(self, storage: BaseStorage) -> None:
+        self.storage = storage
+        self._ids: dict[str, int] = {}
+
+    def __call__(self, name: str) -> int:
+        if name not in self._ids:
+            self._ids[name] = ensure_study(self.storage, name)
+        return self._ids[name]
+
+
+def find_study(storage: BaseStorage, name: str) -> int | None:
+    try:
+        return storage.get_study_id_from_name(name)
+    except KeyError:
+        return None
+
+
+def add_record_trial(storage: BaseStorage, study_id: int, attrs: dict, value: float | None = None) -> int:
+    """Append a finished trial holding `attrs` in one storage operation (atomic; in journal order
+    the first of competing appends has the lowest number). Returns the trial number."""
+    state = TrialState.COMPLETE if value is not None else TrialState.FAIL
+    template = FrozenTrial(
+        number=-1, state=state, value=value, datetime_start=None, datetime_complete=None,
+        params={}, distributions={}, user_attrs=attrs, system_attrs={}, intermediate_values={},
+        trial_id=-1,
+    )
+    trial_id = storage.create_new_trial(study_id, template_trial=template)
+    return storage.get_trial_number_from_id(trial_id)
+
+
+def record_trials(storage: BaseStorage, study_id: int) -> list[FrozenTrial]:
+    return storage.get_all_trials(study_id, deepcopy=False)
+
 
 # Hex digits of a problem's SHA-256 kept in its id: 64 bits, no collision in any realistic sweep.
 PROBLEM_ID_HEX = 16
@@ -163,3 +310,132 @@ class ResultsStore:
     def done_units(self, *, run: str) -> set[str]:
         """Units of `run` already measured (whatever their status)."""
         return {r["unit"] for r in self.read() if r.get("run") == run and isinstance(r.get("unit"), str)}
+
+
+POINTS = "points"
+
+
+class Recorder:
+    """Writes measurements of one calibration and knows which units are done.
+
+    Parameters
+    ----------
+    store: the results store (shared by the workers of this host).
+    storage: the optuna storage (shared by every worker of the calibration).
+    calibration_id, worker: written into every record.
+    on_record: called with each record written (progress displays).
+    """
+
+    def __init__(
+        self,
+        store: ResultsStore,
+        storage: BaseStorage,
+        calibration_id: str,
+        worker: str,
+        *,
+        on_record: Callable[[dict], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.storage = storage
+        self.calibration_id = calibration_id
+        self.worker = worker
+        self.on_record = on_record
+        self._local: dict[str, dict] = {}  # unit -> record, from the results store
+        self._pending: dict[Problem, list[dict]] = {}  # timed records not yet in the storage
+        self._ids = StudyIds(storage)
+        self.written = 0
+        self.write_through = isinstance(storage, RDBStorage)  # see module docstring
+
+    def _points_study(self, problem: Problem) -> int:
+        return self._ids(study_name(self.calibration_id, POINTS, problem_id(problem)))
+
+    def refresh(self) -> None:
+        """Read records appended to the results store since the last refresh."""
+        for record in self.store.read_new():
+            if record.get("run") == self.calibration_id and isinstance(record.get("unit"), str):
+                self._local.setdefault(record["unit"], record)
+
+    def known(self, problem: Problem) -> dict[str, Measurement]:
+        """kernel name -> measurement already taken on `problem` (results store or storage)."""
+        self.refresh()
+        prefix = problem_id(problem) + "|"
+        out: dict[str, Measurement] = {}
+        for unit, record in self._local.items():
+            if unit.startswith(prefix):
+                out[unit[len(prefix):]] = Measurement.from_dict(record)
+        for record in storage_records(self.storage, self.calibration_id, problem):
+            measurement = Measurement.from_dict(record)
+            out.setdefault(measurement.kernel, measurement)
+        return out
+
+    def sync_problem(self, problem: Problem) -> int:
+        """Copy this problem's results-store points missing from the storage; returns how many."""
+        self.refresh()
+        in_storage = {unit_key(problem, r["kernel"]) for r in storage_records(self.storage, self.calibration_id, problem)}
+        prefix = problem_id(problem) + "|"
+        missing = [
+            r for unit, r in self._local.items()
+            if unit.startswith(prefix) and unit not in in_storage and r.get("status") not in ("unsupported",)
+        ]
+        if missing:
+            add_record_trial(self.storage, self._points_study(problem), {"measurements": missing})
+        return len(missing)
+
+    def record(self, measurement: Measurement) -> dict:
+        """Append one point to the results store (fsync); the storage gets it at `flush` (on a
+        database, before the results store)."""
+        record = measurement_record(measurement, run=self.calibration_id, worker=self.worker)
+        if self.write_through:
+            add_record_trial(self.storage, self._points_study(measurement.problem), {"measurements": [record]})
+        self.store.append([record])
+        self._local.setdefault(record["unit"], record)
+        if not self.write_through:
+            self._pending.setdefault(measurement.problem, []).append(record)
+        self.written += 1
+        if self.on_record is not None:
+            self.on_record(record)
+        return record
+
+    def record_decided(self, measurements: list[Measurement]) -> None:
+        """Points decided without timing (unsupported, over budget): one batched append each."""
+        records = [measurement_record(m, run=self.calibration_id, worker=self.worker) for m in measurements]
+        if not records:
+            return
+        shared = [r for r in records if r.get("status") != "unsupported"]
+        if self.write_through and shared:
+            add_record_trial(self.storage, self._points_study(measurements[0].problem), {"measurements": shared})
+        self.store.append(records)
+        for record in records:
+            self._local.setdefault(record["unit"], record)
+            if self.on_record is not None:
+                self.on_record(record)
+        self.written += len(records)
+
+    def flush(self, problem: Problem) -> None:
+        """Write `problem`'s timed points not yet in the storage (one storage write)."""
+        records = self._pending.pop(problem, [])
+        if records:
+            add_record_trial(self.storage, self._points_study(problem), {"measurements": records})
+
+
+def _records(attrs: dict) -> list[dict]:
+    return list(attrs.get("measurements", ())) + ([attrs["measurement"]] if "measurement" in attrs else [])
+
+
+def storage_records(storage: BaseStorage, calibration_id: str, problem: Problem) -> list[dict]:
+    """Measurement records of `problem` held in the storage."""
+    study_id = find_study(storage, study_name(calibration_id, POINTS, problem_id(problem)))
+    if study_id is None:
+        return []
+    return [record for t in record_trials(storage, study_id) for record in _records(t.user_attrs)]
+
+
+def storage_measurements(storage: BaseStorage, calibration_id: str) -> list[Measurement]:
+    """Every measurement of the calibration held in the storage (all hosts)."""
+    prefix = study_name(calibration_id, POINTS, "")
+    out = []
+    for study in storage.get_all_studies():
+        if study.study_name.startswith(prefix):
+            for trial in record_trials(storage, study._study_id):
+                out += [Measurement.from_dict(record) for record in _records(trial.user_attrs)]
+    return out

@@ -1,38 +1,125 @@
 """One `attn-dispatch calibrate` run: workers (in-process for one device, one process per device
-otherwise), then gather, gate, fit and write the table, and summarise.
+otherwise) with a progress bar, then gather, gate, fit and write the table, and summarise.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attn_dispatch.calibration.busy_words import ALLOWED_CAUSE, too_busy_cause, too_busy_reason
-from attn_dispatch.calibration.config import CalibrationConfig
+from optuna.storages import BaseStorage
+from tqdm import tqdm
+
+from attn_dispatch.calibration.claims import ClaimBoard, Owner
+from attn_dispatch.calibration.config import CalibrationConfig, default_results, default_storage
 from attn_dispatch.calibration.finish import TOO_BUSY_REASON, FitOutcome, fit_and_write, merge
-from attn_dispatch.calibration.launch import launch_workers
 from attn_dispatch.calibration.noise import (
+    ALLOWED_CAUSE,
     WIDE_BUDGET_FACTOR,
     WIDE_MIN_REPS,
     MachineBusy,
     Noise,
     check_quiet,
     probe_noise,
+    too_busy_cause,
+    too_busy_reason,
 )
-from attn_dispatch.calibration.paths import default_results, default_storage
-from attn_dispatch.calibration.progress import Progress, StoragePoller
-from attn_dispatch.calibration.recorder import storage_measurements
-from attn_dispatch.calibration.results import ResultsStore
-from attn_dispatch.calibration.storage import describe_storage, open_storage
-from attn_dispatch.calibration.worker import Worker, WorkerReport
+from attn_dispatch.calibration.plan import agreed
+from attn_dispatch.calibration.results import (
+    ResultsStore,
+    describe_storage,
+    open_storage,
+    problem_id,
+    storage_measurements,
+)
+from attn_dispatch.calibration.worker import Worker, WorkerReport, launch_workers
 from attn_dispatch.calibration.workload import for_device, read_workload
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.identity import DeviceIdentity, torch_threads
 from attn_dispatch.models.measurement import Measurement
+
+# The parent reads claim states (one storage read per problem) at most this often.
+STATE_POLL_S = 2.0
+
+
+class Progress:
+    """A tqdm bar over problems with point counts as its postfix.
+
+    Parameters
+    ----------
+    enabled: False for a silent run (tests, --quiet).
+    """
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.points = Counter()
+        self._enabled = enabled
+        self._made: tqdm | None = None  # made at the first plan: a too-busy refusal prints one line, no bar
+
+    @property
+    def _bar(self) -> tqdm:
+        if self._made is None:
+            self._made = tqdm(
+                total=0, unit="problem", desc="calibrating", file=sys.stderr, disable=not self._enabled,
+                dynamic_ncols=True, smoothing=0.1,
+            )
+        return self._made
+
+    def plan(self, added: int) -> None:
+        self._bar.total = (self._bar.total or 0) + added
+        self._bar.refresh()
+
+    def problem(self, count: int = 1) -> None:
+        self._bar.update(count)
+
+    def record(self, record: dict) -> None:
+        self.points[record.get("status", "?")] += 1
+        timed = sum(n for s, n in self.points.items() if s != "unsupported")
+        self._bar.set_postfix(points=timed, infeasible=self.points["infeasible"], refresh=False)
+
+    def close(self) -> None:
+        if self._made is not None:
+            self._made.close()
+
+
+class StoragePoller:
+    """Feeds `Progress` from the results store and the claim states (multi-process runs)."""
+
+    def __init__(self, progress: Progress, store: ResultsStore, storage: BaseStorage, calibration_id: str, *, stages: list[str]) -> None:
+        self.progress = progress
+        self.store = store
+        self.storage = storage
+        self.calibration_id = calibration_id
+        self.stages = stages
+        self.board = ClaimBoard(storage, calibration_id, Owner.current("progress"))
+        self._planned: dict[str, int] = {}
+        self._done = 0
+        self._last_state = 0.0
+
+    def __call__(self) -> None:
+        for record in self.store.read_new():
+            if record.get("run") == self.calibration_id:
+                self.progress.record(record)
+        if time.time() - self._last_state < STATE_POLL_S:
+            return
+        self._last_state = time.time()
+        problems = []
+        for stage in self.stages:
+            plan = agreed(self.storage, self.calibration_id, stage)
+            if plan is None:
+                continue
+            if stage not in self._planned:
+                self._planned[stage] = len(plan)
+                self.progress.plan(len(plan))
+            problems += plan
+        done = sum(1 for p in problems if self.board.state(problem_id(p)).done)
+        if done > self._done:
+            self.progress.problem(done - self._done)
+            self._done = done
 
 
 def discard_if_empty(path: str | os.PathLike) -> None:

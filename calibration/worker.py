@@ -1,42 +1,158 @@
-"""One calibration worker: one device, claiming problems of the agreed plan through the shared
-storage until the plan is done or the deadline passes, then the crossover refinement rounds.
-
-Run in-process for a single device, or as ``python -m attn_dispatch.calibration.worker`` (one process per GPU,
-see `calibration.launch`): every worker of a calibration follows the same plan and claims
-problems atomically, so none is measured twice, and a killed worker's problem is taken over.
+"""Calibration workers: one per device, claiming problems of the agreed plan through the shared
+storage until the plan is done or the deadline passes, then the refinement rounds. In-process for
+one device; one process per device otherwise (`launch_workers`, ``python -m
+attn_dispatch.calibration.worker``). For each claimed problem (`run_problem`): triage the
+kernels, time the rest cheapest first, then tune the competitive families with optuna; every point
+is recorded as soon as it is measured, and points already recorded (a resumed run) are skipped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
+import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from attn_dispatch.calibration.active_round import uncertain_problems
-from attn_dispatch.calibration.candidates import CostEstimator, kernel_set
+from attn_dispatch.calibration.candidates import CostEstimator, kernel_set, triage
 from attn_dispatch.calibration.claims import ClaimBoard, Owner
-from attn_dispatch.calibration.config import ACTIVE_POOL_FACTOR, REFINE_SHARE, CalibrationConfig
+from attn_dispatch.calibration.config import (
+    ACTIVE_POOL_FACTOR,
+    REFINE_SHARE,
+    CalibrationConfig,
+    default_results,
+    default_storage,
+)
+from attn_dispatch.calibration.inputs import InputCache
+from attn_dispatch.calibration.measure import empty_cache, measure
 from attn_dispatch.calibration.noise import Noise, probe_noise, widened
-from attn_dispatch.calibration.paths import default_results, default_storage
-from attn_dispatch.calibration.plan import agree_on, build_sweep
-from attn_dispatch.calibration.problem_run import DeadlineReached, ProblemContext, run_problem
-from attn_dispatch.calibration.recorder import Recorder, storage_measurements
-from attn_dispatch.calibration.refine import crossover_problems
-from attn_dispatch.calibration.results import ResultsStore, problem_id
+from attn_dispatch.calibration.plan import agree_on, build_sweep, crossover_problems, uncertain_problems
+from attn_dispatch.calibration.results import (
+    Recorder,
+    ResultsStore,
+    open_storage,
+    problem_id,
+    storage_measurements,
+    study_name,
+)
 from attn_dispatch.calibration.space import fit_problem, profile_for, sample_problems
-from attn_dispatch.calibration.storage import open_storage
+from attn_dispatch.calibration.timer import TimerSettings
+from attn_dispatch.calibration.tuning import PRUNE_RATIO, TUNABLE_FAMILIES, TUNE_WITHIN, tune_family
 from attn_dispatch.calibration.workload import for_device, read_workload
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.cards import spec_for
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measurement import Measurement
+
+# A kernel whose first (untimed) call takes this many times the problem's best time so far is a
+# clear loser: one timed call records it (cheapest-predicted kernels run first, so the best is
+# usually known early). The same ratio as optuna's pruning of tuning trials.
+LOSER_FACTOR = PRUNE_RATIO
+
+
+@dataclass
+class ProblemContext:
+    """What stays the same across a worker's problems."""
+
+    device: torch.device
+    kernels: list[Kernel]
+    estimator: CostEstimator
+    settings: TimerSettings
+    memory_budget: int | None
+    device_key: str
+    recorder: Recorder
+    calibration_id: str
+    tune_trials: int
+    seed: int
+    heartbeat: Callable[[], None] = field(default=lambda: None)
+
+
+class DeadlineReached(Exception):
+    """The calibration's time budget ran out in the middle of a problem."""
+
+
+def _best(known: dict[str, Measurement]) -> float:
+    return min((m.median_s for m in known.values() if m.ok), default=math.inf)
+
+
+def run_problem(problem: Problem, context: ProblemContext, *, deadline: float, phase: str) -> int:
+    """Measure `problem`; returns the number of points timed now.
+
+    Raises
+    ------
+    DeadlineReached: when `deadline` (epoch seconds) passes between two points; the points
+        measured so far are recorded.
+    """
+    recorder = context.recorder
+    recorder.sync_problem(problem)
+    known = recorder.known(problem)
+    plan = triage(
+        problem, context.kernels, estimator=context.estimator, memory_budget=context.memory_budget,
+        point_budget_s=context.settings.budget_s, device_key=context.device_key,
+    )
+    recorder.record_decided([m for m in plan.decided if m.kernel not in known])
+    known.update({m.kernel: m for m in plan.decided})
+    cache = InputCache()
+    timed = 0
+
+    def timed_measure(kernel: Kernel, should_stop=None, extra: dict | None = None) -> Measurement:
+        nonlocal timed
+        if time.time() > deadline:
+            raise DeadlineReached
+        extra = {"phase": phase, "predicted_s": plan.predicted.get(kernel.name), **(extra or {})}
+        best = _best(known)
+        point = measure(
+            kernel, problem, context.device, settings=context.settings, memory_budget=context.memory_budget,
+            device_key=context.device_key, seed=context.seed, cache=cache, should_stop=should_stop, extra=extra,
+            single_shot_above_s=LOSER_FACTOR * best if math.isfinite(best) else None,
+        )
+        if point.status == "infeasible":
+            empty_cache(context.device)
+        recorder.record(point)
+        context.heartbeat()
+        timed += 1
+        return point
+
+    try:
+        for kernel in plan.to_time:
+            if kernel.name not in known:
+                known[kernel.name] = timed_measure(kernel)
+        _tune(problem, context, known, timed_measure)
+    finally:
+        cache.clear()
+        recorder.flush(problem)
+    return timed
+
+
+def _tune(problem: Problem, context: ProblemContext, known: dict[str, Measurement], timed_measure) -> None:
+    """optuna search for each competitive tunable family of the kernel set."""
+    best = _best(known)
+    if not math.isfinite(best) or context.tune_trials < 1:
+        return
+    families = {k.family for k in context.kernels}
+    for family in TUNABLE_FAMILIES:
+        if family not in families:
+            continue
+        family_best = min((m.median_s for name, m in known.items() if m.ok and name.startswith(family + "[")), default=math.inf)
+        if family_best > TUNE_WITHIN * best:
+            continue
+        pid = problem_id(problem)
+        tune_family(
+            problem, family, storage=context.recorder.storage,
+            study_name=study_name(context.calibration_id, "tune", family, pid), trials=context.tune_trials,
+            known=known, best_s=best, seed=context.seed + zlib.crc32(pid.encode()),
+            measure=lambda kernel, hook: timed_measure(kernel, hook, {"phase": "tune"}),
+        )
+
 
 # A CPU calibration may use this share of system RAM: beyond it Linux's OOM killer, not an
 # exception, answers an allocation, and the worker would die instead of recording "infeasible".
@@ -54,7 +170,7 @@ class WorkerReport:
     stopped: str = "done"  # "done" | "deadline" | "interrupted"
     seconds: float = 0.0
     noise_spread: float | None = None  # the reference point's spread when the worker started
-    noise_cpu_share: float | None = None  # and this process's CPU share during it (`calibration.cpu_share`)
+    noise_cpu_share: float | None = None  # and this process's CPU share during it (`calibration.noise`)
     widened: bool = False  # the machine was busy: more samples per point (`calibration.noise`)
     threads: int = 0  # torch's intra-op threads while timing on a CPU device (0: a GPU device)
 
@@ -260,6 +376,64 @@ class Worker:
                 self._try(problem, "takeover")
             time.sleep(WAIT_POLL_S)
         return False
+
+
+# How often the parent polls its workers and the progress sources.
+POLL_S = 0.5
+# Seconds a worker gets to release its claim after SIGTERM before it is killed.
+TERMINATE_GRACE_S = 10.0
+
+
+def worker_command(config: CalibrationConfig, *, device: str, calibration_id: str, deadline: float, name: str) -> list[str]:
+    one = replace(config, devices=(device,))
+    return [
+        sys.executable, "-m", "attn_dispatch.calibration.worker", "--config", json.dumps(one.to_dict()), "--device", device,
+        "--calibration-id", calibration_id, "--deadline", repr(deadline), "--worker", name,
+    ]
+
+
+def _report(process: subprocess.Popen, name: str, device: str) -> WorkerReport:
+    output = process.stdout.read() if process.stdout is not None else ""
+    for line in reversed(output.strip().splitlines()):
+        try:
+            return WorkerReport(**json.loads(line))
+        except (json.JSONDecodeError, TypeError):
+            continue
+    return WorkerReport(name, device, stopped=f"exited with status {process.returncode}")
+
+
+def launch_workers(
+    config: CalibrationConfig,
+    *,
+    calibration_id: str,
+    deadline: float,
+    poll: Callable[[], None] = lambda: None,
+) -> list[WorkerReport]:
+    """Run one worker per device of `config` until all exit; `poll` is called while waiting."""
+    names = [f"worker{i}-{device}" for i, device in enumerate(config.devices)]
+    processes = [
+        subprocess.Popen(
+            worker_command(config, device=device, calibration_id=calibration_id, deadline=deadline, name=name),
+            stdout=subprocess.PIPE, text=True,
+        )
+        for name, device in zip(names, config.devices, strict=True)
+    ]
+    try:
+        while any(p.poll() is None for p in processes):
+            poll()
+            time.sleep(POLL_S)
+        poll()
+    except BaseException:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            try:
+                process.wait(TERMINATE_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        raise
+    return [_report(p, n, d) for p, n, d in zip(processes, names, config.devices, strict=True)]
 
 
 def _terminate(signum, frame) -> None:

@@ -1,4 +1,4 @@
-"""Uncertainty scores for choosing the next problems to measure (`calibration.active`)."""
+"""Uncertainty scores for choosing the next problems to measure (`calibration.plan`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from attn_dispatch.calibration.active import (
+from attn_dispatch.calibration.plan import (
     bagged_regret,
     diverse_batch,
     most_uncertain,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-import attn_dispatch.calibration.active_round as active_round
+import attn_dispatch.calibration.plan as active_round
 from attn_dispatch.calibration.session import calibrate
 from attn_dispatch.kernels.chunked import ChunkedKernel
 from attn_dispatch.kernels.math_kernel import MathKernel

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from attn_dispatch.calibration.bench_report import summarise
+from attn_dispatch.calibration.scenario_bench import summarise
 from attn_dispatch.calibration.scenario_bench import PathResult, ShapeResult
-from attn_dispatch.calibration.scenarios import Shape
+from attn_dispatch.calibration.scenario_bench import Shape
 from attn_dispatch.kernels import Problem
 
 SHAPE = Shape("decode", Problem(1, 8, 1, 1, 3000, 64, 64, "float32"))

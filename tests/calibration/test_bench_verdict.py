@@ -4,11 +4,11 @@ machine). From written-out samples: no timing."""
 
 from __future__ import annotations
 
-from attn_dispatch.calibration.bench_report import VERDICT_MARGIN, BenchReport, verdict
-from attn_dispatch.calibration.machine_state import MachineState
+from attn_dispatch.calibration.scenario_bench import VERDICT_MARGIN, BenchReport, verdict
+from attn_dispatch.calibration.noise import MachineState
 from attn_dispatch.calibration.noise import BUSY_CPU_SHARE, Noise
 from attn_dispatch.calibration.scenario_bench import PathResult, ShapeResult
-from attn_dispatch.calibration.scenarios import Shape
+from attn_dispatch.calibration.scenario_bench import Shape
 from attn_dispatch.kernels import Problem
 
 SHAPE = Shape("decode", Problem(1, 8, 1, 1, 3000, 64, 64, "float32"))

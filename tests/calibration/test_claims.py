@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from attn_dispatch.calibration.claims import ClaimBoard, Owner, publish_once
-from attn_dispatch.calibration.storage import open_storage
+from attn_dispatch.calibration.results import open_storage
 
 
 def _storage(tmp_path):

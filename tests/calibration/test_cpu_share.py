@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-import attn_dispatch.calibration.cpu_share as cpu_share
+import attn_dispatch.calibration.noise as cpu_share
 import attn_dispatch.calibration.noise as noise_module
-from attn_dispatch.calibration.cpu_share import ShareMeter, cores_in_use, host_share, load_per_cpu
+from attn_dispatch.calibration.noise import ShareMeter, cores_in_use, host_share, load_per_cpu
 from attn_dispatch.calibration.noise import BUSY_CPU_SHARE, STOP_CPU_SHARE, probe_noise
 
 

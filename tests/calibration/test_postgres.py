@@ -19,12 +19,12 @@ from collections import Counter
 import pytest
 
 from attn_dispatch.calibration.claims import ClaimBoard, Owner
-from attn_dispatch.calibration.launch import worker_command
+from attn_dispatch.calibration.worker import worker_command
 from attn_dispatch.calibration.plan import agree_on, agreed
-from attn_dispatch.calibration.recorder import storage_measurements
+from attn_dispatch.calibration.results import storage_measurements
 from attn_dispatch.calibration.results import ResultsStore, problem_id, unit_key
 from attn_dispatch.calibration.session import calibrate
-from attn_dispatch.calibration.storage import open_storage
+from attn_dispatch.calibration.results import open_storage
 from attn_dispatch.models.identity import DeviceIdentity
 from tests.calibration.helpers import small_config
 
@@ -143,7 +143,7 @@ def test_two_hosts_share_postgres_and_survive_a_kill(tmp_path, monkeypatch, data
 
 
 def test_a_plain_postgresql_url_uses_the_installed_driver(monkeypatch):
-    from attn_dispatch.calibration import storage as storage_module
+    from attn_dispatch.calibration import results as storage_module
 
     url = "postgresql://calib:secret@dbhost:5432/attn_dispatch"
     monkeypatch.setattr(storage_module, "_installed", lambda module: module == "psycopg")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from attn_dispatch.calibration.gate import apply_numerics_gate, problem_class
-from attn_dispatch.calibration.refine import crossover_problems, family_of
+from attn_dispatch.calibration.finish import apply_numerics_gate, problem_class
+from attn_dispatch.calibration.plan import crossover_problems, family_of
 from attn_dispatch.models.measurement import Measurement
 from tests.calibration.helpers import problem
 

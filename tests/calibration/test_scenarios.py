@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from attn_dispatch.calibration.scenarios import EXTRA_SCENARIOS, SCENARIOS, scenario_shapes
+from attn_dispatch.calibration.scenario_bench import EXTRA_SCENARIOS, SCENARIOS, scenario_shapes
 from attn_dispatch.calibration.space import FULL_GPU, sample_problems
 from attn_dispatch.kernels.problem import Problem
 

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from attn_dispatch.calibration import machine_state
-from attn_dispatch.calibration.bench_report import geometric_mean
+from attn_dispatch.calibration import noise as machine_state
+from attn_dispatch.calibration.scenario_bench import geometric_mean
 from attn_dispatch.calibration.noise import BUSY_CPU_SHARE, Noise
-from attn_dispatch.calibration.scenarios import SCENARIOS, scenario_shapes
+from attn_dispatch.calibration.scenario_bench import SCENARIOS, scenario_shapes
 from attn_dispatch.models.environment import COMMIT
 
 FAST = ("--size", "small", "--rounds", "1", "--shape-budget", "0.2", "--quiet")
