@@ -23,7 +23,7 @@ from attn_dispatch.models.cards import CardSpec
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import training_set
 from attn_dispatch.models.decision_map import family_of
-from attn_dispatch.models.features import PROBLEM_COLUMNS, feature_matrix
+from attn_dispatch.models.features import feature_matrix
 from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.ranking import kernel_named
 
@@ -151,25 +151,13 @@ def _rows_by_group(groups: np.ndarray) -> dict[int, np.ndarray]:
     return {int(g): rows for g, rows in zip(values, np.split(order, starts[1:]), strict=True)}
 
 
-def top_margins(groups: np.ndarray, predicted_log: np.ndarray) -> dict[int, float]:
-    """Problem id -> predicted log-time gap between its fastest and second-fastest kernel."""
-    out = {}
-    for group, rows in _rows_by_group(np.asarray(groups)).items():
-        if len(rows) < 2:
-            out[group] = math.inf
-            continue
-        two = np.partition(predicted_log[rows], 1)[:2]
-        out[group] = float(two[1] - two[0])
-    return out
-
-
 def bagged_regret(groups: np.ndarray, predicted_log: np.ndarray, *, linear: bool = False,
                   pick_log: np.ndarray | None = None) -> dict[int, float]:
     """Problem id -> mean over bags of (bag's log time of the consensus pick - bag's best), or of
-    ``exp`` of it minus 1 with ``linear``.
+    ``exp`` of it minus 1 (the slowdown) with ``linear``. Zero when every bag agrees.
 
-    ``predicted_log`` is ``[bags, n]``; the consensus pick minimises the bags' mean prediction, or
-    ``pick_log [n]`` when given (the pick of the model that will be used).
+    ``groups [n]``: the problem id of each candidate row; ``predicted_log [bags, n]``: natural-log
+    seconds. The consensus pick minimises the bags' mean prediction, or ``pick_log [n]`` if given.
     """
     predicted_log = np.atleast_2d(predicted_log)
     out = {}
@@ -182,68 +170,18 @@ def bagged_regret(groups: np.ndarray, predicted_log: np.ndarray, *, linear: bool
 
 
 def most_uncertain(scores: dict[int, float], count: int, *, higher_is_less_sure: bool) -> list[int]:
-    """The `count` problem ids the model is least sure of (ties: smaller id first).
-
-    ``higher_is_less_sure`` is False for margins (smallest first), True for regrets.
-    """
+    """The `count` problem ids the model is least sure of (ties: smaller id first)."""
     sign = -1.0 if higher_is_less_sure else 1.0
     ranked = sorted(scores, key=lambda group: (sign * scores[group], group))
     return ranked[:max(0, count)]
 
 
-def problem_descriptors(groups: np.ndarray, X: np.ndarray) -> dict[int, np.ndarray]:
-    """Problem id -> its problem-only feature columns (`models.features.PROBLEM_COLUMNS`, equal on
-    every row of a problem), from ``X [n, n_features]`` feature rows grouped by ``groups [n]``."""
-    return {group: X[rows[0], list(PROBLEM_COLUMNS)] for group, rows in _rows_by_group(np.asarray(groups)).items()}
-
-
-# Lloyd iterations of `diverse_batch`'s k-means: a few dozen points in a dozen dimensions settle
-# in well under this.
-KMEANS_ITERATIONS = 25
-
-
-def diverse_batch(scores: dict[int, float], descriptors: dict[int, np.ndarray], count: int, *,
-                  pool_factor: int) -> list[int]:
-    """Up to `count` problem ids, higher scores first, spread over the feature space.
-
-    The ``pool_factor * count`` highest-scored problems are clustered by k-means into `count`
-    clusters on their standardised descriptors (``[n_features]`` each; the clusters start at the
-    `count` highest-scored, so the result is deterministic); each cluster gives its highest-scored
-    problem. Empty clusters leave room for the next-best problems not yet taken.
-    """
-    top = most_uncertain(scores, pool_factor * count, higher_is_less_sure=True)
-    if len(top) <= count:
-        return top
-    points = np.array([descriptors[group] for group in top], dtype=np.float64)
-    spread = points.std(axis=0)
-    points = (points - points.mean(axis=0)) / np.where(spread > 0, spread, 1.0)
-    centres = points[:count].copy()
-    labels = np.zeros(len(points), dtype=np.int64)
-    for _ in range(KMEANS_ITERATIONS):
-        distances = ((points[:, None, :] - centres[None, :, :]) ** 2).sum(axis=2)  # [points, count]
-        labels = np.argmin(distances, axis=1)
-        moved = np.array([points[labels == k].mean(axis=0) if np.any(labels == k) else centres[k] for k in range(count)])
-        if np.allclose(moved, centres):
-            break
-        centres = moved
-    picked, taken_clusters = [], set()
-    for index, group in enumerate(top):  # `top` is in score order: the first of a cluster is its best
-        if int(labels[index]) not in taken_clusters:
-            taken_clusters.add(int(labels[index]))
-            picked.append(group)
-    return picked + [group for group in top if group not in set(picked)][:count - len(picked)]
-
-
-# Bootstrap fits per round and their boosting iterations: the simulation's settings (4 fits of a
-# third of the default 300 iterations: a few CPU seconds for a few hundred problems); 8 bags
-# simulated worse (docs/RESULTS.md#calibration).
+# Bootstrap fits per active round and their boosting iterations.
 BAGS = 4
 BAG_ITERATIONS = 100
-# Score the bags' mean slowdown of their consensus pick (exp of the log regret, minus 1: the
-# quantity mean slowdown averages) rather than their mean log regret: it scores what the target
-# measures and simulated at least as well (docs/RESULTS.md#calibration).
+# Score the bags' mean slowdown of their consensus pick rather than their mean log regret.
 LINEAR_REGRET = True
-# At least this many measured problems before a round is worth fitting (the simulation started at 16).
+# At least this many measured problems before an active round is worth fitting.
 MIN_PROBLEMS = 16
 
 
