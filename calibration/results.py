@@ -1,5 +1,14 @@
-"""Where measurements are kept: the results store (one JSON line per point, with its conditions),
-the optuna storage every worker of a calibration shares, and the `Recorder` that writes both.
+"""Where measurements are kept: the results store, the optuna storage every worker of a
+calibration shares, and the `Recorder` that writes both.
+
+The results store is a JSON Lines file: each line is ``Measurement.to_dict()`` plus ``run`` (the
+calibration id), ``worker`` and ``unit`` (problem id + kernel name). Appends take an exclusive
+``flock`` and end with an fsync, so concurrent writers on one host never interleave and a crash
+loses at most the point in flight; readers skip a truncated or malformed line. Never pickles.
+
+The storage is a journal file in the cache directory by default (a killed run resumes where it
+stopped), or a URL (``sqlite:///...``, ``postgresql://...``) that workers on several hosts share.
+Study names start with the calibration id, which holds everything that can invalidate a timing.
 """
 
 from __future__ import annotations
@@ -28,38 +37,26 @@ from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.measurement import Measurement
 
 SEPARATOR = "|"
-# A journal lock left by a killed worker is broken after this many seconds without change
-# (optuna's default is 30 s). Every holder keeps the lock for one append + fsync (milliseconds),
-# so 10 s never breaks a live lock and a resumed run waits at most 10 s.
+# A journal lock left by a killed worker is broken after this many seconds without change; a
+# holder keeps it for one append + fsync (milliseconds).
 JOURNAL_LOCK_GRACE_S = 10
-# Workers of several hosts start together on an empty database: each creates optuna's tables, and
-# PostgreSQL lets only one `CREATE TABLE` of a name win (the others fail on a unique index). A
-# loser finds the tables made on its next attempt; a few attempts over about a second cover it.
+# Workers of several hosts starting on an empty database race to create optuna's tables; a loser
+# finds them made on its next attempt.
 OPEN_ATTEMPTS = 5
 OPEN_RETRY_S = 0.3
-
-
-def quiet_optuna() -> None:
-    """Optuna logs every trial at INFO; calibration prints its own progress."""
-    optuna.logging.set_verbosity(logging.WARNING)
-
-
-def is_url(storage: str) -> bool:
-    return "://" in storage
+PROBLEM_ID_HEX = 16  # hex digits of a problem's SHA-256 kept in its id
+NEWLINE = b"\n"
+POINTS = "points"
 
 
 def open_storage(storage: str | os.PathLike | None, *, default_journal: str | os.PathLike) -> BaseStorage:
     """A storage from a URL, a journal file path, or None (the default journal file).
 
-    Raises
-    ------
-    ValueError: for a URL optuna cannot open (the message names it).
+    Raises ValueError for a URL optuna cannot open (the message names it, without a password).
     """
-    quiet_optuna()
-    if storage is None:
-        storage = default_journal
-    text = os.fspath(storage)
-    if is_url(text):
+    optuna.logging.set_verbosity(logging.WARNING)  # optuna logs every trial; calibration prints its own progress
+    text = os.fspath(default_journal if storage is None else storage)
+    if "://" in text:
         return _open_database(text)
     path = Path(text)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,8 +65,8 @@ def open_storage(storage: str | os.PathLike | None, *, default_journal: str | os
 
 
 def with_installed_driver(url: str) -> str:
-    """SQLAlchemy reads a bare ``postgresql://`` URL as psycopg2's; where only psycopg 3 (the
-    maintained driver, the one the `test` extra installs) is present, the URL names it."""
+    """SQLAlchemy reads a bare ``postgresql://`` URL as psycopg2's; where only psycopg 3 is
+    installed, the URL names it."""
     scheme, separator, rest = url.partition("://")
     if scheme == "postgresql" and not _installed("psycopg2") and _installed("psycopg"):
         return f"postgresql+psycopg{separator}{rest}"
@@ -81,27 +78,17 @@ def _installed(module: str) -> bool:
 
 
 def _open_database(url: str) -> RDBStorage:
-    """optuna's RDBStorage on `url`, retried while a peer is creating the tables (`OPEN_ATTEMPTS`).
-
-    Raises
-    ------
-    ValueError: when the database cannot be opened (the message names it, without a password).
-    """
     attempt = 1
     while True:
         try:
             return RDBStorage(with_installed_driver(url))
         except Exception as error:  # noqa: BLE001 - sqlalchemy and the drivers raise many types
-            if attempt >= OPEN_ATTEMPTS or not _lost_a_creation_race(error):
+            text = str(error).lower()
+            lost_race = "already exists" in text or "duplicate key" in text or "unique" in text
+            if attempt >= OPEN_ATTEMPTS or not lost_race:
                 raise ValueError(f"cannot open optuna storage {_without_password(url)}: {error}") from error
         attempt += 1
         time.sleep(OPEN_RETRY_S * random.uniform(0.5, 1.5))
-
-
-def _lost_a_creation_race(error: Exception) -> bool:
-    """Another process created optuna's tables (or a row of them) at the same moment."""
-    text = str(error).lower()
-    return "already exists" in text or "duplicate key" in text or "unique" in text
 
 
 def _without_password(url: str) -> str:
@@ -111,12 +98,19 @@ def _without_password(url: str) -> str:
 
 def describe_storage(storage: str | os.PathLike | None, *, default_journal: str | os.PathLike) -> str:
     text = os.fspath(storage if storage is not None else default_journal)
-    return _without_password(text) if is_url(text) else text  # never print a password
+    return _without_password(text) if "://" in text else text  # never print a password
 
 
 def study_name(calibration_id: str, *parts: str) -> str:
-    """``<calibration id>|part|part...`` (the id holds device, software, kernel set, settings)."""
+    """``<calibration id>|part|part...``."""
     return SEPARATOR.join((calibration_id, *parts))
+
+
+def find_study(storage: BaseStorage, name: str) -> int | None:
+    try:
+        return storage.get_study_id_from_name(name)
+    except KeyError:
+        return None
 
 
 def ensure_study(storage: BaseStorage, name: str) -> int:
@@ -144,33 +138,19 @@ class StudyIds:
         return self._ids[name]
 
 
-def find_study(storage: BaseStorage, name: str) -> int | None:
-    try:
-        return storage.get_study_id_from_name(name)
-    except KeyError:
-        return None
-
-
 def add_record_trial(storage: BaseStorage, study_id: int, attrs: dict, value: float | None = None) -> int:
     """Append a finished trial holding `attrs` in one storage operation (atomic; in journal order
     the first of competing appends has the lowest number). Returns the trial number."""
-    state = TrialState.COMPLETE if value is not None else TrialState.FAIL
     template = FrozenTrial(
-        number=-1, state=state, value=value, datetime_start=None, datetime_complete=None,
-        params={}, distributions={}, user_attrs=attrs, system_attrs={}, intermediate_values={},
-        trial_id=-1,
+        number=-1, state=TrialState.COMPLETE if value is not None else TrialState.FAIL, value=value,
+        datetime_start=None, datetime_complete=None, params={}, distributions={}, user_attrs=attrs,
+        system_attrs={}, intermediate_values={}, trial_id=-1,
     )
-    trial_id = storage.create_new_trial(study_id, template_trial=template)
-    return storage.get_trial_number_from_id(trial_id)
+    return storage.get_trial_number_from_id(storage.create_new_trial(study_id, template_trial=template))
 
 
 def record_trials(storage: BaseStorage, study_id: int) -> list[FrozenTrial]:
     return storage.get_all_trials(study_id, deepcopy=False)
-
-
-# Hex digits of a problem's SHA-256 kept in its id: 64 bits, no collision in any realistic sweep.
-PROBLEM_ID_HEX = 16
-NEWLINE = b"\n"
 
 
 def problem_id(problem: Problem) -> str:
@@ -237,12 +217,8 @@ def parse_lines(lines: Iterable[bytes]) -> tuple[list[dict], int]:
 
 
 class ResultsStore:
-    """An append-only JSON Lines file of measurement records, safe for concurrent writers.
-
-    Parameters
-    ----------
-    path: the ``.jsonl`` file (created with its directory on first append).
-    """
+    """An append-only JSON Lines file of measurement records, safe for concurrent writers (created
+    with its directory on first append)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -266,15 +242,11 @@ class ResultsStore:
             os.fsync(handle.fileno())
         return payload.count(NEWLINE)
 
-    def append_measurements(self, measurements: Iterable[Measurement], *, run: str, worker: str) -> int:
-        return self.append(measurement_record(m, run=run, worker=worker) for m in measurements)
-
     def read(self) -> list[dict]:
         """Every complete, well-formed record (``skipped_lines`` counts the others)."""
         if not self.path.exists():
             return []
-        data = self.path.read_bytes()
-        lines, _ = _complete_lines(data)
+        lines, _ = _complete_lines(self.path.read_bytes())
         records, self.skipped_lines = parse_lines(lines)
         return records
 
@@ -307,34 +279,21 @@ class ResultsStore:
                 out.append(measurement)
         return out
 
-    def done_units(self, *, run: str) -> set[str]:
-        """Units of `run` already measured (whatever their status)."""
-        return {r["unit"] for r in self.read() if r.get("run") == run and isinstance(r.get("unit"), str)}
-
-
-POINTS = "points"
-
 
 class Recorder:
-    """Writes measurements of one calibration and knows which units are done.
+    """Writes the measurements of one calibration and knows which units are done.
 
-    Parameters
-    ----------
-    store: the results store (shared by the workers of this host).
-    storage: the optuna storage (shared by every worker of the calibration).
-    calibration_id, worker: written into every record.
-    on_record: called with each record written (progress displays).
+    Each point reaches the results store as soon as it is measured; the storage (the problem's
+    "points" study) gets a problem's points in one write when the problem ends or is given up.
+    Points in the results store but not in the storage (a kill in between) are copied there when
+    their problem is next claimed (`sync_problem`). Points decided without timing go to the results
+    store only (any worker recomputes them). On a database storage (several hosts, no shared
+    results store) every point, decided ones included, goes to the storage first, at once.
+    `on_record` is called with each record written.
     """
 
-    def __init__(
-        self,
-        store: ResultsStore,
-        storage: BaseStorage,
-        calibration_id: str,
-        worker: str,
-        *,
-        on_record: Callable[[dict], None] | None = None,
-    ) -> None:
+    def __init__(self, store: ResultsStore, storage: BaseStorage, calibration_id: str, worker: str, *,
+                 on_record: Callable[[dict], None] | None = None) -> None:
         self.store = store
         self.storage = storage
         self.calibration_id = calibration_id
@@ -344,7 +303,7 @@ class Recorder:
         self._pending: dict[Problem, list[dict]] = {}  # timed records not yet in the storage
         self._ids = StudyIds(storage)
         self.written = 0
-        self.write_through = isinstance(storage, RDBStorage)  # see module docstring
+        self.write_through = isinstance(storage, RDBStorage)
 
     def _points_study(self, problem: Problem) -> int:
         return self._ids(study_name(self.calibration_id, POINTS, problem_id(problem)))
@@ -359,10 +318,8 @@ class Recorder:
         """kernel name -> measurement already taken on `problem` (results store or storage)."""
         self.refresh()
         prefix = problem_id(problem) + "|"
-        out: dict[str, Measurement] = {}
-        for unit, record in self._local.items():
-            if unit.startswith(prefix):
-                out[unit[len(prefix):]] = Measurement.from_dict(record)
+        out = {unit[len(prefix):]: Measurement.from_dict(record)
+               for unit, record in self._local.items() if unit.startswith(prefix)}
         for record in storage_records(self.storage, self.calibration_id, problem):
             measurement = Measurement.from_dict(record)
             out.setdefault(measurement.kernel, measurement)
@@ -373,10 +330,8 @@ class Recorder:
         self.refresh()
         in_storage = {unit_key(problem, r["kernel"]) for r in storage_records(self.storage, self.calibration_id, problem)}
         prefix = problem_id(problem) + "|"
-        missing = [
-            r for unit, r in self._local.items()
-            if unit.startswith(prefix) and unit not in in_storage and r.get("status") not in ("unsupported",)
-        ]
+        missing = [r for unit, r in self._local.items()
+                   if unit.startswith(prefix) and unit not in in_storage and r.get("status") != "unsupported"]
         if missing:
             add_record_trial(self.storage, self._points_study(problem), {"measurements": missing})
         return len(missing)

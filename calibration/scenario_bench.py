@@ -1,5 +1,19 @@
-"""`attn-dispatch bench`: the scenarios' shapes, the harness that times the dispatcher against
-PyTorch's default and every single kernel on each shape, and the report (Markdown and JSON).
+"""`attn-dispatch bench`: the scenarios' shapes, the harness that times every path of a shape, and
+the report (Markdown and JSON) with its verdict.
+
+Scenarios, measured separately: ``prefill`` (causal ``Lq = Lk``), ``fill`` (a chunk against a long
+KV cache, with an explicit ``[B, 1, Lq, Lk]`` bool mask of random content, as transformers passes
+one there: no kernel skips blocks by mask content, so the cost is the same), ``decode`` (``Lq`` 1
+to 16 against 4k-128k keys), ``video`` (long non-causal self-attention, D=64) and ``heldout``
+(shapes no calibration samples: odd lengths, GQA 5 and 7, batches, every dtype and mask kind; not
+in ``all``). ``full`` sizes are a GPU's, ``small`` keeps the structure at CPU sizes.
+
+A *path* is anything with the kernel protocol: the dispatcher, PyTorch's SDPA as a user calls it
+(`PytorchDefault`) and every single kernel (so the oracle, the best single kernel, is known). Per
+shape: paths that cannot run, do not fit or are predicted hopeless are recorded, not run; each
+other path goes once through `calibration.measure.measure` (a path `loser_factor` slower than the
+best so far is timed once); the rest are timed round-robin, one batched sample per path per round,
+the order rotated each round so that drift affects all alike.
 """
 
 from __future__ import annotations
@@ -32,18 +46,14 @@ SCENARIOS = ("prefill", "fill", "decode", "video")
 EXTRA_SCENARIOS = ("heldout",)
 SIZES = ("small", "full")
 
-# Llama-3-8B attention: 32 query heads, 8 KV heads, head dim 128 (its config.json).
+# Llama-3-8B attention; video DiT attention (CogVideoX's D=64, 16-24 heads); CPU stand-ins with
+# the same GQA ratio and causality.
 LLM_Q_HEADS, LLM_KV_HEADS, LLM_HEAD_DIM = 32, 8, 128
-# Video DiT attention: head dim 64 (CogVideoX), 16-24 heads (CogVideoX-2B: 30; HunyuanVideo: 24
-# of 128; we keep D=64 as the issue asks and vary the heads over 16-24).
 VIDEO_HEAD_DIM = 64
-# CPU-sized stand-ins: the same GQA ratio (4) and causality, a quarter of the heads, half the dim.
 SMALL_Q_HEADS, SMALL_KV_HEADS, SMALL_HEAD_DIM = 8, 2, 64
 SMALL_VIDEO_HEADS = 4
 
-
-# A benchmarked call: `suite` is its scenario, `label` reads "decode B1 H32/8 L1 S4096 D128 float16".
-Shape = NamedShape
+Shape = NamedShape  # `suite` is the scenario
 
 
 def _llm(scenario: str, q_len: int, kv_len: int, dtype: str, *, small: bool, causal: bool = False,
@@ -64,8 +74,7 @@ def _heldout(batch: int, heads: int, kv_heads: int, q_len: int, kv_len: int, dim
     return Shape("heldout", Problem(batch, heads, kv_heads, q_len, kv_len, dim, dim, dtype, causal, mask_kind, mask_shape))
 
 
-# Held-out GPU shapes: (batch, heads, kv heads, Lq, Lk, head dim, dtype, causal, mask kind). Lengths
-# are off the powers of two; GQA 5 (40/8 heads) and 7 (28/4, Qwen2-7B-like) are outside the sweep.
+# Held-out shapes: (batch, heads, kv heads, Lq, Lk, head dim, dtype, causal, mask kind).
 FULL_HELDOUT = (
     (2, 16, 16, 3000, 3000, 96, "bfloat16", True, "none"),       # prefill, MHA, D=96
     (1, 40, 8, 6144, 6144, 128, "float16", True, "none"),        # prefill, GQA 5
@@ -83,7 +92,6 @@ FULL_HELDOUT = (
     (1, 16, 16, 20000, 20000, 80, "float16", False, "none"),     # video, D=80
     (1, 24, 24, 10000, 10000, 64, "float32", False, "none"),     # video in fp32
 )
-# CPU stand-ins with the same variety, small enough for seconds per shape on 2 cores.
 SMALL_HELDOUT = (
     (2, 6, 6, 300, 300, 96, "float32", True, "none"),
     (1, 10, 2, 600, 600, 64, "float32", True, "none"),
@@ -94,15 +102,10 @@ SMALL_HELDOUT = (
 )
 
 
-# GPU sizes. Prefill: 512-16k prompts in both half dtypes. Fill: chunks of 512-4096 against caches
-# of 16k-128k. Decode: 1, 4 and 16 new tokens against 4k-128k. Video: 8k-128k tokens (a 5 s 720p
-# clip in a CogVideoX-style latent is ~17k tokens; 128k is a long high-resolution clip).
 FULL_PREFILL = (512, 1024, 2048, 4096, 8192, 16384)
 FULL_FILL_CHUNKS, FULL_FILL_CACHES = (512, 2048, 4096), (16384, 65536, 131072)
 FULL_DECODE_QUERIES, FULL_DECODE_CACHES = (1, 4, 16), (4096, 32768, 131072)
 FULL_VIDEO = ((8192, 24), (16384, 24), (32768, 24), (65536, 16), (131072, 16))
-# CPU sizes: the same grid shapes, small enough that every path of every shape runs in
-# milliseconds on a 2-core CI machine.
 SMALL_PREFILL = (128, 256, 512)
 SMALL_FILL_CHUNKS, SMALL_FILL_CACHES = (32, 128), (1024, 2048)
 SMALL_DECODE_QUERIES, SMALL_DECODE_CACHES = (1, 8), (1024, 4096)
@@ -136,14 +139,8 @@ def _small(scenario: str, dtype: str) -> list[Shape]:
 
 def scenario_shapes(scenarios: str | tuple[str, ...], *, size: str, device_type: str,
                     small_dtype: str = "float32") -> list[Shape]:
-    """The shapes of `scenarios` (a name, ``"all"`` or a tuple of names) at `size`.
-
-    Parameters
-    ----------
-    size: ``"full"`` (GPU sizes; LLM shapes in fp16/bf16, video in bf16) or ``"small"`` (CPU sizes,
-        every shape in `small_dtype`).
-    device_type: the device the problems will run on (``"cpu"``, ``"cuda"``).
-    """
+    """The shapes of `scenarios` (a name, ``"all"`` or a tuple of names) at `size` (``"full"`` or
+    ``"small"``: every shape in `small_dtype`), on `device_type`."""
     names = SCENARIOS if scenarios == "all" else (scenarios,) if isinstance(scenarios, str) else tuple(scenarios)
     unknown = [name for name in names if name not in SCENARIOS + EXTRA_SCENARIOS]
     if unknown:
@@ -164,10 +161,7 @@ def default_size(device_type: str) -> str:
 
 ROLES = ("dispatcher", "pytorch", "kernel")
 SKIPPED = "skipped"
-MIN_PAIRED_ROUNDS = 2
-"""Rounds two paths must share for a paired ratio (with one, it is the plain ratio)."""
-# One round's sample of a path is a batch of back-to-back calls sized by the timer's rule
-# (`calibration.timer.calls_per_sample`: about 2 ms per sample, for the reason given there).
+MIN_PAIRED_ROUNDS = 2  # rounds two paths must share for a paired ratio
 
 
 class PytorchDefault(Kernel):
@@ -190,25 +184,13 @@ class PytorchDefault(Kernel):
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """How hard the harness tries per shape.
+    """How hard the harness tries per shape: `rounds` / `min_rounds` interleaved rounds at most /
+    at least, no new round after `shape_budget_s`; `warmup` untimed calls after a path's first
+    (gated) call; a path `loser_factor` x the best so far is timed once; a kernel predicted
+    `hopeless_factor` x the best predicted path and over `hopeless_min_s` is not run (baselines
+    always run); once a shape's first pass has taken `first_pass_budget_s`, its remaining single
+    kernels are not run."""
 
-    Attributes
-    ----------
-    rounds, min_rounds: interleaved rounds at most / at least (one repetition per path each).
-    shape_budget_s: no new round starts once the shape has taken this long (after `min_rounds`).
-    warmup: untimed calls of each path after its first (gated) call.
-    loser_factor: a path whose first timing is this many times the best so far is timed once.
-    hopeless_factor, hopeless_min_s: a kernel predicted `hopeless_factor` x slower than the best
-        predicted path, and slower than `hopeless_min_s`, is not run (baselines always run).
-    first_pass_budget_s: once the first pass of a shape has taken this long, its remaining single
-        kernels (the predicted slowest: they come last) are not run; a guard against wrong
-        predictions on huge shapes.
-    """
-
-    # Defaults: 3-10 samples give a median and an interquartile range (the timer's own DEFAULT
-    # keeps 5-50); 3 s per shape keeps 35 GPU shapes within a few minutes; a path 4x slower than
-    # the best cannot be the oracle whatever the noise; the 10x / 20 ms hopeless rule only skips
-    # paths that would cost real time and that the ranker expects to be far behind.
     rounds: int = 10
     min_rounds: int = 3
     shape_budget_s: float = 3.0
@@ -239,8 +221,8 @@ class BenchPath:
 
 @dataclass
 class PathResult:
-    """One path on one shape. `status`: ok / unsupported / infeasible (out of memory or over the
-    budget while running) / inaccurate / failed / skipped (not run: over budget or hopeless)."""
+    """One path on one shape. `status`: ok / unsupported / infeasible / inaccurate / failed /
+    skipped (not run: over budget or hopeless)."""
 
     label: str
     role: str
@@ -298,10 +280,8 @@ class ShapeResult:
         return None if pair is None else pair[0].median_s / pair[1].median_s
 
     def paired_ratio(self, role: str) -> float | None:
-        """`ratio` taken round by round: the median over the interleaved rounds of the dispatcher's
-        sample / the other path's sample of the same round, so that load which changes between
-        rounds cancels (llm_grid's paired ratio). The plain `ratio` where the two were not timed in
-        the same rounds (a path timed once)."""
+        """`ratio` taken round by round (the median of per-round ratios: load that changes between
+        rounds cancels); the plain `ratio` where the two were not timed in the same rounds."""
         pair = self._pair(role)
         if pair is None:
             return None
@@ -399,16 +379,10 @@ def bench_shape(
     memory_budget: int | None = None,
     workspace_limit: int | None = None,
 ) -> ShapeResult:
-    """Time every path of `shape` (see module docstring). Never raises for a path's failure.
-
-    Parameters
-    ----------
-    paths: the dispatcher first, then PyTorch's default, then the single kernels (the order the
-        first pass runs them in; the best so far decides who is a loser).
-    memory_budget: bytes one call may use (inputs + workspace), passed to `measure`.
-    workspace_limit: free memory or the budget, whichever is smaller: paths whose inputs and
-        workspace exceed it are skipped without running.
-    """
+    """Time every path of `shape` (see module docstring); never raises for a path's failure.
+    `paths`: the dispatcher, PyTorch's default, then the single kernels (the first pass's order).
+    `memory_budget`: bytes one call may use, passed to `measure`; `workspace_limit`: paths whose
+    inputs and workspace exceed it are skipped without running."""
     device = torch.device(device)
     problem = shape.problem
     started = time.perf_counter()
@@ -448,10 +422,7 @@ def bench_shape(
 FORMAT_VERSION = 1
 MS = 1e3  # seconds -> milliseconds
 NOT_OK = ("infeasible", "failed", "inaccurate", "skipped")
-VERDICT_MARGIN = 0.03
-"""A geo-mean within this fraction of PyTorch's default time is no gain and no loss: the
-dispatcher's own rule lets no choice be more than 3% slower than the default (issue 14), and an A/A
-control (PyTorch's call timed against itself) read 0.979x on the H200 grid (docs/RESULTS.md)."""
+VERDICT_MARGIN = 0.03  # a geo-mean within this fraction of PyTorch's default time: no gain, no loss
 
 
 def geometric_mean(values: list[float]) -> float | None:
@@ -467,8 +438,8 @@ def _worst(shapes: list[ShapeResult], role: str, paired: bool = False) -> tuple[
 
 
 def summarise(shapes: list[ShapeResult]) -> dict:
-    """Ratios of the dispatcher to the oracle and to PyTorch's default over `shapes`: of the
-    medians, and paired per round (``*_paired_*``: `ShapeResult.paired_ratio`)."""
+    """Ratios of the dispatcher to the oracle and to PyTorch's default over `shapes` (of the
+    medians, and paired per round: ``*_paired_*``)."""
     worst_oracle, worst_oracle_shape = _worst(shapes, "oracle")
     worst_pytorch, worst_pytorch_shape = _worst(shapes, "pytorch")
     to_pytorch = [s.ratio("pytorch") for s in shapes if s.ratio("pytorch") is not None]
@@ -497,8 +468,7 @@ def summarise(shapes: list[ShapeResult]) -> dict:
 
 
 def _kernel_of(label: str) -> str:
-    """The kernel a path label stands for (PyTorch's default is the kernel `sdpa_default`, its math
-    backend as the portable bench's baseline `sdpa_math`)."""
+    """The kernel a path label stands for."""
     return {"pytorch_default": "sdpa_default", "pytorch_math": "sdpa_math"}.get(label, label)
 
 
@@ -548,9 +518,9 @@ class BenchReport:
 
 
 def verdict(shapes: list[ShapeResult], machine: MachineState | None, table: str | None = None) -> str:
-    """``gain on this machine: ...`` or ``no gain on this machine: ...``, with the reason: the
-    geo-mean of dispatcher / PyTorch default time over `shapes` against `VERDICT_MARGIN`, how many
-    shapes kept PyTorch's own call, and whether the machine was busy (`machine`)."""
+    """``gain on this machine: ...`` or ``no gain on this machine: ...``, with the reason (the
+    geo-mean over `shapes` against `VERDICT_MARGIN`, the shapes that kept PyTorch's own call, a
+    busy machine)."""
     rated = [s for s in shapes if s.ratio("pytorch") is not None]
     busy = machine is not None and machine.busy
     caveat = (f"; the machine was {machine.words().split(' (')[0]}, so these ratios carry its noise: run it again "

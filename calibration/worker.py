@@ -1,9 +1,9 @@
 """Calibration workers: one per device, claiming problems of the agreed plan through the shared
 storage until the plan is done or the deadline passes, then the refinement rounds. In-process for
 one device; one process per device otherwise (`launch_workers`, ``python -m
-attn_dispatch.calibration.worker``). For each claimed problem (`run_problem`): triage the
-kernels, time the rest cheapest first, then tune the competitive families with optuna; every point
-is recorded as soon as it is measured, and points already recorded (a resumed run) are skipped.
+attn_dispatch.calibration.worker``). For each claimed problem: triage the kernels, time the rest
+cheapest first, then tune the competitive families with optuna; every point is recorded as soon as
+it is measured, and points already recorded (a resumed run) are skipped.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -43,7 +43,6 @@ from attn_dispatch.calibration.results import (
     study_name,
 )
 from attn_dispatch.calibration.space import fit_problem, profile_for, sample_problems
-from attn_dispatch.calibration.timer import TimerSettings
 from attn_dispatch.calibration.tuning import PRUNE_RATIO, TUNABLE_FAMILIES, TUNE_WITHIN, tune_family
 from attn_dispatch.calibration.workload import for_device, read_workload
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
@@ -54,111 +53,18 @@ from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measurement import Measurement
 
 # A kernel whose first (untimed) call takes this many times the problem's best time so far is a
-# clear loser: one timed call records it (cheapest-predicted kernels run first, so the best is
-# usually known early). The same ratio as optuna's pruning of tuning trials.
+# clear loser: one timed call records it.
 LOSER_FACTOR = PRUNE_RATIO
-
-
-@dataclass
-class ProblemContext:
-    """What stays the same across a worker's problems."""
-
-    device: torch.device
-    kernels: list[Kernel]
-    estimator: CostEstimator
-    settings: TimerSettings
-    memory_budget: int | None
-    device_key: str
-    recorder: Recorder
-    calibration_id: str
-    tune_trials: int
-    seed: int
-    heartbeat: Callable[[], None] = field(default=lambda: None)
+# A CPU calibration may use this share of system RAM: beyond it Linux's OOM killer, not an
+# exception, answers an allocation.
+CPU_MEMORY_SHARE = 0.5
+WAIT_POLL_S = 1.0  # how often a worker waiting for its peers looks again
+POLL_S = 0.5  # how often the parent polls its worker processes
+TERMINATE_GRACE_S = 10.0  # seconds a worker process gets to release its claim after SIGTERM
 
 
 class DeadlineReached(Exception):
     """The calibration's time budget ran out in the middle of a problem."""
-
-
-def _best(known: dict[str, Measurement]) -> float:
-    return min((m.median_s for m in known.values() if m.ok), default=math.inf)
-
-
-def run_problem(problem: Problem, context: ProblemContext, *, deadline: float, phase: str) -> int:
-    """Measure `problem`; returns the number of points timed now.
-
-    Raises
-    ------
-    DeadlineReached: when `deadline` (epoch seconds) passes between two points; the points
-        measured so far are recorded.
-    """
-    recorder = context.recorder
-    recorder.sync_problem(problem)
-    known = recorder.known(problem)
-    plan = triage(
-        problem, context.kernels, estimator=context.estimator, memory_budget=context.memory_budget,
-        point_budget_s=context.settings.budget_s, device_key=context.device_key,
-    )
-    recorder.record_decided([m for m in plan.decided if m.kernel not in known])
-    known.update({m.kernel: m for m in plan.decided})
-    cache = InputCache()
-    timed = 0
-
-    def timed_measure(kernel: Kernel, should_stop=None, extra: dict | None = None) -> Measurement:
-        nonlocal timed
-        if time.time() > deadline:
-            raise DeadlineReached
-        extra = {"phase": phase, "predicted_s": plan.predicted.get(kernel.name), **(extra or {})}
-        best = _best(known)
-        point = measure(
-            kernel, problem, context.device, settings=context.settings, memory_budget=context.memory_budget,
-            device_key=context.device_key, seed=context.seed, cache=cache, should_stop=should_stop, extra=extra,
-            single_shot_above_s=LOSER_FACTOR * best if math.isfinite(best) else None,
-        )
-        if point.status == "infeasible":
-            empty_cache(context.device)
-        recorder.record(point)
-        context.heartbeat()
-        timed += 1
-        return point
-
-    try:
-        for kernel in plan.to_time:
-            if kernel.name not in known:
-                known[kernel.name] = timed_measure(kernel)
-        _tune(problem, context, known, timed_measure)
-    finally:
-        cache.clear()
-        recorder.flush(problem)
-    return timed
-
-
-def _tune(problem: Problem, context: ProblemContext, known: dict[str, Measurement], timed_measure) -> None:
-    """optuna search for each competitive tunable family of the kernel set."""
-    best = _best(known)
-    if not math.isfinite(best) or context.tune_trials < 1:
-        return
-    families = {k.family for k in context.kernels}
-    for family in TUNABLE_FAMILIES:
-        if family not in families:
-            continue
-        family_best = min((m.median_s for name, m in known.items() if m.ok and name.startswith(family + "[")), default=math.inf)
-        if family_best > TUNE_WITHIN * best:
-            continue
-        pid = problem_id(problem)
-        tune_family(
-            problem, family, storage=context.recorder.storage,
-            study_name=study_name(context.calibration_id, "tune", family, pid), trials=context.tune_trials,
-            known=known, best_s=best, seed=context.seed + zlib.crc32(pid.encode()),
-            measure=lambda kernel, hook: timed_measure(kernel, hook, {"phase": "tune"}),
-        )
-
-
-# A CPU calibration may use this share of system RAM: beyond it Linux's OOM killer, not an
-# exception, answers an allocation, and the worker would die instead of recording "infeasible".
-CPU_MEMORY_SHARE = 0.5
-# How often a worker waiting for its peers (before a refinement round) looks again.
-WAIT_POLL_S = 1.0
 
 
 @dataclass
@@ -170,8 +76,8 @@ class WorkerReport:
     stopped: str = "done"  # "done" | "deadline" | "interrupted"
     seconds: float = 0.0
     noise_spread: float | None = None  # the reference point's spread when the worker started
-    noise_cpu_share: float | None = None  # and this process's CPU share during it (`calibration.noise`)
-    widened: bool = False  # the machine was busy: more samples per point (`calibration.noise`)
+    noise_cpu_share: float | None = None  # and this process's CPU share during it
+    widened: bool = False  # the machine was busy: more samples per point
     threads: int = 0  # torch's intra-op threads while timing on a CPU device (0: a GPU device)
 
     def to_dict(self) -> dict:
@@ -197,30 +103,18 @@ def prepare_device(device: torch.device, config: CalibrationConfig, identity: De
             torch.cuda.set_per_process_memory_fraction(min(1.0, config.memory_budget / identity.memory_bytes), device)
 
 
+def _best(known: dict[str, Measurement]) -> float:
+    return min((m.median_s for m in known.values() if m.ok), default=math.inf)
+
+
 class Worker:
-    """See module docstring.
+    """See module docstring. `kernels` overrides the config's kernel set (tests); `on_record` gets
+    each record written, `on_plan` the problems a plan added, `on_problem` each finished problem."""
 
-    Parameters
-    ----------
-    kernels: overrides the config's kernel set (tests inject broken kernels).
-    on_record: called with each record written; on_plan with the number of problems a plan
-        added; on_problem when this worker finishes a problem (progress displays).
-    """
-
-    def __init__(
-        self,
-        config: CalibrationConfig,
-        *,
-        device: str,
-        calibration_id: str,
-        deadline: float,
-        worker: str = "worker0",
-        kernels: list[Kernel] | None = None,
-        on_record: Callable[[dict], None] | None = None,
-        on_plan: Callable[[int], None] = lambda added: None,
-        on_problem: Callable[[], None] = lambda: None,
-        noise: Noise | None = None,
-    ) -> None:
+    def __init__(self, config: CalibrationConfig, *, device: str, calibration_id: str, deadline: float,
+                 worker: str = "worker0", kernels: list[Kernel] | None = None,
+                 on_record: Callable[[dict], None] | None = None, on_plan: Callable[[int], None] = lambda added: None,
+                 on_problem: Callable[[], None] = lambda: None, noise: Noise | None = None) -> None:
         self.config = config
         self.noise = noise
         self.on_plan, self.on_problem = on_plan, on_problem
@@ -241,46 +135,45 @@ class Worker:
         spec = spec_for(self.identity)
         self.spec = spec.with_memory(self.memory_budget) if self.memory_budget else spec
         self.estimator = CostEstimator(self.spec)
+        self.settings = config.timer
         self.storage = open_storage(config.storage, default_journal=default_storage(calibration_id))
         store = ResultsStore(config.results or default_results(calibration_id))
         self.recorder = Recorder(store, self.storage, calibration_id, worker, on_record=on_record)
         self.board = ClaimBoard(self.storage, calibration_id, Owner.current(worker))
         self.report = WorkerReport(worker, str(self.device))
         self._current: str | None = None
-        self.context = ProblemContext(
-            device=self.device, kernels=self.kernels, estimator=self.estimator, settings=config.timer,
-            memory_budget=self.memory_budget, device_key=self.identity.key, recorder=self.recorder,
-            calibration_id=calibration_id, tune_trials=config.effective_tune_trials, seed=config.seed,
-            heartbeat=self._heartbeat,
-        )
 
-    def _heartbeat(self) -> None:
-        if self._current is not None:
-            self.board.heartbeat(self._current)
+    def _fastest(self, problem: Problem) -> float:
+        return self.estimator.fastest(problem, self.kernels)
 
     def _fit(self, problem: Problem) -> Problem:
         profile = profile_for(self.device.type, quick=self.config.quick)
-        return fit_problem(
-            problem, memory_bytes=self.memory_budget or self.identity.memory_bytes,
-            fraction=profile.input_memory_fraction, max_fastest_s=profile.max_fastest_s,
-            fastest_s=lambda p: self.estimator.fastest(p, self.kernels),
-        )
+        return fit_problem(problem, memory_bytes=self.memory_budget or self.identity.memory_bytes,
+                           fraction=profile.input_memory_fraction, max_fastest_s=profile.max_fastest_s,
+                           fastest_s=self._fastest)
 
     def sweep_plan(self) -> list[Problem]:
-        profile = profile_for(self.device.type, quick=self.config.quick)
         problems = build_sweep(
-            profile, kernels=self.kernels, estimator=self.estimator, device_type=self.device.type,
-            memory_bytes=self.memory_budget or self.identity.memory_bytes,
+            profile_for(self.device.type, quick=self.config.quick), kernels=self.kernels, estimator=self.estimator,
+            device_type=self.device.type, memory_bytes=self.memory_budget or self.identity.memory_bytes,
             point_budget_s=self.config.timer.budget_s, seed=self.config.seed, count=self.config.problems,
         )
         return agree_on(self.storage, self.calibration_id, "sweep", problems)
 
     def workload_plan(self) -> list[Problem]:
-        """The recorded workload's problems (`calibration.workload`), as recorded; [] without one."""
+        """The recorded workload's problems, as recorded; [] without one."""
         if self.config.workload is None:
             return []
         problems = for_device(read_workload(self.config.workload), self.device.type)
         return agree_on(self.storage, self.calibration_id, "workload", problems)
+
+    def refine_plan(self, done: list[Problem], round_index: int) -> list[Problem]:
+        """Midpoints between neighbours won by different kernel families, fitted to the card."""
+        found = crossover_problems(storage_measurements(self.storage, self.calibration_id),
+                                   count=max(1, int(REFINE_SHARE * len(done))))
+        planned = set(done)
+        fresh = [p for p in dict.fromkeys(self._fit(p) for p in found) if p not in planned]
+        return agree_on(self.storage, self.calibration_id, f"refine{round_index}", fresh)
 
     def active_plan(self, done: list[Problem], round_index: int) -> list[Problem]:
         """The next points of the seeded sample the bootstrap fits disagree on most."""
@@ -289,7 +182,7 @@ class Worker:
         pool = sample_problems(
             profile, device_type=self.device.type, memory_bytes=self.memory_budget or self.identity.memory_bytes,
             seed=self.config.seed, count=ACTIVE_POOL_FACTOR * (self.config.problems or profile.problems),
-            fastest_s=lambda p: self.estimator.fastest(p, self.kernels),
+            fastest_s=self._fastest,
         )
         chosen = uncertain_problems(
             storage_measurements(self.storage, self.calibration_id), [p for p in pool if p not in planned],
@@ -305,34 +198,22 @@ class Worker:
         self.report.noise_spread, self.report.noise_cpu_share = noise.spread, noise.cpu_share
         self.report.threads = torch.get_num_threads() if self.device.type == "cpu" else 0
         if noise.busy:  # more samples per point; the summary says so
-            self.context.settings = widened(self.context.settings)
+            self.settings = widened(self.settings)
             self.report.widened = True
         try:
             done = self.workload_plan()
             if done:
-                self.on_plan(len(done))
                 self._process(done, phase="workload")
             sweep = self.sweep_plan()
-            self.on_plan(len(sweep))
             self._process(sweep, phase="sweep")
             done = done + sweep
-            for round_index in range(1, self.config.refine_rounds + 1):
+            rounds = [(self.refine_plan, f"refine{i}", i) for i in range(1, self.config.refine_rounds + 1)]
+            rounds += [(self.active_plan, f"active{i}", i) for i in range(1, self.config.active_rounds + 1)]
+            for make_plan, phase, index in rounds:
                 if not self._wait_for(done):
                     break
-                count = max(1, int(REFINE_SHARE * len(done)))
-                found = crossover_problems(storage_measurements(self.storage, self.calibration_id), count=count)
-                planned = set(done)
-                fresh = [p for p in dict.fromkeys(self._fit(p) for p in found) if p not in planned]
-                new = agree_on(self.storage, self.calibration_id, f"refine{round_index}", fresh)
-                self.on_plan(len(new))
-                self._process(new, phase=f"refine{round_index}")
-                done = done + new
-            for round_index in range(1, self.config.active_rounds + 1):
-                if not self._wait_for(done):
-                    break
-                new = self.active_plan(done, round_index)
-                self.on_plan(len(new))
-                self._process(new, phase=f"active{round_index}")
+                new = make_plan(done, index)
+                self._process(new, phase=phase)
                 done = done + new
         except DeadlineReached:
             self.report.stopped = "deadline"
@@ -344,6 +225,7 @@ class Worker:
         return self.report
 
     def _process(self, problems: list[Problem], *, phase: str) -> None:
+        self.on_plan(len(problems))
         for problem in problems:
             if time.time() > self.deadline:
                 raise DeadlineReached
@@ -355,7 +237,7 @@ class Worker:
             return False
         self._current = key
         try:
-            self.report.timed += run_problem(problem, self.context, deadline=self.deadline, phase=phase)
+            self.report.timed += self.run_problem(problem, phase)
         except BaseException:
             self.board.release(key)  # finished points stay recorded; a later claimer does the rest
             raise
@@ -377,11 +259,69 @@ class Worker:
             time.sleep(WAIT_POLL_S)
         return False
 
+    def run_problem(self, problem: Problem, phase: str) -> int:
+        """Measure `problem`; returns the number of points timed now. Raises `DeadlineReached`
+        when the deadline passes between two points (the points measured so far are recorded)."""
+        recorder = self.recorder
+        recorder.sync_problem(problem)
+        known = recorder.known(problem)
+        plan = triage(problem, self.kernels, estimator=self.estimator, memory_budget=self.memory_budget,
+                      point_budget_s=self.settings.budget_s, device_key=self.identity.key)
+        recorder.record_decided([m for m in plan.decided if m.kernel not in known])
+        known.update({m.kernel: m for m in plan.decided})
+        cache = InputCache()
+        timed = 0
 
-# How often the parent polls its workers and the progress sources.
-POLL_S = 0.5
-# Seconds a worker gets to release its claim after SIGTERM before it is killed.
-TERMINATE_GRACE_S = 10.0
+        def timed_measure(kernel: Kernel, should_stop=None, extra: dict | None = None) -> Measurement:
+            nonlocal timed
+            if time.time() > self.deadline:
+                raise DeadlineReached
+            extra = {"phase": phase, "predicted_s": plan.predicted.get(kernel.name), **(extra or {})}
+            best = _best(known)
+            point = measure(
+                kernel, problem, self.device, settings=self.settings, memory_budget=self.memory_budget,
+                device_key=self.identity.key, seed=self.config.seed, cache=cache, should_stop=should_stop,
+                extra=extra, single_shot_above_s=LOSER_FACTOR * best if math.isfinite(best) else None,
+            )
+            if point.status == "infeasible":
+                empty_cache(self.device)
+            recorder.record(point)
+            if self._current is not None:
+                self.board.heartbeat(self._current)
+            timed += 1
+            return point
+
+        try:
+            for kernel in plan.to_time:
+                if kernel.name not in known:
+                    known[kernel.name] = timed_measure(kernel)
+            self._tune(problem, known, timed_measure)
+        finally:
+            cache.clear()
+            recorder.flush(problem)
+        return timed
+
+    def _tune(self, problem: Problem, known: dict[str, Measurement], timed_measure) -> None:
+        """optuna search for each competitive tunable family of the kernel set."""
+        best = _best(known)
+        trials = self.config.effective_tune_trials
+        if not math.isfinite(best) or trials < 1:
+            return
+        families = {k.family for k in self.kernels}
+        for family in TUNABLE_FAMILIES:
+            if family not in families:
+                continue
+            family_best = min((m.median_s for name, m in known.items() if m.ok and name.startswith(family + "[")),
+                              default=math.inf)
+            if family_best > TUNE_WITHIN * best:
+                continue
+            pid = problem_id(problem)
+            tune_family(
+                problem, family, storage=self.storage, trials=trials, known=known, best_s=best,
+                study_name=study_name(self.calibration_id, "tune", family, pid),
+                seed=self.config.seed + zlib.crc32(pid.encode()),
+                measure=lambda kernel, hook: timed_measure(kernel, hook, {"phase": "tune"}),
+            )
 
 
 def worker_command(config: CalibrationConfig, *, device: str, calibration_id: str, deadline: float, name: str) -> list[str]:
@@ -393,6 +333,7 @@ def worker_command(config: CalibrationConfig, *, device: str, calibration_id: st
 
 
 def _report(process: subprocess.Popen, name: str, device: str) -> WorkerReport:
+    """A worker process's report: the last line of its standard output."""
     output = process.stdout.read() if process.stdout is not None else ""
     for line in reversed(output.strip().splitlines()):
         try:
@@ -402,20 +343,13 @@ def _report(process: subprocess.Popen, name: str, device: str) -> WorkerReport:
     return WorkerReport(name, device, stopped=f"exited with status {process.returncode}")
 
 
-def launch_workers(
-    config: CalibrationConfig,
-    *,
-    calibration_id: str,
-    deadline: float,
-    poll: Callable[[], None] = lambda: None,
-) -> list[WorkerReport]:
-    """Run one worker per device of `config` until all exit; `poll` is called while waiting."""
+def launch_workers(config: CalibrationConfig, *, calibration_id: str, deadline: float,
+                   poll: Callable[[], None] = lambda: None) -> list[WorkerReport]:
+    """Run one worker process per device of `config` until all exit; `poll` is called while waiting."""
     names = [f"worker{i}-{device}" for i, device in enumerate(config.devices)]
     processes = [
-        subprocess.Popen(
-            worker_command(config, device=device, calibration_id=calibration_id, deadline=deadline, name=name),
-            stdout=subprocess.PIPE, text=True,
-        )
+        subprocess.Popen(worker_command(config, device=device, calibration_id=calibration_id, deadline=deadline,
+                                        name=name), stdout=subprocess.PIPE, text=True)
         for name, device in zip(names, config.devices, strict=True)
     ]
     try:
@@ -452,8 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     config = replace(CalibrationConfig.from_dict(json.loads(args.config)), devices=(args.device,))
     worker = Worker(config, device=args.device, calibration_id=args.calibration_id, deadline=args.deadline, worker=args.worker)
-    report = worker.run()
-    print(json.dumps(report.to_dict()), flush=True)
+    print(json.dumps(worker.run().to_dict()), flush=True)
     return 0
 
 
