@@ -26,11 +26,9 @@ from attn_dispatch.calibration.timer import TimerSettings, interquartile_range, 
 from attn_dispatch.kernels.math_kernel import MathKernel
 from attn_dispatch.kernels.problem import Problem
 
-# Iterations of the host-only loop of `host_share`: ~20 ms of CPython arithmetic on this
-# project's 2-core dev VM, long enough to span a few scheduler time slices (1-4 ms each).
+# Iterations of `host_share`'s loop: long enough (tens of ms) to span a few scheduler time slices.
 HOST_LOOP_ITERATIONS = 200_000
-# Wall time below this is treated as this when dividing (a clock that did not move).
-TINY_WALL_S = 1e-9
+TINY_WALL_S = 1e-9  # wall time below this is treated as this when dividing
 
 
 def cores_in_use() -> int:
@@ -78,35 +76,20 @@ def load_per_cpu() -> float | None:
         return None
 
 
-# The reference point: the math kernel on a 256 x 256, 4-head, D=64 fp32 problem (67 MFLOP: 0.6 ms
-# with 2 threads and 1.1 ms with 1 on this project's quiet 2-core VM, batched to ~2 ms samples, so
-# a probe takes ~30 ms there; microseconds on a GPU, batched to ~2 ms samples too).
+# The reference point: the math kernel on a 256 x 256, 4-head, D=64 fp32 problem.
 REFERENCE_LENGTH = 256
 REFERENCE_HEADS = 4
 REFERENCE_HEAD_DIM = 64
-# Samples in one probe: with 15, one stray sample (a context switch) moves neither quartile.
 PROBE_SAMPLES = 15
 PROBE = TimerSettings(warmup=2, min_reps=PROBE_SAMPLES, max_reps=PROBE_SAMPLES, target_relative_iqr=0.0,
                       budget_s=math.inf)
-# Busy above this spread: `calibration.timer.QUICK` stops a point at a 10% relative IQR; a reference
-# point whose IQR is three times that cannot reach it in QUICK's few samples, so its medians carry
-# noise comparable to the gaps between close kernels. Quiet probes on a 2-core CPU spread up to 25%
-# (docs/RESULTS.md#busy-machine-probe), so 30% keeps a quiet machine from being called busy; a
-# steadily starved one is the CPU share's to catch.
+# Busy above this spread / under this CPU share; too busy to calibrate above / under these
+# (docs/RESULTS.md#busy-machine-probe gives the probes they were set from).
 BUSY_SPREAD = 0.30
-# Stop above this spread: samples of one call varying by half their median leave most of a quick
-# sweep's kernel orderings to chance (docs/RESULTS.md#busy-machine-probe).
 STOP_SPREAD = 0.50
-# CPU share thresholds (docs/RESULTS.md#busy-machine-probe: quiet probes 0.92-1.04, one of two cores
-# taken by another process 0.48-0.52). An OpenMP team whose thread is off its core stalls at every
-# barrier, so a lost share stretches times far more than in proportion, unevenly across kernels.
-# Busy under this share: below every quiet probe, with margin for a stray context switch.
 BUSY_CPU_SHARE = 0.85
-# Stop under this share: above a machine with one of its two cores taken, below every quiet probe.
 STOP_CPU_SHARE = 0.6
-# From this spread on, `spread_words` writes it as a multiple of the median ("8.3x the median
-# time") instead of a percentage ("spread 832%" reads as a bug): past 100% the samples' middle half
-# spans more than the median itself. Wording only: the verdicts above read the number.
+# From this spread on, `spread_words` writes it as a multiple of the median (wording only).
 SPREAD_AS_MULTIPLE = 1.0
 # A busy machine's timer: at least this many samples per point, and this many times the budget.
 WIDE_MIN_REPS = 7
@@ -116,8 +99,8 @@ WIDE_BUDGET_FACTOR = 2.0
 @dataclass(frozen=True)
 class Noise:
     """One probe: the reference point's median seconds and relative spread (IQR / median); the
-    CPU share (`calibration.noise`; None when not measured), `host_only` when it is the
-    launching host thread's share on a GPU device; the load average per CPU (reported only)."""
+    CPU share (None when not measured), `host_only` when it is the launching host thread's share
+    on a GPU device; the load average per CPU (reported only)."""
 
     median_s: float
     spread: float
@@ -136,9 +119,13 @@ class Noise:
         return self.spread > BUSY_SPREAD or self.starved
 
     @property
+    def starved_to_stop(self) -> bool:
+        """Too busy on its CPU share (a CPU device's only)."""
+        return self.cpu_share is not None and not self.host_only and self.cpu_share < STOP_CPU_SHARE
+
+    @property
     def too_busy(self) -> bool:
-        starved = self.cpu_share is not None and not self.host_only and self.cpu_share < STOP_CPU_SHARE
-        return self.spread > STOP_SPREAD or starved
+        return self.spread > STOP_SPREAD or self.starved_to_stop
 
     def describe(self) -> str:
         """``verdict: the numbers it was decided on, with their thresholds`` (one line)."""
@@ -170,19 +157,14 @@ def spread_words(spread: float) -> str:
 
 
 def reference_problem(device_type: str) -> Problem:
-    return Problem(
-        batch=1, q_heads=REFERENCE_HEADS, kv_heads=REFERENCE_HEADS, q_len=REFERENCE_LENGTH,
-        kv_len=REFERENCE_LENGTH, head_dim=REFERENCE_HEAD_DIM, value_dim=REFERENCE_HEAD_DIM, dtype="float32",
-        device_type=device_type,
-    )
+    return Problem(1, REFERENCE_HEADS, REFERENCE_HEADS, REFERENCE_LENGTH, REFERENCE_LENGTH, REFERENCE_HEAD_DIM,
+                   REFERENCE_HEAD_DIM, "float32", device_type=device_type)
 
 
 def probe_noise(device: torch.device | str, *, samples: list[float] | None = None,
                 cpu_share: float | None = None) -> Noise:
-    """Time the reference point (`PROBE_SAMPLES` samples) and return its spread and CPU share.
-
-    `samples` (seconds) and `cpu_share` skip the timing: tests and benches score a series they have.
-    """
+    """Time the reference point (`PROBE_SAMPLES` samples) and return its spread and CPU share;
+    `samples` (seconds) and `cpu_share` skip the timing (tests score a series they have)."""
     device = torch.device(device)
     host_only = device.type != "cpu"
     cores = 1 if host_only else cores_in_use()
@@ -211,14 +193,12 @@ def probe_noise(device: torch.device | str, *, samples: list[float] | None = Non
 
 
 class MachineBusy(ValueError):
-    """The reference point's spread is over `STOP_SPREAD`, or its CPU share under `STOP_CPU_SHARE`:
-    calibrating now would store noise."""
+    """The machine is too busy to calibrate: calibrating now would store noise."""
 
 
 def threads_left_free(noise: Noise) -> int | None:
-    """The torch threads to suggest after a refusal: the cores this process's CPU share amounts to
-    (its share of the cores it used, in whole cores), at least 1 and fewer than it used; None where
-    it used one core already (fewer cannot help) or the share is unknown or the host thread's."""
+    """The torch threads to suggest after a refusal: the whole cores this process's CPU share
+    amounts to, at least 1 and fewer than it used; None where fewer cannot help or it is unknown."""
     cores = noise.cores or 1
     if noise.cpu_share is None or noise.host_only or cores <= 1:
         return None
@@ -226,9 +206,8 @@ def threads_left_free(noise: Noise) -> int | None:
 
 
 def check_quiet(noise: Noise, *, allow_busy: bool) -> None:
-    """Raise `MachineBusy` (a one-line message saying what to do) when the machine is too busy:
-    the concrete ``--threads N`` that measures on the cores other work leaves free where fewer
-    threads can help, and ``--allow-busy``, which always measures."""
+    """Raise `MachineBusy` (a one-line message saying what to do: ``--threads N`` where fewer
+    threads can help, ``--allow-busy``) when the machine is too busy."""
     if noise.too_busy and not allow_busy:
         threads = threads_left_free(noise)
         fewer = ("" if threads is None else
@@ -245,20 +224,12 @@ def check_quiet(noise: Noise, *, allow_busy: bool) -> None:
 
 def widened(settings: TimerSettings) -> TimerSettings:
     """`settings` for a busy machine: more samples per point and a larger per-point budget."""
-    return replace(
-        settings, min_reps=max(settings.min_reps, WIDE_MIN_REPS), max_reps=max(settings.max_reps, 2 * WIDE_MIN_REPS),
-        budget_s=settings.budget_s * WIDE_BUDGET_FACTOR,
-    )
+    return replace(settings, min_reps=max(settings.min_reps, WIDE_MIN_REPS),
+                   max_reps=max(settings.max_reps, 2 * WIDE_MIN_REPS), budget_s=settings.budget_s * WIDE_BUDGET_FACTOR)
 
 
 ALLOWED_CAUSE = "the machine was too busy to time kernels (measured anyway: --allow-busy)"
 ALLOWED_REASON = "measured on a machine too busy to time kernels (calibrate --allow-busy)"
-"""The table guard's reason of a calibration measured under ``--allow-busy`` (`finish.TOO_BUSY_REASON`)."""
-
-
-def _starved_to_stop(noise: Noise) -> bool:
-    """`noise` is too busy on its CPU share (rather than on its timing spread)."""
-    return noise.cpu_share is not None and not noise.host_only and noise.cpu_share < STOP_CPU_SHARE
 
 
 def change_words(start: Noise, end: Noise) -> str:
@@ -266,7 +237,7 @@ def change_words(start: Noise, end: Noise) -> str:
     ``"CPU share 96% before, 69% after"``, ``"spread 12% before, 3.2x the median time after"``,
     or both joined by "; "."""
     parts = []
-    if end.spread > STOP_SPREAD or not _starved_to_stop(end):
+    if end.spread > STOP_SPREAD or not end.starved_to_stop:
         parts.append(f"spread {spread_words(start.spread)} before, {spread_words(end.spread)} after")
     if end.starved and start.cpu_share is not None:
         parts.append(f"CPU share {start.cpu_share:.0%} before, {end.cpu_share:.0%} after")
@@ -274,8 +245,8 @@ def change_words(start: Noise, end: Noise) -> str:
 
 
 def too_busy_cause(start: Noise | None, end: Noise | None) -> str | None:
-    """Why the timings cannot be trusted, as a clause (``"the machine ..."``), or None when
-    neither probe said "too busy". `start` too busy means ``--allow-busy`` was passed."""
+    """Why the timings cannot be trusted (``"the machine ..."``: measured under ``--allow-busy``, or
+    it became too busy while measuring), or None when neither probe said "too busy"."""
     if start is not None and start.too_busy:
         return ALLOWED_CAUSE
     if end is None or not end.too_busy:
@@ -284,8 +255,7 @@ def too_busy_cause(start: Noise | None, end: Noise | None) -> str | None:
 
 
 def too_busy_reason(start: Noise | None, end: Noise | None) -> str | None:
-    """The reason a too-busy calibration's table guard stores (`devices` and `explain` repeat it),
-    or None when neither probe said "too busy"."""
+    """The reason a too-busy calibration's table guard stores, or None."""
     if start is not None and start.too_busy:
         return ALLOWED_REASON
     if end is None or not end.too_busy:
