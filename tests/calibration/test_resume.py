@@ -49,7 +49,7 @@ def test_resume_after_kill(tmp_path):
     storage = open_storage(config.storage, default_journal=tmp_path / "unused")
     plan = agreed(storage, calibration_id, "sweep")
     board = ClaimBoard(storage, calibration_id, Owner.current("check"))
-    assert plan and board.all_done([problem_id(p) for p in plan])
+    assert plan and all(board.state(problem_id(p)).done for p in plan)
     measured = {problem_id(m.problem) for m in summary.measurements}
     assert measured == {problem_id(p) for p in plan}
     assert json.dumps(records)  # everything stored is plain JSON
