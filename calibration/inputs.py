@@ -12,14 +12,11 @@ import torch
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.reference import reference_attention, relative_errors
 
-# Fraction of keys a random bool mask lets each query attend.
-MASK_KEEP_PROBABILITY = 0.9
-# Rotate among input sets whose total size is at least this multiple of the last-level cache
-# (METHOD.md: "If the inputs fit in the cache ... rotate among several input sets").
+MASK_KEEP_PROBABILITY = 0.9  # fraction of keys a random bool mask lets each query attend
+# Rotate among input sets whose total size is at least this multiple of the last-level cache.
 CACHE_MULTIPLE = 2
 MAX_INPUT_SETS = 8
-# Last-level cache sizes used when the device does not report one: a Hopper GPU's L2 is 60 MB
-# (as torch reports it on an H200); 32 MiB covers common server CPU L3 slices.
+# Last-level cache sizes used when the device does not report one.
 DEFAULT_GPU_CACHE_BYTES = 60 * 2**20
 DEFAULT_CPU_CACHE_BYTES = 32 * 2**20
 
@@ -78,12 +75,8 @@ def rotation_count(problem: Problem, device: torch.device, memory_cap_bytes: int
 
 
 class InputCache:
-    """Input sets (and the numerics gate's references) of the one problem measured last.
-
-    A sweep measures every kernel of a problem in a row: random inputs and the float64 reference
-    are built once per problem instead of once per kernel. Asking for another problem, device or
-    seed frees the previous one first.
-    """
+    """Input sets (and the numerics gate's references) of the one problem measured last, built
+    once per problem rather than per kernel; asking for another problem frees the previous one."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
@@ -115,9 +108,7 @@ class InputCache:
         self._key, self._sets, self._references = None, [], None
 
 
-# Query rows compared in each slice: enough to catch a wrong kernel (every kernel treats rows
-# alike within a block, and the tail slice lands in the last query/key block of a tiled kernel),
-# small enough that the float64 reference of a 128k-deep problem costs milliseconds.
+# Query rows compared in each slice (the tail slice lands in a tiled kernel's last block).
 GATE_ROWS = 64
 
 
@@ -154,17 +145,13 @@ def reference_slices(inputs: AttentionInputs) -> list[tuple[slice, slice, torch.
     out = []
     for index, rows in enumerate(_row_slices(inputs.query.shape[-2])):
         batch = slice(0, 1) if index == 0 else slice(batch_size - 1, batch_size)
-        reference = reference_attention(
-            inputs.query[batch, :, rows], inputs.key[batch], inputs.value[batch],
-            _slice_mask(inputs, batch, rows), False, enable_gqa=inputs.enable_gqa,
-        )
+        reference = reference_attention(inputs.query[batch, :, rows], inputs.key[batch], inputs.value[batch],
+                                        _slice_mask(inputs, batch, rows), False, enable_gqa=inputs.enable_gqa)
         out.append((batch, rows, reference))
     return out
 
 
-def gate_errors(
-    out: torch.Tensor, references: list[tuple[slice, slice, torch.Tensor]]
-) -> tuple[float, float]:
+def gate_errors(out: torch.Tensor, references: list[tuple[slice, slice, torch.Tensor]]) -> tuple[float, float]:
     """Worst (relative L2, relative max) error of ``out [B, Hq, L, Ev]`` over the gated slices."""
     worst_l2, worst_max = 0.0, 0.0
     for batch, rows, reference in references:
