@@ -70,15 +70,9 @@ def on_device(shape: NamedShape, device: torch.device) -> NamedShape:
     return NamedShape(shape.suite, replace(shape.problem, device_type=device.type))
 
 
-def run_kernel_table(
-    device: torch.device,
-    shapes: Iterable[NamedShape],
-    kernels: Sequence[Kernel] | None = None,
-    *,
-    settings: TimerSettings = DEFAULT,
-    memory_budget: int | None = None,
-    progress=None,
-) -> tuple[str, list[dict]]:
+def run_kernel_table(device: torch.device, shapes: Iterable[NamedShape], kernels: Sequence[Kernel] | None = None, *,
+                     settings: TimerSettings = DEFAULT, memory_budget: int | None = None,
+                     progress=None) -> tuple[str, list[dict]]:
     """Measure every kernel on every shape; return (markdown table, JSON-ready records)."""
     kernels = list(kernels) if kernels is not None else all_kernels(policy=AccuracyPolicy.allowing("any"))
     records: list[dict] = []

@@ -22,7 +22,7 @@ from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.cards import CardSpec
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import training_set
-from attn_dispatch.models.decision_map import family_of
+from attn_dispatch.models.decision_plot import family_of
 from attn_dispatch.models.features import feature_matrix
 from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.ranking import kernel_named
@@ -52,22 +52,11 @@ def order_rounds(problems: list[Problem], cost) -> list[Problem]:
     return ordered
 
 
-def build_sweep(
-    profile: SpaceProfile,
-    *,
-    kernels: list[Kernel],
-    estimator: CostEstimator,
-    device_type: str,
-    memory_bytes: int,
-    point_budget_s: float,
-    seed: int,
-    count: int | None,
-) -> list[Problem]:
+def build_sweep(profile: SpaceProfile, *, kernels: list[Kernel], estimator: CostEstimator, device_type: str,
+                memory_bytes: int, point_budget_s: float, seed: int, count: int | None) -> list[Problem]:
     """The first sweep's problems, ordered (see module docstring)."""
-    problems = sample_problems(
-        profile, device_type=device_type, memory_bytes=memory_bytes, seed=seed, count=count,
-        fastest_s=lambda p: estimator.fastest(p, kernels),
-    )
+    problems = sample_problems(profile, device_type=device_type, memory_bytes=memory_bytes, seed=seed, count=count,
+                               fastest_s=lambda p: estimator.fastest(p, kernels))
     return order_rounds(problems, lambda p: problem_cost(p, kernels, estimator, point_budget_s))
 
 

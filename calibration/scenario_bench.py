@@ -370,15 +370,9 @@ def _rounds(contenders: list[tuple[BenchPath, PathResult]], problem: Problem, de
     return done
 
 
-def bench_shape(
-    shape: Shape,
-    device: torch.device | str,
-    paths: Sequence[BenchPath],
-    *,
-    settings: BenchSettings = BenchSettings(),
-    memory_budget: int | None = None,
-    workspace_limit: int | None = None,
-) -> ShapeResult:
+def bench_shape(shape: Shape, device: torch.device | str, paths: Sequence[BenchPath], *,
+                settings: BenchSettings = BenchSettings(), memory_budget: int | None = None,
+                workspace_limit: int | None = None) -> ShapeResult:
     """Time every path of `shape` (see module docstring); never raises for a path's failure.
     `paths`: the dispatcher, PyTorch's default, then the single kernels (the first pass's order).
     `memory_budget`: bytes one call may use, passed to `measure`; `workspace_limit`: paths whose

@@ -73,13 +73,8 @@ def _device_context(device: torch.device):
     return torch.cuda.device(device)
 
 
-def time_repetitions(
-    run: Callable[[int], object],
-    device: torch.device,
-    settings: TimerSettings = DEFAULT,
-    *,
-    should_stop: Callable[[list[float]], bool] | None = None,
-) -> Timing:
+def time_repetitions(run: Callable[[int], object], device: torch.device, settings: TimerSettings = DEFAULT, *,
+                     should_stop: Callable[[list[float]], bool] | None = None) -> Timing:
     """Time ``run(i)`` (i = repetition index, for input rotation; its result is discarded) and
     return its median and IQR. `should_stop` is called with the samples so far after each
     repetition from `min_reps` on; True ends the timing early. Exceptions from `run` propagate."""
