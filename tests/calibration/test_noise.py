@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-import attn_dispatch.calibration.noise as cpu_share
+import attn_dispatch.calibration.noise as noise_module
 import attn_dispatch.calibration.session as session
 from attn_dispatch.calibration.noise import (
     BUSY_CPU_SHARE,
@@ -178,52 +178,52 @@ def fake_clock(*readings: float):
 
 
 def test_share_is_cpu_time_over_wall_time_times_cores(monkeypatch):
-    monkeypatch.setattr(cpu_share, "process_time", fake_clock(10.0, 10.5))  # 0.5 s of CPU
-    monkeypatch.setattr(cpu_share, "perf_counter", fake_clock(100.0, 101.0))  # over 1 s of wall
+    monkeypatch.setattr(noise_module, "process_time", fake_clock(10.0, 10.5))  # 0.5 s of CPU
+    monkeypatch.setattr(noise_module, "perf_counter", fake_clock(100.0, 101.0))  # over 1 s of wall
     with ShareMeter(2) as meter:
         pass
     assert meter.share == pytest.approx(0.25)
 
 
 def test_a_clock_that_did_not_move_gives_a_finite_share(monkeypatch):
-    monkeypatch.setattr(cpu_share, "process_time", fake_clock(1.0, 1.0))
-    monkeypatch.setattr(cpu_share, "perf_counter", fake_clock(5.0, 5.0))
+    monkeypatch.setattr(noise_module, "process_time", fake_clock(1.0, 1.0))
+    monkeypatch.setattr(noise_module, "perf_counter", fake_clock(5.0, 5.0))
     with ShareMeter(1) as meter:
         pass
     assert meter.share == 0.0
 
 
 def test_host_share_is_the_threads_cpu_time_over_wall_time(monkeypatch):
-    monkeypatch.setattr(cpu_share, "thread_time", fake_clock(0.0, 0.03))
-    monkeypatch.setattr(cpu_share, "perf_counter", fake_clock(0.0, 0.1))
+    monkeypatch.setattr(noise_module, "thread_time", fake_clock(0.0, 0.03))
+    monkeypatch.setattr(noise_module, "perf_counter", fake_clock(0.0, 0.1))
     assert host_share(iterations=10) == pytest.approx(0.3)
 
 
 def test_cores_in_use_are_torchs_threads_capped_by_the_cpus(monkeypatch):
-    monkeypatch.setattr(cpu_share.torch, "get_num_threads", lambda: 64)
-    monkeypatch.setattr(cpu_share.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(noise_module.torch, "get_num_threads", lambda: 64)
+    monkeypatch.setattr(noise_module.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert cores_in_use() == 2
-    monkeypatch.setattr(cpu_share.torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(noise_module.torch, "get_num_threads", lambda: 1)
     assert cores_in_use() == 1
 
 
 def test_load_per_cpu_and_its_absence(monkeypatch):
-    monkeypatch.setattr(cpu_share.os, "getloadavg", lambda: (3.0, 2.0, 1.0), raising=False)
-    monkeypatch.setattr(cpu_share.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(noise_module.os, "getloadavg", lambda: (3.0, 2.0, 1.0), raising=False)
+    monkeypatch.setattr(noise_module.os, "cpu_count", lambda: 2)
     assert load_per_cpu() == 1.5
 
     def unavailable():
         raise OSError("no load average here")
 
-    monkeypatch.setattr(cpu_share.os, "getloadavg", unavailable, raising=False)
+    monkeypatch.setattr(noise_module.os, "getloadavg", unavailable, raising=False)
     assert load_per_cpu() is None
 
 
 def starved_probe(monkeypatch, share: float, device: str = "cpu"):
     """The real reference probe on the CPU, its clocks faked to give `share` of 2 cores."""
-    monkeypatch.setattr(cpu_share, "cores_in_use", lambda: 2)
-    monkeypatch.setattr(cpu_share, "process_time", fake_clock(0.0, 2 * share))
-    monkeypatch.setattr(cpu_share, "perf_counter", fake_clock(0.0, 1.0))
+    monkeypatch.setattr(noise_module, "cores_in_use", lambda: 2)
+    monkeypatch.setattr(noise_module, "process_time", fake_clock(0.0, 2 * share))
+    monkeypatch.setattr(noise_module, "perf_counter", fake_clock(0.0, 1.0))
     return probe_noise(device)
 
 
