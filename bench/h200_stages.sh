@@ -13,7 +13,6 @@
 #   training     bench/training_memory.py (Wan2.1-shaped forward+backward under 16 GiB, portable)
 #   overhead     bench/dispatch_overhead.py (dispatcher vs F.sdpa, interleaved)
 #   settled      bench/decode_settled.py at batch 1 and 8 (warm parity: every plan PyTorch's own call)
-#   compiled     bench/compiled_decode_ab.py (the compiled static-cache decode step, CUDA graphs)
 #   grid         bench/llm_grid.py: the 580-shape LLM grid, warm (GRID_FLAGS, e.g. "--paths pytorch,pytorch_again,shipped --rounds 15")
 #   heldout      the same on HELDOUT_SHAPES shapes off the grid (llm_grid --heldout, draw HELDOUT_SEED), then the tables (the one
 #                before the `table` stage, the bundled one) scored on them off their timings (bench/table_cv.py --folds 0)
@@ -61,7 +60,6 @@ for stage in "$@"; do
     training) run timeout 300 python3 -m bench.training_memory --device cuda --out "$OUT/stages/training_memory_h200.json" ;;
     overhead) run timeout 240 python3 -m bench.dispatch_overhead --device cuda --rounds 100 --calls 50 --out "$OUT/stages" ;;
     settled) for batch in 1 8; do run timeout 200 python3 -m bench.decode_settled --device cuda --passes 12 --batch $batch; done ;;
-    compiled) run timeout 300 python3 -m bench.compiled_decode_ab --rounds 3 ;;
     grid) run timeout ${GRID_TIMEOUT:-480} python3 -m bench.llm_grid --device cuda --budget-s ${GRID_BUDGET:-400} ${GRID_FLAGS:-} \
             --out "$OUT/stages/llm_grid.jsonl" ;;
     heldout) run timeout ${HELDOUT_TIMEOUT:-330} python3 -m bench.llm_grid --device cuda --heldout ${HELDOUT_SHAPES:-300} \

@@ -2,7 +2,7 @@
 
     python -m bench.kernels --device cuda --out bench/results/kernels_h200.jsonl --md bench/results/kernels_h200.md
 
-Suites (calibration.kernel_bench.h200_suites): decode (Lq=1, Lk 4k-128k, 32 heads, 8 KV heads,
+Suites (`h200_suites`): decode (Lq=1, Lk 4k-128k, 32 heads, 8 KV heads,
 D=128), small-Q (Lq 4-64, Lk 32k), prefill (Lq=Lk 512-16k, causal), long non-causal (32k x 32k,
 16 heads, D=64), each in fp16, bf16 and fp32. Lossy conversions are allowed so their speed and
 error are on record. Also measures the device-to-device copy bandwidth, the floor for decode.
@@ -14,14 +14,31 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Sequence
 
 import torch
 
-from attn_dispatch.calibration.kernel_bench import format_table, h200_suites, run_kernel_table
+from attn_dispatch.calibration.kernel_bench import NamedShape, format_table, named_shape, run_kernel_table
 from attn_dispatch.calibration.timer import TimerSettings
 
 COPY_BYTES = 2 * 2**30  # large enough to dwarf the 60 MB L2 of an H200
 COPY_REPS = 20
+
+
+def h200_suites(dtypes: Sequence[str] = ("float16", "bfloat16", "float32")) -> list[NamedShape]:
+    """The shapes of the kernel-library issue: decode (Lq=1, Lk 4k-128k, 32 heads, 8 KV heads,
+    D=128), small-Q (Lq 4-64, Lk 32k), prefill (Lq=Lk 512-16k, causal), long non-causal
+    (32k x 32k, 16 heads, D=64)."""
+    shapes = []
+    for dtype in dtypes:
+        for kv_len in (4096, 16384, 32768, 131072):
+            shapes.append(named_shape("decode", 1, 32, 8, 1, kv_len, 128, dtype, device_type="cuda"))
+        for q_len in (4, 16, 64):
+            shapes.append(named_shape("small-q", 1, 32, 8, q_len, 32768, 128, dtype, device_type="cuda"))
+        for length in (512, 4096, 16384):
+            shapes.append(named_shape("prefill", 1, 32, 8, length, length, 128, dtype, causal=True, device_type="cuda"))
+        shapes.append(named_shape("long", 1, 16, 16, 32768, 32768, 64, dtype, device_type="cuda"))
+    return shapes
 
 
 def copy_bandwidth(device: torch.device) -> float:

@@ -1,4 +1,4 @@
-"""calibration: what measures (device identity, timer, problem space, optuna search, results).
+"""calibration: what measures (timer, problem space, optuna search, results, the bench harness).
 
 Public entry points:
 
@@ -9,7 +9,7 @@ Public entry points:
 - `time_repetitions`, `TimerSettings`, `QUICK` (`calibration.timer`), `make_inputs`
   (`calibration.inputs`), `measure_peak_bytes` (`calibration.peak_memory`).
 - `ResultsStore` (`calibration.results`), `sample_problems` (`calibration.space`),
-  `apply_numerics_gate` (`calibration.gate`), `DeviceIdentity` (`calibration.identity`).
+  `apply_numerics_gate` (`calibration.finish`).
 
 Submodules are imported lazily by their users; this package imports nothing heavy itself.
 """

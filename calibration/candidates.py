@@ -1,10 +1,9 @@
 """Which kernels a problem's sweep times, in which order, and which it records without timing.
 
-Triton's autotuner idea: a model prunes candidates before the stopwatch runs. A kernel whose
-`reasons` refuse the problem is recorded as unsupported; one whose inputs + workspace exceed the
-memory budget as infeasible; one the analytic prior calls hopeless (far slower than the fastest
-candidate and slower than the whole per-point budget) as infeasible with that reason. The rest are
-timed cheapest first, so a run cut short by its budget has decided the most problems.
+A kernel whose `reasons` refuse the problem is recorded as unsupported; one whose inputs +
+workspace exceed the memory budget as infeasible; one the analytic prior calls hopeless (far slower
+than the fastest candidate and slower than the per-point budget) as infeasible with that reason.
+The rest are timed cheapest first, so a run cut short by its budget has decided the most problems.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ from attn_dispatch.models.priors import prior_seconds
 
 KERNEL_SETS = ("all", "portable")
 # A kernel predicted this many times slower than the problem's fastest candidate, and slower than
-# the per-point budget, is not timed: it can never be chosen, and it would eat the run (the math
-# path at 32k x 32k takes hundreds of milliseconds on a fast GPU and seconds on a gfx906 card).
+# the per-point budget, is not timed.
 HOPELESS_FACTOR = 50.0
 
 
@@ -44,13 +42,8 @@ def split_names(text: str) -> list[str]:
 
 
 def kernel_set(spec: str, *, policy: AccuracyPolicy) -> list[Kernel]:
-    """``"all"``, ``"portable"`` (math, chunked, small_q, Triton, convert: what gfx906 has; either
-    without kernels Triton's interpreter would run) or a comma-separated list of kernel names.
-
-    Raises
-    ------
-    ValueError: naming the unknown kernel.
-    """
+    """``"all"``, ``"portable"`` (what gfx906 has) or a comma-separated list of kernel names.
+    Raises ValueError naming an unknown kernel."""
     if spec == "all":
         return serving(all_kernels(policy=policy))
     if spec == "portable":
@@ -62,11 +55,8 @@ def kernel_set(spec: str, *, policy: AccuracyPolicy) -> list[Kernel]:
 
 
 class CostEstimator:
-    """Predicted seconds of (problem, kernel) from a card's spec sheet (the analytic prior).
-
-    Kernels the prior does not know (a test's own kernel) get no prediction (nan): they are
-    timed, and sorted last.
-    """
+    """Predicted seconds of (problem, kernel) from a card's spec sheet (the analytic prior); nan
+    for kernels the prior does not know (they are timed, last)."""
 
     def __init__(self, spec: CardSpec) -> None:
         self.spec = spec
@@ -94,15 +84,8 @@ class Triage:
     predicted: dict[str, float]
 
 
-def triage(
-    problem: Problem,
-    kernels: list[Kernel],
-    *,
-    estimator: CostEstimator,
-    memory_budget: int | None,
-    point_budget_s: float,
-    device_key: str,
-) -> Triage:
+def triage(problem: Problem, kernels: list[Kernel], *, estimator: CostEstimator, memory_budget: int | None,
+           point_budget_s: float, device_key: str) -> Triage:
     """Split `kernels` for `problem`; see module docstring."""
     base = {"problem": problem, "device_key": device_key, "timestamp": time.time()}
     inputs = problem.input_bytes

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from optuna.storages import BaseStorage
 
-from attn_dispatch.calibration.storage import (
+from attn_dispatch.calibration.results import (
     StudyIds,
     add_record_trial,
     ensure_study,
@@ -28,12 +28,10 @@ from attn_dispatch.calibration.storage import (
     study_name,
 )
 
-# A claim whose owner has written nothing for this long is presumed dead (another host's crash).
-# The longest silence of a live worker is one point: a few per-point budgets (seconds) plus one
-# untimed first call; ten minutes leaves a wide margin even for a 32k x 32k math call on a slow card.
+# A claim whose owner has written nothing for this long is presumed dead (another host's crash);
+# a live worker's longest silence is one point.
 CLAIM_LEASE_S = 600.0
-# How often a busy owner renews its claim (each renewal is one storage write).
-HEARTBEAT_S = 30.0
+HEARTBEAT_S = 30.0  # how often a busy owner renews its claim
 
 
 def _process_start(pid: int) -> str:
@@ -107,15 +105,8 @@ def claim_state(records: list[dict]) -> ClaimState:
 
 
 class ClaimBoard:
-    """Claims of one calibration's units in a shared storage.
-
-    Parameters
-    ----------
-    storage: the optuna storage all workers share.
-    calibration_id: prefix of every study name.
-    owner: this worker.
-    lease_s: silence after which another host's claim is taken over.
-    """
+    """Claims of one calibration's units in the storage all its workers share, made by `owner`;
+    another host's claim is taken over after `lease_s` of silence."""
 
     def __init__(self, storage: BaseStorage, calibration_id: str, owner: Owner, *, lease_s: float = CLAIM_LEASE_S) -> None:
         self.storage = storage
@@ -144,8 +135,7 @@ class ClaimBoard:
         return time.time() - state.last_seen > self.lease_s
 
     def state(self, key: str) -> ClaimState:
-        """Read-only: a problem nobody has claimed has no claim study yet, and reading must not
-        create one (the progress poller reads every planned problem every few seconds)."""
+        """Read-only: reading never creates a claim study."""
         study_id = find_study(self.storage, study_name(self.calibration_id, "claim", key))
         if study_id is None:
             return claim_state([])
@@ -186,9 +176,6 @@ class ClaimBoard:
         """Give `key` back unfinished (its finished points stay; a later claimer does the rest)."""
         study_id, generation, _ = self._held.pop(key)
         self._write(study_id, "release", generation)
-
-    def all_done(self, keys: list[str]) -> bool:
-        return all(self.state(key).done for key in keys)
 
 
 def publish_once(storage: BaseStorage, name: str, value: dict) -> dict:

@@ -1,14 +1,10 @@
 """Measure what each kernel pays on its first call at a new exact shape (`dispatcher.selection`, stage 5).
 
-Per kernel and kind of problem (a decode step, a causal prefill), on shapes of a realistic LLM
-layer: the first call at each of several key lengths never used before in the process, minus the
-second call at that same length (warm). The median over the lengths is the kernel's per-shape
-set-up; the costs are stored for the card (`models.cold_shape_store`) and the dispatcher weighs
-them where a bucket's shapes keep changing.
+Per kernel and kind of problem (a decode step, a causal prefill): the first call at each of several
+key lengths new to the process, minus the second call at that length. The median over the lengths
+is the kernel's per-shape set-up, stored for the card (`models.cold_shape_store`).
 
     python -m attn_dispatch.calibration.cold_shape --device cuda [--store] [--json PATH]
-
-`attn-dispatch calibrate` runs it on GPUs after the sweep.
 """
 
 from __future__ import annotations
@@ -27,24 +23,16 @@ from attn_dispatch.calibration.inputs import make_inputs
 from attn_dispatch.kernels import Kernel, Problem, kernel_from_name
 from attn_dispatch.models.cold_shape_store import save_cold_costs
 
+# PyTorch's backends (cuDNN sets up per shape) and one of each portable family.
 PROBE_KERNELS = ("sdpa_default", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "small_q[splits=16]",
                  "chunked[q=512,kv=4096]")
-"""PyTorch's backends (cuDNN is the one known to set up per shape) and one of each of our portable
-kernel families, which launch the same kernels at any shape."""
-
-NEW_LENGTHS = 5
-"""New key lengths timed per kernel and kind: the median of five first calls."""
-
-BACK_TO_BACK = 20
-"""Calls timed back to back (one synchronisation at the end) for a kernel's per-call floor."""
-
-LENGTH_STEP = 13
-"""Key lengths probed are base + 13 * i (+ a per-kernel offset): each one new to every kernel."""
+NEW_LENGTHS = 5  # new key lengths timed per kernel and kind
+BACK_TO_BACK = 20  # calls timed back to back for a kernel's per-call floor
+LENGTH_STEP = 13  # key lengths probed: base + 13 * i (+ a per-kernel offset), each new to every kernel
 
 
 def probe_problems(dtype: str = "bfloat16") -> dict[str, Problem]:
-    """The kinds measured: a Llama-3-8B-shaped decode step (32/8 heads, D=128) against ~4k keys,
-    and a causal prefill of ~1k tokens (32 heads)."""
+    """The kinds measured: a Llama-3-8B-shaped decode step against ~4k keys, a causal prefill."""
     return {
         "decode": Problem(1, 32, 8, 1, 4096, 128, 128, dtype, device_type="cuda"),
         "prefill": Problem(1, 32, 32, 1024, 1024, 128, 128, dtype, causal=True, device_type="cuda"),

@@ -1,10 +1,10 @@
-"""What one calibration is: its options (JSON, handed to every worker) and its id.
+"""What one calibration is: its options (JSON, handed to every worker), its id, and where its files
+go by default.
 
-The id hashes everything that can invalidate a timing or change the sample (Triton's autotuner
-cache key): the device fingerprint and software stack (`DeviceIdentity.key`), the attn-dispatch
-version, the kernel set and accuracy policy, the memory budget, the timer settings, the profile
-and the seed. Workers with the same id share claims, studies and results; a changed option starts
-a fresh calibration instead of mixing incompatible timings.
+The id hashes everything that can invalidate a timing or change the sample: the device
+fingerprint and software stack (`DeviceIdentity.key`), the attn-dispatch version, the kernel set
+and accuracy policy, the memory budget, the timer settings, the profile and the seed. Workers with
+the same id share claims, studies and results; a changed option starts a fresh calibration.
 """
 
 from __future__ import annotations
@@ -12,27 +12,27 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
+from pathlib import Path
 
 from attn_dispatch.calibration.timer import DEFAULT, QUICK, TimerSettings
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.paths import journals_dir
 
-# Hex digits of the option hash in a calibration id.
-CONFIG_HASH_HEX = 12
+CONFIG_HASH_HEX = 12  # hex digits of the option hash in a calibration id
 PACKAGE = "attn-dispatch"
-# Default wall-time budgets for measuring: --quick must finish in under 3 minutes on a 2-core CPU
-# (fit and start-up included), a full run in under 10 minutes on an H200.
+# Default wall-time budgets for measuring (--quick, full).
 QUICK_BUDGET_S = 100.0
 FULL_BUDGET_S = 480.0
 # Optuna trials per tuned (problem, family) study, the sweep's defaults included.
 QUICK_TUNE_TRIALS = 5
 FULL_TUNE_TRIALS = 10
-# Crossover refinement: rounds after the sweep, and new problems per round as a share of the sweep.
+# Refinement: rounds after the sweep, and new problems per round as a share of those so far.
 REFINE_ROUNDS = 1
 REFINE_SHARE = 0.25
-# Active rounds (`calibration.active_round`, off by default until tried on a card): candidates
-# are the next points of the seeded sample, this many times the sweep's size.
+# Active rounds' candidates: the next points of the seeded sample, this many times the sweep's size.
 ACTIVE_POOL_FACTOR = 4
 
 
@@ -56,46 +56,24 @@ def package_version() -> str:
 
 @dataclass(frozen=True)
 class CalibrationConfig:
-    """Options of one calibration (CLI flags, minus the output and display options).
+    """Options of one calibration (CLI flags, minus the output and display options)."""
 
-    Attributes
-    ----------
-    devices: torch devices, one worker each ("cpu", "cuda:0", ...).
-    quick: the small profile and the QUICK timer settings.
-    budget_s: wall time for measuring (fitting comes after); workers stop claiming work after it.
-    storage: optuna storage URL or journal path (None: a journal in the cache directory).
-    results: the JSON Lines results file (None: next to the default journal).
-    kernels: "all", "portable" or comma-separated kernel names.
-    memory_budget: bytes a point may use (None: the card's memory; on CPU half the RAM).
-    allow_lossy: lossy conversions the accuracy policy accepts ("fp32->bf16", "any").
-    problems: override the profile's sweep size.
-    tune_trials: optuna trials per tuned study (None: by profile).
-    refine_rounds: crossover refinement rounds after the sweep.
-    seed: the sample's and the samplers' seed.
-    active_rounds: rounds after the sweep that measure the problems bootstrap fits disagree on
-        most (`calibration.active_round`), each `REFINE_SHARE` of the problems so far.
-    allow_busy: calibrate even when `calibration.noise` finds the machine too busy (the timer is
-        widened and the summary says so); not part of the id (it changes no timing setting).
-    workload: a recorded workload (`dispatcher.recording`, JSON Lines) whose problems are
-        measured first, as recorded (not shrunk), before the sweep.
-    """
-
-    devices: tuple[str, ...] = ("cpu",)
-    quick: bool = False
-    budget_s: float | None = None
-    storage: str | None = None
-    results: str | None = None
-    kernels: str = "all"
-    memory_budget: int | None = None
-    allow_lossy: tuple[str, ...] = ()
-    problems: int | None = None
-    tune_trials: int | None = None
-    refine_rounds: int = REFINE_ROUNDS
-    seed: int = 0
+    devices: tuple[str, ...] = ("cpu",)  # torch devices, one worker each
+    quick: bool = False  # the small profile and the QUICK timer settings
+    budget_s: float | None = None  # wall time for measuring; workers stop claiming work after it
+    storage: str | None = None  # optuna storage URL or journal path (None: a journal in the cache)
+    results: str | None = None  # the JSON Lines results file (None: next to the default journal)
+    kernels: str = "all"  # "all", "portable" or comma-separated kernel names
+    memory_budget: int | None = None  # bytes a point may use (None: the card's memory; CPU: half the RAM)
+    allow_lossy: tuple[str, ...] = ()  # lossy conversions the accuracy policy accepts
+    problems: int | None = None  # overrides the profile's sweep size
+    tune_trials: int | None = None  # optuna trials per tuned study (None: by profile)
+    refine_rounds: int = REFINE_ROUNDS  # crossover refinement rounds after the sweep
+    seed: int = 0  # the sample's and the samplers' seed
     threads: int | None = field(default=None)
-    workload: str | None = None
-    allow_busy: bool = False
-    active_rounds: int = 0
+    workload: str | None = None  # a recorded workload, measured first, as recorded
+    allow_busy: bool = False  # calibrate on a too-busy machine (widened timer); not part of the id
+    active_rounds: int = 0  # rounds measuring the problems bootstrap fits disagree on most
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -148,3 +126,22 @@ class CalibrationConfig:
             options["active_rounds"] = self.active_rounds
         digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:CONFIG_HASH_HEX]
         return f"{PACKAGE}|{identity.key}|{digest}"
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def file_stem(calibration_id: str) -> str:
+    """A calibration id as a file name stem (``|`` and other unsafe characters -> ``_``)."""
+    return _UNSAFE.sub("_", calibration_id).strip("_")
+
+
+def default_storage(calibration_id: str) -> Path:
+    """The optuna journal of a calibration."""
+    return journals_dir() / f"{file_stem(calibration_id)}.journal"
+
+
+def default_results(calibration_id: str) -> Path:
+    """The JSON Lines results file of a calibration."""
+    return journals_dir() / f"{file_stem(calibration_id)}.jsonl"
+

@@ -20,24 +20,22 @@ import torch
 
 from attn_dispatch.calibration.inputs import InputCache
 from attn_dispatch.calibration.measure import measure
+from attn_dispatch.calibration.results import ResultsStore
 from attn_dispatch.calibration.timer import QUICK, TimerSettings
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.registry import kernel_from_name
 from attn_dispatch.models.buckets import ClassKey
 from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.paths import journals_dir
 from attn_dispatch.models.table import ThresholdTable
 
 # The table's winner may be this much slower than the measured best before a decision counts
-# as changed: twice the timer's 5% spread target (calibration.timer.DEFAULT), so noise alone
-# does not flag it.
+# as changed (twice the timer's spread target).
 DECISION_TOLERANCE = 0.10
 # A kernel's times have drifted when its median measured / predicted ratio leaves
-# [1 / DRIFT_FACTOR, DRIFT_FACTOR]; the table's held-out model error is of this order
-# (mean slowdown 10-50% in the real tables), so less than this is the model, not drift.
+# [1 / DRIFT_FACTOR, DRIFT_FACTOR] (the model's own error is of this order).
 DRIFT_FACTOR = 1.5
-# Buckets whose predicted winner takes longer than this are not re-measured (a check must be quick).
-MAX_POINT_SECONDS = 0.25
-# Lossy conversions a table names were accepted when it was calibrated: build them to measure them.
+MAX_POINT_SECONDS = 0.25  # buckets whose predicted winner takes longer are not re-measured
 ANY_LOSSY = AccuracyPolicy.allowing("any")
 
 
@@ -135,12 +133,8 @@ def _measure_into(point: PointCheck, name: str, problem, device, settings, memor
 def check_table(table: ThresholdTable, device: torch.device | str, *, points: int, seed: int = 0,
                 settings: TimerSettings = QUICK, memory_budget: int | None = None, device_key: str = "",
                 max_seconds: float = MAX_POINT_SECONDS) -> DriftReport:
-    """Re-measure `points` buckets of `table` on `device` (see module docstring).
-
-    Raises
-    ------
-    ValueError: the table is for another kind of device (a CUDA table checked on the CPU).
-    """
+    """Re-measure `points` buckets of `table` on `device` (see module docstring). Raises
+    ValueError for a table of another kind of device."""
     device = torch.device(device)
     if table.identity.device_type != device.type:
         raise ValueError(
@@ -165,8 +159,7 @@ def check_table(table: ThresholdTable, device: torch.device | str, *, points: in
 
 def table_points(table: ThresholdTable) -> list[Measurement]:
     """The table's own predictions as points (every ranked kernel of every bucket, at the class's
-    representative problem): what a refit keeps where nothing was re-measured and no journal is
-    left (an imported table)."""
+    representative problem)."""
     points = []
     for table_class in table.classes.values():
         for bucket, cell in table_class.cells.items():
@@ -179,9 +172,6 @@ def table_points(table: ThresholdTable) -> list[Measurement]:
 def base_points(table: ThresholdTable) -> tuple[list[Measurement], str]:
     """What a refit starts from: the calibration journals of the table's card and stack when this
     machine has them, else the table's own predictions. Returns (points, where they came from)."""
-    from attn_dispatch.calibration.results import ResultsStore
-    from attn_dispatch.models.paths import journals_dir
-
     journals = sorted(journals_dir().glob(f"*{table.identity.key}*.jsonl"))
     points = [m for path in journals for m in ResultsStore(path).measurements() if m.status != "unsupported"]
     if points:

@@ -1,10 +1,7 @@
-"""The end of a calibration: gather every measurement (this host's results store and the shared
-storage), apply the class-level numerics gate, fit the cost model, build the threshold table and
-write it where the dispatcher looks (and to ``--out``), and keep the fitted cost model in the
-local cache with its library versions (`models.persist`; never shared, unlike the table).
-
-If the models package offers no fit (an older checkout), the measurements stay in the results
-store and the summary says so: nothing measured is lost, and the table can be built later.
+"""The end of a calibration: gather every measurement, apply the class-level numerics gate (a kernel
+that failed its tolerance on any point of a table class is unusable for the whole class), fit the
+cost model, build the threshold table and write it where the dispatcher looks (and to ``--out``),
+and keep the fitted cost model in the local cache (`models.persist`).
 """
 
 from __future__ import annotations
@@ -13,16 +10,53 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from attn_dispatch.calibration.busy_words import ALLOWED_REASON
-from attn_dispatch.calibration.gate import apply_numerics_gate, describe_class
+from attn_dispatch.calibration.noise import ALLOWED_REASON
 from attn_dispatch.calibration.results import unit_key
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
+from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.registry import kernel_from_name
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measurement import Measurement
-from attn_dispatch.models.paths import tables_dir
 
-# Share of problems held out to evaluate the model (the models package's default).
+
+def problem_class(problem: Problem) -> tuple:
+    """The threshold table's class of a problem."""
+    return (problem.dtype, problem.head_dim, problem.causal, problem.gqa_ratio, problem.mask_kind)
+
+
+def describe_class(key: tuple) -> str:
+    dtype, head_dim, causal, gqa, mask = key
+    return f"{dtype} D={head_dim}{' causal' if causal else ''} GQA={gqa} mask={mask}"
+
+
+def unusable(measurements: list[Measurement]) -> dict[tuple, dict[str, Measurement]]:
+    """class -> kernel -> its worst inaccurate measurement in that class."""
+    worst: dict[tuple, dict[str, Measurement]] = {}
+    for m in measurements:
+        if m.status != "inaccurate":
+            continue
+        per_class = worst.setdefault(problem_class(m.problem), {})
+        previous = per_class.get(m.kernel)
+        if previous is None or (m.rel_error or 0.0) > (previous.rel_error or 0.0):
+            per_class[m.kernel] = m
+    return worst
+
+
+def apply_numerics_gate(measurements: list[Measurement]) -> tuple[list[Measurement], dict[tuple, dict[str, Measurement]]]:
+    """Mark every point of an unusable (class, kernel) inaccurate; returns (the gated
+    measurements, the `unusable` map used)."""
+    excluded = unusable(measurements)
+    gated = []
+    for m in measurements:
+        offender = excluded.get(problem_class(m.problem), {}).get(m.kernel)
+        if offender is not None and m.status == "ok":
+            m = replace(m, status="inaccurate", extra={**m.extra, "gated_by_class": True},
+                        reason=f"unusable for {describe_class(problem_class(m.problem))}: {offender.reason} "
+                        f"on {offender.problem.q_len}x{offender.problem.kv_len}")
+        gated.append(m)
+    return gated, excluded
+
+
 HOLDOUT_FRACTION = 0.2
 ANY_LOSSY = AccuracyPolicy.allowing("any")
 
@@ -59,47 +93,26 @@ def known_kernel(name: str) -> bool:
     return True
 
 
-def store_for_lookup(table, identity: DeviceIdentity) -> Path:
-    """Keep `table` where the dispatcher's lookup finds it (`models.sharing.store_table`; an older
-    models package without it: ``<tables>/<card model>/<device key>.json``, the same place)."""
-    try:
-        from attn_dispatch.models.sharing import store_table
-    except ImportError:
-        from attn_dispatch.models._card_names import slug
-        from attn_dispatch.models.table_io import save_table
-
-        return save_table(table, tables_dir() / slug(identity.model_key) / f"{identity.key}.json")
-    return Path(store_table(table))
-
-
 TOO_BUSY_REASON = ALLOWED_REASON
+# Heads a too-busy calibration's held-out scores (its table's verdict is PyTorch's default).
 TOO_BUSY_SCORES = ("for reference only, timed on the same too-busy machine (these scores did not choose what "
                    "serves: the 'outside measured buckets' line says what does): ")
-"""Heads a too-busy calibration's held-out scores: the table's verdict is PyTorch's default
-whichever way of choosing scored best on that noise."""
 
 
-def fit_and_write(
-    measurements: list[Measurement],
-    identity: DeviceIdentity,
-    *,
-    out: str | os.PathLike | None,
-    seed: int,
-    wall_s: float,
-    too_busy: bool = False,
-    busy_reason: str = TOO_BUSY_REASON,
-    timing_threads: str = "",
-    timing_thread_count: int | None = None,
-) -> FitOutcome:
+def fit_and_write(measurements: list[Measurement], identity: DeviceIdentity, *, out: str | os.PathLike | None,
+                  seed: int, wall_s: float, too_busy: bool = False, busy_reason: str = TOO_BUSY_REASON,
+                  timing_threads: str = "", timing_thread_count: int | None = None) -> FitOutcome:
     """Gate, fit, build and write the table (see module docstring). `too_busy`: the machine was
-    too busy to time kernels (measured anyway under ``--allow-busy``, or it became too busy while
-    measuring): the table's verdict is PyTorch's default, whatever its held-out scores say (they
-    were timed on the same noise); `busy_reason` says which, in the table's guard
-    (`busy_words.too_busy_reason`).
-    `timing_threads`: on a CPU, the torch threads the points were timed with (e.g. "1 torch thread
-    of its 2"), kept as a provenance note: the table's card model counts logical CPUs instead.
-    `timing_thread_count`: that count as a number, recorded in the table's provenance
-    (``timing_threads``): `explain` and `devices` state it (`models.table_summary`)."""
+    too busy to time kernels, so the table's verdict is PyTorch's default whatever its held-out
+    scores say, with `busy_reason` in its guard. `timing_threads` (words, e.g. "1 torch thread of
+    its 2") and `timing_thread_count`: the CPU threads the points were timed with, kept in the
+    table's provenance."""
+    from attn_dispatch.models.fit import fit_and_build
+    from attn_dispatch.models.guard import Guard
+    from attn_dispatch.models.persist import save_model
+    from attn_dispatch.models.sharing import store_table
+    from attn_dispatch.models.table_io import save_table
+
     # One order whatever the hosts' and workers' interleaving: the same points give the same table.
     measurements = sorted(measurements, key=lambda m: unit_key(m.problem, m.kernel))
     gated, excluded = apply_numerics_gate(measurements)
@@ -115,20 +128,10 @@ def fit_and_write(
     if not kernel_names:
         outcome.note += "no kernel gave a usable timing: no table was built"
         return outcome
-    try:
-        from attn_dispatch.models.fit import fit_and_build
-        from attn_dispatch.models.guard import Guard
-        from attn_dispatch.models.persist import save_model
-        from attn_dispatch.models.table_io import save_table
-    except ImportError as missing:  # FALLBACK: models' fit is not available in this checkout
-        outcome.note += f"table step skipped ({missing}); the measurements are kept in the results store"
-        return outcome
     # unsupported pairs were never run: they carry nothing to learn and are not "points measured"
     measured = [m for m in gated if m.status != "unsupported"]
-    table, model, quality = fit_and_build(
-        measured, identity, kernel_names=kernel_names, holdout_fraction=HOLDOUT_FRACTION, seed=seed,
-        calibration_wall_s=wall_s,
-    )
+    table, model, quality = fit_and_build(measured, identity, kernel_names=kernel_names, seed=seed,
+                                          holdout_fraction=HOLDOUT_FRACTION, calibration_wall_s=wall_s)
     if timing_threads:
         table = replace(table, provenance=replace(
             table.provenance, notes=(*table.provenance.notes, f"timed with {timing_threads}")))
@@ -144,7 +147,7 @@ def fit_and_write(
     outcome.quality = quality.summary() if quality is not None else "not evaluated (too few problems)"
     if too_busy and quality is not None:
         outcome.quality = TOO_BUSY_SCORES + outcome.quality
-    outcome.table_paths = [store_for_lookup(table, identity)]
+    outcome.table_paths = [Path(store_table(table))]
     if out is not None and Path(out).resolve() != outcome.table_paths[0].resolve():
         outcome.table_paths.append(save_table(table, out))
     try:  # beside the tables (the same cache home); the table is what matters if this fails

@@ -1,4 +1,7 @@
-"""Random inputs for a `Problem` (never zeros), rotated so timings don't come from cache."""
+"""Random inputs for a `Problem` (never zeros), rotated so timings don't come from cache, and the
+numerics gate of one point: a kernel's output against the float64 reference on two slices of
+the output rows (the head and the tail).
+"""
 
 from __future__ import annotations
 
@@ -7,15 +10,13 @@ from dataclasses import dataclass
 import torch
 
 from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.reference import reference_attention, relative_errors
 
-# Fraction of keys a random bool mask lets each query attend.
-MASK_KEEP_PROBABILITY = 0.9
-# Rotate among input sets whose total size is at least this multiple of the last-level cache
-# (METHOD.md: "If the inputs fit in the cache ... rotate among several input sets").
+MASK_KEEP_PROBABILITY = 0.9  # fraction of keys a random bool mask lets each query attend
+# Rotate among input sets whose total size is at least this multiple of the last-level cache.
 CACHE_MULTIPLE = 2
 MAX_INPUT_SETS = 8
-# Last-level cache sizes used when the device does not report one: a Hopper GPU's L2 is 60 MB
-# (as torch reports it on an H200); 32 MiB covers common server CPU L3 slices.
+# Last-level cache sizes used when the device does not report one.
 DEFAULT_GPU_CACHE_BYTES = 60 * 2**20
 DEFAULT_CPU_CACHE_BYTES = 32 * 2**20
 
@@ -74,12 +75,8 @@ def rotation_count(problem: Problem, device: torch.device, memory_cap_bytes: int
 
 
 class InputCache:
-    """Input sets (and the numerics gate's references) of the one problem measured last.
-
-    A sweep measures every kernel of a problem in a row: random inputs and the float64 reference
-    are built once per problem instead of once per kernel. Asking for another problem, device or
-    seed frees the previous one first.
-    """
+    """Input sets (and the numerics gate's references) of the one problem measured last, built
+    once per problem rather than per kernel; asking for another problem frees the previous one."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
@@ -100,9 +97,7 @@ class InputCache:
         return self._sets[:count]
 
     def references(self, problem: Problem, device: torch.device, seed: int) -> list:
-        """The gate's float64 reference slices for input set 0 (see `calibration.numerics`)."""
-        from attn_dispatch.calibration.numerics import reference_slices
-
+        """The gate's float64 reference slices for input set 0 (`reference_slices`)."""
         first = self.input_sets(problem, device, seed, 1)[0]
         if self._references is None:
             self._references = reference_slices(first)
@@ -111,3 +106,55 @@ class InputCache:
     def clear(self) -> None:
         """Drop every tensor held (call before emptying the allocator after an OOM)."""
         self._key, self._sets, self._references = None, [], None
+
+
+# Query rows compared in each slice (the tail slice lands in a tiled kernel's last block).
+GATE_ROWS = 64
+
+
+def _row_slices(q_len: int) -> list[slice]:
+    head = slice(0, min(GATE_ROWS, q_len))
+    if q_len <= GATE_ROWS:
+        return [head]
+    return [head, slice(q_len - GATE_ROWS, q_len)]
+
+
+def _slice_mask(inputs: AttentionInputs, batch: slice, rows: slice) -> torch.Tensor | None:
+    """The mask for output rows `rows` of batch elements `batch`, with top-left causality folded
+    in (the reference's own `is_causal` assumes rows start at 0)."""
+    mask = inputs.attn_mask
+    if mask is not None:
+        mask = mask[batch] if mask.shape[0] > 1 else mask
+        if mask.dim() >= 2 and mask.shape[-2] > 1:
+            mask = mask[..., rows, :]
+    if not inputs.is_causal:
+        return mask
+    kv_len = inputs.key.shape[-2]
+    device = inputs.query.device
+    allowed = torch.arange(kv_len, device=device)[None, :] <= torch.arange(rows.start, rows.stop, device=device)[:, None]
+    if mask is None:
+        return allowed
+    if mask.dtype == torch.bool:
+        return mask & allowed
+    return mask.masked_fill(~allowed, float("-inf"))
+
+
+def reference_slices(inputs: AttentionInputs) -> list[tuple[slice, slice, torch.Tensor]]:
+    """(batch slice, row slice, float64 reference ``[1, Hq, rows, Ev]``) for each gated slice."""
+    batch_size = inputs.query.shape[0]
+    out = []
+    for index, rows in enumerate(_row_slices(inputs.query.shape[-2])):
+        batch = slice(0, 1) if index == 0 else slice(batch_size - 1, batch_size)
+        reference = reference_attention(inputs.query[batch, :, rows], inputs.key[batch], inputs.value[batch],
+                                        _slice_mask(inputs, batch, rows), False, enable_gqa=inputs.enable_gqa)
+        out.append((batch, rows, reference))
+    return out
+
+
+def gate_errors(out: torch.Tensor, references: list[tuple[slice, slice, torch.Tensor]]) -> tuple[float, float]:
+    """Worst (relative L2, relative max) error of ``out [B, Hq, L, Ev]`` over the gated slices."""
+    worst_l2, worst_max = 0.0, 0.0
+    for batch, rows, reference in references:
+        l2, biggest = relative_errors(out[batch, :, rows], reference)
+        worst_l2, worst_max = max(worst_l2, l2), max(worst_max, biggest)
+    return worst_l2, worst_max

@@ -1,7 +1,7 @@
 """Kernel benchmark: every kernel on a list of named shapes, timed side by side in one process.
 
-Used by `attn-dispatch kernels` (a CPU-sized self-check) and by `python -m bench.kernels`
-(the H200 suites of the kernel-library issue). Calibration reuses `measure` point by point.
+Used by `attn-dispatch kernels` (a CPU-sized self-check) and by `python -m bench.kernels` (the
+GPU suites).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class NamedShape:
         return f"{self.suite} B{p.batch} H{p.q_heads}/{p.kv_heads} L{p.q_len} S{p.kv_len} D{p.head_dim} {p.dtype}{' causal' if p.causal else ''}{' mask=' + p.mask_kind if p.mask_kind != 'none' else ''}"
 
 
-def _shape(suite, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal=False, mask=None, device_type="cpu", strided=False):
+def named_shape(suite, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal=False, mask=None, device_type="cpu", strided=False):
     mask_kind, mask_shape = "none", ()
     if mask:
         mask_kind, mask_shape = mask, (1, 1, q_len, kv_len)
@@ -41,27 +41,11 @@ def _shape(suite, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, caus
 
 # CPU-sized shapes for the self-check: one of each scenario, small enough for a 2-core machine.
 SELF_CHECK_SHAPES = (
-    _shape("decode", 1, 8, 2, 1, 2048, 64, "float32"),
-    _shape("small-q", 1, 8, 2, 16, 2048, 64, "float32"),
-    _shape("prefill", 1, 8, 2, 256, 256, 64, "float32", causal=True),
-    _shape("masked", 2, 4, 4, 128, 192, 64, "bfloat16", mask="bool", strided=True),
+    named_shape("decode", 1, 8, 2, 1, 2048, 64, "float32"),
+    named_shape("small-q", 1, 8, 2, 16, 2048, 64, "float32"),
+    named_shape("prefill", 1, 8, 2, 256, 256, 64, "float32", causal=True),
+    named_shape("masked", 2, 4, 4, 128, 192, 64, "bfloat16", mask="bool", strided=True),
 )
-
-
-def h200_suites(dtypes: Sequence[str] = ("float16", "bfloat16", "float32")) -> list[NamedShape]:
-    """The shapes of the kernel-library issue: decode (Lq=1, Lk 4k-128k, 32 heads, 8 KV heads,
-    D=128), small-Q (Lq 4-64, Lk 32k), prefill (Lq=Lk 512-16k, causal), long non-causal
-    (32k x 32k, 16 heads, D=64)."""
-    shapes = []
-    for dtype in dtypes:
-        for kv_len in (4096, 16384, 32768, 131072):
-            shapes.append(_shape("decode", 1, 32, 8, 1, kv_len, 128, dtype, device_type="cuda"))
-        for q_len in (4, 16, 64):
-            shapes.append(_shape("small-q", 1, 32, 8, q_len, 32768, 128, dtype, device_type="cuda"))
-        for length in (512, 4096, 16384):
-            shapes.append(_shape("prefill", 1, 32, 8, length, length, 128, dtype, causal=True, device_type="cuda"))
-        shapes.append(_shape("long", 1, 16, 16, 32768, 32768, 64, dtype, device_type="cuda"))
-    return shapes
 
 
 def on_device(shape: NamedShape, device: torch.device) -> NamedShape:
@@ -70,15 +54,9 @@ def on_device(shape: NamedShape, device: torch.device) -> NamedShape:
     return NamedShape(shape.suite, replace(shape.problem, device_type=device.type))
 
 
-def run_kernel_table(
-    device: torch.device,
-    shapes: Iterable[NamedShape],
-    kernels: Sequence[Kernel] | None = None,
-    *,
-    settings: TimerSettings = DEFAULT,
-    memory_budget: int | None = None,
-    progress=None,
-) -> tuple[str, list[dict]]:
+def run_kernel_table(device: torch.device, shapes: Iterable[NamedShape], kernels: Sequence[Kernel] | None = None, *,
+                     settings: TimerSettings = DEFAULT, memory_budget: int | None = None,
+                     progress=None) -> tuple[str, list[dict]]:
     """Measure every kernel on every shape; return (markdown table, JSON-ready records)."""
     kernels = list(kernels) if kernels is not None else all_kernels(policy=AccuracyPolicy.allowing("any"))
     records: list[dict] = []

@@ -10,8 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from attn_dispatch.calibration.inputs import AttentionInputs, InputCache, rotation_count
-from attn_dispatch.calibration.numerics import gate_errors
+from attn_dispatch.calibration.inputs import AttentionInputs, InputCache, gate_errors, rotation_count
 from attn_dispatch.calibration.peak_memory import measure_peak_bytes
 from attn_dispatch.calibration.timer import DEFAULT, TimerSettings, time_repetitions
 from attn_dispatch.kernels.base import Kernel
@@ -19,13 +18,10 @@ from attn_dispatch.kernels.failures import is_out_of_memory
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.measurement import Measurement
 
-# Longest reason kept in a record (the first line of an exception message, truncated).
-REASON_CHARS = 200
+REASON_CHARS = 200  # longest reason kept in a record
 # One timed repetition, no warm-up: used when the first (untimed) call already spent the budget.
 SINGLE_SHOT = TimerSettings(warmup=0, min_reps=1, max_reps=1, target_relative_iqr=float("inf"), budget_s=0.0)
-# A suspected clear loser: one warm call (which sizes the batch), then one batched sample. Timed
-# call by call without a warm-up, a loser's times are cold and jittery (several times its warm
-# time on a GPU), which teaches the cost model wrong residuals.
+# A suspected clear loser: one warm call (which sizes the batch), then one batched sample.
 LOSER_CHECK = TimerSettings(warmup=1, min_reps=1, max_reps=1, target_relative_iqr=float("inf"), budget_s=0.0)
 
 
@@ -65,34 +61,18 @@ def _timing(kernel, problem, input_sets, device, settings, first_call_s, should_
     return time_repetitions(run, device, settings, should_stop=should_stop)
 
 
-def measure(
-    kernel: Kernel,
-    problem: Problem,
-    device: torch.device | str,
-    *,
-    settings: TimerSettings = DEFAULT,
-    memory_budget: int | None = None,
-    check_numerics: bool = True,
-    measure_peak: bool = True,
-    device_key: str = "",
-    seed: int = 0,
-    cache: InputCache | None = None,
-    should_stop: Callable[[list[float]], bool] | None = None,
-    single_shot_above_s: float | None = None,
-    extra: dict | None = None,
-) -> Measurement:
+def measure(kernel: Kernel, problem: Problem, device: torch.device | str, *, settings: TimerSettings = DEFAULT,
+            memory_budget: int | None = None, check_numerics: bool = True, measure_peak: bool = True,
+            device_key: str = "", seed: int = 0, cache: InputCache | None = None,
+            should_stop: Callable[[list[float]], bool] | None = None, single_shot_above_s: float | None = None,
+            extra: dict | None = None) -> Measurement:
     """Time `kernel` on random inputs for `problem`; see module docstring.
 
-    Parameters
-    ----------
-    memory_budget: bytes the point may use (inputs + workspace); over it the point is infeasible
-        without running.
-    cache: reuse input sets and gate references across the kernels of one problem.
-    should_stop: passed to `time_repetitions` (an optuna pruner's hook).
-    single_shot_above_s: a kernel whose first call takes longer gets one warm-up and one
-        batched sample (``stopped == "early"``) unless that sample shows it is no loser, when it
-        is timed fully: a clear loser needs no precise number.
-    extra: copied into ``Measurement.extra`` (e.g. the sweep phase, the trial number).
+    `memory_budget`: bytes the point may use (inputs + workspace; over it: infeasible without
+    running). `cache` reuses input sets and references across the kernels of one problem.
+    `should_stop` goes to `time_repetitions`. A kernel whose first call takes longer than
+    `single_shot_above_s` gets one warm-up and one batched sample (``stopped == "early"``) unless
+    that shows it is no loser. `extra` is copied into ``Measurement.extra``.
     """
     device = torch.device(device)
     base = {"problem": problem, "kernel": kernel.name, "device_key": device_key, "timestamp": time.time()}
@@ -119,9 +99,8 @@ def measure(
         input_sets = cache.input_sets(problem, device, seed, count)
         with torch.inference_mode():
             references = cache.references(problem, device, seed) if check_numerics else None
-            # The first call's time decides the loser / over-budget shortcuts, so it must not run
-            # under the CPU peak tracker (several times slower); the GPU's allocator counters cost
-            # nothing, so there the first call also gives the peak.
+            # The first call's time decides the shortcuts: it gives the peak too only on a GPU (the
+            # allocator's counters cost nothing there; the CPU tracker is slow).
             peak_on_first_call = measure_peak and device.type == "cuda"
             began = time.perf_counter()
             if peak_on_first_call:

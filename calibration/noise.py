@@ -1,66 +1,95 @@
-"""Is this machine quiet enough to time kernels? A fixed reference point, timed as a series of
-short samples before measuring starts and again when it ends, says how noisy timings are now.
+"""Is this machine quiet enough to time kernels? A reference point, timed as a series of short
+samples before measuring and again after, gives two signals; either can call the machine busy:
 
-Two signals, either can call the machine busy:
-- the spread: the interquartile range of the samples over their median (each sample is one call,
-  or a batch of back-to-back calls lasting ~2 ms where one call is shorter, as in
-  `calibration.timer`). It catches jitter, not a machine where every sample is slow alike;
-- the CPU share (`calibration.cpu_share`): this process's CPU time during the probe over wall
-  time x the cores torch uses. It catches the steady case (other processes keep every core
-  busy: a calibration can run 100x slow and look quiet by its spread) without knowing how
-  fast the machine should be. On a GPU it is the launching host thread's share of one core,
-  which can widen the timer but never stops a calibration alone (the kernels' times are the GPU's).
-The load average per CPU is reported beside them, never decisive.
+- the spread: the interquartile range of the samples over their median (jitter);
+- the CPU share: on a CPU device, this process's CPU time during the probe over wall time x the
+  cores torch uses (a steadily starved process, slow but even); on a GPU, the launching host
+  thread's share of one core (reported, never stops a calibration alone).
 
-Busy (spread over `BUSY_SPREAD`, or a share under `BUSY_CPU_SHARE`): the calibration widens its
-timer (`widened`: more samples per point) and says so. Too busy (spread over `STOP_SPREAD`, or a
-CPU device's share under `STOP_CPU_SHARE`): it stops before measuring, with a message, unless the
-user allows a busy machine (``calibrate --allow-busy``): such timings rank kernels at random.
+The load average per CPU is reported beside them. Busy: calibration widens its timer (`widened`);
+too busy: it stops before measuring (`check_quiet`) unless ``--allow-busy``. `MachineWatch` takes
+the same probes around `attn-dispatch bench` and `kernels`.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from dataclasses import dataclass, replace
+from time import perf_counter, process_time, thread_time
 
 import torch
 
-from attn_dispatch.calibration.cpu_share import ShareMeter, cores_in_use, host_share, load_per_cpu
 from attn_dispatch.calibration.inputs import make_inputs
 from attn_dispatch.calibration.timer import TimerSettings, interquartile_range, time_repetitions
 from attn_dispatch.kernels.math_kernel import MathKernel
 from attn_dispatch.kernels.problem import Problem
 
-# The reference point: the math kernel on a 256 x 256, 4-head, D=64 fp32 problem (67 MFLOP: 0.6 ms
-# with 2 threads and 1.1 ms with 1 on this project's quiet 2-core VM, batched to ~2 ms samples, so
-# a probe takes ~30 ms there; microseconds on a GPU, batched to ~2 ms samples too).
+# Iterations of `host_share`'s loop: long enough (tens of ms) to span a few scheduler time slices.
+HOST_LOOP_ITERATIONS = 200_000
+TINY_WALL_S = 1e-9  # wall time below this is treated as this when dividing
+
+
+def cores_in_use() -> int:
+    """The cores torch's intra-op threads can run on: its thread count, capped by the CPUs this
+    process may use (its affinity mask where the platform has one)."""
+    try:
+        available = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        available = os.cpu_count() or 1
+    return max(1, min(torch.get_num_threads(), available))
+
+
+class ShareMeter:
+    """``with ShareMeter(cores) as meter: ...`` then ``meter.share``: the process's CPU time
+    during the block over its wall time x `cores` (1.0 = the cores were ours the whole time)."""
+
+    def __init__(self, cores: int) -> None:
+        self.cores = cores
+        self.share = float("nan")
+
+    def __enter__(self) -> ShareMeter:
+        self._cpu, self._wall = process_time(), perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = max(perf_counter() - self._wall, TINY_WALL_S)
+        self.share = (process_time() - self._cpu) / (wall * self.cores)
+
+
+def host_share(iterations: int = HOST_LOOP_ITERATIONS) -> float:
+    """The calling thread's share of one core over a host-only loop of `iterations` steps
+    (1.0 = it ran the whole time): how freely this thread can issue GPU launches now."""
+    cpu, wall = thread_time(), perf_counter()
+    value = 0
+    for _ in range(iterations):
+        value = (value * 31 + 7) % 1000003
+    return (thread_time() - cpu) / max(perf_counter() - wall, TINY_WALL_S)
+
+
+def load_per_cpu() -> float | None:
+    """The 1-minute load average over the CPU count (None where the platform has none)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (AttributeError, OSError):  # Windows
+        return None
+
+
+# The reference point: the math kernel on a 256 x 256, 4-head, D=64 fp32 problem.
 REFERENCE_LENGTH = 256
 REFERENCE_HEADS = 4
 REFERENCE_HEAD_DIM = 64
-# Samples in one probe: with 15, one stray sample (a context switch) moves neither quartile.
 PROBE_SAMPLES = 15
 PROBE = TimerSettings(warmup=2, min_reps=PROBE_SAMPLES, max_reps=PROBE_SAMPLES, target_relative_iqr=0.0,
                       budget_s=math.inf)
-# Busy above this spread: `calibration.timer.QUICK` stops a point at a 10% relative IQR; a reference
-# point whose IQR is three times that cannot reach it in QUICK's few samples, so its medians carry
-# noise comparable to the gaps between close kernels. Quiet probes on a 2-core CPU spread up to 25%
-# (docs/RESULTS.md#busy-machine-probe), so 30% keeps a quiet machine from being called busy; a
-# steadily starved one is the CPU share's to catch.
+# Busy above this spread / under this CPU share; too busy to calibrate above / under these
+# (docs/RESULTS.md#busy-machine-probe gives the probes they were set from).
 BUSY_SPREAD = 0.30
-# Stop above this spread: samples of one call varying by half their median leave most of a quick
-# sweep's kernel orderings to chance (docs/RESULTS.md#busy-machine-probe).
 STOP_SPREAD = 0.50
-# CPU share thresholds (docs/RESULTS.md#busy-machine-probe: quiet probes 0.92-1.04, one of two cores
-# taken by another process 0.48-0.52). An OpenMP team whose thread is off its core stalls at every
-# barrier, so a lost share stretches times far more than in proportion, unevenly across kernels.
-# Busy under this share: below every quiet probe, with margin for a stray context switch.
 BUSY_CPU_SHARE = 0.85
-# Stop under this share: above a machine with one of its two cores taken, below every quiet probe.
 STOP_CPU_SHARE = 0.6
-# From this spread on, `spread_words` writes it as a multiple of the median ("8.3x the median
-# time") instead of a percentage ("spread 832%" reads as a bug): past 100% the samples' middle half
-# spans more than the median itself. Wording only: the verdicts above read the number.
+# From this spread on, `spread_words` writes it as a multiple of the median (wording only).
 SPREAD_AS_MULTIPLE = 1.0
 # A busy machine's timer: at least this many samples per point, and this many times the budget.
 WIDE_MIN_REPS = 7
@@ -70,8 +99,8 @@ WIDE_BUDGET_FACTOR = 2.0
 @dataclass(frozen=True)
 class Noise:
     """One probe: the reference point's median seconds and relative spread (IQR / median); the
-    CPU share (`calibration.cpu_share`; None when not measured), `host_only` when it is the
-    launching host thread's share on a GPU device; the load average per CPU (reported only)."""
+    CPU share (None when not measured), `host_only` when it is the launching host thread's share
+    on a GPU device; the load average per CPU (reported only)."""
 
     median_s: float
     spread: float
@@ -90,9 +119,13 @@ class Noise:
         return self.spread > BUSY_SPREAD or self.starved
 
     @property
+    def starved_to_stop(self) -> bool:
+        """Too busy on its CPU share (a CPU device's only)."""
+        return self.cpu_share is not None and not self.host_only and self.cpu_share < STOP_CPU_SHARE
+
+    @property
     def too_busy(self) -> bool:
-        starved = self.cpu_share is not None and not self.host_only and self.cpu_share < STOP_CPU_SHARE
-        return self.spread > STOP_SPREAD or starved
+        return self.spread > STOP_SPREAD or self.starved_to_stop
 
     def describe(self) -> str:
         """``verdict: the numbers it was decided on, with their thresholds`` (one line)."""
@@ -124,19 +157,14 @@ def spread_words(spread: float) -> str:
 
 
 def reference_problem(device_type: str) -> Problem:
-    return Problem(
-        batch=1, q_heads=REFERENCE_HEADS, kv_heads=REFERENCE_HEADS, q_len=REFERENCE_LENGTH,
-        kv_len=REFERENCE_LENGTH, head_dim=REFERENCE_HEAD_DIM, value_dim=REFERENCE_HEAD_DIM, dtype="float32",
-        device_type=device_type,
-    )
+    return Problem(1, REFERENCE_HEADS, REFERENCE_HEADS, REFERENCE_LENGTH, REFERENCE_LENGTH, REFERENCE_HEAD_DIM,
+                   REFERENCE_HEAD_DIM, "float32", device_type=device_type)
 
 
 def probe_noise(device: torch.device | str, *, samples: list[float] | None = None,
                 cpu_share: float | None = None) -> Noise:
-    """Time the reference point (`PROBE_SAMPLES` samples) and return its spread and CPU share.
-
-    `samples` (seconds) and `cpu_share` skip the timing: tests and benches score a series they have.
-    """
+    """Time the reference point (`PROBE_SAMPLES` samples) and return its spread and CPU share;
+    `samples` (seconds) and `cpu_share` skip the timing (tests score a series they have)."""
     device = torch.device(device)
     host_only = device.type != "cpu"
     cores = 1 if host_only else cores_in_use()
@@ -165,14 +193,12 @@ def probe_noise(device: torch.device | str, *, samples: list[float] | None = Non
 
 
 class MachineBusy(ValueError):
-    """The reference point's spread is over `STOP_SPREAD`, or its CPU share under `STOP_CPU_SHARE`:
-    calibrating now would store noise."""
+    """The machine is too busy to calibrate: calibrating now would store noise."""
 
 
 def threads_left_free(noise: Noise) -> int | None:
-    """The torch threads to suggest after a refusal: the cores this process's CPU share amounts to
-    (its share of the cores it used, in whole cores), at least 1 and fewer than it used; None where
-    it used one core already (fewer cannot help) or the share is unknown or the host thread's."""
+    """The torch threads to suggest after a refusal: the whole cores this process's CPU share
+    amounts to, at least 1 and fewer than it used; None where fewer cannot help or it is unknown."""
     cores = noise.cores or 1
     if noise.cpu_share is None or noise.host_only or cores <= 1:
         return None
@@ -180,9 +206,8 @@ def threads_left_free(noise: Noise) -> int | None:
 
 
 def check_quiet(noise: Noise, *, allow_busy: bool) -> None:
-    """Raise `MachineBusy` (a one-line message saying what to do) when the machine is too busy:
-    the concrete ``--threads N`` that measures on the cores other work leaves free where fewer
-    threads can help, and ``--allow-busy``, which always measures."""
+    """Raise `MachineBusy` (a one-line message saying what to do: ``--threads N`` where fewer
+    threads can help, ``--allow-busy``) when the machine is too busy."""
     if noise.too_busy and not allow_busy:
         threads = threads_left_free(noise)
         fewer = ("" if threads is None else
@@ -199,7 +224,104 @@ def check_quiet(noise: Noise, *, allow_busy: bool) -> None:
 
 def widened(settings: TimerSettings) -> TimerSettings:
     """`settings` for a busy machine: more samples per point and a larger per-point budget."""
-    return replace(
-        settings, min_reps=max(settings.min_reps, WIDE_MIN_REPS), max_reps=max(settings.max_reps, 2 * WIDE_MIN_REPS),
-        budget_s=settings.budget_s * WIDE_BUDGET_FACTOR,
-    )
+    return replace(settings, min_reps=max(settings.min_reps, WIDE_MIN_REPS),
+                   max_reps=max(settings.max_reps, 2 * WIDE_MIN_REPS), budget_s=settings.budget_s * WIDE_BUDGET_FACTOR)
+
+
+ALLOWED_CAUSE = "the machine was too busy to time kernels (measured anyway: --allow-busy)"
+ALLOWED_REASON = "measured on a machine too busy to time kernels (calibrate --allow-busy)"
+
+
+def change_words(start: Noise, end: Noise) -> str:
+    """The numbers that made the probe after measuring "too busy" (or busy), before and after:
+    ``"CPU share 96% before, 69% after"``, ``"spread 12% before, 3.2x the median time after"``,
+    or both joined by "; "."""
+    parts = []
+    if end.spread > STOP_SPREAD or not end.starved_to_stop:
+        parts.append(f"spread {spread_words(start.spread)} before, {spread_words(end.spread)} after")
+    if end.starved and start.cpu_share is not None:
+        parts.append(f"CPU share {start.cpu_share:.0%} before, {end.cpu_share:.0%} after")
+    return "; ".join(parts)
+
+
+def too_busy_cause(start: Noise | None, end: Noise | None) -> str | None:
+    """Why the timings cannot be trusted (``"the machine ..."``: measured under ``--allow-busy``, or
+    it became too busy while measuring), or None when neither probe said "too busy"."""
+    if start is not None and start.too_busy:
+        return ALLOWED_CAUSE
+    if end is None or not end.too_busy:
+        return None
+    return "the machine " + _became(start, end)
+
+
+def too_busy_reason(start: Noise | None, end: Noise | None) -> str | None:
+    """The reason a too-busy calibration's table guard stores, or None."""
+    if start is not None and start.too_busy:
+        return ALLOWED_REASON
+    if end is None or not end.too_busy:
+        return None
+    return "measured on a machine that " + _became(start, end)
+
+
+def _became(start: Noise | None, end: Noise) -> str:
+    """``"became too busy to time kernels while measuring (CPU share 96% before, 69% after)"``."""
+    if start is None:
+        return "was too busy to time kernels after measuring"
+    return f"became too busy to time kernels while measuring ({change_words(start, end)})"
+
+
+@dataclass(frozen=True)
+class MachineState:
+    """The probes before and after a timed run (`after` None where the run did not finish)."""
+
+    before: Noise
+    after: Noise | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.before.busy or (self.after is not None and self.after.busy)
+
+    def words(self) -> str:
+        """One line for a report's conditions: ``quiet before and after timing``, or when and why busy."""
+        if not self.busy:
+            return "quiet before and after timing" if self.after is not None else "quiet before timing"
+        busy = [(when, probe) for when, probe in (("before", self.before), ("after", self.after))
+                if probe is not None and probe.busy]
+        when = " and ".join(w for w, _ in busy)
+        numbers = busy[-1][1].describe().split(": ", 1)[-1]  # without calibrate's verdict words
+        return f"busy {when} timing ({numbers})"
+
+    def note(self) -> str | None:
+        """The closing note of a busy run (None when quiet)."""
+        if not self.busy:
+            return None
+        return (f"note: the machine was {self.words()}: these times carry its noise (a starved process's kernels "
+                "run slower, unevenly); run it again when the machine is quieter")
+
+    def to_dict(self) -> dict:
+        return {"busy": self.busy, "before": self.before.describe(),
+                "after": None if self.after is None else self.after.describe()}
+
+
+class MachineWatch:
+    """``with MachineWatch(device) as watch: <time things>``, then ``watch.state``: the probe is
+    taken on entering and on leaving the block (not after an exception)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._before: Noise | None = None
+        self._after: Noise | None = None
+
+    def __enter__(self) -> MachineWatch:
+        self._before = probe_noise(self.device)
+        return self
+
+    def __exit__(self, kind, *_exc) -> None:
+        if kind is None:
+            self._after = probe_noise(self.device)
+
+    @property
+    def state(self) -> MachineState:
+        if self._before is None:
+            raise RuntimeError("MachineWatch.state is read inside or after its `with` block, not before")
+        return MachineState(self._before, self._after)

@@ -1,17 +1,19 @@
-"""The timing harness of `attn-dispatch bench`: every path of one shape, interleaved.
+"""`attn-dispatch bench`: the scenarios' shapes, the harness that times every path of a shape, and
+the report (Markdown and JSON) with its verdict.
 
-A *path* is anything with the kernel protocol: the dispatcher (behind an adapter the bench
-command builds), PyTorch's SDPA called as a user calls it (`PytorchDefault`), the math kernel and
-every single kernel (so the oracle, the best single kernel, is known). Per shape:
+Scenarios, measured separately: ``prefill`` (causal ``Lq = Lk``), ``fill`` (a chunk against a long
+KV cache, with an explicit ``[B, 1, Lq, Lk]`` bool mask of random content, as transformers passes
+one there: no kernel skips blocks by mask content, so the cost is the same), ``decode`` (``Lq`` 1
+to 16 against 4k-128k keys), ``video`` (long non-causal self-attention, D=64) and ``heldout``
+(shapes no calibration samples: odd lengths, GQA 5 and 7, batches, every dtype and mask kind; not
+in ``all``). ``full`` sizes are a GPU's, ``small`` keeps the structure at CPU sizes.
 
-1. paths that cannot run (their `reasons`), whose workspace exceeds free memory or the budget
-   ("skipped: over budget"), or that the ranker predicts hopeless are recorded and not run;
-2. each other path goes once through `calibration.measure.measure` (support, memory budget,
-   numerics gate, peak memory, out-of-memory handling, a first timing); a path already
-   `loser_factor` slower than the best so far is timed once (``timed_once``);
-3. the remaining contenders are timed round-robin, one sample per path per round (a batch of
-   back-to-back calls of about `calibration.timer.TARGET_SAMPLE_S`), the order rotated each round, so that clock or
-   thermal drift affects all alike.
+A *path* is anything with the kernel protocol: the dispatcher, PyTorch's SDPA as a user calls it
+(`PytorchDefault`) and every single kernel (so the oracle, the best single kernel, is known). Per
+shape: paths that cannot run, do not fit or are predicted hopeless are recorded, not run; each
+other path goes once through `calibration.measure.measure` (a path `loser_factor` slower than the
+best so far is timed once); the rest are timed round-robin, one batched sample per path per round,
+the order rotated each round so that drift affects all alike.
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from attn_dispatch.calibration.inputs import InputCache, rotation_count
+from attn_dispatch.calibration.kernel_bench import NamedShape, on_device
 from attn_dispatch.calibration.measure import SINGLE_SHOT, empty_cache, measure
-from attn_dispatch.calibration.scenarios import Shape
+from attn_dispatch.calibration.noise import MachineState
 from attn_dispatch.calibration.timer import (
     TimerSettings,
     calls_per_sample,
@@ -38,12 +42,126 @@ from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 
+SCENARIOS = ("prefill", "fill", "decode", "video")
+EXTRA_SCENARIOS = ("heldout",)
+SIZES = ("small", "full")
+
+# Llama-3-8B attention; video DiT attention (CogVideoX's D=64, 16-24 heads); CPU stand-ins with
+# the same GQA ratio and causality.
+LLM_Q_HEADS, LLM_KV_HEADS, LLM_HEAD_DIM = 32, 8, 128
+VIDEO_HEAD_DIM = 64
+SMALL_Q_HEADS, SMALL_KV_HEADS, SMALL_HEAD_DIM = 8, 2, 64
+SMALL_VIDEO_HEADS = 4
+
+Shape = NamedShape  # `suite` is the scenario
+
+
+def _llm(scenario: str, q_len: int, kv_len: int, dtype: str, *, small: bool, causal: bool = False,
+         mask: bool = False) -> Shape:
+    heads, kv_heads, dim = (SMALL_Q_HEADS, SMALL_KV_HEADS, SMALL_HEAD_DIM) if small else (
+        LLM_Q_HEADS, LLM_KV_HEADS, LLM_HEAD_DIM)
+    mask_kind, mask_shape = ("bool", (1, 1, q_len, kv_len)) if mask else ("none", ())
+    return Shape(scenario, Problem(1, heads, kv_heads, q_len, kv_len, dim, dim, dtype, causal, mask_kind, mask_shape))
+
+
+def _video(length: int, heads: int, dtype: str) -> Shape:
+    return Shape("video", Problem(1, heads, heads, length, length, VIDEO_HEAD_DIM, VIDEO_HEAD_DIM, dtype))
+
+
+def _heldout(batch: int, heads: int, kv_heads: int, q_len: int, kv_len: int, dim: int, dtype: str,
+             causal: bool = False, mask_kind: str = "none") -> Shape:
+    mask_shape = (batch, 1, q_len, kv_len) if mask_kind != "none" else ()
+    return Shape("heldout", Problem(batch, heads, kv_heads, q_len, kv_len, dim, dim, dtype, causal, mask_kind, mask_shape))
+
+
+# Held-out shapes: (batch, heads, kv heads, Lq, Lk, head dim, dtype, causal, mask kind).
+FULL_HELDOUT = (
+    (2, 16, 16, 3000, 3000, 96, "bfloat16", True, "none"),       # prefill, MHA, D=96
+    (1, 40, 8, 6144, 6144, 128, "float16", True, "none"),        # prefill, GQA 5
+    (4, 12, 12, 1536, 1536, 64, "float16", True, "none"),        # prefill, small model, batch 4
+    (1, 32, 8, 2000, 2000, 128, "float32", True, "none"),        # prefill in fp32
+    (4, 32, 4, 1, 20000, 128, "float16", False, "none"),         # decode, GQA 8, batch 4
+    (8, 32, 32, 1, 8000, 128, "float16", False, "none"),         # decode, MHA, batch 8
+    (2, 28, 4, 3, 50000, 128, "bfloat16", False, "none"),        # speculative decode, GQA 7
+    (1, 64, 8, 8, 100000, 128, "float16", False, "none"),        # speculative decode, 64 heads
+    (1, 32, 8, 1, 60000, 128, "float32", False, "none"),         # decode in fp32
+    (1, 32, 8, 1000, 24000, 128, "float16", False, "bool"),      # chunked prefill, bool mask
+    (2, 16, 2, 300, 9000, 128, "bfloat16", False, "float"),      # chunked prefill, float mask, GQA 8
+    (2, 24, 24, 12000, 12000, 64, "bfloat16", False, "none"),    # video, batch 2
+    (1, 30, 30, 45000, 45000, 64, "bfloat16", False, "none"),    # video, CogVideoX-2B heads
+    (1, 16, 16, 20000, 20000, 80, "float16", False, "none"),     # video, D=80
+    (1, 24, 24, 10000, 10000, 64, "float32", False, "none"),     # video in fp32
+)
+SMALL_HELDOUT = (
+    (2, 6, 6, 300, 300, 96, "float32", True, "none"),
+    (1, 10, 2, 600, 600, 64, "float32", True, "none"),
+    (3, 8, 1, 1, 3000, 64, "float32", False, "none"),
+    (2, 7, 1, 3, 5000, 64, "float32", False, "none"),
+    (1, 8, 2, 100, 2400, 64, "float32", False, "bool"),
+    (2, 4, 4, 700, 700, 80, "float32", False, "none"),
+)
+
+
+FULL_PREFILL = (512, 1024, 2048, 4096, 8192, 16384)
+FULL_FILL_CHUNKS, FULL_FILL_CACHES = (512, 2048, 4096), (16384, 65536, 131072)
+FULL_DECODE_QUERIES, FULL_DECODE_CACHES = (1, 4, 16), (4096, 32768, 131072)
+FULL_VIDEO = ((8192, 24), (16384, 24), (32768, 24), (65536, 16), (131072, 16))
+SMALL_PREFILL = (128, 256, 512)
+SMALL_FILL_CHUNKS, SMALL_FILL_CACHES = (32, 128), (1024, 2048)
+SMALL_DECODE_QUERIES, SMALL_DECODE_CACHES = (1, 8), (1024, 4096)
+SMALL_VIDEO = ((512, SMALL_VIDEO_HEADS), (1024, SMALL_VIDEO_HEADS))
+
+
+def _full(scenario: str) -> list[Shape]:
+    if scenario == "heldout":
+        return [_heldout(*row) for row in FULL_HELDOUT]
+    if scenario == "prefill":
+        return [_llm("prefill", n, n, dtype, small=False, causal=True)
+                for dtype in ("float16", "bfloat16") for n in FULL_PREFILL]
+    if scenario == "fill":
+        return [_llm("fill", q, k, "float16", small=False, mask=True) for k in FULL_FILL_CACHES for q in FULL_FILL_CHUNKS]
+    if scenario == "decode":
+        return [_llm("decode", q, k, "float16", small=False) for k in FULL_DECODE_CACHES for q in FULL_DECODE_QUERIES]
+    return [_video(n, heads, "bfloat16") for n, heads in FULL_VIDEO]
+
+
+def _small(scenario: str, dtype: str) -> list[Shape]:
+    if scenario == "heldout":
+        return [_heldout(*row[:6], dtype, *row[7:]) for row in SMALL_HELDOUT]
+    if scenario == "prefill":
+        return [_llm("prefill", n, n, dtype, small=True, causal=True) for n in SMALL_PREFILL]
+    if scenario == "fill":
+        return [_llm("fill", q, k, dtype, small=True, mask=True) for k in SMALL_FILL_CACHES for q in SMALL_FILL_CHUNKS]
+    if scenario == "decode":
+        return [_llm("decode", q, k, dtype, small=True) for k in SMALL_DECODE_CACHES for q in SMALL_DECODE_QUERIES]
+    return [_video(n, heads, dtype) for n, heads in SMALL_VIDEO]
+
+
+def scenario_shapes(scenarios: str | tuple[str, ...], *, size: str, device_type: str,
+                    small_dtype: str = "float32") -> list[Shape]:
+    """The shapes of `scenarios` (a name, ``"all"`` or a tuple of names) at `size` (``"full"`` or
+    ``"small"``: every shape in `small_dtype`), on `device_type`."""
+    names = SCENARIOS if scenarios == "all" else (scenarios,) if isinstance(scenarios, str) else tuple(scenarios)
+    unknown = [name for name in names if name not in SCENARIOS + EXTRA_SCENARIOS]
+    if unknown:
+        raise ValueError(f"unknown scenario {unknown[0]!r}: choose among "
+                         f"{', '.join(SCENARIOS + EXTRA_SCENARIOS)} or 'all'")
+    if size not in SIZES:
+        raise ValueError(f"size={size!r}: choose 'small' (CPU-sized) or 'full' (GPU-sized)")
+    shapes = []
+    for name in names:
+        shapes += _full(name) if size == "full" else _small(name, small_dtype)
+    return [on_device(shape, torch.device(device_type)) for shape in shapes]
+
+
+def default_size(device_type: str) -> str:
+    """``full`` on a GPU, ``small`` on the CPU (full sizes would take hours there)."""
+    return "small" if device_type == "cpu" else "full"
+
+
 ROLES = ("dispatcher", "pytorch", "kernel")
 SKIPPED = "skipped"
-MIN_PAIRED_ROUNDS = 2
-"""Rounds two paths must share for a paired ratio (with one, it is the plain ratio)."""
-# One round's sample of a path is a batch of back-to-back calls sized by the timer's rule
-# (`calibration.timer.calls_per_sample`: about 2 ms per sample, for the reason given there).
+MIN_PAIRED_ROUNDS = 2  # rounds two paths must share for a paired ratio
 
 
 class PytorchDefault(Kernel):
@@ -66,25 +184,13 @@ class PytorchDefault(Kernel):
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """How hard the harness tries per shape.
+    """How hard the harness tries per shape: `rounds` / `min_rounds` interleaved rounds at most /
+    at least, no new round after `shape_budget_s`; `warmup` untimed calls after a path's first
+    (gated) call; a path `loser_factor` x the best so far is timed once; a kernel predicted
+    `hopeless_factor` x the best predicted path and over `hopeless_min_s` is not run (baselines
+    always run); once a shape's first pass has taken `first_pass_budget_s`, its remaining single
+    kernels are not run."""
 
-    Attributes
-    ----------
-    rounds, min_rounds: interleaved rounds at most / at least (one repetition per path each).
-    shape_budget_s: no new round starts once the shape has taken this long (after `min_rounds`).
-    warmup: untimed calls of each path after its first (gated) call.
-    loser_factor: a path whose first timing is this many times the best so far is timed once.
-    hopeless_factor, hopeless_min_s: a kernel predicted `hopeless_factor` x slower than the best
-        predicted path, and slower than `hopeless_min_s`, is not run (baselines always run).
-    first_pass_budget_s: once the first pass of a shape has taken this long, its remaining single
-        kernels (the predicted slowest: they come last) are not run; a guard against wrong
-        predictions on huge shapes.
-    """
-
-    # Defaults: 3-10 samples give a median and an interquartile range (the timer's own DEFAULT
-    # keeps 5-50); 3 s per shape keeps 35 GPU shapes within a few minutes; a path 4x slower than
-    # the best cannot be the oracle whatever the noise; the 10x / 20 ms hopeless rule only skips
-    # paths that would cost real time and that the ranker expects to be far behind.
     rounds: int = 10
     min_rounds: int = 3
     shape_budget_s: float = 3.0
@@ -115,8 +221,8 @@ class BenchPath:
 
 @dataclass
 class PathResult:
-    """One path on one shape. `status`: ok / unsupported / infeasible (out of memory or over the
-    budget while running) / inaccurate / failed / skipped (not run: over budget or hopeless)."""
+    """One path on one shape. `status`: ok / unsupported / infeasible / inaccurate / failed /
+    skipped (not run: over budget or hopeless)."""
 
     label: str
     role: str
@@ -174,10 +280,8 @@ class ShapeResult:
         return None if pair is None else pair[0].median_s / pair[1].median_s
 
     def paired_ratio(self, role: str) -> float | None:
-        """`ratio` taken round by round: the median over the interleaved rounds of the dispatcher's
-        sample / the other path's sample of the same round, so that load which changes between
-        rounds cancels (llm_grid's paired ratio). The plain `ratio` where the two were not timed in
-        the same rounds (a path timed once)."""
+        """`ratio` taken round by round (the median of per-round ratios: load that changes between
+        rounds cancels); the plain `ratio` where the two were not timed in the same rounds."""
         pair = self._pair(role)
         if pair is None:
             return None
@@ -266,25 +370,13 @@ def _rounds(contenders: list[tuple[BenchPath, PathResult]], problem: Problem, de
     return done
 
 
-def bench_shape(
-    shape: Shape,
-    device: torch.device | str,
-    paths: Sequence[BenchPath],
-    *,
-    settings: BenchSettings = BenchSettings(),
-    memory_budget: int | None = None,
-    workspace_limit: int | None = None,
-) -> ShapeResult:
-    """Time every path of `shape` (see module docstring). Never raises for a path's failure.
-
-    Parameters
-    ----------
-    paths: the dispatcher first, then PyTorch's default, then the single kernels (the order the
-        first pass runs them in; the best so far decides who is a loser).
-    memory_budget: bytes one call may use (inputs + workspace), passed to `measure`.
-    workspace_limit: free memory or the budget, whichever is smaller: paths whose inputs and
-        workspace exceed it are skipped without running.
-    """
+def bench_shape(shape: Shape, device: torch.device | str, paths: Sequence[BenchPath], *,
+                settings: BenchSettings = BenchSettings(), memory_budget: int | None = None,
+                workspace_limit: int | None = None) -> ShapeResult:
+    """Time every path of `shape` (see module docstring); never raises for a path's failure.
+    `paths`: the dispatcher, PyTorch's default, then the single kernels (the first pass's order).
+    `memory_budget`: bytes one call may use, passed to `measure`; `workspace_limit`: paths whose
+    inputs and workspace exceed it are skipped without running."""
     device = torch.device(device)
     problem = shape.problem
     started = time.perf_counter()
@@ -319,3 +411,153 @@ def bench_shape(
         cache.clear()
         empty_cache(device)
     return ShapeResult(shape, results, rounds=rounds, wall_s=time.perf_counter() - started)
+
+
+FORMAT_VERSION = 1
+MS = 1e3  # seconds -> milliseconds
+NOT_OK = ("infeasible", "failed", "inaccurate", "skipped")
+VERDICT_MARGIN = 0.03  # a geo-mean within this fraction of PyTorch's default time: no gain, no loss
+
+
+def geometric_mean(values: list[float]) -> float | None:
+    """Geometric mean of positive finite values (None when there are none)."""
+    values = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def _worst(shapes: list[ShapeResult], role: str, paired: bool = False) -> tuple[float | None, str | None]:
+    ratio = ShapeResult.paired_ratio if paired else ShapeResult.ratio
+    rated = [(r, s.shape.label) for s in shapes if (r := ratio(s, role)) is not None]
+    return max(rated) if rated else (None, None)
+
+
+def summarise(shapes: list[ShapeResult]) -> dict:
+    """Ratios of the dispatcher to the oracle and to PyTorch's default over `shapes` (of the
+    medians, and paired per round: ``*_paired_*``)."""
+    worst_oracle, worst_oracle_shape = _worst(shapes, "oracle")
+    worst_pytorch, worst_pytorch_shape = _worst(shapes, "pytorch")
+    to_pytorch = [s.ratio("pytorch") for s in shapes if s.ratio("pytorch") is not None]
+    failures: Counter = Counter()
+    for shape in shapes:
+        for path in shape.paths:
+            if path.status in NOT_OK:
+                failures[(path.label, path.status)] += 1
+    return {
+        "shapes": len(shapes),
+        "oracle_geomean": geometric_mean([s.ratio("oracle") for s in shapes]),
+        "oracle_worst": worst_oracle, "oracle_worst_shape": worst_oracle_shape,
+        "pytorch_geomean": geometric_mean(to_pytorch),
+        "pytorch_best": min(to_pytorch) if to_pytorch else None,
+        "pytorch_worst": worst_pytorch, "pytorch_worst_shape": worst_pytorch_shape,
+        "oracle_paired_geomean": geometric_mean([s.paired_ratio("oracle") for s in shapes]),
+        "oracle_paired_worst": _worst(shapes, "oracle", paired=True)[0],
+        "pytorch_paired_geomean": geometric_mean([s.paired_ratio("pytorch") for s in shapes]),
+        "pytorch_paired_worst": _worst(shapes, "pytorch", paired=True)[0],
+        "chose_oracle": sum(1 for s in shapes if s.oracle is not None and s.chosen == _kernel_of(s.oracle.label)),
+        "dispatcher_failures": sum(1 for s in shapes if (p := s.path("dispatcher")) is not None and p.status != "ok"),
+        "pytorch_failures": sum(1 for s in shapes if (p := s.path("pytorch")) is not None and p.status != "ok"),
+        "failures": [{"path": label, "status": status, "shapes": count}
+                     for (label, status), count in sorted(failures.items())],
+    }
+
+
+def _kernel_of(label: str) -> str:
+    """The kernel a path label stands for."""
+    return {"pytorch_default": "sdpa_default", "pytorch_math": "sdpa_math"}.get(label, label)
+
+
+@dataclass
+class BenchReport:
+    """A whole bench run: its conditions and every shape's result."""
+
+    conditions: dict
+    shapes: list[ShapeResult] = field(default_factory=list)
+    machine: MachineState | None = None
+
+    def scenarios(self) -> list[str]:
+        return list(dict.fromkeys(s.shape.suite for s in self.shapes))
+
+    def summaries(self) -> dict[str, dict]:
+        out = {name: summarise([s for s in self.shapes if s.shape.suite == name]) for name in self.scenarios()}
+        out["all"] = summarise(self.shapes)
+        return out
+
+    def to_dict(self) -> dict:
+        return {"format_version": FORMAT_VERSION, "kind": "attn-dispatch bench", "conditions": self.conditions,
+                "machine": None if self.machine is None else self.machine.to_dict(),
+                "summary": self.summaries(), "shapes": [s.to_dict() for s in self.shapes], "verdict": self.verdict()}
+
+    def verdict(self) -> str:
+        """One line: gain or no gain on this machine over PyTorch's default, and why."""
+        return verdict(self.shapes, self.machine, self.conditions.get("table used"))
+
+    def markdown(self) -> str:
+        lines = ["# attn-dispatch bench", "", "Conditions:", ""]
+        lines += [f"- {key}: {value}" for key, value in self.conditions.items()]
+        lines += ["", "Ratios are dispatcher time / other time (below 1: the dispatcher is faster). Oracle = the "
+                  "fastest single kernel measured on that shape (PyTorch's default included).", "",
+                  "| scenario | shapes | dispatcher / oracle (geo-mean) | worst | dispatcher / PyTorch default "
+                  "(geo-mean) | best | worst | chose the oracle |", "|---|---|---|---|---|---|---|---|"]
+        for name, s in self.summaries().items():
+            lines.append(f"| {name} | {s['shapes']} | {_x(s['oracle_geomean'])} | {_x(s['oracle_worst'])} | "
+                         f"{_x(s['pytorch_geomean'])} | {_x(s['pytorch_best'])} | {_x(s['pytorch_worst'])} | "
+                         f"{s['chose_oracle']}/{s['shapes']} |")
+        for name in self.scenarios():
+            lines += ["", f"## {name}", "", "| shape | dispatcher chose | dispatcher ms (spread) | oracle | oracle ms | "
+                      "PyTorch default ms | math ms | / oracle | / PyTorch | not run or failed |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
+            lines += [_row(s) for s in self.shapes if s.shape.suite == name]
+        lines += ["", f"**Verdict:** {self.verdict()}"]
+        return "\n".join(lines) + "\n"
+
+
+def verdict(shapes: list[ShapeResult], machine: MachineState | None, table: str | None = None) -> str:
+    """``gain on this machine: ...`` or ``no gain on this machine: ...``, with the reason (the
+    geo-mean over `shapes` against `VERDICT_MARGIN`, the shapes that kept PyTorch's own call, a
+    busy machine)."""
+    rated = [s for s in shapes if s.ratio("pytorch") is not None]
+    busy = machine is not None and machine.busy
+    caveat = (f"; the machine was {machine.words().split(' (')[0]}, so these ratios carry its noise: run it again "
+              "when it is quieter") if busy else ""
+    if not rated:
+        return f"no verdict: no shape timed both the dispatcher and PyTorch's default{caveat}"
+    ratio = geometric_mean([s.ratio("pytorch") for s in rated])
+    kept = sum(1 for s in rated if s.chosen == _kernel_of(s.path("pytorch").label))
+    measured = f"{ratio:.2f}x PyTorch's default time (geo-mean over {len(rated)} shapes)"
+    if kept == len(rated):
+        why = (f"it kept PyTorch's own call on all {len(rated)} shapes, so it runs what PyTorch runs and the "
+               f"{ratio:.2f}x is its call overhead and timing noise")
+        if table and table.startswith("analytic prior"):
+            why += " (no calibrated table here: `attn-dispatch calibrate` measures this machine's)"
+        return f"no gain on this machine: {why}{caveat}"
+    if ratio < 1 - VERDICT_MARGIN:
+        return (f"gain on this machine: the dispatcher took {measured}; it ran another kernel than PyTorch's on "
+                f"{len(rated) - kept} of them{caveat}")
+    if ratio <= 1 + VERDICT_MARGIN:
+        return (f"no gain on this machine: the dispatcher took {measured}, within {VERDICT_MARGIN:.0%} of it, "
+                f"the bench's noise{caveat}")
+    return (f"no gain on this machine: the dispatcher took {measured}; its other kernels (on {len(rated) - kept} "
+            f"shapes) ran slower here{caveat or ' (`attn-dispatch check` re-measures its table on this machine)'}")
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _ms(shape: ShapeResult, role: str | None = None, label: str | None = None) -> str:
+    path = shape.path(role) if role else next((p for p in shape.paths if p.label == label), None)
+    if path is None:
+        return "-"
+    if path.status != "ok":
+        return path.status
+    text = f"{path.median_s * MS:.3f}"
+    return f"{text} ({path.spread:.0%})" if role == "dispatcher" else text
+
+
+def _row(shape: ShapeResult) -> str:
+    oracle = shape.oracle
+    problems = sorted({f"{p.label}: {p.status}" for p in shape.paths if p.status in NOT_OK})
+    oracle_ms = f"{oracle.median_s * MS:.3f}" if oracle else "-"
+    return (f"| {shape.shape.label} | {shape.chosen or '-'} | {_ms(shape, 'dispatcher')} | "
+            f"{oracle.label if oracle else '-'} | {oracle_ms} | {_ms(shape, 'pytorch')} | {_ms(shape, label='math')} | "
+            f"{_x(shape.ratio('oracle'))} | {_x(shape.ratio('pytorch'))} | {'; '.join(problems) or '-'} |")

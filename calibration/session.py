@@ -1,38 +1,119 @@
 """One `attn-dispatch calibrate` run: workers (in-process for one device, one process per device
-otherwise), then gather, gate, fit and write the table, and summarise.
+otherwise) with a progress bar, then gather, gate, fit and write the table, and summarise.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attn_dispatch.calibration.busy_words import ALLOWED_CAUSE, too_busy_cause, too_busy_reason
-from attn_dispatch.calibration.config import CalibrationConfig
+from optuna.storages import BaseStorage
+from tqdm import tqdm
+
+from attn_dispatch.calibration.claims import ClaimBoard, Owner
+from attn_dispatch.calibration.config import CalibrationConfig, default_results, default_storage
 from attn_dispatch.calibration.finish import TOO_BUSY_REASON, FitOutcome, fit_and_write, merge
-from attn_dispatch.calibration.launch import launch_workers
 from attn_dispatch.calibration.noise import (
+    ALLOWED_CAUSE,
     WIDE_BUDGET_FACTOR,
     WIDE_MIN_REPS,
     MachineBusy,
     Noise,
     check_quiet,
     probe_noise,
+    too_busy_cause,
+    too_busy_reason,
 )
-from attn_dispatch.calibration.paths import default_results, default_storage
-from attn_dispatch.calibration.progress import Progress, StoragePoller
-from attn_dispatch.calibration.recorder import storage_measurements
-from attn_dispatch.calibration.results import ResultsStore
-from attn_dispatch.calibration.storage import describe_storage, open_storage
-from attn_dispatch.calibration.worker import Worker, WorkerReport
+from attn_dispatch.calibration.plan import agreed
+from attn_dispatch.calibration.results import (
+    ResultsStore,
+    describe_storage,
+    open_storage,
+    problem_id,
+    storage_measurements,
+)
+from attn_dispatch.calibration.worker import Worker, WorkerReport, launch_workers
 from attn_dispatch.calibration.workload import for_device, read_workload
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.identity import DeviceIdentity, torch_threads
 from attn_dispatch.models.measurement import Measurement
+
+# The parent reads claim states (one storage read per problem) at most this often.
+STATE_POLL_S = 2.0
+
+
+class Progress:
+    """A tqdm bar over problems (with an ETA) with point counts as its postfix; `enabled` False
+    for a silent run."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.points = Counter()
+        self._enabled = enabled
+        self._made: tqdm | None = None  # made at the first plan: a too-busy refusal prints one line, no bar
+
+    @property
+    def _bar(self) -> tqdm:
+        if self._made is None:
+            self._made = tqdm(total=0, unit="problem", desc="calibrating", file=sys.stderr,
+                              disable=not self._enabled, dynamic_ncols=True, smoothing=0.1)
+        return self._made
+
+    def plan(self, added: int) -> None:
+        self._bar.total = (self._bar.total or 0) + added
+        self._bar.refresh()
+
+    def problem(self, count: int = 1) -> None:
+        self._bar.update(count)
+
+    def record(self, record: dict) -> None:
+        self.points[record.get("status", "?")] += 1
+        timed = sum(n for s, n in self.points.items() if s != "unsupported")
+        self._bar.set_postfix(points=timed, infeasible=self.points["infeasible"], refresh=False)
+
+    def close(self) -> None:
+        if self._made is not None:
+            self._made.close()
+
+
+class StoragePoller:
+    """Feeds `Progress` from the results store and the claim states (one process per device)."""
+
+    def __init__(self, progress: Progress, store: ResultsStore, storage: BaseStorage, calibration_id: str, *, stages: list[str]) -> None:
+        self.progress = progress
+        self.store = store
+        self.storage = storage
+        self.calibration_id = calibration_id
+        self.stages = stages
+        self.board = ClaimBoard(storage, calibration_id, Owner.current("progress"))
+        self._planned: dict[str, int] = {}
+        self._done = 0
+        self._last_state = 0.0
+
+    def __call__(self) -> None:
+        for record in self.store.read_new():
+            if record.get("run") == self.calibration_id:
+                self.progress.record(record)
+        if time.time() - self._last_state < STATE_POLL_S:
+            return
+        self._last_state = time.time()
+        problems = []
+        for stage in self.stages:
+            plan = agreed(self.storage, self.calibration_id, stage)
+            if plan is None:
+                continue
+            if stage not in self._planned:
+                self._planned[stage] = len(plan)
+                self.progress.plan(len(plan))
+            problems += plan
+        done = sum(1 for p in problems if self.board.state(problem_id(p)).done)
+        if done > self._done:
+            self.progress.problem(done - self._done)
+            self._done = done
 
 
 def discard_if_empty(path: str | os.PathLike) -> None:
@@ -47,25 +128,21 @@ def discard_if_empty(path: str | os.PathLike) -> None:
 
 
 def too_busy_measured(cause: str) -> str:
-    """The busy warning of a calibration a probe found too busy (`busy_words.too_busy_cause`:
-    `cause`), when no table was stored."""
+    """The warning of a calibration a probe found too busy (`cause`: `noise.too_busy_cause`) that
+    stored no table."""
     return (f"warning: {cause}; these timings may rank kernels wrongly; calibrate again when the machine "
             "is quiet")
 
 
 def too_busy_stored(cause: str) -> str:
-    """The busy warning of a calibration a probe found too busy (`busy_words.too_busy_cause`:
-    `cause`) whose table was stored: what serves is decided by the busy verdict, not by the
-    held-out scores (`finish.fit_and_write`)."""
+    """The warning of a too-busy calibration whose table was stored (PyTorch's default serves)."""
     return (f"warning: {cause}, so the table stored does not use its model or its per-bucket winners: PyTorch's "
             "default serves inference calls, except in the buckets measured here, where their measured "
             "winners do (PyTorch's default where its time overlaps the fastest); calibrate again when the "
             "machine is quiet")
 
 
-TOO_BUSY_MEASURED = too_busy_measured(ALLOWED_CAUSE)
-TOO_BUSY_STORED = too_busy_stored(ALLOWED_CAUSE)
-"""The busy warnings of a calibration measured under ``--allow-busy`` (`finish.TOO_BUSY_REASON`)."""
+TOO_BUSY_STORED = too_busy_stored(ALLOWED_CAUSE)  # under --allow-busy
 
 
 @dataclass
@@ -84,7 +161,7 @@ class CalibrationSummary:
     measurements: list[Measurement] = field(default_factory=list)
     fit: FitOutcome = field(default_factory=FitOutcome)
     workload: list[Problem] = field(default_factory=list)
-    noise_start: Noise | None = None  # the machine's noise before and after measuring (`calibration.noise`)
+    noise_start: Noise | None = None  # the machine's noise before and after measuring
     noise_end: Noise | None = None
 
     @property
@@ -96,14 +173,13 @@ class CalibrationSummary:
         return sum(r.timed for r in self.reports)
 
     def timing_thread_count(self) -> int | None:
-        """The torch threads every worker of a CPU calibration timed with (the table records it:
-        the dispatcher warns a process running another count); None on a GPU or for mixed counts."""
+        """The torch threads every worker of a CPU calibration timed with (the table records it);
+        None on a GPU or for mixed counts."""
         threads = {r.threads for r in self.reports if r.threads}
         return threads.pop() if self.identity.device_type == "cpu" and len(threads) == 1 else None
 
     def timing_threads(self) -> str:
-        """``"1 torch thread of its 2"`` for a CPU calibration: the threads its workers timed with
-        (``--threads``), against the logical CPUs its card model counts ("(2 threads)"); "" on a GPU."""
+        """``"1 torch thread of its 2 logical CPUs"`` for a CPU calibration; "" on a GPU."""
         threads = sorted({r.threads for r in self.reports if r.threads})
         if self.identity.device_type != "cpu" or not threads:
             return ""
@@ -172,32 +248,18 @@ class CalibrationSummary:
         return out
 
 
-def calibrate(
-    config: CalibrationConfig,
-    *,
-    out: str | os.PathLike | None = None,
-    show_progress: bool = True,
-    kernels: list[Kernel] | None = None,
-    fit: bool = True,
-) -> CalibrationSummary:
-    """Run a calibration to its end (see module docstring).
-
-    Parameters
-    ----------
-    out: also write the table here (it always goes where the dispatcher looks).
-    kernels: override the kernel set (tests; single device only).
-    fit: False stops after measuring (the measurements stay in the results store).
-    """
+def calibrate(config: CalibrationConfig, *, out: str | os.PathLike | None = None, show_progress: bool = True,
+              kernels: list[Kernel] | None = None, fit: bool = True) -> CalibrationSummary:
+    """Run a calibration to its end. `out`: also write the table here; `kernels`: override the
+    kernel set (one device only); `fit` False stops after measuring."""
     started = time.time()
     identity = DeviceIdentity.detect(config.devices[0])
     calibration_id = config.calibration_id(identity)
     deadline = started + config.effective_budget_s
     store = ResultsStore(config.results or default_results(calibration_id))
     journal = default_storage(calibration_id)
-    summary = CalibrationSummary(
-        calibration_id, identity, config.devices, store.path,
-        describe_storage(config.storage, default_journal=journal),
-    )
+    summary = CalibrationSummary(calibration_id, identity, config.devices, store.path,
+                                 describe_storage(config.storage, default_journal=journal))
     summary.resumed_points = sum(1 for r in store.read() if r.get("run") == calibration_id)
     if config.workload is not None:  # a bad file fails here, before any worker starts
         summary.workload = for_device(read_workload(config.workload), identity.device_type)

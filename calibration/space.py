@@ -1,12 +1,10 @@
 """The problem space calibration samples, and a seeded, space-filling sample of it.
 
-Dimensions: query length (1 to 64k), KV length (up to what fits in the card's memory), head dim
-(64, 80, 96, 128, 256), dtype (fp16, bf16, fp32), query heads and GQA ratio, causal or not, mask
-kind, batch, and the layout (contiguous or a transposed ``[B, L, H, D]`` view). A scrambled Halton
-sequence gives the points, so every prefix of the sample covers the space evenly (a run cut short
-by its time budget still spans it). Lengths are log-spaced. Each point is then shrunk (batch,
-heads, lengths) until its inputs fit the memory cap and its fastest kernel's predicted time fits
-the per-problem cap; the same seed and caps give the same sample on every worker.
+Dimensions: query and KV length (log-spaced), head dim, dtype, query heads and GQA ratio, causal,
+mask kind, batch, and the layout (contiguous or a transposed ``[B, L, H, D]`` view). A scrambled
+Halton sequence gives the points, so every prefix of the sample covers the space evenly. Each point
+is shrunk (batch, heads, lengths) until its inputs fit the memory cap and its fastest kernel's
+predicted time fits the per-problem cap; the same seed and caps give the same sample everywhere.
 """
 
 from __future__ import annotations
@@ -20,13 +18,10 @@ from scipy.stats import qmc
 
 from attn_dispatch.kernels.problem import Problem
 
-# Sequence lengths above this are rounded to a multiple of `LENGTH_MULTIPLE` (8: tokenizers and
-# video latents commonly pad to multiples of 8); shorter ones (decode, speculative decoding) stay exact.
+# Sequence lengths above `EXACT_BELOW` are rounded to a multiple of `LENGTH_MULTIPLE`.
 LENGTH_MULTIPLE = 8
 EXACT_BELOW = 64
-# The shortest KV length sampled (and where shrinking stops): below 16 keys every kernel costs its
-# launch overhead alone, and no model keeps a KV cache that short.
-MIN_KV_LEN = 16
+MIN_KV_LEN = 16  # the shortest KV length sampled, and where shrinking stops
 MIN_SHRINK_LENGTH = MIN_KV_LEN
 # Scrambled Halton dimensions, in order (`_point` reads them by index).
 DIMENSIONS = ("scenario", "q_len", "kv_len", "head_dim", "dtype", "heads", "gqa", "causal", "mask", "batch", "layout")
@@ -34,21 +29,11 @@ DIMENSIONS = ("scenario", "q_len", "kv_len", "head_dim", "dtype", "heads", "gqa"
 
 @dataclass(frozen=True)
 class SpaceProfile:
-    """The ranges and shares of one kind of calibration (quick or full, CPU or GPU).
-
-    Attributes
-    ----------
-    problems: points in the first sweep.
-    max_q_len, max_kv_len: upper ends of the log-spaced lengths.
-    self_share: share of self-attention points (KV length = query length, e.g. prefill).
-    causal_share: share of self-attention points that are causal.
-    mask_shares: shares of no mask, bool mask, float mask (masks are ``[batch, 1, L, S]``, as
-        transformers builds them; a causal point never has a mask, as SDPA forbids both).
-    strided_share: share of points whose inputs are transposed ``[B, L, H, D]`` views.
-    input_memory_fraction: the inputs of one point use at most this share of the card's memory
-        (the rest is for rotated input sets and the kernels' workspace).
-    max_fastest_s: a point is shrunk until the fastest kernel's predicted time is below this.
-    """
+    """The ranges and shares of one kind of calibration (quick or full, CPU or GPU): `problems`
+    in the first sweep; `self_share` of self-attention points, `causal_share` of those causal;
+    `mask_shares` of no, bool and float masks (``[batch, 1, L, S]``; never with causal);
+    `strided_share` of transposed views; one point's inputs use at most `input_memory_fraction` of
+    the memory and its fastest kernel's predicted time at most `max_fastest_s`."""
 
     name: str
     problems: int
@@ -77,13 +62,7 @@ class SpaceProfile:
 
 ALL_HEAD_DIMS = (64, 80, 96, 128, 256)
 ALL_DTYPES = ("float16", "bfloat16", "float32")
-# A quarter of each point's memory for its inputs: up to 8 rotated sets of small problems, or one
-# set plus a workspace as large again as the inputs twice over.
 INPUT_MEMORY_FRACTION = 0.25
-
-# GPU: the ranges of the issue (Lq to 64k, Lk to 128k, 8-32 heads as in LLMs and video models);
-# the fastest kernel of a point may take up to 20 ms (a 32k x 32k, 16-head flash call takes about
-# half that on an H200), so the long-context corner is in the sample.
 FULL_GPU = SpaceProfile(
     name="full-gpu", problems=160, max_q_len=65536, max_kv_len=131072, head_dims=ALL_HEAD_DIMS,
     dtypes=ALL_DTYPES, q_heads=(8, 16, 32), gqa_ratios=(1, 2, 4, 8), batches=(1, 2, 4, 8),
@@ -91,8 +70,6 @@ FULL_GPU = SpaceProfile(
     input_memory_fraction=INPUT_MEMORY_FRACTION, max_fastest_s=0.02,
 )
 QUICK_GPU = replace(FULL_GPU, name="quick-gpu", problems=40, max_fastest_s=0.005)
-# CPU: 2-core CI machines run the portable kernels at ~10 GFLOP/s (models/_cpu_probe.py measured
-# 9.5 GFLOP/s fp32): lengths to 4k-8k and fewer heads keep each point's fastest call near 20 ms.
 FULL_CPU = replace(
     FULL_GPU, name="full-cpu", problems=80, max_q_len=4096, max_kv_len=16384, q_heads=(4, 8, 16),
     batches=(1, 2, 4), max_fastest_s=0.05,
@@ -181,8 +158,8 @@ def _round_length(value: int) -> int:
 
 def fit_problem(problem: Problem, *, memory_bytes: int, fraction: float, max_fastest_s: float,
                 fastest_s: Callable[[Problem], float]) -> Problem:
-    """Shrink `problem` until its inputs fit ``fraction * memory_bytes`` and ``fastest_s`` (the
-    predicted time of its fastest kernel) is at most `max_fastest_s`."""
+    """Shrink `problem` until its inputs fit ``fraction * memory_bytes`` and ``fastest_s(problem)``
+    is at most `max_fastest_s`."""
     while problem.input_bytes > fraction * memory_bytes or fastest_s(problem) > max_fastest_s:
         smaller = shrink_step(problem)
         if smaller is None:
@@ -191,15 +168,8 @@ def fit_problem(problem: Problem, *, memory_bytes: int, fraction: float, max_fas
     return problem
 
 
-def sample_problems(
-    profile: SpaceProfile,
-    *,
-    device_type: str,
-    memory_bytes: int,
-    fastest_s: Callable[[Problem], float],
-    seed: int = 0,
-    count: int | None = None,
-) -> list[Problem]:
+def sample_problems(profile: SpaceProfile, *, device_type: str, memory_bytes: int,
+                    fastest_s: Callable[[Problem], float], seed: int = 0, count: int | None = None) -> list[Problem]:
     """The first `count` (default ``profile.problems``) points of the seeded sample, fitted to the
     card, duplicates removed, in sample order (each prefix covers the space)."""
     count = profile.problems if count is None else count

@@ -3,11 +3,8 @@
 GPU: device events around each sample; CPU: `time.perf_counter`. Warm-up first, then samples
 until the interquartile range is small relative to the median or the per-point budget is spent.
 A sample is a batch of back-to-back calls lasting about `TARGET_SAMPLE_S`, divided by the batch
-size: a single sub-millisecond call timed between two events mostly measures launch jitter (two
-calibrations timed call by call disagree far more below 1 ms than above:
-docs/RESULTS.md#calibration), and in a model's forward pass attention calls are issued back to
-back too. Inputs are rotated between calls (see `calibration.inputs`) so that a problem that fits
-in cache is not timed from cache.
+size (a single sub-millisecond call timed alone mostly measures launch jitter). Callers rotate
+inputs between calls (`calibration.inputs`) so that a problem is not timed from cache.
 """
 
 from __future__ import annotations
@@ -21,43 +18,26 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-# A median below this is treated as this when computing a relative spread (avoids dividing by 0).
-TINY_SECONDS = 1e-12
-# How long one timed sample should last: 2 ms keeps ~10-50 us of launch jitter under a few percent.
-TARGET_SAMPLE_S = 2e-3
-# Cap on calls per sample (a 1 us CPU kernel would otherwise be called 2000 times per sample).
+TINY_SECONDS = 1e-12  # a median below this is treated as this in a relative spread
+TARGET_SAMPLE_S = 2e-3  # how long one timed sample should last
 MAX_CALLS_PER_SAMPLE = 256
 
 
 @dataclass(frozen=True)
 class Timing:
-    """Median and interquartile range of repeated runs, in seconds.
-
-    `stopped` says why the repetitions ended: "stable" (spread under target), "budget" (per-point
-    budget spent), "max_reps", or "early" (the caller's `should_stop` said so, e.g. a pruned
-    optuna trial).
-    """
+    """Median and interquartile range of repeated runs, in seconds. `stopped`: "stable" (spread
+    under target), "budget" (per-point budget spent), "max_reps", or "early" (`should_stop`)."""
 
     median_s: float
     iqr_s: float
     reps: int
     stopped: str = "stable"
 
-    @property
-    def relative_spread(self) -> float:
-        return self.iqr_s / self.median_s if self.median_s > 0 else math.inf
-
 
 @dataclass(frozen=True)
 class TimerSettings:
-    """How hard to try for a stable number.
-
-    The defaults come from METHOD.md's advice (warm-up, median of many) and from CPU runs on this
-    project's 2-core CI machines, where 5 repetitions already gave a relative IQR under 5% for
-    problems above ~1 ms; `budget_s` caps slow points: once it is spent the timer stops even
-    before `min_reps` (at least one timed repetition is always kept), so one slow kernel cannot
-    eat a calibration run.
-    """
+    """How hard to try for a stable number. Once `budget_s` is spent the timer stops, even before
+    `min_reps` (one timed repetition is always kept)."""
 
     warmup: int = 2
     min_reps: int = 5
@@ -93,25 +73,11 @@ def _device_context(device: torch.device):
     return torch.cuda.device(device)
 
 
-def time_repetitions(
-    run: Callable[[int], object],
-    device: torch.device,
-    settings: TimerSettings = DEFAULT,
-    *,
-    should_stop: Callable[[list[float]], bool] | None = None,
-) -> Timing:
-    """Time ``run(i)`` (i = repetition index, for input rotation) and return its median and IQR.
-
-    Parameters
-    ----------
-    run: one call of the kernel under test; its result is discarded.
-    device: where it runs (events on GPU, perf_counter on CPU).
-    settings: warm-up, repetition counts, spread target and per-point budget.
-    should_stop: called with the samples so far after each repetition from `min_reps` on; True
-        ends the timing early (``Timing.stopped == "early"``).
-
-    Exceptions from `run` propagate (the caller records them as infeasible points).
-    """
+def time_repetitions(run: Callable[[int], object], device: torch.device, settings: TimerSettings = DEFAULT, *,
+                     should_stop: Callable[[list[float]], bool] | None = None) -> Timing:
+    """Time ``run(i)`` (i = repetition index, for input rotation; its result is discarded) and
+    return its median and IQR. `should_stop` is called with the samples so far after each
+    repetition from `min_reps` on; True ends the timing early. Exceptions from `run` propagate."""
     device = torch.device(device)
     started = time.perf_counter()
     with _device_context(device):

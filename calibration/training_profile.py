@@ -4,13 +4,10 @@ the dispatcher's training route (`dispatcher.training_route`) is ordered by meas
     attn-dispatch calibrate --training ...    (after the inference sweep, on the first device)
     python -m attn_dispatch.calibration.training_profile --device cuda --kernels portable --memory-budget-gib 16
 
-Both write ``<home>/training_profile.json``, where the dispatcher's training route looks (or
-``--out PATH`` and ``ATTN_DISPATCH_TRAINING_PROFILE=PATH``).
-
-A kernel is timed on a problem only where its declared forward+backward memory
-(`kernels.backward_memory.training_bytes`) fits the budget and a share of free memory; a kernel
-that raises scores nothing and is listed under ``skipped`` with its error (Triton's autotuner
-idea: a failing config is not a crash). The file format is `models.training_times`'s.
+Both write ``<home>/training_profile.json`` (or ``--out PATH`` and
+``ATTN_DISPATCH_TRAINING_PROFILE=PATH``), in `models.training_times`'s format. A kernel is timed
+only where its declared forward+backward memory fits the budget and a share of free memory; one
+that raises is listed under ``skipped`` with its error.
 """
 
 from __future__ import annotations
@@ -31,16 +28,12 @@ from attn_dispatch.kernels.registry import serving
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 from attn_dispatch.models.training_times import FORMAT_VERSION, KIND, default_profile_path, device_label
 
-FREE_MEMORY_SHARE = 0.5
-"""Largest share of the device's free memory one timed forward+backward may plan for: the
-inputs, their rotation and the allocator's rounding need the rest (a judgement call, as in the
-inference sweep's input-memory fraction)."""
+FREE_MEMORY_SHARE = 0.5  # largest share of free memory one timed forward+backward may plan for
 
 
 def training_problems(device_type: str, *, quick: bool) -> list[Problem]:
     """Training-shaped problems: causal LLM prefill (GQA 4, D=128) and non-causal video
-    self-attention (D=128, Wan2.1's 40 heads on a GPU), fp32 and bf16 on a CPU, bf16 and fp16 on
-    a GPU; lengths a CPU finishes in seconds, a GPU up to Wan2.1's 32,760 tokens."""
+    self-attention (D=128), at lengths a CPU finishes in seconds, a GPU's up to 32,760 tokens."""
     if device_type == "cuda":
         lengths, dtypes, video_heads = ((1024, 4096) if quick else (1024, 4096, 8192, 32760)), ("bfloat16", "float16"), 40
     else:
@@ -81,14 +74,8 @@ def time_training(kernel: Kernel, problem: Problem, device: torch.device, settin
     return time_repetitions(step, device, settings).median_s
 
 
-def measure_profile(
-    device: torch.device,
-    problems: Sequence[Problem],
-    kernels: Sequence[Kernel],
-    *,
-    budget: int | None,
-    settings: TimerSettings = DEFAULT,
-) -> dict:
+def measure_profile(device: torch.device, problems: Sequence[Problem], kernels: Sequence[Kernel], *,
+                    budget: int | None, settings: TimerSettings = DEFAULT) -> dict:
     """Time every (problem, kernel) that can run and fits; the profile as a JSON-ready dict."""
     entries, skipped = [], []
     for problem in problems:

@@ -1,18 +1,13 @@
-"""optuna search over one kernel family's parameters (chunk sizes, splits, and the Triton kernels'
-block sizes, warps and stages) on one problem, with real timings.
+"""optuna search over one kernel family's parameters (chunk sizes, splits, Triton block sizes,
+warps and stages) on one problem, with real timings.
 
 One study per (calibration, family, problem) in the shared storage, so a killed run resumes its
-search. Parameters are indices into the family's candidate values, restricted to those that give
-distinct kernels on this problem (a 4096-row query chunk is the same kernel as a 64-row one when
-the query has 1 row), so TPE sees an ordinal space. The sweep's default configurations are added
-to the study as finished trials; a config already measured (in the study, the sweep or the results
-store) is never measured again; a config clearly losing after its first repetitions is pruned.
-
-A configuration the card cannot run scores ``inf`` with its reason recorded, never a crash (as in
-Triton's autotuner): one its `reasons` refuse (a Triton block past the card's shared memory) is
-recorded unsupported and costs no trial (nor an ask of the search's budget); one that fails to
-compile or run is recorded failed with the error (`calibration.measure`) and counts as a trial.
-Scored ``inf`` rather than failed, such configurations teach TPE where not to look.
+search. Parameters are indices into the family's candidate values that give distinct kernels on
+this problem, so TPE sees an ordinal space. The sweep's default configurations join the study as
+finished trials; a config already measured is never measured again; one clearly losing after its
+first repetitions is pruned. A config the card cannot run scores ``inf`` with its reason, never a
+crash: one its `reasons` refuse is recorded unsupported and costs no trial; one that fails to
+compile or run is recorded failed and counts as a trial.
 """
 
 from __future__ import annotations
@@ -38,25 +33,20 @@ from attn_dispatch.models.measurement import Measurement
 
 TUNABLE_FAMILIES = ("chunked", "small_q", "triton_flash", "triton_decode")
 # Tune a family on a problem when its best default configuration is within this factor of the
-# problem's fastest kernel: elsewhere better parameters cannot change the decision.
+# problem's fastest kernel.
 TUNE_WITHIN = 1.5
 # A configuration whose median after `min_reps` repetitions is this many times the best time known
-# for the problem is "clearly losing": pruned, its few repetitions kept as a data point.
+# for the problem is pruned (its few repetitions kept as a data point).
 PRUNE_RATIO = 2.0
-# Asks per wanted trial before giving up on a small space (asks that hit a measured config are free).
-ASKS_PER_TRIAL = 3
-# TPE's random start-up trials (optuna's default is 10; our studies have about 10 trials in all).
+ASKS_PER_TRIAL = 3  # asks per wanted trial before giving up on a small space
 TPE_STARTUP_TRIALS = 3
 LENGTH_PARAMS = {
     ("chunked", "q"): "q_len", ("chunked", "kv"): "kv_len",
     ("triton_flash", "bm"): "q_len", ("triton_flash", "bn"): "kv_len", ("triton_decode", "bn"): "kv_len",
 }
 """Block sizes past a problem's length: the first that covers it is kept, larger ones only pad."""
-REFUSED = "refused"
-"""User attribute of a trial whose configuration the kernel's `reasons` refused (not a trial run)."""
-FAILED_SCORE = math.inf
-"""The score of a configuration that did not give a time (refused, failed, out of memory,
-inaccurate): the slowest possible, as Triton's autotuner scores a config that fails."""
+REFUSED = "refused"  # user attribute of a trial whose configuration `reasons` refused (not run)
+FAILED_SCORE = math.inf  # the score of a configuration that did not give a time
 
 MeasureFn = Callable[[Kernel, Callable[[list[float]], bool] | None], Measurement]
 
@@ -135,45 +125,23 @@ def _seed_known(study: optuna.Study, family: str, values: dict, known: dict[str,
     for name, measurement in known.items():
         if name in present or not name.startswith(family + "["):
             continue
-        kernel = build_kernel_from_name(name)
-        encoded = _encode(values, kernel.params) if kernel is not None else None
+        try:
+            encoded = _encode(values, kernel_from_name(name).params)
+        except ValueError:
+            continue
         if encoded is None:
             continue
         attrs = {"kernel": name, "source": "sweep", **_refused_attr(measurement)}
-        study.add_trial(optuna.trial.create_trial(
-            params=encoded, distributions=distributions, user_attrs=attrs, value=_score(measurement),
-        ))
+        study.add_trial(optuna.trial.create_trial(params=encoded, distributions=distributions, user_attrs=attrs,
+                                                  value=_score(measurement)))
 
 
-def build_kernel_from_name(name: str) -> Kernel | None:
-    try:
-        return kernel_from_name(name)
-    except ValueError:
-        return None
-
-
-def tune_family(
-    problem: Problem,
-    family: str,
-    *,
-    storage: BaseStorage,
-    study_name: str,
-    trials: int,
-    known: dict[str, Measurement],
-    best_s: float,
-    measure: MeasureFn,
-    seed: int,
-) -> list[Measurement]:
+def tune_family(problem: Problem, family: str, *, storage: BaseStorage, study_name: str, trials: int,
+                known: dict[str, Measurement], best_s: float, measure: MeasureFn, seed: int) -> list[Measurement]:
     """Search `family`'s parameters on `problem` until the study holds `trials` finished trials.
-
-    Parameters
-    ----------
-    known: kernel name -> measurement already taken on this problem (updated in place).
-    best_s: the fastest time measured on this problem (the pruner's yardstick).
-    measure: times one kernel; receives the pruning hook for `time_repetitions`.
-
-    Returns the new measurements (each config measured at most once).
-    """
+    `known`: kernel name -> measurement already taken on this problem (updated in place); `best_s`:
+    the fastest time measured on it (the pruner's yardstick); `measure` times one kernel, given the
+    pruning hook. Returns the new measurements."""
     values = effective_values(family, problem)
     distributions = _distributions(values)
     pruner = RelativePruner(PRUNE_RATIO, best_s)
@@ -223,8 +191,7 @@ def _score(measurement: Measurement) -> float:
 
 
 def _refused_attr(measurement: Measurement) -> dict[str, bool]:
-    """``{REFUSED: True}`` for a configuration its `reasons` refused (recorded unsupported, never
-    run: not a trial against the budget), else nothing."""
+    """``{REFUSED: True}`` for a configuration its `reasons` refused, else nothing."""
     return {REFUSED: True} if measurement.status == "unsupported" else {}
 
 

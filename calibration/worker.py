@@ -1,48 +1,70 @@
-"""One calibration worker: one device, claiming problems of the agreed plan through the shared
-storage until the plan is done or the deadline passes, then the crossover refinement rounds.
-
-Run in-process for a single device, or as ``python -m attn_dispatch.calibration.worker`` (one process per GPU,
-see `calibration.launch`): every worker of a calibration follows the same plan and claims
-problems atomically, so none is measured twice, and a killed worker's problem is taken over.
+"""Calibration workers: one per device, claiming problems of the agreed plan through the shared
+storage until the plan is done or the deadline passes, then the refinement rounds. In-process for
+one device; one process per device otherwise (`launch_workers`, ``python -m
+attn_dispatch.calibration.worker``). For each claimed problem: triage the kernels, time the rest
+cheapest first, then tune the competitive families with optuna; every point is recorded as soon as
+it is measured, and points already recorded (a resumed run) are skipped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
+import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from attn_dispatch.calibration.active_round import uncertain_problems
-from attn_dispatch.calibration.candidates import CostEstimator, kernel_set
+from attn_dispatch.calibration.candidates import CostEstimator, kernel_set, triage
 from attn_dispatch.calibration.claims import ClaimBoard, Owner
-from attn_dispatch.calibration.config import ACTIVE_POOL_FACTOR, REFINE_SHARE, CalibrationConfig
+from attn_dispatch.calibration.config import (
+    ACTIVE_POOL_FACTOR,
+    REFINE_SHARE,
+    CalibrationConfig,
+    default_results,
+    default_storage,
+)
+from attn_dispatch.calibration.inputs import InputCache
+from attn_dispatch.calibration.measure import empty_cache, measure
 from attn_dispatch.calibration.noise import Noise, probe_noise, widened
-from attn_dispatch.calibration.paths import default_results, default_storage
-from attn_dispatch.calibration.plan import agree_on, build_sweep
-from attn_dispatch.calibration.problem_run import DeadlineReached, ProblemContext, run_problem
-from attn_dispatch.calibration.recorder import Recorder, storage_measurements
-from attn_dispatch.calibration.refine import crossover_problems
-from attn_dispatch.calibration.results import ResultsStore, problem_id
+from attn_dispatch.calibration.plan import agree_on, build_sweep, crossover_problems, uncertain_problems
+from attn_dispatch.calibration.results import (
+    Recorder,
+    ResultsStore,
+    open_storage,
+    problem_id,
+    storage_measurements,
+    study_name,
+)
 from attn_dispatch.calibration.space import fit_problem, profile_for, sample_problems
-from attn_dispatch.calibration.storage import open_storage
+from attn_dispatch.calibration.tuning import PRUNE_RATIO, TUNABLE_FAMILIES, TUNE_WITHIN, tune_family
 from attn_dispatch.calibration.workload import for_device, read_workload
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.cards import spec_for
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measurement import Measurement
 
+# A kernel whose first (untimed) call takes this many times the problem's best time so far is a
+# clear loser: one timed call records it.
+LOSER_FACTOR = PRUNE_RATIO
 # A CPU calibration may use this share of system RAM: beyond it Linux's OOM killer, not an
-# exception, answers an allocation, and the worker would die instead of recording "infeasible".
+# exception, answers an allocation.
 CPU_MEMORY_SHARE = 0.5
-# How often a worker waiting for its peers (before a refinement round) looks again.
-WAIT_POLL_S = 1.0
+WAIT_POLL_S = 1.0  # how often a worker waiting for its peers looks again
+POLL_S = 0.5  # how often the parent polls its worker processes
+TERMINATE_GRACE_S = 10.0  # seconds a worker process gets to release its claim after SIGTERM
+
+
+class DeadlineReached(Exception):
+    """The calibration's time budget ran out in the middle of a problem."""
 
 
 @dataclass
@@ -54,8 +76,8 @@ class WorkerReport:
     stopped: str = "done"  # "done" | "deadline" | "interrupted"
     seconds: float = 0.0
     noise_spread: float | None = None  # the reference point's spread when the worker started
-    noise_cpu_share: float | None = None  # and this process's CPU share during it (`calibration.cpu_share`)
-    widened: bool = False  # the machine was busy: more samples per point (`calibration.noise`)
+    noise_cpu_share: float | None = None  # and this process's CPU share during it
+    widened: bool = False  # the machine was busy: more samples per point
     threads: int = 0  # torch's intra-op threads while timing on a CPU device (0: a GPU device)
 
     def to_dict(self) -> dict:
@@ -81,30 +103,18 @@ def prepare_device(device: torch.device, config: CalibrationConfig, identity: De
             torch.cuda.set_per_process_memory_fraction(min(1.0, config.memory_budget / identity.memory_bytes), device)
 
 
+def _best(known: dict[str, Measurement]) -> float:
+    return min((m.median_s for m in known.values() if m.ok), default=math.inf)
+
+
 class Worker:
-    """See module docstring.
+    """See module docstring. `kernels` overrides the config's kernel set (tests); `on_record` gets
+    each record written, `on_plan` the problems a plan added, `on_problem` each finished problem."""
 
-    Parameters
-    ----------
-    kernels: overrides the config's kernel set (tests inject broken kernels).
-    on_record: called with each record written; on_plan with the number of problems a plan
-        added; on_problem when this worker finishes a problem (progress displays).
-    """
-
-    def __init__(
-        self,
-        config: CalibrationConfig,
-        *,
-        device: str,
-        calibration_id: str,
-        deadline: float,
-        worker: str = "worker0",
-        kernels: list[Kernel] | None = None,
-        on_record: Callable[[dict], None] | None = None,
-        on_plan: Callable[[int], None] = lambda added: None,
-        on_problem: Callable[[], None] = lambda: None,
-        noise: Noise | None = None,
-    ) -> None:
+    def __init__(self, config: CalibrationConfig, *, device: str, calibration_id: str, deadline: float,
+                 worker: str = "worker0", kernels: list[Kernel] | None = None,
+                 on_record: Callable[[dict], None] | None = None, on_plan: Callable[[int], None] = lambda added: None,
+                 on_problem: Callable[[], None] = lambda: None, noise: Noise | None = None) -> None:
         self.config = config
         self.noise = noise
         self.on_plan, self.on_problem = on_plan, on_problem
@@ -125,46 +135,45 @@ class Worker:
         spec = spec_for(self.identity)
         self.spec = spec.with_memory(self.memory_budget) if self.memory_budget else spec
         self.estimator = CostEstimator(self.spec)
+        self.settings = config.timer
         self.storage = open_storage(config.storage, default_journal=default_storage(calibration_id))
         store = ResultsStore(config.results or default_results(calibration_id))
         self.recorder = Recorder(store, self.storage, calibration_id, worker, on_record=on_record)
         self.board = ClaimBoard(self.storage, calibration_id, Owner.current(worker))
         self.report = WorkerReport(worker, str(self.device))
         self._current: str | None = None
-        self.context = ProblemContext(
-            device=self.device, kernels=self.kernels, estimator=self.estimator, settings=config.timer,
-            memory_budget=self.memory_budget, device_key=self.identity.key, recorder=self.recorder,
-            calibration_id=calibration_id, tune_trials=config.effective_tune_trials, seed=config.seed,
-            heartbeat=self._heartbeat,
-        )
 
-    def _heartbeat(self) -> None:
-        if self._current is not None:
-            self.board.heartbeat(self._current)
+    def _fastest(self, problem: Problem) -> float:
+        return self.estimator.fastest(problem, self.kernels)
 
     def _fit(self, problem: Problem) -> Problem:
         profile = profile_for(self.device.type, quick=self.config.quick)
-        return fit_problem(
-            problem, memory_bytes=self.memory_budget or self.identity.memory_bytes,
-            fraction=profile.input_memory_fraction, max_fastest_s=profile.max_fastest_s,
-            fastest_s=lambda p: self.estimator.fastest(p, self.kernels),
-        )
+        return fit_problem(problem, memory_bytes=self.memory_budget or self.identity.memory_bytes,
+                           fraction=profile.input_memory_fraction, max_fastest_s=profile.max_fastest_s,
+                           fastest_s=self._fastest)
 
     def sweep_plan(self) -> list[Problem]:
-        profile = profile_for(self.device.type, quick=self.config.quick)
         problems = build_sweep(
-            profile, kernels=self.kernels, estimator=self.estimator, device_type=self.device.type,
-            memory_bytes=self.memory_budget or self.identity.memory_bytes,
+            profile_for(self.device.type, quick=self.config.quick), kernels=self.kernels, estimator=self.estimator,
+            device_type=self.device.type, memory_bytes=self.memory_budget or self.identity.memory_bytes,
             point_budget_s=self.config.timer.budget_s, seed=self.config.seed, count=self.config.problems,
         )
         return agree_on(self.storage, self.calibration_id, "sweep", problems)
 
     def workload_plan(self) -> list[Problem]:
-        """The recorded workload's problems (`calibration.workload`), as recorded; [] without one."""
+        """The recorded workload's problems, as recorded; [] without one."""
         if self.config.workload is None:
             return []
         problems = for_device(read_workload(self.config.workload), self.device.type)
         return agree_on(self.storage, self.calibration_id, "workload", problems)
+
+    def refine_plan(self, done: list[Problem], round_index: int) -> list[Problem]:
+        """Midpoints between neighbours won by different kernel families, fitted to the card."""
+        found = crossover_problems(storage_measurements(self.storage, self.calibration_id),
+                                   count=max(1, int(REFINE_SHARE * len(done))))
+        planned = set(done)
+        fresh = [p for p in dict.fromkeys(self._fit(p) for p in found) if p not in planned]
+        return agree_on(self.storage, self.calibration_id, f"refine{round_index}", fresh)
 
     def active_plan(self, done: list[Problem], round_index: int) -> list[Problem]:
         """The next points of the seeded sample the bootstrap fits disagree on most."""
@@ -173,7 +182,7 @@ class Worker:
         pool = sample_problems(
             profile, device_type=self.device.type, memory_bytes=self.memory_budget or self.identity.memory_bytes,
             seed=self.config.seed, count=ACTIVE_POOL_FACTOR * (self.config.problems or profile.problems),
-            fastest_s=lambda p: self.estimator.fastest(p, self.kernels),
+            fastest_s=self._fastest,
         )
         chosen = uncertain_problems(
             storage_measurements(self.storage, self.calibration_id), [p for p in pool if p not in planned],
@@ -189,34 +198,22 @@ class Worker:
         self.report.noise_spread, self.report.noise_cpu_share = noise.spread, noise.cpu_share
         self.report.threads = torch.get_num_threads() if self.device.type == "cpu" else 0
         if noise.busy:  # more samples per point; the summary says so
-            self.context.settings = widened(self.context.settings)
+            self.settings = widened(self.settings)
             self.report.widened = True
         try:
             done = self.workload_plan()
             if done:
-                self.on_plan(len(done))
                 self._process(done, phase="workload")
             sweep = self.sweep_plan()
-            self.on_plan(len(sweep))
             self._process(sweep, phase="sweep")
             done = done + sweep
-            for round_index in range(1, self.config.refine_rounds + 1):
+            rounds = [(self.refine_plan, f"refine{i}", i) for i in range(1, self.config.refine_rounds + 1)]
+            rounds += [(self.active_plan, f"active{i}", i) for i in range(1, self.config.active_rounds + 1)]
+            for make_plan, phase, index in rounds:
                 if not self._wait_for(done):
                     break
-                count = max(1, int(REFINE_SHARE * len(done)))
-                found = crossover_problems(storage_measurements(self.storage, self.calibration_id), count=count)
-                planned = set(done)
-                fresh = [p for p in dict.fromkeys(self._fit(p) for p in found) if p not in planned]
-                new = agree_on(self.storage, self.calibration_id, f"refine{round_index}", fresh)
-                self.on_plan(len(new))
-                self._process(new, phase=f"refine{round_index}")
-                done = done + new
-            for round_index in range(1, self.config.active_rounds + 1):
-                if not self._wait_for(done):
-                    break
-                new = self.active_plan(done, round_index)
-                self.on_plan(len(new))
-                self._process(new, phase=f"active{round_index}")
+                new = make_plan(done, index)
+                self._process(new, phase=phase)
                 done = done + new
         except DeadlineReached:
             self.report.stopped = "deadline"
@@ -228,6 +225,7 @@ class Worker:
         return self.report
 
     def _process(self, problems: list[Problem], *, phase: str) -> None:
+        self.on_plan(len(problems))
         for problem in problems:
             if time.time() > self.deadline:
                 raise DeadlineReached
@@ -239,7 +237,7 @@ class Worker:
             return False
         self._current = key
         try:
-            self.report.timed += run_problem(problem, self.context, deadline=self.deadline, phase=phase)
+            self.report.timed += self.run_problem(problem, phase)
         except BaseException:
             self.board.release(key)  # finished points stay recorded; a later claimer does the rest
             raise
@@ -261,6 +259,116 @@ class Worker:
             time.sleep(WAIT_POLL_S)
         return False
 
+    def run_problem(self, problem: Problem, phase: str) -> int:
+        """Measure `problem`; returns the number of points timed now. Raises `DeadlineReached`
+        when the deadline passes between two points (the points measured so far are recorded)."""
+        recorder = self.recorder
+        recorder.sync_problem(problem)
+        known = recorder.known(problem)
+        plan = triage(problem, self.kernels, estimator=self.estimator, memory_budget=self.memory_budget,
+                      point_budget_s=self.settings.budget_s, device_key=self.identity.key)
+        recorder.record_decided([m for m in plan.decided if m.kernel not in known])
+        known.update({m.kernel: m for m in plan.decided})
+        cache = InputCache()
+        timed = 0
+
+        def timed_measure(kernel: Kernel, should_stop=None, extra: dict | None = None) -> Measurement:
+            nonlocal timed
+            if time.time() > self.deadline:
+                raise DeadlineReached
+            extra = {"phase": phase, "predicted_s": plan.predicted.get(kernel.name), **(extra or {})}
+            best = _best(known)
+            point = measure(
+                kernel, problem, self.device, settings=self.settings, memory_budget=self.memory_budget,
+                device_key=self.identity.key, seed=self.config.seed, cache=cache, should_stop=should_stop,
+                extra=extra, single_shot_above_s=LOSER_FACTOR * best if math.isfinite(best) else None,
+            )
+            if point.status == "infeasible":
+                empty_cache(self.device)
+            recorder.record(point)
+            if self._current is not None:
+                self.board.heartbeat(self._current)
+            timed += 1
+            return point
+
+        try:
+            for kernel in plan.to_time:
+                if kernel.name not in known:
+                    known[kernel.name] = timed_measure(kernel)
+            self._tune(problem, known, timed_measure)
+        finally:
+            cache.clear()
+            recorder.flush(problem)
+        return timed
+
+    def _tune(self, problem: Problem, known: dict[str, Measurement], timed_measure) -> None:
+        """optuna search for each competitive tunable family of the kernel set."""
+        best = _best(known)
+        trials = self.config.effective_tune_trials
+        if not math.isfinite(best) or trials < 1:
+            return
+        families = {k.family for k in self.kernels}
+        for family in TUNABLE_FAMILIES:
+            if family not in families:
+                continue
+            family_best = min((m.median_s for name, m in known.items() if m.ok and name.startswith(family + "[")),
+                              default=math.inf)
+            if family_best > TUNE_WITHIN * best:
+                continue
+            pid = problem_id(problem)
+            tune_family(
+                problem, family, storage=self.storage, trials=trials, known=known, best_s=best,
+                study_name=study_name(self.calibration_id, "tune", family, pid),
+                seed=self.config.seed + zlib.crc32(pid.encode()),
+                measure=lambda kernel, hook: timed_measure(kernel, hook, {"phase": "tune"}),
+            )
+
+
+def worker_command(config: CalibrationConfig, *, device: str, calibration_id: str, deadline: float, name: str) -> list[str]:
+    one = replace(config, devices=(device,))
+    return [
+        sys.executable, "-m", "attn_dispatch.calibration.worker", "--config", json.dumps(one.to_dict()), "--device", device,
+        "--calibration-id", calibration_id, "--deadline", repr(deadline), "--worker", name,
+    ]
+
+
+def _report(process: subprocess.Popen, name: str, device: str) -> WorkerReport:
+    """A worker process's report: the last line of its standard output."""
+    output = process.stdout.read() if process.stdout is not None else ""
+    for line in reversed(output.strip().splitlines()):
+        try:
+            return WorkerReport(**json.loads(line))
+        except (json.JSONDecodeError, TypeError):
+            continue
+    return WorkerReport(name, device, stopped=f"exited with status {process.returncode}")
+
+
+def launch_workers(config: CalibrationConfig, *, calibration_id: str, deadline: float,
+                   poll: Callable[[], None] = lambda: None) -> list[WorkerReport]:
+    """Run one worker process per device of `config` until all exit; `poll` is called while waiting."""
+    names = [f"worker{i}-{device}" for i, device in enumerate(config.devices)]
+    processes = [
+        subprocess.Popen(worker_command(config, device=device, calibration_id=calibration_id, deadline=deadline,
+                                        name=name), stdout=subprocess.PIPE, text=True)
+        for name, device in zip(names, config.devices, strict=True)
+    ]
+    try:
+        while any(p.poll() is None for p in processes):
+            poll()
+            time.sleep(POLL_S)
+        poll()
+    except BaseException:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            try:
+                process.wait(TERMINATE_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        raise
+    return [_report(p, n, d) for p, n, d in zip(processes, names, config.devices, strict=True)]
+
 
 def _terminate(signum, frame) -> None:
     raise SystemExit(128 + signum)
@@ -278,8 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     config = replace(CalibrationConfig.from_dict(json.loads(args.config)), devices=(args.device,))
     worker = Worker(config, device=args.device, calibration_id=args.calibration_id, deadline=args.deadline, worker=args.worker)
-    report = worker.run()
-    print(json.dumps(report.to_dict()), flush=True)
+    print(json.dumps(worker.run().to_dict()), flush=True)
     return 0
 
 

@@ -1,9 +1,7 @@
-"""Read a recorded workload (written by `attn_dispatch.dispatcher.recording`): the problems a real
-run decided, one per bucket, which ``calibrate --workload`` measures first, as recorded.
-
-A line is ``{"format": 1, "bucket": [...], "problem": {...}}``. The dispatcher writes the file
-(the dispatcher never imports calibration, so the format number is repeated here; a test writes
-with the recorder and reads with this reader).
+"""Read a recorded workload (written by `dispatcher.recording`): the problems a real run decided,
+one per bucket, which ``calibrate --workload`` measures first, as recorded. A line is
+``{"format": 1, "bucket": [...], "problem": {...}}`` (the format number is repeated here: the
+dispatcher never imports calibration).
 """
 
 from __future__ import annotations
@@ -19,12 +17,8 @@ WORKLOAD_FORMAT = 1
 
 
 def read_workload(path: str | os.PathLike) -> list[Problem]:
-    """The recorded problems, one per bucket, in recording order.
-
-    Raises
-    ------
-    FileNotFoundError: no such file. ValueError: a line that is not a workload line (names it).
-    """
+    """The recorded problems, one per bucket, in recording order. Raises FileNotFoundError (no
+    such file) or ValueError (naming a line that is not a workload line)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--workload {path}: no such file; record one with ATTN_DISPATCH_RECORD={path}")
@@ -48,7 +42,6 @@ def read_workload(path: str | os.PathLike) -> list[Problem]:
 
 
 def for_device(problems: list[Problem], device_type: str) -> list[Problem]:
-    """The problems as this device measures them: its device type, and inputs that do not
-    broadcast (calibration builds full-size inputs; a broadcasting call costs the same kernel
-    work). Duplicates that this creates are dropped, order kept."""
+    """The problems as this device measures them: its device type, inputs that do not broadcast
+    (the same kernel work); duplicates dropped, order kept."""
     return list(dict.fromkeys(replace(p, device_type=device_type, broadcast_inputs=False) for p in problems))

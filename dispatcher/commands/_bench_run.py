@@ -13,16 +13,16 @@ from pathlib import Path
 
 import torch
 
-from attn_dispatch.calibration.bench_report import BenchReport
-from attn_dispatch.calibration.machine_state import MachineWatch
+from attn_dispatch.calibration.noise import MachineWatch
 from attn_dispatch.calibration.scenario_bench import (
     BenchPath,
+    BenchReport,
     BenchSettings,
     PytorchDefault,
+    Shape,
     ShapeResult,
     bench_shape,
 )
-from attn_dispatch.calibration.scenarios import Shape
 from attn_dispatch.calibration.timer import TARGET_SAMPLE_S
 from attn_dispatch.dispatcher.as_kernel import DISPATCHER_PATH, DispatchedKernel
 from attn_dispatch.dispatcher.core import Dispatcher

@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attn_dispatch.calibration.kernel_bench import SELF_CHECK_SHAPES, run_kernel_table
-    from attn_dispatch.calibration.machine_state import MachineWatch
+    from attn_dispatch.calibration.noise import MachineWatch
 
     device = resolve_device(args.device)
     with MachineWatch(device) as watch:  # the reference probe before and after: was the machine busy?

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import attn_dispatch.calibration.session as session
-from attn_dispatch.calibration.busy_words import (
+from attn_dispatch.calibration.noise import (
     ALLOWED_CAUSE,
     ALLOWED_REASON,
     too_busy_cause,

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from attn_dispatch.calibration.claims import ClaimBoard, Owner, publish_once
-from attn_dispatch.calibration.storage import open_storage
+from attn_dispatch.calibration.results import open_storage
 
 
 def _storage(tmp_path):
@@ -25,7 +25,7 @@ def test_one_owner_release_and_finish(tmp_path):
     assert peer.try_claim("p") and not me.try_claim("p")
     peer.finish("p")
     assert me.state("p").done and not me.try_claim("p")
-    assert me.all_done(["p"]) and not me.all_done(["p", "q"])
+    assert me.state("p").done and not me.state("q").done
 
 
 def test_dead_owner_on_this_host_is_taken_over(tmp_path):

@@ -1,5 +1,7 @@
-"""Noise on a busy machine: the reference probe's spread, widened samples when busy, and a clear
-stop (no measurement, no table) when too busy unless the user allows it."""
+"""The busy-machine probe (`calibration.noise`): the reference point's spread and this process's CPU
+share (clocks faked), their words, widened samples when busy, and a clear stop (no measurement, no
+table) when too busy unless the user allows it.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +9,23 @@ import math
 
 import pytest
 
+import attn_dispatch.calibration.noise as noise_module
 import attn_dispatch.calibration.session as session
 from attn_dispatch.calibration.noise import (
+    BUSY_CPU_SHARE,
     BUSY_SPREAD,
+    SPREAD_AS_MULTIPLE,
     STOP_CPU_SHARE,
     STOP_SPREAD,
     MachineBusy,
     Noise,
+    ShareMeter,
     check_quiet,
+    cores_in_use,
+    host_share,
+    load_per_cpu,
     probe_noise,
+    spread_words,
     widened,
 )
 from attn_dispatch.calibration.session import calibrate
@@ -159,3 +169,115 @@ def test_a_refusal_says_how_to_build_the_fast_path_where_it_is_not_built(monkeyp
     assert command._fast_path_hint(ValueError("--problems must be positive")) == ""
     monkeypatch.setattr(fast_path, "load", lambda home=None: object())  # built: nothing to add
     assert command._fast_path_hint(busy) == ""
+
+
+def fake_clock(*readings: float):
+    """A clock returning `readings` in order (each call takes the next)."""
+    values = iter(readings)
+    return lambda: next(values)
+
+
+def test_share_is_cpu_time_over_wall_time_times_cores(monkeypatch):
+    monkeypatch.setattr(noise_module, "process_time", fake_clock(10.0, 10.5))  # 0.5 s of CPU
+    monkeypatch.setattr(noise_module, "perf_counter", fake_clock(100.0, 101.0))  # over 1 s of wall
+    with ShareMeter(2) as meter:
+        pass
+    assert meter.share == pytest.approx(0.25)
+
+
+def test_a_clock_that_did_not_move_gives_a_finite_share(monkeypatch):
+    monkeypatch.setattr(noise_module, "process_time", fake_clock(1.0, 1.0))
+    monkeypatch.setattr(noise_module, "perf_counter", fake_clock(5.0, 5.0))
+    with ShareMeter(1) as meter:
+        pass
+    assert meter.share == 0.0
+
+
+def test_host_share_is_the_threads_cpu_time_over_wall_time(monkeypatch):
+    monkeypatch.setattr(noise_module, "thread_time", fake_clock(0.0, 0.03))
+    monkeypatch.setattr(noise_module, "perf_counter", fake_clock(0.0, 0.1))
+    assert host_share(iterations=10) == pytest.approx(0.3)
+
+
+def test_cores_in_use_are_torchs_threads_capped_by_the_cpus(monkeypatch):
+    monkeypatch.setattr(noise_module.torch, "get_num_threads", lambda: 64)
+    monkeypatch.setattr(noise_module.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert cores_in_use() == 2
+    monkeypatch.setattr(noise_module.torch, "get_num_threads", lambda: 1)
+    assert cores_in_use() == 1
+
+
+def test_load_per_cpu_and_its_absence(monkeypatch):
+    monkeypatch.setattr(noise_module.os, "getloadavg", lambda: (3.0, 2.0, 1.0), raising=False)
+    monkeypatch.setattr(noise_module.os, "cpu_count", lambda: 2)
+    assert load_per_cpu() == 1.5
+
+    def unavailable():
+        raise OSError("no load average here")
+
+    monkeypatch.setattr(noise_module.os, "getloadavg", unavailable, raising=False)
+    assert load_per_cpu() is None
+
+
+def starved_probe(monkeypatch, share: float, device: str = "cpu"):
+    """The real reference probe on the CPU, its clocks faked to give `share` of 2 cores."""
+    monkeypatch.setattr(noise_module, "cores_in_use", lambda: 2)
+    monkeypatch.setattr(noise_module, "process_time", fake_clock(0.0, 2 * share))
+    monkeypatch.setattr(noise_module, "perf_counter", fake_clock(0.0, 1.0))
+    return probe_noise(device)
+
+
+def test_a_steady_but_starved_probe_is_too_busy(monkeypatch):
+    """Issue 15: every sample uniformly slow (spread small), the process getting a fifth of its cores."""
+    noise = starved_probe(monkeypatch, STOP_CPU_SHARE / 2)
+    assert noise.cpu_share == pytest.approx(STOP_CPU_SHARE / 2) and noise.cores == 2 and not noise.host_only
+    assert noise.busy and noise.too_busy
+    assert noise.describe().startswith("too busy to calibrate:") and "CPU share" in noise.describe()
+
+
+def test_a_share_between_the_thresholds_is_busy_not_too_busy():
+    noise = probe_noise("cpu", samples=[1.0] * 15, cpu_share=(BUSY_CPU_SHARE + STOP_CPU_SHARE) / 2)
+    assert noise.spread == 0.0 and noise.starved and noise.busy and not noise.too_busy
+    assert noise.describe().startswith("busy:")
+
+
+def test_a_full_share_leaves_the_verdict_to_the_spread():
+    steady = probe_noise("cpu", samples=[1.0] * 15, cpu_share=1.0)
+    assert not steady.starved and not steady.busy and steady.describe().startswith("quiet:")
+
+
+def test_on_a_gpu_the_host_threads_share_widens_but_never_stops_alone():
+    """The GPU's kernel times do not depend on the host's share; its launches do."""
+    noise = probe_noise("cuda", samples=[1e-3] * 15, cpu_share=STOP_CPU_SHARE / 4)
+    assert noise.host_only and noise.busy and not noise.too_busy
+    assert "never stops alone" in noise.describe()
+
+
+@pytest.mark.parametrize(("spread", "words"), [
+    (0.0, "0%"), (0.04, "4%"), (0.68, "68%"), (0.99, "99%"),
+    (SPREAD_AS_MULTIPLE, "1.0x the median time"), (8.32, "8.3x the median time"),
+    (math.inf, "not measurable (a zero median time)"),
+])
+def test_spread_words(spread, words):
+    assert spread_words(spread) == words
+
+
+def test_the_thresholds_stay_percentages_below_the_multiple_wording():
+    assert BUSY_SPREAD < STOP_SPREAD < SPREAD_AS_MULTIPLE
+
+
+def test_a_very_busy_probe_reads_as_a_multiple_and_still_stops():
+    # quartiles 1.2 and 42.8 ms around a 5 ms median: an interquartile range 8.32x the median
+    samples = [1e-3] * 3 + [1.2e-3] * 4 + [5e-3] + [40e-3] * 2 + [42.8e-3] * 2 + [50e-3] * 3
+    noise = probe_noise("cpu", samples=samples, cpu_share=1.0)
+    assert noise.spread == pytest.approx(8.32)
+    assert noise.too_busy and noise.busy
+    text = noise.describe()
+    assert "spread 8.3x the median time (busy over 30%, stop over 50%)" in text
+    assert "832%" not in text
+    with pytest.raises(MachineBusy, match=r"spread 8\.3x the median time"):
+        check_quiet(noise, allow_busy=False)
+
+
+def test_an_ordinary_spread_keeps_its_percentage():
+    assert "spread 68% (busy over 30%" in Noise(median_s=6.29e-3, spread=0.68).describe()

@@ -19,12 +19,12 @@ from collections import Counter
 import pytest
 
 from attn_dispatch.calibration.claims import ClaimBoard, Owner
-from attn_dispatch.calibration.launch import worker_command
+from attn_dispatch.calibration.worker import worker_command
 from attn_dispatch.calibration.plan import agree_on, agreed
-from attn_dispatch.calibration.recorder import storage_measurements
+from attn_dispatch.calibration.results import storage_measurements
 from attn_dispatch.calibration.results import ResultsStore, problem_id, unit_key
 from attn_dispatch.calibration.session import calibrate
-from attn_dispatch.calibration.storage import open_storage
+from attn_dispatch.calibration.results import open_storage
 from attn_dispatch.models.identity import DeviceIdentity
 from tests.calibration.helpers import small_config
 
@@ -125,7 +125,8 @@ def test_two_hosts_share_postgres_and_survive_a_kill(tmp_path, monkeypatch, data
     assert all(kept[unit].median_s == record["median_s"] for unit, record in measured_before_kill.items() if record["status"] == "ok"), \
         "a point measured before the kill was lost or measured again"
     plan = agreed(storage, calibration_id, "sweep")
-    assert len(plan) == PROBLEMS and ClaimBoard(storage, calibration_id, Owner.current("check")).all_done([problem_id(p) for p in plan])
+    board = ClaimBoard(storage, calibration_id, Owner.current("check"))
+    assert len(plan) == PROBLEMS and all(board.state(problem_id(p)).done for p in plan)
     assert {m.problem for m in shared.measurements} == set(plan)
 
     # One worker alone, given the same points (one results store, a fresh journal) and the same
@@ -143,7 +144,7 @@ def test_two_hosts_share_postgres_and_survive_a_kill(tmp_path, monkeypatch, data
 
 
 def test_a_plain_postgresql_url_uses_the_installed_driver(monkeypatch):
-    from attn_dispatch.calibration import storage as storage_module
+    from attn_dispatch.calibration import results as storage_module
 
     url = "postgresql://calib:secret@dbhost:5432/attn_dispatch"
     monkeypatch.setattr(storage_module, "_installed", lambda module: module == "psycopg")

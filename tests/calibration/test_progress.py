@@ -1,8 +1,8 @@
-"""The calibration's progress bar (`calibration.progress.Progress`)."""
+"""The calibration's progress bar (`calibration.session.Progress`)."""
 
 from __future__ import annotations
 
-from attn_dispatch.calibration.progress import Progress
+from attn_dispatch.calibration.session import Progress
 
 
 def test_no_bar_is_drawn_before_the_first_plan(capsys):

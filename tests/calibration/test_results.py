@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 
-from attn_dispatch.calibration.results import ResultsStore, unit_key
+from attn_dispatch.calibration.results import ResultsStore, measurement_record, unit_key
 from attn_dispatch.models.measurement import Measurement
 from tests.calibration.helpers import problem
 
@@ -18,13 +18,17 @@ def _point(q_len: int, kernel: str = "math", status: str = "ok") -> Measurement:
     return Measurement(problem=problem(q_len=q_len), kernel=kernel, median_s=median, reps=3, status=status, extra={"phase": "sweep"})
 
 
+def _append(store: ResultsStore, points: list[Measurement], *, run: str, worker: str) -> None:
+    store.append(measurement_record(m, run=run, worker=worker) for m in points)
+
+
 def test_round_trip_and_run_filter(tmp_path):
     store = ResultsStore(tmp_path / "r.jsonl")
-    store.append_measurements([_point(1), _point(2, status="infeasible")], run="a", worker="w")
-    store.append_measurements([_point(3)], run="b", worker="w")
+    _append(store, [_point(1), _point(2, status="infeasible")], run="a", worker="w")
+    _append(store, [_point(3)], run="b", worker="w")
     assert [m.problem.q_len for m in store.measurements(run="a")] == [1, 2]
     assert store.measurements(run="a")[1].median_s == float("inf")
-    assert store.done_units(run="b") == {unit_key(problem(q_len=3), "math")}
+    assert [r["unit"] for r in store.read() if r["run"] == "b"] == [unit_key(problem(q_len=3), "math")]
     record = store.read()[0]
     assert record["run"] == "a" and record["worker"] == "w" and record["extra"] == {"phase": "sweep"}
 
@@ -32,11 +36,11 @@ def test_round_trip_and_run_filter(tmp_path):
 def test_truncated_last_line_is_skipped_and_isolated(tmp_path):
     path = tmp_path / "r.jsonl"
     store = ResultsStore(path)
-    store.append_measurements([_point(1)], run="a", worker="w")
+    _append(store, [_point(1)], run="a", worker="w")
     with open(path, "ab") as handle:  # a writer killed mid-line
         handle.write(b'{"problem": {"batch": 1, "q_he')
     assert len(store.read()) == 1
-    store.append_measurements([_point(2)], run="a", worker="w")
+    _append(store, [_point(2)], run="a", worker="w")
     assert [m.problem.q_len for m in store.measurements(run="a")] == [1, 2]
     assert store.skipped_lines == 1
 
@@ -44,16 +48,16 @@ def test_truncated_last_line_is_skipped_and_isolated(tmp_path):
 def test_read_new_only_returns_complete_new_lines(tmp_path):
     store = ResultsStore(tmp_path / "r.jsonl")
     tail = ResultsStore(tmp_path / "r.jsonl")
-    store.append_measurements([_point(1)], run="a", worker="w")
+    _append(store, [_point(1)], run="a", worker="w")
     assert len(tail.read_new()) == 1 and tail.read_new() == []
-    store.append_measurements([_point(2), _point(3)], run="a", worker="w")
+    _append(store, [_point(2), _point(3)], run="a", worker="w")
     assert len(tail.read_new()) == 2
 
 
 def _writer(path: str, index: int) -> None:
     store = ResultsStore(path)
     for i in range(PER_WRITER):
-        store.append_measurements([_point(1000 * index + i + 1)], run="a", worker=f"w{index}")
+        _append(store, [_point(1000 * index + i + 1)], run="a", worker=f"w{index}")
 
 
 def test_concurrent_writers(tmp_path):

@@ -11,11 +11,11 @@ import time
 from collections import Counter
 
 from attn_dispatch.calibration.claims import ClaimBoard, Owner
-from attn_dispatch.calibration.launch import worker_command
+from attn_dispatch.calibration.worker import worker_command
 from attn_dispatch.calibration.plan import agreed
 from attn_dispatch.calibration.results import ResultsStore, problem_id
 from attn_dispatch.calibration.session import calibrate
-from attn_dispatch.calibration.storage import open_storage
+from attn_dispatch.calibration.results import open_storage
 from attn_dispatch.models.identity import DeviceIdentity
 from tests.calibration.helpers import small_config
 
@@ -49,7 +49,7 @@ def test_resume_after_kill(tmp_path):
     storage = open_storage(config.storage, default_journal=tmp_path / "unused")
     plan = agreed(storage, calibration_id, "sweep")
     board = ClaimBoard(storage, calibration_id, Owner.current("check"))
-    assert plan and board.all_done([problem_id(p) for p in plan])
+    assert plan and all(board.state(problem_id(p)).done for p in plan)
     measured = {problem_id(m.problem) for m in summary.measurements}
     assert measured == {problem_id(p) for p in plan}
     assert json.dumps(records)  # everything stored is plain JSON

@@ -11,7 +11,6 @@ from attn_dispatch.calibration.timer import (
     MAX_CALLS_PER_SAMPLE,
     TARGET_SAMPLE_S,
     TimerSettings,
-    Timing,
     calls_per_sample,
     interquartile_range,
     time_repetitions,
@@ -85,4 +84,3 @@ def test_stops_when_stable_and_when_told():
 def test_interquartile_range():
     assert interquartile_range([1.0]) == 0.0
     assert interquartile_range([1.0, 2.0, 3.0, 4.0, 5.0]) == 2.0
-    assert Timing(0.0, 0.0, 1).relative_spread == float("inf")

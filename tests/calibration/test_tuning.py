@@ -8,7 +8,7 @@ import math
 import optuna
 from optuna.trial import TrialState
 
-from attn_dispatch.calibration.storage import open_storage
+from attn_dispatch.calibration.results import open_storage
 from attn_dispatch.calibration.tuning import configurations, effective_values, tune_family
 from attn_dispatch.kernels import kernel_from_name
 from attn_dispatch.models.measurement import Measurement

@@ -9,10 +9,10 @@ import time
 from collections import defaultdict
 
 from attn_dispatch.calibration.claims import ClaimBoard, Owner
-from attn_dispatch.calibration.launch import worker_command
+from attn_dispatch.calibration.worker import worker_command
 from attn_dispatch.calibration.plan import agreed
 from attn_dispatch.calibration.results import ResultsStore, problem_id
-from attn_dispatch.calibration.storage import open_storage
+from attn_dispatch.calibration.results import open_storage
 from attn_dispatch.models.identity import DeviceIdentity
 from tests.calibration.helpers import small_config
 
@@ -43,4 +43,5 @@ def test_two_workers_share_one_journal(tmp_path):
     storage = open_storage(config.storage, default_journal=tmp_path / "unused")
     plan = agreed(storage, calibration_id, "sweep")
     assert set(workers_of) == {problem_id(p) for p in plan}
-    assert ClaimBoard(storage, calibration_id, Owner.current("check")).all_done([problem_id(p) for p in plan])
+    board = ClaimBoard(storage, calibration_id, Owner.current("check"))
+    assert all(board.state(problem_id(p)).done for p in plan)

@@ -9,10 +9,9 @@ import re
 
 import pytest
 
-from attn_dispatch.calibration import machine_state
-from attn_dispatch.calibration.bench_report import geometric_mean
+from attn_dispatch.calibration import noise as noise_module
 from attn_dispatch.calibration.noise import BUSY_CPU_SHARE, Noise
-from attn_dispatch.calibration.scenarios import SCENARIOS, scenario_shapes
+from attn_dispatch.calibration.scenario_bench import SCENARIOS, geometric_mean, scenario_shapes
 from attn_dispatch.models.environment import COMMIT
 
 FAST = ("--size", "small", "--rounds", "1", "--shape-budget", "0.2", "--quiet")
@@ -141,7 +140,7 @@ STARVED = Noise(median_s=2e-3, spread=0.05, cpu_share=BUSY_CPU_SHARE / 2, cores=
 
 
 def test_bench_says_a_busy_machine_and_ends_with_a_verdict(cli, monkeypatch):
-    monkeypatch.setattr(machine_state, "probe_noise", lambda device: STARVED)  # both probes starved
+    monkeypatch.setattr(noise_module, "probe_noise", lambda device: STARVED)  # both probes starved
     code, out, _ = cli("bench", "--scenario", "decode", *FAST)
     assert code == 0 and "- machine: busy before and after timing (reference point 2.00 ms" in out
     last = out.rstrip().splitlines()[-1]
@@ -156,13 +155,13 @@ def test_kernels_says_a_busy_machine(cli, monkeypatch, tmp_path):
     record = {"suite": "decode", "shape": "decode B1", "kernel": "math", "status": "ok", "median_s": 1e-3,
               "iqr_s": 1e-4, "peak_bytes": None, "rel_error": 1e-7, "reason": ""}
     monkeypatch.setattr(kernel_bench, "run_kernel_table", lambda device, shapes: ("| table |", [record]))
-    monkeypatch.setattr(machine_state, "probe_noise", lambda device: STARVED)
+    monkeypatch.setattr(noise_module, "probe_noise", lambda device: STARVED)
     code, out, _ = cli("kernels", "--device", "cpu", "--json", tmp_path / "k.json")
     assert code == 0 and "Machine: busy before and after timing (" in out
     assert "note: the machine was busy before and after timing (" in out and "run it again when the machine is quieter" in out
     saved = json.loads((tmp_path / "k.json").read_text())
     assert saved["machine"]["busy"] is True and saved["kernels"] == [record]
     quiet = Noise(median_s=2e-3, spread=0.05, cpu_share=1.0, cores=2)
-    monkeypatch.setattr(machine_state, "probe_noise", lambda device: quiet)
+    monkeypatch.setattr(noise_module, "probe_noise", lambda device: quiet)
     code, out, _ = cli("kernels", "--device", "cpu")
     assert code == 0 and "Machine: quiet before and after timing" in out and "note:" not in out

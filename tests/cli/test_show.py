@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from attn_dispatch.models import save_table, store_table
-from attn_dispatch.models.decision_map import decision_panels, family_of
+from attn_dispatch.models.decision_plot import decision_panels, family_of
 from tests.cli.tables import FAST, SLOW, honest_table
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

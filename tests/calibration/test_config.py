@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from attn_dispatch.calibration import identity
 from attn_dispatch.calibration.config import CalibrationConfig
 from attn_dispatch.models.identity import DeviceIdentity
 
@@ -13,11 +12,6 @@ MI50_PROPS = SimpleNamespace(
     name="AMD Instinct MI60 / MI50", gcnArchName="gfx906:sramecc+:xnack-", multi_processor_count=60,
     total_memory=32 * 2**30, major=9, minor=0,
 )
-
-
-def test_reexport_is_the_models_class():
-    assert identity.DeviceIdentity is DeviceIdentity
-    assert identity.detect("cpu") == DeviceIdentity.detect("cpu")
 
 
 def test_faked_gfx906_properties():
