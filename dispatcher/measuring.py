@@ -74,9 +74,6 @@ BUDGET_CALLS = 3.0
 their calls over the baseline's median. Three calls' worth, once per bucket: a decode loop of 32
 layers spends it within its first token, and a bucket never costs seconds on a tiny call."""
 
-FIRST_RUN = "first run"
-"""A warm-up that is its kernel variant's first run in the process (`first_run`)."""
-
 MAX_PENDING = 2
 """Readings that may wait for their device events before calls go untimed: a GPU call's events
 complete within a call or two of it, so two in flight keep the trial moving without a sync."""
@@ -166,7 +163,7 @@ class Trial:
         self.first_runs_s = 0.0  # warm-ups that were their variant's first run in the process (not charged)
         self.plans: list = []  # the measuring plans of the bucket (`planner`): re-planned once decided
         self.result: Tuned | None = None
-        self._pending: list[tuple[Contender, object, bool]] = []
+        self._pending: list[tuple[Contender, object, bool, bool]] = []
         self._runners: dict[tuple[str, Problem], Callable | None] = {}
         self._lock = threading.Lock()
 
@@ -199,8 +196,8 @@ class Trial:
             else:
                 contender.calls += 1
                 warm_up = contender.calls <= WARM_UP_CALLS
-                if warm_up and first_run(contender.option.kernel, problem) and not self.cold_s.get(contender.name):
-                    warm_up = FIRST_RUN  # a once-per-process cost: not charged to the bucket
+                # a variant's first run in the process is a once-per-process cost: not charged to the bucket
+                charged = not (warm_up and first_run(contender.option.kernel, problem) and not self.cold_s.get(contender.name))
         if contender is None:
             self._close_if_decided()  # a reading collected above may have decided it
             return own(query, key, value, attn_mask, scale, enable_gqa, problem)
@@ -218,7 +215,7 @@ class Trial:
             plan.count[0] -= 1  # `stats`: this call ran the candidate, not the plan's kernel
             self.count_cell(contender.name)[0] += 1
         with self._lock:
-            self._pending.append((contender, reading, warm_up))
+            self._pending.append((contender, reading, warm_up, charged))
             self._collect()
         self._close_if_decided()
         return out
@@ -273,17 +270,17 @@ class Trial:
     def _collect(self) -> None:
         """Read every pending reading that is ready, oldest first (events complete in stream order)."""
         while self._pending and self._pending[0][1].ready():
-            contender, reading, warm_up = self._pending.pop(0)
-            self._record(contender, reading.seconds(), warm_up)
+            contender, reading, warm_up, charged = self._pending.pop(0)
+            self._record(contender, reading.seconds(), warm_up, charged)
 
-    def _record(self, contender: Contender, seconds: float, warm_up: bool | str) -> None:
+    def _record(self, contender: Contender, seconds: float, warm_up: bool, charged: bool = True) -> None:
         """One reading: a sample (not a warm-up), and what it cost beyond the baseline (a warm-up
         against the baseline's own first call, which the caller would have paid anyway; nothing for
-        a variant's first run in the process, `FIRST_RUN`)."""
+        a variant's first run in the process: `charged` false)."""
         if contender is self.baseline:
             if warm_up:
                 self.baseline_first_s = seconds
-        elif warm_up == FIRST_RUN:
+        elif not charged:
             self.first_runs_s += seconds
         else:
             reference = self.baseline.median()
