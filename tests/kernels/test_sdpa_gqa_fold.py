@@ -127,7 +127,8 @@ def test_where_pytorch_would_not_take_its_fused_cpu_kernel_the_runner_calls_sdpa
     assert FOLD.bare_call(problem) is None
     out = FOLD.runner(problem)(query, key, value, None, None, True, problem)
     _assert_matches(out, reference_attention(query, key, value, enable_gqa=True))
-    masked = Problem.from_tensors(*_inputs(), torch.ones(1, 1, 1, 37, dtype=torch.bool), enable_gqa=True)
+    masked = Problem.from_tensors(*_inputs(), torch.ones(1, 1, 1, 37, dtype=torch.bool, device=TEST_DEVICE),
+                                   enable_gqa=True)
     assert FOLD.bare_call(masked) is None and FOLD.runner(masked) == FOLD.run
     assert FOLD.bare_call(Problem(1, 8, 8, 1, 20, 64, 64, "float32")) is None
     assert FOLD.bare_call(Problem(1, 8, 2, 1, 20, 64, 64, "float16", device_type="cuda")) is None

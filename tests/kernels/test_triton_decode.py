@@ -5,6 +5,7 @@ and CUDA-graph capture."""
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -271,7 +272,7 @@ def test_interpreted_kernels_serve_no_call_and_time_nothing():
 def test_importing_the_kernels_does_not_import_triton():
     code = "import sys, attn_dispatch.kernels as k; k.TritonDecodeKernel(); print('triton' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            env={"PATH": "", "TRITON_INTERPRET": "1"})
+                            env={**os.environ, "TRITON_INTERPRET": "1"})
     assert result.stdout.strip() == "False"
 
 
