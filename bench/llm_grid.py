@@ -213,13 +213,29 @@ def measure_shape(problem: Problem, device: torch.device, dispatchers: dict, rou
     plans = {name: ours._plans.get(shape_key) for name, ours in dispatchers.items()}
     chosen = {name: plan.kernel.name if plan is not None else None for name, plan in plans.items()}
     return {
-        "problem": problem.to_dict(), "chosen": chosen, "failed": failed,
+        "problem": problem.to_dict(), "chosen": chosen, "failed": failed, "why": _why(dispatchers, inputs, problem),
         "settle_calls": {name: calls for name, calls in settled.items() if calls},
         "paths": {label: {"cold_s": cold[label], "median_s": statistics.median(s),
                           "iqr_s": interquartile_range(s), "samples": len(s), "samples_s": s} if s else
                   {"cold_s": cold[label], "median_s": None, "once_s": estimate[label]}
                   for label, s in ((label, samples.get(label, [])) for label in estimate)},
     }
+
+
+def _why(dispatchers: dict, inputs, problem: Problem) -> dict:
+    """Each dispatcher's account of the shape's decision: its first candidates with their predicted
+    seconds and its notes (the measuring's outcome among them)."""
+    extra = {"enable_gqa": True} if inputs.enable_gqa else {}
+    why = {}
+    for name, ours in dispatchers.items():
+        try:
+            decision = ours.explain(inputs.query, inputs.key, inputs.value, is_causal=problem.causal, **extra)
+        except Exception as error:  # noqa: BLE001 - a diagnostic, never fatal
+            why[name] = f"{type(error).__name__}: {error}"
+            continue
+        why[name] = {"candidates": [[c.name, c.predicted_s] for c in decision.candidates[:6]],
+                     "notes": list(decision.notes)}
+    return why
 
 
 def round_order(labels: list[str], index: int) -> list[str]:

@@ -50,32 +50,48 @@ class BackwardBlocks(NamedTuple):
     stages: int
 
 
-def forward_shared_bytes(config: FlashConfig, head_dim: int, value_dim: int, itemsize: int) -> int:
-    """Estimated shared memory of one forward program: the query block, plus a key block and a
-    value block for each of the ``s - 1`` loads Triton's pipeliner keeps in flight (at least one;
-    padded head dims, input itemsize). Against what Triton 3.9 allocates for sm_90 (compiled here
-    without a GPU) it reads 1.0-2.0x on half inputs and 0.8x on fp32 ones; a configuration it
-    lets through that does not fit fails at its first launch, which the dispatcher remembers."""
+SHARED_SLACK_BYTES = 1024
+"""Shared memory Triton allocates beyond its tiles (reductions' scratch): 512 B on sm_90, Triton 3.6."""
+
+
+def mask_element_bytes(mask_kind: str, itemsize: int) -> int:
+    """Shared-memory bytes per element of a staged mask tile: a float mask in the input dtype; a bool
+    mask 2 (Triton 3.6 on sm_90 allocated 1.5 per element: its bytes and a converted copy)."""
+    return {"none": 0, "bool": 2}.get(mask_kind, itemsize)
+
+
+def forward_shared_bytes(config: FlashConfig, head_dim: int, value_dim: int, itemsize: int,
+                         mask_bytes: int = 0) -> int:
+    """Estimated shared memory of one forward program: the query block, a key block and a value
+    block for each of the ``s - 1`` loads Triton's pipeliner keeps in flight (at least one), and a
+    ``bm x bn`` mask tile (`mask_bytes` an element, `mask_element_bytes`) for each of the ``s``
+    stages, on padded head dims. Triton 3.6 on sm_90 allocated exactly this (plus 512 B) for fp32
+    inputs with a float mask; for half inputs Triton 3.9 allocates 0.3-1.0x of it."""
     d, dv = padded_dim(head_dim), padded_dim(value_dim)
-    return (config.block_m * d + max(config.stages - 1, 1) * config.block_n * (d + dv)) * itemsize
+    tiles = (config.block_m * d + max(config.stages - 1, 1) * config.block_n * (d + dv)) * itemsize
+    return tiles + config.stages * config.block_m * config.block_n * mask_bytes + SHARED_SLACK_BYTES
 
 
-def backward_shared_bytes(blocks: BackwardBlocks, head_dim: int, value_dim: int, itemsize: int) -> int:
+def backward_shared_bytes(blocks: BackwardBlocks, head_dim: int, value_dim: int, itemsize: int,
+                          mask_bytes: int = 0) -> int:
     """Estimated shared memory of one backward program (dK/dV: keys and values resident, queries
-    and output gradients streamed; dQ the other way round: the same amount)."""
+    and output gradients streamed; dQ the other way round: the same amount), with a staged
+    ``resident x streamed`` mask tile as in `forward_shared_bytes`."""
     width = padded_dim(head_dim) + padded_dim(value_dim)
-    return (blocks.resident + max(blocks.stages, 1) * blocks.streamed) * width * itemsize
+    tiles = (blocks.resident + max(blocks.stages, 1) * blocks.streamed) * width * itemsize
+    mask = max(blocks.stages, 1) * blocks.resident * blocks.streamed * mask_bytes
+    return tiles + mask + SHARED_SLACK_BYTES
 
 
 def backward_blocks(config: FlashConfig, head_dim: int, value_dim: int, itemsize: int,
-                    shared_limit: int | None) -> BackwardBlocks:
+                    shared_limit: int | None, mask_bytes: int = 0) -> BackwardBlocks:
     """The backward's blocks for a forward `config`: resident ``min(bm, 128)``, streamed
     ``min(bn, 32)``, the forward's stages; then fewer stages, a smaller streamed block and a
     smaller resident block, in that order, until `backward_shared_bytes` fits `shared_limit`
     (None: no limit, as under Triton's interpreter). Never below `MIN_BLOCK` and one stage."""
     blocks = BackwardBlocks(min(config.block_m, BACKWARD_RESIDENT_MAX), min(config.block_n, BACKWARD_STREAMED_MAX),
                             config.stages)
-    while shared_limit is not None and backward_shared_bytes(blocks, head_dim, value_dim, itemsize) > shared_limit:
+    while shared_limit is not None and backward_shared_bytes(blocks, head_dim, value_dim, itemsize, mask_bytes) > shared_limit:
         if blocks.stages > 1:
             blocks = blocks._replace(stages=blocks.stages - 1)
         elif blocks.streamed > MIN_BLOCK:

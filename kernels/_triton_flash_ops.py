@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from attn_dispatch.kernels._triton_flash_backward import launch_backward
-from attn_dispatch.kernels._triton_flash_config import FlashConfig, backward_blocks
+from attn_dispatch.kernels._triton_flash_config import FlashConfig, backward_blocks, mask_element_bytes
 from attn_dispatch.kernels._triton_flash_forward import launch_forward
 from attn_dispatch.kernels._triton_ops import TORCH_HAS_TRITON_OP as HAS_TRITON_OP
 from attn_dispatch.kernels._triton_ops import on_device
@@ -24,6 +24,13 @@ from attn_dispatch.kernels._triton_support import shared_memory_limit
 
 FORWARD_OP = "attn_dispatch::triton_flash_forward"
 BACKWARD_OP = "attn_dispatch::triton_flash_backward"
+
+
+def _mask_bytes(mask: torch.Tensor | None, query: torch.Tensor) -> int:
+    """`mask_element_bytes` of the mask a kernel reads (None: no mask)."""
+    if mask is None:
+        return 0
+    return mask_element_bytes("bool" if mask.dtype == torch.bool else "float", query.element_size())
 
 
 def _launcher(kernel):
@@ -80,7 +87,7 @@ def _backward_op(
     d_value = value.new_empty(value.shape)
     limit = shared_memory_limit(query.device.index) if query.device.type == "cuda" else None
     blocks = backward_blocks(FlashConfig(block_m, block_n, warps, stages), query.shape[-1], value.shape[-1],
-                             query.element_size(), limit)
+                             query.element_size(), limit, _mask_bytes(mask, query))
     with on_device(query):
         launch_backward(_launcher, grad_out, query, key, value, mask, out, lse, delta, d_query, d_key, d_value,
                         scale, causal, causal_offset, blocks, warps)

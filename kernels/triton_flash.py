@@ -23,6 +23,7 @@ from attn_dispatch.kernels._triton_flash_config import (
     MIN_BLOCK,
     FlashConfig,
     forward_shared_bytes,
+    mask_element_bytes,
     row_statistics_bytes,
 )
 from attn_dispatch.kernels._triton_ops import checked_parameter
@@ -72,7 +73,8 @@ class TritonFlashKernel(Kernel):
         if problem.head_dim > MAX_HEAD_DIM or problem.value_dim > MAX_HEAD_DIM:
             why.append(f"head dims up to {MAX_HEAD_DIM} only (query/key {problem.head_dim}, value {problem.value_dim})")
         if not why and problem.device_type == "cuda":
-            needed = forward_shared_bytes(self.config, problem.head_dim, problem.value_dim, problem.itemsize)
+            needed = forward_shared_bytes(self.config, problem.head_dim, problem.value_dim, problem.itemsize,
+                                          mask_element_bytes(problem.mask_kind, problem.itemsize))
             available = shared_memory_limit()
             if needed > available:
                 why.append(f"needs ~{needed // 1024} KiB of shared memory per program at head dim {problem.head_dim}, "
