@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -89,22 +90,23 @@ class Forest:
 
 
 def _depth(left: np.ndarray, right: np.ndarray) -> int:
+    """Levels of the deepest tree (children follow their parent: one pass over node indices)."""
     depth = np.zeros(left.shape, dtype=np.int64)
-    for t in range(left.shape[0]):
-        for i in range(left.shape[1]):
-            if left[t, i]:
-                depth[t, left[t, i]] = depth[t, right[t, i]] = depth[t, i] + 1
+    for i in range(left.shape[1]):
+        trees = np.flatnonzero(left[:, i])
+        depth[trees, left[trees, i]] = depth[trees, right[trees, i]] = depth[trees, i] + 1
     return int(depth.max()) + 1
 
 
 def forest_from_arrays(arrays: dict[str, Sequence[Sequence[float]]], baseline: float) -> Forest:
     """Pad per-tree node lists into a `Forest` (the caller has validated them)."""
-    width = max(len(tree) for tree in arrays["feature"])
+    sizes = np.array([len(tree) for tree in arrays["feature"]], dtype=np.int64)
+    tree = np.repeat(np.arange(len(sizes)), sizes)
+    node = np.arange(len(tree)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
 
     def pad(name: str, dtype) -> np.ndarray:
-        out = np.zeros((len(arrays[name]), width), dtype=dtype)
-        for t, tree in enumerate(arrays[name]):
-            out[t, : len(tree)] = tree
+        out = np.zeros((len(sizes), int(sizes.max())), dtype=dtype)
+        out[tree, node] = np.fromiter(chain.from_iterable(arrays[name]), dtype=dtype, count=len(tree))
         return out
 
     left, right = pad("left", np.int64), pad("right", np.int64)

@@ -3,12 +3,28 @@ so that evaluation is bounded (children follow parents, features and thresholds 
 
 from __future__ import annotations
 
+import threading
+import warnings
+from collections.abc import Callable, Sequence
 from itertools import chain
 
 import numpy as np
 
-from attn_dispatch.models._json_checks import _bool, _fail, _int, _list, _num, _obj, _spec, _spec_dict, _str
+from attn_dispatch.models._json_checks import (
+    TableWarning,
+    _bool,
+    _fail,
+    _int,
+    _list,
+    _num,
+    _obj,
+    _spec,
+    _spec_dict,
+    _str,
+    parse_json_at,
+)
 from attn_dispatch.models.forest import EmbeddedModel, forest_from_arrays
+from attn_dispatch.models.gc_pause import cyclic_collection_paused
 
 MAX_MODELS = 16  # cards pooled in one merged table
 MAX_TREES = 2000
@@ -110,6 +126,44 @@ def parse_model(value: object, path: str) -> EmbeddedModel:
 
 def parse_models(value: object) -> tuple[EmbeddedModel, ...]:
     return tuple(parse_model(v, f"models[{i}]") for i, v in enumerate(_list(value, "models", MAX_MODELS)))
+
+
+class LazyModels(Sequence):
+    """A table's ``models`` kept as JSON text (one model a line) until first used, then validated
+    together (`parse_models`). A section that fails is dropped with a `TableWarning` naming the
+    table and the field: the table then has no model (the prior ranks), never an exception."""
+
+    def __init__(self, lines: list[str], *, source: str,
+                 then: Callable[[EmbeddedModel], EmbeddedModel] = lambda model: model) -> None:
+        self._lines, self._source, self._then = lines, source, then
+        self._models: tuple[EmbeddedModel, ...] | None = None
+        self._lock = threading.Lock()
+
+    def mapped(self, function: Callable[[EmbeddedModel], EmbeddedModel]) -> Sequence[EmbeddedModel]:
+        """These models passed through `function` (parsed on first use as well)."""
+        if self._models is not None:
+            return tuple(map(function, self._models))
+        then = self._then
+        return LazyModels(self._lines, source=self._source, then=lambda model: function(then(model)))
+
+    def _parsed(self) -> tuple[EmbeddedModel, ...]:
+        with self._lock:
+            if self._models is None:
+                try:
+                    with cyclic_collection_paused():  # ~100k objects a model
+                        values = [parse_json_at(line, f"models[{i}]") for i, line in enumerate(self._lines)]
+                        self._models = tuple(map(self._then, parse_models(values)))
+                except Exception as error:  # noqa: BLE001 - a malformed model must never fail an inference call
+                    warnings.warn(f"table {self._source}: skipped its models: {error}", TableWarning, stacklevel=4)
+                    self._models = ()
+                self._lines = []
+            return self._models
+
+    def __getitem__(self, index):
+        return self._parsed()[index]
+
+    def __len__(self) -> int:
+        return len(self._parsed())
 
 
 def models_to_dict(models: tuple[EmbeddedModel, ...]) -> list[dict]:

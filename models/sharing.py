@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attn_dispatch.models._card_names import slug
+from attn_dispatch.models._json_checks import TableWarning
 from attn_dispatch.models.cards import spec_for
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.merge import card_scale
@@ -28,10 +29,6 @@ from attn_dispatch.models.table_io import dumps_table, load_table, save_table
 
 BUNDLED_TABLES_DIR = Path(__file__).resolve().parent / "tables"
 LEVELS = ("exact", "model", "family", "prior")
-
-
-class TableWarning(UserWarning):
-    """A table was skipped, is stale, or stands in for another card."""
 
 
 @dataclass(frozen=True)
@@ -116,8 +113,9 @@ def _load_unchanged(path: Path) -> ThresholdTable:
 @functools.lru_cache(maxsize=32)
 def _load_version(path: Path, inode: int, mtime_ns: int, ctime_ns: int, size: int) -> ThresholdTable:
     """One parse per version of the file (atomic writes replace the inode; tables are never
-    mutated after loading, so one object can serve every dispatcher)."""
-    return load_table(path)
+    mutated after loading, so one object can serve every dispatcher). Its classes, models and
+    measured entries are validated on first use (`table_io.loads_table`'s `lazy`)."""
+    return load_table(path, lazy=True)
 
 
 def _candidate_files(home: str | os.PathLike | None) -> list[tuple[Path, bool]]:
