@@ -108,7 +108,7 @@ def fit_and_write(measurements: list[Measurement], identity: DeviceIdentity, *, 
     its 2") and `timing_thread_count`: the CPU threads the points were timed with, kept in the
     table's provenance."""
     from attn_dispatch.models.fit import fit_and_build
-    from attn_dispatch.models.guard import Guard
+    from attn_dispatch.models.quality import Guard
     from attn_dispatch.models.persist import save_model
     from attn_dispatch.models.sharing import store_table
     from attn_dispatch.models.table_io import save_table

@@ -19,13 +19,13 @@ from attn_dispatch.calibration.results import study_name
 from attn_dispatch.calibration.space import SpaceProfile, resized, sample_problems
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.models.cards import CardSpec
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import training_set
 from attn_dispatch.models.decision_plot import family_of
 from attn_dispatch.models.features import feature_matrix
+from attn_dispatch.models.identity import CardSpec
 from attn_dispatch.models.measurement import Measurement
-from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.priors import kernel_named
 
 # Problems per round: each round is a contiguous slice of the space-filling sample (so a run cut
 # short has covered the space) and is measured cheapest first.

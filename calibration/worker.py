@@ -48,8 +48,7 @@ from attn_dispatch.calibration.workload import for_device, read_workload
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.models.cards import spec_for
-from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.identity import DeviceIdentity, spec_for
 from attn_dispatch.models.measurement import Measurement
 
 # A kernel whose first (untimed) call takes this many times the problem's best time so far is a

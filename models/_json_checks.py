@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 
 from attn_dispatch.kernels.problem import ITEMSIZE
-from attn_dispatch.models.cards import CardSpec
 from attn_dispatch.models.gc_pause import cyclic_collection_paused
-from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.identity import CardSpec
+from attn_dispatch.models.priors import kernel_named
 
 # Limits on untrusted tables. The tables we build respect them by construction: a cell lists at
 # most MAX_CANDIDATES ranked and measured kernels (table_build and merge keep the fastest), and

@@ -13,11 +13,9 @@ from pathlib import Path
 
 import joblib
 
-from attn_dispatch.models.atomic_files import replace_atomically
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.paths import models_dir
-from attn_dispatch.models.versions import model_versions
+from attn_dispatch.models.paths import model_versions, models_dir, replace_atomically
 
 MODEL_SUFFIX = ".joblib"
 VERSIONS_SUFFIX = ".versions.json"

@@ -8,31 +8,78 @@ the cost model learns the residual. Every constant is a named heuristic with its
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
 
 from attn_dispatch.kernels._blocks import accumulation_itemsize
+from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.chunked import ChunkedKernel
 from attn_dispatch.kernels.convert import ConvertKernel
 from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.registry import kernel_from_name
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 from attn_dispatch.kernels.sdpa_gqa_fold import SdpaGqaFoldKernel, folded_problem
 from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
 from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
 from attn_dispatch.kernels.triton_flash import TritonFlashKernel
-from attn_dispatch.models._blocks_cost import visited_fraction
-from attn_dispatch.models.cards import CardSpec, spec_for
+from attn_dispatch.models.identity import CardSpec, spec_for
 from attn_dispatch.models.rates import (
     FUSED_EFFICIENCY,
     MATMUL_TILE,
     SOFTMAX_FLOPS_PER_ELEMENT,
     Rates,
+    visited_fraction,
 )
 from attn_dispatch.models.triton_costs import triton_decode_seconds, triton_flash_seconds
 
+# Kernel names are validated against the registry under the most permissive policy: whether a
+# lossy conversion may *run* is the dispatcher's policy, not a property of the name.
+_ANY_POLICY = AccuracyPolicy.allowing("any")
+
+
+@runtime_checkable
+class Ranker(Protocol):
+    """Predicts which kernels are fastest for a problem."""
+
+    def rank(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
+        """Supported kernels' names and predicted seconds, fastest first."""
+        ...
+
+
+def supported(problem: Problem, kernels: Iterable[Kernel]) -> list[Kernel]:
+    """The kernels of `kernels` whose `reasons(problem)` is empty, in order, without duplicates."""
+    seen: set[str] = set()
+    result = []
+    for kernel in kernels:
+        if kernel.name not in seen and not kernel.reasons(problem):
+            seen.add(kernel.name)
+            result.append(kernel)
+    return result
+
+
+UNPRICED = float("inf")
+"""Predicted seconds of a kernel no model can price (not a registry kernel): ranked last."""
+
+
+def priceable(kernel: Kernel) -> bool:
+    """True for kernels the registry can build from their name (the ones priors and models know)."""
+    try:
+        kernel_named(kernel.name)
+    except ValueError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=4096)
+def kernel_named(name: str) -> Kernel:
+    """A kernel object for a canonical name (cached); ValueError for names that are not ours."""
+    return kernel_from_name(name, policy=_ANY_POLICY)
+
+
 __all__ = ["PRIOR_VERSION", "PriorRanker", "prior_seconds", "roofline_seconds", "spec_for", "score_bytes_per_element"]
-from attn_dispatch.models.ranking import UNPRICED, priceable, supported
 
 PRIOR_VERSION = 2
 """Bumped whenever `prior_seconds` changes its numbers. A table's cost model learns the residual
@@ -274,7 +321,7 @@ class PriorRanker:
 
     Parameters
     ----------
-    spec: the card's spec sheet (`models.cards.spec_for`).
+    spec: the card's spec sheet (`models.identity.spec_for`).
     """
 
     def __init__(self, spec: CardSpec) -> None:

@@ -1,6 +1,6 @@
 """The threshold table: a card's decisions, small enough to share, safe to load.
 
-Per problem class (`models.buckets.ClassKey`) a decision map over (log2 Lq, log2 Lk) buckets
+Per problem class (`models.measured.ClassKey`) a decision map over (log2 Lq, log2 Lk) buckets
 holds the top candidates with predicted seconds (and measured seconds where a bucket was
 measured), plus readable crossover thresholds. The JSON form is documented in
 docs/TABLE_FORMAT.md and validated by `models.table_schema`; files are read and written by
@@ -19,16 +19,28 @@ import numpy as np
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models._json_checks import LazySection, _spec_dict
-from attn_dispatch.models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP, ClassKey, bucket_of, class_key
-from attn_dispatch.models.cards import CardSpec
 from attn_dispatch.models.features import feature_matrix
-from attn_dispatch.models.forest import EmbeddedModel
-from attn_dispatch.models.forest_schema import LazyModels
-from attn_dispatch.models.guard import Guard
-from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.measured import DEFAULT_KERNEL, MeasuredEntry, entry_key
-from attn_dispatch.models.priors import PriorRanker, prior_seconds
-from attn_dispatch.models.ranking import UNPRICED, kernel_named, priceable, supported
+from attn_dispatch.models.forest import EmbeddedModel, LazyModels
+from attn_dispatch.models.identity import CardSpec, DeviceIdentity
+from attn_dispatch.models.measured import (
+    DEFAULT_CLASS_FIELDS,
+    DEFAULT_KERNEL,
+    WORK_STEP,
+    ClassKey,
+    MeasuredEntry,
+    bucket_of,
+    class_key,
+    entry_key,
+)
+from attn_dispatch.models.priors import (
+    UNPRICED,
+    PriorRanker,
+    kernel_named,
+    priceable,
+    prior_seconds,
+    supported,
+)
+from attn_dispatch.models.quality import Guard
 
 FORMAT_VERSION = 2
 """The one version read and written. Version 1 (before measured entries and the quality guard) is
@@ -157,10 +169,10 @@ class ThresholdTable:
         merged table); when present and compatible, `rank` uses them for the exact problem.
     (A table loaded from a file may hold its classes, models and entries unvalidated until first
     used: `models.table_io`.)
-    class_fields: the optional class fields the table splits on (`models.buckets`).
+    class_fields: the optional class fields the table splits on (`models.measured`).
     work_step: width of the work-size buckets (when "work" is a class field).
     entries: measured decisions by exact bucket (`models.measured.entry_key`), consulted first.
-    guard: the quality guard's verdict (`models.guard`); None for tables older than the guard.
+    guard: the quality guard's verdict (`models.quality`); None for tables older than the guard.
     """
 
     provenance: Provenance
@@ -184,7 +196,7 @@ class ThresholdTable:
 
     @property
     def verdict(self) -> str:
-        """What ranks outside measured entries: "table", "prior" or "default" (`models.guard`)."""
+        """What ranks outside measured entries: "table", "prior" or "default" (`models.quality`)."""
         return self.guard.verdict if self.guard is not None else "table"
 
     @property

@@ -21,9 +21,9 @@ import re
 from pathlib import Path
 
 from attn_dispatch.models._json_checks import _spec_dict, parse_json
-from attn_dispatch.models.atomic_files import write_text_atomically
-from attn_dispatch.models.forest_schema import models_to_dict
+from attn_dispatch.models.forest import models_to_dict
 from attn_dispatch.models.gc_pause import cyclic_collection_paused
+from attn_dispatch.models.paths import write_text_atomically
 from attn_dispatch.models.table import TABLE_KIND, Cell, ThresholdTable
 from attn_dispatch.models.table_schema import FIX, TableError, entries_to_list, guard_to_dict, table_from_dict
 

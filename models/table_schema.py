@@ -40,15 +40,21 @@ from attn_dispatch.models._json_checks import (
     _num,
     _obj,
     _seconds,
-    parse_json,
     _spec,
     _str,
+    parse_json,
 )
-from attn_dispatch.models.buckets import OPTIONAL_FIELDS, ClassKey
-from attn_dispatch.models.forest_schema import LazyModels, parse_models
-from attn_dispatch.models.guard import VERDICTS, Guard
+from attn_dispatch.models.forest import LazyModels, parse_models
 from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.measured import KEY_FIELDS, SOURCES, MeasuredEntry, MeasuredTime
+from attn_dispatch.models.measured import (
+    KEY_FIELDS,
+    OPTIONAL_FIELDS,
+    SOURCES,
+    ClassKey,
+    MeasuredEntry,
+    MeasuredTime,
+)
+from attn_dispatch.models.quality import VERDICTS, Guard
 from attn_dispatch.models.table import (
     EXCLUDING_STATUSES,
     FORMAT_VERSION,

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def describe(table) -> str:
     """One line: card, stack, date, points, classes, what ranks kernels outside measured buckets."""
-    from attn_dispatch.models.guard import VERDICT_WORDS
+    from attn_dispatch.models.quality import VERDICT_WORDS
 
     p = table.provenance
     merged = f", merged from {len(p.identities)} cards" if p.merged_from else ""

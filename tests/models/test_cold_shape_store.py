@@ -10,9 +10,9 @@ import torch
 
 from attn_dispatch.calibration.cold_shape import measure
 from attn_dispatch.kernels import Problem, kernel_from_name
-from attn_dispatch.models import cold_shape_store
-from attn_dispatch.models.cold_shape_store import load_cold_costs, save_cold_costs
+from attn_dispatch.models import probe_store
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.probe_store import load_cold_costs, save_cold_costs
 
 CARD = DeviceIdentity("cuda", "NVIDIA H200", "NVIDIA", "sm_90", 132, 140 * 2**30, torch_version="2.11.0")
 OTHER_STACK = DeviceIdentity("cuda", "NVIDIA H200", "NVIDIA", "sm_90", 132, 140 * 2**30, torch_version="2.12.0")
@@ -30,7 +30,7 @@ def test_shipped_costs_serve_last_and_damaged_files_are_skipped(tmp_path, monkey
     bundled = tmp_path / "bundled"
     bundled.mkdir()
     monkeypatch.setattr(cold_shape_store, "BUNDLED_DIR", bundled)
-    from attn_dispatch.models._card_names import slug
+    from attn_dispatch.models.identity import slug
 
     (bundled / f"{slug(CARD.model_key)}.json").write_text(json.dumps(
         {"format": 1, "model_key": CARD.model_key, "seconds": {"sdpa_cudnn": {"decode": 0.01}}}))

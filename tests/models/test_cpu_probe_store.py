@@ -1,5 +1,5 @@
 """The CPU probe kept in the home per machine (`models.probe_store`), and never run inside a
-dispatcher's call (`models._cpu_probe.probe_cpu_spec` with ``now=False``)."""
+dispatcher's call (`models.probe_store.probe_cpu_spec` with ``now=False``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-from attn_dispatch.models import _cpu_probe
-from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC, PROBE_AT_EXIT, probe_cpu_spec
+from attn_dispatch.models import probe_store
 from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.probe_store import load_cpu_rates, probe_path, save_cpu_rates
+from attn_dispatch.models.probe_store import (
+    FALLBACK_CPU_SPEC,
+    PROBE_AT_EXIT,
+    load_cpu_rates,
+    probe_cpu_spec,
+    probe_path,
+    save_cpu_rates,
+)
 
 MEASURED = replace(FALLBACK_CPU_SPEC, bandwidth=12.5e9, estimated=False, source="measured by this machine's probe")
 
@@ -50,7 +56,7 @@ def test_a_damaged_or_foreign_file_is_ignored(tmp_path, text):
 
 def test_the_dispatchers_probe_waits_for_the_exit(tmp_path, monkeypatch):
     registered = []
-    monkeypatch.setattr(_cpu_probe.atexit, "register", lambda *args: registered.append(args))
+    monkeypatch.setattr(probe_store.atexit, "register", lambda *args: registered.append(args))
     monkeypatch.setattr(_cpu_probe, "measure_cpu_spec", lambda: pytest.fail("probed inside a call"))
     spec = probe_cpu_spec(root=tmp_path, now=False)
     assert spec.estimated and spec.source.endswith(PROBE_AT_EXIT)

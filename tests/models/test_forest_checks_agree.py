@@ -9,7 +9,7 @@ import copy
 
 import pytest
 
-from attn_dispatch.models.forest_schema import MAX_THRESHOLD, _tree, _trees_valid
+from attn_dispatch.models.forest import MAX_THRESHOLD, _tree, _trees_valid
 from attn_dispatch.models.table_schema import TableError
 
 STUMP = {  # node 0 splits feature 0 at 0.5 into leaves 1 and 2

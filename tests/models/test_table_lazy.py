@@ -12,10 +12,9 @@ import torch
 
 from attn_dispatch.kernels import all_kernels
 from attn_dispatch.models import sharing, table_io, table_schema
-from attn_dispatch.models.table_header import head_identities
+from attn_dispatch.models.sharing import TableWarning, head_identities
 from attn_dispatch.models.table_io import dumps_table, load_table, save_table
 from attn_dispatch.models.table_schema import TableError
-from attn_dispatch.models.sharing import TableWarning
 from tests.models.test_table import DECODE, PREFILL
 from tests.models.test_table_header import BUNDLED_H200
 
