@@ -28,8 +28,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from attn_dispatch.calibration.inputs import InputCache, rotation_count
-from attn_dispatch.calibration.kernel_bench import NamedShape, on_device
-from attn_dispatch.calibration.measure import SINGLE_SHOT, empty_cache, measure
+from attn_dispatch.calibration.measure import SINGLE_SHOT, NamedShape, empty_cache, measure, on_device
 from attn_dispatch.calibration.noise import MachineState
 from attn_dispatch.calibration.timer import (
     TimerSettings,

@@ -408,7 +408,7 @@ def spec_for(identity: DeviceIdentity, *, probe: bool = True, home: str | os.Pat
 
     Parameters
     ----------
-    probe: for a CPU, its probed rates (`_cpu_probe.probe_cpu_spec`: matrix products, copy and
+    probe: for a CPU, its probed rates (`models.probe_store.probe_cpu_spec`: matrix products, copy and
         softmax, kept per machine in the home `home`); False gives the probe-free constants (tests).
     probe_now: where this machine's rates are not kept yet, probe now (a fraction of a second);
         False: the probe-free constants, the probe running at the process's exit (the dispatcher).

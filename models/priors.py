@@ -79,8 +79,6 @@ def kernel_named(name: str) -> Kernel:
     return kernel_from_name(name, policy=_ANY_POLICY)
 
 
-__all__ = ["PRIOR_VERSION", "PriorRanker", "prior_seconds", "roofline_seconds", "spec_for", "score_bytes_per_element"]
-
 PRIOR_VERSION = 2
 """Bumped whenever `prior_seconds` changes its numbers. A table's cost model learns the residual
 over one version of the prior; the prior's feature name carries the version

@@ -16,7 +16,7 @@ wrapper of the backend too: a later release re-probes),
 
 A damaged or foreign file is ignored (the probes run again and the file is rewritten).
 
-A CPU's probed rates (`_cpu_probe`: matrix products, a copy, a softmax) are kept here too, so the
+A CPU's probed rates (`probe_cpu_spec`: matrix products, a copy, a softmax) are kept here too, so the
 probe runs once per machine (`load_cpu_rates`, `save_cpu_rates`): one file per processor, memory,
 torch build and thread count, ``<home>/probes/cpu__<identity key>__mem-<bytes>__threads-<n>.json``
 (another machine, a resized VM or a torch update finds none and probes again).

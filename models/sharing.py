@@ -4,7 +4,7 @@ Lookup order: exact card and software stack -> same card model, other stack (war
 same family (gfx906 tables serve MI50, MI60 and Radeon VII, times scaled by the cards' rates) ->
 the analytic prior. The user's tables (``tables_dir()/<model>/*.json``) come before the bundled
 ones (``models/tables/*.json``). A file whose head names only cards of another model and family is
-skipped without being parsed (`table_header`); a corrupt file is skipped with a warning: an
+skipped without being parsed (`head_identities`); a corrupt file is skipped with a warning: an
 attention call never fails because of a table.
 """
 
@@ -144,7 +144,7 @@ def lookup_table(
     for path, bundled in _candidate_files(home):
         if bundled and not include_bundled:
             continue
-        cards = head_identities(path)  # a file measured on another card is not parsed (`table_header`)
+        cards = head_identities(path)  # a file measured on another card is not parsed
         if cards is not None and cards_match_level(cards, identity) is None:
             continue
         try:

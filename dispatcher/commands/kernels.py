@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attn_dispatch.calibration.kernel_bench import SELF_CHECK_SHAPES, run_kernel_table
+    from attn_dispatch.calibration.measure import SELF_CHECK_SHAPES, run_kernel_table
     from attn_dispatch.calibration.noise import MachineWatch
 
     device = resolve_device(args.device)

@@ -19,7 +19,7 @@ OTHER_STACK = DeviceIdentity("cuda", "NVIDIA H200", "NVIDIA", "sm_90", 132, 140 
 
 
 def test_stored_costs_are_found_for_the_device_and_its_card_model(tmp_path, monkeypatch):
-    monkeypatch.setattr(cold_shape_store, "BUNDLED_DIR", tmp_path / "none")
+    monkeypatch.setattr(probe_store, "BUNDLED_DIR", tmp_path / "none")
     save_cold_costs(CARD, {"sdpa_default": {"decode": 0.008, "prefill": 0.06}}, measured="2026-12-01", conditions={},
                     home=tmp_path)
     assert load_cold_costs(CARD, home=tmp_path) == {"sdpa_default": {"decode": 0.008, "prefill": 0.06}}
@@ -29,7 +29,7 @@ def test_stored_costs_are_found_for_the_device_and_its_card_model(tmp_path, monk
 def test_shipped_costs_serve_last_and_damaged_files_are_skipped(tmp_path, monkeypatch):
     bundled = tmp_path / "bundled"
     bundled.mkdir()
-    monkeypatch.setattr(cold_shape_store, "BUNDLED_DIR", bundled)
+    monkeypatch.setattr(probe_store, "BUNDLED_DIR", bundled)
     from attn_dispatch.models.identity import slug
 
     (bundled / f"{slug(CARD.model_key)}.json").write_text(json.dumps(

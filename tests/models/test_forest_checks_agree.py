@@ -1,4 +1,4 @@
-"""The vectorised forest check (`forest_schema._trees_valid`, the fast path of a table load) never
+"""The vectorised forest check (`forest._trees_valid`, the fast path of a table load) never
 accepts a tree that the node-by-node check (`_tree`) rejects, on crafted trees: floats where ints
 are required, bools where ints are, NaN and infinite numbers, children pointing backwards, and
 integers too large for float64 or just past a bound (where a float64 conversion rounds onto it)."""
