@@ -158,7 +158,6 @@ def default_size(device_type: str) -> str:
     return "small" if device_type == "cpu" else "full"
 
 
-ROLES = ("dispatcher", "pytorch", "kernel")
 SKIPPED = "skipped"
 MIN_PAIRED_ROUNDS = 2  # rounds two paths must share for a paired ratio
 

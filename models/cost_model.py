@@ -32,8 +32,8 @@ from threadpoolctl import threadpool_limits
 
 from attn_dispatch.models.features import FEATURE_NAMES, PRIOR_COLUMN, PROBLEM_COLUMNS
 
-# Boosting a few thousand rows is fastest on one thread: OpenMP threads oversubscribed by other
-# work (pytest -n 2 on a 2-core CI machine, a calibration worker) made one fit 40x slower here.
+# Boosting a few thousand rows is fastest on one thread: oversubscribed OpenMP threads made a fit
+# up to 40x slower (docs/RESULTS.md#where-the-priors-constants-come-from).
 FIT_THREADS = 1
 NOT_FITTED_MESSAGE = (
     "This CostModel is not fitted yet: run `attn-dispatch calibrate` on this card (or call "

@@ -1,5 +1,6 @@
 """The ``ATTN_DISPATCH_*`` environment variables: each one declared once here (name, accepted
-values, default, effect), and read and validated only here.
+values, default, effect), and read and validated only here (with the memory sizes they accept:
+`parse_memory_size`, `format_bytes`).
 
 A reader elsewhere asks its variable (``HOME.read()``, ``MEASURE.read()``) at the moment it needs
 the value, so a variable changed while a process runs counts from its next read. `check()` reads

@@ -11,6 +11,9 @@ the prior's version does) evaluates it on those columns, in the model's order, w
 were added since; and it prices only kernels of the families it was fitted with (its
 ``family=...`` features): a family registered after the fit is the prior's to price
 (`models.table.ThresholdTable.model_seconds`).
+
+A table's ``models`` section is validated here (`parse_models`: children follow parents, features
+and thresholds in range, so evaluation is bounded); `LazyModels` defers that to first use.
 """
 
 from __future__ import annotations

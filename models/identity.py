@@ -2,8 +2,12 @@
 
 `DeviceIdentity` is what tables are keyed by: `model_key` (the card model, e.g. "AMD Instinct
 MI50 32GB"), `family_key` (e.g. "gfx906", "sm_90", "cpu-x86_64"), `software_key` (torch, HIP,
-CUDA, driver) and `key` (model + software, filesystem-safe). It lives in `models` because the
-dispatcher needs it at inference time and must not import `calibration`.
+CUDA, driver) and `key` (model + software, filesystem-safe). Card model names are normalised from
+what the driver reports (gfx906 boards by compute units and memory, after AMD's published specs).
+
+`CardSpec` is a card's spec sheet (peak rates, bandwidth, memory, each number with its source):
+what the analytic prior (`models.priors`) and the cost model's roofline features read; `spec_for`
+finds a device's (a CPU's from its probed rates, `models.probe_store`).
 """
 
 from __future__ import annotations
@@ -288,8 +292,7 @@ def _read_driver() -> str:
 TERA = 1e12
 GB = 10**9
 
-# Per-launch cost of one eager PyTorch op on a GPU: the H200 probe (shared/reference/h200-probe.md)
-# ran chunked256 decode at Lk=4096 (about 12 ops, microseconds of work) in 0.096 ms: ~8 us per op.
+# Per-launch cost of one eager PyTorch op on a GPU (H200; docs/RESULTS.md#where-the-priors-constants-come-from).
 CUDA_LAUNCH_OVERHEAD_S = 8e-6
 # HIP launches are commonly reported slower than CUDA's; unmeasured here (no gfx906 card): +25%.
 HIP_LAUNCH_OVERHEAD_S = 10e-6

@@ -1,4 +1,10 @@
-"""Measured decisions: exact entries a threshold table consults before its cost model.
+"""Problem classes, length buckets, and measured decisions: the exact entries a threshold table
+consults before its cost model.
+
+A problem's class (`ClassKey`) is what changes which kernel wins at a given size: its dtype,
+causality and mask kind, and, as a table chooses (``class_fields``), its head dim, GQA ratio and
+a coarse work size ``log2(batch * q_heads)`` (0: any). Within a class a bucket is
+``(ceil(log2 Lq), ceil(log2 Lk))``: bucket ``b`` holds lengths in ``(2^(b-1), 2^b]``.
 
 MIOpen keeps a find-db of measured solver choices and asks its heuristics only for problems not in
 it; a table does the same. Every calibrated problem and every remembered first-call tuning
@@ -23,10 +29,8 @@ from attn_dispatch.models.dataset import median_standard_error
 from attn_dispatch.models.measurement import Measurement
 
 OPTIONAL_FIELDS = ("head_dim", "gqa_ratio", "work")
-# Which optional fields tables split on by default: none. A calibration sweep samples ~100-160
-# problems over ~1000 (dtype, causal, mask, head dim, GQA, work) combinations, so finer classes
-# hold one measured problem each; held-out table evaluation (tests/models/test_fit.py) found the
-# coarse classes with prior-ratio transfer as good, and tables 10-50x smaller.
+# Which optional fields tables split on by default: none (finer classes hold one measured problem
+# each; docs/RESULTS.md#where-the-priors-constants-come-from).
 DEFAULT_CLASS_FIELDS: tuple[str, ...] = ()
 # Work-size buckets are this many powers of two wide when "work" is a class field (2: 1, 4, 16,
 # 64, ... rows x heads).

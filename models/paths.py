@@ -3,7 +3,9 @@ calibration journals and the dispatcher's first-call tunings.
 
 The root is ``$ATTN_DISPATCH_HOME`` when set, else the platform's per-user cache directory
 (``platformdirs.user_cache_dir("attn-dispatch")``, e.g. ``~/.cache/attn-dispatch`` on Linux).
-Directories are created on demand.
+Directories are created on demand. Files there are written atomically (`write_text_atomically`: a
+temporary file in the same folder, then a rename), and record the library versions they were made
+with (`software_versions`, `model_versions`).
 """
 
 from __future__ import annotations

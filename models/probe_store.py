@@ -1,4 +1,5 @@
-"""Backend probes that passed on this device and software stack, kept across processes.
+"""What the home keeps per device from probes and set-up measurements: backend probes that passed,
+a CPU's probed rates (and the probe itself), and per-shape set-up costs.
 
 A probe (`kernels.sdpa_probe`) runs a tiny problem through one of PyTorch's SDPA backends and
 checks it against the float64 reference: a large part of a GPU process's first call (the float64
@@ -16,10 +17,18 @@ wrapper of the backend too: a later release re-probes),
 
 A damaged or foreign file is ignored (the probes run again and the file is rewritten).
 
-A CPU's probed rates (`probe_cpu_spec`: matrix products, a copy, a softmax) are kept here too, so the
-probe runs once per machine (`load_cpu_rates`, `save_cpu_rates`): one file per processor, memory,
-torch build and thread count, ``<home>/probes/cpu__<identity key>__mem-<bytes>__threads-<n>.json``
-(another machine, a resized VM or a torch update finds none and probes again).
+A CPU's probed rates (`probe_cpu_spec`: matrix-product FLOP/s per dtype, copy bandwidth, softmax
+rate, per-op overhead) are kept once per machine (`load_cpu_rates`, `save_cpu_rates`): one file
+per processor, memory, torch build and thread count,
+``<home>/probes/cpu__<identity key>__mem-<bytes>__threads-<n>.json``. The dispatcher never probes
+inside a call (``now=False``): without kept rates its prior ranks with `FALLBACK_CPU_SPEC` and
+the probe runs when the process exits; calibration probes at once.
+
+Per-shape set-up costs (`calibration.cold_shape` measures them, `dispatcher.selection` stage 5
+weighs them): ``<home>/cold_shape/<card model>/<device key>.json`` holding, per kernel and problem
+kind (`KINDS`), the seconds of set-up and optionally the per-call floor (``floor_seconds``).
+`load_cold_costs` reads this device's file, else another of its card model, else the one shipped
+in ``models/tables/cold_shape/``.
 """
 
 from __future__ import annotations
@@ -167,17 +176,13 @@ COPY_REPEATS = 5
 # Per-op overhead: the median of many tiny adds.
 OVERHEAD_REPEATS = 200
 
-# The elementwise (softmax) rate is measured on a 1024 x 1024 fp32 softmax: 4 MiB, past per-core L2.
-# It replaces a guess of half the matrix rate, which on the dev machine (2026-11-30) was 10x too
-# fast: torch.softmax ran at 1.9 G elements/s (15 GFLOP/s at the prior's 8 FLOPs per element)
-# against a 292 GFLOP/s fp32 matrix rate, and the prior ranked PyTorch's math path over its CPU
-# flash kernel, which was 2.6x faster (8.4 vs 3.2 ms, 10 heads, 600 tokens, causal).
+# The elementwise (softmax) rate, on a 1024 x 1024 fp32 softmax (4 MiB, past per-core L2): a guess
+# from the matrix rate was 10x off (docs/RESULTS.md#where-the-priors-constants-come-from).
 SOFTMAX_N = 1024
 SOFTMAX_REPEATS = 5
 
-# Probe-free fallback (tests, or a probe that failed): this probe on the project's 2-core dev
-# machine on 2026-11-30 gave 214 GFLOP/s fp32, 280 bf16, 173 fp16, 131 fp64, 51 GB/s copy and
-# 0.9 us per op; rounded down, marked as an estimate.
+# Probe-free fallback (tests, or a probe that failed): the probe's rates on the project's dev machine,
+# rounded down, marked as an estimate (docs/RESULTS.md#where-the-priors-constants-come-from).
 FALLBACK_CPU_SPEC = CardSpec(
     name="generic CPU",
     matrix_flops=MappingProxyType({"float16": 150e9, "bfloat16": 250e9, "float32": 200e9, "float64": 120e9}),

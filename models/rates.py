@@ -1,6 +1,7 @@
 """A card's achievable rates: the fractions of its datasheet peaks that real kernels reach, and one
 problem's view of them (its dtype's matrix rate, waves of blocks over the compute units). Shared
-by the analytic prior (`models.priors`) and the Triton kernels' costs (`models.triton_costs`).
+by the analytic prior (`models.priors`) and the Triton kernels' costs (`models.triton_costs`);
+`visited_fraction` counts the blocks a causal blocked loop visits.
 """
 
 from __future__ import annotations
@@ -12,17 +13,14 @@ import numpy as np
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.identity import CardSpec
 
-# Achievable fractions of the datasheet peaks: 788 of 989 TFLOP/s bf16 and 4.3 of 4.8 TB/s
-# measured through PyTorch on this workplace's H200 (.library/device/KINDS.md).
+# Achievable fractions of the datasheet peaks, measured on an H200 (docs/RESULTS.md#where-the-priors-constants-come-from).
 MATMUL_EFFICIENCY = 0.8
 BANDWIDTH_EFFICIENCY = 0.9
 # Output tile of a typical GPU matrix-product kernel (cuBLAS / rocBLAS macro tiles are 64-256).
 MATMUL_TILE = 128
 # Softmax arithmetic per score element: max, subtract, exp (~4 FLOPs), sum. A rough count.
 SOFTMAX_FLOPS_PER_ELEMENT = 8
-# Fraction of the matrix peak fused kernels reach, from the H200 probe's non-causal 32768^2,
-# D=64 fp16 case (h200-probe.md, 32 heads): cuDNN 10.0 ms = 0.89 of peak, flash 14.6 ms = 0.61,
-# efficient 32.6 ms = 0.27. Its causal 16384^2 prefill ran at ~0.6 of those: causal load imbalance.
+# Fraction of the matrix peak fused kernels reach (H200; docs/RESULTS.md#where-the-priors-constants-come-from).
 FUSED_EFFICIENCY = {"sdpa_cudnn": 0.85, "sdpa_flash": 0.6, "sdpa_efficient": 0.27}
 
 

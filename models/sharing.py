@@ -4,8 +4,9 @@ Lookup order: exact card and software stack -> same card model, other stack (war
 same family (gfx906 tables serve MI50, MI60 and Radeon VII, times scaled by the cards' rates) ->
 the analytic prior. The user's tables (``tables_dir()/<model>/*.json``) come before the bundled
 ones (``models/tables/*.json``). A file whose head names only cards of another model and family is
-skipped without being parsed (`head_identities`); a corrupt file is skipped with a warning: an
-attention call never fails because of a table.
+skipped without being parsed (`head_identities` reads the provenance from the file's first
+`HEAD_BYTES`, where tables write it; where the head does not say, the file is parsed); a corrupt
+file is skipped with a warning: an attention call never fails because of a table.
 """
 
 from __future__ import annotations
