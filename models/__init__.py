@@ -16,7 +16,7 @@ Sharing: `export_table`, `import_table`, `store_table`, `merge_tables`, `lookup_
 import importlib
 
 _SUBMODULE_OF = {
-    **dict.fromkeys(('CostModel',), 'cost_model'),
+    **dict.fromkeys(('CostModel', 'ModelVersionError', 'load_model', 'save_model'), 'cost_model'),
     **dict.fromkeys(('TrainingSet', 'training_set'), 'dataset'),
     **dict.fromkeys(('FEATURE_NAMES', 'feature_matrix'), 'features'),
     **dict.fromkeys(('fit_and_build',), 'fit'),
@@ -25,7 +25,6 @@ _SUBMODULE_OF = {
     **dict.fromkeys(('Measurement',), 'measurement'),
     **dict.fromkeys(('card_scale', 'merge_tables'), 'merge'),
     **dict.fromkeys(('home', 'journals_dir', 'models_dir', 'tables_dir'), 'paths'),
-    **dict.fromkeys(('ModelVersionError', 'load_model', 'save_model'), 'persist'),
     **dict.fromkeys(('PriorRanker', 'Ranker', 'prior_seconds', 'roofline_seconds'), 'priors'),
     **dict.fromkeys(('ChoiceQuality', 'Guard', 'Quality', 'holdout_quality'), 'quality'),
     **dict.fromkeys(('TableWarning',), '_json_checks'),

@@ -187,8 +187,9 @@ MEASURE = Switch(
 )
 IGNORE_SDPA_KERNEL = Switch(
     f"{PREFIX}IGNORE_SDPA_KERNEL", False,
-    "On: the dispatcher chooses among its own kernels even inside `torch.nn.attention.sdpa_kernel(...)`; off: "
-    "calls made there are PyTorch's own. Read when a dispatcher, `install()` or `patched()` starts; "
+    "On: the dispatcher chooses among its own kernels even inside `torch.nn.attention.sdpa_kernel(...)`, except "
+    "that a mask together with `is_causal=True` inside `sdpa_kernel([SDPBackend.MATH])` still raises RuntimeError, "
+    "as PyTorch does (docs/USAGE.md); off: calls made there are PyTorch's own. Read when a dispatcher, `install()` or `patched()` starts; "
     "`respect_sdpa_kernel()` wins over it.",
 )
 HOT_PATH = Switch(

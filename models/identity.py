@@ -370,8 +370,7 @@ RADEON_VII = _gfx906(GFX906_RADEON_VII, 27.7, 13.8, 3.5, 60, 16, "AMD Radeon VII
 RADEON_PRO_VII = _gfx906(GFX906_RADEON_PRO_VII, 26.1, 13.1, 6.5, 60, 16, "AMD Radeon Pro VII product page")
 
 # NVIDIA H200 SXM datasheet: 989 TFLOPS dense fp16/bf16 tensor, 67 fp32, 67 fp64 tensor, 4.8 TB/s
-# HBM3e, 141 GB, 132 SMs. Measured here (.library/device/KINDS.md): 788 TFLOP/s bf16 product,
-# 4.3 TB/s device copy, i.e. 80% and 90% of the datasheet (see models.rates.MATMUL_EFFICIENCY).
+# HBM3e, 141 GB, 132 SMs (the ceilings measured on one: `models.rates.MATMUL_EFFICIENCY`).
 H200 = CardSpec(
     name="NVIDIA H200", matrix_flops=_rates(989 * TERA, 989 * TERA, 67 * TERA, 67 * TERA),
     vector_flops=67 * TERA, bandwidth=4800 * GB, memory_bytes=141 * GB, compute_units=132,

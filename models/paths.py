@@ -59,7 +59,7 @@ def tables_dir(override: str | os.PathLike | None = None, *, create: bool = True
 
 def models_dir(override: str | os.PathLike | None = None) -> Path:
     """Fitted cost models (joblib, local only: never shared, never loaded from elsewhere):
-    calibration saves the card's model here (`models.persist.save_model`)."""
+    calibration saves the card's model here (`models.cost_model.save_model`)."""
     return _sub("models", override)
 
 
@@ -81,7 +81,7 @@ def tunings_dir(override: str | os.PathLike | None = None) -> Path:
 
 
 MODEL_FORMAT = 2
-"""Version of the saved-cost-model layout (`models.persist`); bump when features change (2: the
+"""Version of the saved-cost-model layout (`models.cost_model`); bump when features change (2: the
 prior's version 2, `models.priors.PRIOR_VERSION`)."""
 
 
