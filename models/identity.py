@@ -154,14 +154,8 @@ class DeviceIdentity:
 
     @property
     def software_key(self) -> str:
-        parts = [f"torch-{self.torch_version or 'unknown'}"]
-        if self.hip_version:
-            parts.append(f"hip-{self.hip_version}")
-        if self.cuda_version:
-            parts.append(f"cuda-{self.cuda_version}")
-        if self.driver:
-            parts.append(f"driver-{self.driver}")
-        return "_".join(parts)
+        stack = (("hip", self.hip_version), ("cuda", self.cuda_version), ("driver", self.driver))
+        return "_".join([f"torch-{self.torch_version or 'unknown'}", *(f"{name}-{value}" for name, value in stack if value)])
 
     @property
     def key(self) -> str:
