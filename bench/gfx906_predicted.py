@@ -15,7 +15,7 @@ from dataclasses import replace
 from attn_dispatch.dispatcher.decision import format_seconds
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem, all_kernels
 from attn_dispatch.kernels.registry import TRITON_FAMILIES, uses_fused_backend, working_family
-from attn_dispatch.models.cards import KNOWN_CARDS
+from attn_dispatch.models.identity import KNOWN_CARDS
 from attn_dispatch.models.priors import prior_seconds
 
 GIB = 2**30

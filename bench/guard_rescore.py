@@ -31,8 +31,8 @@ from attn_dispatch.models.fit import fit_and_build
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measured import DEFAULT_KERNEL
 from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.priors import kernel_named
 from attn_dispatch.models.quality import ChoiceQuality
-from attn_dispatch.models.ranking import kernel_named
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_io import load_table, save_table
 from bench.grid_measurements import grid_measurements

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from attn_dispatch.calibration.kernel_bench import NamedShape, format_table, named_shape, run_kernel_table
+from attn_dispatch.calibration.measure import NamedShape, format_table, named_shape, run_kernel_table
 from attn_dispatch.calibration.timer import TimerSettings
 
 COPY_BYTES = 2 * 2**30  # large enough to dwarf the 60 MB L2 of an H200

@@ -16,7 +16,7 @@ from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.registry import all_kernels, kernel_from_name, portable_kernels, serving
-from attn_dispatch.models.cards import CardSpec
+from attn_dispatch.models.identity import CardSpec
 from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.priors import prior_seconds
 

@@ -2,7 +2,7 @@
 
 Per kernel and kind of problem (a decode step, a causal prefill): the first call at each of several
 key lengths new to the process, minus the second call at that length. The median over the lengths
-is the kernel's per-shape set-up, stored for the card (`models.cold_shape_store`).
+is the kernel's per-shape set-up, stored for the card (`models.probe_store`).
 
     python -m attn_dispatch.calibration.cold_shape --device cuda [--store] [--json PATH]
 """
@@ -21,7 +21,7 @@ import torch
 
 from attn_dispatch.calibration.inputs import make_inputs
 from attn_dispatch.kernels import Kernel, Problem, kernel_from_name
-from attn_dispatch.models.cold_shape_store import save_cold_costs
+from attn_dispatch.models.probe_store import save_cold_costs
 
 # PyTorch's backends (cuDNN sets up per shape) and one of each portable family.
 PROBE_KERNELS = ("sdpa_default", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "small_q[splits=16]",

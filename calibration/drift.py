@@ -24,7 +24,7 @@ from attn_dispatch.calibration.results import ResultsStore
 from attn_dispatch.calibration.timer import QUICK, TimerSettings
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.registry import kernel_from_name
-from attn_dispatch.models.buckets import ClassKey
+from attn_dispatch.models.measured import ClassKey
 from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.paths import journals_dir
 from attn_dispatch.models.table import ThresholdTable

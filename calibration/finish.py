@@ -1,7 +1,7 @@
 """The end of a calibration: gather every measurement, apply the class-level numerics gate (a kernel
 that failed its tolerance on any point of a table class is unusable for the whole class), fit the
 cost model, build the threshold table and write it where the dispatcher looks (and to ``--out``),
-and keep the fitted cost model in the local cache (`models.persist`).
+and keep the fitted cost model in the local cache (`models.cost_model`).
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ def fit_and_write(measurements: list[Measurement], identity: DeviceIdentity, *, 
     its 2") and `timing_thread_count`: the CPU threads the points were timed with, kept in the
     table's provenance."""
     from attn_dispatch.models.fit import fit_and_build
-    from attn_dispatch.models.guard import Guard
-    from attn_dispatch.models.persist import save_model
+    from attn_dispatch.models.quality import Guard
+    from attn_dispatch.models.cost_model import save_model
     from attn_dispatch.models.sharing import store_table
     from attn_dispatch.models.table_io import save_table
 

@@ -28,8 +28,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from attn_dispatch.calibration.inputs import InputCache, rotation_count
-from attn_dispatch.calibration.kernel_bench import NamedShape, on_device
-from attn_dispatch.calibration.measure import SINGLE_SHOT, empty_cache, measure
+from attn_dispatch.calibration.measure import SINGLE_SHOT, NamedShape, empty_cache, measure, on_device
 from attn_dispatch.calibration.noise import MachineState
 from attn_dispatch.calibration.timer import (
     TimerSettings,
@@ -159,7 +158,6 @@ def default_size(device_type: str) -> str:
     return "small" if device_type == "cpu" else "full"
 
 
-ROLES = ("dispatcher", "pytorch", "kernel")
 SKIPPED = "skipped"
 MIN_PAIRED_ROUNDS = 2  # rounds two paths must share for a paired ratio
 

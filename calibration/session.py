@@ -28,7 +28,7 @@ from attn_dispatch.calibration.noise import (
     too_busy_cause,
     too_busy_reason,
 )
-from attn_dispatch.calibration.plan import agreed
+from attn_dispatch.calibration.plan import agreed, for_device, read_workload
 from attn_dispatch.calibration.results import (
     ResultsStore,
     describe_storage,
@@ -37,7 +37,6 @@ from attn_dispatch.calibration.results import (
     storage_measurements,
 )
 from attn_dispatch.calibration.worker import Worker, WorkerReport, launch_workers
-from attn_dispatch.calibration.workload import for_device, read_workload
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.identity import DeviceIdentity, torch_threads

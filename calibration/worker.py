@@ -33,7 +33,17 @@ from attn_dispatch.calibration.config import (
 from attn_dispatch.calibration.inputs import InputCache
 from attn_dispatch.calibration.measure import empty_cache, measure
 from attn_dispatch.calibration.noise import Noise, probe_noise, widened
-from attn_dispatch.calibration.plan import agree_on, build_sweep, crossover_problems, uncertain_problems
+from attn_dispatch.calibration.plan import (
+    agree_on,
+    build_sweep,
+    crossover_problems,
+    fit_problem,
+    for_device,
+    profile_for,
+    read_workload,
+    sample_problems,
+    uncertain_problems,
+)
 from attn_dispatch.calibration.results import (
     Recorder,
     ResultsStore,
@@ -42,14 +52,11 @@ from attn_dispatch.calibration.results import (
     storage_measurements,
     study_name,
 )
-from attn_dispatch.calibration.space import fit_problem, profile_for, sample_problems
 from attn_dispatch.calibration.tuning import PRUNE_RATIO, TUNABLE_FAMILIES, TUNE_WITHIN, tune_family
-from attn_dispatch.calibration.workload import for_device, read_workload
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.models.cards import spec_for
-from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.identity import DeviceIdentity, spec_for
 from attn_dispatch.models.measurement import Measurement
 
 # A kernel whose first (untimed) call takes this many times the problem's best time so far is a

@@ -38,7 +38,6 @@ from attn_dispatch.dispatcher.selection import (
     cold_seconds,
     compile_deferred_order,
     compile_seconds,
-    shape_setup_seconds,
     decide,
     decision_bucket,
     failure_bucket,
@@ -47,10 +46,11 @@ from attn_dispatch.dispatcher.selection import (
     new_shape_order,
     over_limit_reason,
     put_first,
+    shape_setup_seconds,
 )
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
 from attn_dispatch.kernels.sdpa_probe import passed_probes, probes_deferred, seed_passed_probes
-from attn_dispatch.models.cold_shape_store import load_cold_costs
+from attn_dispatch.models.probe_store import load_cold_costs
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class DevicePlanner:
     buckets: bucket key -> `Bucket` (bounded: `plans.MAX_BUCKETS`).
     seen: exact shapes each kernel with a per-shape set-up has already run (`SeenShapes`).
     cold_costs: measured seconds of per-shape set-up, kernel name or backend family -> problem
-        kind -> seconds (`models.cold_shape_store`; empty: `selection.cold_seconds`' priors serve).
+        kind -> seconds (`models.probe_store`; empty: `selection.cold_seconds`' priors serve).
     floors: measured per-call floors, kernel name -> problem kind -> seconds (`selection.floor_seconds`).
     """
 
@@ -497,7 +497,7 @@ class SpentCalls:
 
 def measured_costs(device: torch.device, home: str | None, field: str = "seconds") -> dict[str, dict[str, float]]:
     """The per-shape set-up costs (``field="floor_seconds"``: per-call floors) measured for this
-    device's card (`models.cold_shape_store`); {} where none were, off GPUs (where no kernel is
+    device's card (`models.probe_store`); {} where none were, off GPUs (where no kernel is
     known to set up per shape) and on any error."""
     if device.type != "cuda":
         return {}

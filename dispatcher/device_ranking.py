@@ -32,7 +32,7 @@ from attn_dispatch.kernels._blocks import KEY_COUNT_MULTIPLE, key_count_aligned
 from attn_dispatch.kernels.registry import uses_fused_backend
 from attn_dispatch.kernels.sdpa_probe import default_backend_choice
 from attn_dispatch.models.measured import MeasuredEntry
-from attn_dispatch.models.ranking import Ranker, supported
+from attn_dispatch.models.priors import Ranker, supported
 from attn_dispatch.models.sharing import TableWarning  # one warning class for every table problem
 from attn_dispatch.models.table_summary import threads_line
 

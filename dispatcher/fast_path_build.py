@@ -30,7 +30,7 @@ from types import ModuleType
 
 import torch
 
-from attn_dispatch.models.atomic_files import write_text_atomically
+from attn_dispatch.models.paths import write_text_atomically
 
 SOURCE = Path(__file__).with_name("fast_call.cpp")
 BUILD_SUBDIR = "fast_path"

@@ -11,7 +11,7 @@ nothing that changes between lengths (`served_key_lengths`):
 - the plan runs the bucket's first option, with no option passed over and no settling ahead, and a
   new shape runs that option whatever the bucket's history (`Bucket.new_shapes_run_first`);
 - no failure is remembered for the bucket, nor its measuring pending, nor a memory re-check asked;
-- every length lies in the bucket (`models.buckets.length_bucket`: the powers of two that bound it)
+- every length lies in the bucket (`models.measured.length_bucket`: the powers of two that bound it)
   and, on a GPU where the plan runs one of our kernels, nowhere: such lengths are decided apart by
   whether they are a multiple of `KEY_COUNT_MULTIPLE` (`selection.keys_aligned`), which every run of
   consecutive lengths crosses (PyTorch's fused backends are taken alike on both sides, as their
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from attn_dispatch.dispatcher.selection import decision_bucket, keys_aligned, needs_recheck, over_limit_reason
 from attn_dispatch.kernels.registry import uses_fused_backend
-from attn_dispatch.models.buckets import length_bucket
+from attn_dispatch.models.measured import length_bucket
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher.device_planner import DevicePlanner

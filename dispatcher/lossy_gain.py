@@ -14,9 +14,8 @@ from dataclasses import replace
 from attn_dispatch.dispatcher.decision import Decision, format_seconds
 from attn_dispatch.kernels import AccuracyPolicy, Kernel
 from attn_dispatch.kernels.convert import ConvertKernel
-from attn_dispatch.models.cards import CardSpec
-from attn_dispatch.models.priors import prior_seconds
-from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.identity import CardSpec
+from attn_dispatch.models.priors import kernel_named, prior_seconds
 
 NOTED_CONVERSIONS = ("bf16->fp16", "fp16->bf16")
 """Lossy conversions whose gain `explain` states: those between the half dtypes, which keep the

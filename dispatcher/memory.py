@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from attn_dispatch.models.sizes import (  # noqa: F401 (public here too: `ad.parse_memory_size`, `format_bytes`)
+from attn_dispatch.models.environment import (  # noqa: F401 (public here too: `ad.parse_memory_size`, `format_bytes`)
     MAX_MEMORY_BUDGET,
     format_bytes,
     parse_memory_size,

@@ -28,7 +28,7 @@ from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.environment import RECORD
 
 FORMAT = 1
-"""Version of a workload line (`calibration.workload.read_workload` reads it and refuses others)."""
+"""Version of a workload line (`calibration.plan.read_workload` reads it and refuses others)."""
 
 
 def workload_bucket(problem: Problem) -> list:

@@ -40,9 +40,8 @@ from attn_dispatch.kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem
 from attn_dispatch.kernels._blocks import key_count_aligned
 from attn_dispatch.kernels.registry import uses_fused_backend, working_family
 from attn_dispatch.kernels.sdpa_probe import default_backend_choice
-from attn_dispatch.models.buckets import length_bucket
-from attn_dispatch.models.cold_shape_store import kind_of
-from attn_dispatch.models.measured import entry_key
+from attn_dispatch.models.measured import entry_key, length_bucket
+from attn_dispatch.models.probe_store import kind_of
 
 # ------------------------------------------------------------------------------------ the options
 
@@ -122,7 +121,7 @@ def is_default(option: Option) -> bool:
 
 def failure_bucket(problem: Problem) -> tuple:
     """The bucket a run-time failure or a measured result is kept for: the problem with batch and
-    lengths rounded up to powers of two (`models.buckets.length_bucket`) and the mask reduced to
+    lengths rounded up to powers of two (`models.measured.length_bucket`) and the mask reduced to
     which of its dimensions broadcast. It is a table's measured-entry key (`models.measured.entry_key`)."""
     return entry_key(problem)
 
@@ -408,7 +407,7 @@ def decide(problem: Problem, *, kernels: Mapping[str, Kernel], policy: AccuracyP
     tuned: the bucket's result measured on its calls before (this process or the home), or None.
     measure: measure the candidates on the bucket's calls where nothing measured decides it.
     portable: the portable set (gfx906's): PyTorch's default is its last resort, not a contender.
-    cold_costs: measured per-shape set-up seconds (`models.cold_shape_store`).
+    cold_costs: measured per-shape set-up seconds (`models.probe_store`).
     notice: a line for `explain` about the device's ranking (`device_ranking.no_table_line`).
 
     Raises
@@ -500,7 +499,7 @@ def compile_seconds(kernel: Kernel, problem: Problem) -> float:
 
 def shape_setup_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mapping[str, float]]) -> float:
     """Seconds of per-shape set-up on the first call of `kernel` at a new exact shape: measured on
-    this card for this kernel and kind of problem (`models.cold_shape_store`) when it was, else
+    this card for this kernel and kind of problem (`models.probe_store`) when it was, else
     the prior of the backend that pays it (`cold_kernel_family`), else 0."""
     kind = kind_of(problem.q_len)
     by_kind = measured.get(kernel.name)

@@ -1,14 +1,20 @@
 """Strict checks for untrusted JSON (threshold tables): each failure is a `TableError` naming
-the field, what was wrong, and what to do."""
+the field, what was wrong, and what to do. `LazySection` holds a table section's items as text
+and validates each on first use."""
 
 from __future__ import annotations
 
+import json
 import math
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 
 from attn_dispatch.kernels.problem import ITEMSIZE
-from attn_dispatch.models.cards import CardSpec
-from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.gc_pause import cyclic_collection_paused
+from attn_dispatch.models.identity import CardSpec
+from attn_dispatch.models.priors import kernel_named
 
 # Limits on untrusted tables. The tables we build respect them by construction: a cell lists at
 # most MAX_CANDIDATES ranked and measured kernels (table_build and merge keep the fastest), and
@@ -31,6 +37,120 @@ FIX = "re-create it with `attn-dispatch calibrate` or re-export it from its owne
 
 class TableError(ValueError):
     """A threshold table is malformed, corrupt, foreign or hostile."""
+
+
+class TableWarning(UserWarning):
+    """A table (or one item of it) was skipped, is stale, or stands in for another card."""
+
+
+def _reject_constant(name: str) -> float:
+    raise TableError(f"threshold table holds the non-JSON number {name}; times must be finite numbers; {FIX}")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """One JSON object as a dict, refusing a key given twice (the dict is built first: a key list
+    per object doubled the parse)."""
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        keys = [key for key, _ in pairs]
+        duplicate = next(key for key in keys if keys.count(key) > 1)
+        raise TableError(f"threshold table repeats the key {duplicate!r} in one object; {FIX}")
+    return result
+
+
+def parse_json(text: str) -> object:
+    """Strict JSON: NaN / Infinity and a key repeated in one object raise `TableError`;
+    malformed text raises `json.JSONDecodeError`."""
+    return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+
+
+def parse_json_at(text: str, path: str) -> object:
+    """`parse_json` of the item at field `path`: any fault is a `TableError` naming it. Python's
+    cyclic collector is paused meanwhile (`models.gc_pause`): a model's trees are ~100k objects."""
+    try:
+        with cyclic_collection_paused():
+            return parse_json(text)
+    except (json.JSONDecodeError, RecursionError) as error:
+        raise _fail(path, f"malformed JSON ({error})") from None
+
+
+class LazySection(Mapping):
+    """Items of a table section kept as JSON text and validated on first use: `get` / ``[]``
+    validates the item asked for, iterating validates them all. An item that fails validation is
+    dropped with a `TableWarning` naming the table and the field (never an exception): it is then
+    absent. ``len`` counts the items not yet found malformed.
+
+    `pending`: index -> (item number, text); `build(value, path)` validates one parsed item into
+    (key, value); `index(key)` maps a lookup key to its index (None: absent); `path` names the
+    section (``measured_entries``), `source` the table."""
+
+    def __init__(self, pending: dict, build: Callable[[object, str], tuple[object, object]], *, path: str,
+                 source: str, index: Callable[[object], object] = lambda key: key) -> None:
+        self._pending = pending
+        self._built: dict = {}
+        self._order: dict = {}
+        self._build, self._index, self._path, self._source = build, index, path, source
+        self._lock = threading.Lock()
+
+    def mapped(self, function: Callable[[object], object]) -> LazySection:
+        """A section whose items are `function` of these (validated on first use as well)."""
+        build = self._build
+        out = LazySection({}, lambda value, path: _apply(function, build(value, path)), path=self._path,
+                          source=self._source, index=self._index)
+        with self._lock:
+            out._pending = dict(self._pending)
+            out._built = {key: function(value) for key, value in self._built.items()}
+            out._order = dict(self._order)
+        return out
+
+    def listed(self) -> list:
+        """Keys of the items not yet found malformed, without validating any (for a section
+        indexed by its keys)."""
+        with self._lock:
+            return [*self._built, *self._pending]
+
+    def _take(self, index: object) -> object | None:
+        """Validate the pending item at `index`; under the lock."""
+        number, text = self._pending.pop(index)
+        path = f"{self._path}[{number}]"
+        try:
+            key, value = self._build(parse_json_at(text, path), path)
+            if self._index(key) != index:
+                raise _fail(f"{path}.key", "is not written as attn-dispatch writes it")
+        except Exception as error:  # noqa: BLE001 - a malformed item must never fail an inference call
+            warnings.warn(f"table {self._source}: skipped {path}: {error}", TableWarning, stacklevel=4)
+            return None
+        self._built[key], self._order[key] = value, number
+        return key
+
+    def __getitem__(self, key: object) -> object:
+        value = self._built.get(key)
+        if value is not None:
+            return value
+        try:
+            index = self._index(key)
+        except (TypeError, ValueError):
+            raise KeyError(key) from None
+        with self._lock:
+            if index in self._pending:
+                self._take(index)
+            if key in self._built:
+                return self._built[key]
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator:
+        with self._lock:
+            for index in list(self._pending):
+                self._take(index)
+            keys = sorted(self._built, key=self._order.__getitem__)
+        return iter(keys)
+
+    def __len__(self) -> int:
+        return len(self._built) + len(self._pending)
+
+
+def _apply(function: Callable[[object], object], item: tuple[object, object]) -> tuple[object, object]:
+    return item[0], function(item[1])
 
 
 def _fail(path: str, problem: str) -> TableError:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.models.cards import CardSpec
 from attn_dispatch.models.features import feature_matrix
+from attn_dispatch.models.identity import CardSpec
 from attn_dispatch.models.measurement import Measurement
 
 

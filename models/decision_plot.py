@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
-from attn_dispatch.models.buckets import ClassKey
+from attn_dispatch.models.measured import ClassKey
 from attn_dispatch.models.priors import prior_seconds
 from attn_dispatch.models.table import TableClass, ThresholdTable
 

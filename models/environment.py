@@ -1,5 +1,6 @@
 """The ``ATTN_DISPATCH_*`` environment variables: each one declared once here (name, accepted
-values, default, effect), and read and validated only here.
+values, default, effect), and read and validated only here (with the memory sizes they accept:
+`parse_memory_size`, `format_bytes`).
 
 A reader elsewhere asks its variable (``HOME.read()``, ``MEASURE.read()``) at the moment it needs
 the value, so a variable changed while a process runs counts from its next read. `check()` reads
@@ -16,11 +17,69 @@ prints it); a test keeps the two equal. This module sits in `models` because `mo
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from attn_dispatch.models.sizes import parse_memory_size
+# Binary (IEC) and decimal (SI) units, as nvidia-smi / rocm-smi (GiB) and spec sheets (GB) write them.
+UNITS: dict[str, int] = {
+    "": 1, "b": 1,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+# The largest budget accepted: 1 PiB. The biggest single machines hold tens of TiB of RAM and the
+# biggest accelerators a few hundred GiB, so a budget above this is a typo (e.g. "99999999999TiB").
+MAX_MEMORY_BUDGET = 2**50
+_SIZE = re.compile(r"^\s*(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[a-z]*)\s*$")
+
+
+def parse_memory_size(value: int | float | str, *, name: str = "memory_budget") -> int:
+    """``"16GiB"``, ``"512MiB"``, ``"16GB"``, ``"1.5G"``, ``"1048576"`` or an int -> bytes.
+
+    ``K``/``M``/``G``/``T`` alone are binary (GiB); ``KB``/``MB``/``GB``/``TB`` are decimal.
+
+    Raises
+    ------
+    ValueError
+        Naming `name` and the accepted forms, for anything else (negative sizes, unknown units,
+        sizes over `MAX_MEMORY_BUDGET`).
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a size such as '16GiB' or a number of bytes, got {value!r}")
+    if isinstance(value, (int, float)):
+        number, unit = float(value), ""
+    elif isinstance(value, str):
+        match = _SIZE.match(value.lower())
+        if match is None or match["unit"] not in UNITS:
+            raise ValueError(
+                f"{name}={value!r} is not a memory size: write a number with an optional unit, "
+                f"e.g. '16GiB', '512MiB', '16GB' or '17179869184' (units: KiB MiB GiB TiB, KB MB GB TB)"
+            )
+        number, unit = float(match["number"]), match["unit"]
+    else:
+        raise ValueError(f"{name} must be a size such as '16GiB' or a number of bytes, got {type(value).__name__}")
+    if not number >= 0 or number == float("inf"):
+        raise ValueError(f"{name} must be a finite size >= 0 bytes, got {value!r}")
+    size = number * UNITS[unit]
+    if size > MAX_MEMORY_BUDGET:
+        raise ValueError(f"{name}={value!r} is more memory than any machine has (the limit is "
+                         f"{format_bytes(MAX_MEMORY_BUDGET)}, MAX_MEMORY_BUDGET); write e.g. '16GiB'")
+    return int(size)
+
+
+def format_bytes(count: int | None) -> str:
+    """``1536`` -> ``"1.5 KiB"``; None -> ``"unknown"``."""
+    if count is None:
+        return "unknown"
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
 
 PREFIX = "ATTN_DISPATCH_"
 ON_VALUES = ("1", "true", "on", "yes")
@@ -72,7 +131,7 @@ class _Valued:
 
 
 class Size(_Valued):
-    """A memory size such as ``16GiB`` (`models.sizes.parse_memory_size`)."""
+    """A memory size such as ``16GiB`` (`models.environment.parse_memory_size`)."""
 
     values: ClassVar[str] = "a size: 16GiB, 512MiB, 16GB, 1.5G or a number of bytes"
 
@@ -128,8 +187,9 @@ MEASURE = Switch(
 )
 IGNORE_SDPA_KERNEL = Switch(
     f"{PREFIX}IGNORE_SDPA_KERNEL", False,
-    "On: the dispatcher chooses among its own kernels even inside `torch.nn.attention.sdpa_kernel(...)`; off: "
-    "calls made there are PyTorch's own. Read when a dispatcher, `install()` or `patched()` starts; "
+    "On: the dispatcher chooses among its own kernels even inside `torch.nn.attention.sdpa_kernel(...)`, except "
+    "that a mask together with `is_causal=True` inside `sdpa_kernel([SDPBackend.MATH])` still raises RuntimeError, "
+    "as PyTorch does (docs/USAGE.md); off: calls made there are PyTorch's own. Read when a dispatcher, `install()` or `patched()` starts; "
     "`respect_sdpa_kernel()` wins over it.",
 )
 HOT_PATH = Switch(

@@ -26,15 +26,15 @@ from attn_dispatch.kernels.registry import PLAIN_FAMILIES
 from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
 from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
 from attn_dispatch.kernels.triton_flash import TritonFlashKernel
-from attn_dispatch.models._blocks_cost import visited_fraction
-from attn_dispatch.models.cards import CardSpec
+from attn_dispatch.models.identity import CardSpec
 from attn_dispatch.models.priors import (
     PRIOR_VERSION,
+    kernel_named,
     prior_seconds,
     roofline_seconds,
     score_bytes_per_element,
 )
-from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.rates import visited_fraction
 
 _FAMILIES = tuple(PLAIN_FAMILIES)
 _DTYPES = tuple(ITEMSIZE)

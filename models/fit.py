@@ -14,15 +14,19 @@ import numpy as np
 from sklearn.base import clone
 
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available
-from attn_dispatch.models.cards import CardSpec, spec_for
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import TrainingSet, training_set
-from attn_dispatch.models.guard import decide_verdict, default_choice_quality
-from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.identity import CardSpec, DeviceIdentity, spec_for
 from attn_dispatch.models.measured import entries_from_measurements
 from attn_dispatch.models.measurement import Measurement
-from attn_dispatch.models.quality import Quality, choice_quality, holdout_fit
-from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.priors import kernel_named
+from attn_dispatch.models.quality import (
+    Quality,
+    choice_quality,
+    decide_verdict,
+    default_choice_quality,
+    holdout_fit,
+)
 from attn_dispatch.models.table import ThresholdTable
 from attn_dispatch.models.table_build import CANDIDATES_PER_CELL, build_table
 

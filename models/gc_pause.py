@@ -12,7 +12,7 @@ def cyclic_collection_paused() -> Iterator[None]:
     """Inside: no cyclic collection (reference counting still frees everything acyclic); after:
     the collector on again if it was on before, also when the block raises. The switch is the
     process's, so a `gc.disable()` another thread makes meanwhile is undone at the end. Used where
-    a collection in the middle does harm: a measured call (`calibration.peak_memory`) and a table's
+    a collection in the middle does harm: a measured call (`calibration.measure`) and a table's
     parse (`models.table_io`)."""
     enabled = gc.isenabled()
     gc.disable()

@@ -2,20 +2,86 @@
 
 `DeviceIdentity` is what tables are keyed by: `model_key` (the card model, e.g. "AMD Instinct
 MI50 32GB"), `family_key` (e.g. "gfx906", "sm_90", "cpu-x86_64"), `software_key` (torch, HIP,
-CUDA, driver) and `key` (model + software, filesystem-safe). It lives in `models` because the
-dispatcher needs it at inference time and must not import `calibration`.
+CUDA, driver) and `key` (model + software, filesystem-safe). Card model names are normalised from
+what the driver reports (gfx906 boards by compute units and memory, after AMD's published specs).
+
+`CardSpec` is a card's spec sheet (peak rates, bandwidth, memory, each number with its source):
+what the analytic prior (`models.priors`) and the cost model's roofline features read; `spec_for`
+finds a device's (a CPU's from its probed rates, `models.probe_store`).
 """
 
 from __future__ import annotations
 
 import os
 import platform
-from dataclasses import asdict, dataclass, fields
+import re
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
-from attn_dispatch.models._card_names import generic_model, gfx906_model, slug
+GIB = 2**30
+# Compute units per gfx906 model (AMD product pages): MI60 64; MI50, Radeon VII, Radeon Pro VII 60.
+MI60_COMPUTE_UNITS = 64
+MI50_COMPUTE_UNITS = 60
+# Memory sizes (GB of HBM2) the gfx906 boards ship with; a 16 GB board reports ~15.98 GiB.
+SMALL_HBM_GIB = 16
+LARGE_HBM_GIB = 32
+
+GFX906_MI50_16 = "AMD Instinct MI50 16GB"
+GFX906_MI50_32 = "AMD Instinct MI50 32GB"
+GFX906_MI60 = "AMD Instinct MI60 32GB"
+GFX906_RADEON_VII = "AMD Radeon VII 16GB"
+GFX906_RADEON_PRO_VII = "AMD Radeon Pro VII 16GB"
+
+
+def memory_gib(memory_bytes: int) -> int:
+    """Total memory rounded to whole GiB (what boards are sold as)."""
+    return max(0, round(memory_bytes / GIB))
+
+
+def gfx906_model(name: str, compute_units: int, memory_bytes: int) -> str:
+    """The normalised model of a gfx906 board.
+
+    An ambiguous 60-CU 16 GB board (e.g. reported as "Vega 20") gets an honest generic label
+    instead of a guess.
+    """
+    lowered = name.lower()
+    gib = memory_gib(memory_bytes)
+    if compute_units == MI60_COMPUTE_UNITS and gib == LARGE_HBM_GIB:
+        return GFX906_MI60
+    if compute_units == MI50_COMPUTE_UNITS and gib == LARGE_HBM_GIB:
+        return GFX906_MI50_32
+    if compute_units == MI50_COMPUTE_UNITS and gib == SMALL_HBM_GIB:
+        if "pro vii" in lowered:
+            return GFX906_RADEON_PRO_VII
+        if "radeon vii" in lowered:
+            return GFX906_RADEON_VII
+        if re.search(r"\bmi\s?[56]0\b", lowered) or "instinct" in lowered:
+            return GFX906_MI50_16
+    return f"AMD gfx906 {compute_units}CU {gib}GB"
+
+
+def generic_model(name: str, memory_bytes: int) -> str:
+    """Any other GPU: its reported name, with the memory size unless the name already has one."""
+    clean = " ".join(name.split()) or "unknown GPU"
+    if re.search(r"\d+\s?GB", clean, flags=re.IGNORECASE):
+        return clean
+    return f"{clean} {memory_gib(memory_bytes)}GB"
+
+
+def slug(text: str, *, max_length: int = 120) -> str:
+    """A filesystem-safe, lower-case form of `text` (``[a-z0-9._-]``, no leading dot)."""
+    cleaned = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-.")
+    cleaned = re.sub(r"-{2,}", "-", cleaned) or "unnamed"
+    if len(cleaned) <= max_length:
+        return cleaned
+    import hashlib
+
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    return cleaned[: max_length - 11].rstrip("-.") + "-" + digest
+
 
 DEVICE_TYPES = ("cpu", "cuda")
 MAX_TEXT = 200  # longest string field accepted from a (possibly hostile) table
@@ -88,14 +154,8 @@ class DeviceIdentity:
 
     @property
     def software_key(self) -> str:
-        parts = [f"torch-{self.torch_version or 'unknown'}"]
-        if self.hip_version:
-            parts.append(f"hip-{self.hip_version}")
-        if self.cuda_version:
-            parts.append(f"cuda-{self.cuda_version}")
-        if self.driver:
-            parts.append(f"driver-{self.driver}")
-        return "_".join(parts)
+        stack = (("hip", self.hip_version), ("cuda", self.cuda_version), ("driver", self.driver))
+        return "_".join([f"torch-{self.torch_version or 'unknown'}", *(f"{name}-{value}" for name, value in stack if value)])
 
     @property
     def key(self) -> str:
@@ -221,3 +281,142 @@ def _read_driver() -> str:
             if word[:1].isdigit() and "." in word:
                 return word[:MAX_TEXT]
     return ""
+
+
+TERA = 1e12
+GB = 10**9
+
+# Per-launch cost of one eager PyTorch op on a GPU (H200; docs/RESULTS.md#where-the-priors-constants-come-from).
+CUDA_LAUNCH_OVERHEAD_S = 8e-6
+# HIP launches are commonly reported slower than CUDA's; unmeasured here (no gfx906 card): +25%.
+HIP_LAUNCH_OVERHEAD_S = 10e-6
+
+
+@dataclass(frozen=True, eq=False)
+class CardSpec:
+    """Peak rates of one card model.
+
+    Attributes
+    ----------
+    name: the card model (`DeviceIdentity.model_key` form).
+    matrix_flops: dtype name -> peak FLOP/s of matrix products in that dtype.
+    vector_flops: peak fp32 FLOP/s of elementwise work (softmax, exp).
+    bandwidth: peak memory bandwidth, bytes/s.
+    memory_bytes: device memory.
+    compute_units: CUs / SMs / CPU threads (parallel work units, for occupancy).
+    launch_overhead_s: cost of one eager op launch.
+    fused_attention: PyTorch ships fused SDPA kernels for this card (False on gfx906).
+    source: where the numbers come from.
+    estimated: True when the numbers are guesses (generic card), not a datasheet or a probe.
+    """
+
+    name: str
+    matrix_flops: MappingProxyType
+    vector_flops: float
+    bandwidth: float
+    memory_bytes: int
+    compute_units: int
+    launch_overhead_s: float
+    fused_attention: bool = True
+    source: str = ""
+    estimated: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    def flops(self, dtype: str) -> float:
+        """Peak matrix FLOP/s for `dtype` (fp32's rate for a dtype the sheet does not list)."""
+        return self.matrix_flops.get(dtype, self.matrix_flops["float32"])
+
+    def with_memory(self, memory_bytes: int) -> CardSpec:
+        return replace(self, memory_bytes=memory_bytes)
+
+
+def _rates(fp16: float, bf16: float, fp32: float, fp64: float) -> MappingProxyType:
+    return MappingProxyType({"float16": fp16, "bfloat16": bf16, "float32": fp32, "float64": fp64})
+
+
+_GFX906_BF16_NOTE = (
+    "gfx906 has no native bf16 matrix path: the bf16 rate is an estimate (fp32's rate, as "
+    "rocBLAS computes bf16 products in fp32 there)"
+)
+
+
+def _gfx906(name: str, fp16: float, fp32: float, fp64: float, units: int, gib: int, source: str) -> CardSpec:
+    """A gfx906 board: 1024 GB/s HBM2, HIP launches, no fused attention in PyTorch, and no bf16
+    matrix path (fp32's rate stands in for bf16: an estimate). Rates in TFLOP/s."""
+    return CardSpec(
+        name=name, matrix_flops=_rates(fp16 * TERA, fp32 * TERA, fp32 * TERA, fp64 * TERA),
+        vector_flops=fp32 * TERA, bandwidth=GFX906_BANDWIDTH, memory_bytes=gib * GIB, compute_units=units,
+        launch_overhead_s=HIP_LAUNCH_OVERHEAD_S, fused_attention=False, source=f"{source} (unmeasured here)",
+        notes=(_GFX906_BF16_NOTE,),
+    )
+
+
+# Every gfx906 board has 4 stacks of HBM2 at 1024 GB/s (AMD product pages).
+GFX906_BANDWIDTH = 1024 * GB
+# AMD Radeon Instinct MI50 datasheet: 26.5 TFLOPS fp16, 13.3 fp32, 6.6 fp64, 60 CUs, 16 or 32 GB.
+MI50_16GB = _gfx906(GFX906_MI50_16, 26.5, 13.3, 6.6, 60, 16, "AMD Radeon Instinct MI50 datasheet")
+MI50_32GB = _gfx906(GFX906_MI50_32, 26.5, 13.3, 6.6, 60, 32, "AMD Radeon Instinct MI50 datasheet")
+# AMD Radeon Instinct MI60 datasheet: 29.5 TFLOPS fp16, 14.7 fp32, 7.4 fp64, 64 CUs, 32 GB.
+MI60 = _gfx906(GFX906_MI60, 29.5, 14.7, 7.4, 64, 32, "AMD Radeon Instinct MI60 datasheet")
+# AMD Radeon VII product page: 27.7 TFLOPS fp16, 13.8 fp32, 3.5 fp64 (1/4 rate), 60 CUs, 16 GB.
+RADEON_VII = _gfx906(GFX906_RADEON_VII, 27.7, 13.8, 3.5, 60, 16, "AMD Radeon VII product page")
+# AMD Radeon Pro VII product page: 26.1 TFLOPS fp16, 13.1 fp32, 6.5 fp64, 60 CUs, 16 GB.
+RADEON_PRO_VII = _gfx906(GFX906_RADEON_PRO_VII, 26.1, 13.1, 6.5, 60, 16, "AMD Radeon Pro VII product page")
+
+# NVIDIA H200 SXM datasheet: 989 TFLOPS dense fp16/bf16 tensor, 67 fp32, 67 fp64 tensor, 4.8 TB/s
+# HBM3e, 141 GB, 132 SMs (the ceilings measured on one: `models.rates.MATMUL_EFFICIENCY`).
+H200 = CardSpec(
+    name="NVIDIA H200", matrix_flops=_rates(989 * TERA, 989 * TERA, 67 * TERA, 67 * TERA),
+    vector_flops=67 * TERA, bandwidth=4800 * GB, memory_bytes=141 * GB, compute_units=132,
+    launch_overhead_s=CUDA_LAUNCH_OVERHEAD_S, source="NVIDIA H200 SXM datasheet; 788 TFLOP/s bf16 and "
+    "4.3 TB/s measured on this workplace's H200",
+)
+
+KNOWN_CARDS: dict[str, CardSpec] = {
+    spec.name: spec for spec in (MI50_16GB, MI50_32GB, MI60, RADEON_VII, RADEON_PRO_VII)
+}
+
+# A GPU nobody described: per-CU rates of the MI50 (AMD) or per-SM rates of the H200 halved (an
+# unknown NVIDIA generation is likely older than Hopper), and a 1 TB/s memory. Guesses, marked so.
+GENERIC_GPU_BANDWIDTH = 1000 * GB
+GENERIC_NVIDIA_DERATE = 0.5
+
+
+def generic_gpu_spec(identity: DeviceIdentity) -> CardSpec:
+    """A clearly-marked guess from the CU/SM count and memory size."""
+    units = max(identity.compute_units, 1)
+    if identity.vendor == "AMD":
+        base, scale = MI50_32GB, units / MI50_32GB.compute_units
+    else:
+        base, scale = H200, GENERIC_NVIDIA_DERATE * units / H200.compute_units
+    rates = MappingProxyType({dtype: rate * scale for dtype, rate in base.matrix_flops.items()})
+    return replace(
+        base, name=identity.model_key, matrix_flops=rates, vector_flops=base.vector_flops * scale,
+        bandwidth=GENERIC_GPU_BANDWIDTH, memory_bytes=identity.memory_bytes, compute_units=units,
+        fused_attention=not identity.is_gfx906, estimated=True,
+        source=f"generic GPU estimate scaled from {base.name} by {units} compute units (not a datasheet)",
+    )
+
+
+def spec_for(identity: DeviceIdentity, *, probe: bool = True, home: str | os.PathLike | None = None,
+             probe_now: bool = True) -> CardSpec:
+    """The spec sheet of `identity`'s card.
+
+    Parameters
+    ----------
+    probe: for a CPU, its probed rates (`models.probe_store.probe_cpu_spec`: matrix products, copy and
+        softmax, kept per machine in the home `home`); False gives the probe-free constants (tests).
+    probe_now: where this machine's rates are not kept yet, probe now (a fraction of a second);
+        False: the probe-free constants, the probe running at the process's exit (the dispatcher).
+    """
+    if identity.device_type == "cpu":
+        from attn_dispatch.models.probe_store import FALLBACK_CPU_SPEC, probe_cpu_spec
+
+        spec = probe_cpu_spec(identity, home, now=probe_now) if probe else FALLBACK_CPU_SPEC
+        return replace(spec, name=identity.model_key, memory_bytes=identity.memory_bytes or spec.memory_bytes)
+    model = identity.model_key
+    if model in KNOWN_CARDS:
+        return KNOWN_CARDS[model]
+    if "H200" in identity.name.upper() and identity.arch_base == "sm_90":
+        return replace(H200, name=model, memory_bytes=identity.memory_bytes or H200.memory_bytes)
+    return generic_gpu_spec(identity)

@@ -21,11 +21,12 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from attn_dispatch.models._json_checks import MAX_CANDIDATES
-from attn_dispatch.models.cards import CardSpec
-from attn_dispatch.models.forest_schema import MAX_MODELS
-from attn_dispatch.models.guard import Guard
+from attn_dispatch.models.forest import MAX_MODELS
+from attn_dispatch.models.identity import CardSpec
 from attn_dispatch.models.measured import union
-from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.paths import software_versions
+from attn_dispatch.models.priors import kernel_named
+from attn_dispatch.models.quality import Guard
 from attn_dispatch.models.table import (
     Cell,
     Provenance,
@@ -38,7 +39,6 @@ from attn_dispatch.models.table import (
 from attn_dispatch.models.table_build import round_seconds
 from attn_dispatch.models.table_io import MAX_TABLE_BYTES, table_bytes
 from attn_dispatch.models.table_schema import TableError
-from attn_dispatch.models.versions import software_versions
 
 # A card's attention time scales with both its matrix rate and its bandwidth (the unfused
 # kernels gfx906 runs are partly each): the scale is their geometric mean (weight 1/2 each).

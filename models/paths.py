@@ -3,13 +3,24 @@ calibration journals and the dispatcher's first-call tunings.
 
 The root is ``$ATTN_DISPATCH_HOME`` when set, else the platform's per-user cache directory
 (``platformdirs.user_cache_dir("attn-dispatch")``, e.g. ``~/.cache/attn-dispatch`` on Linux).
-Directories are created on demand.
+Directories are created on demand. Files there are written atomically (`write_text_atomically`: a
+temporary file in the same folder, then a rename), and record the library versions they were made
+with (`software_versions`, `model_versions`).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import platform
+import sys
+import tempfile
+from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
+
+import numpy
+import torch
 
 from attn_dispatch.models.environment import HOME
 
@@ -48,7 +59,7 @@ def tables_dir(override: str | os.PathLike | None = None, *, create: bool = True
 
 def models_dir(override: str | os.PathLike | None = None) -> Path:
     """Fitted cost models (joblib, local only: never shared, never loaded from elsewhere):
-    calibration saves the card's model here (`models.persist.save_model`)."""
+    calibration saves the card's model here (`models.cost_model.save_model`)."""
     return _sub("models", override)
 
 
@@ -59,7 +70,7 @@ def journals_dir(override: str | os.PathLike | None = None) -> Path:
 
 def cold_shape_dir(override: str | os.PathLike | None = None) -> Path:
     """Measured per-shape set-up costs of kernels (JSON, one file per device identity:
-    `models.cold_shape_store`)."""
+    `models.probe_store`)."""
     return _sub("cold_shape", override)
 
 
@@ -67,3 +78,72 @@ def tunings_dir(override: str | os.PathLike | None = None) -> Path:
     """First-call tunings the dispatcher keeps across processes (JSON lines, one file per device
     and kernel set: `dispatcher.measured_store`)."""
     return _sub("tunings", override)
+
+
+MODEL_FORMAT = 2
+"""Version of the saved-cost-model layout (`models.cost_model`); bump when features change (2: the
+prior's version 2, `models.priors.PRIOR_VERSION`)."""
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("attn-dispatch")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _module_version(module: str, distribution: str) -> str:
+    """`module.__version__` where it is imported, else the installed distribution's version (the
+    same string, read without importing scikit-learn's ~1.5 s on an inference process's first call)."""
+    if module in sys.modules:
+        return sys.modules[module].__version__
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return importlib.import_module(module).__version__
+
+
+def software_versions() -> dict[str, str]:
+    """``{"attn_dispatch", "torch", "numpy", "scikit_learn", "joblib", "python"}`` -> version."""
+    return {
+        "attn_dispatch": package_version(), "torch": torch.__version__, "numpy": numpy.__version__,
+        "scikit_learn": _module_version("sklearn", "scikit-learn"), "joblib": _module_version("joblib", "joblib"),
+        "python": platform.python_version(),
+    }
+
+
+def model_versions() -> dict[str, str]:
+    """What must match for a pickled cost model to be trusted: its libraries and our format."""
+    versions = software_versions()
+    return {
+        "scikit_learn": versions["scikit_learn"], "numpy": versions["numpy"], "joblib": versions["joblib"],
+        "model_format": str(MODEL_FORMAT),
+    }
+
+
+def replace_atomically(path: Path, write: Callable[[str], object]) -> None:
+    """``write(temporary path)``, then move the result to `path` in one step; the temporary file is
+    removed if anything fails (also KeyboardInterrupt)."""
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        write(temp)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomically(path: Path, text: str, *, mode: int | None = None) -> None:
+    """`text` (UTF-8) to `path`, flushed to disk before the rename; `mode`: its permission bits
+    (a temporary file is created 0600)."""
+
+    def write(temp: str) -> None:
+        with open(temp, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        if mode is not None:
+            os.chmod(temp, mode)
+
+    replace_atomically(path, write)

@@ -4,35 +4,84 @@ A roofline per kernel family: matrix products at the card's matrix rate (derated
 when there are fewer output tiles than compute units), passes over the score matrix at its
 bandwidth, and a launch cost per eager op. A card nobody calibrated gets its decisions from here;
 the cost model learns the residual. Every constant is a named heuristic with its source.
+
+Also the ranking interface the dispatcher uses (`Ranker`: ``rank(problem, kernels)``, the supported
+kernels' names with predicted seconds, fastest first; `PriorRanker` and a threshold table are
+rankers) and the kernel-name helpers every ranker shares (`kernel_named`, `supported`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
 
 from attn_dispatch.kernels._blocks import accumulation_itemsize
+from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.chunked import ChunkedKernel
 from attn_dispatch.kernels.convert import ConvertKernel
 from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.registry import kernel_from_name
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 from attn_dispatch.kernels.sdpa_gqa_fold import SdpaGqaFoldKernel, folded_problem
 from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
 from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
 from attn_dispatch.kernels.triton_flash import TritonFlashKernel
-from attn_dispatch.models._blocks_cost import visited_fraction
-from attn_dispatch.models.cards import CardSpec, spec_for
+from attn_dispatch.models.identity import CardSpec, spec_for
 from attn_dispatch.models.rates import (
     FUSED_EFFICIENCY,
     MATMUL_TILE,
     SOFTMAX_FLOPS_PER_ELEMENT,
     Rates,
+    visited_fraction,
 )
 from attn_dispatch.models.triton_costs import triton_decode_seconds, triton_flash_seconds
 
-__all__ = ["PRIOR_VERSION", "PriorRanker", "prior_seconds", "roofline_seconds", "spec_for", "score_bytes_per_element"]
-from attn_dispatch.models.ranking import UNPRICED, priceable, supported
+# Kernel names are validated against the registry under the most permissive policy: whether a
+# lossy conversion may *run* is the dispatcher's policy, not a property of the name.
+_ANY_POLICY = AccuracyPolicy.allowing("any")
+
+
+@runtime_checkable
+class Ranker(Protocol):
+    """Predicts which kernels are fastest for a problem."""
+
+    def rank(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
+        """Supported kernels' names and predicted seconds, fastest first."""
+        ...
+
+
+def supported(problem: Problem, kernels: Iterable[Kernel]) -> list[Kernel]:
+    """The kernels of `kernels` whose `reasons(problem)` is empty, in order, without duplicates."""
+    seen: set[str] = set()
+    result = []
+    for kernel in kernels:
+        if kernel.name not in seen and not kernel.reasons(problem):
+            seen.add(kernel.name)
+            result.append(kernel)
+    return result
+
+
+UNPRICED = float("inf")
+"""Predicted seconds of a kernel no model can price (not a registry kernel): ranked last."""
+
+
+def priceable(kernel: Kernel) -> bool:
+    """True for kernels the registry can build from their name (the ones priors and models know)."""
+    try:
+        kernel_named(kernel.name)
+    except ValueError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=4096)
+def kernel_named(name: str) -> Kernel:
+    """A kernel object for a canonical name (cached); ValueError for names that are not ours."""
+    return kernel_from_name(name, policy=_ANY_POLICY)
+
 
 PRIOR_VERSION = 2
 """Bumped whenever `prior_seconds` changes its numbers. A table's cost model learns the residual
@@ -44,19 +93,12 @@ over one version of the prior; the prior's feature name carries the version
 prior carried onto its scale (`ThresholdTable.model_seconds`), so they need no new version."""
 
 FUSED_CAUSAL_EFFICIENCY = 0.6
-# Fused kernels that split the keys across compute units for few query rows (flash-decoding):
-# the H200 probe's decode at 131072 keys ran flash at 0.55 ms, efficient at 4.3 ms. cuDNN (torch
-# 2.11, H200) splits them for one query row only: at 32768 keys, B1 32 heads, D=128, bf16 it took
-# 41.5 us (32/8 heads) and 129 us (32/32) at Lq=1 and a flat 382-390 us at every Lq from 2 to 128,
-# one block per head streaming all the keys (bench/results/h200_session14/run1_llm_grid_all_paths.jsonl).
+# Which fused kernels split the keys across compute units for few query rows (flash-decoding):
+# docs/RESULTS.md#where-the-priors-constants-come-from.
 FUSED_SPLITS_KEYS = {"sdpa_cudnn": "one query row", "sdpa_flash": "always", "sdpa_efficient": "never"}
 FUSED_LAUNCHES = 3  # the kernel, the log-sum-exp buffer, the output allocation
-# A backend forced by name against PyTorch's own pick among its fused backends. Without
-# measurements the prior cannot tell the fused backends apart, PyTorch's heuristic can: on the
-# 580-shape H200 probe (shared/reference/h200-probe.md) the default lost 1.00-1.16x (geomean)
-# outside small-Q shapes, and on our 35-shape H200 bench forcing cuDNN or flash by the prior's
-# ranking lost up to 4-7x on short prefill and Lq=1 decode (docs/RESULTS.md). So the prior keeps
-# PyTorch's choice unless its estimate for a forced backend is better by more than this factor;
+# The prior keeps PyTorch's own pick among its fused backends unless its estimate for a backend
+# forced by name is better by more than this factor (docs/RESULTS.md#where-the-priors-constants-come-from);
 # only calibration (measured times) overrides it.
 FORCED_BACKEND_FACTOR = 1.25
 # Query rows per block of a fused attention kernel (FlashAttention-2 uses 64-128).
@@ -188,19 +230,15 @@ def fused_seconds(problem: Problem, family: str, spec: CardSpec, *, folded: bool
     A block is `FUSED_Q_TILE` query rows of one head (`folded`: of one K/V head, its group's query
     heads stacked as rows, as `SdpaBackendKernel` folds GQA). A kernel that does not split the keys
     streams each block's keys and values through one compute unit at its share of the bandwidth,
-    a wave of blocks after another: on the H200, B4 40/8 heads (160 blocks on 132 units) took 2.0x
-    the time of the same call with the groups folded (32 blocks), and B1 1.0x
-    (bench/results/h200_session15/run3_gqa_fold.txt)."""
+    a wave of blocks after another (docs/RESULTS.md#where-the-priors-constants-come-from)."""
     rates = Rates(problem, spec)
     efficiency = FUSED_EFFICIENCY[family] * (FUSED_CAUSAL_EFFICIENCY if problem.causal else 1.0)
     fraction, _, _ = visited_fraction(problem.q_len, problem.kv_len, FUSED_Q_TILE, FUSED_Q_TILE, problem.causal)
     group = problem.gqa_ratio if folded else 1
     tiles = problem.batch * (problem.q_heads // group) * math.ceil(max(problem.q_len * group, 1) / FUSED_Q_TILE)
     bias = problem.batch * problem.q_heads * problem.q_len * problem.kv_len * problem.itemsize if problem.mask_kind != "none" else 0
-    # Derated by the unsplit blocks' waves even where the keys split (flash): that over-prices flash
-    # on long keys at Lq 65-512 (1.2 ms predicted, 0.5 measured at 131k keys, B1 32/8 D64); counting
-    # the split blocks instead made the prior's picks worse on 3 of 4 recorded draws: flash's
-    # efficiency would need refitting with it.
+    # Derated by the unsplit blocks' waves even where the keys split (flash): over-prices flash on long
+    # keys, but counting the split blocks made the picks worse (docs/RESULTS.md#where-the-priors-constants-come-from).
     compute = problem.flops * fraction / (rates.matmul * efficiency) / rates.wave_occupancy(tiles)
     streamed = problem.io_bytes + 2 * bias + 2 * Kernel.input_copy_bytes(problem)
     if splits_keys(family, problem):
@@ -274,7 +312,7 @@ class PriorRanker:
 
     Parameters
     ----------
-    spec: the card's spec sheet (`models.cards.spec_for`).
+    spec: the card's spec sheet (`models.identity.spec_for`).
     """
 
     def __init__(self, spec: CardSpec) -> None:

@@ -1,4 +1,5 @@
-"""Backend probes that passed on this device and software stack, kept across processes.
+"""What the home keeps per device from probes and set-up measurements: backend probes that passed,
+a CPU's probed rates (and the probe itself), and per-shape set-up costs.
 
 A probe (`kernels.sdpa_probe`) runs a tiny problem through one of PyTorch's SDPA backends and
 checks it against the float64 reference: a large part of a GPU process's first call (the float64
@@ -16,32 +17,42 @@ wrapper of the backend too: a later release re-probes),
 
 A damaged or foreign file is ignored (the probes run again and the file is rewritten).
 
-A CPU's probed rates (`_cpu_probe`: matrix products, a copy, a softmax) are kept here too, so the
-probe runs once per machine (`load_cpu_rates`, `save_cpu_rates`): one file per processor, memory,
-torch build and thread count, ``<home>/probes/cpu__<identity key>__mem-<bytes>__threads-<n>.json``
-(another machine, a resized VM or a torch update finds none and probes again).
+A CPU's probed rates (`probe_cpu_spec`: matrix-product FLOP/s per dtype, copy bandwidth, softmax
+rate, per-op overhead) are kept once per machine (`load_cpu_rates`, `save_cpu_rates`): one file
+per processor, memory, torch build and thread count,
+``<home>/probes/cpu__<identity key>__mem-<bytes>__threads-<n>.json``. The dispatcher never probes
+inside a call (``now=False``): without kept rates its prior ranks with `FALLBACK_CPU_SPEC` and
+the probe runs when the process exits; calibration probes at once.
+
+Per-shape set-up costs (`calibration.cold_shape` measures them, `dispatcher.selection` stage 5
+weighs them): ``<home>/cold_shape/<card model>/<device key>.json`` holding, per kernel and problem
+kind (`KINDS`), the seconds of set-up and optionally the per-call floor (``floor_seconds``).
+`load_cold_costs` reads this device's file, else another of its card model, else the one shipped
+in ``models/tables/cold_shape/``.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
+import statistics
 import tempfile
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
-from attn_dispatch.models._card_names import slug
-from attn_dispatch.models.atomic_files import write_text_atomically
-from attn_dispatch.models.cards import CardSpec
-from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.paths import home
-from attn_dispatch.models.versions import package_version
+import torch
+
+from attn_dispatch.models.identity import CardSpec, DeviceIdentity, slug, torch_threads
+from attn_dispatch.models.paths import cold_shape_dir, home, package_version, write_text_atomically
 
 FORMAT = 1
-MAX_BYTES = 1 << 18
+PASSED_MAX_BYTES = 1 << 18
 """A probe file lists a few dozen keys: anything over 256 KiB is not one."""
 MAX_KEYS = 1024
 """Keys one file may hold: a card has 4 backends x 4 dtypes x 6 features at most (96); more is not ours."""
@@ -66,7 +77,7 @@ def load_passed(identity: DeviceIdentity, cudnn_version: str, root: str | os.Pat
     the file is damaged or another stack's."""
     path = probe_file(identity, cudnn_version, root)
     try:
-        if not path.is_file() or path.stat().st_size > MAX_BYTES:
+        if not path.is_file() or path.stat().st_size > PASSED_MAX_BYTES:
             return set()
         document = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -100,8 +111,7 @@ def save_passed(identity: DeviceIdentity, cudnn_version: str, passed: Iterable[P
     return path
 
 
-FORMAT = 1
-MAX_BYTES = 1 << 14
+RATES_MAX_BYTES = 1 << 14
 """A probe file is a few hundred bytes: anything over 16 KiB is not one."""
 RATE_FIELDS = ("vector_flops", "bandwidth", "launch_overhead_s")
 
@@ -121,7 +131,7 @@ def load_cpu_rates(identity: DeviceIdentity, threads: int, template: CardSpec,
     or the file is damaged or another machine's."""
     path = probe_path(identity, threads, root)
     try:
-        if not path.is_file() or path.stat().st_size > MAX_BYTES:
+        if not path.is_file() or path.stat().st_size > RATES_MAX_BYTES:
             return None
         document = json.loads(path.read_text(encoding="utf-8"))
         if document.get("format") != FORMAT or document.get("machine") != machine_key(identity, threads):
@@ -152,3 +162,223 @@ def _rate(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"a probed rate must be a positive finite number, got {value!r}")
     return float(value)
+
+
+# Matrix sizes: 384^3 fp32 products take a few ms on one modern core (enough to reach MKL/oneDNN's
+# steady rate); half-precision products can be 10-50x slower on CPUs without native support, so
+# they use 192^3 to keep the probe short.
+FP32_MATMUL_N = 384
+HALF_MATMUL_N = 192
+MATMUL_REPEATS = 3
+# Copy bandwidth: 32 MiB is past most per-core L2 and shared L3 slices of CI-sized machines.
+COPY_BYTES = 32 * 2**20
+COPY_REPEATS = 5
+# Per-op overhead: the median of many tiny adds.
+OVERHEAD_REPEATS = 200
+
+# The elementwise (softmax) rate, on a 1024 x 1024 fp32 softmax (4 MiB, past per-core L2): a guess
+# from the matrix rate was 10x off (docs/RESULTS.md#where-the-priors-constants-come-from).
+SOFTMAX_N = 1024
+SOFTMAX_REPEATS = 5
+
+# Probe-free fallback (tests, or a probe that failed): the probe's rates on the project's dev machine,
+# rounded down, marked as an estimate (docs/RESULTS.md#where-the-priors-constants-come-from).
+FALLBACK_CPU_SPEC = CardSpec(
+    name="generic CPU",
+    matrix_flops=MappingProxyType({"float16": 150e9, "bfloat16": 250e9, "float32": 200e9, "float64": 120e9}),
+    vector_flops=100e9, bandwidth=50e9, memory_bytes=8 * 2**30, compute_units=os.cpu_count() or 1,
+    launch_overhead_s=1e-6, source="probe-free fallback constants (the project's 2-core dev machine, rounded)",
+    estimated=True,
+)
+
+
+def _best_seconds(run, repeats: int) -> float:
+    run()  # warm-up
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return min(samples)
+
+
+def _matmul_rate(dtype: torch.dtype, n: int) -> float:
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    return 2 * n**3 / _best_seconds(lambda: torch.matmul(a, b), MATMUL_REPEATS)
+
+
+def _copy_bandwidth() -> float:
+    src = torch.empty(COPY_BYTES // 4, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    return 2 * COPY_BYTES / _best_seconds(lambda: dst.copy_(src), COPY_REPEATS)
+
+
+def _softmax_rate() -> float:
+    """FLOP/s of `torch.softmax` on fp32 rows, counted as the prior counts them."""
+    from attn_dispatch.models.priors import (
+        SOFTMAX_FLOPS_PER_ELEMENT,  # priors imports cards, which imports this lazily
+    )
+
+    scores = torch.randn(SOFTMAX_N, SOFTMAX_N)
+    return SOFTMAX_N * SOFTMAX_N * SOFTMAX_FLOPS_PER_ELEMENT / _best_seconds(lambda: torch.softmax(scores, -1), SOFTMAX_REPEATS)
+
+
+def _op_overhead() -> float:
+    x = torch.ones(1)
+    samples = []
+    for _ in range(OVERHEAD_REPEATS):
+        start = time.perf_counter()
+        torch.add(x, x)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+PROBE_AT_EXIT = " (this machine's probe runs when the process exits and serves the next process)"
+"""Added to the probe-free constants' source while this machine's probe waits for the exit (`explain` shows it)."""
+
+_measured: dict[int, CardSpec] = {}  # torch threads -> this process's rates (kept or measured: one machine)
+_waiting: set[tuple[str, int]] = set()  # (home, torch threads) of the probes registered to run at exit
+_lock = threading.Lock()
+
+
+def probe_cpu_spec(identity: DeviceIdentity | None = None, root: str | os.PathLike | None = None, *,
+                   now: bool = True) -> CardSpec:
+    """This CPU's rates with the threads torch runs now: the ones this process already has (read or
+    measured: for any home), else kept for this machine in the home `root` (`probe_store`), else
+    measured now and kept (`now`), else the probe-free constants (`FALLBACK_CPU_SPEC`) while the probe
+    waits for the process's exit. Never raises for the home: a home that cannot be written only costs
+    the next process its probe."""
+    threads = torch.get_num_threads()
+    spec = _measured.get(threads)  # a process runs on one machine, whichever home it reads
+    if spec is not None:
+        return spec
+    identity = identity if identity is not None else DeviceIdentity.cpu()
+    spec = load_cpu_rates(identity, threads, FALLBACK_CPU_SPEC, root)
+    if spec is None and not now:
+        waiting = (str(home(root, create=False)), threads)
+        with _lock:
+            if waiting not in _waiting:
+                _waiting.add(waiting)
+                atexit.register(_probe_and_keep, identity, threads, root)
+        return replace(FALLBACK_CPU_SPEC, source=FALLBACK_CPU_SPEC.source + PROBE_AT_EXIT)
+    if spec is None:
+        spec = _probe_and_keep(identity, threads, root)
+    _measured[threads] = spec
+    return spec
+
+
+def _probe_and_keep(identity: DeviceIdentity, threads: int, root: str | os.PathLike | None) -> CardSpec:
+    """Measure this CPU (`measure_cpu_spec`) and keep the rates for this machine (not the constants
+    a failed probe gives); torch's thread count is set to `threads` for the probe (an exit may come
+    after the program changed it)."""
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        spec = measure_cpu_spec()
+    finally:
+        torch.set_num_threads(previous)
+    if not spec.estimated:
+        try:
+            save_cpu_rates(identity, threads, spec, root)
+        except OSError:
+            pass
+    return spec
+
+
+def measure_cpu_spec() -> CardSpec:
+    """This CPU's rates, measured now with torch's current thread count (the constants where a
+    dtype cannot be multiplied)."""
+    try:
+        with torch.inference_mode():
+            rates = {
+                "float32": _matmul_rate(torch.float32, FP32_MATMUL_N),
+                "float64": _matmul_rate(torch.float64, HALF_MATMUL_N),
+                "bfloat16": _matmul_rate(torch.bfloat16, HALF_MATMUL_N),
+                "float16": _matmul_rate(torch.float16, HALF_MATMUL_N),
+            }
+            bandwidth, overhead, vector = _copy_bandwidth(), _op_overhead(), _softmax_rate()
+    except RuntimeError:  # a dtype this build cannot multiply: keep the constants
+        return FALLBACK_CPU_SPEC
+    threads = torch.get_num_threads()
+    return CardSpec(
+        name="CPU", matrix_flops=MappingProxyType(rates), vector_flops=vector,
+        bandwidth=bandwidth, memory_bytes=FALLBACK_CPU_SPEC.memory_bytes,
+        compute_units=threads, launch_overhead_s=overhead,
+        source=f"measured by this machine's probe with {torch_threads(threads)}",
+    )
+
+
+KINDS = ("decode", "prefill")
+"""Problem kinds measured apart: a decode step (one query row) and a prefill (many)."""
+BUNDLED_DIR = Path(__file__).resolve().parent / "tables" / "cold_shape"
+COLD_MAX_BYTES = 1 << 20
+"""A cold-shape file is a few hundred bytes; anything over a megabyte is not one."""
+
+Costs = dict[str, dict[str, float]]
+"""kernel name -> problem kind (`KINDS`) -> seconds of per-shape set-up."""
+
+
+def kind_of(q_len: int) -> str:
+    return "decode" if q_len == 1 else "prefill"
+
+
+def save_cold_costs(identity: DeviceIdentity, seconds: Mapping[str, Mapping[str, float]], *, measured: str,
+                    conditions: Mapping[str, object], home: str | os.PathLike | None = None,
+                    floors: Mapping[str, Mapping[str, float]] | None = None) -> Path:
+    """Write this device's measured costs (and per-call floors; replacing an earlier file)."""
+    clean = _checked_seconds(seconds)
+    floor_seconds = _checked_seconds(floors or {})
+    folder = cold_shape_dir(home) / slug(identity.model_key)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{identity.key}.json"
+    document = {"format": FORMAT, "model_key": identity.model_key, "identity_key": identity.key,
+                "measured": measured, "seconds": clean, "floor_seconds": floor_seconds, "conditions": dict(conditions)}
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(document, indent=1, sort_keys=True))
+    temporary.replace(path)
+    return path
+
+
+def load_cold_costs(identity: DeviceIdentity, *, home: str | os.PathLike | None = None,
+                    field: str = "seconds") -> Costs:
+    """The costs (``field="floor_seconds"``: the per-call floors) that apply to this device (see the
+    module docstring); {} when none do."""
+    own = cold_shape_dir(home) / slug(identity.model_key)
+    candidates = [own / f"{identity.key}.json"]
+    if own.is_dir():
+        candidates += sorted(path for path in own.glob("*.json") if path != candidates[0])
+    candidates.append(BUNDLED_DIR / f"{slug(identity.model_key)}.json")
+    for path in candidates:
+        costs = _read(path, identity.model_key, field)
+        if costs is not None:
+            return costs
+    return {}
+
+
+def _read(path: Path, model_key: str, field: str) -> Costs | None:
+    try:
+        if not path.is_file() or path.stat().st_size > COLD_MAX_BYTES:
+            return None
+        document = json.loads(path.read_text())
+        if document.get("format") != FORMAT or document.get("model_key") != model_key:
+            return None
+        return _checked_seconds(document.get(field, {}))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _checked_seconds(seconds: object) -> Costs:
+    """``{kernel: {kind: seconds}}`` with finite, non-negative seconds and known kinds, or ValueError."""
+    if not isinstance(seconds, Mapping):
+        raise ValueError("cold-shape seconds must be an object of kernel name -> {kind: seconds}")
+    clean: Costs = {}
+    for name, by_kind in seconds.items():
+        if not isinstance(name, str) or not isinstance(by_kind, Mapping):
+            raise ValueError(f"cold-shape entry {name!r} must map a kernel name to {{kind: seconds}}")
+        for kind, value in by_kind.items():
+            if kind not in KINDS or isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value < 0:
+                raise ValueError(f"cold-shape entry {name}.{kind} = {value!r}: kinds are {KINDS}, seconds >= 0")
+            clean.setdefault(name, {})[kind] = float(value)
+    return clean

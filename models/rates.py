@@ -1,26 +1,26 @@
 """A card's achievable rates: the fractions of its datasheet peaks that real kernels reach, and one
 problem's view of them (its dtype's matrix rate, waves of blocks over the compute units). Shared
-by the analytic prior (`models.priors`) and the Triton kernels' costs (`models.triton_costs`).
+by the analytic prior (`models.priors`) and the Triton kernels' costs (`models.triton_costs`);
+`visited_fraction` counts the blocks a causal blocked loop visits.
 """
 
 from __future__ import annotations
 
 import math
 
-from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.models.cards import CardSpec
+import numpy as np
 
-# Achievable fractions of the datasheet peaks: 788 of 989 TFLOP/s bf16 and 4.3 of 4.8 TB/s
-# measured through PyTorch on this workplace's H200 (.library/device/KINDS.md).
+from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.models.identity import CardSpec
+
+# Achievable fractions of the datasheet peaks, measured on an H200 (docs/RESULTS.md#where-the-priors-constants-come-from).
 MATMUL_EFFICIENCY = 0.8
 BANDWIDTH_EFFICIENCY = 0.9
 # Output tile of a typical GPU matrix-product kernel (cuBLAS / rocBLAS macro tiles are 64-256).
 MATMUL_TILE = 128
 # Softmax arithmetic per score element: max, subtract, exp (~4 FLOPs), sum. A rough count.
 SOFTMAX_FLOPS_PER_ELEMENT = 8
-# Fraction of the matrix peak fused kernels reach, from the H200 probe's non-causal 32768^2,
-# D=64 fp16 case (h200-probe.md, 32 heads): cuDNN 10.0 ms = 0.89 of peak, flash 14.6 ms = 0.61,
-# efficient 32.6 ms = 0.27. Its causal 16384^2 prefill ran at ~0.6 of those: causal load imbalance.
+# Fraction of the matrix peak fused kernels reach (H200; docs/RESULTS.md#where-the-priors-constants-come-from).
 FUSED_EFFICIENCY = {"sdpa_cudnn": 0.85, "sdpa_flash": 0.6, "sdpa_efficient": 0.27}
 
 
@@ -51,3 +51,28 @@ class Rates:
     def product(self, flops: float, operand_bytes: float, tiles: float) -> float:
         """One (batched) matrix product, derated when it has fewer tiles than compute units."""
         return max(flops / self.matmul, operand_bytes / self.bandwidth) / self.occupancy(tiles)
+
+
+# Above this many query blocks the visited count uses the continuous approximation (the exact
+# count costs one numpy pass over the blocks; the approximation is within a block per row).
+EXACT_BLOCK_LIMIT = 1 << 16
+
+
+def visited_fraction(q_len: int, kv_len: int, q_block: int, kv_block: int, causal: bool) -> tuple[float, float, int]:
+    """(fraction of score elements computed, key blocks visited, query blocks).
+
+    A block is skipped when every key in it lies after every query in it (kernels/_blocks.py
+    `fully_blocked_by_causality`); a visited block is computed whole.
+    """
+    n_q = max(1, math.ceil(q_len / q_block)) if q_len else 1
+    n_kv = max(1, math.ceil(kv_len / kv_block)) if kv_len else 1
+    total = n_q * n_kv
+    if not causal or q_len == 0 or kv_len == 0:
+        return 1.0, float(total), n_q
+    if n_q <= EXACT_BLOCK_LIMIT:
+        ends = np.minimum(np.arange(1, n_q + 1, dtype=np.int64) * q_block, q_len)
+        visited = float(np.minimum(n_kv, (ends - 1) // kv_block + 1).sum())
+    else:
+        mean_end = (q_len + q_block) / 2
+        visited = n_q * min(n_kv, mean_end / kv_block + 0.5)
+    return visited / total, visited, n_q

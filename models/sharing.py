@@ -4,34 +4,30 @@ Lookup order: exact card and software stack -> same card model, other stack (war
 same family (gfx906 tables serve MI50, MI60 and Radeon VII, times scaled by the cards' rates) ->
 the analytic prior. The user's tables (``tables_dir()/<model>/*.json``) come before the bundled
 ones (``models/tables/*.json``). A file whose head names only cards of another model and family is
-skipped without being parsed (`table_header`); a corrupt file is skipped with a warning: an
-attention call never fails because of a table.
+skipped without being parsed (`head_identities` reads the provenance from the file's first
+`HEAD_BYTES`, where tables write it; where the head does not say, the file is parsed); a corrupt
+file is skipped with a warning: an attention call never fails because of a table.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attn_dispatch.models._card_names import slug
-from attn_dispatch.models.cards import spec_for
-from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models._json_checks import TableWarning
+from attn_dispatch.models.identity import DeviceIdentity, slug, spec_for
 from attn_dispatch.models.merge import card_scale
 from attn_dispatch.models.paths import tables_dir
 from attn_dispatch.models.table import ThresholdTable
-from attn_dispatch.models.table_header import head_identities
 from attn_dispatch.models.table_io import dumps_table, load_table, save_table
 
 BUNDLED_TABLES_DIR = Path(__file__).resolve().parent / "tables"
 LEVELS = ("exact", "model", "family", "prior")
-
-
-class TableWarning(UserWarning):
-    """A table was skipped, is stale, or stands in for another card."""
 
 
 @dataclass(frozen=True)
@@ -116,8 +112,9 @@ def _load_unchanged(path: Path) -> ThresholdTable:
 @functools.lru_cache(maxsize=32)
 def _load_version(path: Path, inode: int, mtime_ns: int, ctime_ns: int, size: int) -> ThresholdTable:
     """One parse per version of the file (atomic writes replace the inode; tables are never
-    mutated after loading, so one object can serve every dispatcher)."""
-    return load_table(path)
+    mutated after loading, so one object can serve every dispatcher). Its classes, models and
+    measured entries are validated on first use (`table_io.loads_table`'s `lazy`)."""
+    return load_table(path, lazy=True)
 
 
 def _candidate_files(home: str | os.PathLike | None) -> list[tuple[Path, bool]]:
@@ -148,7 +145,7 @@ def lookup_table(
     for path, bundled in _candidate_files(home):
         if bundled and not include_bundled:
             continue
-        cards = head_identities(path)  # a file measured on another card is not parsed (`table_header`)
+        cards = head_identities(path)  # a file measured on another card is not parsed
         if cards is not None and cards_match_level(cards, identity) is None:
             continue
         try:
@@ -196,3 +193,55 @@ def _finish(result: TableLookup, warn: bool) -> TableLookup:
     for message in result.warnings if warn else ():
         warnings.warn(message, TableWarning, stacklevel=3)
     return result
+
+
+HEAD_BYTES = 64 * 1024
+"""Bytes read from the start of a file: a table's members before its provenance are two short
+fields, and a provenance (identities, notes, software versions) is a few KiB even for a merged table
+of many cards; the whole head is read once and decoded member by member."""
+
+_decoder = json.JSONDecoder()
+_SPACE = " \t\n\r"
+
+
+def head_identities(path: str | os.PathLike) -> tuple[DeviceIdentity, ...] | None:
+    """The cards a table file says it was measured on (its identity, then the merged ones), read
+    from its first `HEAD_BYTES`; None where the head does not say (the file must be parsed)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(HEAD_BYTES).decode("utf-8", errors="ignore")
+        provenance = _top_level_member(head, "provenance")
+        if not isinstance(provenance, dict):
+            return None
+        cards = [provenance["identity"], *provenance.get("merged_from", [])]
+        return tuple(DeviceIdentity.from_dict(card) for card in cards)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _top_level_member(text: str, wanted: str) -> object | None:
+    """The value of member `wanted` of the JSON object `text` starts with, decoding the members
+    before it in order; None where it is not among those `text` holds whole."""
+    index = _skip_space(text, 0)
+    if text[index:index + 1] != "{":
+        return None
+    index += 1
+    while True:
+        index = _skip_space(text, index)
+        name, index = _decoder.raw_decode(text, index)  # ValueError where the head ends inside it
+        index = _skip_space(text, index)
+        if not isinstance(name, str) or text[index:index + 1] != ":":
+            return None
+        value, index = _decoder.raw_decode(text, _skip_space(text, index + 1))
+        if name == wanted:
+            return value
+        index = _skip_space(text, index)
+        if text[index:index + 1] != ",":
+            return None
+        index += 1
+
+
+def _skip_space(text: str, index: int) -> int:
+    while index < len(text) and text[index] in _SPACE:
+        index += 1
+    return index

@@ -1,6 +1,6 @@
 """The threshold table: a card's decisions, small enough to share, safe to load.
 
-Per problem class (`models.buckets.ClassKey`) a decision map over (log2 Lq, log2 Lk) buckets
+Per problem class (`models.measured.ClassKey`) a decision map over (log2 Lq, log2 Lk) buckets
 holds the top candidates with predicted seconds (and measured seconds where a bucket was
 measured), plus readable crossover thresholds. The JSON form is documented in
 docs/TABLE_FORMAT.md and validated by `models.table_schema`; files are read and written by
@@ -11,23 +11,36 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.models._json_checks import _spec_dict
-from attn_dispatch.models.buckets import DEFAULT_CLASS_FIELDS, WORK_STEP, ClassKey, bucket_of, class_key
-from attn_dispatch.models.cards import CardSpec
+from attn_dispatch.models._json_checks import LazySection, _spec_dict
 from attn_dispatch.models.features import feature_matrix
-from attn_dispatch.models.forest import EmbeddedModel
-from attn_dispatch.models.guard import Guard
-from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.measured import DEFAULT_KERNEL, MeasuredEntry, entry_key
-from attn_dispatch.models.priors import PriorRanker, prior_seconds
-from attn_dispatch.models.ranking import UNPRICED, kernel_named, priceable, supported
+from attn_dispatch.models.forest import EmbeddedModel, LazyModels
+from attn_dispatch.models.identity import CardSpec, DeviceIdentity
+from attn_dispatch.models.measured import (
+    DEFAULT_CLASS_FIELDS,
+    DEFAULT_KERNEL,
+    WORK_STEP,
+    ClassKey,
+    MeasuredEntry,
+    bucket_of,
+    class_key,
+    entry_key,
+)
+from attn_dispatch.models.priors import (
+    UNPRICED,
+    PriorRanker,
+    kernel_named,
+    priceable,
+    prior_seconds,
+    supported,
+)
+from attn_dispatch.models.quality import Guard
 
 FORMAT_VERSION = 2
 """The one version read and written. Version 1 (before measured entries and the quality guard) is
@@ -154,20 +167,22 @@ class ThresholdTable:
     classes: decision maps by class.
     models: the cost model(s) the table was built from, as JSON-safe trees (one per card of a
         merged table); when present and compatible, `rank` uses them for the exact problem.
-    class_fields: the optional class fields the table splits on (`models.buckets`).
+    (A table loaded from a file may hold its classes, models and entries unvalidated until first
+    used: `models.table_io`.)
+    class_fields: the optional class fields the table splits on (`models.measured`).
     work_step: width of the work-size buckets (when "work" is a class field).
     entries: measured decisions by exact bucket (`models.measured.entry_key`), consulted first.
-    guard: the quality guard's verdict (`models.guard`); None for tables older than the guard.
+    guard: the quality guard's verdict (`models.quality`); None for tables older than the guard.
     """
 
     provenance: Provenance
     spec: CardSpec
     quality: dict[str, float | int | str | None]
-    classes: dict[ClassKey, TableClass]
-    models: tuple[EmbeddedModel, ...] = ()
+    classes: Mapping[ClassKey, TableClass]
+    models: Sequence[EmbeddedModel] = ()
     class_fields: tuple[str, ...] = DEFAULT_CLASS_FIELDS
     work_step: int = WORK_STEP
-    entries: dict[tuple, MeasuredEntry] = field(default_factory=dict)
+    entries: Mapping[tuple, MeasuredEntry] = field(default_factory=dict)
     guard: Guard | None = None
     format_version: int = FORMAT_VERSION
 
@@ -181,7 +196,7 @@ class ThresholdTable:
 
     @property
     def verdict(self) -> str:
-        """What ranks outside measured entries: "table", "prior" or "default" (`models.guard`)."""
+        """What ranks outside measured entries: "table", "prior" or "default" (`models.quality`)."""
         return self.guard.verdict if self.guard is not None else "table"
 
     @property
@@ -193,12 +208,12 @@ class ThresholdTable:
         """The problem's class, else the nearest class of the same dtype, causality and mask kind
         (`ClassKey.distance`), else None."""
         key = class_key(problem, fields=self.class_fields, work_step=self.work_step)
-        if key in self.classes:
-            return self.classes[key]
-        same = [k for k in self.classes if k.base() == key.base()]
-        if not same:
-            return None
-        return self.classes[min(same, key=lambda k: (k.distance(key, work_step=self.work_step), k))]
+        found = self.classes.get(key)
+        if found is not None:
+            return found
+        keys = self.classes.listed() if isinstance(self.classes, LazySection) else self.classes
+        same = sorted((k for k in keys if k.base() == key.base()), key=lambda k: (k.distance(key, work_step=self.work_step), k))
+        return next((found for k in same if (found := self.classes.get(k)) is not None), None)
 
     @property
     def usable_models(self) -> tuple[EmbeddedModel, ...]:
@@ -240,7 +255,7 @@ class ThresholdTable:
             predictions[index, known] = model.seconds_from_features(X[known])
         priced = ~np.isnan(predictions).all(axis=0)
         seconds = np.empty(len(kernel_names))
-        seconds[priced] = np.nanmedian(predictions[:, priced], axis=0)
+        seconds[priced] = _column_medians(predictions[:, priced])
         if not priced.all():
             unknown = np.flatnonzero(~priced)
             seconds[unknown] = self._prior_beside_models([problems[row] for row in unknown],
@@ -327,20 +342,19 @@ class ThresholdTable:
         def scale(entries):
             return tuple((name, seconds * factor) for name, seconds in entries)
 
-        classes = {
-            key: replace(table_class, cells={
+        def scale_class(table_class: TableClass) -> TableClass:
+            return replace(table_class, cells={
                 bucket: replace(
                     cell, ranking=scale(cell.ranking), measured=scale(cell.measured),
                     spread={n: (lo * factor, hi * factor) for n, (lo, hi) in cell.spread.items()},
                 )
                 for bucket, cell in table_class.cells.items()
             })
-            for key, table_class in self.classes.items()
-        }
+
         provenance = replace(self.provenance, notes=(*self.provenance.notes, note))
-        models = tuple(model.scaled(factor) for model in self.models)
-        entries = {key: entry.scaled(factor) for key, entry in self.entries.items()}
-        return replace(self, classes=classes, spec=spec, provenance=provenance, models=models, entries=entries)
+        return replace(self, spec=spec, provenance=provenance, classes=_mapped(self.classes, scale_class),
+                       models=_mapped(self.models, lambda model: model.scaled(factor)),
+                       entries=_mapped(self.entries, lambda entry: entry.scaled(factor)))
 
     def with_entries(self, entries: Iterable[MeasuredEntry]) -> ThresholdTable:
         """A copy holding `entries` too (a key both hold: combined, `models.measured.union`)."""
@@ -359,6 +373,26 @@ class ThresholdTable:
         from attn_dispatch.models.table_schema import table_from_dict
 
         return table_from_dict(data)
+
+
+def _column_medians(values: np.ndarray) -> np.ndarray:
+    """`np.nanmedian(values, axis=0)` for columns holding a number, without importing numpy.ma
+    (~0.1 s on a first call, docs/RESULTS.md#first-call-cpu)."""
+    if len(values) == 1:
+        return values[0]
+    ordered = np.sort(values, axis=0)  # NaN last
+    count = (~np.isnan(values)).sum(axis=0)
+    low, high = (np.take_along_axis(ordered, index[None, :], axis=0)[0] for index in ((count - 1) // 2, count // 2))
+    return (low + high) / 2
+
+
+def _mapped(items, function):
+    """`function` of each value of a mapping or item of a sequence; a lazily read section stays lazy."""
+    if isinstance(items, (LazySection, LazyModels)):
+        return items.mapped(function)
+    if isinstance(items, Mapping):
+        return {key: function(value) for key, value in items.items()}
+    return tuple(map(function, items))
 
 
 def _default_first(ranked: list[tuple[str, float]]) -> list[tuple[str, float]]:

@@ -12,22 +12,22 @@ import numpy as np
 
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models._json_checks import MAX_CANDIDATES
-from attn_dispatch.models.buckets import (
+from attn_dispatch.models.features import feature_matrix
+from attn_dispatch.models.forest import embed
+from attn_dispatch.models.identity import CardSpec, DeviceIdentity
+from attn_dispatch.models.measured import (
     DEFAULT_CLASS_FIELDS,
     WORK_STEP,
     ClassKey,
     bucket_of,
     check_class_fields,
     class_key,
+    entries_from_measurements,
 )
-from attn_dispatch.models.cards import CardSpec
-from attn_dispatch.models.features import feature_matrix
-from attn_dispatch.models.forest import embed
-from attn_dispatch.models.guard import Guard
-from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.measured import entries_from_measurements
 from attn_dispatch.models.measurement import Measurement
-from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.paths import software_versions
+from attn_dispatch.models.priors import kernel_named
+from attn_dispatch.models.quality import Guard
 from attn_dispatch.models.table import (
     EXCLUDING_STATUSES,
     Cell,
@@ -37,7 +37,6 @@ from attn_dispatch.models.table import (
     ThresholdTable,
     thresholds_for,
 )
-from attn_dispatch.models.versions import software_versions
 
 if TYPE_CHECKING:  # the fitted model comes from the caller: building a table never imports scikit-learn here
     from attn_dispatch.models.cost_model import CostModel
@@ -153,12 +152,12 @@ def build_table(
         Unsupported pairs (never run) do not count in the provenance's ``points_measured``.
     kernel_names: the kernels the table may recommend (those calibrated).
     quality: the model's held-out quality (`models.quality.Quality.to_dict`).
-    class_fields, work_step: how finely classes are split (`models.buckets`).
+    class_fields, work_step: how finely classes are split (`models.measured`).
     embed_model: carry the cost model's trees in the table (JSON) so `rank` predicts each exact
         problem; False: the analytic prior ranks what measured entries do not decide.
     measured_entries: keep every measured problem's timings as an exact entry consulted before
         the model (`models.measured`).
-    guard: the quality guard's verdict (`models.guard.decide_verdict`); None: not evaluated.
+    guard: the quality guard's verdict (`models.quality.decide_verdict`); None: not evaluated.
     """
     if not measurements:
         raise ValueError("build_table needs the measurements calibration made; got none (run `attn-dispatch calibrate`)")

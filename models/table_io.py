@@ -4,18 +4,26 @@ Loading reads at most `MAX_TABLE_BYTES`, refuses anything that is not UTF-8 JSON
 payload is named as such), refuses NaN / Infinity and duplicate keys, and validates the result
 (`models.table_schema`). Nothing is ever unpickled or evaluated. Writing validates first, then
 writes a temporary file in the target directory and renames it over the target.
+
+Files are written in a line layout that is still one JSON document: the top-level members other
+than ``classes``, ``models`` and ``measured_entries`` on the first line, then each item of those
+sections on a line of its own (`SECTIONS`). A raw line break is never inside a JSON string, so a
+reader splits such a file into its items without parsing them: a table of this layout is loaded
+with its classes and measured entries unparsed, each validated on first use
+(`models.table_schema.LazySection`). A file of any other layout is parsed and validated whole.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
-from attn_dispatch.models._json_checks import _spec_dict
-from attn_dispatch.models.atomic_files import write_text_atomically
-from attn_dispatch.models.forest_schema import models_to_dict
+from attn_dispatch.models._json_checks import _spec_dict, parse_json
+from attn_dispatch.models.forest import models_to_dict
 from attn_dispatch.models.gc_pause import cyclic_collection_paused
+from attn_dispatch.models.paths import write_text_atomically
 from attn_dispatch.models.table import TABLE_KIND, Cell, ThresholdTable
 from attn_dispatch.models.table_schema import FIX, TableError, entries_to_list, guard_to_dict, table_from_dict
 
@@ -26,25 +34,18 @@ MAX_TABLE_BYTES = 8 * 2**20
 # Pickle streams start with the PROTO opcode (0x80) for protocols 2-5; protocol 0/1 streams
 # start with an opcode letter ('(' , ']', '}', 'c') that is never valid JSON start either.
 _PICKLE_PROTO = b"\x80"
+SECTIONS = ("classes", "models", "measured_entries")
+"""The top-level members written one item a line, in this order."""
+_SECTION_LINE = re.compile(r'\],"(\w+)":\[')
+_FIRST_SECTION = ',"classes":['
 
 
-def _reject_constant(name: str) -> float:
-    raise TableError(f"threshold table holds the non-JSON number {name}; times must be finite numbers; {FIX}")
+def loads_table(raw: bytes, *, source: str = "<bytes>", lazy: bool = False) -> ThresholdTable:
+    """Parse and validate the bytes of a table file; raises `TableError` naming `source`.
 
-
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    """One JSON object as a dict, refusing a key given twice (the dict is built first: a table holds
-    tens of thousands of objects, and building a key list for each doubled the parse)."""
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        keys = [key for key, _ in pairs]
-        duplicate = next(key for key in keys if keys.count(key) > 1)
-        raise TableError(f"threshold table repeats the key {duplicate!r} in one object; {FIX}")
-    return result
-
-
-def loads_table(raw: bytes, *, source: str = "<bytes>") -> ThresholdTable:
-    """Parse and validate the bytes of a table file; raises `TableError` naming `source`."""
+    `lazy`: a file in the line layout keeps its classes, models and measured entries as text, each
+    validated on first use and dropped with a `TableWarning` if malformed (module docstring):
+    for the dispatcher's lookup. Otherwise every field is validated now (import, merge, show)."""
     if len(raw) > MAX_TABLE_BYTES:
         raise TableError(f"{source}: {len(raw)} bytes is over the {MAX_TABLE_BYTES}-byte cap for threshold tables; it is not a table")
     if raw.startswith(_PICKLE_PROTO):
@@ -58,12 +59,39 @@ def loads_table(raw: bytes, *, source: str = "<bytes>") -> ThresholdTable:
     # The parse allocates ~500k acyclic objects, enough to set off full collections over everything
     # the process holds (torch, transformers): the collector is paused meanwhile.
     with cyclic_collection_paused():
-        return _parse(text, source)
+        return _parse(text, source, lazy)
 
 
-def _parse(text: str, source: str) -> ThresholdTable:
+def _line_layout(text: str) -> tuple[str, dict[str, list[str]]] | None:
+    """(the header as a JSON object holding each section empty, each section's item lines) of a
+    file in the line layout (module docstring); None for any other layout."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    if len(lines) < 2 or not lines[0].startswith("{") or not lines[0].endswith(_FIRST_SECTION) or lines[-1] != "]}":
+        return None
+    sections: dict[str, list[str]] = {"classes": []}
+    items = sections["classes"]
+    for line in lines[1:-1]:
+        if line.startswith("],"):
+            match = _SECTION_LINE.fullmatch(line)
+            if match is None or match[1] not in SECTIONS or match[1] in sections:
+                return None
+            items = sections[match[1]] = []
+        else:
+            items.append(line)
+    for name, items in sections.items():
+        if items and (items[-1].endswith(",") or not all(line.endswith(",") for line in items[:-1])):
+            return None  # not one JSON array: the whole parse names the fault
+        sections[name] = [line.removesuffix(",") for line in items]
+    head = lines[0].removesuffix(_FIRST_SECTION) + "".join(f',"{name}":[]' for name in sections) + "}"
+    return head, sections
+
+
+def _parse(text: str, source: str, lazy: bool) -> ThresholdTable:
+    layout = _line_layout(text) if lazy else None
     try:
-        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+        data = parse_json(layout[0] if layout is not None else text)
     except json.JSONDecodeError as error:
         raise TableError(
             f"{source}: truncated or malformed JSON ({error.msg.removesuffix(' at')} at line {error.lineno} column "
@@ -72,25 +100,35 @@ def _parse(text: str, source: str) -> ThresholdTable:
     except RecursionError:
         raise TableError(f"{source}: JSON nested too deeply to be a table; {FIX}") from None
     try:
-        return table_from_dict(data)
+        return table_from_dict(data, sections=layout and layout[1], source=source)
     except TableError as error:
         raise TableError(f"{source}: {error}") from None
 
 
-def load_table(path: str | os.PathLike) -> ThresholdTable:
-    """Read a table file (at most `MAX_TABLE_BYTES` are read)."""
+def load_table(path: str | os.PathLike, *, lazy: bool = False) -> ThresholdTable:
+    """Read a table file (at most `MAX_TABLE_BYTES` are read; `lazy` as in `loads_table`)."""
     path = Path(path)
     try:
         with open(path, "rb") as handle:
             raw = handle.read(MAX_TABLE_BYTES + 1)
     except OSError as error:
         raise TableError(f"{path}: cannot read the table ({error.strerror})") from None
-    return loads_table(raw, source=str(path))
+    return loads_table(raw, source=str(path), lazy=lazy)
 
 
 def _json_text(data: dict) -> str:
-    """Compact JSON (no indentation: a tree's node lists would take a line per number)."""
-    return json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False) + "\n"
+    """Compact JSON in the line layout (module docstring)."""
+    def dumps(value: object) -> str:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+
+    head = dumps({key: value for key, value in data.items() if key not in SECTIONS})
+    lines = [head[:-1] + _FIRST_SECTION]  # a table's header is never empty
+    for name in SECTIONS:
+        if name in data:
+            if name != SECTIONS[0]:
+                lines.append(f'],"{name}":[')
+            lines.append(",\n".join(map(dumps, data[name])))
+    return "\n".join(line for line in lines if line) + "\n]}\n"
 
 
 def table_bytes(table: ThresholdTable) -> int:

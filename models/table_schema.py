@@ -6,10 +6,13 @@ was wrong, and what to do about it. Validation never runs code from the data: ke
 parsed by the registry's grammar, numbers are range-checked, unknown fields are refused.
 
 The ``measured_entries`` and ``guard`` sections are checked here too (`parse_entries`, `parse_guard`).
+A table read in the line layout (`models.table_io`) keeps its classes and measured entries as text
+and validates each on first use (`LazySection`); its header and models are validated on load.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 from attn_dispatch.kernels.problem import ITEMSIZE, MASK_KINDS
@@ -25,6 +28,7 @@ from attn_dispatch.models._json_checks import (
     MAX_SECONDS,
     MAX_SIZE,
     MIN_SECONDS,
+    LazySection,
     TableError,
     _bool,
     _candidates,
@@ -38,12 +42,19 @@ from attn_dispatch.models._json_checks import (
     _seconds,
     _spec,
     _str,
+    parse_json,
 )
-from attn_dispatch.models.buckets import OPTIONAL_FIELDS, ClassKey
-from attn_dispatch.models.forest_schema import parse_models
-from attn_dispatch.models.guard import VERDICTS, Guard
+from attn_dispatch.models.forest import LazyModels, parse_models
 from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.measured import KEY_FIELDS, SOURCES, MeasuredEntry, MeasuredTime
+from attn_dispatch.models.measured import (
+    KEY_FIELDS,
+    OPTIONAL_FIELDS,
+    SOURCES,
+    ClassKey,
+    MeasuredEntry,
+    MeasuredTime,
+)
+from attn_dispatch.models.quality import VERDICTS, Guard
 from attn_dispatch.models.table import (
     EXCLUDING_STATUSES,
     FORMAT_VERSION,
@@ -166,9 +177,10 @@ def _threshold(value: object, path: str) -> Threshold:
     )
 
 
-def _class(value: object, path: str, fields: tuple[str, ...]) -> TableClass:
-    data = _obj(value, path, ("dtype", "causal", "mask_kind", "head_dim", "gqa_ratio", "work_log2", "template", "cells"),
-                ("thresholds",))
+CLASS_KEY_FIELDS = ("dtype", "causal", "mask_kind", "head_dim", "gqa_ratio", "work_log2")
+
+
+def _class_key(data: dict, path: str, fields: tuple[str, ...]) -> ClassKey:
     key = ClassKey(
         dtype=_str(data["dtype"], f"{path}.dtype", tuple(ITEMSIZE)),
         causal=_bool(data["causal"], f"{path}.causal"),
@@ -181,6 +193,12 @@ def _class(value: object, path: str, fields: tuple[str, ...]) -> TableClass:
         split = field_name in fields
         if split != bool(getattr(key, name)) and not (name == "work_log2" and split):
             raise _fail(f"{path}.{name}", f"must be {'a positive value' if split else '0'} since class_fields is {list(fields)}")
+    return key
+
+
+def _class(value: object, path: str, fields: tuple[str, ...]) -> TableClass:
+    data = _obj(value, path, (*CLASS_KEY_FIELDS, "template", "cells"), ("thresholds",))
+    key = _class_key(data, path, fields)
     names = ("batch", "q_heads", "kv_heads", "head_dim", "value_dim")
     t = _obj(data["template"], f"{path}.template", names)
     template = Template(*(_int(t[name], f"{path}.template.{name}", 1, MAX_SIZE) for name in names))
@@ -199,8 +217,12 @@ def _class(value: object, path: str, fields: tuple[str, ...]) -> TableClass:
     return TableClass(key=key, template=template, cells=cells, thresholds=thresholds)
 
 
-def table_from_dict(data: object) -> ThresholdTable:
-    """Validate parsed JSON (`json.loads` output) and build the table; raises `TableError`."""
+def table_from_dict(data: object, *, sections: dict[str, list[str]] | None = None, source: str = "") -> ThresholdTable:
+    """Validate parsed JSON (`json.loads` output) and build the table; raises `TableError`.
+
+    `sections`: the items of ``classes``, ``models`` and ``measured_entries`` as JSON text, one
+    string each, for `data` that holds them empty (`models.table_io`'s line layout): the models are
+    validated now, the classes and entries on first use (`LazySection`, warnings naming `source`)."""
     if not isinstance(data, dict):
         raise TableError(f"a threshold table must be a JSON object, got {type(data).__name__}; {FIX}")
     # No "kind" but a format_version may be a table of another format: the version check names it.
@@ -218,18 +240,73 @@ def table_from_dict(data: object) -> ThresholdTable:
                    for i, v in enumerate(_list(data["class_fields"], "class_fields", len(OPTIONAL_FIELDS))))
     if len(set(fields)) != len(fields):
         raise _fail("class_fields", "lists a field twice")
+    header = dict(
+        provenance=_provenance(data["provenance"]), spec=_spec(data["spec"]), quality=_quality(data["quality"]),
+        class_fields=fields, work_step=_int(data["work_step"], "work_step", 0, 8),
+        guard=parse_guard(data["guard"]) if "guard" in data else None, format_version=FORMAT_VERSION,
+    )
+    if sections is not None:
+        return ThresholdTable(**header, models=LazyModels(sections.get("models", []), source=source),
+                              classes=_lazy_classes(sections.get("classes", []), fields, source),
+                              entries=_lazy_entries(sections.get("measured_entries", []), source))
     classes = {}
     for i, raw in enumerate(_list(data["classes"], "classes", MAX_CLASSES)):
         table_class = _class(raw, f"classes[{i}]", fields)
         if table_class.key in classes:
             raise _fail(f"classes[{i}]", "repeats the class of an earlier entry")
         classes[table_class.key] = table_class
-    return ThresholdTable(
-        provenance=_provenance(data["provenance"]), spec=_spec(data["spec"]), quality=_quality(data["quality"]),
-        classes=classes, class_fields=fields, work_step=_int(data["work_step"], "work_step", 0, 8),
-        models=parse_models(data["models"]), entries=parse_entries(data.get("measured_entries", [])),
-        guard=parse_guard(data["guard"]) if "guard" in data else None, format_version=FORMAT_VERSION,
-    )
+    return ThresholdTable(**header, classes=classes, models=parse_models(data["models"]),
+                          entries=parse_entries(data.get("measured_entries", [])))
+
+
+def _lazy_classes(lines: list[str], fields: tuple[str, ...], source: str) -> LazySection:
+    """The classes by key, read now from each line's start (`CLASS_KEY_FIELDS` come first as
+    `table_io` writes them; a line written otherwise is validated whole now)."""
+    pending: dict[ClassKey, tuple[int, str]] = {}
+    for i, line in enumerate(_list(lines, "classes", MAX_CLASSES)):
+        path = f"classes[{i}]"
+        end = line.find(',"template":')
+        try:
+            head = _obj(parse_json(line[:end] + "}"), path, CLASS_KEY_FIELDS) if end > 0 else None
+        except (json.JSONDecodeError, RecursionError, TableError):
+            head = None
+        key = _class_key(head, path, fields) if head is not None else _class(parse_json_at(line, path), path, fields).key
+        if key in pending:
+            raise _fail(path, "repeats the class of an earlier entry")
+        pending[key] = (i, line)
+
+    def build(value: object, path: str) -> tuple[ClassKey, TableClass]:
+        table_class = _class(value, path, fields)
+        return table_class.key, table_class
+
+    return LazySection(pending, build, path="classes", source=source)
+
+
+_ENTRY_START = '{"key":{'
+
+
+def entry_key_text(key: tuple) -> str:
+    """A measured entry's key as `table_io` writes it: the index of a lazily read entry."""
+    return json.dumps(dict(zip(KEY_FIELDS, key, strict=True)), separators=(",", ":"), ensure_ascii=False)
+
+
+def _lazy_entries(lines: list[str], source: str) -> LazySection:
+    """The measured entries indexed by their key's text (``key`` comes first as `table_io` writes
+    it, and holds no nested object: it ends at the first ``}``). An entry written otherwise can be
+    no lookup's: it is dropped with a warning when the entries are listed."""
+    pending: dict[object, tuple[int, str]] = {}
+    for i, line in enumerate(_list(lines, "measured_entries", MAX_ENTRIES)):
+        end = line.find("}") if line.startswith(_ENTRY_START) else -1
+        index = line[len(_ENTRY_START) - 1:end + 1] if end > 0 else ("unindexed", i)
+        if index in pending:
+            raise _fail(f"measured_entries[{i}]", "repeats the key of an earlier entry (merge them)")
+        pending[index] = (i, line)
+
+    def build(value: object, path: str) -> tuple[tuple, MeasuredEntry]:
+        entry = _entry(value, path)
+        return entry.key, entry
+
+    return LazySection(pending, build, path="measured_entries", source=source, index=entry_key_text)
 
 
 MAX_ENTRIES = 20000

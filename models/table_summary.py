@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from attn_dispatch.kernels.accuracy import is_lossless
 from attn_dispatch.kernels.convert import ConvertKernel
 from attn_dispatch.models.identity import torch_threads
-from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.priors import kernel_named
 from attn_dispatch.models.table import ThresholdTable, thresholds_for
 
 GIB = 2**30

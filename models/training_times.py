@@ -8,7 +8,7 @@ Format (``format_version`` 1)::
                   "seconds": 0.0123, "peak_bytes": 123456}]}
 
 An entry serves every problem of its class and length bucket (`profile_key`: dtype, causality,
-mask kind, head dim, GQA ratio, work size and log2 length buckets, `models.buckets`) on a device
+mask kind, head dim, GQA ratio, work size and log2 length buckets, `models.measured`) on a device
 with the same label (`device_label`). The profile is found
 through ``ATTN_DISPATCH_TRAINING_PROFILE`` (a path), else at ``<home>/training_profile.json``
 (`default_profile_path`: where ``attn-dispatch calibrate --training`` writes it). A missing, corrupt or foreign profile is a
@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.models.buckets import OPTIONAL_FIELDS, bucket_of, class_key
 from attn_dispatch.models.environment import TRAINING_PROFILE
+from attn_dispatch.models.measured import OPTIONAL_FIELDS, bucket_of, class_key
 from attn_dispatch.models.paths import home
 
 PROFILE_FILE = "training_profile.json"

@@ -28,14 +28,14 @@ from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
 from attn_dispatch.kernels.triton_flash import TritonFlashKernel
-from attn_dispatch.models._blocks_cost import visited_fraction
-from attn_dispatch.models.cards import GFX906_BANDWIDTH, CardSpec
+from attn_dispatch.models.identity import GFX906_BANDWIDTH, CardSpec
 from attn_dispatch.models.rates import (
     BANDWIDTH_EFFICIENCY,
     FUSED_EFFICIENCY,
     MATMUL_EFFICIENCY,
     SOFTMAX_FLOPS_PER_ELEMENT,
     Rates,
+    visited_fraction,
 )
 
 PACKED_HALF_PER_FP32 = 2.0
@@ -86,7 +86,7 @@ def has_matrix_cores(spec: CardSpec) -> bool:
 
 
 def is_gfx906_class(spec: CardSpec) -> bool:
-    """A card without matrix cores whose memory is gfx906's HBM2 (`models.cards`): its measured
+    """A card without matrix cores whose memory is gfx906's HBM2 (`models.identity`): its measured
     bandwidth fraction applies."""
     return not has_matrix_cores(spec) and spec.bandwidth == GFX906_BANDWIDTH
 

@@ -17,12 +17,12 @@ FIRST_CALL = """
 import json, sys
 import torch
 import attn_dispatch as ad
-from attn_dispatch.models import _cpu_probe
+from attn_dispatch.models import probe_store
 
 q = torch.randn(1, 2, 16, 8)
 ad.attention(q, q, q, is_causal=True)
-state = {"dynamo": "torch._dynamo" in sys.modules, "probed": bool(_cpu_probe._measured),
-         "probe_waits": bool(_cpu_probe._waiting)}
+state = {"dynamo": "torch._dynamo" in sys.modules, "probed": bool(probe_store._measured),
+         "probe_waits": bool(probe_store._waiting)}
 compiled = torch.compile(lambda q: ad.attention(q, q, q, is_causal=True), backend="eager", fullgraph=True)
 state["compiled_matches"] = bool(torch.allclose(compiled(q), torch.nn.functional.scaled_dot_product_attention(
     q, q, q, is_causal=True), atol=1e-5))

@@ -33,7 +33,7 @@ PROBE = textwrap.dedent(
     import attn_dispatch as ad
     from attn_dispatch.models.features import FEATURE_NAMES
     from attn_dispatch.kernels import kernel_from_name
-    import attn_dispatch.calibration.space, attn_dispatch.dispatcher.cli
+    import attn_dispatch.calibration.plan, attn_dispatch.dispatcher.cli
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 33, 16) for _ in range(3))

@@ -4,6 +4,7 @@ check of ``--device`` / ``--devices``, made once before any command runs."""
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 
@@ -64,6 +65,18 @@ def check_devices(args: argparse.Namespace) -> None:
     for text in (getattr(args, "devices", None) or "").split(","):
         if text.strip():
             resolve_device(text.strip())
+
+
+def check_folder(path: str, argument: str, command: str) -> None:
+    """`path`'s folder must exist: like `cp` or `curl -o`, `command` creates no folders (a typo in a
+    path would otherwise leave a new folder tree behind); a `CommandError` naming `argument` and the fix."""
+    folder = Path(path).parent
+    if folder.is_dir():
+        return
+    if folder.exists():
+        raise CommandError(f"{argument} {path}: {folder} is not a folder: give {argument} in a folder that exists")
+    raise CommandError(f"{argument} {path}: its folder {folder} does not exist ({command} creates no folders): create "
+                       f"it first (mkdir -p {shlex.quote(str(folder))}) or give {argument} in a folder that exists")
 
 
 def what_is_stored(target: Path) -> tuple[object | None, str | None]:

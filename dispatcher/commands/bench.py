@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from attn_dispatch.dispatcher.commands._common import CommandError, one_line, resolve_device
+from attn_dispatch.dispatcher.commands._common import CommandError, check_folder, one_line, resolve_device
 
 NAME = "bench"
 HELP = "time the dispatcher against PyTorch's default, math and every kernel on prefill/fill/decode/video shapes"
@@ -95,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
     from attn_dispatch.dispatcher.memory import parse_memory_size
     from attn_dispatch.kernels import AccuracyPolicy
 
+    for argument, path in (("--json", args.json), ("--md", args.md)):
+        if path:
+            check_folder(path, argument, "bench")
     try:
         device = resolve_device(args.device)
         size = default_size(device.type) if args.size == "auto" else args.size

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 from pathlib import Path
 
-from attn_dispatch.dispatcher.commands._common import CommandError, one_line
+from attn_dispatch.dispatcher.commands._common import CommandError, check_folder, one_line
 from attn_dispatch.dispatcher.commands.show import resolve_table
 
 NAME = "export"
@@ -31,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def describe(table) -> str:
     """One line: card, stack, date, points, classes, what ranks kernels outside measured buckets."""
-    from attn_dispatch.models.guard import VERDICT_WORDS
+    from attn_dispatch.models.quality import VERDICT_WORDS
 
     p = table.provenance
     merged = f", merged from {len(p.identities)} cards" if p.merged_from else ""
@@ -48,22 +47,10 @@ def with_remembered_tunings(table):
     return table.with_entries(tuning_entries(tunings_dir(), table.identity.key))
 
 
-def check_out_folder(out: str) -> None:
-    """OUT's folder must exist: like `cp` or `curl -o`, export creates no folders (a typo in a path
-    would otherwise leave a new folder tree behind); a `CommandError` naming OUT and the fix."""
-    folder = Path(out).parent
-    if folder.is_dir():
-        return
-    if folder.exists():
-        raise CommandError(f"OUT {out}: {folder} is not a folder: give OUT in a folder that exists")
-    raise CommandError(f"OUT {out}: its folder {folder} does not exist (export creates no folders): create it "
-                       f"first (mkdir -p {shlex.quote(str(folder))}) or give OUT in a folder that exists")
-
-
 def run(args: argparse.Namespace) -> int:
     from attn_dispatch.models import TableError, export_table
 
-    check_out_folder(args.out)
+    check_folder(args.out, "OUT", "export")
     table, source = resolve_table(args.table, args.device, "export")
     if args.table is None and "family match" in source:
         raise CommandError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from attn_dispatch.dispatcher.commands._common import resolve_device
+from attn_dispatch.dispatcher.commands._common import check_folder, resolve_device
 
 NAME = "kernels"
 HELP = "list every kernel, whether it supports this device, and its time on a few shapes"
@@ -24,9 +24,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attn_dispatch.calibration.kernel_bench import SELF_CHECK_SHAPES, run_kernel_table
+    from attn_dispatch.calibration.measure import SELF_CHECK_SHAPES, run_kernel_table
     from attn_dispatch.calibration.noise import MachineWatch
 
+    if args.json:
+        check_folder(args.json, "--json", "kernels")
     device = resolve_device(args.device)
     with MachineWatch(device) as watch:  # the reference probe before and after: was the machine busy?
         table, records = run_kernel_table(device, SELF_CHECK_SHAPES)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attn_dispatch.dispatcher.commands._common import CommandError, one_line, what_is_stored
+from attn_dispatch.dispatcher.commands._common import CommandError, check_folder, one_line, what_is_stored
 from attn_dispatch.dispatcher.commands.export import describe
 
 NAME = "merge"
@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
     if len(args.files) < 2:
         raise CommandError("give at least two table files to merge")
+    if args.out:
+        check_folder(args.out, "--out", "merge")
     try:
         tables = [load_table(path) for path in args.files]
         _refuse_repeats(args.files, tables)

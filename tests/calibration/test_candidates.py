@@ -11,8 +11,7 @@ from attn_dispatch.calibration.measure import measure
 from attn_dispatch.calibration.timer import QUICK
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.registry import portable_kernels, serving
-from attn_dispatch.models.cards import spec_for
-from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.identity import DeviceIdentity, spec_for
 from tests.calibration.helpers import problem
 
 LOSSY = "convert[fp32->bf16]+chunked[q=512,kv=4096]"

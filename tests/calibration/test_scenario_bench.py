@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from attn_dispatch.calibration.noise import BUSY_CPU_SHARE, MachineState, Noise
+from attn_dispatch.calibration.plan import FULL_GPU, sample_problems
 from attn_dispatch.calibration.scenario_bench import (
     EXTRA_SCENARIOS,
     SCENARIOS,
@@ -25,7 +26,6 @@ from attn_dispatch.calibration.scenario_bench import (
     summarise,
     verdict,
 )
-from attn_dispatch.calibration.space import FULL_GPU, sample_problems
 from attn_dispatch.kernels import Problem
 from attn_dispatch.kernels.problem import Problem
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from attn_dispatch.calibration.space import FULL_GPU, QUICK_CPU, fit_problem, sample_problems
+from attn_dispatch.calibration.plan import FULL_GPU, QUICK_CPU, fit_problem, sample_problems
 from tests.calibration.helpers import problem
 
 GIB = 2**30

@@ -10,14 +10,9 @@ import pytest
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch.calibration.plan import WORKLOAD_FORMAT, for_device, read_workload
 from attn_dispatch.calibration.session import calibrate
-from attn_dispatch.calibration.workload import WORKLOAD_FORMAT, for_device, read_workload
-from attn_dispatch.dispatcher.recording import (
-    FORMAT,
-    WorkloadRecorder,
-    record_problem,
-    workload_bucket,
-)
+from attn_dispatch.dispatcher.recording import FORMAT, WorkloadRecorder, record_problem, workload_bucket
 from attn_dispatch.kernels.chunked import ChunkedKernel
 from attn_dispatch.kernels.math_kernel import MathKernel
 from attn_dispatch.models.environment import RECORD

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC
-from attn_dispatch.models.buckets import ClassKey
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.measured import ClassKey
+from attn_dispatch.models.probe_store import FALLBACK_CPU_SPEC
 from attn_dispatch.models.table import Cell, Provenance, TableClass, Template, ThresholdTable, thresholds_for
 
 # The representative problem of every tiny class: small enough that each kernel runs in

@@ -150,11 +150,11 @@ def test_bench_says_a_busy_machine_and_ends_with_a_verdict(cli, monkeypatch):
 
 
 def test_kernels_says_a_busy_machine(cli, monkeypatch, tmp_path):
-    from attn_dispatch.calibration import kernel_bench
+    from attn_dispatch.calibration import measure
 
     record = {"suite": "decode", "shape": "decode B1", "kernel": "math", "status": "ok", "median_s": 1e-3,
               "iqr_s": 1e-4, "peak_bytes": None, "rel_error": 1e-7, "reason": ""}
-    monkeypatch.setattr(kernel_bench, "run_kernel_table", lambda device, shapes: ("| table |", [record]))
+    monkeypatch.setattr(measure, "run_kernel_table", lambda device, shapes: ("| table |", [record]))
     monkeypatch.setattr(noise_module, "probe_noise", lambda device: STARVED)
     code, out, _ = cli("kernels", "--device", "cpu", "--json", tmp_path / "k.json")
     assert code == 0 and "Machine: busy before and after timing (" in out

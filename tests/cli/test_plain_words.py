@@ -13,8 +13,8 @@ from attn_dispatch.calibration.finish import TOO_BUSY_SCORES, fit_and_write
 from attn_dispatch.calibration.session import too_busy_stored
 from attn_dispatch.dispatcher.cli import build_parser
 from attn_dispatch.models import store_table
-from attn_dispatch.models.guard import Guard
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.quality import Guard
 from tests.cli.tables import honest_table
 from tests.models.synthetic import synthetic_measurements
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from attn_dispatch.dispatcher.commands.export import describe
 from attn_dispatch.models import load_table, save_table, store_table
 from attn_dispatch.models.sharing import stored_path
@@ -36,6 +38,18 @@ def test_export_creates_no_folders_and_says_how(cli, tmp_path):
     blocker.write_text("")
     code, _, err = cli("export", blocker / "mine.json")
     assert code == 2 and f"{blocker} is not a folder" in err and blocker.read_text() == ""
+
+
+@pytest.mark.parametrize("command", ["merge", "bench", "kernels"])
+def test_merge_bench_and_kernels_create_no_folders_either(cli, tmp_path, command):
+    """`merge --out`, `bench --json` and `kernels --json` refuse a missing folder up front, as export does."""
+    out_path = tmp_path / "typo" / "out.json"
+    tables = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]  # refused before they are read
+    argument = "--out" if command == "merge" else "--json"
+    code, out, err = cli(command, *(tables if command == "merge" else []), argument, out_path)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert f"{argument} {out_path}: its folder {out_path.parent} does not exist ({command} creates no folders)" in err
+    assert f"mkdir -p {out_path.parent}" in err and not (tmp_path / "typo").exists()
 
 
 def test_export_without_a_table_fails_clearly(cli, tmp_path):

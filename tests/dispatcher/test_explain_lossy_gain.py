@@ -10,7 +10,7 @@ import torch
 from attn_dispatch.dispatcher import Dispatcher
 from attn_dispatch.dispatcher.lossy_gain import lossy_gain_note
 from attn_dispatch.kernels import AccuracyPolicy, Problem
-from attn_dispatch.models.cards import H200
+from attn_dispatch.models.identity import H200
 from tests.dispatcher.helpers import fake_gfx906
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="fakes a gfx906 card: off any real GPU only")

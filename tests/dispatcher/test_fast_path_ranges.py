@@ -11,7 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attn_dispatch.dispatcher import Dispatcher, fast_path
 from attn_dispatch.dispatcher.length_range import bucket_key_lengths, served_key_lengths
-from attn_dispatch.models.cold_shape_store import kind_of
+from attn_dispatch.models.probe_store import kind_of
 from tests.dispatcher.test_fast_path import SDPA, WARM_CALLS, built, served, warm  # noqa: F401 - `built`: a fixture
 
 CACHE = 80  # positions of the preallocated cache the decode tests slice

@@ -83,7 +83,7 @@ def test_reset_picks_up_a_new_table(monkeypatch, tmp_path, cpu_table):
 def test_a_table_whose_model_lost_says_so_in_explain_and_its_default_serves(monkeypatch, tmp_path, cpu_table):
     from dataclasses import replace
 
-    from attn_dispatch.models.guard import Guard
+    from attn_dispatch.models.quality import Guard
 
     identity, table = cpu_table
     home = _home(monkeypatch, tmp_path)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_dispatch.calibration.peak_memory import measure_peak_bytes
+from attn_dispatch.calibration.measure import measure_peak_bytes
 from attn_dispatch.kernels import ChunkedKernel, reference_attention, relative_errors
 from attn_dispatch.kernels.tolerances import Tolerance
 from tests.kernels.cases import Case

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_dispatch.calibration.peak_memory import StoragePeakTracker
+from attn_dispatch.calibration.measure import StoragePeakTracker
 from attn_dispatch.kernels import Problem
 from attn_dispatch.kernels._float_mask import (
     FUSED_PENALTY_FLOOR,

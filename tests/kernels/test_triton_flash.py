@@ -14,18 +14,18 @@ import pytest
 import torch
 from torch.nn.attention.bias import causal_lower_right
 
-from attn_dispatch.calibration.peak_memory import measure_peak_bytes
+from attn_dispatch.calibration.measure import measure_peak_bytes
 from attn_dispatch.kernels import (
     MathKernel,
     Problem,
     TritonFlashKernel,
+    _triton_flash_config as flash_config,
+    _triton_support as support,
     kernel_from_name,
     portable_kernels,
     reference_attention,
     relative_errors,
 )
-from attn_dispatch.kernels import _triton_flash_config as flash_config
-from attn_dispatch.kernels import _triton_support as support
 from attn_dispatch.kernels.registry import interpreted
 from attn_dispatch.kernels.tolerances import Tolerance
 from tests.kernels.cases import LARGE_MAGNITUDE, Case

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_dispatch.calibration.peak_memory import StoragePeakTracker, measure_peak_bytes
+from attn_dispatch.calibration.measure import StoragePeakTracker, measure_peak_bytes
 from attn_dispatch.kernels import ChunkedKernel, Problem, kernel_from_name
 from tests.kernels.cases import Case
 from tests.kernels.contract import TEST_DEVICE, problem_of, runnable_kernel

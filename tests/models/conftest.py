@@ -6,9 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from attn_dispatch.models.cards import MI50_32GB
 from attn_dispatch.models.fit import fit_and_build
-from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.identity import MI50_32GB, DeviceIdentity
 from tests.models.synthetic import SYNTHETIC_KERNELS, synthetic_measurements
 
 GIB = 2**30
@@ -49,7 +48,7 @@ def mi50_table():
 @pytest.fixture(scope="session")
 def cpu_fit():
     """(table, model, quality, measurements) fitted on a synthetic CPU data set."""
-    from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC
+    from attn_dispatch.models.probe_store import FALLBACK_CPU_SPEC
 
     points = synthetic_measurements(60, seed=5)
     table, model, quality = fit_and_build(points, DeviceIdentity.cpu(), kernel_names=SYNTHETIC_KERNELS,

@@ -11,10 +11,9 @@ from types import MappingProxyType
 import numpy as np
 
 from attn_dispatch.kernels import Problem
-from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC
 from attn_dispatch.models.measurement import Measurement
-from attn_dispatch.models.priors import prior_seconds
-from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.priors import kernel_named, prior_seconds
+from attn_dispatch.models.probe_store import FALLBACK_CPU_SPEC
 
 SYNTHETIC_KERNELS = (
     "math", "chunked[q=64,kv=512]", "chunked[q=256,kv=2048]", "chunked[q=1024,kv=8192]",

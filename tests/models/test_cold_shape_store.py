@@ -10,16 +10,16 @@ import torch
 
 from attn_dispatch.calibration.cold_shape import measure
 from attn_dispatch.kernels import Problem, kernel_from_name
-from attn_dispatch.models import cold_shape_store
-from attn_dispatch.models.cold_shape_store import load_cold_costs, save_cold_costs
+from attn_dispatch.models import probe_store
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.probe_store import load_cold_costs, save_cold_costs
 
 CARD = DeviceIdentity("cuda", "NVIDIA H200", "NVIDIA", "sm_90", 132, 140 * 2**30, torch_version="2.11.0")
 OTHER_STACK = DeviceIdentity("cuda", "NVIDIA H200", "NVIDIA", "sm_90", 132, 140 * 2**30, torch_version="2.12.0")
 
 
 def test_stored_costs_are_found_for_the_device_and_its_card_model(tmp_path, monkeypatch):
-    monkeypatch.setattr(cold_shape_store, "BUNDLED_DIR", tmp_path / "none")
+    monkeypatch.setattr(probe_store, "BUNDLED_DIR", tmp_path / "none")
     save_cold_costs(CARD, {"sdpa_default": {"decode": 0.008, "prefill": 0.06}}, measured="2026-12-01", conditions={},
                     home=tmp_path)
     assert load_cold_costs(CARD, home=tmp_path) == {"sdpa_default": {"decode": 0.008, "prefill": 0.06}}
@@ -29,8 +29,8 @@ def test_stored_costs_are_found_for_the_device_and_its_card_model(tmp_path, monk
 def test_shipped_costs_serve_last_and_damaged_files_are_skipped(tmp_path, monkeypatch):
     bundled = tmp_path / "bundled"
     bundled.mkdir()
-    monkeypatch.setattr(cold_shape_store, "BUNDLED_DIR", bundled)
-    from attn_dispatch.models._card_names import slug
+    monkeypatch.setattr(probe_store, "BUNDLED_DIR", bundled)
+    from attn_dispatch.models.identity import slug
 
     (bundled / f"{slug(CARD.model_key)}.json").write_text(json.dumps(
         {"format": 1, "model_key": CARD.model_key, "seconds": {"sdpa_cudnn": {"decode": 0.01}}}))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from attn_dispatch.kernels import Problem, all_kernels
-from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC
 from attn_dispatch.models.features import FEATURE_NAMES, PRIOR_COLUMN, feature_matrix
+from attn_dispatch.models.probe_store import FALLBACK_CPU_SPEC
 
 
 def test_shape_names_and_finiteness():

@@ -7,10 +7,10 @@ import math
 import pytest
 
 from attn_dispatch.kernels import all_kernels
-from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC
 from attn_dispatch.models.fit import fit_and_build
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.probe_store import FALLBACK_CPU_SPEC
 from attn_dispatch.models.table_io import dumps_table, loads_table
 from tests.models.synthetic import SYNTHETIC_KERNELS, synthetic_measurements
 
@@ -58,7 +58,7 @@ def test_no_usable_point_is_a_clear_error():
 def test_a_kernel_measured_inaccurate_is_not_recommended_in_its_bucket():
     from dataclasses import replace
 
-    from attn_dispatch.models.ranking import kernel_named
+    from attn_dispatch.models.priors import kernel_named
 
     points = synthetic_measurements(8, seed=4)
     bad = points[0]

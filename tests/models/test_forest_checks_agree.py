@@ -1,4 +1,4 @@
-"""The vectorised forest check (`forest_schema._trees_valid`, the fast path of a table load) never
+"""The vectorised forest check (`forest._trees_valid`, the fast path of a table load) never
 accepts a tree that the node-by-node check (`_tree`) rejects, on crafted trees: floats where ints
 are required, bools where ints are, NaN and infinite numbers, children pointing backwards, and
 integers too large for float64 or just past a bound (where a float64 conversion rounds onto it)."""
@@ -9,7 +9,7 @@ import copy
 
 import pytest
 
-from attn_dispatch.models.forest_schema import MAX_THRESHOLD, _tree, _trees_valid
+from attn_dispatch.models.forest import MAX_THRESHOLD, _tree, _trees_valid
 from attn_dispatch.models.table_schema import TableError
 
 STUMP = {  # node 0 splits feature 0 at 0.5 into leaves 1 and 2

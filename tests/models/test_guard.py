@@ -13,16 +13,14 @@ import numpy as np
 import pytest
 
 from attn_dispatch.kernels import Problem
-from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC
 from attn_dispatch.models.dataset import training_set
 from attn_dispatch.models.fit import fit_and_build
-from attn_dispatch.models.guard import Guard, decide_verdict
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measured import DEFAULT_KERNEL
 from attn_dispatch.models.measurement import Measurement
-from attn_dispatch.models.priors import PriorRanker
-from attn_dispatch.models.quality import ChoiceQuality, split_by_problem
-from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.priors import PriorRanker, kernel_named
+from attn_dispatch.models.probe_store import FALLBACK_CPU_SPEC
+from attn_dispatch.models.quality import ChoiceQuality, Guard, decide_verdict, split_by_problem
 
 DATA = Path(__file__).resolve().parent / "data" / "cpu_measurements.jsonl.gz"
 # Each time multiplied by exp(N(0, 0.7)): a factor of 2 either way is common, as on a machine

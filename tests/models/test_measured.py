@@ -24,7 +24,7 @@ from attn_dispatch.models.measured import (
 )
 from attn_dispatch.models.measurement import Measurement
 from attn_dispatch.models.merge import merge_tables
-from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.priors import kernel_named
 from attn_dispatch.models.sharing import export_table, import_table, lookup_table
 from attn_dispatch.models.table_io import load_table, loads_table, save_table, table_to_dict
 from attn_dispatch.models.table_schema import TableError
@@ -107,7 +107,7 @@ def test_merge_of_one_card_unions_entries_and_resolves_conflicts(mi50_table, tmp
 
 
 def test_export_and_import_carry_entries_and_the_guard(mi50_table, tmp_path, monkeypatch):
-    from attn_dispatch.models.guard import Guard
+    from attn_dispatch.models.quality import Guard
 
     monkeypatch.setattr(sharing, "BUNDLED_TABLES_DIR", tmp_path / "bundled")
     entry = _entry(_time("math", 1e-3), _time(DEFAULT_KERNEL, 2e-3), problem=replace(PROBLEM, device_type="cuda"))

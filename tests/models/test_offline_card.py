@@ -10,7 +10,7 @@ from attn_dispatch.kernels.sdpa_backends import FORCED_BACKENDS
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 from attn_dispatch.kernels.sdpa_probe import assume_backends_available, default_backend_choice
 from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.ranking import kernel_named
+from attn_dispatch.models.priors import kernel_named
 from bench.offline_card import H200_TORCH_2_11, offline_card_for
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="off the card only: a GPU answers for itself")

@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from attn_dispatch.models.cost_model import CostModel
-from attn_dispatch.models.persist import ModelVersionError, load_model, model_path, save_model
+from attn_dispatch.models.cost_model import CostModel, ModelVersionError, load_model, model_path, save_model
 from tests.models.conftest import fake_identity
 
 

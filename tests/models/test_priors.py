@@ -7,11 +7,18 @@ import math
 import pytest
 
 from attn_dispatch.kernels import Problem, all_kernels, kernel_from_name, portable_kernels
-from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC, probe_cpu_spec
-from attn_dispatch.models.cards import H200, KNOWN_CARDS, MI50_16GB, MI50_32GB, MI60, RADEON_VII, spec_for
-from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.priors import PriorRanker, prior_seconds, roofline_seconds
-from attn_dispatch.models.ranking import Ranker
+from attn_dispatch.models.identity import (
+    H200,
+    KNOWN_CARDS,
+    MI50_16GB,
+    MI50_32GB,
+    MI60,
+    RADEON_VII,
+    DeviceIdentity,
+    spec_for,
+)
+from attn_dispatch.models.priors import PriorRanker, Ranker, prior_seconds, roofline_seconds
+from attn_dispatch.models.probe_store import FALLBACK_CPU_SPEC, probe_cpu_spec
 from tests.models.conftest import fake_identity
 
 

@@ -11,8 +11,8 @@ import torch
 from attn_dispatch.dispatcher import device_planner as probe_cache
 from attn_dispatch.kernels import sdpa_probe
 from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.priors import kernel_named
 from attn_dispatch.models.probe_store import load_passed, probe_file, save_passed
-from attn_dispatch.models.ranking import kernel_named
 
 CARD = DeviceIdentity("cuda", "NVIDIA H200", "NVIDIA", "sm_90", 132, 140 * 2**30, torch_version="2.11.0")
 OTHER_STACK = DeviceIdentity("cuda", "NVIDIA H200", "NVIDIA", "sm_90", 132, 140 * 2**30, torch_version="2.12.0")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import training_set
+from attn_dispatch.models.probe_store import FALLBACK_CPU_SPEC
 from attn_dispatch.models.quality import choice_quality, holdout_quality, split_by_problem
 from tests.models.synthetic import synthetic_measurements, true_seconds
 

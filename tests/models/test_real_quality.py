@@ -12,12 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn_dispatch.models._cpu_probe import FALLBACK_CPU_SPEC
-from attn_dispatch.models.cards import spec_for
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import training_set
-from attn_dispatch.models.identity import DeviceIdentity
+from attn_dispatch.models.identity import DeviceIdentity, spec_for
 from attn_dispatch.models.measurement import Measurement
+from attn_dispatch.models.probe_store import FALLBACK_CPU_SPEC
 from attn_dispatch.models.quality import choice_quality, holdout_quality, split_by_problem
 
 DATA = Path(__file__).resolve().parent / "data"

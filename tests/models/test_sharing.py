@@ -11,7 +11,7 @@ import pytest
 
 from attn_dispatch.kernels import Problem, all_kernels, kernel_from_name
 from attn_dispatch.models import sharing
-from attn_dispatch.models.cards import MI50_32GB, MI60, RADEON_VII
+from attn_dispatch.models.identity import MI50_32GB, MI60, RADEON_VII
 from attn_dispatch.models.merge import card_scale, merge_tables
 from attn_dispatch.models.sharing import (
     TableWarning,

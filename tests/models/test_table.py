@@ -7,9 +7,8 @@ import re
 from dataclasses import replace
 
 from attn_dispatch.kernels import Kernel, Problem, all_kernels, kernel_from_name
-from attn_dispatch.models.buckets import bucket_of, class_key, length_bucket
-from attn_dispatch.models.priors import PriorRanker
-from attn_dispatch.models.ranking import Ranker
+from attn_dispatch.models.measured import bucket_of, class_key, length_bucket
+from attn_dispatch.models.priors import PriorRanker, Ranker
 from tests.models.synthetic import SYNTHETIC_KERNELS
 
 DECODE = Problem(2, 16, 4, 1, 3000, 64, 64, "float32", device_type="cuda")
@@ -169,7 +168,7 @@ def test_carried_seconds_follows_the_prior_and_guards_odd_ratios(mi50_table, mon
 
 
 def test_nearest_class_measures_work_in_the_tables_own_steps(mi50_table):
-    from attn_dispatch.models.buckets import ClassKey
+    from attn_dispatch.models.measured import ClassKey
 
     a, b = ClassKey("float32", False, "none", work_log2=4), ClassKey("float32", False, "none", work_log2=10)
     assert a.distance(b, work_step=2) == 3.0 and a.distance(b, work_step=3) == 2.0
@@ -191,7 +190,7 @@ def test_a_model_fitted_before_new_kernel_families_still_serves():
     scale (`ThresholdTable.model_seconds`), not left unpriced."""
     from attn_dispatch.kernels.sdpa_probe import assume_backends_available
     from attn_dispatch.models.features import FEATURE_NAMES
-    from attn_dispatch.models.ranking import kernel_named
+    from attn_dispatch.models.priors import kernel_named
     from attn_dispatch.models.table_io import load_table
     from bench.offline_card import H200_TORCH_2_11
 

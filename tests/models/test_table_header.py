@@ -1,4 +1,4 @@
-"""A table file's cards read from its head (`models.table_header`), and the lookup that parses no
+"""A table file's cards read from its head (`models.sharing`), and the lookup that parses no
 file measured on another card (`models.sharing.lookup_table`)."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ from pathlib import Path
 
 from attn_dispatch.models import sharing
 from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.sharing import lookup_table, store_table
-from attn_dispatch.models.table_header import head_identities
+from attn_dispatch.models.sharing import head_identities, lookup_table, store_table
 from attn_dispatch.models.table_io import table_to_dict
 from tests.models.conftest import fake_identity
 

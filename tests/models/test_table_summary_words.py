@@ -1,4 +1,4 @@
-"""The held-out comparison in words (`models.table_summary`, `models.guard.Guard.describe`): every
+"""The held-out comparison in words (`models.table_summary`, `models.quality.Guard.describe`): every
 way of choosing gets the same two numbers, named plainly, and the verdict line says it weighs the
 average slowdown, not how often a pick is the fastest (a new user read "always PyTorch's default:
 top-1 62.5%" beside the table's "50.0%" and a verdict for the table as a contradiction)."""
@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from attn_dispatch.models.guard import Guard, decide_verdict
-from attn_dispatch.models.quality import ChoiceQuality, Quality
+from attn_dispatch.models.quality import ChoiceQuality, Guard, Quality, decide_verdict
 from attn_dispatch.models.table_summary import held_out_lines
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from attn_dispatch.kernels import Problem, kernel_from_name
 from attn_dispatch.models import triton_costs
-from attn_dispatch.models.cards import H200, MI50_32GB, MI60, RADEON_VII
+from attn_dispatch.models.identity import H200, MI50_32GB, MI60, RADEON_VII
 from attn_dispatch.models.priors import FORCED_BACKEND_FACTOR, fused_seconds, prior_seconds
 
 FLASH = kernel_from_name("triton_flash[bm=128,bn=64,w=8,s=3]")
