@@ -32,8 +32,8 @@ import importlib
 _PUBLIC = {
     "attention": "api", "explain": "api", "stats": "api", "reset": "api", "default_dispatcher": "api",
     "Dispatcher": "core", "Decision": "decision", "Candidate": "decision", "RankingSource": "decision",
-    "NoKernelError": "errors", "register_transformers": "hf", "free_bytes": "memory",
-    "parse_memory_size": "memory", "install": "patching", "uninstall": "patching", "patched": "patching",
+    "NoKernelError": "decision", "register_transformers": "hf", "free_bytes": "decision",
+    "parse_memory_size": "decision", "install": "patching", "uninstall": "patching", "patched": "patching",
     "is_installed": "patching", "TableWarning": "device_ranking", "record": "recording", "PreparedAttention": "prepared",
 }
 _KERNELS = {"AccuracyPolicy": "attn_dispatch.kernels.accuracy", "LOSSLESS": "attn_dispatch.kernels.accuracy"}

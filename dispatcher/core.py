@@ -18,11 +18,17 @@ from dataclasses import replace
 import torch
 
 from attn_dispatch.dispatcher import sdpa_context
-from attn_dispatch.dispatcher.autocast import any_autocast as _any_autocast
 from attn_dispatch.dispatcher.autocast import attention_under_autocast, autocast_inputs
+from attn_dispatch.dispatcher.autocast import any_autocast as _any_autocast
 from attn_dispatch.dispatcher.cold_path import ColdPath
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
-from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
+from attn_dispatch.dispatcher.decision import (
+    ROUTE_TRAINING,
+    TRAINING_KERNEL,
+    Decision,
+    parse_memory_size,
+    with_lossy_gain,
+)
 from attn_dispatch.dispatcher.device_planner import PlannerConfig
 from attn_dispatch.dispatcher.fast_path import attach
 from attn_dispatch.dispatcher.hot_path import (
@@ -33,10 +39,8 @@ from attn_dispatch.dispatcher.hot_path import (
     shapes_called_again,
 )
 from attn_dispatch.dispatcher.kernel_set import kernel_set
-from attn_dispatch.dispatcher.lossy_gain import with_lossy_gain
 from attn_dispatch.dispatcher.measured_store import kernel_set_signature
 from attn_dispatch.dispatcher.measuring import measure_from_env
-from attn_dispatch.dispatcher.memory import parse_memory_size
 from attn_dispatch.dispatcher.plans import MAX_PLANS, BoundedCache, CallCounts, Plan, cache_key, check_scale
 from attn_dispatch.dispatcher.prepared import PreparedAttention
 from attn_dispatch.dispatcher.restricted_calls import restricted_decision

@@ -21,12 +21,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from attn_dispatch.dispatcher.call_timing import clock_for
-from attn_dispatch.dispatcher.decision import Candidate, Decision
+from attn_dispatch.dispatcher.decision import Candidate, Decision, failure_message, free_bytes
 from attn_dispatch.dispatcher.device_ranking import DeviceRanking, no_table_line
 from attn_dispatch.dispatcher.measured_store import TuningStore
 from attn_dispatch.dispatcher.measuring import Trial
-from attn_dispatch.dispatcher.memory import free_bytes
-from attn_dispatch.dispatcher.plans import MAX_BUCKETS, BoundedCache, Plan, failure_message, mask_ndim_of
+from attn_dispatch.dispatcher.plans import MAX_BUCKETS, BoundedCache, Plan, mask_ndim_of
 from attn_dispatch.dispatcher.recording import record_problem
 from attn_dispatch.dispatcher.selection import (
     FASTER_DID_NOT_FIT,
@@ -38,7 +37,6 @@ from attn_dispatch.dispatcher.selection import (
     cold_seconds,
     compile_deferred_order,
     compile_seconds,
-    shape_setup_seconds,
     decide,
     decision_bucket,
     failure_bucket,
@@ -47,6 +45,7 @@ from attn_dispatch.dispatcher.selection import (
     new_shape_order,
     over_limit_reason,
     put_first,
+    shape_setup_seconds,
 )
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
 from attn_dispatch.kernels.sdpa_probe import passed_probes, probes_deferred, seed_passed_probes

@@ -41,8 +41,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from attn_dispatch.dispatcher.decision import format_seconds
-from attn_dispatch.dispatcher.plans import failure_message
+from attn_dispatch.dispatcher.decision import failure_message, format_seconds
 from attn_dispatch.dispatcher.selection import MIN_WIN_MARGIN, Option, Tuned
 from attn_dispatch.kernels import Kernel, Problem
 from attn_dispatch.models import environment

@@ -287,17 +287,6 @@ def problem_at_key_length(sibling: Problem, key: torch.Tensor, value: torch.Tens
     return sibling.at_key_length(kv_len, mask_shape)
 
 
-MAX_MESSAGE = 200
-"""Characters of a failure's message kept in `explain` (a CUDA OOM message runs to a paragraph)."""
-
-
-def failure_message(error: BaseException) -> str:
-    """``"RuntimeError: first line of the message"``."""
-    text = str(error).strip().splitlines()
-    first = text[0][:MAX_MESSAGE] if text else ""
-    return f"{type(error).__name__}: {first}"
-
-
 def check_scale(scale: object) -> None:
     """SDPA's own check of `scale` (the cache key does not see it): raise before a bad argument
     is blamed on the kernels."""

@@ -18,8 +18,7 @@ import threading
 
 import torch
 
-from attn_dispatch.dispatcher.decision import Candidate, Decision, RankingSource
-from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
+from attn_dispatch.dispatcher.decision import Candidate, Decision, RankingSource, format_bytes, free_bytes
 from attn_dispatch.dispatcher.plans import cache_key
 from attn_dispatch.kernels import Problem, kernel_from_name
 from attn_dispatch.kernels.backward_memory import training_bytes

@@ -32,10 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from attn_dispatch.dispatcher.call_timing import clock_for
-from attn_dispatch.dispatcher.decision import Candidate, format_seconds
+from attn_dispatch.dispatcher.decision import Candidate, NoKernelError, format_bytes, format_seconds
 from attn_dispatch.dispatcher.device_ranking import FALLBACK_FIRST, DeviceRanking
-from attn_dispatch.dispatcher.errors import NoKernelError
-from attn_dispatch.dispatcher.memory import format_bytes
 from attn_dispatch.kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
 from attn_dispatch.kernels._blocks import key_count_aligned
 from attn_dispatch.kernels.registry import uses_fused_backend, working_family

@@ -18,9 +18,16 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from attn_dispatch.dispatcher import _log
-from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Candidate, Decision
-from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
+from attn_dispatch.dispatcher.decision import (
+    ROUTE_TRAINING,
+    TRAINING_KERNEL,
+    Candidate,
+    Decision,
+    format_bytes,
+    free_bytes,
+    log_decision,
+    logger,
+)
 from attn_dispatch.dispatcher.selection import Option, memory_limit, over_limit_reason, shrink_chunked
 from attn_dispatch.kernels import ChunkedKernel, Kernel, Problem
 from attn_dispatch.kernels.backward_memory import training_bytes
@@ -209,9 +216,9 @@ class TrainingRoute:
                     in_decided_order(plan), plan.problem, free=free_bytes(plan.device), budget=budget,
                     failed=self._failed.get(key), measured=self._times_now().lookup(plan.problem, plan.device))
                 entry = self._choices[key] = (choice, training_decision(plan.decision, choice))
-                _log.new_decision(entry[1])
+                log_decision(entry[1])
                 if choice.over_budget:
-                    _log.logger.warning("%s", choice.notes[-1])
+                    logger.warning("%s", choice.notes[-1])
         return entry
 
     def failed(self, plan, budget: int | None, kernel: Kernel, error: BaseException) -> None:

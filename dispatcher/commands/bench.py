@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     from attn_dispatch.calibration.scenario_bench import default_size, scenario_shapes
     from attn_dispatch.dispatcher.commands._bench_run import run_bench
-    from attn_dispatch.dispatcher.memory import parse_memory_size
+    from attn_dispatch.dispatcher.decision import parse_memory_size
     from attn_dispatch.kernels import AccuracyPolicy
 
     try:
