@@ -34,7 +34,7 @@ _PUBLIC = {
     "Dispatcher": "core", "Decision": "decision", "Candidate": "decision", "RankingSource": "decision",
     "NoKernelError": "decision", "register_transformers": "hf", "free_bytes": "decision",
     "parse_memory_size": "decision", "install": "patching", "uninstall": "patching", "patched": "patching",
-    "is_installed": "patching", "TableWarning": "device_ranking", "record": "recording", "PreparedAttention": "prepared",
+    "is_installed": "patching", "TableWarning": "device_ranking", "record": "recording", "PreparedAttention": "plans",
 }
 _KERNELS = {"AccuracyPolicy": "attn_dispatch.kernels.accuracy", "LOSSLESS": "attn_dispatch.kernels.accuracy"}
 

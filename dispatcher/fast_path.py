@@ -17,7 +17,7 @@ builtin makes that operator call through ATen, with the GIL released as PyTorch'
 it. Such an entry also requires a float or no ``scale`` and every SDPA backend switched on (`sdpa_kernel`
 restrictions are `sdpa_context.route`'s).
 
-An entry may serve a range of key lengths (`length_range`): every length over which the plan's
+An entry may serve a range of key lengths (`hot_path`): every length over which the plan's
 bucket would give a new shape the same call, so a decode loop's next token is served with no Python
 either; the key and value then match in everything but that length and their strides, which are
 compared as the plan's key reads them (contiguity) and as the operators do (the last one).
@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from attn_dispatch.dispatcher import fast_path_build
-from attn_dispatch.dispatcher.after_import import when_imported
+from attn_dispatch.dispatcher.compiled import when_imported
 from attn_dispatch.dispatcher.fast_path_build import library_path, module_name
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.models.environment import FAST_PATH
@@ -211,7 +211,7 @@ class FastPath:
 
     def callable(self):
         """The fast callable. Its torch.compile stand-in is registered when Dynamo is imported
-        (`after_import.when_imported`: at once where it already is), so handing it out imports no
+        (`compiled.when_imported`: at once where it already is), so handing it out imports no
         compiler stack; where this torch refuses the stand-in, a compiled graph breaks on the callable
         and runs it eagerly (one warning in the log)."""
         if not self._registered:

@@ -146,7 +146,7 @@ def rank(problem: Problem, kernels: Mapping[str, Kernel], ranking: DeviceRanking
     """Stage 1: the kernels that can run `problem`, in the ranker's order (the table's measured entry,
     then its model, else the analytic prior), then the supported kernels it did not rank
     (``sdpa_default`` first among them, so PyTorch's own choice is always a fallback). Kernels marked
-    ``last_resort`` (`kernel_set.LastResortDefault`) are never ranked.
+    ``last_resort`` (`core.LastResortDefault`) are never ranked.
 
     Parameters
     ----------
@@ -227,7 +227,7 @@ def fit(ranked: Ranked, *, free: int | None, budget: int | None, ranking: Device
         failed: Mapping[str, str]) -> Fit:
     """Stage 2: the options whose workspace fits free memory and the budget; where none does, a
     chunked kernel shrunk until one does (`shrink_chunked`). A last-resort option
-    (`kernel_set.LastResortDefault`) comes after all of them."""
+    (`core.LastResortDefault`) comes after all of them."""
     fitting: list[Option] = []
     dropped: list[tuple[str, str]] = []
     dropped_for_free_memory = False

@@ -75,7 +75,7 @@ class TrainingChoice:
 
 def order_for_training(options: Sequence[Option], measured: Mapping[str, float] | None) -> list[Option]:
     """Options with measured forward+backward times first (fastest first), then the rest in the
-    ranked order they came in; a last-resort option (`kernel_set.LastResortDefault`) stays last
+    ranked order they came in; a last-resort option (`core.LastResortDefault`) stays last
     whatever its time, as on the inference route."""
     last = [o for o in options if getattr(o.kernel, "last_resort", False)]
     ranked = [o for o in options if o not in last]

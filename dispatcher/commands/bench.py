@@ -26,7 +26,7 @@ FIRST_PASS_SHARE = 3.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from attn_dispatch.dispatcher.kernel_set import KERNEL_SETS
+    from attn_dispatch.dispatcher.core import KERNEL_SETS
 
     parser = subparsers.add_parser(
         NAME,

@@ -30,7 +30,7 @@ def size(text: str) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from attn_dispatch.dispatcher.kernel_set import KERNEL_SETS
+    from attn_dispatch.dispatcher.core import KERNEL_SETS
     from attn_dispatch.kernels.problem import MASK_KINDS
 
     parser = subparsers.add_parser(

@@ -83,7 +83,7 @@ def test_measured_times_reorder_the_candidates():
 
 
 def test_the_last_resort_stays_last_even_when_measured_fastest():
-    from attn_dispatch.dispatcher.kernel_set import LastResortDefault
+    from attn_dispatch.dispatcher.core import LastResortDefault
 
     last = LastResortDefault()
     ordered = options("chunked[q=128,kv=1024]") + [Option(last, None, last.workspace_bytes(PROBLEM))]

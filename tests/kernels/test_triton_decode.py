@@ -255,7 +255,7 @@ def test_a_config_the_card_cannot_hold_is_a_reason(monkeypatch):
 
 def test_interpreted_kernels_serve_no_call_and_time_nothing():
     from attn_dispatch.calibration.candidates import kernel_set as calibration_set
-    from attn_dispatch.dispatcher.kernel_set import kernel_set
+    from attn_dispatch.dispatcher.core import kernel_set
     from attn_dispatch.kernels import AccuracyPolicy
 
     if ON_GPU:

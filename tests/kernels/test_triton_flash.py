@@ -268,7 +268,7 @@ def test_dispatch_sets_leave_out_interpreted_kernels():
     chooses from and calibration times leave them out; `portable_kernels` (what a gfx906 owner
     has) lists them, and their reasons say where they cannot run."""
     from attn_dispatch.calibration.candidates import kernel_set as calibration_set
-    from attn_dispatch.dispatcher.kernel_set import kernel_set
+    from attn_dispatch.dispatcher.core import kernel_set
     from attn_dispatch.kernels.accuracy import LOSSLESS
 
     assert any(k.family == "triton_flash" for k in portable_kernels())
