@@ -14,7 +14,7 @@ from attn_dispatch.calibration.inputs import AttentionInputs, InputCache, gate_e
 from attn_dispatch.calibration.peak_memory import measure_peak_bytes
 from attn_dispatch.calibration.timer import DEFAULT, TimerSettings, time_repetitions
 from attn_dispatch.kernels.base import Kernel
-from attn_dispatch.kernels.failures import is_out_of_memory
+from attn_dispatch.kernels.base import is_out_of_memory
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.measurement import Measurement
 

@@ -46,7 +46,7 @@ from attn_dispatch.dispatcher.plans import (
 from attn_dispatch.dispatcher.sdpa_context import pytorch_attention, some_backend_off
 from attn_dispatch.dispatcher.training_route import TrainingRoute
 from attn_dispatch.kernels import Problem
-from attn_dispatch.kernels.failures import is_out_of_memory
+from attn_dispatch.kernels.base import is_out_of_memory
 from attn_dispatch.kernels.registry import uses_fused_backend
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 

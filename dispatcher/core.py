@@ -65,8 +65,7 @@ from attn_dispatch.kernels import (
 )
 from attn_dispatch.kernels.registry import serving
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
-from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
-from attn_dispatch.kernels.sdpa_probe import BACKEND_SWITCHES
+from attn_dispatch.kernels.sdpa_default import BACKEND_SWITCHES, SdpaDefaultKernel
 from attn_dispatch.models import environment
 from attn_dispatch.models.paths import tunings_dir
 

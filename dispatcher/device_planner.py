@@ -48,7 +48,7 @@ from attn_dispatch.dispatcher.selection import (
     shape_setup_seconds,
 )
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
-from attn_dispatch.kernels.sdpa_probe import passed_probes, probes_deferred, seed_passed_probes
+from attn_dispatch.kernels.sdpa_default import passed_probes, probes_deferred, seed_passed_probes
 from attn_dispatch.models.cold_shape_store import load_cold_costs
 
 
@@ -195,7 +195,7 @@ class DevicePlanner:
         """`problem`'s bucket decided by `selection.decide` (its result measured on an earlier call or
         process first, else, with `measure` and `trial`, a `measuring.Trial` of its candidates on its
         next calls; not for a shape decided apart from its bucket). `defer_probes`: rank without
-        running backend probes not run yet (`sdpa_probe.probes_deferred`); a kernel is probed where it
+        running backend probes not run yet (`sdpa_default.probes_deferred`); a kernel is probed where it
         is about to run (`_plan_in`, `measuring.Trial`, the training route). Raises `NoKernelError`
         when nothing can run it within the memory limit."""
         state, config = self.state, self.config
@@ -251,7 +251,7 @@ class DevicePlanner:
 
 def workspace_bound(kernel: Kernel, problem: Problem) -> int:
     """`kernel`'s workspace on `problem`, estimated without running a probe: a probe not run yet
-    answers as `sdpa_probe.probes_deferred` does (native GQA taken as absent: K/V counted repeated),
+    answers as `sdpa_default.probes_deferred` does (native GQA taken as absent: K/V counted repeated),
     so the bound is never under what the call takes, and no call waits for a probe to size memory
     (PyTorch's default sizes its backend's GQA, a probe of its own, on every decode step's new shape)."""
     with probes_deferred():
@@ -274,7 +274,7 @@ class Bucket:
         where nothing is measured.
     free: bytes free on the device when decided (None: unknown, e.g. the CPU).
     history: the call counters of the bucket's most recent exact shapes (`selection.new_shape_order`).
-    unprobed: ranked with backend probes deferred (`sdpa_probe.probes_deferred`): an option is asked
+    unprobed: ranked with backend probes deferred (`sdpa_default.probes_deferred`): an option is asked
         its `Kernel.reasons` again before it runs.
     """
 
@@ -525,7 +525,7 @@ class ProbeCache:
     def for_device(cls, device: torch.device, home: str | None) -> ProbeCache | None:
         """Seed this process's probe results from the device's file; None on devices other than CPUs
         and GPUs, on any error, and for a GPU other than the current one: probes run on the current
-        device and their results are kept per device type (`sdpa_probe`), so another card's file
+        device and their results are kept per device type (`sdpa_default`), so another card's file
         would vouch for this one, and this one's passes be written as another card's."""
         if device.type not in ("cpu", "cuda"):
             return None

@@ -11,7 +11,7 @@ builtin's checks have already done; a ``scale`` that is neither absent, None nor
 forwarded unchanged to PyTorch's SDPA instead. Every other call is forwarded unchanged to
 `Dispatcher.attention`.
 
-A hot plan that runs a fused backend's operator bare (`kernels._bare_call.BareCall`: flash,
+A hot plan that runs a fused backend's operator bare (`kernels.sdpa_backends.BareCall`: flash,
 memory-efficient or cuDNN with no mask, GQA native or folded into rows) is served the same way: the
 builtin makes that operator call through ATen, with the GIL released as PyTorch's bindings release
 it. Such an entry also requires a float or no ``scale`` and every SDPA backend switched on (`sdpa_kernel`

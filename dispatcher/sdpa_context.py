@@ -42,9 +42,9 @@ from attn_dispatch.dispatcher.decision import (
 from attn_dispatch.dispatcher.plans import cache_key
 from attn_dispatch.kernels import Problem, kernel_from_name
 from attn_dispatch.kernels._layout import causal_bias_alignment, is_causal_bias
-from attn_dispatch.kernels.backward_memory import training_bytes
+from attn_dispatch.kernels.base import training_bytes
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
-from attn_dispatch.kernels.sdpa_probe import BACKEND_SWITCHES, default_backend_choice
+from attn_dispatch.kernels.sdpa_default import BACKEND_SWITCHES, default_backend_choice
 from attn_dispatch.models.environment import IGNORE_SDPA_KERNEL
 
 RESPECTING = [True]
@@ -176,7 +176,7 @@ def explain_arguments(query, key, attn_mask, is_causal) -> tuple[torch.Tensor | 
 RESTRICTED_LEVEL = "sdpa_kernel"
 """`RankingSource.level` of a decision the caller's restriction made."""
 BACKEND_NAMES = ("flash", "efficient", "math", "cudnn")
-"""PyTorch's backends in the order of `sdpa_probe.BACKEND_SWITCHES`."""
+"""PyTorch's backends in the order of `sdpa_default.BACKEND_SWITCHES`."""
 MAX_CHECKED_SHAPES = 4096
 """Exact shapes whose restricted calls were checked against the budget, per process (then forgotten
 and checked again: a warning may repeat, a check never grows memory without bound)."""

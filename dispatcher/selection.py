@@ -37,7 +37,7 @@ from attn_dispatch.dispatcher.device_ranking import FALLBACK_FIRST, DeviceRankin
 from attn_dispatch.kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
 from attn_dispatch.kernels._blocks import key_count_aligned
 from attn_dispatch.kernels.registry import uses_fused_backend, working_family
-from attn_dispatch.kernels.sdpa_probe import default_backend_choice
+from attn_dispatch.kernels.sdpa_default import default_backend_choice
 from attn_dispatch.models.buckets import length_bucket
 from attn_dispatch.models.cold_shape_store import kind_of
 from attn_dispatch.models.measured import entry_key

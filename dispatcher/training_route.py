@@ -30,7 +30,7 @@ from attn_dispatch.dispatcher.decision import (
 )
 from attn_dispatch.dispatcher.selection import Option, memory_limit, over_limit_reason, shrink_chunked
 from attn_dispatch.kernels import ChunkedKernel, Kernel, Problem
-from attn_dispatch.kernels.backward_memory import training_bytes
+from attn_dispatch.kernels.base import training_bytes
 from attn_dispatch.models.training_times import TrainingTimes
 
 
@@ -134,7 +134,7 @@ def choose_training(
         if kernel.name in failed:
             dropped.append((kernel.name, f"failed on the training route: {failed[kernel.name]}"))
             continue
-        why = kernel.reasons(problem)  # a bucket ranked with its probes deferred: they run here (`sdpa_probe`)
+        why = kernel.reasons(problem)  # a bucket ranked with its probes deferred: they run here (`sdpa_default`)
         if why:
             dropped.append((kernel.name, "; ".join(why)))
             continue

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from attn_dispatch.kernels._chunked_backward import needs_backward
 from attn_dispatch.kernels._triton_flash_config import (
     MAX_HEAD_DIM,
     MIN_BLOCK,
@@ -26,8 +25,14 @@ from attn_dispatch.kernels._triton_flash_config import (
     row_statistics_bytes,
 )
 from attn_dispatch.kernels._triton_ops import checked_parameter
-from attn_dispatch.kernels._triton_support import compile_seconds, mark_compiled, shared_memory_limit, triton_reasons
+from attn_dispatch.kernels._triton_support import (
+    compile_seconds,
+    mark_compiled,
+    shared_memory_limit,
+    triton_reasons,
+)
 from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.chunked import needs_backward
 from attn_dispatch.kernels.problem import Problem
 
 MAX_BLOCK = 256

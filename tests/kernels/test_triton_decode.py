@@ -27,8 +27,8 @@ from attn_dispatch.kernels._triton_decode_layout import (
     visible_key_count,
 )
 from attn_dispatch.kernels._triton_support import INTERPRETER_BF16_REASON
+from attn_dispatch.kernels.accuracy import TOLERANCES
 from attn_dispatch.kernels.registry import interpreted, serving
-from attn_dispatch.kernels.tolerances import TOLERANCES
 from tests.kernels.contract import TEST_DEVICE
 
 ON_GPU = torch.device(TEST_DEVICE).type == "cuda"

@@ -26,8 +26,8 @@ from attn_dispatch.kernels import (
 )
 from attn_dispatch.kernels import _triton_flash_config as flash_config
 from attn_dispatch.kernels import _triton_support as support
+from attn_dispatch.kernels.accuracy import Tolerance
 from attn_dispatch.kernels.registry import interpreted
-from attn_dispatch.kernels.tolerances import Tolerance
 from tests.kernels.cases import LARGE_MAGNITUDE, Case
 from tests.kernels.contract import TEST_DEVICE, problem_of
 from tests.kernels.test_backward import GRADIENT_TOLERANCE_FACTOR, gradients
