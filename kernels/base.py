@@ -10,6 +10,7 @@ out-of-memory failure from others (`is_out_of_memory`), and forward-plus-backwar
 from __future__ import annotations
 
 import math
+import os
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
@@ -22,6 +23,27 @@ from attn_dispatch.kernels.problem import Problem
 
 if TYPE_CHECKING:
     from attn_dispatch.kernels.sdpa_backends import BareCall
+
+
+INTERPRETER_VARIABLE = "TRITON_INTERPRET"
+NO_TRITON_ON_CPU = "Triton kernels run on GPUs; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1, for tests)"
+"""Why a Triton kernel cannot run CPU tensors without the interpreter: checked by the Triton kernels
+before `_triton_support.triton_reasons`, so a CPU process runs none of the Triton helpers."""
+
+
+def interpreting() -> bool:
+    """Whether Triton's interpreter is on (``TRITON_INTERPRET=1``): Triton kernels then run on CPU tensors."""
+    return os.environ.get(INTERPRETER_VARIABLE, "0") == "1"
+
+
+def checked_parameter(name: str, value: object, low: int, high: int, *, power_of_two: bool = False) -> int:
+    """`value` if it is an integer from `low` to `high` (and a power of two when asked); else
+    ValueError naming the parameter (a kernel name's tunables, e.g. ``bm`` of `triton_flash`)."""
+    valid = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    if not valid or (power_of_two and value & (value - 1)):
+        kind = "a power of two" if power_of_two else "an integer"
+        raise ValueError(f"{name} must be {kind} from {low} to {high}, got {value!r}")
+    return value
 
 
 class UnsupportedProblemError(RuntimeError):

@@ -20,14 +20,10 @@ from attn_dispatch.kernels import (
     reference_attention,
     relative_errors,
 )
-from attn_dispatch.kernels._triton_decode_layout import (
-    MAX_PACKED_ROWS,
-    MIN_DOT_SIZE,
-    DecodeLayout,
-    visible_key_count,
-)
+from attn_dispatch.kernels._triton_decode_layout import DecodeLayout, visible_key_count
 from attn_dispatch.kernels._triton_support import INTERPRETER_BF16_REASON
 from attn_dispatch.kernels.accuracy import TOLERANCES
+from attn_dispatch.kernels.triton_decode import MAX_PACKED_ROWS, MIN_DOT_SIZE
 from attn_dispatch.kernels.registry import interpreted, serving
 from tests.kernels.contract import TEST_DEVICE
 
