@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch.autograd import forward_ad
 
-from attn_dispatch.dispatcher import sdpa_context
+import attn_dispatch.dispatcher.sdpa_context as sdpa_context
 from attn_dispatch.dispatcher.decision import (
     TRAINING_KERNEL,
     NoKernelError,
@@ -44,7 +44,6 @@ from attn_dispatch.dispatcher.plans import (
     problem_at_key_length,
 )
 from attn_dispatch.dispatcher.sdpa_context import pytorch_attention, some_backend_off
-from attn_dispatch.dispatcher.training_route import TrainingRoute
 from attn_dispatch.kernels import Problem
 from attn_dispatch.kernels.base import is_out_of_memory
 from attn_dispatch.kernels.registry import uses_fused_backend
@@ -77,7 +76,16 @@ class ColdPath:
         self.planners: dict[torch.device, DevicePlanner] = hot.planners
         self.families: BoundedCache[tuple, Problem] = BoundedCache(MAX_PLANS)  # `plans.family_key` -> a Problem
         self.ranking_options: dict = {}  # more arguments of `device_ranking.resolve_ranking` (`Dispatcher.use_table`)
-        self.training_route = TrainingRoute()
+        self._training_route = None
+
+    @property
+    def training_route(self):
+        """The `training_route.TrainingRoute` (made on the first gradient call)."""
+        if self._training_route is None:
+            from attn_dispatch.dispatcher.training_route import TrainingRoute
+
+            self._training_route = TrainingRoute()
+        return self._training_route
 
     # ------------------------------------------------------------------ planning
     def plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa) -> Plan:
@@ -176,7 +184,8 @@ class ColdPath:
         """Forget every plan, bucket, device planner and training decision."""
         self.families.clear()
         self.planners.clear()
-        self.training_route.reset()
+        if self._training_route is not None:
+            self._training_route.reset()
 
     # ------------------------------------------------------------------ recovery
     def recover(self, plan: Plan, key_, error, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from attn_dispatch.dispatcher import sdpa_context
+import attn_dispatch.dispatcher.sdpa_context as sdpa_context
 from attn_dispatch.dispatcher.decision import logger
 from attn_dispatch.dispatcher.plans import cache_key
 

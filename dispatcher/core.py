@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from attn_dispatch.dispatcher import sdpa_context
+import attn_dispatch.dispatcher.sdpa_context as sdpa_context
 from attn_dispatch.dispatcher.cold_path import ColdPath
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
 from attn_dispatch.dispatcher.decision import (
@@ -27,7 +27,7 @@ from attn_dispatch.dispatcher.decision import (
     parse_memory_size,
     with_lossy_gain,
 )
-from attn_dispatch.dispatcher.device_planner import PlannerConfig
+from attn_dispatch.dispatcher.device_planner import PlannerConfig, kernel_set_signature
 from attn_dispatch.dispatcher.fast_path import attach
 from attn_dispatch.dispatcher.hot_path import (
     HOT_AFTER,
@@ -36,7 +36,6 @@ from attn_dispatch.dispatcher.hot_path import (
     rehot,
     shapes_called_again,
 )
-from attn_dispatch.dispatcher.measured_store import kernel_set_signature
 from attn_dispatch.dispatcher.measuring import measure_from_env
 from attn_dispatch.dispatcher.plans import (
     MAX_PLANS,
@@ -53,7 +52,6 @@ from attn_dispatch.dispatcher.sdpa_context import (
     restricted_decision,
 )
 from attn_dispatch.dispatcher.sdpa_context import any_autocast as _any_autocast
-from attn_dispatch.dispatcher.training_route import pytorch_route_reason
 from attn_dispatch.kernels import (
     LOSSLESS,
     AccuracyPolicy,
@@ -364,6 +362,8 @@ class Dispatcher:
         plan = self._plans.get(key_)
         if plan is None or plan.recheck:
             plan = self._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+        from attn_dispatch.dispatcher.training_route import pytorch_route_reason
+
         grad = _grad_enabled()
         inputs_grad = grad and (query.requires_grad or key.requires_grad or value.requires_grad)
         why = pytorch_route_reason(dropout_p, False, grad and attn_mask is not None and attn_mask.requires_grad, plan.kernel)

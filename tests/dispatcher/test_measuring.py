@@ -12,7 +12,7 @@ import torch
 
 from attn_dispatch.dispatcher import Dispatcher, measuring
 from attn_dispatch.dispatcher import device_planner as planner
-from attn_dispatch.dispatcher.call_timing import Reading
+from attn_dispatch.dispatcher.measuring import Reading
 from attn_dispatch.dispatcher.measuring import BASELINE_CALLS, BUDGET_CALLS, ROUNDS, Trial
 from attn_dispatch.dispatcher.selection import Option
 from attn_dispatch.kernels import MathKernel, Problem
@@ -280,7 +280,7 @@ def test_measured_buckets_are_kept_for_the_next_process(monkeypatch, clock, tmp_
 
 def test_measuring_off_runs_the_ranking_and_times_nothing(monkeypatch, clock):
     base, fast = Timed("base", BASE_S, clock), Timed("fast", BASE_S / 2, clock)
-    monkeypatch.setenv(measuring.MEASURE_ENV, "0")
+    monkeypatch.setenv("ATTN_DISPATCH_MEASURE", "0")
     ours = _dispatcher(monkeypatch, [base, fast])
     _calls(ours, 20)
     assert fast.outputs == [] and ours.explain(**qkv()).kernel == "base"
