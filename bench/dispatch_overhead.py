@@ -39,7 +39,7 @@ import torch
 
 from attn_dispatch.calibration.inputs import make_inputs
 from attn_dispatch.dispatcher import Dispatcher, fast_path, patched
-from attn_dispatch.dispatcher.errors import NoKernelError
+from attn_dispatch.dispatcher.decision import NoKernelError
 from attn_dispatch.dispatcher.hot_path import tensor_guard
 from attn_dispatch.dispatcher.plans import cache_key
 from attn_dispatch.kernels import MathKernel, Problem

@@ -213,7 +213,7 @@ def fresh_home() -> str:
     (the bundled table serves), but this home's fast path linked in, built first where it is not,
     as a user who ran `attn-dispatch build-fast-path` (or `calibrate`) finds it."""
     from attn_dispatch.dispatcher import fast_path
-    from attn_dispatch.dispatcher.fast_path_build import BUILD_SUBDIR
+    from attn_dispatch.dispatcher.fast_path import BUILD_SUBDIR
     from attn_dispatch.models.paths import home
 
     home_dir = tempfile.mkdtemp(prefix="e2e-home-")

@@ -32,7 +32,7 @@ SHAPES = {  # issue 32's shapes (video DiT, long prefill, fill, decode)
 
 
 def fastest(problem: Problem, kernels: Iterable[Kernel], spec, memory: int) -> tuple[str, float] | None:
-    """The kernel the prior ranks first among those that run `problem` within `memory`."""
+    """The kernel the prior ranks first among those that run `problem` within `decision`."""
     timed = [(prior_seconds(problem, k, spec), k.name) for k in kernels
              if not k.reasons(problem) and problem.input_bytes + k.workspace_bytes(problem) <= memory]
     return (min(timed)[1], min(timed)[0]) if timed else None

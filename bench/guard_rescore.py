@@ -12,7 +12,7 @@ among the kernels timed there, against the fastest of them and against PyTorch's
         --bench bench/results/h200_session3/bench_heldout.json.gz bench/results/h200_session3/bench_all.json.gz \\
         --before models/tables/nvidia-h200-140gb.json --out /tmp/run6_guarded.json
 
-No GPU is needed: PyTorch's backends are assumed available (`kernels.sdpa_probe`).
+No GPU is needed: PyTorch's backends are assumed available (`kernels.sdpa_default`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from attn_dispatch.calibration.finish import HOLDOUT_FRACTION, apply_numerics_gate
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.kernels.sdpa_probe import assume_backends_available
+from attn_dispatch.kernels.sdpa_default import assume_backends_available
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.fit import fit_and_build
 from attn_dispatch.models.identity import DeviceIdentity

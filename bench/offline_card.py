@@ -2,8 +2,8 @@
 card's own features.
 
 `sdpa_default`'s workspace feature follows the backend PyTorch picks for a kind of problem
-(`kernels.sdpa_probe.default_backend_choice`), and a kernel is a candidate only where its probe
-passed (`kernels.sdpa_probe.probe_backend`). Off the card PyTorch cannot be asked: the choice falls
+(`kernels.sdpa_default.default_backend_choice`), and a kernel is a candidate only where its probe
+passed (`kernels.sdpa_default.probe_backend`). Off the card PyTorch cannot be asked: the choice falls
 back to the math backend (a workspace ~the score matrix, so `sdpa_default` is ranked with other
 features than on the card) and every probe "works". An `OfflineCard` records the card's answers so
 that `assume_backends_available(card)` reproduces them.
@@ -64,7 +64,7 @@ H200_FAILED_PROBES = {
 
 @dataclass(frozen=True)
 class OfflineCard:
-    """A card's recorded answers (`kernels.sdpa_probe.AssumedCard`) and which tables they fit:
+    """A card's recorded answers (`kernels.sdpa_default.AssumedCard`) and which tables they fit:
     identities whose device key starts with `device_key` and whose torch version starts with
     `torch_prefix`."""
 

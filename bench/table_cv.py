@@ -14,7 +14,7 @@ the same shapes.
         --grid bench/results/h200_session6/run1_llm_grid.jsonl.gz bench/results/h200_session7/run1_llm_grid.jsonl.gz \\
         --score bench/results/h200_session8/run3_llm_grid.jsonl.gz --table models/tables/nvidia-h200-140gb.json
 
-Off the card PyTorch's backends are assumed available (`kernels.sdpa_probe`); `sdpa_default`'s
+Off the card PyTorch's backends are assumed available (`kernels.sdpa_default`); `sdpa_default`'s
 workspace feature then follows what this machine computes.
 """
 
@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 from attn_dispatch.calibration.finish import HOLDOUT_FRACTION, apply_numerics_gate
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.kernels.sdpa_probe import assume_backends_available
+from attn_dispatch.kernels.sdpa_default import assume_backends_available
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.fit import fit_and_build
 from attn_dispatch.models.identity import DeviceIdentity

@@ -26,10 +26,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attn_dispatch.dispatcher import Dispatcher
-from attn_dispatch.dispatcher.memory import parse_memory_size
+from attn_dispatch.dispatcher.decision import parse_memory_size
 from attn_dispatch.dispatcher.sdpa_context import respect_sdpa_kernel
 from attn_dispatch.kernels import TOLERANCES, kernel_from_name, reference_attention, relative_errors
-from attn_dispatch.kernels.backward_memory import training_bytes
+from attn_dispatch.kernels.base import training_bytes
 
 SCENARIOS = {
     "cpu": {"batch": 1, "heads": 8, "length": 4096, "head_dim": 64, "dtype": "float32", "causal": True,

@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from attn_dispatch.kernels import Problem, SmallQKernel, TritonDecodeKernel, relative_errors
+from attn_dispatch.kernels.accuracy import TOLERANCES
 from attn_dispatch.kernels.registry import DEFAULT_TRITON_DECODE
-from attn_dispatch.kernels.tolerances import TOLERANCES
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 SHAPES = [(batch, kv_len) for batch in (1, 8) for kv_len in (8192, 32768, 131072)]

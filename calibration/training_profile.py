@@ -23,7 +23,7 @@ import torch
 from attn_dispatch.calibration.inputs import make_inputs
 from attn_dispatch.calibration.timer import DEFAULT, QUICK, TimerSettings, time_repetitions
 from attn_dispatch.kernels import Kernel, Problem, all_kernels, portable_kernels
-from attn_dispatch.kernels.backward_memory import training_bytes
+from attn_dispatch.kernels.base import training_bytes
 from attn_dispatch.kernels.registry import serving
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 from attn_dispatch.models.training_times import FORMAT_VERSION, KIND, default_profile_path, device_label

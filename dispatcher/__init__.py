@@ -30,13 +30,14 @@ import importlib
 # Where each public name lives. Imported on first use (PEP 562), so that `attn-dispatch --help`
 # and `attn_dispatch.dispatcher.cli` do not pay for torch and scikit-learn.
 _PUBLIC = {
-    "attention": "api", "explain": "api", "stats": "api", "reset": "api", "default_dispatcher": "api",
-    "Dispatcher": "core", "Decision": "decision", "Candidate": "decision", "RankingSource": "decision",
-    "NoKernelError": "errors", "register_transformers": "hf", "free_bytes": "memory",
-    "parse_memory_size": "memory", "install": "patching", "uninstall": "patching", "patched": "patching",
-    "is_installed": "patching", "TableWarning": "device_ranking", "record": "recording", "PreparedAttention": "prepared",
-}
-_KERNELS = {"AccuracyPolicy": "attn_dispatch.kernels.accuracy", "LOSSLESS": "attn_dispatch.kernels.accuracy"}
+    name: f"attn_dispatch.dispatcher.{module}" for module, names in {
+        "api": ("attention", "explain", "stats", "reset", "default_dispatcher"),
+        "core": ("Dispatcher",), "hf": ("register_transformers",), "recording": ("record",),
+        "decision": ("Decision", "Candidate", "RankingSource", "NoKernelError", "free_bytes", "parse_memory_size"),
+        "patching": ("install", "uninstall", "patched", "is_installed"),
+        "device_ranking": ("TableWarning",), "plans": ("PreparedAttention",),
+    }.items() for name in names
+} | {"AccuracyPolicy": "attn_dispatch.kernels.accuracy", "LOSSLESS": "attn_dispatch.kernels.accuracy"}
 
 __all__ = [
     "attention", "explain", "stats", "reset", "default_dispatcher", "Dispatcher", "Decision",
@@ -47,13 +48,9 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name in _PUBLIC:
-        module = importlib.import_module(f"{__name__}.{_PUBLIC[name]}")
-    elif name in _KERNELS:
-        module = importlib.import_module(_KERNELS[name])
-    else:
+    if name not in _PUBLIC:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(module, name)
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
     globals()[name] = value
     return value
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from attn_dispatch.dispatcher.core import Dispatcher
-from attn_dispatch.dispatcher.errors import NoKernelError
+from attn_dispatch.dispatcher.decision import NoKernelError
 from attn_dispatch.kernels._layout import is_causal_bias
+from attn_dispatch.kernels.accuracy import Tolerance
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.kernels.tolerances import Tolerance
 
 DISPATCHER_PATH = "dispatcher"
 

@@ -16,8 +16,15 @@ from collections.abc import Callable
 import torch
 from torch.autograd import forward_ad
 
-from attn_dispatch.dispatcher import _log, sdpa_context
-from attn_dispatch.dispatcher.decision import TRAINING_KERNEL
+import attn_dispatch.dispatcher.sdpa_context as sdpa_context
+from attn_dispatch.dispatcher.decision import (
+    TRAINING_KERNEL,
+    NoKernelError,
+    log_decision,
+    log_fallback,
+    log_settled,
+    release_cached_memory,
+)
 from attn_dispatch.dispatcher.device_planner import (
     DevicePlanner,
     DeviceState,
@@ -26,9 +33,7 @@ from attn_dispatch.dispatcher.device_planner import (
     measured_costs,
 )
 from attn_dispatch.dispatcher.device_ranking import resolve_ranking, say_once
-from attn_dispatch.dispatcher.errors import NoKernelError
 from attn_dispatch.dispatcher.hot_path import HotSlots
-from attn_dispatch.dispatcher.memory import release_cached_memory
 from attn_dispatch.dispatcher.plans import (
     MAX_PLANS,
     BoundedCache,
@@ -39,9 +44,8 @@ from attn_dispatch.dispatcher.plans import (
     problem_at_key_length,
 )
 from attn_dispatch.dispatcher.sdpa_context import pytorch_attention, some_backend_off
-from attn_dispatch.dispatcher.training_route import TrainingRoute
 from attn_dispatch.kernels import Problem
-from attn_dispatch.kernels.failures import is_out_of_memory
+from attn_dispatch.kernels.base import is_out_of_memory
 from attn_dispatch.kernels.registry import uses_fused_backend
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 
@@ -72,7 +76,16 @@ class ColdPath:
         self.planners: dict[torch.device, DevicePlanner] = hot.planners
         self.families: BoundedCache[tuple, Problem] = BoundedCache(MAX_PLANS)  # `plans.family_key` -> a Problem
         self.ranking_options: dict = {}  # more arguments of `device_ranking.resolve_ranking` (`Dispatcher.use_table`)
-        self.training_route = TrainingRoute()
+        self._training_route = None
+
+    @property
+    def training_route(self):
+        """The `training_route.TrainingRoute` (made on the first gradient call)."""
+        if self._training_route is None:
+            from attn_dispatch.dispatcher.training_route import TrainingRoute
+
+            self._training_route = TrainingRoute()
+        return self._training_route
 
     # ------------------------------------------------------------------ planning
     def plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa) -> Plan:
@@ -109,7 +122,7 @@ class ColdPath:
             if family is not None:
                 self.families.put(family, problem)
             if decided:
-                _log.new_decision(new.decision)
+                log_decision(new.decision)
         return new
 
     def settle(self, key_, plan: Plan) -> Plan:
@@ -124,7 +137,7 @@ class ColdPath:
             self.counts.fold(plan)
             self.hot.drop(key_)
             self.plans.put(key_, settled)
-            _log.settled(settled.kernel.name, plan.kernel.name, plan.settle_at)
+            log_settled(settled.kernel.name, plan.kernel.name, plan.settle_at)
         return settled
 
     def planner(self, device: torch.device) -> DevicePlanner:
@@ -171,7 +184,8 @@ class ColdPath:
         """Forget every plan, bucket, device planner and training decision."""
         self.families.clear()
         self.planners.clear()
-        self.training_route.reset()
+        if self._training_route is not None:
+            self._training_route.reset()
 
     # ------------------------------------------------------------------ recovery
     def recover(self, plan: Plan, key_, error, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:
@@ -227,7 +241,7 @@ class ColdPath:
                 with self.lock:
                     self.state(plan.device).forget_out_of_memory(plan.problem)
                 raise no_kernel from error
-            _log.fallback(failed, error, plan.kernel.name)
+            log_fallback(failed, error, plan.kernel.name)
             plan.count[0] += 1
             try:
                 return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
@@ -277,7 +291,7 @@ class ColdPath:
                     count[0] -= 1
                     if not carries_tangent(query, key, value, attn_mask):  # a dual's failure: not the kernel's
                         self.training_route.failed(plan, budget, choice.kernel, error)
-                        _log.fallback(choice.kernel.name, error, TRAINING_KERNEL)
+                        log_fallback(choice.kernel.name, error, TRAINING_KERNEL)
         self.counts.cell(TRAINING_COUNT)[0] += 1
         gqa = {"enable_gqa": True} if enable_gqa else {}
         return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)

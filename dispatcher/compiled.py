@@ -1,7 +1,7 @@
 """`torch.compile` runs the dispatcher's choice.
 
 Under compilation `Dispatcher.attention` puts one call into Dynamo's graph, `attention_in_graph`
-(allowed in the graph: Dynamo does not trace into it; marked when Dynamo is imported, `after_import`). AOTAutograd then traces it with fake
+(allowed in the graph: Dynamo does not trace into it; marked when Dynamo is imported, `compiled`). AOTAutograd then traces it with fake
 tensors, and there
 
 - with static shapes, the decision is made from the fake tensors' shapes, dtypes and devices (as
@@ -30,18 +30,21 @@ processes, where no dispatcher of this one exists to decide at run time).
 
 from __future__ import annotations
 
+import importlib.abc
 import itertools
+import sys
 import threading
 import types
 import weakref
 from collections.abc import Callable
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from attn_dispatch.dispatcher import sdpa_context
-from attn_dispatch.dispatcher.after_import import when_imported
+import attn_dispatch.dispatcher.sdpa_context as sdpa_context
+from attn_dispatch.dispatcher.decision import logger
 from attn_dispatch.dispatcher.plans import cache_key
 
 if TYPE_CHECKING:
@@ -147,12 +150,92 @@ def _allow_in_graph(dynamo: types.ModuleType) -> None:
     dynamo.allow_in_graph(attention_in_graph)
 
 
-when_imported("torch._dynamo", _allow_in_graph)  # importing Dynamo to mark it would cost every process 1.4 s
-
-
 def compiled_attention(dispatcher: Dispatcher, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        attn_mask: torch.Tensor | None, is_causal: bool, scale: float | None,
                        enable_gqa: bool) -> torch.Tensor:
     """What `Dispatcher.attention` emits while torch.compile traces it (inference route)."""
     return attention_in_graph(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa),
                               dispatcher.compile_id)
+
+
+_hook_lock = threading.Lock()
+
+
+# a post-import hook: run a function once a module is imported, without importing it (marking
+# for Dynamo imports torch._dynamo, over a second of a process's start). A `sys.meta_path` finder
+# answers for that one name, wraps the found spec's loader, and once the module has run removes
+# itself and calls the function.
+
+
+def when_imported(name: str, then: Callable[[ModuleType], None]) -> None:
+    """Call ``then(module)`` now if module `name` is imported, else right after its first import.
+
+    An exception raised by `then` is logged (a warning), never raised into the import."""
+    module = sys.modules.get(name)
+    if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+        _call(then, module)
+        return
+    with _hook_lock:
+        sys.meta_path.insert(0, _Hook(name, then))
+
+
+def _call(then: Callable[[ModuleType], None], module: ModuleType) -> None:
+    try:
+        then(module)
+    except Exception as error:  # noqa: BLE001 - a failed mark must not fail the user's import
+        logger.warning("attn_dispatch: after importing %s, %s failed (%s: %s)", module.__name__,
+                       getattr(then, "__qualname__", then), type(error).__name__, error)
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the loader of module `name` as the other finders find it."""
+
+    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
+        self.name = name
+        self.then = then
+        self._searching = False
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name or self._searching:
+            return None
+        self._searching = True
+        try:
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                        spec.loader = _ThenLoader(spec.loader, self)
+                    return spec
+            return None
+        finally:
+            self._searching = False
+
+    def done(self, module: ModuleType) -> None:
+        with _hook_lock:
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+        _call(self.then, module)
+
+
+class _ThenLoader(importlib.abc.Loader):
+    """The module's own loader, calling the hook once the module has run."""
+
+    def __init__(self, loader, hook: _Hook) -> None:
+        self._loader = loader
+        self._hook = hook
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._hook.done(module)
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)
+
+
+when_imported("torch._dynamo", _allow_in_graph)  # importing Dynamo to mark it would cost every process 1.4 s

@@ -17,13 +17,17 @@ from dataclasses import replace
 
 import torch
 
-from attn_dispatch.dispatcher import sdpa_context
-from attn_dispatch.dispatcher.autocast import any_autocast as _any_autocast
-from attn_dispatch.dispatcher.autocast import attention_under_autocast, autocast_inputs
+import attn_dispatch.dispatcher.sdpa_context as sdpa_context
 from attn_dispatch.dispatcher.cold_path import ColdPath
 from attn_dispatch.dispatcher.compiled import compiled_attention, compiling_readers, dispatcher_id
-from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Decision
-from attn_dispatch.dispatcher.device_planner import PlannerConfig
+from attn_dispatch.dispatcher.decision import (
+    ROUTE_TRAINING,
+    TRAINING_KERNEL,
+    Decision,
+    parse_memory_size,
+    with_lossy_gain,
+)
+from attn_dispatch.dispatcher.device_planner import PlannerConfig, kernel_set_signature
 from attn_dispatch.dispatcher.fast_path import attach
 from attn_dispatch.dispatcher.hot_path import (
     HOT_AFTER,
@@ -32,18 +36,34 @@ from attn_dispatch.dispatcher.hot_path import (
     rehot,
     shapes_called_again,
 )
-from attn_dispatch.dispatcher.kernel_set import kernel_set
-from attn_dispatch.dispatcher.lossy_gain import with_lossy_gain
-from attn_dispatch.dispatcher.measured_store import kernel_set_signature
 from attn_dispatch.dispatcher.measuring import measure_from_env
-from attn_dispatch.dispatcher.memory import parse_memory_size
-from attn_dispatch.dispatcher.plans import MAX_PLANS, BoundedCache, CallCounts, Plan, cache_key, check_scale
-from attn_dispatch.dispatcher.prepared import PreparedAttention
-from attn_dispatch.dispatcher.restricted_calls import restricted_decision
-from attn_dispatch.dispatcher.training_route import pytorch_route_reason
-from attn_dispatch.kernels import LOSSLESS, AccuracyPolicy, Kernel, Problem
+from attn_dispatch.dispatcher.plans import (
+    MAX_PLANS,
+    BoundedCache,
+    CallCounts,
+    Plan,
+    PreparedAttention,
+    cache_key,
+    check_scale,
+)
+from attn_dispatch.dispatcher.sdpa_context import (
+    attention_under_autocast,
+    autocast_inputs,
+    restricted_decision,
+)
+from attn_dispatch.dispatcher.sdpa_context import any_autocast as _any_autocast
+from attn_dispatch.kernels import (
+    LOSSLESS,
+    AccuracyPolicy,
+    Kernel,
+    Problem,
+    all_kernels,
+    kernel_from_name,
+    portable_kernels,
+)
+from attn_dispatch.kernels.registry import serving
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
-from attn_dispatch.kernels.sdpa_probe import BACKEND_SWITCHES
+from attn_dispatch.kernels.sdpa_default import BACKEND_SWITCHES, SdpaDefaultKernel
 from attn_dispatch.models import environment
 from attn_dispatch.models.paths import tunings_dir
 
@@ -216,7 +236,7 @@ class Dispatcher:
                     return routed
             if is_causal.__class__ is not bool or enable_gqa.__class__ is not bool:  # PyTorch's TypeError
                 return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-            if _any_autocast():  # autocast's casts, which it makes for PyTorch's SDPA (`autocast`)
+            if _any_autocast():  # autocast's casts, which it makes for PyTorch's SDPA (`sdpa_context`)
                 cast = autocast_inputs(query, key, value, attn_mask)
                 if cast is not None:
                     return attention_under_autocast(self.attention, cast, dropout_p, is_causal, scale, enable_gqa)
@@ -329,19 +349,21 @@ class Dispatcher:
         enable_gqa: bool = False,
     ) -> Decision:
         """The decision `attention` makes (or made) for these arguments, without running it (under the
-        caller's `sdpa_kernel` restriction: PyTorch's backend that runs, `restricted_calls`)."""
+        caller's `sdpa_kernel` restriction: PyTorch's backend that runs, `sdpa_context`)."""
         if sdpa_context.backends_restricted() and not (query.is_meta or query.is_nested):
             grad = _grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
             problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
             return restricted_decision(problem, query.device, self.memory_budget, training=dropout_p != 0.0 or grad)
         attn_mask, is_causal = sdpa_context.explain_arguments(query, key, attn_mask, is_causal)  # the caller's context (`sdpa_context`)
         cast = autocast_inputs(query, key, value, attn_mask) if _any_autocast() else None
-        if cast is not None:  # under torch.autocast: the inputs `attention` runs (`autocast`)
+        if cast is not None:  # under torch.autocast: the inputs `attention` runs (`sdpa_context`)
             query, key, value, attn_mask = cast
         key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
         plan = self._plans.get(key_)
         if plan is None or plan.recheck:
             plan = self._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+        from attn_dispatch.dispatcher.training_route import pytorch_route_reason
+
         grad = _grad_enabled()
         inputs_grad = grad and (query.requires_grad or key.requires_grad or value.requires_grad)
         why = pytorch_route_reason(dropout_p, False, grad and attn_mask is not None and attn_mask.requires_grad, plan.kernel)
@@ -407,3 +429,40 @@ class Dispatcher:
             self._traced_shapes.clear()
             self._counts.clear()
             self._cold.reset()
+
+
+# the kernels a dispatcher chooses from: a named set or the user's own list
+
+KERNEL_SETS = ("all", "portable")
+"""The named kernel sets (`Dispatcher(kernels=...)` and the CLI's ``--kernels`` choices)."""
+
+
+class LastResortDefault(SdpaDefaultKernel):
+    """PyTorch's own SDPA as the portable set's last resort: tried only after every ranked kernel
+    failed, never ranked. On gfx906 it is the math backend the portable kernels exist to beat; on
+    a card with fused backends (a GPU emulating gfx906 with ``--kernels portable``) ranking it
+    would leave the emulated card for its fused kernels."""
+
+    last_resort = True
+
+
+def kernel_set(kernels: str | Sequence[Kernel | str], policy: AccuracyPolicy) -> dict[str, Kernel]:
+    """Kernels by name: ``"all"`` / ``"portable"`` (plus ``sdpa_default``, the last-resort fallback;
+    without kernels Triton's interpreter would run: `kernels.registry.serving`) or the given kernels
+    / kernel names, as given. Raises ValueError / TypeError naming the bad item."""
+    if isinstance(kernels, str):
+        if kernels not in KERNEL_SETS:
+            raise ValueError(f"kernels={kernels!r}: pass 'all', 'portable' or a list of kernels / kernel names")
+        if kernels == "all":
+            chosen = [*serving(all_kernels(policy=policy)), SdpaDefaultKernel()]
+        else:
+            chosen = [*serving(portable_kernels(policy=policy)), LastResortDefault()]
+    else:
+        chosen = [kernel_from_name(k, policy=policy) if isinstance(k, str) else k for k in kernels]
+        for kernel in chosen:
+            if not isinstance(kernel, Kernel):
+                raise TypeError(f"kernels must hold Kernel objects or kernel names, got {kernel!r}")
+    by_name: dict[str, Kernel] = {}
+    for kernel in chosen:
+        by_name.setdefault(kernel.name, kernel)
+    return by_name

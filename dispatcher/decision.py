@@ -1,13 +1,28 @@
-"""What the dispatcher decided for one problem, and why: the record `explain` returns and the
-log prints.
-"""
+"""What the dispatcher decided for one problem, and why: the record `explain` returns and the log
+prints (`Decision`); the memory it was decided under (`free_bytes`, the budget); the error raised when
+no kernel can run (`NoKernelError`); the lossy conversion `explain` notes (`with_lossy_gain`); and the
+log of decisions and fallbacks (INFO when ``ATTN_DISPATCH_LOG=1``, else DEBUG; fallbacks WARNING)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
-from attn_dispatch.dispatcher.memory import format_bytes
-from attn_dispatch.kernels import Problem
+import torch
+
+from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
+from attn_dispatch.kernels.convert import ConvertKernel
+from attn_dispatch.models.identity import CardSpec
+from attn_dispatch.models.environment import LOG, MEMORY_BUDGET
+from attn_dispatch.models.priors import prior_seconds
+from attn_dispatch.models.priors import kernel_named
+from attn_dispatch.models.environment import (  # noqa: F401 (public here too: `ad.parse_memory_size`, `format_bytes`)
+    MAX_MEMORY_BUDGET,
+    format_bytes,
+    parse_memory_size,
+)
 
 ROUTE_DISPATCH = "dispatch"
 ROUTE_TRAINING = "training"
@@ -171,3 +186,270 @@ def _compact(names: list[str]) -> str:
         else:
             parts.append(key + "{" + ", ".join(inners) + "}")
     return ", ".join(parts)
+
+
+# memory: free device memory (GPU: driver free plus the caching allocator's unused bytes; CPU:
+# MemAvailable) and the budget (ATTN_DISPATCH_MEMORY_BUDGET or Dispatcher(memory_budget=...))
+
+MEMINFO_PATH = "/proc/meminfo"
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Bytes a new allocation on `device` can get now; None when the device cannot tell.
+
+    CUDA/ROCm: driver free memory plus the caching allocator's reserved-but-unused bytes.
+    CPU: ``MemAvailable`` from ``/proc/meminfo``, else free physical pages (``os.sysconf``).
+    """
+    if device.type == "cuda":
+        return _cuda_free_bytes(device)
+    if device.type == "cpu":
+        return _cpu_available_bytes()
+    backend = getattr(torch, device.type, None)
+    mem_get_info = getattr(backend, "mem_get_info", None)
+    if mem_get_info is None:
+        return None
+    try:
+        return int(mem_get_info(device)[0])
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def _cuda_free_bytes(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    free, _total = torch.cuda.mem_get_info(index)
+    stats = torch.cuda.memory_stats(index)  # one call for both counters (each getter builds this dict)
+    cached_unused = stats.get("reserved_bytes.all.current", 0) - stats.get("allocated_bytes.all.current", 0)
+    return int(free + max(cached_unused, 0))
+
+
+def _cpu_available_bytes() -> int | None:
+    try:
+        with open(MEMINFO_PATH) as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the file counts kB (KiB)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def release_cached_memory(device: torch.device) -> None:
+    """Give the caching allocator's unused blocks back (after an out-of-memory error)."""
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            torch.cuda.empty_cache()
+        return
+    backend = getattr(torch, device.type, None)
+    empty_cache = getattr(backend, "empty_cache", None)
+    if empty_cache is not None:
+        try:
+            empty_cache()
+        except RuntimeError:
+            pass
+
+
+# the error an attention call raises when no kernel can run it: the cause first, then the problem
+
+
+class NoKernelError(RuntimeError):
+    """No kernel can run the problem: every one is unsupported, over the memory limit or failed.
+
+    Attributes
+    ----------
+    problem: the problem; device: where; reasons: ``(kernel name, why)`` for every kernel;
+    cause: the first line of the message (why nothing runs, and what to do).
+    """
+
+    def __init__(
+        self, problem: Problem, device: str, reasons: Sequence[tuple[str, str]], *,
+        smallest: tuple[str, int] | None = None, budget: int | None = None, free: int | None = None,
+    ) -> None:
+        """`smallest`: (kernel name, workspace bytes) of the runnable kernel that needs the least
+        workspace, when every runnable kernel was dropped for memory; `budget`, `free`: the
+        limits it was held to (bytes, None when there was none)."""
+        self.problem = problem
+        self.device = device
+        self.reasons = tuple(reasons)
+        self.cause = _cause(device, self.reasons, smallest, budget, free)
+        if smallest is not None and (_over(smallest, budget) or _over(smallest, free)):
+            over = sum("of workspace" in why for _, why in self.reasons)
+            details = (f"  {over} kernels need more workspace than that; the other {len(self.reasons) - over} do "
+                       f"not support this problem here (NoKernelError.reasons lists every kernel's reason)")
+        else:
+            details = "\n".join(f"  {name}: {why}" for name, why in self.reasons)
+        super().__init__(f"{self.cause}\n  problem: {problem} on {device}\n{details}")
+
+    @classmethod
+    def nothing_fits(cls, ranked, fit, device: str, *, free: int | None, budget: int | None) -> NoKernelError:
+        """The error for a `selection.Ranked` whose `selection.Fit` kept no option."""
+        return cls(ranked.problem, device, ranked.dropped + fit.dropped, smallest=smallest_workspace(ranked),
+                   budget=budget, free=free)
+
+
+def smallest_workspace(ranked) -> tuple[str, int] | None:
+    """(name, workspace bytes) of the runnable option of a `selection.Ranked` that needs the least
+    workspace, counting the chunked kernel shrunk to its smallest chunks (`selection.MIN_CHUNK`),
+    which the dispatcher tries when nothing else fits (of equal workspaces, the first name); None when no kernel
+    supports the problem."""
+    from attn_dispatch.dispatcher.selection import MIN_CHUNK
+    from attn_dispatch.kernels import ChunkedKernel
+
+    sizes = [(option.kernel.name, int(option.workspace_bytes)) for option in ranked.options]
+    tiniest = ChunkedKernel(q=MIN_CHUNK, kv=MIN_CHUNK)
+    if sizes and not tiniest.reasons(ranked.problem):
+        sizes.append((tiniest.name, int(tiniest.workspace_bytes(ranked.problem))))
+    return min(sizes, key=lambda item: (item[1], item[0]), default=None)  # ties by name: one message whatever the ranking
+
+
+BUDGET_FIX = f"raise {MEMORY_BUDGET.name} or Dispatcher(memory_budget=...)"
+"""What a `NoKernelError` over the memory budget tells a Python user to do (the CLI names its flag)."""
+
+
+def _over(smallest: tuple[str, int], limit: int | None) -> bool:
+    return limit is not None and smallest[1] > limit
+
+
+def _cause(device: str, reasons: Sequence[tuple[str, str]], smallest: tuple[str, int] | None,
+           budget: int | None, free: int | None) -> str:
+    """The first line of a `NoKernelError`: the real reason, then the fix."""
+    if not reasons:
+        return "no attention kernel can run this problem: the dispatcher has no kernels; pass kernels='all'"
+    if smallest is not None and _over(smallest, budget):
+        name, need = smallest
+        return (f"no attention kernel fits the memory budget of {format_bytes(budget)}: the smallest workspace this "
+                f"problem needs is {format_bytes(need)} ({name}); {BUDGET_FIX} to at least that")
+    if smallest is not None and _over(smallest, free):
+        name, need = smallest
+        return (f"no attention kernel fits in the {format_bytes(free)} free on {device}: the smallest workspace this "
+                f"problem needs is {format_bytes(need)} ({name}); free device memory or split the batch")
+    return (f"no attention kernel in this dispatcher's set can run this problem on {device} (first reason: "
+            f"{reasons[0][0]}: {reasons[0][1]}); pass a kernel set that includes one for it")
+
+
+# a lossy conversion the caller has not allowed, and what the analytic prior says it would gain
+# (bf16->fp16 on gfx906, which has no bf16 dot instruction); opt-in: fp16 overflows past 65504
+
+NOTED_CONVERSIONS = ("bf16->fp16", "fp16->bf16")
+"""Lossy conversions whose gain `explain` states: those between the half dtypes, which keep the
+inputs' size, so what they gain is the card's rate for the other dtype (gfx906's fp16 dot2
+against its bf16 emulation), not memory."""
+MIN_GAIN = 1.25
+"""A conversion is worth a note when the prior predicts it at least this much faster than the
+chosen kernel: the margin the prior keeps before overriding a choice (`models.priors.FORCED_BACKEND_FACTOR`)."""
+RANGE_LOSS = {
+    "bf16->fp16": "fp16's range ends at 65504 where bf16's reaches 3.4e38: larger activations overflow to inf",
+    "fp16->bf16": "bf16 keeps 8 bits of mantissa where fp16 keeps 11: about 3 significant digits fewer",
+}
+
+
+def lossy_gain_note(decision: Decision, spec: CardSpec | None, policy: AccuracyPolicy) -> str | None:
+    """A line for `explain` when a conversion of `NOTED_CONVERSIONS` that `policy` does not allow was
+    dropped, would run otherwise, and the prior of `spec`'s card predicts it at least `MIN_GAIN`
+    times faster than the chosen kernel; None otherwise (no spec, no such conversion, or no such
+    gain). Both times are the prior's, so the gain compares like with like."""
+    if spec is None:
+        return None
+    problem = decision.problem
+    try:
+        chosen_s = prior_seconds(problem, kernel_named(decision.kernel), spec)
+    except ValueError:  # the training route's PyTorch call, or a kernel that is not ours
+        return None
+    best: tuple[float, Kernel] | None = None
+    for name, _ in decision.dropped:
+        kernel = _noted_conversion(name)
+        if kernel is None or policy.allows(kernel.source, kernel.target) or kernel.reasons(problem):
+            continue  # not ours or not noted, allowed (dropped for another reason), or its inner cannot run
+        seconds = prior_seconds(problem, kernel, spec)
+        if best is None or seconds < best[0]:
+            best = (seconds, kernel)
+    if best is None or chosen_s < MIN_GAIN * best[0]:
+        return None
+    seconds, kernel = best
+    return (f"{kernel.name} would take {format_seconds(seconds)} against {format_seconds(chosen_s)} for "
+            f"{decision.kernel}, {chosen_s / seconds:.1f}x faster (predicted by the analytic prior of {spec.name}, "
+            f"unmeasured); it stays off because {kernel.conversion} is lossy ({RANGE_LOSS[kernel.conversion]}): "
+            f"opt in with --allow-lossy {kernel.conversion} (AccuracyPolicy.allowing({kernel.conversion!r}))")
+
+
+def with_lossy_gain(decision: Decision, prior: object, policy: AccuracyPolicy) -> Decision:
+    """`decision` with `lossy_gain_note` among its notes, when there is one; `prior` is the
+    device's analytic prior ranker (`models.priors.PriorRanker`; None when it has none)."""
+    note = lossy_gain_note(decision, getattr(prior, "spec", None), policy)
+    return decision if note is None else replace(decision, notes=(*decision.notes, note))
+
+
+def _noted_conversion(name: str) -> ConvertKernel | None:
+    """The kernel `name` under a policy allowing every conversion, when it converts by one of
+    `NOTED_CONVERSIONS`; else None."""
+    try:
+        kernel = kernel_named(name)
+    except ValueError:
+        return None
+    if isinstance(kernel, ConvertKernel) and kernel.source is not None and kernel.conversion in NOTED_CONVERSIONS:
+        return kernel
+    return None
+
+
+MAX_MESSAGE = 200
+"""Characters of a failure's message kept in `explain` (a CUDA OOM message runs to a paragraph)."""
+
+
+def failure_message(error: BaseException) -> str:
+    """``"RuntimeError: first line of the message"``."""
+    text = str(error).strip().splitlines()
+    first = text[0][:MAX_MESSAGE] if text else ""
+    return f"{type(error).__name__}: {first}"
+
+
+# logging: each new decision once, every run-time fallback as a WARNING
+
+logger = logging.getLogger("attn_dispatch")
+_TOP_CANDIDATES = 3  # candidates shown in the one-line log of a decision (explain shows them all)
+
+
+def _log_enabled() -> bool:
+    """``ATTN_DISPATCH_LOG`` is on (`models.environment.LOG`)."""
+    return LOG.read()
+
+
+def _ensure_handler() -> None:
+    """Give the logger a stderr handler at INFO when nothing would print its records."""
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        logger.addHandler(handler)
+
+
+def log_decision(decision: Decision) -> None:
+    """Log a decision the first time it is made."""
+    level = logging.DEBUG
+    if _log_enabled():
+        _ensure_handler()
+        level = logging.INFO
+    if not logger.isEnabledFor(level):
+        return
+    others = ", ".join(c.name for c in decision.candidates[1:_TOP_CANDIDATES + 1]) or "none"
+    logger.log(level, "%s; next: %s; %d kernels dropped", decision.summary(), others, len(decision.dropped))
+    logger.debug("%s", decision)
+
+
+def log_fallback(failed: str, error: BaseException, replacement: str) -> None:
+    """Kernel `failed` raised `error` at run time and kernel `replacement` runs instead."""
+    logger.warning(
+        "%s raised %s; falling back to %s (remembered for problems of this size)",
+        failed, failure_message(error), replacement,
+    )
+
+
+def log_settled(kernel: str, previous: str, calls: int) -> None:
+    """An exact shape called `calls` times moves from `previous` to `kernel` (`selection.settle_after`)."""
+    level = logging.INFO if _log_enabled() else logging.DEBUG
+    if _log_enabled():
+        _ensure_handler()
+    logger.log(level, "a shape called %d times now runs %s instead of %s (its per-shape set-up pays off)",
+               calls, kernel, previous)

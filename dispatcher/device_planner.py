@@ -13,21 +13,21 @@ warm path.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
-from attn_dispatch.dispatcher.call_timing import clock_for
-from attn_dispatch.dispatcher.decision import Candidate, Decision
+from attn_dispatch.dispatcher.decision import Candidate, Decision, failure_message, free_bytes
 from attn_dispatch.dispatcher.device_ranking import DeviceRanking, no_table_line
-from attn_dispatch.dispatcher.measured_store import TuningStore
-from attn_dispatch.dispatcher.measuring import Trial
-from attn_dispatch.dispatcher.memory import free_bytes
-from attn_dispatch.dispatcher.plans import MAX_BUCKETS, BoundedCache, Plan, failure_message, mask_ndim_of
-from attn_dispatch.dispatcher.recording import record_problem
+from attn_dispatch.dispatcher.measuring import Trial, clock_for
+from attn_dispatch.dispatcher.plans import MAX_BUCKETS, BoundedCache, Plan, mask_ndim_of
 from attn_dispatch.dispatcher.selection import (
     FASTER_DID_NOT_FIT,
     HISTORY,
@@ -49,8 +49,18 @@ from attn_dispatch.dispatcher.selection import (
     shape_setup_seconds,
 )
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
-from attn_dispatch.kernels.sdpa_probe import passed_probes, probes_deferred, seed_passed_probes
+from attn_dispatch.kernels.sdpa_default import passed_probes, probes_deferred, seed_passed_probes
 from attn_dispatch.models.probe_store import load_cold_costs
+from attn_dispatch.models.environment import RECORD
+
+
+def _record(problem: Problem) -> None:
+    """`recording.record_problem`, where a workload is being recorded: ``ATTN_DISPATCH_RECORD`` or
+    a `record()` block (which imported `recording`)."""
+    if RECORD.read() or "attn_dispatch.dispatcher.recording" in sys.modules:
+        from attn_dispatch.dispatcher.recording import record_problem
+
+        record_problem(problem)
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,7 @@ class DevicePlanner:
         bucket = self.buckets.get(key)
         decided = bucket is None
         if decided:
-            record_problem(problem)  # a no-op unless a workload is being recorded (`recording`)
+            _record(problem)
             budget, measure = settings()
             bucket = self.decide(problem, budget=budget, measure=measure, on_failure=on_failure)
             self.buckets.put(key, bucket)
@@ -196,7 +206,7 @@ class DevicePlanner:
         """`problem`'s bucket decided by `selection.decide` (its result measured on an earlier call or
         process first, else, with `measure` and `trial`, a `measuring.Trial` of its candidates on its
         next calls; not for a shape decided apart from its bucket). `defer_probes`: rank without
-        running backend probes not run yet (`sdpa_probe.probes_deferred`); a kernel is probed where it
+        running backend probes not run yet (`sdpa_default.probes_deferred`); a kernel is probed where it
         is about to run (`_plan_in`, `measuring.Trial`, the training route). Raises `NoKernelError`
         when nothing can run it within the memory limit."""
         state, config = self.state, self.config
@@ -252,7 +262,7 @@ class DevicePlanner:
 
 def workspace_bound(kernel: Kernel, problem: Problem) -> int:
     """`kernel`'s workspace on `problem`, estimated without running a probe: a probe not run yet
-    answers as `sdpa_probe.probes_deferred` does (native GQA taken as absent: K/V counted repeated),
+    answers as `sdpa_default.probes_deferred` does (native GQA taken as absent: K/V counted repeated),
     so the bound is never under what the call takes, and no call waits for a probe to size memory
     (PyTorch's default sizes its backend's GQA, a probe of its own, on every decode step's new shape)."""
     with probes_deferred():
@@ -275,7 +285,7 @@ class Bucket:
         where nothing is measured.
     free: bytes free on the device when decided (None: unknown, e.g. the CPU).
     history: the call counters of the bucket's most recent exact shapes (`selection.new_shape_order`).
-    unprobed: ranked with backend probes deferred (`sdpa_probe.probes_deferred`): an option is asked
+    unprobed: ranked with backend probes deferred (`sdpa_default.probes_deferred`): an option is asked
         its `Kernel.reasons` again before it runs.
     """
 
@@ -406,7 +416,8 @@ class DeviceState:
         self.failures: dict[tuple, dict[str, str]] = {}
         self.out_of_memory: dict[tuple, set[str]] = {}
         self.tuned: dict[tuple, Tuned] = {}
-        self.store: TuningStore | None = None
+        self._store = None
+        self._store_path: Path | None = None
         self._store_opened = False
 
     # ------------------------------------------------------------------ failures
@@ -433,25 +444,46 @@ class DeviceState:
             failures.pop(name, None)
 
     # ------------------------------------------------------------------ tunings
-    def open_store(self, root_of_stores: Callable[[], object] | None, signature: str) -> TuningStore | None:
-        """The tuning store, opened and loaded on first use; None when `root_of_stores` is None
-        (tunings not remembered), the device has no identity, or its directory is unusable."""
+    def open_store(self, root_of_stores: Callable[[], object] | None, signature: str) -> None:
+        """Load the tuning store on first use (`measured_store`, imported only where its file
+        exists or a tuning is kept); nothing when `root_of_stores` is None (tunings not
+        remembered), the device has no identity, or its directory is unusable."""
         if not self._store_opened:
             self._store_opened = True
             device_key = self.ranking.source.identity
             if root_of_stores is not None and device_key:
                 try:
-                    self.store = TuningStore.at(root_of_stores(), device_key, signature)
-                    self.tuned.update({**self.store.load(), **self.tuned})
+                    self._store_path = tuning_path(root_of_stores(), device_key, signature)
+                    if self._store_path.exists():
+                        self.tuned.update({**self.store.load(), **self.tuned})
                 except OSError:
-                    self.store = None
-        return self.store
+                    self._store_path = None
+
+    @property
+    def store(self):
+        """The `measured_store.TuningStore` the tunings are kept in (None: memory only)."""
+        if self._store is None and self._store_path is not None:
+            from attn_dispatch.dispatcher.measured_store import TuningStore
+
+            self._store = TuningStore(self._store_path)
+        return self._store
 
     def keep_measured(self, bucket: tuple, tuned: Tuned, *, store: bool = True) -> None:
         """A bucket measured on its calls (`measuring`): kept for this process and (`store`) in the store."""
         self.tuned[bucket] = tuned
         if store and self.store is not None:
             self.store.append(bucket, tuned)
+
+
+def kernel_set_signature(names: Iterable[str], policy: str) -> str:
+    """A short, stable name for a kernel set and its accuracy policy."""
+    text = json.dumps([sorted(names), policy])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def tuning_path(root, device_key: str, signature: str) -> Path:
+    """The tuning store's file of a device and kernel set under `root` (`measured_store`)."""
+    return Path(root) / device_key / f"{signature}.jsonl"
 
 
 MAX_SEEN_SHAPES = 1 << 16
@@ -526,7 +558,7 @@ class ProbeCache:
     def for_device(cls, device: torch.device, home: str | None) -> ProbeCache | None:
         """Seed this process's probe results from the device's file; None on devices other than CPUs
         and GPUs, on any error, and for a GPU other than the current one: probes run on the current
-        device and their results are kept per device type (`sdpa_probe`), so another card's file
+        device and their results are kept per device type (`sdpa_default`), so another card's file
         would vouch for this one, and this one's passes be written as another card's."""
         if device.type not in ("cpu", "cuda"):
             return None

@@ -30,7 +30,7 @@ from attn_dispatch.dispatcher.decision import RankingSource
 from attn_dispatch.kernels import Kernel, Problem, kernel_from_name
 from attn_dispatch.kernels._blocks import KEY_COUNT_MULTIPLE, key_count_aligned
 from attn_dispatch.kernels.registry import uses_fused_backend
-from attn_dispatch.kernels.sdpa_probe import default_backend_choice
+from attn_dispatch.kernels.sdpa_default import default_backend_choice
 from attn_dispatch.models.measured import MeasuredEntry
 from attn_dispatch.models.priors import Ranker, supported
 from attn_dispatch.models.sharing import TableWarning  # one warning class for every table problem

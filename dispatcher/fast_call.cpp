@@ -14,7 +14,7 @@
 // forwarded unchanged to that SDPA instead.
 //
 // An entry serves its plan's exact shape, or (`key_lengths`) every key length of a range over which
-// the dispatcher would make the same call (`dispatcher.length_range`): a decode loop's next token then
+// the dispatcher would make the same call (`dispatcher.hot_path`): a decode loop's next token then
 // needs no Python either.
 //
 // A served call is one the Python hot path would serve with the same PyTorch call, so every check

@@ -11,13 +11,13 @@ builtin's checks have already done; a ``scale`` that is neither absent, None nor
 forwarded unchanged to PyTorch's SDPA instead. Every other call is forwarded unchanged to
 `Dispatcher.attention`.
 
-A hot plan that runs a fused backend's operator bare (`kernels._bare_call.BareCall`: flash,
+A hot plan that runs a fused backend's operator bare (`kernels.sdpa_backends.BareCall`: flash,
 memory-efficient or cuDNN with no mask, GQA native or folded into rows) is served the same way: the
 builtin makes that operator call through ATen, with the GIL released as PyTorch's bindings release
 it. Such an entry also requires a float or no ``scale`` and every SDPA backend switched on (`sdpa_kernel`
 restrictions are `sdpa_context.route`'s).
 
-An entry may serve a range of key lengths (`length_range`): every length over which the plan's
+An entry may serve a range of key lengths (`hot_path`): every length over which the plan's
 bucket would give a new shape the same call, so a decode loop's next token is served with no Python
 either; the key and value then match in everything but that length and their strides, which are
 compared as the plan's key reads them (contiguity) and as the operators do (the last one).
@@ -53,9 +53,13 @@ registry holds its callable).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.util
 import logging
 import os
+import sys
+import sysconfig
 import threading
 import weakref
 from pathlib import Path
@@ -64,9 +68,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attn_dispatch.dispatcher import fast_path_build
-from attn_dispatch.dispatcher.after_import import when_imported
-from attn_dispatch.dispatcher.fast_path_build import library_path, module_name
+from attn_dispatch.dispatcher.compiled import when_imported
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.models.environment import FAST_PATH
 
@@ -74,6 +76,8 @@ if TYPE_CHECKING:
     from attn_dispatch.dispatcher.core import Dispatcher
     from attn_dispatch.dispatcher.plans import Plan
 
+SOURCE = Path(__file__).with_name("fast_call.cpp")
+BUILD_SUBDIR = "fast_path"
 BUILD_COMMAND = "build-fast-path"
 WITHOUT_IT = ("without it, calls the fast path would serve take the Python path: about 1.5-3.5 us more per call "
               "than PyTorch's SDPA on the CPU and on an H200's host (docs/RESULTS.md#warm-parity)")
@@ -86,6 +90,34 @@ _checks: dict[tuple, str] = {}  # the library's and manifest's (path, inode, siz
 _rejected: dict[str, str] = {}  # library path -> why it was not loaded (for `status`)
 _made: weakref.WeakSet[FastPath] = weakref.WeakSet()  # every live dispatcher's fast path (`status` sums hits)
 _lock = threading.Lock()
+
+
+@functools.cache
+def module_name() -> str:
+    """The extension's name: one per torch build, Python ABI and source text (read once a process)."""
+    digest = hashlib.sha256()
+    for part in (torch.__version__, str(torch.version.git_version), sys.implementation.cache_tag,
+                 str(sysconfig.get_config_var("SOABI"))):
+        digest.update(part.encode() + b"\0")
+    digest.update(SOURCE.read_bytes())
+    return f"attn_dispatch_fast_call_{digest.hexdigest()[:16]}"
+
+
+def build_directory(home: str | os.PathLike | None = None, *, create: bool = True) -> Path:
+    """``<home>/fast_path/<module_name()>`` (`models.paths.home`: ``ATTN_DISPATCH_HOME`` or the user cache)."""
+    from attn_dispatch.models.paths import home as home_dir
+
+    return home_dir(home, create=create) / BUILD_SUBDIR / module_name()
+
+
+def library_path(home: str | os.PathLike | None = None) -> Path:
+    """Where the installed library lives (``<name>.so``, ``.pyd`` on Windows); asking creates no folder."""
+    return build_directory(home, create=False) / (module_name() + (".pyd" if sys.platform == "win32" else ".so"))
+
+
+def manifest_path(library: Path) -> Path:
+    """The manifest next to `library` (``<name>.json``)."""
+    return library.with_suffix(".json")
 
 
 def fast_path_enabled() -> bool:
@@ -106,6 +138,8 @@ def build(home: str | os.PathLike | None = None) -> Path:
     """Compile the extension into a private folder and install it under `home` (`fast_path_build`;
     an installed library that matches its manifest is reused), load it, and return the installed
     library's path. Raises RuntimeError naming what is missing (compiler, headers, ninja)."""
+    from attn_dispatch.dispatcher import fast_path_build
+
     library, module = fast_path_build.build(home)
     if module is None:
         module = load(home)
@@ -151,11 +185,13 @@ def _checked_rejection(path: Path) -> str | None:
     (path, inode, size, mtime of each); "not built" is never kept (an install may be half done)."""
     try:
         version = tuple((str(file), stat.st_ino, stat.st_size, stat.st_mtime_ns)
-                        for file in (path, fast_path_build.manifest_path(path)) for stat in [file.stat()])
+                        for file in (path, manifest_path(path)) for stat in [file.stat()])
     except OSError:
         return None
     if version not in _checks:
-        reason = fast_path_build.rejection(path)
+        from attn_dispatch.dispatcher.fast_path_build import rejection
+
+        reason = rejection(path)
         if reason is None:
             return None
         _checks[version] = reason
@@ -211,7 +247,7 @@ class FastPath:
 
     def callable(self):
         """The fast callable. Its torch.compile stand-in is registered when Dynamo is imported
-        (`after_import.when_imported`: at once where it already is), so handing it out imports no
+        (`compiled.when_imported`: at once where it already is), so handing it out imports no
         compiler stack; where this torch refuses the stand-in, a compiled graph breaks on the callable
         and runs it eagerly (one warning in the log)."""
         if not self._registered:

@@ -30,10 +30,9 @@ from types import ModuleType
 
 import torch
 
+from attn_dispatch.dispatcher.fast_path import SOURCE, build_directory, library_path, manifest_path, module_name
 from attn_dispatch.models.paths import write_text_atomically
 
-SOURCE = Path(__file__).with_name("fast_call.cpp")
-BUILD_SUBDIR = "fast_path"
 LOCK_NAME = "install.lock"
 MANIFEST_MODE = 0o644  # readable by all, as the library is (mkstemp makes 0600)
 MANIFEST_FORMAT = 1
@@ -46,34 +45,6 @@ def build_key() -> dict[str, str]:
     return {"torch": torch.__version__, "torch_git": str(torch.version.git_version),
             "python_abi": f"{sys.implementation.cache_tag} {sysconfig.get_config_var('SOABI')}",
             "source_sha256": hashlib.sha256(SOURCE.read_bytes()).hexdigest()}
-
-
-@functools.cache
-def module_name() -> str:
-    """The extension's name: one per torch build, Python ABI and source text (read once a process)."""
-    digest = hashlib.sha256()
-    for part in (torch.__version__, str(torch.version.git_version), sys.implementation.cache_tag,
-                 str(sysconfig.get_config_var("SOABI"))):
-        digest.update(part.encode() + b"\0")
-    digest.update(SOURCE.read_bytes())
-    return f"attn_dispatch_fast_call_{digest.hexdigest()[:16]}"
-
-
-def build_directory(home: str | os.PathLike | None = None, *, create: bool = True) -> Path:
-    """``<home>/fast_path/<module_name()>`` (`models.paths.home`: ``ATTN_DISPATCH_HOME`` or the user cache)."""
-    from attn_dispatch.models.paths import home as home_dir
-
-    return home_dir(home, create=create) / BUILD_SUBDIR / module_name()
-
-
-def library_path(home: str | os.PathLike | None = None) -> Path:
-    """Where the installed library lives (``<name>.so``, ``.pyd`` on Windows); asking creates no folder."""
-    return build_directory(home, create=False) / (module_name() + (".pyd" if sys.platform == "win32" else ".so"))
-
-
-def manifest_path(library: Path) -> Path:
-    """The manifest next to `library` (``<name>.json``)."""
-    return library.with_suffix(".json")
 
 
 def sha256_of(path: Path) -> str:

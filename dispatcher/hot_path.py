@@ -20,7 +20,7 @@ tensor's strides before comparing anything, and a strided nested tensor's abort 
 The fast path (`fast_path`) mirrors these slots in C++: an entry whose plan is exactly its call's own
 PyTorch SDPA call, or one fused backend's bare operator call, gets a C++ record of its tensors
 (``HotEntry.fast``), serving the key lengths of its bucket that a new shape would get the same call
-at (`length_range`), and every change of the slots goes through `HotSlots.set`, which hands the
+at (`served_key_lengths`), and every change of the slots goes through `HotSlots.set`, which hands the
 C++ side the new set.
 """
 
@@ -31,12 +31,21 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attn_dispatch.dispatcher.length_range import served_key_lengths
-from attn_dispatch.dispatcher.selection import calls_per_shape
+from attn_dispatch.dispatcher.selection import (
+    calls_per_shape,
+    decision_bucket,
+    keys_aligned,
+    needs_recheck,
+    over_limit_reason,
+)
+from attn_dispatch.kernels.registry import uses_fused_backend
+from attn_dispatch.models.measured import length_bucket
 from attn_dispatch.models.environment import HOT_PATH
 
 if TYPE_CHECKING:
+    from attn_dispatch.dispatcher.device_planner import DevicePlanner
     from attn_dispatch.dispatcher.plans import Plan
+    from attn_dispatch.kernels import Problem
 
 HOT_SLOTS = 2
 """Plans kept on the hot path, most recent first: two serve a model alternating two shapes (a
@@ -146,7 +155,7 @@ class HotSlots:
     """A dispatcher's hot path: its last `HOT_SLOTS` plans with their guards (`slots`, most recent
     first), mirrored into the fast path's C++ slots where it is loaded (`fast`). Reads the plan table
     (`table`: exact shape key -> `Plan`) to make sure a plan is still cached when it goes hot, and the
-    device planners (`planners`) for the key lengths a C++ entry may serve (`length_range`)."""
+    device planners (`planners`) for the key lengths a C++ entry may serve (`hot_path`)."""
 
     def __init__(self, table: dict, lock, planners: dict, *, enabled: bool, fast=None) -> None:
         self.slots: tuple[HotEntry, ...] = ()
@@ -197,3 +206,67 @@ class HotSlots:
         self.slots = slots
         if self.fast is not None:
             self.fast.mirror(slots)
+
+
+# key-length ranges: the lengths one hot plan's C++ entry may serve, where a new exact shape of its
+# bucket would get the very same call (a decode loop's next key length then needs no Python). That
+# holds where the plan runs its bucket's first option with nothing passed over, no settling, failure,
+# measuring or memory re-check pending; every length lies in the bucket and, on a GPU running one of
+# our kernels, on one side of the key-count alignment (`selection.keys_aligned`); where causal, on one
+# side of the query length; and at both ends the kernel takes the problem, makes the same call
+# (`Kernel.sdpa_call`, `bare_call`) and its workspace fits.
+
+
+def bucket_key_lengths(kv_len: int) -> tuple[int, int]:
+    """The key lengths sharing `kv_len`'s bucket (`length_bucket`: rounded up to a power of two),
+    lowest and highest."""
+    exponent = length_bucket(kv_len)
+    if exponent == 0:
+        return kv_len, kv_len
+    return (1 << (exponent - 1)) + 1, 1 << exponent
+
+
+def served_key_lengths(planner: DevicePlanner, plan: Plan) -> tuple[int, int] | None:
+    """``(lowest, highest)`` key lengths over which `plan`'s call stands for the plan its bucket
+    would give a new exact shape (see the comment above), or None where it does not hold for
+    any other length."""
+    bucket = plan.bucket
+    if (plan.settle_at or plan.recheck or plan.skipped or plan.trial is not None or bucket.trial is not None
+            or not bucket.options
+            or bucket.options[0].kernel is not plan.kernel or planner.state.failures.get(bucket.key)
+            or not bucket.new_shapes_run_first(planner.cold_costs)):
+        return None
+    problem = plan.problem
+    if keys_aligned(problem) is not None and not uses_fused_backend(plan.kernel):
+        return None  # its bucket holds only the lengths of one key-count alignment
+    if planner.buckets.get(decision_bucket(problem)) is not bucket:
+        return None  # the bucket was decided again since: its new shapes get another plan
+    low, high = bucket_key_lengths(problem.kv_len)
+    if problem.causal and low <= problem.q_len <= high:
+        if problem.kv_len == problem.q_len:
+            return None
+        low, high = (problem.q_len + 1, high) if problem.kv_len > problem.q_len else (low, problem.q_len - 1)
+    if low >= high:
+        return None
+    kernel = plan.kernel
+    call, bare = kernel.sdpa_call(problem), kernel.bare_call(problem)
+    for length in (low, high):
+        other = _at_key_length(problem, length)
+        if other is None or kernel.reasons(other) or kernel.sdpa_call(other) != call or kernel.bare_call(other) != bare:
+            return None
+    workspace = int(kernel.workspace_bytes(other))  # the loop's last: the longest, the largest workspace
+    if needs_recheck(workspace, bucket.free) or over_limit_reason(workspace, bucket.free, bucket.budget) is not None:
+        return None
+    return low, high
+
+
+def _at_key_length(problem: Problem, kv_len: int) -> Problem | None:
+    """`problem` at another key length, its mask's last size following (or None where the mask's
+    last size is neither 1 nor the key length: no range)."""
+    mask_shape = problem.mask_shape
+    if mask_shape:
+        if mask_shape[-1] == problem.kv_len and problem.kv_len != 1:
+            mask_shape = (*mask_shape[:-1], kv_len)
+        elif mask_shape[-1] != 1:
+            return None
+    return problem.at_key_length(kv_len, mask_shape)

@@ -12,25 +12,18 @@ be read or written only costs the tuning again.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
+from attn_dispatch.dispatcher.device_planner import tuning_path
 from attn_dispatch.dispatcher.measuring import ROUNDS
 from attn_dispatch.dispatcher.selection import Tuned
 from attn_dispatch.models.measured import MeasuredEntry, entry_from_tuning
 
 BUCKET_FIELDS = 14
 """Length of a `selection.failure_bucket` key (a line whose bucket differs is from another version)."""
-
-
-def kernel_set_signature(names: Iterable[str], policy: str) -> str:
-    """A short, stable name for a kernel set and its accuracy policy."""
-    text = json.dumps([sorted(names), policy])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _to_json(value):
@@ -63,7 +56,7 @@ class TuningStore:
 
     @classmethod
     def at(cls, root: Path, device_key: str, signature: str) -> TuningStore:
-        return cls(Path(root) / device_key / f"{signature}.jsonl")
+        return cls(tuning_path(root, device_key, signature))
 
     def load(self) -> dict[tuple, Tuned]:
         """Every valid tuning in the file, by bucket (empty when there is no file or it is unreadable)."""

@@ -1,36 +1,32 @@
-"""A size bucket's kernels measured on the bucket's own calls: each call runs one candidate, and its
-output is that call's output.
+"""A size bucket's kernels measured on the bucket's own calls (`Trial`): each call runs one
+candidate, timed without waiting for the device, and its output is that call's output.
 
-Where no measured table entry of this card decides a bucket (a card without its family's table, a
-CPU before `attn-dispatch calibrate`, a bucket a table only predicts), a table or prior ranks the
-kernels, and a ranking can be far off on a card it was not fitted on
-(docs/RESULTS.md#h100-without-tables). So the bucket's first calls measure (`Trial`): the baseline first (PyTorch's default, what the caller would have run
-without us; in the portable set, where the default is only a last resort, the ranking's first
-choice), then the other candidates in the ranking's order, one call each in turn, every call timed
-without waiting for the device (`call_timing`). The rules:
+Where no measured table entry of this card decides a bucket, a ranking can be far off
+(docs/RESULTS.md#h100-without-tables), so the bucket's first calls measure: the baseline first
+(PyTorch's default; in the portable set the ranking's first choice), then the other candidates in
+ranking order, one call each in turn. The rules:
 
-- warm-up: a candidate's first call is not a sample (lazy set-up, cold caches); the baseline has
-  its warm-up and one sample before any other candidate runs, so every other call has a reference.
-  A warm-up that is the first run of its kernel's variant in this process (`first_run`: loading
-  its device code, creating library handles) pays a once-per-process cost that whichever bucket
-  came first would pay: it is not charged to this bucket's budget;
-- clearly slower: a candidate whose fastest sample is slower than every sample of the fastest
-  candidate so far by more than `CLEARLY_SLOWER` leaves at once;
-- bounded: what calls of other candidates cost beyond the baseline's median (a first call: beyond
-  the baseline's first call) is the bucket's spend, at most `BUDGET_CALLS` of the baseline's calls. A candidate whose prediction (or per-shape
-  set-up) says its first call alone would go over what is left is never run; once the budget is
-  spent, only candidates faster than the baseline so far stay;
+- warm-up: a candidate's first call is not a sample; the baseline has its warm-up and one sample
+  before any other candidate runs. The first warm-up of a kernel variant in this process
+  (`first_run`) is not charged to the bucket's budget;
+- clearly slower: a candidate whose fastest sample is slower than every sample of the fastest so far
+  by more than `CLEARLY_SLOWER` leaves at once;
+- bounded: the excess of other candidates' calls over the baseline's median is the bucket's spend,
+  at most `BUDGET_CALLS` baseline calls; a candidate predicted to go over what is left never runs;
+  once spent, only candidates faster than the baseline so far stay;
 - decided: after `ROUNDS` samples of every candidate still in, the baseline stays unless a
-  candidate beat it in every round, paired round by round, and by more than `MIN_WIN_MARGIN` at
-  the median (a sign test: five wins in five rounds happen by chance 1 time in 32);
+  candidate beat it in every paired round and by more than `MIN_WIN_MARGIN` at the median;
 - never waiting: on a GPU at most `MAX_PENDING` readings wait for their events; beyond that, calls
-  run the baseline untimed until they are read. Nothing is timed while a CUDA graph is captured.
+  run the baseline untimed. Nothing is timed while a CUDA graph is captured.
 
-A candidate that raises is out (its failure remembered for the bucket as any run-time failure is),
-and the call runs the plan's own kernel instead. When the trial is decided, `on_close` hands the
-result (`tuning.Tuned`) to the bucket, which keeps it in the home's tuning store for later
-processes (`measured_store`). ``ATTN_DISPATCH_MEASURE=0`` (or ``Dispatcher(measure=False)``) turns
-the measuring off: the ranking's order serves, PyTorch's default first where nothing was measured.
+A candidate that raises is out (its failure remembered for the bucket) and the call runs the plan's
+own kernel. The decided result (`selection.Tuned`) goes to `on_close`, which keeps it in the home's
+tuning store (`measured_store`). ``ATTN_DISPATCH_MEASURE=0`` (or ``Dispatcher(measure=False)``)
+turns the measuring off.
+
+Timing (`clock_for`): on a CPU the host clock around the call; on a CUDA / ROCm device CUDA events on
+the current stream around the call, read once the end event has completed (never blocking), the
+call's time being the larger of device and host time. Other device types are never timed.
 """
 
 from __future__ import annotations
@@ -38,45 +34,99 @@ from __future__ import annotations
 import math
 import statistics
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from attn_dispatch.dispatcher.decision import format_seconds
-from attn_dispatch.dispatcher.plans import failure_message
+import torch
+
+from attn_dispatch.dispatcher.decision import failure_message, format_seconds
 from attn_dispatch.dispatcher.selection import MIN_WIN_MARGIN, Option, Tuned
 from attn_dispatch.kernels import Kernel, Problem
 from attn_dispatch.models import environment
 
-MEASURE_ENV = environment.MEASURE.name
-"""``0`` (false, no, off) turns the measuring off for dispatchers built without `measure=`."""
+_now = time.perf_counter
+MS_PER_S = 1e3
+
+
+class Reading:
+    """One call's time: ``ready()`` once it can be read without waiting, then ``seconds()``."""
+
+    __slots__ = ("_host_s", "_events")
+
+    def __init__(self, host_s: float, events: tuple | None = None) -> None:
+        self._host_s = host_s
+        self._events = events
+
+    def ready(self) -> bool:
+        return self._events is None or self._events[1].query()
+
+    def seconds(self) -> float:
+        if self._events is None:
+            return self._host_s
+        start, end = self._events
+        return max(self._host_s, start.elapsed_time(end) / MS_PER_S)
+
+
+class HostClock:
+    """A CPU's clock: the host's, around the call."""
+
+    def can_time(self) -> bool:
+        return True
+
+    def start(self) -> object:
+        return _now()
+
+    def stop(self, started: object) -> Reading:
+        return Reading(_now() - started)
+
+
+class CudaEventClock:
+    """A CUDA / ROCm device's clock: events on its current stream, and the host's."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def can_time(self) -> bool:
+        with torch.cuda.device(self.device):
+            return not torch.cuda.is_current_stream_capturing()
+
+    def start(self) -> object:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event, _now()
+
+    def stop(self, started: object) -> Reading:
+        begin, host_start = started
+        end = torch.cuda.Event(enable_timing=True)
+        end.record(torch.cuda.current_stream(self.device))
+        return Reading(_now() - host_start, (begin, end))
+
+
+def clock_for(device: torch.device) -> HostClock | CudaEventClock | None:
+    """The clock that times calls on `device`; None where calls cannot be timed without waiting."""
+    if device.type == "cpu":
+        return HostClock()
+    if device.type == "cuda":
+        return CudaEventClock(device)
+    return None
+
 
 ROUNDS = 5
-"""Samples of each candidate still in before the bucket is decided: five paired rounds make the sign
-test that lets a candidate replace the baseline (it beats it in all five) a 1-in-32 chance event
-when the two are equally fast."""
-
+"""Samples of each candidate still in before the bucket is decided (five paired wins in five rounds:
+a 1-in-32 chance when two kernels are equally fast)."""
 BASELINE_CALLS = 2
-"""The baseline's calls before another candidate runs: its warm-up and one sample, the reference
-every other call's cost is counted against."""
-
+"""The baseline's calls before another candidate runs: its warm-up and one sample."""
 WARM_UP_CALLS = 1
-"""A candidate's first call, not counted as a sample: PyTorch's backends and our kernels set up lazily
-(allocator pools, cuDNN plans per shape, oneDNN primitives), so a first call times the set-up."""
-
+"""A candidate's first call, not a sample: backends and kernels set up lazily."""
 CLEARLY_SLOWER = 0.10
-"""A candidate whose fastest sample is this much slower than the slowest sample of the fastest
-candidate so far cannot win: it leaves after that sample. One margin over two extremes, so call-to-
-call noise (a few percent on a GPU's events, tens of percent on a loaded CPU's host clock) can only
-keep a candidate in longer, never push a faster one out on one unlucky call."""
-
+"""A candidate whose fastest sample is this much slower than the slowest sample of the fastest so
+far leaves after that sample (one margin over two extremes: noise only keeps a candidate longer)."""
 BUDGET_CALLS = 3.0
-"""What a bucket may spend on slower candidates, in calls of the baseline: the summed excess of
-their calls over the baseline's median. Three calls' worth, once per bucket: a decode loop of 32
-layers spends it within its first token, and a bucket never costs seconds on a tiny call."""
-
+"""What a bucket may spend on slower candidates, in baseline calls (their summed excess over the
+baseline's median)."""
 MAX_PENDING = 2
-"""Readings that may wait for their device events before calls go untimed: a GPU call's events
-complete within a call or two of it, so two in flight keep the trial moving without a sync."""
+"""Readings that may wait for their device events before calls go untimed."""
 
 _variants_run: set[tuple] = set()
 """Kernel variants (`variant_key`) that have run a warm-up in this process."""
@@ -133,7 +183,7 @@ class Trial:
     Parameters
     ----------
     options: the candidates, the baseline first, then the ranking's order.
-    clock: `call_timing.clock_for` the bucket's device.
+    clock: `clock_for` the bucket's device.
     fits: ``fits(kernel, problem) -> bool``: the kernel runs this exact problem of the bucket within
         the memory limits it was decided under.
     cold_s: kernel name -> seconds it sets up on a new exact shape (`selection.cold_seconds`).

@@ -10,7 +10,7 @@ PyTorch's backend restrictions, `CausalBias` objects, meta tensors.
   ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1`` or `respect_sdpa_kernel(False)`, except for a mask
   together with ``is_causal=True``: whether PyTorch combines the two or raises depends on its
   backend (`check_mask_with_causal`), so that call stays PyTorch's. `explain` names the
-  restriction and the backend, and a call over the memory budget warns once (`restricted_calls`).
+  restriction and the backend, and a call over the memory budget warns once (`sdpa_context`).
 - **`CausalBias`** (`causal_upper_left`, `causal_lower_right`): a tensor subclass with
   uninitialised storage, never read as a mask. Upper-left (and any bias made for L == S) is
   ``is_causal=True``; lower-right goes on to the kernels, which read its alignment from the
@@ -18,18 +18,33 @@ PyTorch's backend restrictions, `CausalBias` objects, meta tensors.
   `CausalBias` handling serves. With ``is_causal=True`` it raises ValueError, as PyTorch.
 - **Meta tensors** (model init under ``torch.device("meta")``, shape inference): PyTorch's SDPA,
   which gives a meta tensor of the right shape (no table lookup, no memory query).
+- **`torch.autocast`**: autocast casts SDPA's floating inputs (not float64, on its device type) to
+  its dtype before the call, but never sees the dispatcher: `autocast_inputs` casts them the same
+  way and `attention_under_autocast` runs the call with autocast off, as autocast runs the operator.
 - **Nested tensors** (``torch.nested``, jagged or strided: variable-length batches): PyTorch's
   SDPA, which has kernels for them; ours take strided tensors of one shape (a `Problem`).
 """
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
-from attn_dispatch.dispatcher.restricted_calls import warn_if_over_budget
+from attn_dispatch.dispatcher.decision import (
+    Candidate,
+    Decision,
+    RankingSource,
+    format_bytes,
+    free_bytes,
+    logger,
+)
+from attn_dispatch.dispatcher.plans import cache_key
+from attn_dispatch.kernels import Problem, kernel_from_name
 from attn_dispatch.kernels._layout import causal_bias_alignment, is_causal_bias
+from attn_dispatch.kernels.base import training_bytes
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
-from attn_dispatch.kernels.sdpa_probe import BACKEND_SWITCHES
+from attn_dispatch.kernels.sdpa_default import BACKEND_SWITCHES, default_backend_choice
 from attn_dispatch.models.environment import IGNORE_SDPA_KERNEL
 
 RESPECTING = [True]
@@ -130,7 +145,7 @@ def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale,
         return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if backends_restricted() or (is_causal is True and attn_mask is not None and some_backend_off()):
         # the caller's choice (a mask with is_causal: PyTorch's in any case, `check_mask_with_causal`); said
-        # once where it goes over the budget (`restricted_calls`)
+        # once where it goes over the budget (`sdpa_context`)
         training = dropout_p != 0.0 or (torch.is_grad_enabled() and (
             query.requires_grad or key.requires_grad or value.requires_grad))
         warn_if_over_budget(dispatcher.memory_budget, query, key, value, attn_mask, is_causal, enable_gqa, training)
@@ -154,3 +169,121 @@ def explain_arguments(query, key, attn_mask, is_causal) -> tuple[torch.Tensor | 
     if is_causal_bias(attn_mask) and causal_bias_alignment(attn_mask, is_causal, query.shape[-2], key.shape[-2]) == "top_left":
         return None, True
     return attn_mask, is_causal
+
+
+# the caller's `sdpa_kernel` restriction: what `explain` says runs, and the over-budget warning
+
+RESTRICTED_LEVEL = "sdpa_kernel"
+"""`RankingSource.level` of a decision the caller's restriction made."""
+BACKEND_NAMES = ("flash", "efficient", "math", "cudnn")
+"""PyTorch's backends in the order of `sdpa_default.BACKEND_SWITCHES`."""
+MAX_CHECKED_SHAPES = 4096
+"""Exact shapes whose restricted calls were checked against the budget, per process (then forgotten
+and checked again: a warning may repeat, a check never grows memory without bound)."""
+OPT_OUT = "respect_sdpa_kernel(False) or ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1 lets the dispatcher choose instead"
+
+_checked: set[tuple] = set()
+_lock = threading.Lock()
+
+
+def restriction_words() -> str:
+    """``"sdpa_kernel restriction: math on; flash, efficient, cudnn off"``."""
+    on = [name for name, enabled in zip(BACKEND_NAMES, BACKEND_SWITCHES, strict=True) if enabled()]
+    off = [name for name in BACKEND_NAMES if name not in on]
+    return f"sdpa_kernel restriction: {', '.join(on) or 'no backend'} on; {', '.join(off)} off"
+
+
+def needed_bytes(problem: Problem, training: bool) -> tuple[str, int]:
+    """The backend PyTorch runs `problem` with under the switches now (`default_backend_choice`) and
+    its extra memory: forward workspace, or forward and backward when `training`."""
+    backend = default_backend_choice(problem)
+    kernel = kernel_from_name(backend)
+    return backend, int(training_bytes(kernel, problem) if training else kernel.workspace_bytes(problem))
+
+
+def restricted_decision(problem: Problem, device: torch.device, budget: int | None, *, training: bool) -> Decision:
+    """The decision of a call the caller's restriction decides: PyTorch's SDPA with the backend it
+    picks among those on, its memory, and whether that goes over `budget`."""
+    backend, needed = needed_bytes(problem, training)
+    notes = [f"the caller's {restriction_words()}: PyTorch's SDPA runs the call as given, with its {backend} "
+             f"backend ({OPT_OUT})"]
+    if budget is not None and needed > budget:
+        notes.append(over_budget_words(backend, needed, budget, training))
+    return Decision(kernel=backend, params={}, problem=problem, device=str(device),
+                    source=RankingSource(RESTRICTED_LEVEL, restriction_words()),
+                    candidates=(Candidate(backend, None, needed),), free_bytes=free_bytes(device),
+                    budget_bytes=budget, notes=tuple(notes))
+
+
+def over_budget_words(backend: str, needed: int, budget: int, training: bool) -> str:
+    what = "forward and backward need" if training else "needs"
+    return (f"over the memory budget: PyTorch's {backend} backend {what} {format_bytes(needed)} ({needed} bytes) "
+            f"beyond the inputs, the budget is {format_bytes(budget)} ({budget} bytes)")
+
+
+def warn_if_over_budget(budget: int | None, query, key, value, attn_mask, is_causal, enable_gqa, training) -> None:
+    """Log one WARNING per exact shape whose restricted call needs more than `budget` (module
+    docstring). Never raises: a call PyTorch refuses raises its own error right after."""
+    if budget is None:
+        return
+    try:
+        shape = (cache_key(query, key, value, attn_mask, is_causal, enable_gqa), bool(training), budget)
+        with _lock:
+            if shape in _checked:
+                return
+            if len(_checked) >= MAX_CHECKED_SHAPES:
+                _checked.clear()
+            _checked.add(shape)
+        problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
+        backend, needed = needed_bytes(problem, bool(training))
+    except Exception:  # noqa: BLE001 - bad inputs: PyTorch's SDPA raises its own error for them
+        return
+    if needed > budget:
+        logger.warning("attn_dispatch: %s under the caller's %s (%s)", over_budget_words(backend, needed, budget, training),
+                       restriction_words(), OPT_OUT)
+
+
+# torch.autocast: the casts autocast would make for PyTorch's SDPA
+
+any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: False)
+"""``() -> bool``: some device's autocast is on (one C call; the warm path reads it only where the
+hot path missed)."""
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast casts SDPA's inputs to on `device_type` now, or None where it is off."""
+    try:
+        if not torch.is_autocast_enabled(device_type):
+            return None
+        return torch.get_autocast_dtype(device_type)
+    except (TypeError, RuntimeError, AttributeError):  # a device type autocast does not know
+        return None
+
+
+def autocast_inputs(query, key, value, attn_mask) -> tuple | None:
+    """``(query, key, value, attn_mask)`` as autocast hands them to SDPA (a `CausalBias` mask as
+    given), or None where autocast is off for the query's device type (or the arguments are not
+    tensors: validation speaks then)."""
+    try:
+        device_type = query.device.type
+    except AttributeError:
+        return None
+    dtype = autocast_dtype(device_type)
+    if dtype is None:
+        return None
+
+    def cast(tensor):
+        if (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.dtype != torch.float64
+                and tensor.device.type == device_type and tensor.dtype != dtype
+                and not is_causal_bias(tensor)):  # a lower-right `CausalBias`: no values, nothing to cast
+            return tensor.to(dtype)
+        return tensor
+
+    return cast(query), cast(key), cast(value), cast(attn_mask)
+
+
+def attention_under_autocast(attention, inputs: tuple, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor:
+    """`attention` (a dispatcher's) on the cast `inputs`, with their device's autocast off."""
+    query, key, value, attn_mask = inputs
+    with torch.autocast(query.device.type, enabled=False):
+        return attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)

@@ -31,15 +31,12 @@ from dataclasses import dataclass
 
 import torch
 
-from attn_dispatch.dispatcher.call_timing import clock_for
-from attn_dispatch.dispatcher.decision import Candidate, format_seconds
+from attn_dispatch.dispatcher.decision import Candidate, NoKernelError, format_bytes, format_seconds
 from attn_dispatch.dispatcher.device_ranking import FALLBACK_FIRST, DeviceRanking
-from attn_dispatch.dispatcher.errors import NoKernelError
-from attn_dispatch.dispatcher.memory import format_bytes
 from attn_dispatch.kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
 from attn_dispatch.kernels._blocks import key_count_aligned
 from attn_dispatch.kernels.registry import uses_fused_backend, working_family
-from attn_dispatch.kernels.sdpa_probe import default_backend_choice
+from attn_dispatch.kernels.sdpa_default import default_backend_choice
 from attn_dispatch.models.measured import entry_key, length_bucket
 from attn_dispatch.models.probe_store import kind_of
 
@@ -147,7 +144,7 @@ def rank(problem: Problem, kernels: Mapping[str, Kernel], ranking: DeviceRanking
     """Stage 1: the kernels that can run `problem`, in the ranker's order (the table's measured entry,
     then its model, else the analytic prior), then the supported kernels it did not rank
     (``sdpa_default`` first among them, so PyTorch's own choice is always a fallback). Kernels marked
-    ``last_resort`` (`kernel_set.LastResortDefault`) are never ranked.
+    ``last_resort`` (`core.LastResortDefault`) are never ranked.
 
     Parameters
     ----------
@@ -191,15 +188,11 @@ def _consider(kernel, predicted, problem, failed, options, dropped) -> None:
 # ------------------------------------------------------------------------------------ stage 2: fit
 
 MIN_CHUNK = 16
-"""Smallest query or key block `shrink_chunked` goes down to: below 16 rows a block's matmul no
-longer fills even a CPU SIMD tile and the Python loop over blocks dominates; by then the block
-workspace is a few percent of the output, so halving further frees almost nothing."""
+"""Smallest query or key block `shrink_chunked` goes down to (smaller blocks free almost nothing)."""
 
 RECHECK_FRACTION = 0.25
 """A decision whose workspace is above this fraction of the memory free when it was made is
-re-checked against free memory on every call: other allocations between calls (activations, a
-growing KV cache) can plausibly take that much. A judgement call, not a measurement: it keeps the
-re-check (tens of microseconds) off every small problem, where per-call overhead matters."""
+re-checked against free memory on every call (a judgement, keeping the re-check off small problems)."""
 
 FASTER_DID_NOT_FIT = "a faster kernel did not fit in the memory free now; dispatcher.reset() reconsiders it"
 
@@ -228,7 +221,7 @@ def fit(ranked: Ranked, *, free: int | None, budget: int | None, ranking: Device
         failed: Mapping[str, str]) -> Fit:
     """Stage 2: the options whose workspace fits free memory and the budget; where none does, a
     chunked kernel shrunk until one does (`shrink_chunked`). A last-resort option
-    (`kernel_set.LastResortDefault`) comes after all of them."""
+    (`core.LastResortDefault`) comes after all of them."""
     fitting: list[Option] = []
     dropped: list[tuple[str, str]] = []
     dropped_for_free_memory = False
@@ -295,9 +288,7 @@ DEFAULT_KEPT_UNMEASURED = ("no table measured on this card: PyTorch's own choice
 
 def keep_default_unmeasured(options: tuple[Option, ...], level: str) -> tuple[tuple[Option, ...], str | None]:
     """Stage 3: with nothing measured on this card (`UNMEASURED_LEVELS`), PyTorch's own choice first,
-    and the note saying so: the prior alone picked kernels up to 4.5x slower than the fastest on a
-    card it was not fitted on (docs/RESULTS.md#h100-without-tables). It then serves wherever the
-    bucket's calls cannot be measured (torch.compile, CUDA graphs, ``ATTN_DISPATCH_MEASURE=0``)."""
+    and the note saying so (docs/RESULTS.md#h100-without-tables)."""
     if level not in UNMEASURED_LEVELS or not any(is_default(o) for o in options[1:]):
         return options, None
     return (*(o for o in options if is_default(o)), *(o for o in options if not is_default(o))), DEFAULT_KEPT_UNMEASURED
@@ -307,14 +298,13 @@ def keep_default_unmeasured(options: tuple[Option, ...], level: str) -> tuple[tu
 
 MIN_WIN_MARGIN = 0.03
 """A candidate replaces the baseline (PyTorch's own choice) only when faster by more than this
-fraction at the median of its paired rounds: the dispatcher is never to be slower than doing
-nothing, and no shape more than 3% slower than the default (issue 14's target)."""
+fraction at the median of its paired rounds."""
 
 RANKED_CANDIDATES = 2
 """The ranking's first choices measured besides the baseline (docs/RESULTS.md#ablations)."""
 
 GPU_ALSO_MEASURED = "sdpa_flash"
-"""Measured on a GPU bucket wherever it can run: the fastest backend on 303 of 580 H200 grid shapes."""
+"""Measured on a GPU bucket wherever it can run (docs/RESULTS.md#h200-grid)."""
 
 SETUP_FREE_MEASURED = 1
 """Options free of per-shape set-up also measured where PyTorch's default pays one and flash cannot
@@ -330,8 +320,10 @@ entries are another card's times, scaled, and decide nothing here."""
 
 def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -> bool:
     """Whether a bucket measures its candidates on its calls: its device's calls can be timed without
-    waiting (`call_timing.clock_for`) and no measured table entry of this card decides it
+    waiting (`measuring.clock_for`) and no measured table entry of this card decides it
     (`entry_decides`: `device_ranking.DeviceRanking.entry_decides`, at a lookup `level` of this card)."""
+    from attn_dispatch.dispatcher.measuring import clock_for  # measuring imports this module
+
     return clock_for(device) is not None and not (entry_decides and level in SAME_CARD_LEVELS)
 
 
@@ -374,8 +366,7 @@ def measured_candidates(options: tuple[Option, ...], device: torch.device, probl
 
 def own_family_options(options: list[Option], picked: list[Option]) -> list[Option]:
     """The first option of each of our own kernel families (`math`, `small_q`, `chunked`, conversions
-    of them) that `picked` lacks, in the ranking's order: measured on a CPU bucket, where quick
-    calibrations' misses were our families ranked behind PyTorch's backends."""
+    of them) that `picked` lacks, in the ranking's order (measured on a CPU bucket)."""
     families = {working_family(option.kernel) for option in picked}
     chosen = []
     for option in options:
@@ -441,28 +432,23 @@ def decide(problem: Problem, *, kernels: Mapping[str, Kernel], policy: AccuracyP
 
 CUDNN_COLD_SHAPE_PRIOR_S = 8e-3
 """Seconds cuDNN attention spends on its first call at a new exact shape where calibration did not
-measure it (the smaller of two H200 figures, torch 2.11: docs/RESULTS.md#per-shape-set-up-costs).
-Every other PyTorch backend and our own kernels launch the same kernels at any shape and are taken
-as free of per-shape set-up unless measured otherwise."""
+measure it (docs/RESULTS.md#per-shape-set-up-costs); other kernels are taken as free of per-shape
+set-up unless measured otherwise."""
 
 MATERIAL_SETUP_S = 1e-3
-"""A per-shape set-up worth timing another kernel against (`selection.measured_candidates`): cuDNN's measured
-36-44 ms on the H200; flash's and the memory-efficient backend's measured 2-13 us are the
-measurement's floor (docs/RESULTS.md#per-shape-set-up-costs)."""
+"""A per-shape set-up worth timing another kernel against (`measured_candidates`;
+docs/RESULTS.md#per-shape-set-up-costs)."""
 
 MIN_SHAPES_OF_HISTORY = 1
-"""Earlier exact shapes a bucket must have served before its calls per shape are estimated: one
-finished shape tells how many calls a shape gets (a decode step calls every layer once)."""
+"""Earlier exact shapes a bucket must have served before its calls per shape are estimated."""
 
 HISTORY = 8
 """Most recent exact shapes of a bucket whose call counts estimate the next one's (the median)."""
 
 TIED_LOSS_SHARE = 0.05
 """Share of the decided kernel's warm time that a kernel run in its place is taken to lose per call
-where the numbers alone say it loses nothing: the bucket's order put the decided kernel first all
-the same (a measured tie, a region kept for PyTorch's default, the measuring's win margin), so
-"predicted no slower" is no evidence of it. A judgement, not measured in a loop on a card
-(docs/RESULTS.md#ablations, settling)."""
+where the numbers say it loses nothing (the order put the decided kernel first all the same; a
+judgement: docs/RESULTS.md#ablations, settling)."""
 
 SETTLED = ("this exact shape has been called often enough to pay the chosen kernel's per-shape set-up "
            "(selection.settle_after): it now runs the bucket's decided kernel")
@@ -536,11 +522,8 @@ def expected_seconds(warm_s: float | None, cold_s: float, expected_calls: float 
 
 def settle_after(cold_s: float, warm_first_s: float | None, warm_chosen_s: float | None) -> int:
     """Calls of one exact shape after which its plan moves to the kernel that sets up per shape
-    (0: never). Until then the shape runs a kernel slower per call but free of set-up; once the
-    calls have lost as much as the set-up costs, paying it is the better bet (the ski-rental rule:
-    never more than twice the best cost in hindsight). The loss per call is at least
-    `TIED_LOSS_SHARE` of the decided kernel's time; 0 where no loss is known (a time missing, zero
-    or unpriced)."""
+    (0: never): once the calls have lost as much as the set-up costs (the ski-rental rule). The
+    loss per call is at least `TIED_LOSS_SHARE` of the decided kernel's time; 0 where none is known."""
     if not cold_s or warm_first_s is None or warm_chosen_s is None:
         return 0
     loss = max(warm_chosen_s - warm_first_s, TIED_LOSS_SHARE * warm_first_s)
@@ -550,11 +533,9 @@ def settle_after(cold_s: float, warm_first_s: float | None, warm_chosen_s: float
 
 
 def floor_seconds(kernel: Kernel, floors: Mapping[str, Mapping[str, float]]) -> float | None:
-    """`kernel`'s measured per-call floor: the smallest time per call back to back measured for it,
-    or for another variant of its family (the variants share the launch sequence's host time), over
-    every kind of probe; None when none was measured, and for PyTorch's fused backends (one launch,
-    `kernels.registry.uses_fused_backend`). Bounds an unmeasured prediction from below in
-    `new_shape_order`."""
+    """`kernel`'s measured per-call floor: the smallest back-to-back time measured for it or another
+    variant of its family; None when none was, and for PyTorch's fused backends. Bounds an
+    unmeasured prediction from below in `new_shape_order`."""
     if uses_fused_backend(kernel):
         return None
     inner = getattr(kernel, "inner", None)

@@ -18,12 +18,19 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from attn_dispatch.dispatcher import _log
-from attn_dispatch.dispatcher.decision import ROUTE_TRAINING, TRAINING_KERNEL, Candidate, Decision
-from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
+from attn_dispatch.dispatcher.decision import (
+    ROUTE_TRAINING,
+    TRAINING_KERNEL,
+    Candidate,
+    Decision,
+    format_bytes,
+    free_bytes,
+    log_decision,
+    logger,
+)
 from attn_dispatch.dispatcher.selection import Option, memory_limit, over_limit_reason, shrink_chunked
 from attn_dispatch.kernels import ChunkedKernel, Kernel, Problem
-from attn_dispatch.kernels.backward_memory import training_bytes
+from attn_dispatch.kernels.base import training_bytes
 from attn_dispatch.models.training_times import TrainingTimes
 
 
@@ -68,7 +75,7 @@ class TrainingChoice:
 
 def order_for_training(options: Sequence[Option], measured: Mapping[str, float] | None) -> list[Option]:
     """Options with measured forward+backward times first (fastest first), then the rest in the
-    ranked order they came in; a last-resort option (`kernel_set.LastResortDefault`) stays last
+    ranked order they came in; a last-resort option (`core.LastResortDefault`) stays last
     whatever its time, as on the inference route."""
     last = [o for o in options if getattr(o.kernel, "last_resort", False)]
     ranked = [o for o in options if o not in last]
@@ -127,7 +134,7 @@ def choose_training(
         if kernel.name in failed:
             dropped.append((kernel.name, f"failed on the training route: {failed[kernel.name]}"))
             continue
-        why = kernel.reasons(problem)  # a bucket ranked with its probes deferred: they run here (`sdpa_probe`)
+        why = kernel.reasons(problem)  # a bucket ranked with its probes deferred: they run here (`sdpa_default`)
         if why:
             dropped.append((kernel.name, "; ".join(why)))
             continue
@@ -209,9 +216,9 @@ class TrainingRoute:
                     in_decided_order(plan), plan.problem, free=free_bytes(plan.device), budget=budget,
                     failed=self._failed.get(key), measured=self._times_now().lookup(plan.problem, plan.device))
                 entry = self._choices[key] = (choice, training_decision(plan.decision, choice))
-                _log.new_decision(entry[1])
+                log_decision(entry[1])
                 if choice.over_budget:
-                    _log.logger.warning("%s", choice.notes[-1])
+                    logger.warning("%s", choice.notes[-1])
         return entry
 
     def failed(self, plan, budget: int | None, kernel: Kernel, error: BaseException) -> None:

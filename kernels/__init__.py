@@ -35,7 +35,7 @@ if __name__ == "kernels":
 
     _load_the_installed_kernels()
 else:
-    from attn_dispatch.kernels.accuracy import LOSSLESS, AccuracyPolicy
+    from attn_dispatch.kernels.accuracy import LOSSLESS, TOLERANCES, AccuracyPolicy, Tolerance
     from attn_dispatch.kernels.base import Kernel, UnsupportedProblemError
     from attn_dispatch.kernels.chunked import ChunkedKernel
     from attn_dispatch.kernels.convert import ConvertKernel
@@ -58,7 +58,6 @@ else:
     from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
     from attn_dispatch.kernels.sdpa_gqa_fold import SdpaGqaFoldKernel
     from attn_dispatch.kernels.small_q import SmallQKernel
-    from attn_dispatch.kernels.tolerances import TOLERANCES, Tolerance
     from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
     from attn_dispatch.kernels.triton_flash import TritonFlashKernel
 

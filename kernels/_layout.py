@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from attn_dispatch.kernels._float_mask import needs_rebase, rebase_bytes, rebased_float_mask
+from attn_dispatch.kernels._blocks import causal_blocked
 from attn_dispatch.kernels.problem import DTYPE_NAMES, Problem
 
 CAUSAL_BIAS_MODULE = "torch.nn.attention.bias"
@@ -227,7 +227,7 @@ def describe_inputs(cls, query, key, value, attn_mask, is_causal, enable_gqa) ->
 def canonicalisation_bytes(problem: Problem) -> int:
     """Upper bound of the extra bytes `canonicalise` may allocate for this problem.
 
-    A float mask on half-precision inputs is rebased (`kernels._float_mask`). Broadcast inputs
+    A float mask on half-precision inputs is rebased (`kernels._layout`). Broadcast inputs
     are materialised (query, key and value at the query's layout: `kv_heads` is already the
     query's head count when key and value heads differ); a strided input whose leading
     dimensions cannot be merged by a view is copied once.
@@ -299,3 +299,70 @@ def _mask_to_4d(attn_mask: torch.Tensor, problem: Problem, batch_shape: tuple[in
     if mask_b == 1 or lead == tuple(batch_shape):
         return padded.reshape(mask_b, *tail)
     return padded.expand(*batch_shape, *tail).reshape(mask_b, *tail)
+
+
+# float masks rebased so each row's largest visible entry is zero, for half-precision kernels:
+# softmax ignores a common shift but a half-precision sum does not (fp16's -65504 padding swamps the
+# scores). Rows with no finite largest entry, or one beyond `REBASE_LIMIT`, are left alone.
+
+REBASE_LIMIT = 2.0**40
+"""Largest row shift removed (~1.1e12). Up to it, float64 (the reference's precision) keeps
+scores to within 2^-12 after adding the shift, so SDPA's exact result attends by the scores; fp16's
+-65504 and the -1e5 of some fp32 masks are far inside. bf16's and fp32's lowest values (-3.4e38),
+which every precision rounds the scores away under, are far outside."""
+
+
+def needs_rebase(problem: Problem) -> bool:
+    """Float masks on half-precision inputs that have keys and queries (an empty row has no max)."""
+    return problem.mask_kind == "float" and problem.itemsize < 4 and problem.q_len > 0 and problem.kv_len > 0
+
+
+def rebased_float_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
+    """``mask [B|1, H|1, L|1, S]`` (float) minus each row's largest visible entry: a new tensor
+    ``[B|1, H|1, L|1 (L when causal), S]`` in the mask's dtype."""
+    visible = mask
+    if problem.causal:
+        blocked = causal_blocked(slice(0, problem.q_len), slice(0, problem.kv_len), mask.device, problem.causal_offset)
+        if blocked is not None:
+            visible = mask.expand(*mask.shape[:2], problem.q_len, problem.kv_len).masked_fill(blocked, -math.inf)
+    top = visible.amax(dim=-1, keepdim=True)
+    removable = torch.isfinite(top) & (top.abs() <= REBASE_LIMIT)
+    return mask - torch.where(removable, top, torch.zeros_like(top))
+
+
+FUSED_PENALTY_FLOOR = 2.0**100
+"""Most negative finite mask entry a fused GPU backend is given (~1.3e30). The fused kernels scale
+scores by log2(e) (and the softmax scale) before exp2, so a penalty of bf16's or fp32's lowest
+value (-3.4e38: transformers' padding masks) overflows to -inf there and a row whose visible keys
+all carry it comes out as zeros (in PyTorch's own fused backends too), where SDPA's
+float64 answer attends uniformly over them: fp32 and fp64 both lose the scores next to either
+penalty, so -2^100 gives the same answer without the overflow; -inf stays -inf."""
+
+
+def floor_penalties_(bias: torch.Tensor) -> torch.Tensor:
+    """``bias`` (float, any shape) with finite entries below `-FUSED_PENALTY_FLOOR` raised to it,
+    in place (fp16 cannot hold such entries: returned unchanged)."""
+    if bias.dtype == torch.float16:
+        return bias
+    return bias.masked_fill_((bias < -FUSED_PENALTY_FLOOR) & (bias > -math.inf), -FUSED_PENALTY_FLOOR)
+
+
+PER_ROW_TEMPORARY_BYTES = 32
+"""`rebased_float_mask`'s per-row temporaries: the row max, its finiteness, magnitude, limit test
+and their conjunction, the zeros and the selected shift (4 + 1 + 4 + 1 + 1 + 4 + 4 bytes with
+fp32 masks; rounded up)."""
+
+
+def rebase_bytes(problem: Problem) -> int:
+    """Upper bound of what `rebased_float_mask` allocates: the rebased mask (fp32 counted), the
+    per-row temporaries, and with causality the visible copy at full query length, the causal
+    block and its position ranges."""
+    if not needs_rebase(problem):
+        return 0
+    batch_heads = math.prod(problem.mask_shape[:2])
+    rows = batch_heads * (problem.q_len if problem.causal else problem.mask_shape[2])
+    dense = rows * problem.kv_len * 4
+    extra = dense + rows * PER_ROW_TEMPORARY_BYTES
+    if problem.causal:
+        extra += dense + problem.q_len * problem.kv_len + 8 * (problem.q_len + problem.kv_len)
+    return extra

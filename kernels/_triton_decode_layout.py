@@ -8,18 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.triton_decode import MAX_BLOCK_ROWS, MIN_DOT_SIZE
 
-MIN_DOT_SIZE = 16
-"""Smallest block side `tl.dot` takes on every Triton >= 3.0 target (M, N and K of 16)."""
-MAX_BLOCK_ROWS = 64
-"""Packed query rows per program. 64 rows of a 256-wide head keep 128 fp32 accumulators per thread
-at 4 warps; more would spill registers. Larger row counts take several row blocks."""
-MAX_PACKED_ROWS = 256
-"""Most packed rows (GQA group size x query length) the kernel takes: K and V are read once per
-row block of `MAX_BLOCK_ROWS`, so past 4 blocks a prefill kernel that tiles the queries reads them
-as often and parallelises better."""
-MAX_HEAD_DIM = 256
-"""Largest head dim (query/key and value) the kernel takes, as PyTorch's fused kernels."""
 MERGE_BLOCK_ROWS = 4
 """Most rows per program of the merge kernel: a decode step's GQA group (4 rows at 32/8 heads)."""
 MERGE_BLOCK_ELEMENTS = 4096

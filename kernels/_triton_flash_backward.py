@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attn_dispatch.kernels._triton_flash_config import BackwardBlocks, padded_dim
+from attn_dispatch.kernels._triton_flash_config import BackwardBlocks
 from attn_dispatch.kernels._triton_flash_tiles import (
     FLOAT_MASK,
     LOG2E,
@@ -29,6 +29,7 @@ from attn_dispatch.kernels._triton_flash_tiles import (
     score_tile,
 )
 from attn_dispatch.kernels._triton_ops import broadcast_strides, dot_precision, mask_kind, mask_operand
+from attn_dispatch.kernels.triton_flash import padded_dim
 
 DELTA_ROWS = 64
 """Rows per program of `delta_kernel`: a ``64 x 256`` fp32 product of two tiles at most."""

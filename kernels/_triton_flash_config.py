@@ -13,12 +13,8 @@ from typing import NamedTuple
 
 from attn_dispatch.kernels._triton_ops import BOOL_MASK, FLOAT_MASK, NO_MASK  # noqa: F401 - the tiles' mask kinds
 from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.triton_flash import MAX_HEAD_DIM, MIN_BLOCK, padded_dim  # noqa: F401 (the tiles')
 
-MIN_BLOCK = 16
-"""Smallest block edge: `tl.dot` needs every operand dimension to be at least 16."""
-MAX_HEAD_DIM = 256
-"""Largest head dim (query/key and value): one padded row of 256 fp32 accumulators per query row
-is what a block's registers hold; FlashAttention-2 stops at 256 too."""
 BACKWARD_RESIDENT_MAX = 128
 """Largest resident block of a backward kernel: its fp32 dK and dV (or dQ) accumulators stay in
 registers, two ``128 x 128`` tiles at head dim 128 (Triton's fused-attention tutorial uses 128)."""
@@ -26,11 +22,6 @@ BACKWARD_STREAMED_MAX = 32
 """Largest streamed block of a backward kernel (Triton's fused-attention tutorial streams 32 rows
 against a resident block of 128)."""
 
-
-
-def padded_dim(size: int) -> int:
-    """A head dim rounded up to a power of two of at least `MIN_BLOCK` (a block's width)."""
-    return max(MIN_BLOCK, 1 << max(size - 1, 0).bit_length())
 
 
 class FlashConfig(NamedTuple):

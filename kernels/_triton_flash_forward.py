@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attn_dispatch.kernels._triton_flash_config import FlashConfig, padded_dim
+from attn_dispatch.kernels._triton_flash_config import FlashConfig
 from attn_dispatch.kernels._triton_flash_tiles import (
     FLOAT_MASK,
     LN2,
@@ -25,6 +25,7 @@ from attn_dispatch.kernels._triton_flash_tiles import (
     score_tile,
 )
 from attn_dispatch.kernels._triton_ops import broadcast_strides, dot_precision, mask_kind, mask_operand
+from attn_dispatch.kernels.triton_flash import padded_dim
 
 
 @triton.jit

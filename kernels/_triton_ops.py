@@ -87,13 +87,3 @@ def mask_operand(mask: torch.Tensor | None, fallback: torch.Tensor) -> torch.Ten
     if mask is None:
         return fallback
     return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
-
-
-def checked_parameter(name: str, value: object, low: int, high: int, *, power_of_two: bool = False) -> int:
-    """`value` if it is an integer from `low` to `high` (and a power of two when asked); else
-    ValueError naming the parameter (a kernel name's tunables, e.g. ``bm`` of `triton_flash`)."""
-    valid = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-    if not valid or (power_of_two and value & (value - 1)):
-        kind = "a power of two" if power_of_two else "an integer"
-        raise ValueError(f"{name} must be {kind} from {low} to {high}, got {value!r}")
-    return value

@@ -15,9 +15,10 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
-import os
 
 import torch
+
+from attn_dispatch.kernels.base import NO_TRITON_ON_CPU, interpreting
 
 MIN_TRITON = (3, 0)
 """The oldest Triton our kernels are written for (the language features they use)."""
@@ -27,16 +28,10 @@ MIN_CUDA_CAPABILITY = (7, 5)
 """Triton's oldest supported NVIDIA architecture (Turing)."""
 MIN_CUDA_CAPABILITY_BF16 = (8, 0)
 """bf16 matrix products need Ampere or newer."""
-INTERPRETER_VARIABLE = "TRITON_INTERPRET"
 INTERPRETER_BF16_REASON = (
     "Triton's interpreter multiplies bf16 blocks wrongly (Triton 3.9: errors of order 1e9 on a 32x64 "
     "product): bf16 runs on GPUs only"
 )
-
-
-def interpreting() -> bool:
-    """Whether Triton's interpreter is on (``TRITON_INTERPRET=1``): kernels then run on CPU tensors."""
-    return os.environ.get(INTERPRETER_VARIABLE, "0") == "1"
 
 
 @functools.cache
@@ -87,7 +82,7 @@ def triton_reasons(device_type: str, dtype: str) -> list[str]:
     Never raises: a missing Triton, an old one, a CPU without the interpreter or a GPU Triton does
     not compile for are each a reason."""
     if device_type == "cpu" and not interpreting():
-        return ["Triton kernels run on GPUs; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1, for tests)"]
+        return [NO_TRITON_ON_CPU]
     if device_type not in ("cpu", "cuda"):
         return [f"Triton kernels run on CUDA and ROCm GPUs, not on {device_type} devices"]
     if dtype == "float64":

@@ -1,4 +1,5 @@
-"""Accuracy policy: which lossy dtype conversions a caller accepts.
+"""Accuracy policy: which lossy dtype conversions a caller accepts; and the per-dtype error
+tolerances against a float64 reference (`TOLERANCES`).
 
 Lossless conversions (fp16 -> fp32, bf16 -> fp32, strided -> contiguous) are always allowed. A lossy
 one (fp32 -> bf16, fp32 -> fp16, fp16 <-> bf16) only when the policy names it.
@@ -75,3 +76,29 @@ class AccuracyPolicy:
 
 
 LOSSLESS = AccuracyPolicy()
+
+
+# tolerances: relative L2 error over the whole output and the largest element error relative to the
+# largest reference element; each about 10x the largest error of PyTorch's SDPA and our kernels in
+# the contract suite (docs/RESULTS.md#kernels-per-call).
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    relative_l2: float
+    relative_max: float
+
+    def accepts(self, relative_l2: float, relative_max: float) -> bool:
+        return relative_l2 <= self.relative_l2 and relative_max <= self.relative_max
+
+
+TOLERANCES: dict[str, Tolerance] = {
+    "float64": Tolerance(relative_l2=1e-10, relative_max=1e-9),
+    "float32": Tolerance(relative_l2=2e-5, relative_max=1e-4),
+    "float16": Tolerance(relative_l2=5e-3, relative_max=2e-2),
+    "bfloat16": Tolerance(relative_l2=3e-2, relative_max=1e-1),
+}
+
+
+def looser(a: Tolerance, b: Tolerance) -> Tolerance:
+    return Tolerance(max(a.relative_l2, b.relative_l2), max(a.relative_max, b.relative_max))

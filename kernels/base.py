@@ -2,23 +2,48 @@
 
 A kernel declares what it can do (`reasons`), how much extra memory it needs (`workspace_bytes`,
 which never allocates) and computes exactly what `F.scaled_dot_product_attention` computes.
+Also here: the plain formula for inputs with nothing to tile (`direct_attention`), telling an
+out-of-memory failure from others (`is_out_of_memory`), and forward-plus-backward memory
+(`training_bytes`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from attn_dispatch.kernels._degenerate import direct_attention
+from attn_dispatch.kernels._blocks import accumulation_dtype, causal_blocked
 from attn_dispatch.kernels._layout import canonicalisation_bytes, canonicalise
+from attn_dispatch.kernels.accuracy import TOLERANCES, Tolerance
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.kernels.tolerances import TOLERANCES, Tolerance
 
 if TYPE_CHECKING:
-    from attn_dispatch.kernels._bare_call import BareCall
+    from attn_dispatch.kernels.sdpa_backends import BareCall
+
+
+INTERPRETER_VARIABLE = "TRITON_INTERPRET"
+NO_TRITON_ON_CPU = "Triton kernels run on GPUs; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1, for tests)"
+"""Why a Triton kernel cannot run CPU tensors without the interpreter: checked by the Triton kernels
+before `_triton_support.triton_reasons`, so a CPU process runs none of the Triton helpers."""
+
+
+def interpreting() -> bool:
+    """Whether Triton's interpreter is on (``TRITON_INTERPRET=1``): Triton kernels then run on CPU tensors."""
+    return os.environ.get(INTERPRETER_VARIABLE, "0") == "1"
+
+
+def checked_parameter(name: str, value: object, low: int, high: int, *, power_of_two: bool = False) -> int:
+    """`value` if it is an integer from `low` to `high` (and a power of two when asked); else
+    ValueError naming the parameter (a kernel name's tunables, e.g. ``bm`` of `triton_flash`)."""
+    valid = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    if not valid or (power_of_two and value & (value - 1)):
+        kind = "a power of two" if power_of_two else "an integer"
+        raise ValueError(f"{name} must be {kind} from {low} to {high}, got {value!r}")
+    return value
 
 
 class UnsupportedProblemError(RuntimeError):
@@ -144,7 +169,7 @@ class Kernel(ABC):
         return None
 
     def bare_call(self, problem: Problem) -> BareCall | None:
-        """The one ATen operator call `runner` makes for `problem` (`kernels._bare_call.BareCall`),
+        """The one ATen operator call `runner` makes for `problem` (`kernels.sdpa_backends.BareCall`),
         which the dispatcher's fast path can make in C++; None (the default): no such call."""
         return None
 
@@ -168,3 +193,83 @@ class Kernel(ABC):
     def input_copy_bytes(problem: Problem) -> int:
         """Bytes canonicalisation may copy (shared by every kernel's workspace bound)."""
         return canonicalisation_bytes(problem)
+
+
+# inputs with nothing to tile (a size of 0, meta tensors): the plain formula in fp32 (fp64 for fp64),
+# so the output is SDPA's and stays in the autograd graph
+
+
+def direct_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    problem: Problem,
+    scale: float,
+) -> torch.Tensor:
+    """Canonical ``query [B, Hq, L, E]``, ``key [B, Hkv, S, E]``, ``value [B, Hkv, S, Ev]``,
+    ``mask [B|1, Hq|1, L|1, S|1]`` or None -> ``[B, Hq, L, Ev]`` in the query's dtype."""
+    acc = accumulation_dtype(query.dtype)
+    if problem.gqa_ratio > 1:
+        key = key.repeat_interleave(problem.gqa_ratio, dim=1)
+        value = value.repeat_interleave(problem.gqa_ratio, dim=1)
+    scores = torch.matmul(query.to(acc) * scale, key.to(acc).transpose(-1, -2))  # scaled first: E = 0 gives 0, not 0 * inf
+    blocked = None
+    if problem.causal:
+        blocked = causal_blocked(slice(0, problem.q_len), slice(0, problem.kv_len), scores.device, problem.causal_offset)
+    if mask is not None:
+        mask_blocked = mask.logical_not() if mask.dtype == torch.bool else None
+        if mask_blocked is None:
+            scores = scores + mask.to(acc)
+        else:
+            blocked = mask_blocked if blocked is None else blocked | mask_blocked
+    if blocked is not None:
+        scores = scores.masked_fill(blocked, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if blocked is not None or mask is not None:  # rows with every key blocked give zeros, not NaN
+        probs = probs.masked_fill((scores == float("-inf")).all(dim=-1, keepdim=True), 0.0)
+    return torch.matmul(probs, value.to(acc)).to(query.dtype)
+
+
+# out-of-memory failures: calibration records them as infeasible; the dispatcher empties the
+# allocator and forgets them once memory may be free
+
+OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+"""How CPU allocators (and some HIP builds) word an out-of-memory error that is not a torch.OutOfMemoryError."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch.OutOfMemoryError, MemoryError, or a RuntimeError an allocator raised for lack of memory."""
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in OOM_MESSAGES)
+
+
+# forward-plus-backward memory of one call, checked against a budget before running anything
+# (`dispatcher.training_route`, `calibration.training_profile`)
+
+FUSED_BACKWARDS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
+"""PyTorch backends whose backward recomputes tiles (memory O(L + S) beyond the gradients)."""
+
+MATH_BACKWARD_SCORE_MATRICES = 4
+"""Score-sized fp32 tensors PyTorch's math backward holds at once (scores, probabilities, their
+gradient and a product): a forward+backward held to math peaked at 3.0-3.2 score matrices
+(docs/RESULTS.md#training-memory), and 4 leaves a margin. Used for every kernel with a backward
+that declares no bound (`sdpa_math`, `sdpa_default`, user kernels)."""
+
+
+def training_bytes(kernel: Kernel, problem: Problem) -> int:
+    """Extra peak memory of forward plus backward of one call on `kernel` (never allocates):
+    its declared `backward_workspace_bytes`, else an estimate (fused backends: forward workspace,
+    row statistics, gradients, an fp32 dQ accumulator and K/V repeated for GQA; anything else:
+    the math backward's score matrices, `MATH_BACKWARD_SCORE_MATRICES`)."""
+    declared = getattr(kernel, "backward_workspace_bytes", None)
+    if declared is not None:
+        return int(declared(problem))
+    grads = problem.q_bytes + problem.kv_bytes
+    forward = int(kernel.workspace_bytes(problem))
+    if kernel.family in FUSED_BACKWARDS:
+        rows = problem.batch * problem.q_heads * problem.q_len
+        dq_accumulator = problem.q_bytes * 4 // problem.itemsize
+        return forward + rows * 4 + grads + dq_accumulator + 2 * problem.kv_bytes * problem.gqa_ratio
+    return forward + grads + MATH_BACKWARD_SCORE_MATRICES * problem.score_elements * 4

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import torch
 
-from attn_dispatch.kernels.accuracy import LOSSLESS, AccuracyPolicy, format_conversion
+from attn_dispatch.kernels.accuracy import (
+    LOSSLESS,
+    TOLERANCES,
+    AccuracyPolicy,
+    Tolerance,
+    format_conversion,
+    looser,
+)
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import DTYPES_BY_NAME, Problem
-from attn_dispatch.kernels.tolerances import TOLERANCES, Tolerance, looser
 
 CONTIGUOUS = "contiguous"
 

@@ -132,7 +132,7 @@ class Problem:
     @property
     def is_degenerate(self) -> bool:
         """Some size is 0: nothing to multiply (an empty output, zeros, or the mean of the values
-        when the head dim is 0), computed by `kernels._degenerate`, never by a kernel's body."""
+        when the head dim is 0), computed by `kernels.base`, never by a kernel's body."""
         return 0 in (self.batch, self.q_heads, self.q_len, self.kv_len, self.head_dim, self.value_dim)
 
     @property

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from attn_dispatch.kernels._triton_support import interpreting
+from attn_dispatch.kernels.base import interpreting
 from attn_dispatch.kernels.accuracy import LOSSLESS, AccuracyPolicy, parse_conversion
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.chunked import ChunkedKernel

@@ -12,16 +12,15 @@ tiny inputs checked against the float64 reference.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from attn_dispatch.kernels._bare_call import BareCall, aten_binding
 from attn_dispatch.kernels._blocks import causal_blocked
-from attn_dispatch.kernels._float_mask import floor_penalties_
+from attn_dispatch.kernels._layout import floor_penalties_
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.kernels.sdpa_probe import probe_backend
 
 # PyTorch's SDPA itself; `F.scaled_dot_product_attention` may be patched by the dispatcher.
 pytorch_sdpa = torch._C._nn.scaled_dot_product_attention
@@ -101,6 +100,8 @@ class SdpaBackendKernel(Kernel):
             reasons.append(f"{self.backend} takes no attention mask, and bottom-right causality travels as one")
         if reasons:
             return reasons
+        from attn_dispatch.kernels.sdpa_default import probe_backend  # sdpa_default imports this module
+
         for feature in self._features(problem):
             failure = probe_backend(self, problem.device_type, problem.dtype, feature)
             if failure:
@@ -145,6 +146,7 @@ class SdpaBackendKernel(Kernel):
     def native_gqa(self, device_type: str, dtype: str) -> bool:
         if not self.may_take_fewer_kv_heads:
             return False
+        from attn_dispatch.kernels.sdpa_default import probe_backend  # sdpa_default imports this module
         return probe_backend(self, device_type, dtype, "gqa") is None
 
     def _gqa_mode(self, problem: Problem) -> str:
@@ -346,6 +348,7 @@ class SdpaMathKernel(SdpaBackendKernel):
     backend = "math"
 
     def _own_reasons(self, problem: Problem) -> list[str]:
+        from attn_dispatch.kernels.sdpa_default import probe_backend  # sdpa_default imports this module
         return [failure for failure in [probe_backend(self, problem.device_type, problem.dtype, "base")] if failure]
 
     def _gqa_mode(self, problem: Problem) -> str:
@@ -385,3 +388,30 @@ class SdpaMathKernel(SdpaBackendKernel):
 
 FORCED_BACKENDS = {cls.family: cls for cls in (SdpaFlashKernel, SdpaEfficientKernel, SdpaCudnnKernel, SdpaMathKernel)}
 """The backends a kernel can force, by family (PyTorch's own choice is `sdpa_default.SdpaDefaultKernel`)."""
+
+
+# the bare ATen operator call a fused backend's plan makes, named so that the fast path
+# (`dispatcher.fast_path`) can make the same call in C++
+
+
+@dataclass(frozen=True)
+class BareCall:
+    """The one ATen operator call `SdpaBackendKernel.runner` makes for a problem.
+
+    op: the operator's name (``"flash"``, ``"flash_cpu"``, ``"efficient"``, ``"cudnn"``: the
+        `_scaled_dot_product_*_attention` operators), called with no mask, no dropout, the call's
+        causality and scale.
+    rows, out_shape: GQA folded into rows: the query reshaped to ``rows`` ``[B, Hkv, R * L, E]``
+        before the call and the output to ``out_shape`` ``[B, Hq, L, Ev]`` after (None: as given).
+    """
+
+    op: str
+    rows: tuple[int, ...] | None = None
+    out_shape: tuple[int, ...] | None = None
+
+
+def aten_binding(name: str):
+    """ATen operator `name` through its generated ``torch.<name>`` binding where torch has one
+    (its arguments are parsed in C++, about 2 us a call cheaper than ``torch.ops.aten.<name>.default``
+    on a CPU, where the warm path's whole budget is about 1 us), else the operator overload."""
+    return getattr(torch._C._VariableFunctions, name, None) or getattr(torch.ops.aten, name).default

@@ -1,22 +1,31 @@
 """`sdpa_default`: `F.scaled_dot_product_attention` as PyTorch dispatches it by itself (the baseline
-the dispatcher must never be slower than), with the repairs PyTorch's backends needed."""
+the dispatcher must never be slower than), with the repairs PyTorch's backends needed; and the
+probes of PyTorch's backends: whether one works on this build and device (a tiny problem checked
+against the float64 reference, cached per backend, device type, dtype and feature: PyTorch has
+shipped backends that returned wrong results silently), and which one PyTorch would pick."""
 
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Protocol
 
 import torch
 
 from attn_dispatch.kernels._blocks import causal_blocked
-from attn_dispatch.kernels._float_mask import floor_penalties_
-from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels._layout import floor_penalties_
+from attn_dispatch.kernels.accuracy import TOLERANCES
+from attn_dispatch.kernels.problem import DTYPES_BY_NAME, Problem
+from attn_dispatch.kernels.reference import reference_attention, relative_errors
 from attn_dispatch.kernels.sdpa_backends import (
     FORCED_BACKENDS,
     TORCH_HAS_ENABLE_GQA,
     SdpaBackendKernel,
     pytorch_sdpa,
 )
-from attn_dispatch.kernels.sdpa_probe import default_backend_choice, default_zeroes_dead_rows
 
 
 class SdpaDefaultKernel(SdpaBackendKernel):
@@ -159,7 +168,7 @@ class SdpaDefaultKernel(SdpaBackendKernel):
 def _mask_needs_query_dtype(problem: Problem) -> bool:
     """A float mask on half inputs on a GPU: PyTorch's SDPA there takes a float32 mask on bf16 or
     fp16 inputs and its cuDNN backend gives wrong rows (torch 2.11; the memory-efficient backend
-    refuses it: "invalid dtype for bias"); a mask in the query's dtype is right. The mask is rebased first (`kernels._float_mask`), so
+    refuses it: "invalid dtype for bias"); a mask in the query's dtype is right. The mask is rebased first (`kernels._layout`), so
     narrowing it to fp16 turns only penalties below -65504 into -inf, which block exactly."""
     return problem.mask_kind == "float" and problem.itemsize < 4 and problem.device_type != "cpu"
 
@@ -183,3 +192,250 @@ def combine_mask_and_causal(mask: torch.Tensor, L: int, S: int, offset: int = 0)
 
 
 SDPA_BACKEND_KERNELS = (*FORCED_BACKENDS.values(), SdpaDefaultKernel)
+
+
+# backend probes
+# Small enough to cost microseconds, large enough to exercise tiling: L != S so that a kernel
+# aligning the causal diagonal bottom-right is caught, head dim 64 (every fused kernel takes it).
+PROBE_HEADS, PROBE_Q_LEN, PROBE_KV_LEN, PROBE_HEAD_DIM = 4, 24, 40, 64
+
+_results: dict[tuple[str, str, str, str], str | None] = {}
+_lock = threading.Lock()
+
+
+_ASSUME_AVAILABLE = ContextVar("assume_backends_available", default=False)
+_ASSUMED_CARD = ContextVar("assumed_card", default=None)
+_DEFERRED = ContextVar("probes_deferred", default=False)
+
+DEFERRED_GQA = "native GQA not probed yet (taken as absent while probes are deferred)"
+"""What a deferred ``gqa`` probe answers: the pessimistic answer, so a workspace estimated meanwhile
+counts K/V repeated per group (never less than the call will take)."""
+
+
+@contextmanager
+def probes_deferred() -> Iterator[None]:
+    """Inside: a probe not run yet in this process is not run, and answers "works" (the ``gqa``
+    probe: "absent", `DEFERRED_GQA`). For ranking a bucket's kernels on its first call without
+    running each backend's probe (a tiny problem against the float64 reference, which cost a fresh
+    process's first call 30-60 ms of first-use set-up per probe on the 2-core CPU): whatever then
+    runs a kernel first asks `Kernel.reasons` outside this block, which probes it (the dispatcher's
+    planner and training route do). Results already known are answered as they are."""
+    token = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
+class AssumedCard(Protocol):
+    """What a card answered that this machine cannot ask (`bench.offline_card` records them)."""
+
+    def default_backend(self, problem: Problem) -> str | None:
+        """The family `default_backend_choice` gave on the card, or None where not recorded."""
+
+    def probe_failure(self, family: str, dtype: str, feature: str) -> str | None:
+        """Why that probe failed on the card, or None where it passed."""
+
+
+@contextmanager
+def assume_backends_available(card: AssumedCard | None = None) -> Iterator[None]:
+    """Inside: a backend probe for a device type this process has no device of answers "works"
+    instead of "not available". For building or scoring a card's table on another machine (a CPU
+    refitting a GPU's measurements), where the measurements say what ran on the card; each
+    kernel's static limits (dtypes, head dims, device kinds) still apply. With `card`, probes and
+    PyTorch's default backend choice answer as recorded on that card instead (so that
+    `sdpa_default`'s features equal the card's); without, an enclosing block's card. A machine
+    that has a device of that type (refitting an H200 calibration on another GPU) probes its own
+    device: refit on the card itself, or on a CPU."""
+    tokens = _ASSUME_AVAILABLE.set(True), _ASSUMED_CARD.set(card if card is not None else _ASSUMED_CARD.get())
+    try:
+        yield
+    finally:
+        _ASSUMED_CARD.reset(tokens[1])
+        _ASSUME_AVAILABLE.reset(tokens[0])
+
+
+def _device_absent(device_type: str) -> bool:
+    return device_type == "cuda" and not torch.cuda.is_available()
+
+
+def probe_backend(kernel: SdpaBackendKernel, device_type: str, dtype: str, feature: str) -> str | None:
+    """None when `kernel` computes `feature` correctly on this device type, else why not."""
+    if device_type == "meta":  # shapes only: `Kernel.run` gives meta outputs by the formula, nothing to probe
+        return None
+    if _ASSUME_AVAILABLE.get() and _device_absent(device_type):
+        card = _ASSUMED_CARD.get()
+        return None if card is None else card.probe_failure(kernel.family, dtype, feature)
+    key = (kernel.family, device_type, dtype, feature)
+    try:
+        return _results[key]
+    except KeyError:
+        pass
+    if _DEFERRED.get():
+        return DEFERRED_GQA if feature == "gqa" else None
+    with _lock:
+        if key not in _results:
+            _results[key] = _run_probe(kernel, device_type, dtype, feature)
+    return _results[key]
+
+
+def passed_probes(device_type: str) -> set[tuple[str, str, str, str]]:
+    """The probe keys (family, device type, dtype, feature) that passed in this process on
+    `device_type` (what `models.probe_store` keeps across processes)."""
+    with _lock:
+        return {key for key, failure in _results.items() if failure is None and key[1] == device_type}
+
+
+def seed_passed_probes(keys) -> None:
+    """Take these probe keys as passed without running them (kept by an earlier process on the
+    same device and software stack: `models.probe_store`); a key already probed here keeps its
+    result."""
+    with _lock:
+        for key in keys:
+            _results.setdefault(tuple(key), None)
+
+
+def clear_probe_cache() -> None:
+    """Forget every probe result (tests; after changing PyTorch backend flags)."""
+    with _lock:
+        _results.clear()
+        _dead_rows.clear()
+
+
+_dead_rows: dict[tuple[torch.dtype, bool], bool] = {}
+
+
+def default_zeroes_dead_rows(device: torch.device, dtype: torch.dtype, bool_mask: bool) -> bool:
+    """Whether PyTorch's own SDPA gives zeros for rows its mask blocks entirely, as SDPA's
+    semantics say, so `sdpa_default` need not repair them (the repair adds about a tenth to a
+    masked CPU decode call). Asked once per dtype and mask kind on CPUs. Never assumed on GPUs,
+    where the answer depends on the backend each shape gets (the memory-efficient backend returns
+    garbage there)."""
+    if device.type != "cpu":
+        return False
+    key = (dtype, bool_mask)
+    if key not in _dead_rows:
+        with _lock:
+            _dead_rows[key] = _probe_dead_rows(dtype, bool_mask)
+    return _dead_rows[key]
+
+
+def _probe_dead_rows(dtype: torch.dtype, bool_mask: bool) -> bool:
+    query, key, value, mask = _probe_inputs(torch.device("cpu"), dtype, "mask")  # row 1 blocked
+    if not bool_mask:
+        mask = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
+    try:
+        with torch.no_grad():
+            out = torch._C._nn.scaled_dot_product_attention(query, key, value, mask, 0.0, False)
+    except Exception:  # noqa: BLE001 - it cannot even run: repair whatever a real call gives
+        return False
+    return bool(torch.all(out[:, :, 1] == 0)) and bool(torch.isfinite(out).all())
+
+
+def _probe_inputs(device: torch.device, dtype: torch.dtype, feature: str):
+    generator = torch.Generator().manual_seed(1234)
+    kv_heads = PROBE_HEADS // 2 if feature == "gqa" else PROBE_HEADS
+    q_len = PROBE_KV_LEN if feature == "causal_square" else PROBE_Q_LEN
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
+    query = randn(1, PROBE_HEADS, q_len, PROBE_HEAD_DIM)
+    key = randn(1, kv_heads, PROBE_KV_LEN, PROBE_HEAD_DIM)
+    value = randn(1, kv_heads, PROBE_KV_LEN, PROBE_HEAD_DIM)
+    mask = None
+    if feature == "mask":
+        mask = torch.rand(q_len, PROBE_KV_LEN, generator=generator) > 0.3
+        mask[1] = False  # one fully masked row
+        mask = mask.to(device)
+    return query, key, value, mask
+
+
+def _run_probe(kernel: SdpaBackendKernel, device_type: str, dtype: str, feature: str) -> str | None:
+    if device_type == "cuda" and not torch.cuda.is_available():
+        return "CUDA is not available in this process"
+    device = torch.device(device_type)
+    where = f"{device_type} {dtype}"
+    try:
+        query, key, value, mask = _probe_inputs(device, DTYPES_BY_NAME[dtype], feature)
+        causal = feature.startswith("causal")
+        gqa = feature == "gqa"
+        with torch.no_grad():
+            if gqa:  # does the operator itself take fewer K/V heads?
+                out = kernel._call_op(query, key, value, None, False, PROBE_HEAD_DIM**-0.5)
+            else:
+                problem = Problem.from_tensors(query, key, value, mask, causal)
+                out = kernel.run(query, key, value, mask, None, False, problem)
+        reference = reference_attention(query, key, value, mask, causal, enable_gqa=gqa)
+    except Exception as error:  # noqa: BLE001 - any failure means "not available"
+        message = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
+        return f"{kernel.family} failed its {feature} probe on {where}: {type(error).__name__}: {message}"
+    rel_l2, rel_max = relative_errors(out, reference)
+    if not TOLERANCES[dtype].accepts(rel_l2, rel_max):
+        return (
+            f"{kernel.family} gave wrong results in its {feature} probe on {where} "
+            f"(relative error {rel_l2:.1e})"
+        )
+    return None
+
+
+# PyTorch's SDPBackend enum values (torch.nn.attention.SDPBackend): what `_fused_sdp_choice` returns.
+SDP_BACKEND_FAMILIES = {0: "sdpa_math", 1: "sdpa_flash", 2: "sdpa_efficient", 3: "sdpa_cudnn"}
+_choices: dict[tuple, str] = {}
+
+
+def default_backend_choice(problem: Problem) -> str:
+    """The backend family `F.scaled_dot_product_attention` picks for problems like this one,
+    asked of PyTorch once (tiny inputs with the same dtype, head dims, mask kind, causality and
+    GQA); "sdpa_math" when it cannot be asked. Cached per kind of problem. Off the card, inside
+    `assume_backends_available(card)`, the card's recorded answer where it has one."""
+    card = _ASSUMED_CARD.get()
+    if card is not None and _device_absent(problem.device_type):
+        recorded = card.default_backend(problem)
+        if recorded is not None:
+            return recorded
+    key = (problem.device_type, problem.dtype, problem.head_dim, problem.value_dim, problem.causal,
+           problem.mask_kind, problem.gqa_ratio > 1, problem.q_len == 1, _enabled_backends())
+    if key not in _choices:
+        _choices[key] = _ask_pytorch(problem)
+    return _choices[key]
+
+
+def _always_on() -> bool:
+    return True
+
+
+BACKEND_SWITCHES = tuple(
+    getattr(torch._C, f"_get_{name}_sdp_enabled", _always_on) for name in ("flash", "mem_efficient", "math", "cudnn")
+)
+"""Readers of PyTorch's global SDPA backend switches (flash, memory-efficient, math, cuDNN), read
+from `torch._C` directly (what `torch.backends.cuda.*_sdp_enabled()` and `sdpa_kernel` use); a
+switch this torch build lacks reads as on."""
+
+
+def _enabled_backends() -> tuple[bool, ...]:
+    """PyTorch's global backend switches (`sdpa_kernel` flips them): part of the choice's key."""
+    flash, efficient, math_, cudnn = BACKEND_SWITCHES
+    return (flash(), efficient(), math_(), cudnn())
+
+
+def _ask_pytorch(problem: Problem) -> str:
+    if problem.device_type == "cuda" and not torch.cuda.is_available():
+        return "sdpa_math"
+    device, dtype = torch.device(problem.device_type), DTYPES_BY_NAME[problem.dtype]
+    q_len, kv_len, kv_heads = (1 if problem.q_len == 1 else 16), 32, 1
+    q_heads = kv_heads * problem.gqa_ratio
+    try:
+        query = torch.randn(1, q_heads, q_len, problem.head_dim).to(device, dtype)
+        key = torch.randn(1, kv_heads, kv_len, problem.head_dim).to(device, dtype)
+        value = torch.randn(1, kv_heads, kv_len, problem.value_dim).to(device, dtype)
+        mask = None
+        if problem.mask_kind == "bool":
+            mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
+        elif problem.mask_kind == "float":
+            mask = torch.zeros(q_len, kv_len, dtype=dtype, device=device)
+        kwargs = {"enable_gqa": True} if problem.gqa_ratio > 1 else {}
+        choice = torch._fused_sdp_choice(query, key, value, mask, 0.0, problem.causal and mask is None, **kwargs)
+    except Exception:  # noqa: BLE001 - an old or unusual build: assume the worst case
+        return "sdpa_math"
+    return SDP_BACKEND_FAMILIES.get(int(choice), "sdpa_math")

@@ -19,10 +19,9 @@ from dataclasses import replace
 
 import torch
 
-from attn_dispatch.kernels._bare_call import BareCall, aten_binding
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
+from attn_dispatch.kernels.sdpa_backends import BareCall, aten_binding, pytorch_sdpa
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 
 

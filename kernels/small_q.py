@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 
 from attn_dispatch.kernels._blocks import query_rows, score_keys, score_keys_bytes, score_recipe
-from attn_dispatch.kernels._single_pass import single_pass_attention, single_pass_workspace_bytes
 from attn_dispatch.kernels.base import Kernel
-from attn_dispatch.kernels.chunked import _positive_int
+from attn_dispatch.kernels.chunked import _positive_int, single_pass_attention, single_pass_workspace_bytes
 from attn_dispatch.kernels.problem import Problem
 
 

@@ -19,18 +19,21 @@ from __future__ import annotations
 
 import torch
 
-from attn_dispatch.kernels._triton_decode_layout import (
-    MAX_BLOCK_ROWS,
-    MAX_HEAD_DIM,
-    MAX_PACKED_ROWS,
-    MIN_DOT_SIZE,
-    DecodeLayout,
-)
-from attn_dispatch.kernels._triton_ops import checked_parameter
 from attn_dispatch.kernels._triton_support import compile_seconds, mark_compiled, shared_memory_limit, triton_reasons
-from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.base import NO_TRITON_ON_CPU, Kernel, checked_parameter, interpreting
 from attn_dispatch.kernels.problem import Problem
 
+MIN_DOT_SIZE = 16
+"""Smallest block side `tl.dot` takes on every Triton >= 3.0 target (M, N and K of 16)."""
+MAX_BLOCK_ROWS = 64
+"""Packed query rows per program. 64 rows of a 256-wide head keep 128 fp32 accumulators per thread
+at 4 warps; more would spill registers. Larger row counts take several row blocks."""
+MAX_PACKED_ROWS = 256
+"""Most packed rows (GQA group size x query length) the kernel takes: K and V are read once per
+row block of `MAX_BLOCK_ROWS`, so past 4 blocks a prefill kernel that tiles the queries reads them
+as often and parallelises better."""
+MAX_HEAD_DIM = 256
+"""Largest head dim (query/key and value) the kernel takes, as PyTorch's fused kernels."""
 MAX_SPLITS = 1024
 """Most key splits a name may ask for (a grid dimension; more never pays for one group's rows)."""
 MAX_BLOCK_KEYS = 256
@@ -66,13 +69,19 @@ class TritonDecodeKernel(Kernel):
     def params(self) -> dict[str, object]:
         return {"splits": self.splits, "bn": self.block_n, "w": self.warps, "s": self.stages}
 
-    def layout(self, problem: Problem) -> DecodeLayout:
-        """How `problem` is laid out on the programs (splits actually used, block sizes)."""
+    def layout(self, problem: Problem):
+        """How `problem` is laid out on the programs (`_triton_decode_layout.DecodeLayout`: splits
+        actually used, block sizes)."""
+        from attn_dispatch.kernels._triton_decode_layout import DecodeLayout
+
         return DecodeLayout.of(problem, self.splits, self.block_n)
 
     # ------------------------------------------------------------------ capabilities
     def _own_reasons(self, problem: Problem) -> list[str]:
-        why = triton_reasons(problem.device_type, problem.dtype)
+        if problem.device_type == "cpu" and not interpreting():
+            why = [NO_TRITON_ON_CPU]  # what `triton_reasons` says, without running it
+        else:
+            why = triton_reasons(problem.device_type, problem.dtype)
         rows = problem.gqa_ratio * problem.q_len
         if rows > MAX_PACKED_ROWS:
             why.append(f"packs GQA group x query rows ({problem.gqa_ratio} x {problem.q_len} = {rows}) up to "

@@ -17,20 +17,21 @@ from __future__ import annotations
 
 import torch
 
-from attn_dispatch.kernels._chunked_backward import needs_backward
-from attn_dispatch.kernels._triton_flash_config import (
-    MAX_HEAD_DIM,
-    MIN_BLOCK,
-    FlashConfig,
-    forward_shared_bytes,
-    mask_element_bytes,
-    row_statistics_bytes,
+from attn_dispatch.kernels._triton_support import (
+    compile_seconds,
+    mark_compiled,
+    shared_memory_limit,
+    triton_reasons,
 )
-from attn_dispatch.kernels._triton_ops import checked_parameter
-from attn_dispatch.kernels._triton_support import compile_seconds, mark_compiled, shared_memory_limit, triton_reasons
-from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.base import NO_TRITON_ON_CPU, Kernel, checked_parameter, interpreting
+from attn_dispatch.kernels.chunked import needs_backward
 from attn_dispatch.kernels.problem import Problem
 
+MIN_BLOCK = 16
+"""Smallest block edge: `tl.dot` needs every operand dimension to be at least 16."""
+MAX_HEAD_DIM = 256
+"""Largest head dim (query/key and value): one padded row of 256 fp32 accumulators per query row
+is what a block's registers hold; FlashAttention-2 stops at 256 too."""
 MAX_BLOCK = 256
 """Largest block edge a name may ask for (a 256 x 256 fp32 score tile is already past a
 program's registers on every card we know)."""
@@ -38,6 +39,11 @@ MAX_WARPS = 16
 """Largest warp count a name may ask for (Triton's limit for a CUDA block of 512 threads)."""
 MAX_STAGES = 8
 """Largest pipeline depth a name may ask for (each stage holds one more key and value block)."""
+
+
+def padded_dim(size: int) -> int:
+    """A head dim rounded up to a power of two of at least `MIN_BLOCK` (a block's width)."""
+    return max(MIN_BLOCK, 1 << max(size - 1, 0).bit_length())
 
 
 class TritonFlashKernel(Kernel):
@@ -56,23 +62,38 @@ class TritonFlashKernel(Kernel):
     PARAM_SPACE = {"bm": [16, 32, 64, 128, 256], "bn": [16, 32, 64, 128, 256], "w": [1, 2, 4, 8], "s": [1, 2, 3, 4, 5]}
 
     def __init__(self, bm: int = 128, bn: int = 64, w: int = 8, s: int = 3) -> None:
-        self.config = FlashConfig(
-            block_m=checked_parameter("bm (query rows per block)", bm, MIN_BLOCK, MAX_BLOCK, power_of_two=True),
-            block_n=checked_parameter("bn (key rows per block)", bn, MIN_BLOCK, MAX_BLOCK, power_of_two=True),
-            warps=checked_parameter("w (warps)", w, 1, MAX_WARPS, power_of_two=True),
-            stages=checked_parameter("s (pipeline stages)", s, 1, MAX_STAGES, power_of_two=False),
+        self._blocks = (
+            checked_parameter("bm (query rows per block)", bm, MIN_BLOCK, MAX_BLOCK, power_of_two=True),
+            checked_parameter("bn (key rows per block)", bn, MIN_BLOCK, MAX_BLOCK, power_of_two=True),
+            checked_parameter("w (warps)", w, 1, MAX_WARPS, power_of_two=True),
+            checked_parameter("s (pipeline stages)", s, 1, MAX_STAGES, power_of_two=False),
         )
+        self._config = None
+
+    @property
+    def config(self):
+        """The `_triton_flash_config.FlashConfig` (made on first use: a CPU process never needs it)."""
+        if self._config is None:
+            from attn_dispatch.kernels._triton_flash_config import FlashConfig
+
+            self._config = FlashConfig(*self._blocks)
+        return self._config
 
     @property
     def params(self) -> dict[str, object]:
-        return {"bm": self.config.block_m, "bn": self.config.block_n, "w": self.config.warps, "s": self.config.stages}
+        return dict(zip(("bm", "bn", "w", "s"), self._blocks, strict=True))
 
     # ------------------------------------------------------------------ capabilities
     def _own_reasons(self, problem: Problem) -> list[str]:
-        why = triton_reasons(problem.device_type, problem.dtype)
+        if problem.device_type == "cpu" and not interpreting():
+            why = [NO_TRITON_ON_CPU]  # what `triton_reasons` says, without running it
+        else:
+            why = triton_reasons(problem.device_type, problem.dtype)
         if problem.head_dim > MAX_HEAD_DIM or problem.value_dim > MAX_HEAD_DIM:
             why.append(f"head dims up to {MAX_HEAD_DIM} only (query/key {problem.head_dim}, value {problem.value_dim})")
         if not why and problem.device_type == "cuda":
+            from attn_dispatch.kernels._triton_flash_config import forward_shared_bytes, mask_element_bytes
+
             needed = forward_shared_bytes(self.config, problem.head_dim, problem.value_dim, problem.itemsize,
                                           mask_element_bytes(problem.mask_kind, problem.itemsize))
             available = shared_memory_limit()
@@ -83,12 +104,16 @@ class TritonFlashKernel(Kernel):
 
     def workspace_bytes(self, problem: Problem) -> int:
         """The output, the log-sum-exp (kept when a backward follows) and canonicalisation's copies."""
+        from attn_dispatch.kernels._triton_flash_config import row_statistics_bytes
+
         return problem.out_bytes + row_statistics_bytes(problem) + self.input_copy_bytes(problem)
 
     def backward_workspace_bytes(self, problem: Problem) -> int:
         """Extra peak memory of forward plus backward of one call (the training route's bound):
         the saved output, log-sum-exp and input copies, the copies' gradients, dQ/dK/dV in the
         input dtype and the backward's ``rowsum(dO * O)``. dQ/dK/dV accumulate in registers."""
+        from attn_dispatch.kernels._triton_flash_config import row_statistics_bytes
+
         copies = self.input_copy_bytes(problem)
         saved = problem.out_bytes + row_statistics_bytes(problem) + copies
         gradients = problem.q_bytes + problem.kv_bytes

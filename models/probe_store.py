@@ -1,7 +1,7 @@
 """What the home keeps per device from probes and set-up measurements: backend probes that passed,
 a CPU's probed rates (and the probe itself), and per-shape set-up costs.
 
-A probe (`kernels.sdpa_probe`) runs a tiny problem through one of PyTorch's SDPA backends and
+A probe (`kernels.sdpa_default`) runs a tiny problem through one of PyTorch's SDPA backends and
 checks it against the float64 reference: a large part of a GPU process's first call (the float64
 reference, and a cuDNN plan built for the probe's own shape). Their answer depends only on the card
 and the software, so the ones that passed are kept here and a later process on the same stack
@@ -60,7 +60,7 @@ MAX_FIELD = 64
 """Characters of one key field: family, device type, dtype and feature names are under 20."""
 
 ProbeKey = tuple[str, str, str, str]
-"""(kernel family, device type, dtype, feature): `kernels.sdpa_probe.probe_backend`'s cache key."""
+"""(kernel family, device type, dtype, feature): `kernels.sdpa_default.probe_backend`'s cache key."""
 
 
 def probe_file(identity: DeviceIdentity, cudnn_version: str, root: str | os.PathLike | None = None,

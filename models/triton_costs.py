@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import math
 
-from attn_dispatch.kernels._triton_flash_config import padded_dim
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
-from attn_dispatch.kernels.triton_flash import TritonFlashKernel
+from attn_dispatch.kernels.triton_flash import TritonFlashKernel, padded_dim
 from attn_dispatch.models.identity import GFX906_BANDWIDTH, CardSpec
 from attn_dispatch.models.rates import (
     BANDWIDTH_EFFICIENCY,

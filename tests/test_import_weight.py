@@ -3,7 +3,7 @@ bundled table's ranking need torch and numpy only; scikit-learn and scipy (fitti
 joblib and optuna are calibration's. With torch._dynamo they cost a plain script 3.8-4.3 s before
 its first call when imported eagerly (2-core CPU, torch 2.13). torch._dynamo (1.4-1.5 s here) is not
 imported either: `dispatcher.compiled` marks its graph node when something else imports Dynamo
-(`dispatcher.after_import`; tests/test_first_call.py)."""
+(`compiled.when_imported`; tests/test_first_call.py)."""
 
 from __future__ import annotations
 

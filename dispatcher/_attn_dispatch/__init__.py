@@ -13,20 +13,20 @@ else on ``sys.path`` (a user's own ``models/``, Hugging Face's ``kernels``) can 
     ad.register_transformers()                    # then attn_implementation="attn_dispatch"
 """
 
+from importlib import import_module as _import_module
 from importlib import metadata as _metadata
 
-from attn_dispatch import dispatcher as _dispatcher
-from attn_dispatch.dispatcher import __all__
+from attn_dispatch.dispatcher import _PUBLIC, __all__
 
 
 def __getattr__(name: str):
     """The public API of `attn_dispatch.dispatcher`, imported on first use (PEP 562: the command
     line's ``--help`` and ``--version`` never import torch)."""
-    if name in __all__:
-        value = getattr(_dispatcher, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'attn_dispatch' has no attribute {name!r}")
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'attn_dispatch' has no attribute {name!r}")
+    value = getattr(_import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:

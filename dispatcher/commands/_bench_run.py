@@ -26,8 +26,7 @@ from attn_dispatch.calibration.scenario_bench import (
 from attn_dispatch.calibration.timer import TARGET_SAMPLE_S
 from attn_dispatch.dispatcher.as_kernel import DISPATCHER_PATH, DispatchedKernel
 from attn_dispatch.dispatcher.core import Dispatcher
-from attn_dispatch.dispatcher.errors import NoKernelError
-from attn_dispatch.dispatcher.memory import format_bytes, free_bytes
+from attn_dispatch.dispatcher.decision import NoKernelError, format_bytes, free_bytes
 from attn_dispatch.dispatcher.selection import memory_limit
 from attn_dispatch.kernels import AccuracyPolicy, MathKernel, Problem, kernel_from_name
 from attn_dispatch.kernels.sdpa_backends import SdpaMathKernel

@@ -26,7 +26,7 @@ FIRST_PASS_SHARE = 3.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from attn_dispatch.dispatcher.kernel_set import KERNEL_SETS
+    from attn_dispatch.dispatcher.core import KERNEL_SETS
 
     parser = subparsers.add_parser(
         NAME,
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     from attn_dispatch.calibration.scenario_bench import default_size, scenario_shapes
     from attn_dispatch.dispatcher.commands._bench_run import run_bench
-    from attn_dispatch.dispatcher.memory import parse_memory_size
+    from attn_dispatch.dispatcher.decision import parse_memory_size
     from attn_dispatch.kernels import AccuracyPolicy
 
     for argument, path in (("--json", args.json), ("--md", args.md)):

@@ -76,7 +76,7 @@ def _config(args: argparse.Namespace):
     among them, before anything is measured)."""
     from attn_dispatch.calibration.candidates import kernel_set
     from attn_dispatch.calibration.config import REFINE_ROUNDS, CalibrationConfig
-    from attn_dispatch.dispatcher.memory import parse_memory_size
+    from attn_dispatch.dispatcher.decision import parse_memory_size
     from attn_dispatch.kernels import AccuracyPolicy
 
     if args.devices:

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from attn_dispatch.calibration.drift import base_points, check_table
     from attn_dispatch.calibration.finish import fit_and_write, merge
     from attn_dispatch.dispatcher.commands.show import resolve_table
-    from attn_dispatch.dispatcher.memory import parse_memory_size
+    from attn_dispatch.dispatcher.decision import parse_memory_size
     from attn_dispatch.models import DeviceIdentity, TableError
     from attn_dispatch.models.identity import torch_threads
 

@@ -30,7 +30,7 @@ def size(text: str) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from attn_dispatch.dispatcher.kernel_set import KERNEL_SETS
+    from attn_dispatch.dispatcher.core import KERNEL_SETS
     from attn_dispatch.kernels.problem import MASK_KINDS
 
     parser = subparsers.add_parser(
@@ -76,8 +76,8 @@ def given_table(path: str):
 
 def run(args: argparse.Namespace) -> int:
     from attn_dispatch.dispatcher.core import Dispatcher
-    from attn_dispatch.dispatcher.errors import BUDGET_FIX, NoKernelError
-    from attn_dispatch.dispatcher.memory import parse_memory_size
+    from attn_dispatch.dispatcher.decision import BUDGET_FIX, NoKernelError
+    from attn_dispatch.dispatcher.decision import parse_memory_size
     from attn_dispatch.kernels import AccuracyPolicy
 
     try:

@@ -16,7 +16,7 @@ from attn_dispatch.calibration.training_profile import (
     write_profile,
 )
 from attn_dispatch.kernels import ChunkedKernel, MathKernel, Problem
-from attn_dispatch.kernels.backward_memory import training_bytes
+from attn_dispatch.kernels.base import training_bytes
 from attn_dispatch.models.environment import TRAINING_PROFILE
 from attn_dispatch.models.training_times import TrainingTimes
 

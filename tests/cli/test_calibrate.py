@@ -1,5 +1,5 @@
 """`attn-dispatch calibrate` reads --memory-budget as every other command does
-(`dispatcher.memory.parse_memory_size`: K/M/G/T alone are binary), without calibrating."""
+(`dispatcher.decision.parse_memory_size`: K/M/G/T alone are binary), without calibrating."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from attn_dispatch.dispatcher.cli import build_parser
 from attn_dispatch.dispatcher.commands.calibrate import _config
-from attn_dispatch.dispatcher.memory import parse_memory_size
+from attn_dispatch.dispatcher.decision import parse_memory_size
 
 
 def _budget(size: str) -> int | None:

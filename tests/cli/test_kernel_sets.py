@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from attn_dispatch.dispatcher.cli import build_parser
-from attn_dispatch.dispatcher.kernel_set import KERNEL_SETS
+from attn_dispatch.dispatcher.core import KERNEL_SETS
 
 
 def _kernels_choices(command: str) -> tuple[str, ...]:

@@ -94,13 +94,14 @@ def fake_gfx906(monkeypatch, *, triton: tuple[int, int] | None) -> None:
     from attn_dispatch.dispatcher import device_planner as planner
     from attn_dispatch.dispatcher.decision import RankingSource
     from attn_dispatch.kernels import _triton_support as support
+    from attn_dispatch.kernels import base
     from attn_dispatch.kernels import triton_decode, triton_flash
     from attn_dispatch.models.identity import MI50_32GB
     from attn_dispatch.models.identity import DeviceIdentity
     from attn_dispatch.models.priors import PriorRanker
     from tests.models.conftest import fake_identity
 
-    monkeypatch.setenv(support.INTERPRETER_VARIABLE, "0")
+    monkeypatch.setenv(base.INTERPRETER_VARIABLE, "0")
     identity = fake_identity("mi50_32")
     monkeypatch.setattr(DeviceIdentity, "detect", classmethod(lambda cls, device: identity))
     monkeypatch.setattr(support, "gpu_architecture", lambda device_index=None: ("gfx906", (9, 0)))

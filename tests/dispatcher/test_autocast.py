@@ -1,5 +1,5 @@
 """Under `torch.autocast` the dispatcher's kernels see what PyTorch's SDPA sees: floating inputs
-(not float64) cast to autocast's dtype, the output in that dtype (`dispatcher.autocast`)."""
+(not float64) cast to autocast's dtype, the output in that dtype (`dispatcher.sdpa_context`)."""
 
 from __future__ import annotations
 

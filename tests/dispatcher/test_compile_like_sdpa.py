@@ -29,7 +29,7 @@ COPY_OPS = {"aten.clone.default", "aten.copy.default", "aten.copy_.default", "at
 DEAD_ROW_REPAIR_OPS = {"aten.any.dim", "aten.where.self", "aten.scalar_tensor.default",  # a bool mask's
                        "aten.eq.Scalar", "aten.all.dim", "aten.masked_fill.Scalar", "aten.masked_fill_.Scalar"}
 """`sdpa_default`'s zeroing of rows a mask blocks entirely, traced where PyTorch's SDPA is not known
-to zero them itself (GPUs: `kernels.sdpa_probe.default_zeroes_dead_rows`)."""
+to zero them itself (GPUs: `kernels.sdpa_default.default_zeroes_dead_rows`)."""
 
 
 class GraphCatcher:

@@ -1,4 +1,4 @@
-"""A bucket is ranked with backend probes deferred (`sdpa_probe.probes_deferred`): a first call runs
+"""A bucket is ranked with backend probes deferred (`sdpa_default.probes_deferred`): a first call runs
 none, and whatever is about to run a kernel probes it first (the planner's plan, a trial's candidate,
 the training route), so a backend whose probe fails never runs."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attn_dispatch.dispatcher import Dispatcher
-from attn_dispatch.kernels import MathKernel, sdpa_probe
+from attn_dispatch.kernels import MathKernel, sdpa_default
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
 
 
@@ -27,7 +27,7 @@ class ProbedMath(MathKernel):
         return self.label
 
     def reasons(self, problem):
-        return [] if sdpa_probe._DEFERRED.get() or self.reason is None else [self.reason]
+        return [] if sdpa_default._DEFERRED.get() or self.reason is None else [self.reason]
 
     def run(self, *args):
         self.runs += 1
@@ -36,15 +36,15 @@ class ProbedMath(MathKernel):
 
 @pytest.fixture
 def clean_probes():
-    sdpa_probe.clear_probe_cache()
+    sdpa_default.clear_probe_cache()
     yield
-    sdpa_probe.clear_probe_cache()
+    sdpa_default.clear_probe_cache()
 
 
 @pytest.mark.measuring
 def test_a_first_call_that_runs_pytorchs_default_runs_no_probe(clean_probes, monkeypatch):
     ran = []
-    monkeypatch.setattr(sdpa_probe, "_run_probe", lambda kernel, *key: ran.append((kernel.family, *key)))
+    monkeypatch.setattr(sdpa_default, "_run_probe", lambda kernel, *key: ran.append((kernel.family, *key)))
     inputs = qkv(q_len=64, kv_len=64)
     out = Dispatcher(remember_tunings=False).attention(**inputs)  # the analytic prior: PyTorch's default first
     assert_matches_reference(out, inputs)

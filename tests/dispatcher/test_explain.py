@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import attn_dispatch as dispatcher
-from attn_dispatch.dispatcher import Dispatcher, _log
+from attn_dispatch.dispatcher import Dispatcher
 from attn_dispatch.dispatcher.cli import main
 from attn_dispatch.dispatcher.cold_path import TRAINING_COUNT
-from attn_dispatch.dispatcher.decision import TRAINING_KERNEL
+from attn_dispatch.dispatcher.decision import TRAINING_KERNEL, logger
 from tests.dispatcher.helpers import FixedRanker, qkv, use_ranking
 
 
@@ -32,7 +32,7 @@ def test_explain_does_not_run_and_matches_what_runs(monkeypatch):
 
 def test_log_each_new_decision_once(monkeypatch, caplog):
     monkeypatch.setenv("ATTN_DISPATCH_LOG", "1")
-    monkeypatch.setattr(_log.logger, "level", logging.NOTSET)
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
     with caplog.at_level(logging.INFO, logger="attn_dispatch"):
         for _ in range(3):
             dispatcher.attention(**qkv())

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attn_dispatch.dispatcher import Dispatcher
-from attn_dispatch.dispatcher.lossy_gain import lossy_gain_note
+from attn_dispatch.dispatcher.decision import lossy_gain_note
 from attn_dispatch.kernels import AccuracyPolicy, Problem
 from attn_dispatch.models.identity import H200
 from tests.dispatcher.helpers import fake_gfx906

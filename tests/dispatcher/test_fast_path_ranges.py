@@ -1,4 +1,4 @@
-"""The fast path's range entries and operator entries (`length_range`, `fast_call.cpp`): a decode
+"""The fast path's range entries and operator entries (`hot_path`, `fast_call.cpp`): a decode
 loop's next key lengths are served in C++ from their first call, and a plan that runs a fused
 backend's operator bare is served in C++ with the Python path's exact result; whatever the plan's
 bucket would plan differently goes to Python."""
@@ -10,9 +10,15 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attn_dispatch.dispatcher import Dispatcher, fast_path
-from attn_dispatch.dispatcher.length_range import bucket_key_lengths, served_key_lengths
+from attn_dispatch.dispatcher.hot_path import bucket_key_lengths, served_key_lengths
 from attn_dispatch.models.probe_store import kind_of
-from tests.dispatcher.test_fast_path import SDPA, WARM_CALLS, built, served, warm  # noqa: F401 - `built`: a fixture
+from tests.dispatcher.test_fast_path import (  # noqa: F401 - `built`: a fixture
+    SDPA,
+    WARM_CALLS,
+    built,
+    served,
+    warm,
+)
 
 CACHE = 80  # positions of the preallocated cache the decode tests slice
 FIRST = 40  # the key length a test's plan goes hot at: its bucket holds 33..64
@@ -119,7 +125,7 @@ def test_on_a_gpu_a_plan_of_our_kernels_serves_no_range(monkeypatch, kernel, exp
     """A GPU decides a bucket's lengths apart by key-count alignment (`selection.decision_bucket`),
     and consecutive lengths cross it: a plan of our own kernel stands for its own alignment only.
     Here the CPU plan is given the GPU's answer to "is the key count aligned?"."""
-    from attn_dispatch.dispatcher import length_range
+    from attn_dispatch.dispatcher import hot_path
     from attn_dispatch.kernels._blocks import key_count_aligned
 
     ours = Dispatcher(kernels=[kernel])
@@ -128,7 +134,7 @@ def test_on_a_gpu_a_plan_of_our_kernels_serves_no_range(monkeypatch, kernel, exp
     plan = _only_plan(ours)
     planner = ours._cold.planners[plan.device]
     assert served_key_lengths(planner, plan) == (33, 64)  # on the CPU: one decision for every length
-    monkeypatch.setattr(length_range, "keys_aligned", lambda problem: key_count_aligned(problem.kv_len))
+    monkeypatch.setattr(hot_path, "keys_aligned", lambda problem: key_count_aligned(problem.kv_len))
     assert served_key_lengths(planner, plan) == expected
 
 

@@ -10,7 +10,7 @@ import torch
 
 from attn_dispatch.dispatcher import Dispatcher
 from attn_dispatch.dispatcher import device_planner as planner
-from attn_dispatch.dispatcher.memory import free_bytes
+from attn_dispatch.dispatcher.decision import free_bytes
 from attn_dispatch.kernels import MathKernel, Problem
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, use_ranking

@@ -12,7 +12,7 @@ import torch
 
 from attn_dispatch.dispatcher import Dispatcher, measuring
 from attn_dispatch.dispatcher import device_planner as planner
-from attn_dispatch.dispatcher.call_timing import Reading
+from attn_dispatch.dispatcher.measuring import Reading
 from attn_dispatch.dispatcher.measuring import BASELINE_CALLS, BUDGET_CALLS, ROUNDS, Trial
 from attn_dispatch.dispatcher.selection import Option
 from attn_dispatch.kernels import MathKernel, Problem
@@ -280,7 +280,7 @@ def test_measured_buckets_are_kept_for_the_next_process(monkeypatch, clock, tmp_
 
 def test_measuring_off_runs_the_ranking_and_times_nothing(monkeypatch, clock):
     base, fast = Timed("base", BASE_S, clock), Timed("fast", BASE_S / 2, clock)
-    monkeypatch.setenv(measuring.MEASURE_ENV, "0")
+    monkeypatch.setenv("ATTN_DISPATCH_MEASURE", "0")
     ours = _dispatcher(monkeypatch, [base, fast])
     _calls(ours, 20)
     assert fast.outputs == [] and ours.explain(**qkv()).kernel == "base"
@@ -323,13 +323,13 @@ def test_a_trial_that_compared_nothing_is_not_kept_for_other_processes(monkeypat
 
 
 def test_a_candidate_whose_deferred_probe_fails_leaves_the_trial_unrun(monkeypatch, clock):
-    """Ranked while probes are deferred (`sdpa_probe.probes_deferred`), a backend whose probe then
+    """Ranked while probes are deferred (`sdpa_default.probes_deferred`), a backend whose probe then
     fails where it would first run never runs: it leaves the trial, which goes on without it."""
-    from attn_dispatch.kernels import sdpa_probe
+    from attn_dispatch.kernels import sdpa_default
 
     class Refusing(Timed):
         def reasons(self, problem):
-            return [] if sdpa_probe._DEFERRED.get() else ["its probe failed (wrong results on this build)"]
+            return [] if sdpa_default._DEFERRED.get() else ["its probe failed (wrong results on this build)"]
 
     base, refusing, fast = Timed("base", BASE_S, clock), Refusing("refusing", BASE_S, clock), Timed("fast", BASE_S / 2, clock)
     ours = _dispatcher(monkeypatch, [base, refusing, fast])

@@ -7,9 +7,14 @@ import pytest
 import torch
 
 import attn_dispatch as dispatcher
-from attn_dispatch.dispatcher import Dispatcher, NoKernelError, core, parse_memory_size
-from attn_dispatch.dispatcher import device_planner as planner
-from attn_dispatch.dispatcher.memory import MAX_MEMORY_BUDGET, format_bytes, free_bytes
+from attn_dispatch.dispatcher import (
+    Dispatcher,
+    NoKernelError,
+    core,
+    device_planner as planner,
+    parse_memory_size,
+)
+from attn_dispatch.dispatcher.decision import MAX_MEMORY_BUDGET, format_bytes, free_bytes
 from attn_dispatch.dispatcher.patching import install, is_installed, patched
 from attn_dispatch.dispatcher.selection import RECHECK_FRACTION, failure_bucket
 from attn_dispatch.kernels import ChunkedKernel, MathKernel, Problem, all_kernels

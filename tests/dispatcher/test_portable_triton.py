@@ -10,7 +10,7 @@ import torch
 from attn_dispatch.calibration.candidates import kernel_set
 from attn_dispatch.dispatcher import Dispatcher
 from attn_dispatch.kernels import AccuracyPolicy, Problem, portable_kernels
-from attn_dispatch.kernels import _triton_support as support
+from attn_dispatch.kernels import base
 from attn_dispatch.kernels.registry import TRITON_FAMILIES, working_family
 from tests.dispatcher.helpers import fake_gfx906
 
@@ -35,9 +35,9 @@ def test_the_portable_set_holds_the_triton_kernels():
 def test_calibrate_and_bench_portable_time_triton_where_it_compiles(monkeypatch):
     """``--kernels portable`` of calibrate and bench: the Triton kernels, except under Triton's
     interpreter (it gives right answers, never speed: nothing to time)."""
-    monkeypatch.setenv(support.INTERPRETER_VARIABLE, "0")
+    monkeypatch.setenv(base.INTERPRETER_VARIABLE, "0")
     assert triton_names(k.name for k in kernel_set("portable", policy=AccuracyPolicy()))
-    monkeypatch.setenv(support.INTERPRETER_VARIABLE, "1")
+    monkeypatch.setenv(base.INTERPRETER_VARIABLE, "1")
     assert not triton_names(k.name for k in kernel_set("portable", policy=AccuracyPolicy()))
 
 

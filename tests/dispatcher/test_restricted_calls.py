@@ -1,6 +1,6 @@
 """Under the caller's `sdpa_kernel` restriction, `explain` names the restriction and the backend
 PyTorch runs, and a call over the memory budget warns once, naming the budget and the bytes
-(`dispatcher.restricted_calls`)."""
+(`dispatcher.sdpa_context`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attn_dispatch.dispatcher import Dispatcher, restricted_calls
+from attn_dispatch.dispatcher import Dispatcher, sdpa_context
 from tests.dispatcher.helpers import assert_matches_reference, qkv
 
 BUDGET = 64 * 2**20
@@ -29,7 +29,7 @@ def test_explain_names_the_restriction_and_the_backend_that_runs():
     with sdpa_kernel([SDPBackend.MATH]):
         decision = ours.explain(**inputs, is_causal=True)
     assert decision.kernel == "sdpa_math"
-    assert decision.source.level == restricted_calls.RESTRICTED_LEVEL
+    assert decision.source.level == sdpa_context.RESTRICTED_LEVEL
     assert "math on" in decision.source.description and "flash" in decision.source.description
     needed = decision.candidates[0].workspace_bytes
     assert needed > BUDGET
@@ -40,7 +40,7 @@ def test_explain_names_the_restriction_and_the_backend_that_runs():
 def test_a_restricted_call_over_the_budget_warns_once_with_the_budget_and_the_bytes(caplog):
     ours = Dispatcher(memory_budget=BUDGET)
     inputs = _training_inputs()
-    restricted_calls._checked.clear()
+    sdpa_context._checked.clear()
     with caplog.at_level(logging.WARNING, logger="attn_dispatch"), sdpa_kernel([SDPBackend.MATH]):
         for _ in range(3):
             out = ours.attention(**inputs, is_causal=True)
@@ -52,7 +52,7 @@ def test_a_restricted_call_over_the_budget_warns_once_with_the_budget_and_the_by
 
 def test_no_warning_within_the_budget_or_without_one(caplog):
     small = qkv(q_len=8, kv_len=8)
-    restricted_calls._checked.clear()
+    sdpa_context._checked.clear()
     with caplog.at_level(logging.WARNING, logger="attn_dispatch"), sdpa_kernel([SDPBackend.MATH]):
         Dispatcher(memory_budget=BUDGET).attention(**small)
         Dispatcher().attention(**_training_inputs(), is_causal=True)

@@ -13,7 +13,7 @@ from attn_dispatch.dispatcher.cold_path import TRAINING_COUNT
 from attn_dispatch.dispatcher.selection import Option
 from attn_dispatch.dispatcher.training_route import choose_training
 from attn_dispatch.kernels import ChunkedKernel, MathKernel, Problem, kernel_from_name, reference_attention
-from attn_dispatch.kernels.backward_memory import training_bytes
+from attn_dispatch.kernels.base import training_bytes
 from attn_dispatch.models.environment import TRAINING_PROFILE
 from attn_dispatch.models.training_times import FORMAT_VERSION, KIND, TrainingTimes
 from tests.dispatcher.helpers import FixedRanker, use_ranking
@@ -83,7 +83,7 @@ def test_measured_times_reorder_the_candidates():
 
 
 def test_the_last_resort_stays_last_even_when_measured_fastest():
-    from attn_dispatch.dispatcher.kernel_set import LastResortDefault
+    from attn_dispatch.dispatcher.core import LastResortDefault
 
     last = LastResortDefault()
     ordered = options("chunked[q=128,kv=1024]") + [Option(last, None, last.workspace_bytes(PROBLEM))]

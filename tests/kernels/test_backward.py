@@ -9,7 +9,7 @@ import torch
 
 from attn_dispatch.calibration.measure import measure_peak_bytes
 from attn_dispatch.kernels import ChunkedKernel, reference_attention, relative_errors
-from attn_dispatch.kernels.tolerances import Tolerance
+from attn_dispatch.kernels.accuracy import Tolerance
 from tests.kernels.cases import Case
 from tests.kernels.contract import RUNNABLE_HERE, TEST_DEVICE, problem_of
 from tests.kernels.test_contract import NAMED_CASES

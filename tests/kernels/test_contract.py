@@ -158,7 +158,7 @@ def test_large_finite_mask_penalties_on_half_inputs(kernel, dtype, causal, mask_
 def test_sdpa_default_repairs_dead_rows_when_pytorch_does_not(monkeypatch, mask):
     """Where PyTorch's SDPA is not known to zero fully masked rows (every GPU; a CPU build whose
     probe says so), `sdpa_default` zeroes them itself."""
-    from attn_dispatch.kernels.sdpa_probe import default_zeroes_dead_rows
+    from attn_dispatch.kernels.sdpa_default import default_zeroes_dead_rows
 
     assert not default_zeroes_dead_rows(torch.device("meta"), torch.float32, mask == "bool")  # GPUs alike
     monkeypatch.setattr("attn_dispatch.kernels.sdpa_default.default_zeroes_dead_rows", lambda device, dtype, bool_mask: False)

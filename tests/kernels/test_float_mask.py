@@ -1,4 +1,4 @@
-"""`kernels._float_mask`: rows rebased exactly where that keeps SDPA's result, and the memory it
+"""`kernels._layout`: rows rebased exactly where that keeps SDPA's result, and the memory it
 takes within `rebase_bytes`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from attn_dispatch.calibration.measure import StoragePeakTracker
 from attn_dispatch.kernels import Problem
-from attn_dispatch.kernels._float_mask import (
+from attn_dispatch.kernels._layout import (
     FUSED_PENALTY_FLOOR,
     REBASE_LIMIT,
     floor_penalties_,

@@ -14,7 +14,7 @@ from attn_dispatch.kernels import (
     portable_kernels,
 )
 from attn_dispatch.kernels.sdpa_backends import SdpaEfficientKernel, SdpaFlashKernel
-from attn_dispatch.kernels.sdpa_probe import clear_probe_cache, probe_backend
+from attn_dispatch.kernels.sdpa_default import clear_probe_cache, probe_backend
 
 
 @pytest.mark.parametrize("kernel", all_kernels(), ids=lambda k: k.name)

@@ -11,7 +11,7 @@ import torch
 
 from attn_dispatch.kernels import _blocks
 from attn_dispatch.kernels._blocks import ScoreRecipe, block_scores, score_recipe
-from attn_dispatch.kernels._single_pass import row_major_scores
+from attn_dispatch.kernels.chunked import row_major_scores
 from attn_dispatch.kernels.problem import Problem
 
 CPU = torch.device("cpu")

@@ -9,10 +9,9 @@ import torch
 from torch.nn.attention.bias import causal_lower_right
 
 from attn_dispatch.kernels import Problem, SdpaGqaFoldKernel, reference_attention, relative_errors
-from attn_dispatch.kernels._bare_call import BareCall
-from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
+from attn_dispatch.kernels.accuracy import TOLERANCES
+from attn_dispatch.kernels.sdpa_backends import BareCall, pytorch_sdpa
 from attn_dispatch.kernels.sdpa_gqa_fold import fold_mask, fold_mask_bytes, folded_problem
-from attn_dispatch.kernels.tolerances import TOLERANCES
 from tests.kernels.contract import TEST_DEVICE
 
 FOLD = SdpaGqaFoldKernel()

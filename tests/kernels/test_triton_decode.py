@@ -21,15 +21,11 @@ from attn_dispatch.kernels import (
     reference_attention,
     relative_errors,
 )
-from attn_dispatch.kernels._triton_decode_layout import (
-    MAX_PACKED_ROWS,
-    MIN_DOT_SIZE,
-    DecodeLayout,
-    visible_key_count,
-)
+from attn_dispatch.kernels._triton_decode_layout import DecodeLayout, visible_key_count
 from attn_dispatch.kernels._triton_support import INTERPRETER_BF16_REASON
+from attn_dispatch.kernels.accuracy import TOLERANCES
+from attn_dispatch.kernels.triton_decode import MAX_PACKED_ROWS, MIN_DOT_SIZE
 from attn_dispatch.kernels.registry import interpreted, serving
-from attn_dispatch.kernels.tolerances import TOLERANCES
 from tests.kernels.contract import TEST_DEVICE
 
 ON_GPU = torch.device(TEST_DEVICE).type == "cuda"
@@ -256,7 +252,7 @@ def test_a_config_the_card_cannot_hold_is_a_reason(monkeypatch):
 
 def test_interpreted_kernels_serve_no_call_and_time_nothing():
     from attn_dispatch.calibration.candidates import kernel_set as calibration_set
-    from attn_dispatch.dispatcher.kernel_set import kernel_set
+    from attn_dispatch.dispatcher.core import kernel_set
     from attn_dispatch.kernels import AccuracyPolicy
 
     if ON_GPU:

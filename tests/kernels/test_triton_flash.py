@@ -19,15 +19,16 @@ from attn_dispatch.kernels import (
     MathKernel,
     Problem,
     TritonFlashKernel,
-    _triton_flash_config as flash_config,
-    _triton_support as support,
     kernel_from_name,
     portable_kernels,
     reference_attention,
     relative_errors,
 )
+from attn_dispatch.kernels import _triton_flash_config as flash_config
+from attn_dispatch.kernels import _triton_support as support
+from attn_dispatch.kernels import base
+from attn_dispatch.kernels.accuracy import Tolerance
 from attn_dispatch.kernels.registry import interpreted
-from attn_dispatch.kernels.tolerances import Tolerance
 from tests.kernels.cases import LARGE_MAGNITUDE, Case
 from tests.kernels.contract import TEST_DEVICE, problem_of
 from tests.kernels.test_backward import GRADIENT_TOLERANCE_FACTOR, gradients
@@ -297,11 +298,11 @@ def test_dispatch_sets_leave_out_interpreted_kernels():
     chooses from and calibration times leave them out; `portable_kernels` (what a gfx906 owner
     has) lists them, and their reasons say where they cannot run."""
     from attn_dispatch.calibration.candidates import kernel_set as calibration_set
-    from attn_dispatch.dispatcher.kernel_set import kernel_set
+    from attn_dispatch.dispatcher.core import kernel_set
     from attn_dispatch.kernels.accuracy import LOSSLESS
 
     assert any(k.family == "triton_flash" for k in portable_kernels())
-    if not support.interpreting():
+    if not base.interpreting():
         pytest.skip("Triton's interpreter is off here: nothing to leave out")
     assert all(interpreted(k) for k in portable_kernels() if k.family == "triton_flash")
     for name in ("all", "portable"):

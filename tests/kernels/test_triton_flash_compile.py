@@ -20,7 +20,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from attn_dispatch.kernels import _triton_flash_backward as backward, _triton_flash_forward as forward
-from attn_dispatch.kernels._triton_flash_config import BOOL_MASK, FLOAT_MASK, padded_dim
+from attn_dispatch.kernels._triton_flash_config import BOOL_MASK, FLOAT_MASK
+from attn_dispatch.kernels.triton_flash import padded_dim
 
 backend, arch, warp_size, mask_kind, stages = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 target = GPUTarget(backend, int(arch) if arch.isdigit() else arch, warp_size)

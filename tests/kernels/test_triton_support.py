@@ -7,6 +7,8 @@ import sys
 
 from attn_dispatch.kernels import _triton_support as support
 
+from attn_dispatch.kernels import base
+
 
 def fake_gpu(monkeypatch, arch: str, capability: tuple[int, int], triton: tuple[int, int] | None, *,
              hip: bool) -> None:
@@ -57,11 +59,11 @@ def test_unreadable_gpu_is_a_reason(monkeypatch):
 
 def test_cpu_only_under_the_interpreter(monkeypatch):
     monkeypatch.setattr(support, "triton_version", lambda: (3, 9))
-    monkeypatch.setenv(support.INTERPRETER_VARIABLE, "0")
-    assert not support.interpreting()
+    monkeypatch.setenv(base.INTERPRETER_VARIABLE, "0")
+    assert not base.interpreting()
     assert "TRITON_INTERPRET=1" in support.triton_reasons("cpu", "float32")[0]
-    monkeypatch.setenv(support.INTERPRETER_VARIABLE, "1")
-    assert support.interpreting()
+    monkeypatch.setenv(base.INTERPRETER_VARIABLE, "1")
+    assert base.interpreting()
     assert support.triton_reasons("cpu", "float32") == []
     assert support.triton_reasons("cpu", "float16") == []
     assert support.triton_reasons("cpu", "bfloat16") == [support.INTERPRETER_BF16_REASON]

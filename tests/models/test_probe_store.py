@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attn_dispatch.dispatcher import device_planner as probe_cache
-from attn_dispatch.kernels import sdpa_probe
+from attn_dispatch.kernels import sdpa_default
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.priors import kernel_named
 from attn_dispatch.models.probe_store import load_passed, probe_file, save_passed
@@ -40,20 +40,20 @@ def test_a_damaged_or_foreign_file_keeps_nothing(tmp_path, content):
 
 @pytest.fixture
 def clean_probes():
-    sdpa_probe.clear_probe_cache()
+    sdpa_default.clear_probe_cache()
     yield
-    sdpa_probe.clear_probe_cache()
+    sdpa_default.clear_probe_cache()
 
 
 def test_seeded_probes_are_not_run_again(clean_probes, monkeypatch):
     ran = []
-    monkeypatch.setattr(sdpa_probe, "_run_probe", lambda kernel, *key: ran.append(key))
-    sdpa_probe.seed_passed_probes([("sdpa_flash", "cpu", "float32", "plain")])
+    monkeypatch.setattr(sdpa_default, "_run_probe", lambda kernel, *key: ran.append(key))
+    sdpa_default.seed_passed_probes([("sdpa_flash", "cpu", "float32", "plain")])
     flash = kernel_named("sdpa_flash")
-    assert sdpa_probe.probe_backend(flash, "cpu", "float32", "plain") is None
-    assert sdpa_probe.probe_backend(flash, "cpu", "float32", "causal") is None  # ran: the stub returns None
+    assert sdpa_default.probe_backend(flash, "cpu", "float32", "plain") is None
+    assert sdpa_default.probe_backend(flash, "cpu", "float32", "causal") is None  # ran: the stub returns None
     assert ran == [("cpu", "float32", "causal")]
-    assert sdpa_probe.passed_probes("cpu") == {("sdpa_flash", "cpu", "float32", "plain"),
+    assert sdpa_default.passed_probes("cpu") == {("sdpa_flash", "cpu", "float32", "plain"),
                                                ("sdpa_flash", "cpu", "float32", "causal")}
 
 
@@ -62,14 +62,14 @@ def test_the_dispatchers_cache_seeds_and_writes_only_new_passes(clean_probes, mo
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
     save_passed(CARD, "91002", PASSED, tmp_path)
     cache = probe_cache.ProbeCache.for_device(torch.device("cuda"), str(tmp_path))
-    assert sdpa_probe.passed_probes("cuda") == PASSED  # seeded
+    assert sdpa_default.passed_probes("cuda") == PASSED  # seeded
     stamp = probe_file(CARD, "91002", tmp_path).stat().st_mtime_ns
     cache.save_new()  # nothing new: no write
     assert probe_file(CARD, "91002", tmp_path).stat().st_mtime_ns == stamp
     failed_key = ("sdpa_efficient", "cuda", "float16", "plain")
     new_key = ("sdpa_math", "cuda", "float16", "plain")
-    sdpa_probe._results[failed_key] = "sdpa_efficient failed its plain probe"
-    sdpa_probe._results[new_key] = None
+    sdpa_default._results[failed_key] = "sdpa_efficient failed its plain probe"
+    sdpa_default._results[new_key] = None
     cache.save_new()
     assert load_passed(CARD, "91002", tmp_path) == PASSED | {new_key}  # the failure is not kept
 
@@ -77,12 +77,12 @@ def test_the_dispatchers_cache_seeds_and_writes_only_new_passes(clean_probes, mo
 def test_a_cpus_passes_are_kept_too(clean_probes, tmp_path):
     cache = probe_cache.ProbeCache.for_device(torch.device("cpu"), str(tmp_path))
     key = ("sdpa_flash", "cpu", "float32", "plain")
-    sdpa_probe._results[key] = None
+    sdpa_default._results[key] = None
     cache.save_new()
     assert key in load_passed(DeviceIdentity.cpu(), "", tmp_path)
-    sdpa_probe.clear_probe_cache()
+    sdpa_default.clear_probe_cache()
     probe_cache.ProbeCache.for_device(torch.device("cpu"), str(tmp_path))  # the next process
-    assert key in sdpa_probe.passed_probes("cpu")
+    assert key in sdpa_default.passed_probes("cpu")
 
 
 def test_no_cache_on_other_devices_or_when_the_device_cannot_be_identified(monkeypatch, tmp_path):

@@ -1,5 +1,5 @@
 """Kept backend probes on a host with two different GPUs: probes run on the current CUDA device
-and are keyed by device type (`kernels.sdpa_probe`), so a file must neither vouch for another
+and are keyed by device type (`kernels.sdpa_default`), so a file must neither vouch for another
 card (its passes seeded as this process's "cuda" passes) nor record passes made on the current
 card under another card's identity, where a later process on that card alone would trust them
 unprobed. A file's entries for another device type are not seeded either."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attn_dispatch.dispatcher import device_planner as probe_cache
-from attn_dispatch.kernels import sdpa_probe
+from attn_dispatch.kernels import sdpa_default
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.probe_store import load_passed, save_passed
 
@@ -22,18 +22,18 @@ FLASH = ("sdpa_flash", "cuda", "bfloat16", "plain")
 @pytest.fixture
 def two_cards(monkeypatch, tmp_path):
     """cuda:0 is `FIRST` (the current device), cuda:1 is `SECOND`; the probes' home is `tmp_path`."""
-    sdpa_probe.clear_probe_cache()
+    sdpa_default.clear_probe_cache()
     monkeypatch.setattr(DeviceIdentity, "detect", classmethod(lambda cls, device: SECOND if device.index == 1 else FIRST))
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     yield str(tmp_path)
-    sdpa_probe.clear_probe_cache()
+    sdpa_default.clear_probe_cache()
 
 
 def test_passes_made_on_the_current_card_are_not_kept_as_another_cards(two_cards):
     probe_cache.ProbeCache.for_device(torch.device("cuda", 0), two_cards)
     second = probe_cache.ProbeCache.for_device(torch.device("cuda", 1), two_cards)
-    sdpa_probe._results[FLASH] = None  # flash passed its probe, which ran on cuda:0
+    sdpa_default._results[FLASH] = None  # flash passed its probe, which ran on cuda:0
     if second is not None:
         second.save_new()
     assert load_passed(SECOND, "91002", two_cards) == set()
@@ -42,11 +42,11 @@ def test_passes_made_on_the_current_card_are_not_kept_as_another_cards(two_cards
 def test_another_cards_file_does_not_vouch_for_the_current_card(two_cards):
     save_passed(SECOND, "91002", {FLASH}, two_cards)
     probe_cache.ProbeCache.for_device(torch.device("cuda", 1), two_cards)
-    assert sdpa_probe.passed_probes("cuda") == set()
+    assert sdpa_default.passed_probes("cuda") == set()
 
 
 def test_a_files_entries_for_another_device_type_are_not_seeded(two_cards):
     save_passed(FIRST, "91002", {FLASH, ("sdpa_flash", "cpu", "float32", "plain")}, two_cards)
     probe_cache.ProbeCache.for_device(torch.device("cuda", 0), two_cards)
-    assert sdpa_probe.passed_probes("cuda") == {FLASH}
-    assert sdpa_probe.passed_probes("cpu") == set()
+    assert sdpa_default.passed_probes("cuda") == {FLASH}
+    assert sdpa_default.passed_probes("cpu") == set()

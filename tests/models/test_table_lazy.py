@@ -124,3 +124,13 @@ def test_the_dispatchers_lookup_parses_no_table_of_another_device(tmp_path, monk
     found = sharing.lookup_table(card, home=tmp_path, warn=False)
     assert found.path == BUNDLED_H200 and parsed == [str(BUNDLED_H200)]
     assert type(found.table.entries) is not dict  # loaded lazily
+
+
+def test_a_class_line_with_a_malformed_head_never_fails_a_lookup(mi50_table, tmp_path):
+    path = save_table(mi50_table, tmp_path / "table.json")
+    lines = _lines(path)
+    index = next(i for i, line in enumerate(lines) if ',"template":' in line)
+    lines[index] = lines[index].replace("{", '{"broken', 1)
+    path.write_text("\n".join(lines))
+    with pytest.raises(TableError, match=r"classes\["):
+        load_table(path, lazy=True)
