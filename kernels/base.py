@@ -129,9 +129,7 @@ class Kernel(ABC):
         problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
         why = self.reasons(problem)
         if why:
-            raise UnsupportedProblemError(
-                f"kernel {self.name} cannot run {problem}: " + "; ".join(why)
-            )
+            raise UnsupportedProblemError(f"kernel {self.name} cannot run {problem}: " + "; ".join(why))
         return self.run(query, key, value, attn_mask, scale, enable_gqa, problem)
 
     def run(

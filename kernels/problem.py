@@ -76,9 +76,7 @@ class Problem:
             if getattr(self, name) < 0:
                 raise ValueError(f"Problem.{name} must be >= 0, got {getattr(self, name)}")
         if (self.kv_heads == 0) != (self.q_heads == 0) or (self.kv_heads and self.q_heads % self.kv_heads):
-            raise ValueError(
-                f"Problem.q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})"
-            )
+            raise ValueError(f"Problem.q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if self.dtype not in ITEMSIZE:
             raise ValueError(f"Problem.dtype must be one of {sorted(ITEMSIZE)}, got {self.dtype!r}")
         if self.mask_kind not in MASK_KINDS:

@@ -342,10 +342,7 @@ def _run_probe(kernel: SdpaBackendKernel, device_type: str, dtype: str, feature:
         return f"{kernel.family} failed its {feature} probe on {where}: {type(error).__name__}: {message}"
     rel_l2, rel_max = relative_errors(out, reference)
     if not TOLERANCES[dtype].accepts(rel_l2, rel_max):
-        return (
-            f"{kernel.family} gave wrong results in its {feature} probe on {where} "
-            f"(relative error {rel_l2:.1e})"
-        )
+        return (f"{kernel.family} gave wrong results in its {feature} probe on {where} (relative error {rel_l2:.1e})")
     return None
 
 
