@@ -122,6 +122,7 @@ def _broadcast(shapes: dict[str, tuple[int, ...]], what: str, hint: str = "") ->
 
 
 def _lead_shapes(query, key, value, enable_gqa):
+    """(batch_shape, q_heads, kv_heads, broadcast_inputs)."""
     if enable_gqa:
         if min(query.dim(), key.dim(), value.dim()) < 3:
             raise RuntimeError(
