@@ -119,20 +119,9 @@ class Plan:
     __slots__ = ("problem", "device", "kernel", "run", "sdpa_call", "sdpa_flags", "workspace", "recheck", "count",
                  "bucket", "notes", "skipped", "settle_at", "unguardable", "trial", "_decision")
 
-    def __init__(
-        self,
-        problem: Problem,
-        device: torch.device,
-        kernel: Kernel,
-        workspace: int,
-        recheck: bool,
-        bucket: Bucket,
-        notes: tuple[str, ...] = (),
-        skipped: tuple[tuple[str, str], ...] = (),
-        *,
-        settle_at: int = 0,
-        mask_ndim: int | None = None,
-    ) -> None:
+    def __init__(self, problem: Problem, device: torch.device, kernel: Kernel, workspace: int, recheck: bool,
+                 bucket: Bucket, notes: tuple[str, ...] = (), skipped: tuple[tuple[str, str], ...] = (), *,
+                 settle_at: int = 0, mask_ndim: int | None = None) -> None:
         self.problem = problem
         self.device = device
         self.kernel = kernel
@@ -194,16 +183,8 @@ def mask_ndim_of(key: tuple) -> int | None:
     return None if mask is None else len(mask[0])
 
 
-def cache_key(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    is_causal: bool,
-    enable_gqa: bool,
-    *,
-    mask_class: type | None = None,
-) -> tuple:
+def cache_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+              is_causal: bool, enable_gqa: bool, *, mask_class: type | None = None) -> tuple:
     """Everything `Problem.from_tensors` validates and reads, from tensor attributes only: each input's
     shape, dtype and device, whether all three are contiguous, the mask's shape, dtype, device and class
     (`mask_class` overrides it when tracing), and the flags. Equal keys mean the same `Problem` and
@@ -223,14 +204,8 @@ def cache_key(
     )
 
 
-def family_key(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    is_causal: bool,
-    enable_gqa: bool,
-) -> tuple:
+def family_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+               is_causal: bool, enable_gqa: bool) -> tuple:
     """`cache_key` without the key length (a decode loop's steps share it; `problem_at_key_length`),
     recording whether the mask's key dimension broadcasts."""
     mask = None if attn_mask is None else (attn_mask.shape[:-1], attn_mask.shape[-1] == 1, attn_mask.dtype,
