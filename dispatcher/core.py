@@ -90,16 +90,9 @@ class Dispatcher:
       (`dispatcher.measuring`); default on unless ``ATTN_DISPATCH_MEASURE=0``.
     - `remember_tunings`: keep measured buckets across processes (`dispatcher.measured_store`)."""
 
-    def __init__(
-        self,
-        *,
-        kernels: str | Sequence[Kernel | str] = "all",
-        policy: AccuracyPolicy = LOSSLESS,
-        memory_budget: int | str | None = None,
-        home: str | None = None,
-        measure: bool | None = None,
-        remember_tunings: bool = True,
-    ) -> None:
+    def __init__(self, *, kernels: str | Sequence[Kernel | str] = "all", policy: AccuracyPolicy = LOSSLESS,
+                 memory_budget: int | str | None = None, home: str | None = None, measure: bool | None = None,
+                 remember_tunings: bool = True) -> None:
         if not isinstance(policy, AccuracyPolicy):
             raise TypeError(f"policy must be an AccuracyPolicy (e.g. AccuracyPolicy.allowing('fp32->bf16')), got {policy!r}")
         self.policy = policy
@@ -142,18 +135,9 @@ class Dispatcher:
         return self._measure if self._measure is not None else measure_from_env()
 
     # ------------------------------------------------------------------ the call
-    def attention(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        *,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> torch.Tensor:
+    def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False, *,
+                  scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
         """`torch.nn.functional.scaled_dot_product_attention`, run by the fastest kernel that fits; returns
         ``[..., Hq, L, Ev]`` in the query's dtype.
 
@@ -279,17 +263,9 @@ class Dispatcher:
     __call__ = attention
 
     # ------------------------------------------------------------------ planning
-    def plan(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        *,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> PreparedAttention:
+    def plan(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             attn_mask: torch.Tensor | None = None, is_causal: bool = False, *, scale: float | None = None,
+             enable_gqa: bool = False) -> PreparedAttention:
         """Decide once for these arguments' exact shape; the returned `PreparedAttention` runs the chosen
         kernel on later calls of that shape with no lookup. A call of another shape, dtype, device or
         layout raises ValueError."""
@@ -305,18 +281,9 @@ class Dispatcher:
         return PreparedAttention(self, plan, key_, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
     # ------------------------------------------------------------------ explaining
-    def explain(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        *,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> Decision:
+    def explain(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False, *,
+                scale: float | None = None, enable_gqa: bool = False) -> Decision:
         """The decision `attention` makes for these arguments, without running it (under an `sdpa_kernel`
         restriction: PyTorch's backend that runs)."""
         if sdpa_context.backends_restricted() and not (query.is_meta or query.is_nested):

@@ -234,10 +234,9 @@ class NoKernelError(RuntimeError):
     """No kernel can run the problem (each unsupported, over the memory limit or failed). `reasons`:
     ``(kernel, why)`` for every kernel; `cause`: the message's first line (why, and the fix)."""
 
-    def __init__(
-        self, problem: Problem, device: str, reasons: Sequence[tuple[str, str]], *,
-        smallest: tuple[str, int] | None = None, budget: int | None = None, free: int | None = None,
-    ) -> None:
+    def __init__(self, problem: Problem, device: str, reasons: Sequence[tuple[str, str]], *,
+                 smallest: tuple[str, int] | None = None, budget: int | None = None,
+                 free: int | None = None) -> None:
         """`smallest`: (kernel, workspace bytes) of the runnable kernel needing least, when all were
         dropped for memory; `budget`, `free`: the limits."""
         self.problem = problem

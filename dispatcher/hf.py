@@ -35,18 +35,11 @@ def make_attention_function(dispatcher: Dispatcher | None = None):
     # bound, not looked up per call: the fast path (`fast_path`) where built; an object with only `attention`, that
     run = getattr(dispatcher, "fast_attention", None) or dispatcher.attention
 
-    def attn_dispatch_forward(
-        module: torch.nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        dropout: float = 0.0,
-        scaling: float | None = None,
-        is_causal: bool | None = None,
-        position_bias: torch.Tensor | None = None,
-        **kwargs,
-    ) -> tuple[torch.Tensor, None]:
+    def attn_dispatch_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                              value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                              scaling: float | None = None, is_causal: bool | None = None,
+                              position_bias: torch.Tensor | None = None,
+                              **kwargs) -> tuple[torch.Tensor, None]:
         """query ``[B, Hq, L, E]``, key/value ``[B, Hkv, S, E]``, mask ``[B, 1, L, S]`` (bool or
         float) or None -> (output ``[B, L, Hq, Ev]`` contiguous, None)."""
         if kwargs.get("softcap") is not None:

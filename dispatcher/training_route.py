@@ -103,15 +103,9 @@ def shrink_for_training(problem: Problem, limit: int, failed: Mapping[str, str])
     return shrink_chunked(problem, limit, failed, training_bytes)
 
 
-def choose_training(
-    options: Sequence[Option],
-    problem: Problem,
-    *,
-    free: int | None,
-    budget: int | None,
-    failed: Mapping[str, str] | None = None,
-    measured: Mapping[str, float] | None = None,
-) -> TrainingChoice:
+def choose_training(options: Sequence[Option], problem: Problem, *, free: int | None, budget: int | None,
+                    failed: Mapping[str, str] | None = None,
+                    measured: Mapping[str, float] | None = None) -> TrainingChoice:
     """The training route's decision for `problem`.
 
     Parameters

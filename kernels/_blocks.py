@@ -114,9 +114,8 @@ def _exact_in_half(scale: float) -> bool:
     return scale != 0.0 and mantissa == 0.5
 
 
-def query_rows(
-    query: torch.Tensor, rows: slice, problem: Problem, scale: float, dtype: torch.dtype | None = None
-) -> torch.Tensor:
+def query_rows(query: torch.Tensor, rows: slice, problem: Problem, scale: float,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
     """``query [B, Hq, L, E]`` positions `rows`, multiplied by `scale`, in `dtype` (default: the
     query's; see `score_recipe`) -> ``[B, Hkv, G * Lc, E]`` (a new contiguous tensor)."""
     source = query[:, :, rows]
@@ -166,14 +165,8 @@ def fully_blocked_by_causality(rows: slice, cols: slice, offset: int = 0) -> boo
     return cols.start > rows.stop - 1 + offset
 
 
-def mask_scores_(
-    scores: torch.Tensor,
-    mask: torch.Tensor | None,
-    causal: bool,
-    rows: slice,
-    cols: slice,
-    problem: Problem,
-) -> None:
+def mask_scores_(scores: torch.Tensor, mask: torch.Tensor | None, causal: bool, rows: slice, cols: slice,
+                 problem: Problem) -> None:
     """Apply the attention mask and causality to ``scores [B, Hkv, G*Lc, Sc]`` in place.
 
     mask: ``[B|1, Hq|1, L|1, S|1]``; bool (True = attend) or float (added). A bool mask is inverted
@@ -202,9 +195,8 @@ def mask_scores_(
             scores5.masked_fill_(blocked, NEG_INF)
 
 
-def softmax_partials(
-    scores: torch.Tensor, value_block: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def softmax_partials(scores: torch.Tensor,
+                     value_block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Unnormalised softmax of one block and its product with the values.
 
     scores: ``[B, Hkv, R, Sc]`` fp32, consumed (overwritten with probabilities).

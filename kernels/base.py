@@ -104,17 +104,9 @@ class Kernel(ABC):
         return TOLERANCES[problem.dtype]
 
     # ------------------------------------------------------------------ running
-    def __call__(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> torch.Tensor:
+    def __call__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                 attn_mask: torch.Tensor | None = None, is_causal: bool = False, scale: float | None = None,
+                 enable_gqa: bool = False) -> torch.Tensor:
         """`F.scaled_dot_product_attention` without dropout.
 
         Parameters
@@ -132,16 +124,8 @@ class Kernel(ABC):
             raise UnsupportedProblemError(f"kernel {self.name} cannot run {problem}: " + "; ".join(why))
         return self.run(query, key, value, attn_mask, scale, enable_gqa, problem)
 
-    def run(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None,
-        scale: float | None,
-        enable_gqa: bool,
-        problem: Problem,
-    ) -> torch.Tensor:
+    def run(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+            scale: float | None, enable_gqa: bool, problem: Problem) -> torch.Tensor:
         """Run on inputs already validated as `problem` (the dispatcher's path: no checks)."""
         inputs = canonicalise(query, key, value, attn_mask, problem, enable_gqa)
         if scale is None:
@@ -171,15 +155,8 @@ class Kernel(ABC):
         which the dispatcher's fast path can make in C++; None (the default): no such call."""
         return None
 
-    def _forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: torch.Tensor | None,
-        problem: Problem,
-        scale: float,
-    ) -> torch.Tensor:
+    def _forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                 problem: Problem, scale: float) -> torch.Tensor:
         """Canonical inputs (``[B, Hq, L, E]``, ``[B, Hkv, S, E]``, ``[B, Hkv, S, Ev]``, mask
         ``[B|1, Hq|1, L|1, S|1]`` or None) -> output ``[B, Hq, L, Ev]`` in the input dtype.
 
@@ -197,14 +174,8 @@ class Kernel(ABC):
 # so the output is SDPA's and stays in the autograd graph
 
 
-def direct_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    problem: Problem,
-    scale: float,
-) -> torch.Tensor:
+def direct_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                     problem: Problem, scale: float) -> torch.Tensor:
     """Canonical ``query [B, Hq, L, E]``, ``key [B, Hkv, S, E]``, ``value [B, Hkv, S, Ev]``,
     ``mask [B|1, Hq|1, L|1, S|1]`` or None -> ``[B, Hq, L, Ev]`` in the query's dtype."""
     acc = accumulation_dtype(query.dtype)

@@ -37,14 +37,8 @@ class ConvertKernel(Kernel):
 
     family = "convert"
 
-    def __init__(
-        self,
-        inner: Kernel,
-        source: str | None = None,
-        target: str | None = None,
-        *,
-        policy: AccuracyPolicy = LOSSLESS,
-    ) -> None:
+    def __init__(self, inner: Kernel, source: str | None = None, target: str | None = None, *,
+                 policy: AccuracyPolicy = LOSSLESS) -> None:
         if isinstance(inner, ConvertKernel):
             raise ValueError("convert kernels do not nest: give one conversion and a plain kernel")
         if (source is None) != (target is None):

@@ -235,15 +235,9 @@ class Problem:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_tensors(
-        cls,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        enable_gqa: bool = False,
-    ) -> Problem:
+    def from_tensors(cls, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                     enable_gqa: bool = False) -> Problem:
         """Validate SDPA inputs and describe them.
 
         Parameters

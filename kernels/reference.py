@@ -8,15 +8,9 @@ import math
 import torch
 
 
-def reference_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> torch.Tensor:
+def reference_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                        scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
     """SDPA in float64 on the inputs' device: ``[..., Hq, L, E]`` -> ``[..., Hq, L, Ev]`` (float64).
 
     Bool masks: True = attend. Float masks are added. ``is_causal`` is top-left aligned and is

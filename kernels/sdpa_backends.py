@@ -28,10 +28,8 @@ FUSED_MAX_HEAD_DIM = 256
 FUSED_HEAD_DIM_MULTIPLE = 8
 
 
-def additive_bias(
-    mask: torch.Tensor | None, causal: bool, dtype: torch.dtype, L: int, S: int, align: int = 1, offset: int = 0,
-    device: torch.device | None = None,
-) -> torch.Tensor | None:
+def additive_bias(mask: torch.Tensor | None, causal: bool, dtype: torch.dtype, L: int, S: int, align: int = 1,
+                  offset: int = 0, device: torch.device | None = None) -> torch.Tensor | None:
     """``[B|1, H|1, L|1, S|1]`` mask (+ causality, diagonal shifted by `offset`) -> additive float bias
     ``[B|1, H|1, L, S]`` in `dtype` on `device` (the mask's when given), rows padded to a multiple of
     `align` elements."""

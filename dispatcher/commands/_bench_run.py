@@ -133,10 +133,9 @@ def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape]
     }
 
 
-def run_bench(
-    shapes: list[Shape], device: torch.device, *, kernels: str, policy: AccuracyPolicy, memory_budget: int | None,
-    settings: BenchSettings, size: str, progress: Callable[[ShapeResult], None] | None = None, measure: bool = True,
-) -> BenchReport:
+def run_bench(shapes: list[Shape], device: torch.device, *, kernels: str, policy: AccuracyPolicy,
+              memory_budget: int | None, settings: BenchSettings, size: str,
+              progress: Callable[[ShapeResult], None] | None = None, measure: bool = True) -> BenchReport:
     """Time every shape on `device` with a fresh dispatcher (measuring each bucket on its calls
     when `measure`, settled before the timed rounds); see module docstring."""
     # remember_tunings=False: every bench run measures afresh, whatever earlier runs left in the home
