@@ -1,13 +1,8 @@
 """Hugging Face transformers integration: ``attn_implementation="attn_dispatch"``.
-
-`register_transformers()` adds our attention function to transformers' `AttentionInterface` (and
-SDPA's mask builder under the same name to its `AttentionMaskInterface`, so models build the
-same boolean masks as for ``"sdpa"``). transformers is imported only when you call it.
-
-The function mirrors transformers' ``sdpa_attention_forward`` (integrations/sdpa_attention.py,
-transformers 5.x): the same causal rules, static-cache slicing and position-bias masks, but GQA is
-always passed as ``enable_gqa`` (our kernels group query heads without repeating K/V).
-"""
+`register_transformers()` adds our function to transformers' `AttentionInterface` (and SDPA's mask builder
+under the same name). The function mirrors transformers' ``sdpa_attention_forward`` (causal rules,
+static-cache slicing, position-bias masks) but always passes GQA as ``enable_gqa``. transformers is
+imported only when called."""
 
 from __future__ import annotations
 
@@ -77,22 +72,9 @@ def _warn_output_attentions(kwargs: dict) -> None:
 
 
 def register_transformers(name: str = IMPLEMENTATION_NAME, *, dispatcher: Dispatcher | None = None) -> str:
-    """Register ``attn_implementation=name`` with transformers; returns `name`.
-
-    Example
-    -------
-    >>> import attn_dispatch as ad
-    >>> ad.register_transformers()
-    >>> model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="attn_dispatch")
-
-    Raises
-    ------
-    ModuleNotFoundError
-        When transformers is not installed.
-    ImportError
-        When the installed transformers predates `AttentionInterface` (4.48), or transformers itself
-        fails to import: that error as transformers raised it, never reworded.
-    """
+    """Register ``attn_implementation=name`` with transformers; returns `name`. Raises ModuleNotFoundError
+    without transformers, ImportError (as transformers raised it) when it predates `AttentionInterface`
+    (4.48) or fails to import."""
     try:
         import transformers
     except ModuleNotFoundError as error:
