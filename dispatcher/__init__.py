@@ -18,12 +18,10 @@ _PUBLIC = {
     }.items() for name in names
 } | {"AccuracyPolicy": "attn_dispatch.kernels.accuracy", "LOSSLESS": "attn_dispatch.kernels.accuracy"}
 
-__all__ = [
-    "attention", "explain", "stats", "reset", "default_dispatcher", "Dispatcher", "Decision",
-    "Candidate", "RankingSource", "NoKernelError", "register_transformers", "free_bytes",
-    "parse_memory_size", "install", "uninstall", "patched", "is_installed", "TableWarning",
-    "AccuracyPolicy", "LOSSLESS", "record", "PreparedAttention",
-]
+__all__ = ["attention", "explain", "stats", "reset", "default_dispatcher", "Dispatcher", "Decision",
+           "Candidate", "RankingSource", "NoKernelError", "register_transformers", "free_bytes",
+           "parse_memory_size", "install", "uninstall", "patched", "is_installed", "TableWarning",
+           "AccuracyPolicy", "LOSSLESS", "record", "PreparedAttention"]
 
 
 def __getattr__(name: str):

@@ -41,10 +41,8 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser(full: Iterable[str] | None = None) -> argparse.ArgumentParser:
     """The parser; `full`: commands that get their whole parser (default: every one), the others a
     help-only one."""
-    parser = OneLineParser(
-        prog="attn-dispatch",
-        description="Adaptive attention dispatcher: calibrate a card, inspect and share its tables.",
-    )
+    parser = OneLineParser(prog="attn-dispatch",
+                           description="Adaptive attention dispatcher: calibrate a card, inspect and share its tables.")
     parser.add_argument("--version", action="version", version=f"attn-dispatch {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = None if full is None else set(full)

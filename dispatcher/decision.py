@@ -53,10 +53,8 @@ class RankingSource:
     warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        return {
-            "level": self.level, "description": self.description, "path": self.path,
-            "identity": self.identity, "warnings": list(self.warnings),
-        }
+        return {"level": self.level, "description": self.description, "path": self.path,
+                "identity": self.identity, "warnings": list(self.warnings)}
 
 
 @dataclass(frozen=True)
@@ -101,13 +99,11 @@ class Decision:
 
     def to_dict(self) -> dict:
         """JSON-ready form (``explain --json``)."""
-        return {
-            "kernel": self.kernel, "params": dict(self.params), "route": self.route,
-            "device": self.device, "problem": self.problem.to_dict(), "source": self.source.to_dict(),
-            "candidates": [c.to_dict() for c in self.candidates],
-            "dropped": [{"name": name, "reason": reason} for name, reason in self.dropped],
-            "free_bytes": self.free_bytes, "budget_bytes": self.budget_bytes, "notes": list(self.notes),
-        }
+        return {"kernel": self.kernel, "params": dict(self.params), "route": self.route,
+                "device": self.device, "problem": self.problem.to_dict(), "source": self.source.to_dict(),
+                "candidates": [c.to_dict() for c in self.candidates],
+                "dropped": [{"name": name, "reason": reason} for name, reason in self.dropped],
+                "free_bytes": self.free_bytes, "budget_bytes": self.budget_bytes, "notes": list(self.notes)}
 
     def __str__(self) -> str:
         lines = [f"attention on {self.device}: {self.summary()}"]
@@ -400,10 +396,8 @@ def log_decision(decision: Decision) -> None:
 
 def log_fallback(failed: str, error: BaseException, replacement: str) -> None:
     """Kernel `failed` raised `error` at run time and kernel `replacement` runs instead."""
-    logger.warning(
-        "%s raised %s; falling back to %s (remembered for problems of this size)",
-        failed, failure_message(error), replacement,
-    )
+    logger.warning("%s raised %s; falling back to %s (remembered for problems of this size)", failed,
+                   failure_message(error), replacement)
 
 
 def log_settled(kernel: str, previous: str, calls: int) -> None:

@@ -199,12 +199,11 @@ class DevicePlanner:
                               cold_costs=self.cold_costs,
                               notice=no_table_line(state.ranking.source.level, str(self.device), measure=measure))
         options = selected.options
-        decision = Decision(
-            kernel=options[0].kernel.name, params=dict(options[0].kernel.params), problem=problem,
-            device=str(self.device), source=state.ranking.source,
-            candidates=tuple(option.candidate() for option in options),
-            dropped=selected.dropped, free_bytes=free, budget_bytes=budget, notes=selected.notes,
-        )
+        decision = Decision(kernel=options[0].kernel.name, params=dict(options[0].kernel.params),
+                            problem=problem, device=str(self.device), source=state.ranking.source,
+                            candidates=tuple(option.candidate() for option in options),
+                            dropped=selected.dropped, free_bytes=free, budget_bytes=budget,
+                            notes=selected.notes)
         bucket = Bucket(bucket_key, selected.ranked, options, decision, seconds=selected.seconds, free=free,
                         unprobed=defer_probes)
         candidates = selected.candidates

@@ -55,10 +55,8 @@ def make_attention_function(dispatcher: Dispatcher | None = None):
 
             attention_mask = create_position_bias_mask(position_bias, attention_mask, is_causal, query, key)
             is_causal = False
-        out = run(
-            query, key, value, attention_mask, dropout, is_causal,
-            scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
-        )
+        out = run(query, key, value, attention_mask, dropout, is_causal, scale=scaling,
+                  enable_gqa=query.shape[1] != key.shape[1])
         return out.transpose(1, 2).contiguous(), None
 
     return attn_dispatch_forward

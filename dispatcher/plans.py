@@ -196,12 +196,9 @@ def cache_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
         Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
     mask = None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device,
                                            mask_class or attn_mask.__class__)
-    return (
-        query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
-        query.device, key.device, value.device,
-        query.is_contiguous() and key.is_contiguous() and value.is_contiguous(),
-        mask, is_causal, enable_gqa,
-    )
+    return (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, query.device,
+            key.device, value.device, query.is_contiguous() and key.is_contiguous() and value.is_contiguous(),
+            mask, is_causal, enable_gqa)
 
 
 def family_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
@@ -210,12 +207,10 @@ def family_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn
     recording whether the mask's key dimension broadcasts."""
     mask = None if attn_mask is None else (attn_mask.shape[:-1], attn_mask.shape[-1] == 1, attn_mask.dtype,
                                            attn_mask.device, attn_mask.__class__)
-    return (
-        query.shape, key.shape[:-2], key.shape[-1], value.shape[:-2], value.shape[-1],
-        query.dtype, key.dtype, value.dtype, query.device, key.device, value.device,
-        query.is_contiguous() and key.is_contiguous() and value.is_contiguous(),
-        mask, is_causal, enable_gqa,
-    )
+    return (query.shape, key.shape[:-2], key.shape[-1], value.shape[:-2], value.shape[-1], query.dtype,
+            key.dtype, value.dtype, query.device, key.device, value.device,
+            query.is_contiguous() and key.is_contiguous() and value.is_contiguous(), mask, is_causal,
+            enable_gqa)
 
 
 def problem_at_key_length(sibling: Problem, key: torch.Tensor, value: torch.Tensor,

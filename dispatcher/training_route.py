@@ -136,11 +136,10 @@ def choose_training(options: Sequence[Option], problem: Problem, *, free: int | 
 
 def training_decision(decision: Decision, choice: TrainingChoice) -> Decision:
     """The inference `decision` turned into the training route's (`explain`)."""
-    return replace(
-        decision, kernel=choice.name, params={} if choice.kernel is None else dict(choice.kernel.params),
-        route=ROUTE_TRAINING, candidates=choice.candidates or decision.candidates,
-        dropped=choice.dropped, notes=(*decision.notes, *choice.notes),
-    )
+    return replace(decision, kernel=choice.name,
+                   params={} if choice.kernel is None else dict(choice.kernel.params), route=ROUTE_TRAINING,
+                   candidates=choice.candidates or decision.candidates, dropped=choice.dropped,
+                   notes=(*decision.notes, *choice.notes))
 
 
 class TrainingRoute:

@@ -61,10 +61,9 @@ else:
     from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
     from attn_dispatch.kernels.triton_flash import TritonFlashKernel
 
-    __all__ = [
-        "LOSSLESS", "AccuracyPolicy", "Kernel", "UnsupportedProblemError", "ChunkedKernel",
-        "ConvertKernel", "MathKernel", "Problem", "reference_attention", "relative_errors", "FAMILIES",
-        "all_kernels", "kernel_from_name", "param_space", "portable_kernels", "SdpaCudnnKernel",
-        "SdpaDefaultKernel", "SdpaEfficientKernel", "SdpaFlashKernel", "SdpaGqaFoldKernel", "SdpaMathKernel",
-        "SmallQKernel", "TOLERANCES", "Tolerance", "TritonDecodeKernel", "TritonFlashKernel",
-    ]
+    __all__ = ["LOSSLESS", "AccuracyPolicy", "Kernel", "UnsupportedProblemError", "ChunkedKernel",
+               "ConvertKernel", "MathKernel", "Problem", "reference_attention", "relative_errors", "FAMILIES",
+               "all_kernels", "kernel_from_name", "param_space", "portable_kernels", "SdpaCudnnKernel",
+               "SdpaDefaultKernel", "SdpaEfficientKernel", "SdpaFlashKernel", "SdpaGqaFoldKernel",
+               "SdpaMathKernel", "SmallQKernel", "TOLERANCES", "Tolerance", "TritonDecodeKernel",
+               "TritonFlashKernel"]

@@ -192,23 +192,11 @@ def describe_inputs(cls, query, key, value, attn_mask, is_causal, enable_gqa) ->
     elif attn_mask is not None:
         mask_kind, mask_shape = _mask_shape(attn_mask, query, batch_shape, q_heads, q_len, kv_len)
     strided = not (query.is_contiguous() and key.is_contiguous() and value.is_contiguous())
-    return cls(
-        batch=math.prod(batch_shape),
-        q_heads=q_heads,
-        kv_heads=kv_heads,
-        q_len=q_len,
-        kv_len=kv_len,
-        head_dim=query.shape[-1],
-        value_dim=value.shape[-1],
-        dtype=DTYPE_NAMES[query.dtype],
-        causal=bool(is_causal),
-        mask_kind=mask_kind,
-        mask_shape=mask_shape,
-        device_type=query.device.type,
-        strided=strided,
-        broadcast_inputs=broadcast,
-        causal_alignment=alignment,
-    )
+    return cls(batch=math.prod(batch_shape), q_heads=q_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len,
+               head_dim=query.shape[-1], value_dim=value.shape[-1], dtype=DTYPE_NAMES[query.dtype],
+               causal=bool(is_causal), mask_kind=mask_kind, mask_shape=mask_shape,
+               device_type=query.device.type, strided=strided, broadcast_inputs=broadcast,
+               causal_alignment=alignment)
 
 
 def canonicalisation_bytes(problem: Problem) -> int:

@@ -87,11 +87,9 @@ class Problem:
 
     def key(self) -> tuple:
         """All fields as a hashable tuple."""
-        return (
-            self.batch, self.q_heads, self.kv_heads, self.q_len, self.kv_len, self.head_dim,
-            self.value_dim, self.dtype, self.causal, self.mask_kind, self.mask_shape,
-            self.device_type, self.strided, self.broadcast_inputs, self.causal_alignment,
-        )
+        return (self.batch, self.q_heads, self.kv_heads, self.q_len, self.kv_len, self.head_dim,
+                self.value_dim, self.dtype, self.causal, self.mask_kind, self.mask_shape, self.device_type,
+                self.strided, self.broadcast_inputs, self.causal_alignment)
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -157,15 +155,12 @@ class Problem:
 
     def to_dict(self) -> dict:
         """JSON-ready dict (inverse: `from_dict`)."""
-        return {
-            "batch": self.batch, "q_heads": self.q_heads, "kv_heads": self.kv_heads,
-            "q_len": self.q_len, "kv_len": self.kv_len, "head_dim": self.head_dim,
-            "value_dim": self.value_dim, "dtype": self.dtype, "causal": self.causal,
-            "mask_kind": self.mask_kind, "mask_shape": list(self.mask_shape),
-            "device_type": self.device_type, "strided": self.strided,
-            "broadcast_inputs": self.broadcast_inputs,
-            **({"causal_alignment": self.causal_alignment} if self.causal_alignment != "top_left" else {}),
-        }
+        return {"batch": self.batch, "q_heads": self.q_heads, "kv_heads": self.kv_heads, "q_len": self.q_len,
+                "kv_len": self.kv_len, "head_dim": self.head_dim, "value_dim": self.value_dim,
+                "dtype": self.dtype, "causal": self.causal, "mask_kind": self.mask_kind,
+                "mask_shape": list(self.mask_shape), "device_type": self.device_type, "strided": self.strided,
+                "broadcast_inputs": self.broadcast_inputs,
+                **({"causal_alignment": self.causal_alignment} if self.causal_alignment != "top_left" else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> Problem:

@@ -261,9 +261,8 @@ class SdpaFlashKernel(SdpaBackendKernel):
 
     def _call_op(self, query, key, value, bias, causal, scale):
         if query.device.type == "cpu":
-            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                query, key, value, 0.0, causal, attn_mask=bias, scale=scale
-            )[0]
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, causal,
+                                                                              attn_mask=bias, scale=scale)[0]
         if bias is not None:
             raise RuntimeError("sdpa_flash on CUDA takes no attention mask")
         return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, causal, False, scale=scale)[0]

@@ -44,19 +44,17 @@ def device_record(device) -> dict:
 
     identity = DeviceIdentity.detect(device)
     found = lookup_table(identity, warn=False)
-    return {
-        "device": str(device), "name": identity.name, "vendor": identity.vendor, "arch": identity.arch,
-        "compute_units": identity.compute_units, "memory_gib": round(identity.memory_bytes / GIB, 1),
-        "model_key": identity.model_key, "family_key": identity.family_key, "software_key": identity.software_key,
-        "fingerprint": identity.key, "gfx906": identity.is_gfx906,
-        "table_level": found.level, "table_path": None if found.path is None else str(found.path),
-        "table_verdict": None if found.table is None else found.table.verdict,
-        "table_guard": None if found.table is None or found.table.guard is None else found.table.guard.describe(),
-        "table_timing_threads": None if found.table is None else found.table.provenance.timing_threads,
-        "table_threads": None if found.table is None else threads_line(found.table, torch.get_num_threads()),
-        "notes": list(found.warnings),
-        "no_table": no_table_line(found.level, str(device), measure=measure_from_env()),
-    }
+    return {"device": str(device), "name": identity.name, "vendor": identity.vendor, "arch": identity.arch,
+            "compute_units": identity.compute_units, "memory_gib": round(identity.memory_bytes / GIB, 1),
+            "model_key": identity.model_key, "family_key": identity.family_key,
+            "software_key": identity.software_key, "fingerprint": identity.key, "gfx906": identity.is_gfx906,
+            "table_level": found.level, "table_path": None if found.path is None else str(found.path),
+            "table_verdict": None if found.table is None else found.table.verdict,
+            "table_guard": None if found.table is None or found.table.guard is None else found.table.guard.describe(),
+            "table_timing_threads": None if found.table is None else found.table.provenance.timing_threads,
+            "table_threads": None if found.table is None else threads_line(found.table, torch.get_num_threads()),
+            "notes": list(found.warnings),
+            "no_table": no_table_line(found.level, str(device), measure=measure_from_env())}
 
 
 LEVEL_WORDS = {

@@ -110,8 +110,6 @@ def problem_from_args(args: argparse.Namespace, device_type: str):
         raise ValueError(f"--kv-heads ({kv_heads}) must divide --heads ({args.heads})")
     dtype = LONG_DTYPE_NAMES.get(args.dtype, args.dtype)
     mask_shape = () if args.mask == "none" else (args.batch, 1, args.lq, kv_len)
-    return Problem(
-        batch=args.batch, q_heads=args.heads, kv_heads=kv_heads, q_len=args.lq, kv_len=kv_len,
-        head_dim=args.head_dim, value_dim=args.value_dim or args.head_dim, dtype=dtype, causal=args.causal,
-        mask_kind=args.mask, mask_shape=mask_shape, device_type=device_type,
-    )
+    return Problem(batch=args.batch, q_heads=args.heads, kv_heads=kv_heads, q_len=args.lq, kv_len=kv_len,
+                   head_dim=args.head_dim, value_dim=args.value_dim or args.head_dim, dtype=dtype,
+                   causal=args.causal, mask_kind=args.mask, mask_shape=mask_shape, device_type=device_type)
