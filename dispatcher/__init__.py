@@ -1,6 +1,6 @@
 """dispatcher: what decides at run time (lookup, memory fit, fallback, explain, patching, CLI). Public API,
-re-exported by ``attn_dispatch``: `attention`, `explain`, `stats`, `reset`, `patched` / `install` /
-`uninstall`, `register_transformers`, `Dispatcher`, `record`, `AccuracyPolicy`, `LOSSLESS`."""
+re-exported by ``attn_dispatch``: `attention`, `explain`, `stats`, `reset`, `patched` / `install` / `uninstall`,
+`register_transformers`, `Dispatcher`, `record`, `AccuracyPolicy`, `LOSSLESS`."""
 
 from __future__ import annotations
 

@@ -16,9 +16,8 @@ DISPATCHER_PATH = "dispatcher"
 
 
 class DispatchedKernel(Kernel):
-    """`dispatcher.attention` as a kernel (the warm path on every call). `settle_calls`: repeat a call
-    whose bucket is still measuring up to this many times, so timed calls see the bucket as it serves for
-    good."""
+    """`dispatcher.attention` as a kernel (the warm path on every call). `settle_calls`: repeat a call whose bucket
+    is still measuring up to this many times, so timed calls see the bucket as it serves for good."""
 
     family = DISPATCHER_PATH
 
@@ -54,8 +53,8 @@ class DispatchedKernel(Kernel):
                    for plan in self.dispatcher._plans.values())
 
     def tolerance(self, problem: Problem) -> Tolerance:
-        """The tolerance of the kernel the dispatcher runs: an allowed lossy conversion is held to its
-        target dtype's, as in calibration."""
+        """The tolerance of the kernel the dispatcher runs: an allowed lossy conversion is held to its target
+        dtype's, as in calibration."""
         kernel = self._plan_kernel(problem)
         if kernel is None:
             try:
@@ -78,8 +77,8 @@ class DispatchedKernel(Kernel):
         return ()
 
     def chosen(self, problem: Problem) -> str | None:
-        """The kernel the dispatcher runs for `problem` (after any fallback), else would choose now; None
-        when nothing can."""
+        """The kernel the dispatcher runs for `problem` (after any fallback), else would choose now; None when
+        nothing can."""
         for plan in self.dispatcher._plans.values():
             if plan.problem == problem:
                 return plan.kernel.name

@@ -1,7 +1,6 @@
 """`attn-dispatch` command line: one module per command under `dispatcher/commands/` (``NAME``, ``HELP``,
-``register(subparsers)`` setting ``run``). Only the command being run gets its whole parser, so ``--help``
-and ``--version`` import no torch. Errors are one line on stderr with exit 2 (`check` keeps 1 for "a
-decision changed")."""
+``register(subparsers)`` setting ``run``). Only the command being run gets its whole parser, so ``--help`` and
+``--version`` import no torch. Errors are one line on stderr with exit 2 (`check` keeps 1 for "a decision changed")."""
 
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser(full: Iterable[str] | None = None) -> argparse.ArgumentParser:
-    """The parser; `full`: commands that get their whole parser (default: every one), the others a
-    help-only one."""
+    """The parser; `full`: commands that get their whole parser (default: every one), the others a help-only one."""
     parser = OneLineParser(prog="attn-dispatch",
                            description="Adaptive attention dispatcher: calibrate a card, inspect and share its tables.")
     parser.add_argument("--version", action="version", version=f"attn-dispatch {_version()}")

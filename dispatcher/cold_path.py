@@ -1,7 +1,6 @@
-"""What a `Dispatcher` does off its warm path: planning a new exact shape, settling, recovering from a
-kernel that raised (remembered for its bucket, the next candidate runs, until one returns or
-`NoKernelError`; a forward-AD dual call gets PyTorch's SDPA, nothing remembered), and the training route's
-calls."""
+"""What a `Dispatcher` does off its warm path: planning a new exact shape, settling, recovering from a kernel that
+raised (remembered for its bucket, the next candidate runs, until one returns or `NoKernelError`; a forward-AD dual
+call gets PyTorch's SDPA, nothing remembered), and the training route's calls."""
 
 from __future__ import annotations
 
@@ -49,8 +48,8 @@ TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
 
 
 class ColdPath:
-    """One dispatcher's decisions: its device planners and every change to its plan cache, hot slots and
-    counts, made under `lock`. `settings() -> (memory budget, measure)` is read when a bucket is decided."""
+    """One dispatcher's decisions: its device planners and every change to its plan cache, hot slots and counts, made
+    under `lock`. `settings() -> (memory budget, measure)` is read when a bucket is decided."""
 
     def __init__(self, config: PlannerConfig, plans: BoundedCache, hot: HotSlots, counts: CallCounts, *,
                  settings: Callable[[], tuple[int | None, bool]], lock: threading.RLock, home: str | None) -> None:
@@ -147,16 +146,16 @@ class ColdPath:
         return self.planner(device).state
 
     def keep(self, key_: tuple, plan: Plan) -> None:
-        """Cache `plan` under `key_` (dropping a replaced plan from the hot path), except a meta device's:
-        a meta call must miss, as `Dispatcher.attention` sends misses only to PyTorch."""
+        """Cache `plan` under `key_` (dropping a replaced plan from the hot path), except a meta device's: a meta
+        call must miss, as `Dispatcher.attention` sends misses only to PyTorch."""
         if plan.device.type != "meta":
             if self.plans.get(key_) is not None:
                 self.hot.drop(key_)
             self.plans.put(key_, plan)
 
     def evicted(self, key_: tuple, plan: Plan) -> None:
-        """`plan` left the plan cache: its calls stay in `stats`, it leaves the hot path, and its calls
-        toward settling carry to the shape's next plan (`device_planner.SpentCalls`)."""
+        """`plan` left the plan cache: its calls stay in `stats`, it leaves the hot path, and its calls toward
+        settling carry to the shape's next plan (`device_planner.SpentCalls`)."""
         self.counts.fold(plan)
         if plan.settle_at and plan.count[0]:
             planner = self.planners.get(plan.device)
@@ -187,8 +186,7 @@ class ColdPath:
 
     def _forget_switched(self, plan: Plan, key_: tuple, switched: list[tuple[Problem, str]]) -> None:
         """Forget failures a switched-off backend may have caused (inside ``sdpa_kernel`` with
-        ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``) and the plans made without those kernels, so the bucket
-        decides anew."""
+        ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``) and the plans made without those kernels, so the bucket decides anew."""
         with self.lock:
             for problem, name in switched:
                 self.state(plan.device).forget_failure(problem, name)
@@ -201,8 +199,7 @@ class ColdPath:
 
     def _recover_from(self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa,
                       switched: list) -> torch.Tensor:
-        """`recover`'s loop; failures of PyTorch backends while one is switched off are appended to
-        `switched`."""
+        """`recover`'s loop; failures of PyTorch backends while one is switched off are appended to `switched`."""
         planner = self.planner(plan.device)
         while True:
             failed = plan.kernel.name
@@ -233,8 +230,7 @@ class ColdPath:
                 error = next_error
 
     def _drop_bucket_plans(self, bucket) -> None:
-        """A kernel of `bucket` failed: all its shapes' plans leave the cache and hot path (calls kept in
-        `stats`)."""
+        """A kernel of `bucket` failed: all its shapes' plans leave the cache and hot path (calls kept in `stats`)."""
         for key_, plan in list(self.plans.table.items()):
             if plan.bucket is bucket:
                 self.plans.pop(key_)
@@ -279,13 +275,11 @@ class ColdPath:
 
 
 def carries_tangent(*tensors: torch.Tensor | None) -> bool:
-    """Whether any plain tensor given is a forward-AD dual at the current level (a tensor subclass counts
-    as none)."""
+    """Whether any plain tensor given is a forward-AD dual at the current level (a tensor subclass counts as none)."""
     return any(t.__class__ is torch.Tensor and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def pytorch_dual_call(key_: tuple, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:
-    """PyTorch's SDPA for an inference call planned under `key_` (whose second-to-last field is
-    ``is_causal``)."""
+    """PyTorch's SDPA for an inference call planned under `key_` (whose second-to-last field is ``is_causal``)."""
     is_causal = key_[-2]
     return sdpa_context.pytorch_attention(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)

@@ -1,9 +1,9 @@
 """`torch.compile` runs the dispatcher's choice with no graph break: `Dispatcher.attention` puts one node,
-`attention_in_graph`, into Dynamo's graph. On fake tensors with static shapes it decides as an eager call
-would (no timing) and traces the chosen kernel's ops; with symbolic shapes the graph calls
-``attn_dispatch::attention_at_run_time``, deciding per bucket at run time. A plain function (not a custom
-op) makes AOTAutograd bypass its cache, which would otherwise replay another process's kernel. Exported
-with symbolic shapes: PyTorch's SDPA."""
+`attention_in_graph`, into Dynamo's graph. On fake tensors with static shapes it decides as an eager call would (no
+timing) and traces the chosen kernel's ops; with symbolic shapes the graph calls
+``attn_dispatch::attention_at_run_time``, deciding per bucket at run time. A plain function (not a custom op) makes
+AOTAutograd bypass its cache, which would otherwise replay another process's kernel. Exported with symbolic shapes:
+PyTorch's SDPA."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ _lock = threading.Lock()
 
 def compiling_readers() -> tuple[Callable[[], bool], object]:
     """``(is_dynamo_compiling, flags)``: ``is_dynamo_compiling() or flags._is_compiling_flag`` is
-    `torch.compiler.is_compiling()` without its TorchScript check (costly per call); a torch lacking either
-    gives `is_compiling` and a flag that stays False."""
+    `torch.compiler.is_compiling()` without its TorchScript check (costly per call); a torch lacking either gives
+    `is_compiling` and a flag that stays False."""
     compiler = getattr(torch, "compiler", None)
     dynamo = getattr(compiler, "is_dynamo_compiling", None)
     if dynamo is None or not isinstance(getattr(compiler, "_is_compiling_flag", None), bool):
@@ -92,8 +92,8 @@ def _attention_at_run_time_shape(query, key, value, attn_mask, is_causal, scale,
 
 def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
                        is_causal: bool, scale: float | None, enable_gqa: bool, dispatcher: int) -> torch.Tensor:
-    """The dispatcher's attention as one node of Dynamo's graph, decided and its kernel traced when run on
-    fake tensors (module docstring)."""
+    """The dispatcher's attention as one node of Dynamo's graph, decided and its kernel traced when run on fake
+    tensors (module docstring)."""
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
     symbolic = any(isinstance(size, torch.SymInt) for tensor in tensors for size in tensor.shape)
     if symbolic and not torch.compiler.is_exporting():
@@ -137,8 +137,8 @@ _hook_lock = threading.Lock()
 
 
 def when_imported(name: str, then: Callable[[ModuleType], None]) -> None:
-    """Call ``then(module)`` now if module `name` is imported, else right after its first import (without
-    importing it); an exception from `then` is logged, never raised into the import."""
+    """Call ``then(module)`` now if module `name` is imported, else right after its first import (without importing
+    it); an exception from `then` is logged, never raised into the import."""
     module = sys.modules.get(name)
     if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
         _call(then, module)
@@ -156,8 +156,8 @@ def _call(then: Callable[[ModuleType], None], module: ModuleType) -> None:
 
 
 class _Hook(importlib.abc.MetaPathFinder):
-    """A `sys.meta_path` finder that finds nothing itself: it wraps the loader of module `name` as the
-    other finders find it."""
+    """A `sys.meta_path` finder that finds nothing itself: it wraps the loader of module `name` as the other finders
+    find it."""
 
     def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
         self.name = name

@@ -1,7 +1,6 @@
-"""`Dispatcher`: per device, the fastest kernel that fits, decided once per size bucket; a kernel failing
-at run time is replaced by the next and remembered. `attention` is the warm path: the hot slots
-(`hot_path`), else one key tuple and one dict lookup, then the plan's `run` (validated when the plan was
-made); a miss goes to `cold_path.ColdPath`."""
+"""`Dispatcher`: per device, the fastest kernel that fits, decided once per size bucket; a kernel failing at run time
+is replaced by the next and remembered. `attention` is the warm path: the hot slots (`hot_path`), else one key tuple
+and one dict lookup, then the plan's `run` (validated when the plan was made); a miss goes to `cold_path.ColdPath`."""
 
 from __future__ import annotations
 
@@ -71,8 +70,8 @@ _dynamo_compiling, _compile_flags = compiling_readers()  # `torch.compiler.is_co
 
 
 def read_environment() -> None:
-    """Validate every ``ATTN_DISPATCH_*`` variable (ValueError naming it and its accepted values) and
-    follow ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL``."""
+    """Validate every ``ATTN_DISPATCH_*`` variable (ValueError naming it and its accepted values) and follow
+    ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL``."""
     environment.check()
     sdpa_context.follow_environment()
 
@@ -80,11 +79,10 @@ def read_environment() -> None:
 class Dispatcher:
     """Runs each attention call with the fastest kernel that fits in memory on its device.
 
-    - `kernels`: ``"all"`` (default), ``"portable"`` (no fused PyTorch backends, as on gfx906), or kernels
-      / kernel names used as given; the named sets add ``sdpa_default`` as the last-resort fallback.
+    - `kernels`: ``"all"`` (default), ``"portable"`` (no fused PyTorch backends, as on gfx906), or kernels / kernel
+      names used as given; the named sets add ``sdpa_default`` as the last-resort fallback.
     - `policy`: lossy conversions allowed, e.g. ``AccuracyPolicy.allowing("fp32->bf16")``.
-    - `memory_budget`: most workspace per call, bytes or e.g. ``"16GiB"``; default
-      ``ATTN_DISPATCH_MEMORY_BUDGET``.
+    - `memory_budget`: most workspace per call, bytes or e.g. ``"16GiB"``; default ``ATTN_DISPATCH_MEMORY_BUDGET``.
     - `home`: directory of threshold tables (default ``ATTN_DISPATCH_HOME`` or the user cache).
     - `measure`: time candidates on a bucket's first calls where no measured entry of this card decides it
       (`dispatcher.measuring`); default on unless ``ATTN_DISPATCH_MEASURE=0``.
@@ -138,11 +136,11 @@ class Dispatcher:
     def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False, *,
                   scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
-        """`torch.nn.functional.scaled_dot_product_attention`, run by the fastest kernel that fits; returns
-        ``[..., Hq, L, Ev]`` in the query's dtype.
+        """`torch.nn.functional.scaled_dot_product_attention`, run by the fastest kernel that fits; returns ``[...,
+        Hq, L, Ev]`` in the query's dtype.
 
-        Dropout, or inputs requiring grad with grad enabled, go to PyTorch's SDPA unless the chosen kernel
-        supports backward. `fast_attention` serves hot plans in C++ and hands every other call here."""
+        Dropout, or inputs requiring grad with grad enabled, go to PyTorch's SDPA unless the chosen kernel supports
+        backward. `fast_attention` serves hot plans in C++ and hands every other call here."""
         if _dynamo_compiling() or _compile_flags._is_compiling_flag:  # torch.compile: made and traced in `compiled`
             if dropout_p != 0.0 or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor) or (
                     _grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad
@@ -266,9 +264,8 @@ class Dispatcher:
     def plan(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
              attn_mask: torch.Tensor | None = None, is_causal: bool = False, *, scale: float | None = None,
              enable_gqa: bool = False) -> PreparedAttention:
-        """Decide once for these arguments' exact shape; the returned `PreparedAttention` runs the chosen
-        kernel on later calls of that shape with no lookup. A call of another shape, dtype, device or
-        layout raises ValueError."""
+        """Decide once for these arguments' exact shape; the returned `PreparedAttention` runs the chosen kernel on
+        later calls of that shape with no lookup. A call of another shape, dtype, device or layout raises ValueError."""
         try:
             key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
         except AttributeError:  # not tensors: validation raises SDPA's TypeError
@@ -311,8 +308,7 @@ class Dispatcher:
                        notes=(*plan.decision.notes, f"training: {why}"))
 
     def decide(self, problem: Problem, *, device: torch.device | str) -> Decision:
-        """The decision for a `Problem` on `device` without tensors (``attn-dispatch explain``); not
-        cached."""
+        """The decision for a `Problem` on `device` without tensors (``attn-dispatch explain``); not cached."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -322,23 +318,21 @@ class Dispatcher:
         return with_lossy_gain(decision, planner.state.ranking.prior, self.policy)
 
     def use_table(self, table, path: str) -> None:
-        """Rank with `table` (read from `path`) on every device instead of each device's lookup, forgetting
-        every decision."""
+        """Rank with `table` (read from `path`) on every device instead of each device's lookup, forgetting every
+        decision."""
         self._cold.ranking_options = {"given": (table, str(path))}
         self.reset()
 
     # ------------------------------------------------------------------ the parts
     @property
     def home(self) -> str | None:
-        """The directory of threshold tables and measured buckets (None: ``ATTN_DISPATCH_HOME`` or the user
-        cache)."""
+        """The directory of threshold tables and measured buckets (None: ``ATTN_DISPATCH_HOME`` or the user cache)."""
         return self._home
 
     @property
     def fast_attention(self):
-        """What to put where SDPA is looked up: the C++ fast path's builtin (`fast_path`), which serves hot
-        plans with no Python frame and hands other calls to `attention`; `attention` itself where not
-        built."""
+        """What to put where SDPA is looked up: the C++ fast path's builtin (`fast_path`), which serves hot plans
+        with no Python frame and hands other calls to `attention`; `attention` itself where not built."""
         return self.attention if self._fast is None else self._fast.callable()
 
     def stats(self) -> dict[str, int]:
@@ -371,15 +365,15 @@ KERNEL_SETS = ("all", "portable")
 
 
 class LastResortDefault(SdpaDefaultKernel):
-    """PyTorch's own SDPA as the portable set's last resort: tried only after every ranked kernel failed,
-    never ranked."""
+    """PyTorch's own SDPA as the portable set's last resort: tried only after every ranked kernel failed, never
+    ranked."""
 
     last_resort = True
 
 
 def kernel_set(kernels: str | Sequence[Kernel | str], policy: AccuracyPolicy) -> dict[str, Kernel]:
-    """Kernels by name for a named set (plus its ``sdpa_default`` fallback; `kernels.registry.serving`) or
-    the given kernels / names. Raises ValueError / TypeError naming the bad item."""
+    """Kernels by name for a named set (plus its ``sdpa_default`` fallback; `kernels.registry.serving`) or the given
+    kernels / names. Raises ValueError / TypeError naming the bad item."""
     if isinstance(kernels, str):
         if kernels not in KERNEL_SETS:
             raise ValueError(f"kernels={kernels!r}: pass 'all', 'portable' or a list of kernels / kernel names")

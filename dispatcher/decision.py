@@ -1,6 +1,6 @@
 """`Decision` (what `explain` returns and the log prints), free memory (`free_bytes`), `NoKernelError`, the
-lossy-conversion note (`with_lossy_gain`) and the decision log (INFO when ``ATTN_DISPATCH_LOG=1``, else
-DEBUG; fallbacks WARNING)."""
+lossy-conversion note (`with_lossy_gain`) and the decision log (INFO when ``ATTN_DISPATCH_LOG=1``, else DEBUG;
+fallbacks WARNING)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ class Candidate:
 
 @dataclass(frozen=True)
 class RankingSource:
-    """Where the predicted times came from. `level`: ``"exact" | "model" | "family"`` (a table at that
-    lookup level), ``"prior"`` (the card's analytic prior) or ``"none"`` (kernel order)."""
+    """Where the predicted times came from. `level`: ``"exact" | "model" | "family"`` (a table at that lookup level),
+    ``"prior"`` (the card's analytic prior) or ``"none"`` (kernel order)."""
 
     level: str
     description: str
@@ -61,10 +61,10 @@ class RankingSource:
 class Decision:
     """The kernel that runs a problem on a device, and why.
 
-    `route`: ``"dispatch"`` or ``"training"`` (dropout or inputs requiring grad: PyTorch's SDPA unless the
-    kernel supports backward; `kernel` is then ``"pytorch_sdpa"``). `candidates`: what runs and fits, in
-    try order, the chosen first; `dropped`: ``(name, reason)`` for every other kernel; `free_bytes` /
-    `budget_bytes`: the limits decided under (None: unknown / none)."""
+    `route`: ``"dispatch"`` or ``"training"`` (dropout or inputs requiring grad: PyTorch's SDPA unless the kernel
+    supports backward; `kernel` is then ``"pytorch_sdpa"``). `candidates`: what runs and fits, in try order, the
+    chosen first; `dropped`: ``(name, reason)`` for every other kernel; `free_bytes` / `budget_bytes`: the limits
+    decided under (None: unknown / none)."""
 
     kernel: str
     params: dict
@@ -170,8 +170,8 @@ MEMINFO_PATH = "/proc/meminfo"
 
 
 def free_bytes(device: torch.device) -> int | None:
-    """Bytes a new allocation on `device` can get now (GPU: driver free plus the allocator's cached-unused;
-    CPU: ``MemAvailable``, else free pages); None when unknown."""
+    """Bytes a new allocation on `device` can get now (GPU: driver free plus the allocator's cached-unused; CPU:
+    ``MemAvailable``, else free pages); None when unknown."""
     if device.type == "cuda":
         return _cuda_free_bytes(device)
     if device.type == "cpu":
@@ -227,14 +227,14 @@ def release_cached_memory(device: torch.device) -> None:
 
 
 class NoKernelError(RuntimeError):
-    """No kernel can run the problem (each unsupported, over the memory limit or failed). `reasons`:
-    ``(kernel, why)`` for every kernel; `cause`: the message's first line (why, and the fix)."""
+    """No kernel can run the problem (each unsupported, over the memory limit or failed). `reasons`: ``(kernel,
+    why)`` for every kernel; `cause`: the message's first line (why, and the fix)."""
 
     def __init__(self, problem: Problem, device: str, reasons: Sequence[tuple[str, str]], *,
                  smallest: tuple[str, int] | None = None, budget: int | None = None,
                  free: int | None = None) -> None:
-        """`smallest`: (kernel, workspace bytes) of the runnable kernel needing least, when all were
-        dropped for memory; `budget`, `free`: the limits."""
+        """`smallest`: (kernel, workspace bytes) of the runnable kernel needing least, when all were dropped for
+        memory; `budget`, `free`: the limits."""
         self.problem = problem
         self.device = device
         self.reasons = tuple(reasons)
@@ -255,8 +255,8 @@ class NoKernelError(RuntimeError):
 
 
 def smallest_workspace(ranked) -> tuple[str, int] | None:
-    """(name, workspace bytes) of the `selection.Ranked` option needing least, counting the chunked kernel
-    at `selection.MIN_CHUNK` chunks (ties by name); None when nothing supports the problem."""
+    """(name, workspace bytes) of the `selection.Ranked` option needing least, counting the chunked kernel at
+    `selection.MIN_CHUNK` chunks (ties by name); None when nothing supports the problem."""
     from attn_dispatch.dispatcher.selection import MIN_CHUNK
     from attn_dispatch.kernels import ChunkedKernel
 
@@ -295,8 +295,7 @@ def _cause(device: str, reasons: Sequence[tuple[str, str]], smallest: tuple[str,
 # a lossy conversion the caller has not allowed, and what the analytic prior says it would gain
 
 NOTED_CONVERSIONS = ("bf16->fp16", "fp16->bf16")
-"""Lossy conversions whose gain `explain` states: between the half dtypes, gaining the card's rate, not
-memory."""
+"""Lossy conversions whose gain `explain` states: between the half dtypes, gaining the card's rate, not memory."""
 MIN_GAIN = 1.25
 """Least predicted speed-up worth a note (the prior's margin, `models.priors.FORCED_BACKEND_FACTOR`)."""
 RANGE_LOSS = {
@@ -306,8 +305,8 @@ RANGE_LOSS = {
 
 
 def lossy_gain_note(decision: Decision, spec: CardSpec | None, policy: AccuracyPolicy) -> str | None:
-    """An `explain` line when a `NOTED_CONVERSIONS` conversion `policy` disallows was dropped, could run,
-    and `spec`'s prior predicts it `MIN_GAIN` times faster than the chosen kernel; else None."""
+    """An `explain` line when a `NOTED_CONVERSIONS` conversion `policy` disallows was dropped, could run, and
+    `spec`'s prior predicts it `MIN_GAIN` times faster than the chosen kernel; else None."""
     if spec is None:
         return None
     problem = decision.problem
@@ -333,8 +332,7 @@ def lossy_gain_note(decision: Decision, spec: CardSpec | None, policy: AccuracyP
 
 
 def with_lossy_gain(decision: Decision, prior: object, policy: AccuracyPolicy) -> Decision:
-    """`decision` with `lossy_gain_note` added when there is one (`prior`: a `models.priors.PriorRanker` or
-    None)."""
+    """`decision` with `lossy_gain_note` added when there is one (`prior`: a `models.priors.PriorRanker` or None)."""
     note = lossy_gain_note(decision, getattr(prior, "spec", None), policy)
     return decision if note is None else replace(decision, notes=(*decision.notes, note))
 

@@ -1,6 +1,6 @@
 """One device's planner (the dispatcher's cold path): problem -> `Plan`, deciding once per size bucket
-(`selection.decide`, kept as a `Bucket`) and planning each exact shape from its bucket. Nothing here is on
-the warm path."""
+(`selection.decide`, kept as a `Bucket`) and planning each exact shape from its bucket. Nothing here is on the warm
+path."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ from attn_dispatch.models.environment import RECORD
 
 
 def _record(problem: Problem) -> None:
-    """`recording.record_problem` where a workload is being recorded (``ATTN_DISPATCH_RECORD`` or a
-    `record()` block)."""
+    """`recording.record_problem` where a workload is being recorded (``ATTN_DISPATCH_RECORD`` or a `record()`
+    block)."""
     if RECORD.read() or "attn_dispatch.dispatcher.recording" in sys.modules:
         from attn_dispatch.dispatcher.recording import record_problem
 
@@ -57,8 +57,8 @@ def _record(problem: Problem) -> None:
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    """What a dispatcher's planners share. `tunings_root() -> directory` (None: in memory only);
-    `count_cell`: where a measuring call run by another kernel than its plan's is counted."""
+    """What a dispatcher's planners share. `tunings_root() -> directory` (None: in memory only); `count_cell`: where
+    a measuring call run by another kernel than its plan's is counted."""
 
     kernels: Mapping[str, Kernel]
     policy: AccuracyPolicy
@@ -70,9 +70,8 @@ class PlannerConfig:
 class DevicePlanner:
     """Decisions for one device: per size bucket, and per exact shape from its bucket.
 
-    `seen`: exact shapes each set-up-paying kernel has run (`SeenShapes`); `cold_costs` / `floors`:
-    measured per-shape set-up seconds / per-call floors, name -> problem kind -> seconds
-    (`models.probe_store`)."""
+    `seen`: exact shapes each set-up-paying kernel has run (`SeenShapes`); `cold_costs` / `floors`: measured
+    per-shape set-up seconds / per-call floors, name -> problem kind -> seconds (`models.probe_store`)."""
 
     def __init__(self, device: torch.device, state: DeviceState, config: PlannerConfig,
                  cold_costs: Mapping[str, Mapping[str, float]] | None = None,
@@ -94,8 +93,8 @@ class DevicePlanner:
     # ------------------------------------------------------------------ per exact shape
     def plan(self, problem: Problem, shape_key: tuple, *, settings: Callable[[], tuple[int | None, bool]],
              on_failure: Callable[[str, BaseException], None], new_shape: bool = True) -> tuple[Plan, bool]:
-        """The plan for one exact shape, and whether a bucket was decided for it. `settings() -> (memory
-        budget, measure)` is read only when deciding; `new_shape`: the shape joins the bucket's history."""
+        """The plan for one exact shape, and whether a bucket was decided for it. `settings() -> (memory budget,
+        measure)` is read only when deciding; `new_shape`: the shape joins the bucket's history."""
         key = decision_bucket(problem)
         bucket = self.buckets.get(key)
         decided = bucket is None
@@ -125,8 +124,8 @@ class DevicePlanner:
 
     def _plan_in(self, bucket: Bucket, problem: Problem, shape_key: tuple, *, first: bool,
                  settled: bool = False) -> Plan | None:
-        """The first of the bucket's options (new-shape order, or decided order when `first` or `settled`)
-        that runs `problem` and fits; None when none does. Free memory is read only for a large workspace
+        """The first of the bucket's options (new-shape order, or decided order when `first` or `settled`) that runs
+        `problem` and fits; None when none does. Free memory is read only for a large workspace
         (`selection.needs_recheck`)."""
         settle_at = 0
         if first:
@@ -184,9 +183,9 @@ class DevicePlanner:
     def decide(self, problem: Problem, *, budget: int | None, measure: bool,
                on_failure: Callable[[str, BaseException], None], trial: bool = True,
                defer_probes: bool = True) -> Bucket:
-        """`problem`'s bucket decided by `selection.decide`, with a `measuring.Trial` where `measure` and
-        `trial` and candidates exist. `defer_probes`: rank without running new backend probes
-        (`sdpa_default.probes_deferred`). Raises `NoKernelError`."""
+        """`problem`'s bucket decided by `selection.decide`, with a `measuring.Trial` where `measure` and `trial` and
+        candidates exist. `defer_probes`: rank without running new backend probes (`sdpa_default.probes_deferred`).
+        Raises `NoKernelError`."""
         state, config = self.state, self.config
         bucket_key = failure_bucket(problem)
         failed = state.failures.get(bucket_key, {})
@@ -221,8 +220,8 @@ class DevicePlanner:
         return over_limit_reason(workspace_bound(kernel, problem), bucket.free, bucket.budget) is None
 
     def _measured(self, bucket: Bucket, trial: Trial) -> None:
-        """`bucket`'s trial decided: keep its result (in the store where it compared candidates), follow
-        it, and re-plan its measuring plans."""
+        """`bucket`'s trial decided: keep its result (in the store where it compared candidates), follow it, and
+        re-plan its measuring plans."""
         with self.lock:
             if trial.result is not None:
                 self.state.keep_measured(bucket.key, trial.result, store=trial.compared)
@@ -245,10 +244,10 @@ def workspace_bound(kernel: Kernel, problem: Problem) -> int:
 class Bucket:
     """One size bucket's decision on one device.
 
-    `ranked`: the first problem's ranked options (to refit when memory changes); `warm`: each option's
-    per-call seconds, measured (`measured`: names) or predicted; `trial`: the measuring in progress
-    (`measuring.Trial`), else None; `free`: bytes free when decided; `history`: call counters of recent
-    exact shapes; `unprobed`: ranked with probes deferred, so `Kernel.reasons` is asked again before a run."""
+    `ranked`: the first problem's ranked options (to refit when memory changes); `warm`: each option's per-call
+    seconds, measured (`measured`: names) or predicted; `trial`: the measuring in progress (`measuring.Trial`), else
+    None; `free`: bytes free when decided; `history`: call counters of recent exact shapes; `unprobed`: ranked with
+    probes deferred, so `Kernel.reasons` is asked again before a run."""
 
     __slots__ = ("key", "ranked", "options", "decision", "trial", "free", "history", "warm", "measured", "unprobed",
                  "waited", "_cold", "_wait_calls")
@@ -273,8 +272,7 @@ class Bucket:
         self._wait_calls: int | None = None  # `compile_wait`'s calls for the bucket, once priced
 
     def measured_by(self, trial) -> None:
-        """Follow a decided `trial`: its kernel first, its medians as warm times, failed candidates
-        dropped, a note."""
+        """Follow a decided `trial`: its kernel first, its medians as warm times, failed candidates dropped, a note."""
         failed = {c.name: c.failure for c in trial.contenders if c.failure is not None}
         seconds = {} if trial.result is None else {name: s for name, s in trial.result.seconds}
         options = self.options if trial.result is None else put_first(self.options, trial.result.kernel)
@@ -306,8 +304,8 @@ class Bucket:
 
     def compile_wait(self, problem: Problem, measured: Mapping[str, float],
                      ) -> tuple[tuple[Option, ...], tuple[str, ...], int] | None:
-        """Where the first option would compile on `problem` (`selection.compile_deferred_order`): the
-        set-up-free order, notes and calls left over all shapes (`waited`); None otherwise."""
+        """Where the first option would compile on `problem` (`selection.compile_deferred_order`): the set-up-free
+        order, notes and calls left over all shapes (`waited`); None otherwise."""
         compiling = compile_seconds(self.options[0].kernel, problem)
         if not compiling:
             self.waited.clear()
@@ -355,8 +353,8 @@ class Bucket:
 
 
 class DeviceState:
-    """One device's ranker, run-time failures per bucket (`out_of_memory`: the transient ones) and measured
-    buckets (`tuned`)."""
+    """One device's ranker, run-time failures per bucket (`out_of_memory`: the transient ones) and measured buckets
+    (`tuned`)."""
 
     def __init__(self, ranking: DeviceRanking) -> None:
         self.ranking = ranking
@@ -391,8 +389,8 @@ class DeviceState:
 
     # ------------------------------------------------------------------ tunings
     def open_store(self, root_of_stores: Callable[[], object] | None, signature: str) -> None:
-        """Load the tuning store on first use; nothing when `root_of_stores` is None, the device has no
-        identity, or its directory is unusable."""
+        """Load the tuning store on first use; nothing when `root_of_stores` is None, the device has no identity, or
+        its directory is unusable."""
         if not self._store_opened:
             self._store_opened = True
             device_key = self.ranking.source.identity
@@ -436,8 +434,7 @@ MAX_SEEN_SHAPES = 1 << 16
 
 
 class SeenShapes:
-    """Per kernel, the exact shapes (plan cache keys) it has run in this process, its per-shape set-up
-    paid."""
+    """Per kernel, the exact shapes (plan cache keys) it has run in this process, its per-shape set-up paid."""
 
     def __init__(self) -> None:
         self._seen: dict[str, set] = {}
@@ -452,8 +449,8 @@ class SeenShapes:
 
 
 class SpentCalls:
-    """Calls made on exact shapes whose plans were evicted before they settled: the shape's next plan
-    settles that much sooner."""
+    """Calls made on exact shapes whose plans were evicted before they settled: the shape's next plan settles that
+    much sooner."""
 
     def __init__(self) -> None:
         self._calls: dict[tuple, int] = {}
@@ -469,8 +466,8 @@ class SpentCalls:
 
 
 def measured_costs(device: torch.device, home: str | None, field: str = "seconds") -> dict[str, dict[str, float]]:
-    """The per-shape set-up costs (``field="floor_seconds"``: per-call floors) measured for this GPU's
-    card; {} off GPUs and on any error."""
+    """The per-shape set-up costs (``field="floor_seconds"``: per-call floors) measured for this GPU's card; {} off
+    GPUs and on any error."""
     if device.type != "cuda":
         return {}
     try:
@@ -496,8 +493,8 @@ class ProbeCache:
 
     @classmethod
     def for_device(cls, device: torch.device, home: str | None) -> ProbeCache | None:
-        """Seed this process's probe results from the device's file; None on other device types, on error,
-        and for a GPU other than the current one (probes run on the current device)."""
+        """Seed this process's probe results from the device's file; None on other device types, on error, and for a
+        GPU other than the current one (probes run on the current device)."""
         if device.type not in ("cpu", "cuda"):
             return None
         try:

@@ -1,7 +1,7 @@
-"""Which ranker orders the kernels on a device: its threshold table (`models.table.ThresholdTable.rank`),
-else its analytic prior, else kernel order with ``sdpa_default`` first; resolved once per device. A table
-never fails a call: a corrupt, foreign or failing one gives a `TableWarning` and the next source serves. A
-device with no table measured on its card says so once per process (`say_once`, `no_table_line`)."""
+"""Which ranker orders the kernels on a device: its threshold table (`models.table.ThresholdTable.rank`), else its
+analytic prior, else kernel order with ``sdpa_default`` first; resolved once per device. A table never fails a call:
+a corrupt, foreign or failing one gives a `TableWarning` and the next source serves. A device with no table measured
+on its card says so once per process (`say_once`, `no_table_line`)."""
 
 from __future__ import annotations
 
@@ -47,10 +47,9 @@ def entry_decides_bucket(entry: MeasuredEntry, problem: Problem) -> bool:
 
 
 def measured_alignment_carries(entry: MeasuredEntry, problem: Problem) -> bool:
-    """Whether the entry's times carry to `problem` by key-count alignment: on a GPU, our own kernels'
-    times measured at a key count that is (not) a multiple of `KEY_COUNT_MULTIPLE` say nothing of one that
-    is not (is) (docs/RESULTS.md#kernels-per-call, #ablations); such calls are decided apart
-    (`selection.decision_bucket`)."""
+    """Whether the entry's times carry to `problem` by key-count alignment: on a GPU, our own kernels' times measured
+    at a key count that is (not) a multiple of `KEY_COUNT_MULTIPLE` say nothing of one that is not (is)
+    (docs/RESULTS.md#kernels-per-call, #ablations); such calls are decided apart (`selection.decision_bucket`)."""
     if problem.device_type == "cpu" or not _multiplies_scores(entry.winner):
         return True
     return key_count_aligned(entry.kv_len) == key_count_aligned(problem.kv_len)
@@ -95,9 +94,9 @@ class DeviceRanking:
         return fallback_order(problem, kernels)
 
     def entry_decides(self, problem: Problem) -> bool:
-        """Whether the table's measured entry for `problem`'s bucket decides it: one exists, and its winner
-        is not PyTorch's default by a tie (`MeasuredEntry.default_by_tie`) unless every faster kernel is
-        the backend the default runs anyway. Never raises."""
+        """Whether the table's measured entry for `problem`'s bucket decides it: one exists, and its winner is not
+        PyTorch's default by a tie (`MeasuredEntry.default_by_tie`) unless every faster kernel is the backend the
+        default runs anyway. Never raises."""
         try:
             entry = self.table.measured_entry(problem) if self.table is not None else None
             return entry is not None and entry_decides_bucket(entry, problem)
@@ -105,8 +104,8 @@ class DeviceRanking:
             return False
 
     def entry_doubt(self, problem: Problem) -> str | None:
-        """Why the bucket's measured entry does not decide it, for `explain`; None when absent or deciding.
-        Never raises."""
+        """Why the bucket's measured entry does not decide it, for `explain`; None when absent or deciding. Never
+        raises."""
         try:
             entry = self.table.measured_entry(problem) if self.table is not None else None
             if entry is None or entry_decides_bucket(entry, problem):
@@ -120,8 +119,7 @@ class DeviceRanking:
             return None
 
     def measured_note(self, problem: Problem) -> str | None:
-        """An `explain` line for the bucket's measured entry (winner, median, spread), else None. Never
-        raises."""
+        """An `explain` line for the bucket's measured entry (winner, median, spread), else None. Never raises."""
         try:
             entry = self.table.measured_entry(problem) if self.table is not None else None
         except Exception:  # noqa: BLE001 - an explanation must never fail a call
@@ -164,8 +162,8 @@ def fallback_order(problem: Problem, kernels: Sequence[Kernel]) -> list[tuple[st
 
 def resolve_ranking(device: torch.device, *, home: str | Path | None = None,
                     given: tuple[object, str] | None = None) -> DeviceRanking:
-    """Detect the device, look its table up, build its prior; never raises (failures become `TableWarning`
-    s). `given`: (table, file) instead of the lookup (``explain --table``)."""
+    """Detect the device, look its table up, build its prior; never raises (failures become `TableWarning` s).
+    `given`: (table, file) instead of the lookup (``explain --table``)."""
     none_source = RankingSource("none", f"no table and no prior: kernel order, {FALLBACK_FIRST} first")
     try:
         from attn_dispatch.models.identity import DeviceIdentity
@@ -203,8 +201,8 @@ def resolve_ranking(device: torch.device, *, home: str | Path | None = None,
 
 
 def given_table_source(table, path: str, identity) -> tuple[object, RankingSource]:
-    """(table as served, source) for a table file the user named: treated as the lookup would at its match
-    level (`models.sharing.served_at_level`), or used as is with a note when another card's."""
+    """(table as served, source) for a table file the user named: treated as the lookup would at its match level
+    (`models.sharing.served_at_level`), or used as is with a note when another card's."""
     from attn_dispatch.models.sharing import match_level, served_at_level
 
     level = match_level(table, identity)
@@ -218,15 +216,14 @@ def given_table_source(table, path: str, identity) -> tuple[object, RankingSourc
 
 
 def _with_threads(notes: tuple[str, ...], table: object) -> tuple[str, ...]:
-    """`notes`, plus for a CPU table its timing threads against this process's
-    (`models.table_summary.threads_line`)."""
+    """`notes`, plus for a CPU table its timing threads against this process's (`models.table_summary.threads_line`)."""
     threads = threads_line(table, torch.get_num_threads()) if hasattr(table, "provenance") else None
     return notes if threads is None else (*notes, threads)
 
 
 def table_description(table: object, level: str, *, given: bool = False) -> str:
-    """``threshold table (exact match, 254 measured entries)``, plus the quality guard's line where the
-    model lost on held-out data. `given`: a file named with ``explain --table``."""
+    """``threshold table (exact match, 254 measured entries)``, plus the quality guard's line where the model lost on
+    held-out data. `given`: a file named with ``explain --table``."""
     entries = len(getattr(table, "entries", None) or ())
     what = "threshold table given with --table" if given else "threshold table"
     match = "another card's" if level == ANOTHER_CARD else f"{level} match"
@@ -239,8 +236,8 @@ def table_description(table: object, level: str, *, given: bool = False) -> str:
 
 def _prior(identity: object, key: str, none_source: RankingSource,
            home: str | Path | None) -> tuple[Ranker | None, RankingSource]:
-    """The device's analytic prior and its source (a CPU's rates: the probe kept in `home`, else constants;
-    never probed inside a call)."""
+    """The device's analytic prior and its source (a CPU's rates: the probe kept in `home`, else constants; never
+    probed inside a call)."""
     try:
         from attn_dispatch.models.priors import PriorRanker, spec_for
 
@@ -262,8 +259,7 @@ MEASURED_LEVELS = ("exact", "model")
 
 CALIBRATE_TIME = ("`attn-dispatch calibrate --quick` takes 2-3 minutes on a 2-core CPU, a full "
                   "`attn-dispatch calibrate` about 10 minutes on a GPU")
-"""How long calibrating takes (`calibration.config.QUICK_BUDGET_S`, `FULL_BUDGET_S`, plus start-up and
-fit)."""
+"""How long calibrating takes (`calibration.config.QUICK_BUDGET_S`, `FULL_BUDGET_S`, plus start-up and fit)."""
 
 _said: set[str] = set()
 _lock = threading.Lock()

@@ -1,9 +1,9 @@
-"""The fast path: a C builtin (`fast_call.cpp`) in front of `Dispatcher.attention` that serves hot plans
-which are exactly the call's own SDPA call or a fused backend's bare ATen operator call
-(`kernels.sdpa_backends.BareCall`) with no Python frame (docs/RESULTS.md#warm-parity), forwarding every
-other call to `Dispatcher.attention`. An entry may serve a range of key lengths (`hot_path`). Built only on
-request (``attn-dispatch build-fast-path``, `fast_path_build`) and loaded only when that exact build is
-installed and matches its manifest; ``ATTN_DISPATCH_FAST_PATH=0`` turns it off."""
+"""The fast path: a C builtin (`fast_call.cpp`) in front of `Dispatcher.attention` that serves hot plans which are
+exactly the call's own SDPA call or a fused backend's bare ATen operator call (`kernels.sdpa_backends.BareCall`) with
+no Python frame (docs/RESULTS.md#warm-parity), forwarding every other call to `Dispatcher.attention`. An entry may
+serve a range of key lengths (`hot_path`). Built only on request (``attn-dispatch build-fast-path``,
+`fast_path_build`) and loaded only when that exact build is installed and matches its manifest;
+``ATTN_DISPATCH_FAST_PATH=0`` turns it off."""
 
 from __future__ import annotations
 
@@ -35,8 +35,7 @@ BUILD_SUBDIR = "fast_path"
 BUILD_COMMAND = "build-fast-path"
 WITHOUT_IT = ("without it, calls the fast path would serve take the Python path: about 1.5-3.5 us more per call "
               "than PyTorch's SDPA on the CPU and on an H200's host (docs/RESULTS.md#warm-parity)")
-"""What a user without the fast path loses (`status`, ``attn-dispatch devices``;
-docs/RESULTS.md#warm-parity)."""
+"""What a user without the fast path loses (`status`, ``attn-dispatch devices``; docs/RESULTS.md#warm-parity)."""
 logger = logging.getLogger("attn_dispatch")
 _loaded: dict[str, tuple[ModuleType, Path]] = {}  # module name -> the module and its library, once per process
 _checks: dict[tuple, str] = {}  # the library's and manifest's (path, inode, size, mtime) -> `rejection`
@@ -74,8 +73,8 @@ def manifest_path(library: Path) -> Path:
 
 
 def fast_path_enabled() -> bool:
-    """False where ``ATTN_DISPATCH_FAST_PATH`` is off or this torch lacks
-    ``torch.compiler.substitute_in_graph`` (< 2.5)."""
+    """False where ``ATTN_DISPATCH_FAST_PATH`` is off or this torch lacks ``torch.compiler.substitute_in_graph`` (<
+    2.5)."""
     return not _turned_off() and _torch_supports()
 
 
@@ -88,8 +87,8 @@ def _torch_supports() -> bool:
 
 
 def build(home: str | os.PathLike | None = None) -> Path:
-    """Compile and install the extension under `home` (`fast_path_build`; a matching install is reused),
-    load it, return its path. Raises RuntimeError naming what is missing."""
+    """Compile and install the extension under `home` (`fast_path_build`; a matching install is reused), load it,
+    return its path. Raises RuntimeError naming what is missing."""
     from attn_dispatch.dispatcher import fast_path_build
 
     library, module = fast_path_build.build(home)
@@ -103,9 +102,8 @@ def build(home: str | os.PathLike | None = None) -> Path:
 
 
 def load(home: str | os.PathLike | None = None) -> ModuleType | None:
-    """The extension: already loaded, else the library under `home` if it matches its manifest (a partial
-    or foreign file is never dlopened), else None. Never compiles; a rejection is logged at debug and kept
-    for `status`."""
+    """The extension: already loaded, else the library under `home` if it matches its manifest (a partial or foreign
+    file is never dlopened), else None. Never compiles; a rejection is logged at debug and kept for `status`."""
     name = module_name()
     loaded = _loaded.get(name)
     if loaded is not None:
@@ -132,8 +130,7 @@ def load(home: str | os.PathLike | None = None) -> ModuleType | None:
 
 
 def _checked_rejection(path: Path) -> str | None:
-    """`fast_path_build.rejection`, once per version of the library and manifest; None (not built) is never
-    kept."""
+    """`fast_path_build.rejection`, once per version of the library and manifest; None (not built) is never kept."""
     try:
         version = tuple((str(file), stat.st_ino, stat.st_size, stat.st_mtime_ns)
                         for file in (path, manifest_path(path)) for stat in [file.stat()])
@@ -171,8 +168,7 @@ def status(home: str | os.PathLike | None = None) -> str:
 
 
 def _hits_or_none(fast: FastPath) -> int | None:
-    """`fast.hits`, or None where its module refuses its callable (a library imported again from another
-    path)."""
+    """`fast.hits`, or None where its module refuses its callable (a library imported again from another path)."""
     try:
         return fast.hits
     except TypeError:
@@ -205,14 +201,14 @@ class FastPath:
 
     def entry(self, plan: Plan, tensors: tuple[torch.Tensor, ...], is_causal: bool, enable_gqa: bool,
               key_lengths: tuple[int, int] | None = None):
-        """The C++ entry for a plan going hot, recorded from its call's tensors (query, key, value[, mask])
-        under the call's dispatch state, serving `key_lengths` (lowest, highest; None: the call's own);
-        None where `served_call` refuses.
+        """The C++ entry for a plan going hot, recorded from its call's tensors (query, key, value[, mask]) under the
+        call's dispatch state, serving `key_lengths` (lowest, highest; None: the call's own); None where
+        `served_call` refuses.
 
-        It serves only: no dropout, not compiling, no torch-function mode, plain dense ``torch.Tensor``
-        inputs, per tensor the recorded dispatch keys, dtype, device, sizes, strides and ``requires_grad``
-        (`hot_path.tensor_guard`), not at the settle point; for a bare operator also a float or no
-        ``scale`` and every SDPA backend on. A forwarded call that raises goes to `Dispatcher.attention`."""
+        It serves only: no dropout, not compiling, no torch-function mode, plain dense ``torch.Tensor`` inputs, per
+        tensor the recorded dispatch keys, dtype, device, sizes, strides and ``requires_grad``
+        (`hot_path.tensor_guard`), not at the settle point; for a bare operator also a float or no ``scale`` and
+        every SDPA backend on. A forwarded call that raises goes to `Dispatcher.attention`."""
         if is_causal.__class__ is not bool or enable_gqa.__class__ is not bool:
             return None
         served = served_call(plan, tensors, is_causal, enable_gqa)
@@ -240,9 +236,9 @@ OPS = {"forward": 0, "flash": 1, "flash_cpu": 2, "efficient": 3, "cudnn": 4}
 
 def served_call(plan: Plan, tensors: tuple[torch.Tensor, ...], is_causal: bool, enable_gqa: bool,
                 ) -> tuple[int, tuple[int, ...] | None, tuple[int, ...] | None] | None:
-    """``(op, rows, out_shape)`` for a C++ entry serving `plan` on calls like this one: PyTorch's SDPA
-    forwarded where the plan is exactly the call's SDPA call, else `Kernel.bare_call`'s operator where the
-    runner makes it on these tensors; else None."""
+    """``(op, rows, out_shape)`` for a C++ entry serving `plan` on calls like this one: PyTorch's SDPA forwarded
+    where the plan is exactly the call's SDPA call, else `Kernel.bare_call`'s operator where the runner makes it on
+    these tensors; else None."""
     flags = plan.sdpa_flags
     own = {name: True for name, on in (("is_causal", is_causal), ("enable_gqa", enable_gqa)) if on}
     if flags is not None:
@@ -272,9 +268,9 @@ _stand_in_targets: dict[int, Dispatcher] = {}  # `Dispatcher.compile_id` -> the 
 
 
 def _register_stand_in(fast, dispatcher: Dispatcher) -> bool:
-    """Register a Python stand-in calling the dispatcher's `attention` for Dynamo (which cannot trace a
-    builtin); it finds the dispatcher by number in a module global, as Dynamo inlines it without its
-    closure. False where torch refuses. The dispatcher then lives as long as the process."""
+    """Register a Python stand-in calling the dispatcher's `attention` for Dynamo (which cannot trace a builtin); it
+    finds the dispatcher by number in a module global, as Dynamo inlines it without its closure. False where torch
+    refuses. The dispatcher then lives as long as the process."""
     number = dispatcher.compile_id
     try:
         from torch._dynamo import substitute_in_graph

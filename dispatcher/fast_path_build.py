@@ -1,8 +1,8 @@
-"""Building and installing the fast path's library (`fast_path`), and checking an installed one before it
-is dlopened. Layout: ``<home>/fast_path/<name>/<name>.so`` and its manifest ``<name>.json`` (library size
-and sha256, torch, Python ABI, source hash). Builds run in a private folder; the library is moved in
-atomically, then the manifest, so a reader never sees a partial pair. Concurrent installs are serialised by
-`fcntl.flock` on ``install.lock`` (none on Windows)."""
+"""Building and installing the fast path's library (`fast_path`), and checking an installed one before it is
+dlopened. Layout: ``<home>/fast_path/<name>/<name>.so`` and its manifest ``<name>.json`` (library size and sha256,
+torch, Python ABI, source hash). Builds run in a private folder; the library is moved in atomically, then the
+manifest, so a reader never sees a partial pair. Concurrent installs are serialised by `fcntl.flock` on
+``install.lock`` (none on Windows)."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def sha256_of(path: Path) -> str:
 
 
 def rejection(library: Path) -> str | None:
-    """Why `library` must not be loaded: None where not built (no library or manifest), "" where its
-    manifest matches, else the reason."""
+    """Why `library` must not be loaded: None where not built (no library or manifest), "" where its manifest
+    matches, else the reason."""
     manifest = manifest_path(library)
     if not library.is_file() or not manifest.is_file():
         return None
@@ -71,8 +71,7 @@ def rejection(library: Path) -> str | None:
 
 
 def install(built: Path, library: Path) -> None:
-    """Move `built` to `library` atomically, then write its manifest atomically (the old one removed
-    first)."""
+    """Move `built` to `library` atomically, then write its manifest atomically (the old one removed first)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(manifest_path(library))
     size, sha256 = built.stat().st_size, sha256_of(built)
@@ -85,8 +84,7 @@ def install(built: Path, library: Path) -> None:
 
 @contextlib.contextmanager
 def install_lock(folder: Path, name: str = LOCK_NAME):
-    """An exclusive `fcntl.flock` on ``folder/<name>``, yielding True; without fcntl no lock, yielding
-    False."""
+    """An exclusive `fcntl.flock` on ``folder/<name>``, yielding True; without fcntl no lock, yielding False."""
     try:
         import fcntl
     except ImportError:
@@ -101,8 +99,8 @@ def install_lock(folder: Path, name: str = LOCK_NAME):
 
 
 def build(home: str | os.PathLike | None = None) -> tuple[Path, ModuleType | None]:
-    """Compile and install the library under `home` unless a matching one is there: (installed path, module
-    compiled now or None). RuntimeError naming what is missing on failure."""
+    """Compile and install the library under `home` unless a matching one is there: (installed path, module compiled
+    now or None). RuntimeError naming what is missing on failure."""
     library = library_path(home)
     folder = build_directory(home)
     folder.mkdir(parents=True, exist_ok=True)

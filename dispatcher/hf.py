@@ -1,8 +1,7 @@
-"""Hugging Face transformers integration: ``attn_implementation="attn_dispatch"``.
-`register_transformers()` adds our function to transformers' `AttentionInterface` (and SDPA's mask builder
-under the same name). The function mirrors transformers' ``sdpa_attention_forward`` (causal rules,
-static-cache slicing, position-bias masks) but always passes GQA as ``enable_gqa``. transformers is
-imported only when called."""
+"""Hugging Face transformers integration: ``attn_implementation="attn_dispatch"``. `register_transformers()` adds our
+function to transformers' `AttentionInterface` (and SDPA's mask builder under the same name). The function mirrors
+transformers' ``sdpa_attention_forward`` (causal rules, static-cache slicing, position-bias masks) but always passes
+GQA as ``enable_gqa``. transformers is imported only when called."""
 
 from __future__ import annotations
 
@@ -70,9 +69,9 @@ def _warn_output_attentions(kwargs: dict) -> None:
 
 
 def register_transformers(name: str = IMPLEMENTATION_NAME, *, dispatcher: Dispatcher | None = None) -> str:
-    """Register ``attn_implementation=name`` with transformers; returns `name`. Raises ModuleNotFoundError
-    without transformers, ImportError (as transformers raised it) when it predates `AttentionInterface`
-    (4.48) or fails to import."""
+    """Register ``attn_implementation=name`` with transformers; returns `name`. Raises ModuleNotFoundError without
+    transformers, ImportError (as transformers raised it) when it predates `AttentionInterface` (4.48) or fails to
+    import."""
     try:
         import transformers
     except ModuleNotFoundError as error:

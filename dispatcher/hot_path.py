@@ -1,9 +1,9 @@
 """The hot path: the plans called most recently, matched by one C++ check of the call's tensors (Dynamo's
-`TensorGuards`: Python type, dispatch keys, dtype, device, sizes, strides, ``requires_grad``) instead of a
-key tuple and a dict lookup (docs/RESULTS.md#warm-parity). A guard is stricter than the plan's key, so a
-miss only means the dict path; only inference plans go hot. A check reads strides first, which aborts on a
-strided nested tensor: `Dispatcher.attention` sends nested calls to the dict path. The C++ fast path
-(`fast_path`) mirrors these slots (`HotSlots.set`)."""
+`TensorGuards`: Python type, dispatch keys, dtype, device, sizes, strides, ``requires_grad``) instead of a key tuple
+and a dict lookup (docs/RESULTS.md#warm-parity). A guard is stricter than the plan's key, so a miss only means the
+dict path; only inference plans go hot. A check reads strides first, which aborts on a strided nested tensor:
+`Dispatcher.attention` sends nested calls to the dict path. The C++ fast path (`fast_path`) mirrors these slots
+(`HotSlots.set`)."""
 
 from __future__ import annotations
 
@@ -29,12 +29,11 @@ if TYPE_CHECKING:
     from attn_dispatch.kernels import Problem
 
 HOT_SLOTS = 2
-"""Plans kept on the hot path, most recent first (two serve a model alternating two shapes); each miss
-costs one rejected check."""
+"""Plans kept on the hot path, most recent first (two serve a model alternating two shapes); each miss costs one
+rejected check."""
 
 HOT_AFTER = 2
-"""Calls of one exact shape before it goes hot (a guard costs a few warm calls); see also
-`shapes_called_again`."""
+"""Calls of one exact shape before it goes hot (a guard costs a few warm calls); see also `shapes_called_again`."""
 
 
 def hot_path_enabled() -> bool:
@@ -43,23 +42,23 @@ def hot_path_enabled() -> bool:
 
 
 def rehot(calls: int) -> bool:
-    """Whether a warm plan met on the dict path at its `calls`-th call goes (back) on the hot path: at
-    every power of two past `HOT_AFTER`, so a rotation of more shapes than `HOT_SLOTS` builds about
-    log2(calls) guards per plan. (`Dispatcher.attention` also re-promotes a plan served twice in a row.)"""
+    """Whether a warm plan met on the dict path at its `calls`-th call goes (back) on the hot path: at every power of
+    two past `HOT_AFTER`, so a rotation of more shapes than `HOT_SLOTS` builds about log2(calls) guards per plan.
+    (`Dispatcher.attention` also re-promotes a plan served twice in a row.)"""
     return calls > HOT_AFTER and not calls & (calls - 1)
 
 
 def shapes_called_again(bucket) -> bool:
-    """Whether a new exact shape of `bucket` goes hot at its first call: where earlier shapes got
-    `HOT_AFTER` calls or more each (`selection.calls_per_shape`)."""
+    """Whether a new exact shape of `bucket` goes hot at its first call: where earlier shapes got `HOT_AFTER` calls
+    or more each (`selection.calls_per_shape`)."""
     expected = calls_per_shape(cell[0] for cell in bucket.history)
     return expected is not None and expected >= HOT_AFTER
 
 
 def tensor_guard(tensors: tuple[torch.Tensor, ...]) -> Callable[..., bool] | None:
-    """``check(*tensors) -> bool``: True only for tensors like these (type, dispatch keys under the
-    thread's state, dtype, device, sizes, strides, ``requires_grad``); None where this torch has no usable
-    `TensorGuards`. A tensor passed twice is guarded once and the check also requires the same aliasing."""
+    """``check(*tensors) -> bool``: True only for tensors like these (type, dispatch keys under the thread's state,
+    dtype, device, sizes, strides, ``requires_grad``); None where this torch has no usable `TensorGuards`. A tensor
+    passed twice is guarded once and the check also requires the same aliasing."""
     firsts = tuple(next(j for j, u in enumerate(tensors) if u is t) for t in tensors)
     distinct = tuple(sorted(set(firsts)))
     try:
@@ -89,9 +88,8 @@ def _never_matches(*_tensors: torch.Tensor) -> bool:
 
 
 class HotEntry:
-    """One hot plan with its guard, cache key and call flags. ``pytorch_call``: the plan is one call of
-    PyTorch's SDPA with the call's own arguments (`Plan.sdpa_flags`); ``fast``: its `fast_path` entry or
-    None."""
+    """One hot plan with its guard, cache key and call flags. ``pytorch_call``: the plan is one call of PyTorch's
+    SDPA with the call's own arguments (`Plan.sdpa_flags`); ``fast``: its `fast_path` entry or None."""
 
     __slots__ = ("check", "plan", "key", "is_causal", "enable_gqa", "masked", "pytorch_call", "fast")
 
@@ -114,8 +112,8 @@ def promoted(slots: tuple, entry: HotEntry) -> tuple:
 
 
 class HotSlots:
-    """A dispatcher's hot path: its last `HOT_SLOTS` plans with guards (`slots`, most recent first),
-    mirrored into the C++ slots where loaded (`fast`). Reads the plan `table` and the device `planners`."""
+    """A dispatcher's hot path: its last `HOT_SLOTS` plans with guards (`slots`, most recent first), mirrored into
+    the C++ slots where loaded (`fast`). Reads the plan `table` and the device `planners`."""
 
     def __init__(self, table: dict, lock, planners: dict, *, enabled: bool, fast=None) -> None:
         self.slots: tuple[HotEntry, ...] = ()
@@ -126,8 +124,8 @@ class HotSlots:
         self.fast = fast
 
     def make_hot(self, key_, plan: Plan, query, key, value, attn_mask, is_causal, enable_gqa) -> None:
-        """Put `plan` first on the hot path, guarded by this call's tensors: only an inference plan still
-        cached under `key_`, with no mask or a plain tensor one (no guard sees a `CausalBias`'s variant)."""
+        """Put `plan` first on the hot path, guarded by this call's tensors: only an inference plan still cached
+        under `key_`, with no mask or a plain tensor one (no guard sees a `CausalBias`'s variant)."""
         tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
         if (not self.enabled or plan.recheck or plan.unguardable or any(t.requires_grad for t in tensors)
                 or self.table.get(key_) is not plan
@@ -180,8 +178,8 @@ def bucket_key_lengths(kv_len: int) -> tuple[int, int]:
 
 
 def served_key_lengths(planner: DevicePlanner, plan: Plan) -> tuple[int, int] | None:
-    """``(lowest, highest)`` key lengths over which `plan`'s call stands for what its bucket would plan for
-    a new shape (comment above), or None."""
+    """``(lowest, highest)`` key lengths over which `plan`'s call stands for what its bucket would plan for a new
+    shape (comment above), or None."""
     bucket = plan.bucket
     if (plan.settle_at or plan.recheck or plan.skipped or plan.trial is not None or bucket.trial is not None
             or not bucket.options
@@ -213,8 +211,8 @@ def served_key_lengths(planner: DevicePlanner, plan: Plan) -> tuple[int, int] | 
 
 
 def _at_key_length(problem: Problem, kv_len: int) -> Problem | None:
-    """`problem` at another key length, its mask following; None where the mask's last size is neither 1
-    nor the key length."""
+    """`problem` at another key length, its mask following; None where the mask's last size is neither 1 nor the key
+    length."""
     mask_shape = problem.mask_shape
     if mask_shape:
         if mask_shape[-1] == problem.kv_len and problem.kv_len != 1:

@@ -1,7 +1,7 @@
-"""Buckets measured on their own calls (`measuring`), kept across processes: ``<home>/tunings/<device
-key>/<kernel set>.jsonl``, one JSON line per bucket, the last line of a bucket winning. The device key
-includes the software stack and the kernel set's signature its contenders, so changes start afresh. Invalid
-lines are skipped; nothing here raises into an attention call."""
+"""Buckets measured on their own calls (`measuring`), kept across processes: ``<home>/tunings/<device key>/<kernel
+set>.jsonl``, one JSON line per bucket, the last line of a bucket winning. The device key includes the software stack
+and the kernel set's signature its contenders, so changes start afresh. Invalid lines are skipped; nothing here
+raises into an attention call."""
 
 from __future__ import annotations
 
@@ -37,8 +37,7 @@ def _valid_bucket(bucket) -> bool:
 
 
 class TuningStore:
-    """The tunings of one device and kernel set, in the JSON Lines file `path` (created on the first
-    `append`)."""
+    """The tunings of one device and kernel set, in the JSON Lines file `path` (created on the first `append`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -90,8 +89,8 @@ class TuningStore:
 
 
 def tuning_entries(root: Path, device_key: str) -> list[MeasuredEntry]:
-    """A device's remembered tunings (every kernel set's file under ``root/device_key``) as measured
-    entries; empty when none or unreadable."""
+    """A device's remembered tunings (every kernel set's file under ``root/device_key``) as measured entries; empty
+    when none or unreadable."""
     try:
         paths = sorted((Path(root) / device_key).glob("*.jsonl"))
     except OSError:

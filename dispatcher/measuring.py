@@ -1,8 +1,7 @@
-"""A size bucket's kernels measured on its own calls (`Trial`): each call runs one candidate, timed without
-waiting for the device, and its output is that call's output. Timing (`clock_for`): the host clock on a
-CPU; on CUDA / ROCm, events on the current stream read once complete (never blocking), the call's time
-being the larger of device and host time. ``ATTN_DISPATCH_MEASURE=0`` or ``Dispatcher(measure=False)``
-turns measuring off."""
+"""A size bucket's kernels measured on its own calls (`Trial`): each call runs one candidate, timed without waiting
+for the device, and its output is that call's output. Timing (`clock_for`): the host clock on a CPU; on CUDA / ROCm,
+events on the current stream read once complete (never blocking), the call's time being the larger of device and host
+time. ``ATTN_DISPATCH_MEASURE=0`` or ``Dispatcher(measure=False)`` turns measuring off."""
 
 from __future__ import annotations
 
@@ -94,11 +93,9 @@ BASELINE_CALLS = 2
 WARM_UP_CALLS = 1
 """A candidate's first call is not a sample (backends set up lazily)."""
 CLEARLY_SLOWER = 0.10
-"""A candidate whose fastest sample is this much slower than the slowest sample of the fastest so far
-leaves."""
+"""A candidate whose fastest sample is this much slower than the slowest sample of the fastest so far leaves."""
 BUDGET_CALLS = 3.0
-"""What a bucket may spend on slower candidates, in baseline calls (summed excess over the baseline's
-median)."""
+"""What a bucket may spend on slower candidates, in baseline calls (summed excess over the baseline's median)."""
 MAX_PENDING = 2
 """Readings that may wait for their device events before calls go untimed."""
 
@@ -107,8 +104,7 @@ _variants_run: set[tuple] = set()
 
 
 def variant_key(kernel: Kernel, problem: Problem) -> tuple:
-    """What shares a kernel's lazily loaded device code: name, device, dtype, head dims, causality, mask
-    kind."""
+    """What shares a kernel's lazily loaded device code: name, device, dtype, head dims, causality, mask kind."""
     return (kernel.name, problem.device_type, problem.dtype, problem.head_dim, problem.value_dim, problem.causal,
             problem.mask_kind)
 
@@ -132,8 +128,8 @@ def measure_from_env() -> bool:
 
 @dataclass
 class Contender:
-    """One candidate in a trial: its calls, samples (warm-ups left out), why it left (`out`, None while in)
-    and its failure."""
+    """One candidate in a trial: its calls, samples (warm-ups left out), why it left (`out`, None while in) and its
+    failure."""
 
     option: Option
     calls: int = 0
@@ -150,24 +146,22 @@ class Contender:
 
 
 class Trial:
-    """The measuring of one bucket: the baseline first (its warm-up and one sample), then the other
-    candidates one call each in turn.
+    """The measuring of one bucket: the baseline first (its warm-up and one sample), then the other candidates one
+    call each in turn.
 
-    - A candidate's first call is a warm-up; a variant's first run in the process (`first_run`) is not
-      charged.
+    - A candidate's first call is a warm-up; a variant's first run in the process (`first_run`) is not charged.
     - A candidate `CLEARLY_SLOWER` than the fastest so far leaves at once.
-    - The excess of candidates' calls over the baseline's median is spent from `BUDGET_CALLS`; a candidate
-      predicted over what is left never runs; once spent, only candidates faster than the baseline stay.
-    - After `ROUNDS` samples, the baseline stays unless a candidate beat it in every paired round and by
-      more than `MIN_WIN_MARGIN` at the median.
-    - At most `MAX_PENDING` readings wait on a GPU (then calls run untimed); nothing is timed during CUDA
-      graph capture.
+    - The excess of candidates' calls over the baseline's median is spent from `BUDGET_CALLS`; a candidate predicted
+      over what is left never runs; once spent, only candidates faster than the baseline stay.
+    - After `ROUNDS` samples, the baseline stays unless a candidate beat it in every paired round and by more than
+      `MIN_WIN_MARGIN` at the median.
+    - At most `MAX_PENDING` readings wait on a GPU (then calls run untimed); nothing is timed during CUDA graph
+      capture.
     - A candidate that raises is out (`on_failure`) and the call runs the plan's own kernel.
 
-    `options`: baseline first, then ranking order; `fits(kernel, problem)`: runs this exact problem within
-    the bucket's memory limits; `cold_s`: name -> per-shape set-up seconds; `on_close(trial)`: once
-    decided, outside the lock; `count_cell(name) -> [calls]`: where a call run by another candidate is
-    counted (`Dispatcher.stats`)."""
+    `options`: baseline first, then ranking order; `fits(kernel, problem)`: runs this exact problem within the
+    bucket's memory limits; `cold_s`: name -> per-shape set-up seconds; `on_close(trial)`: once decided, outside the
+    lock; `count_cell(name) -> [calls]`: where a call run by another candidate is counted (`Dispatcher.stats`)."""
 
     def __init__(self, options: tuple[Option, ...], clock, *, fits: Callable[[Kernel, Problem], bool],
                  cold_s: Mapping[str, float] | None = None, on_close: Callable[[Trial], None] | None = None,
@@ -195,8 +189,8 @@ class Trial:
 
     # ------------------------------------------------------------------ what the bucket's plans run
     def runner(self, plan) -> Callable:
-        """A measuring plan's `run`: each call runs this call's candidate, or the plan's own kernel when
-        nothing is timed."""
+        """A measuring plan's `run`: each call runs this call's candidate, or the plan's own kernel when nothing is
+        timed."""
         own = plan.kernel.runner(plan.problem)
 
         def run(query, key, value, attn_mask, scale, enable_gqa, problem):
@@ -264,8 +258,8 @@ class Trial:
         return min(live, key=lambda c: (c.calls, self.contenders.index(c)))
 
     def _over_budget_at_once(self, contender: Contender) -> str | None:
-        """Why `contender`'s first call alone would spend more than is left (its predicted ratio to the
-        baseline, scaled to the measured median, or its set-up)."""
+        """Why `contender`'s first call alone would spend more than is left (its predicted ratio to the baseline,
+        scaled to the measured median, or its set-up)."""
         left = self.budget_s() - self.spent_s
         reference = self.baseline.median()
         predicted, base = contender.option.predicted_s, self.baseline.option.predicted_s
@@ -282,8 +276,7 @@ class Trial:
 
     @property
     def compared(self) -> bool:
-        """Whether another candidate than the baseline got a sample (else the trial decided nothing worth
-        storing)."""
+        """Whether another candidate than the baseline got a sample (else the trial decided nothing worth storing)."""
         return any(c.samples for c in self.contenders[1:])
 
     def budget_s(self) -> float:
@@ -298,8 +291,8 @@ class Trial:
             self._record(contender, reading.seconds(), warm_up, charged)
 
     def _record(self, contender: Contender, seconds: float, warm_up: bool, charged: bool = True) -> None:
-        """One reading: a sample unless a warm-up, and its cost over the baseline (a warm-up against the
-        baseline's first call; nothing when not `charged`)."""
+        """One reading: a sample unless a warm-up, and its cost over the baseline (a warm-up against the baseline's
+        first call; nothing when not `charged`)."""
         if contender is self.baseline:
             if warm_up:
                 self.baseline_first_s = seconds
@@ -316,8 +309,8 @@ class Trial:
         self._judge()
 
     def _judge(self) -> None:
-        """Drop what is clearly slower (or cannot gain once the budget is spent); decide when every
-        candidate still in has its rounds."""
+        """Drop what is clearly slower (or cannot gain once the budget is spent); decide when every candidate still
+        in has its rounds."""
         live = [c for c in self.contenders if c.out is None]
         sampled = [c for c in live if c.samples]
         if sampled:
@@ -336,8 +329,8 @@ class Trial:
             self._decide()
 
     def _decide(self) -> None:
-        """Close: the baseline, unless a candidate won every paired round and by more than `MIN_WIN_MARGIN`
-        at the median."""
+        """Close: the baseline, unless a candidate won every paired round and by more than `MIN_WIN_MARGIN` at the
+        median."""
         baseline, best, best_ratio = self.baseline, self.baseline, 1.0 / (1.0 + MIN_WIN_MARGIN)
         self.open = False
         if baseline.out is not None:  # it failed: nothing measured against it decides; the bucket decides again

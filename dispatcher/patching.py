@@ -1,11 +1,10 @@
-"""Route every `torch.nn.functional.scaled_dot_product_attention` call through a dispatcher. `install` /
-`uninstall` nest (a count, thread-safe); the last uninstall restores the very same original object; the
-most recent dispatcher serves. Our kernels call `torch._C._nn.scaled_dot_product_attention`, so patching
-cannot recurse.
+"""Route every `torch.nn.functional.scaled_dot_product_attention` call through a dispatcher. `install` / `uninstall`
+nest (a count, thread-safe); the last uninstall restores the very same original object; the most recent dispatcher
+serves. Our kernels call `torch._C._nn.scaled_dot_product_attention`, so patching cannot recurse.
 
-Not reached (PyTorch's SDPA serves, uncounted): a name bound before patching (``from torch.nn.functional
-import scaled_dot_product_attention``; ``F.scaled_dot_product_attention(...)`` looked up at call time is
-reached), and ``torch._C._nn.scaled_dot_product_attention`` itself (left alone on purpose). Transformers:
+Not reached (PyTorch's SDPA serves, uncounted): a name bound before patching (``from torch.nn.functional import
+scaled_dot_product_attention``; ``F.scaled_dot_product_attention(...)`` looked up at call time is reached), and
+``torch._C._nn.scaled_dot_product_attention`` itself (left alone on purpose). Transformers:
 `register_transformers()`."""
 
 from __future__ import annotations
@@ -32,9 +31,8 @@ def _default() -> Dispatcher:
 
 
 def install(dispatcher: Dispatcher | None = None) -> int:
-    """Make `F.scaled_dot_product_attention` call `dispatcher.fast_attention` (default: the module's
-    dispatcher) until the matching `uninstall`; returns its token. Raises ValueError for a bad
-    ``ATTN_DISPATCH_*`` value now."""
+    """Make `F.scaled_dot_product_attention` call `dispatcher.fast_attention` (default: the module's dispatcher)
+    until the matching `uninstall`; returns its token. Raises ValueError for a bad ``ATTN_DISPATCH_*`` value now."""
     global _original
     dispatcher = dispatcher if dispatcher is not None else _default()
     if not isinstance(dispatcher, Dispatcher):
@@ -50,8 +48,8 @@ def install(dispatcher: Dispatcher | None = None) -> int:
 
 
 def uninstall(token: int | None = None) -> None:
-    """Undo one `install` (`token`'s, else the most recent); the last restores the original object.
-    RuntimeError when nothing is installed or `token` is not active."""
+    """Undo one `install` (`token`'s, else the most recent); the last restores the original object. RuntimeError when
+    nothing is installed or `token` is not active."""
     global _original
     with _lock:
         if not _active:
@@ -77,8 +75,8 @@ def is_installed() -> bool:
 
 @contextmanager
 def patched(dispatcher: Dispatcher | None = None) -> Iterator[Dispatcher]:
-    """``with patched(): model(x)``: `install` for the block (restored on exit, also after an exception);
-    nests, yields the dispatcher. Not reached: as the module docstring says."""
+    """``with patched(): model(x)``: `install` for the block (restored on exit, also after an exception); nests,
+    yields the dispatcher. Not reached: as the module docstring says."""
     dispatcher = dispatcher if dispatcher is not None else _default()
     token = install(dispatcher)
     try:

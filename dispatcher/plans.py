@@ -1,6 +1,6 @@
-"""What the warm path reads: an exact call shape's cached decision (`Plan`), its cache key, the bounded
-caches of plans and buckets (`BoundedCache`), and `PreparedAttention` (a plan made once by
-`Dispatcher.plan`, run with no lookup)."""
+"""What the warm path reads: an exact call shape's cached decision (`Plan`), its cache key, the bounded caches of
+plans and buckets (`BoundedCache`), and `PreparedAttention` (a plan made once by `Dispatcher.plan`, run with no
+lookup)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from attn_dispatch.dispatcher.device_planner import Bucket
 
 MAX_PLANS = 4096
-"""Exact call shapes whose plans are kept per dispatcher (a decode loop makes one per token); oldest
-evicted first, a miss re-plans from its bucket."""
+"""Exact call shapes whose plans are kept per dispatcher (a decode loop makes one per token); oldest evicted first, a
+miss re-plans from its bucket."""
 
 MAX_BUCKETS = 1024
 """Size buckets whose decisions are kept per dispatcher."""
@@ -28,8 +28,8 @@ V = TypeVar("V")
 
 
 class BoundedCache(Generic[K, V]):
-    """A dict of at most `limit` entries; adding past it evicts the oldest (FIFO: a warm hit is one
-    ``dict.get``) to ``on_evict(key, value)``."""
+    """A dict of at most `limit` entries; adding past it evicts the oldest (FIFO: a warm hit is one ``dict.get``) to
+    ``on_evict(key, value)``."""
 
     def __init__(self, limit: int, on_evict: Callable[[K, V], None] | None = None) -> None:
         if limit < 1:
@@ -71,9 +71,8 @@ class BoundedCache(Generic[K, V]):
 
 
 class CallCounts:
-    """Calls per kernel that no cached plan counts (evicted or replaced plans, the training route,
-    measuring calls run by another candidate, traced graphs); `stats` adds the plans' own `Plan.count`
-    cells."""
+    """Calls per kernel that no cached plan counts (evicted or replaced plans, the training route, measuring calls
+    run by another candidate, traced graphs); `stats` adds the plans' own `Plan.count` cells."""
 
     def __init__(self, lock) -> None:
         self._cells: dict[str, list[int]] = {}
@@ -93,8 +92,7 @@ class CallCounts:
             self.cell(plan.kernel.name)[0] += plan.count[0]
 
     def stats(self, plans: Iterable[Plan]) -> dict[str, int]:
-        """Calls per kernel name, these counts plus the cached `plans`'; approximate under concurrent
-        calls."""
+        """Calls per kernel name, these counts plus the cached `plans`'; approximate under concurrent calls."""
         with self._lock:
             counts = {name: cell[0] for name, cell in self._cells.items()}
             for plan in list(plans):
@@ -109,12 +107,12 @@ class Plan:
     """A decision for one exact call shape, ready to run.
 
     `run`: the kernel's `runner`, bound once. `recheck`: re-plan before each call (large workspace,
-    `selection.RECHECK_FRACTION`, or the bucket's measuring decided). `count`: one-cell call counter,
-    bumped in place on the warm path. `notes`, `skipped`: what this shape adds to the bucket's decision.
-    `settle_at`: call count at which the shape is re-planned on the decided order
-    (`selection.settle_after`; 0: never). `sdpa_call` / `sdpa_flags`: where running is exactly one call of
-    PyTorch's SDPA, made by the warm path itself (`Kernel.sdpa_call`; never for a 1-D mask, which PyTorch
-    refuses). `trial`: the `measuring.Trial` its calls run, else None."""
+    `selection.RECHECK_FRACTION`, or the bucket's measuring decided). `count`: one-cell call counter, bumped in place
+    on the warm path. `notes`, `skipped`: what this shape adds to the bucket's decision. `settle_at`: call count at
+    which the shape is re-planned on the decided order (`selection.settle_after`; 0: never). `sdpa_call` /
+    `sdpa_flags`: where running is exactly one call of PyTorch's SDPA, made by the warm path itself
+    (`Kernel.sdpa_call`; never for a 1-D mask, which PyTorch refuses). `trial`: the `measuring.Trial` its calls run,
+    else None."""
 
     __slots__ = ("problem", "device", "kernel", "run", "sdpa_call", "sdpa_flags", "workspace", "recheck", "count",
                  "bucket", "notes", "skipped", "settle_at", "unguardable", "trial", "_decision")
@@ -138,14 +136,13 @@ class Plan:
         self.skipped = skipped
         self.settle_at = settle_at
         self.unguardable = False
-        """No hot-path guard could be built for its tensors (`hot_path.HotSlots.make_hot`): not tried
-        again."""
+        """No hot-path guard could be built for its tensors (`hot_path.HotSlots.make_hot`): not tried again."""
         self.trial = None
         self._decision: Decision | None = None
 
     def measure_with(self, trial) -> None:
-        """Make this plan's calls run `trial`'s candidates: no direct SDPA call, no hot path, no settling;
-        re-planned once decided."""
+        """Make this plan's calls run `trial`'s candidates: no direct SDPA call, no hot path, no settling; re-planned
+        once decided."""
         self.trial = trial
         self.run = trial.runner(self)
         self.sdpa_call = self.sdpa_flags = None
@@ -159,8 +156,8 @@ class Plan:
 
     @property
     def decision(self) -> Decision:
-        """The bucket's decision as it applies to this exact shape (`explain`; while measuring, with what
-        is measured so far)."""
+        """The bucket's decision as it applies to this exact shape (`explain`; while measuring, with what is measured
+        so far)."""
         if self._decision is not None:
             return self._decision
         decision = self.bucket.decision_for(self.problem, self.kernel, self.workspace, self.notes, self.skipped)
@@ -170,8 +167,8 @@ class Plan:
 
 
 def sdpa_flags(call: tuple[bool, bool, bool] | None, problem: Problem) -> dict[str, bool] | None:
-    """The warm path's form of `Kernel.sdpa_call`: the keyword flags that are on, for ``sdpa(query, key,
-    value, attn_mask, **flags)``; None where the call's mask use does not match the problem's."""
+    """The warm path's form of `Kernel.sdpa_call`: the keyword flags that are on, for ``sdpa(query, key, value,
+    attn_mask, **flags)``; None where the call's mask use does not match the problem's."""
     if call is None or call[0] != (problem.mask_kind != "none"):
         return None
     return {name: True for name, on in (("is_causal", call[1]), ("enable_gqa", call[2])) if on}
@@ -185,13 +182,11 @@ def mask_ndim_of(key: tuple) -> int | None:
 
 def cache_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
               is_causal: bool, enable_gqa: bool, *, mask_class: type | None = None) -> tuple:
-    """Everything `Problem.from_tensors` validates and reads, from tensor attributes only: each input's
-    shape, dtype and device, whether all three are contiguous, the mask's shape, dtype, device and class
-    (`mask_class` overrides it when tracing), and the flags. Equal keys mean the same `Problem` and
-    validity.
+    """Everything `Problem.from_tensors` validates and reads, from tensor attributes only: each input's shape, dtype
+    and device, whether all three are contiguous, the mask's shape, dtype, device and class (`mask_class` overrides
+    it when tracing), and the flags. Equal keys mean the same `Problem` and validity.
 
-    Raises AttributeError for non-tensors and `Problem.from_tensors`'s NotImplementedError for nested
-    tensors."""
+    Raises AttributeError for non-tensors and `Problem.from_tensors`'s NotImplementedError for nested tensors."""
     if query.is_nested or key.is_nested or value.is_nested:
         Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
     mask = None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device,
@@ -203,8 +198,8 @@ def cache_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
 
 def family_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
                is_causal: bool, enable_gqa: bool) -> tuple:
-    """`cache_key` without the key length (a decode loop's steps share it; `problem_at_key_length`),
-    recording whether the mask's key dimension broadcasts."""
+    """`cache_key` without the key length (a decode loop's steps share it; `problem_at_key_length`), recording
+    whether the mask's key dimension broadcasts."""
     mask = None if attn_mask is None else (attn_mask.shape[:-1], attn_mask.shape[-1] == 1, attn_mask.dtype,
                                            attn_mask.device, attn_mask.__class__)
     return (query.shape, key.shape[:-2], key.shape[-1], value.shape[:-2], value.shape[-1], query.dtype,
@@ -215,8 +210,8 @@ def family_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn
 
 def problem_at_key_length(sibling: Problem, key: torch.Tensor, value: torch.Tensor,
                           attn_mask: torch.Tensor | None) -> Problem | None:
-    """The `Problem` of a call with `sibling`'s `family_key`, without validating again: only the key length
-    is checked (value's and the mask's must match). None when it does not hold."""
+    """The `Problem` of a call with `sibling`'s `family_key`, without validating again: only the key length is
+    checked (value's and the mask's must match). None when it does not hold."""
     kv_len = key.shape[-2]
     if value.shape[-2] != kv_len or kv_len < 1:
         return None
@@ -238,9 +233,9 @@ _grad_enabled = torch.is_grad_enabled
 
 
 class PreparedAttention:
-    """``prepared(query, key, value, attn_mask=None)``: SDPA with the flags given to `Dispatcher.plan`, run
-    by the kernel decided there. A call of other shapes, dtypes, devices or layouts raises ValueError;
-    calls needing a gradient through a kernel without backward go through `Dispatcher.attention`."""
+    """``prepared(query, key, value, attn_mask=None)``: SDPA with the flags given to `Dispatcher.plan`, run by the
+    kernel decided there. A call of other shapes, dtypes, devices or layouts raises ValueError; calls needing a
+    gradient through a kernel without backward go through `Dispatcher.attention`."""
 
     __slots__ = ("_dispatcher", "_plan", "_key", "_causal", "_scale", "_gqa", "_count")
 

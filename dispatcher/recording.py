@@ -1,8 +1,7 @@
 """Record the distinct problem buckets a run hits, for ``attn-dispatch calibrate --workload``: with
-``ATTN_DISPATCH_RECORD=path`` or ``with attn_dispatch.record(path):``. Each new bucket
-(`selection.failure_bucket`) is appended as one JSON line with its first exact problem; the file is
-deduplicated across runs and written under a lock. Only the cold path records; an error is a warning, never
-a failed call."""
+``ATTN_DISPATCH_RECORD=path`` or ``with attn_dispatch.record(path):``. Each new bucket (`selection.failure_bucket`)
+is appended as one JSON line with its first exact problem; the file is deduplicated across runs and written under a
+lock. Only the cold path records; an error is a warning, never a failed call."""
 
 from __future__ import annotations
 
@@ -91,8 +90,8 @@ def recorder_for(path: str | os.PathLike) -> WorkloadRecorder:
 
 
 def record_problem(problem: Problem) -> None:
-    """Record `problem`'s bucket in the active `record()` file and ``$ATTN_DISPATCH_RECORD`` (returns at
-    once when off)."""
+    """Record `problem`'s bucket in the active `record()` file and ``$ATTN_DISPATCH_RECORD`` (returns at once when
+    off)."""
     env_path = RECORD.read()
     if not _active and not env_path:
         return
@@ -108,8 +107,8 @@ def record_problem(problem: Problem) -> None:
 
 @contextmanager
 def record(path: str | os.PathLike) -> Iterator[WorkloadRecorder]:
-    """Record every new bucket the dispatcher decides inside the block to `path` (shapes decided before are
-    warm: ``attn_dispatch.reset()`` first to record a whole run)."""
+    """Record every new bucket the dispatcher decides inside the block to `path` (shapes decided before are warm:
+    ``attn_dispatch.reset()`` first to record a whole run)."""
     recorder = recorder_for(path)
     with _registry_lock:
         _active.append(recorder)

@@ -1,13 +1,12 @@
 """What the caller's context asks of an SDPA call before the dispatcher may choose a kernel.
 
-- `sdpa_kernel` restrictions (PyTorch's global backend flags): while any backend is off the call goes to
-  PyTorch's SDPA as given, its backend choice and errors; opt out with
-  ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1`` or `respect_sdpa_kernel(False)`, except a mask with
-  ``is_causal=True``, which stays PyTorch's (`check_mask_with_causal`). `explain` names the restriction; a
-  call over the memory budget warns once.
-- `CausalBias`: never read as a mask (uninitialised storage). Upper-left (or made for L == S) is
-  ``is_causal=True``; lower-right goes to the kernels (`Problem.causal_alignment`) except on the training
-  route (PyTorch's handling). With ``is_causal=True``: ValueError, as PyTorch.
+- `sdpa_kernel` restrictions (PyTorch's global backend flags): while any backend is off the call goes to PyTorch's
+  SDPA as given, its backend choice and errors; opt out with ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1`` or
+  `respect_sdpa_kernel(False)`, except a mask with ``is_causal=True``, which stays PyTorch's
+  (`check_mask_with_causal`). `explain` names the restriction; a call over the memory budget warns once.
+- `CausalBias`: never read as a mask (uninitialised storage). Upper-left (or made for L == S) is ``is_causal=True``;
+  lower-right goes to the kernels (`Problem.causal_alignment`) except on the training route (PyTorch's handling).
+  With ``is_causal=True``: ValueError, as PyTorch.
 - Meta and nested tensors: PyTorch's SDPA.
 - `torch.autocast` never sees the dispatcher: `autocast_inputs` casts as autocast would, and
   `attention_under_autocast` runs with autocast off."""
@@ -41,9 +40,9 @@ _chosen: list[bool | None] = [None]  # `respect_sdpa_kernel`'s argument, which w
 
 
 def respect_sdpa_kernel(enabled: bool | None = True) -> None:
-    """Whether calls made while PyTorch's SDPA backends are restricted go to PyTorch's SDPA (default,
-    unless ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``). True or False overrides the variable for the rest of
-    the process; None follows it again."""
+    """Whether calls made while PyTorch's SDPA backends are restricted go to PyTorch's SDPA (default, unless
+    ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``). True or False overrides the variable for the rest of the process; None
+    follows it again."""
     if enabled is not None and not isinstance(enabled, bool):
         raise TypeError(f"respect_sdpa_kernel takes True, False or None, got {enabled!r}")
     _chosen[0] = enabled
@@ -54,8 +53,8 @@ def respect_sdpa_kernel(enabled: bool | None = True) -> None:
 
 
 def follow_environment() -> None:
-    """Read ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL`` now unless `respect_sdpa_kernel` chose; ValueError for a
-    value not on/off."""
+    """Read ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL`` now unless `respect_sdpa_kernel` chose; ValueError for a value not
+    on/off."""
     ignore = IGNORE_SDPA_KERNEL.read()
     if _chosen[0] is None:
         RESPECTING[0] = not ignore
@@ -76,8 +75,7 @@ def backends_restricted() -> bool:
 
 
 def some_backend_off() -> bool:
-    """Whether some SDPA backend is off now, respected or not (a PyTorch-backed kernel may then fail for
-    the switch)."""
+    """Whether some SDPA backend is off now, respected or not (a PyTorch-backed kernel may then fail for the switch)."""
     return not _all_enabled()
 
 
@@ -90,8 +88,8 @@ MASK_WITH_CAUSAL = (
 
 def check_mask_with_causal(query, key, value, attn_mask, enable_gqa) -> None:
     """A mask with ``is_causal=True``: PyTorch's fused backends combine the two, its MATH backend raises
-    RuntimeError. Raise it where PyTorch would take MATH for these tensors (``torch._fused_sdp_choice``,
-    once per new shape); traced tensors are not asked."""
+    RuntimeError. Raise it where PyTorch would take MATH for these tensors (``torch._fused_sdp_choice``, once per new
+    shape); traced tensors are not asked."""
     if query.__class__ is not torch.Tensor:
         return
     gqa = {"enable_gqa": True} if enable_gqa else {}  # torch < 2.5: none
@@ -119,8 +117,8 @@ def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
 
 
 def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor | None:
-    """The output where the context decides the call, else None (a lower-right `CausalBias` on the
-    inference route, or a mask subclass: the dispatcher goes on)."""
+    """The output where the context decides the call, else None (a lower-right `CausalBias` on the inference route,
+    or a mask subclass: the dispatcher goes on)."""
     if query.is_meta or query.is_nested:
         return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if backends_restricted() or (is_causal is True and attn_mask is not None and some_backend_off()):
@@ -158,8 +156,7 @@ RESTRICTED_LEVEL = "sdpa_kernel"
 BACKEND_NAMES = ("flash", "efficient", "math", "cudnn")
 """PyTorch's backends in `sdpa_default.BACKEND_SWITCHES` order."""
 MAX_CHECKED_SHAPES = 4096
-"""Exact shapes of restricted calls checked against the budget per process (then forgotten: a warning may
-repeat)."""
+"""Exact shapes of restricted calls checked against the budget per process (then forgotten: a warning may repeat)."""
 OPT_OUT = "respect_sdpa_kernel(False) or ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1 lets the dispatcher choose instead"
 
 _checked: set[tuple] = set()
@@ -174,16 +171,16 @@ def restriction_words() -> str:
 
 
 def needed_bytes(problem: Problem, training: bool) -> tuple[str, int]:
-    """The backend PyTorch runs `problem` with under the switches now, and its extra memory (forward, or
-    forward and backward when `training`)."""
+    """The backend PyTorch runs `problem` with under the switches now, and its extra memory (forward, or forward and
+    backward when `training`)."""
     backend = default_backend_choice(problem)
     kernel = kernel_from_name(backend)
     return backend, int(training_bytes(kernel, problem) if training else kernel.workspace_bytes(problem))
 
 
 def restricted_decision(problem: Problem, device: torch.device, budget: int | None, *, training: bool) -> Decision:
-    """The decision of a call the caller's restriction decides: PyTorch's SDPA with its backend, its
-    memory, and whether it exceeds `budget`."""
+    """The decision of a call the caller's restriction decides: PyTorch's SDPA with its backend, its memory, and
+    whether it exceeds `budget`."""
     backend, needed = needed_bytes(problem, training)
     notes = [f"the caller's {restriction_words()}: PyTorch's SDPA runs the call as given, with its {backend} "
              f"backend ({OPT_OUT})"]
@@ -239,8 +236,8 @@ def autocast_dtype(device_type: str) -> torch.dtype | None:
 
 
 def autocast_inputs(query, key, value, attn_mask) -> tuple | None:
-    """``(query, key, value, attn_mask)`` as autocast hands them to SDPA (floating, not float64, on its
-    device type; a `CausalBias` as given), or None where autocast is off or the arguments are not tensors."""
+    """``(query, key, value, attn_mask)`` as autocast hands them to SDPA (floating, not float64, on its device type;
+    a `CausalBias` as given), or None where autocast is off or the arguments are not tensors."""
     try:
         device_type = query.device.type
     except AttributeError:

@@ -57,8 +57,8 @@ class Fit:
 
 @dataclass(frozen=True)
 class Tuned:
-    """A bucket's result measured on its own calls: the serving kernel and each candidate's median seconds
-    per call (inf: failed)."""
+    """A bucket's result measured on its own calls: the serving kernel and each candidate's median seconds per call
+    (inf: failed)."""
 
     kernel: str
     seconds: tuple[tuple[str, float], ...]
@@ -72,8 +72,8 @@ class Tuned:
 
 @dataclass(frozen=True)
 class Selection:
-    """A bucket's decision (`decide`): options in try order, drops with reasons, `explain` notes, the
-    measured seconds that ordered them, and the candidates its calls measure."""
+    """A bucket's decision (`decide`): options in try order, drops with reasons, `explain` notes, the measured
+    seconds that ordered them, and the candidates its calls measure."""
 
     ranked: Ranked
     options: tuple[Option, ...]
@@ -104,8 +104,8 @@ def failure_bucket(problem: Problem) -> tuple:
 
 
 def decision_bucket(problem: Problem) -> tuple:
-    """The bucket a decision is made once for: `failure_bucket`, the causal alignment and, on a GPU,
-    `keys_aligned` (docs/RESULTS.md#ablations, key-alignment split)."""
+    """The bucket a decision is made once for: `failure_bucket`, the causal alignment and, on a GPU, `keys_aligned`
+    (docs/RESULTS.md#ablations, key-alignment split)."""
     return (*entry_key(problem), problem.causal_alignment, keys_aligned(problem))
 
 
@@ -119,8 +119,8 @@ def keys_aligned(problem: Problem) -> bool | None:
 
 def rank(problem: Problem, kernels: Mapping[str, Kernel], ranking: DeviceRanking, failed: Mapping[str, str], *,
          policy: AccuracyPolicy) -> Ranked:
-    """Stage 1: the kernels that can run `problem` in the ranker's order, then the supported ones it did
-    not rank (``sdpa_default`` first). ``last_resort`` kernels (`core.LastResortDefault`) are never ranked.
+    """Stage 1: the kernels that can run `problem` in the ranker's order, then the supported ones it did not rank
+    (``sdpa_default`` first). ``last_resort`` kernels (`core.LastResortDefault`) are never ranked.
 
     `failed`: kernel name -> why it failed at run time in this bucket (dropped)."""
     last_resort = {name for name, kernel in kernels.items() if getattr(kernel, "last_resort", False)}
@@ -190,8 +190,8 @@ def needs_recheck(workspace: int, free: int | None) -> bool:
 
 def fit(ranked: Ranked, *, free: int | None, budget: int | None, ranking: DeviceRanking,
         failed: Mapping[str, str]) -> Fit:
-    """Stage 2: the options that fit free memory and the budget; where none does, a chunked kernel shrunk
-    to fit (`shrink_chunked`). Last-resort options come after all of them."""
+    """Stage 2: the options that fit free memory and the budget; where none does, a chunked kernel shrunk to fit
+    (`shrink_chunked`). Last-resort options come after all of them."""
     fitting: list[Option] = []
     dropped: list[tuple[str, str]] = []
     dropped_for_free_memory = False
@@ -223,9 +223,8 @@ def fit(ranked: Ranked, *, free: int | None, budget: int | None, ranking: Device
 
 def shrink_chunked(problem: Problem, limit: int | None, failed: Mapping[str, str],
                    bytes_needed: Callable[[ChunkedKernel, Problem], int] | None = None) -> ChunkedKernel | None:
-    """The largest-chunked `ChunkedKernel` whose `bytes_needed(kernel, problem)` (default: forward
-    workspace) fits `limit`, halving the larger chunk down to `MIN_CHUNK`; None when even the smallest does
-    not fit."""
+    """The largest-chunked `ChunkedKernel` whose `bytes_needed(kernel, problem)` (default: forward workspace) fits
+    `limit`, halving the larger chunk down to `MIN_CHUNK`; None when even the smallest does not fit."""
     if limit is None:
         return None
     if bytes_needed is None:
@@ -281,8 +280,7 @@ MAX_CANDIDATES = 7
 """Candidates of one bucket at most, the baseline included."""
 
 SAME_CARD_LEVELS = ("exact", "model")
-"""Lookup levels whose measured entries are this card model's own (a family stand-in's decide nothing
-here)."""
+"""Lookup levels whose measured entries are this card model's own (a family stand-in's decide nothing here)."""
 
 
 def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -> bool:
@@ -295,12 +293,12 @@ def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -
 
 def measured_candidates(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
                         portable: bool = False, sets_up: frozenset[str] = frozenset()) -> tuple[Option, ...]:
-    """The options a bucket measures on its calls, baseline first, then in ranking order; empty when there
-    is nothing to choose between:
+    """The options a bucket measures on its calls, baseline first, then in ranking order; empty when there is nothing
+    to choose between:
 
     - baseline: PyTorch's default where it is a contender, else the ranking's first (portable set);
-    - the ranking's first `RANKED_CANDIDATES` others; on a GPU also `GPU_ALSO_MEASURED`, on a CPU the first
-      option of each of our own families not yet picked (`own_family_options`);
+    - the ranking's first `RANKED_CANDIDATES` others; on a GPU also `GPU_ALSO_MEASURED`, on a CPU the first option of
+      each of our own families not yet picked (`own_family_options`);
     - where the baseline sets up per shape (`sets_up`), flash, else the first set-up-free option
       (`SETUP_FREE_MEASURED`);
     - GPU decode (one query row) with PyTorch's backends: only the ranking's first, when not the default.
@@ -338,8 +336,7 @@ def own_family_options(options: list[Option], picked: list[Option]) -> list[Opti
 
 
 def measured_order(options: tuple[Option, ...], tuned: Tuned | None) -> tuple[tuple[Option, ...], dict[str, float]]:
-    """Stage 4: `tuned`'s kernel first (when among `options`) and its seconds; else `options` and no
-    seconds."""
+    """Stage 4: `tuned`'s kernel first (when among `options`) and its seconds; else `options` and no seconds."""
     if tuned is None or not any(option.kernel.name == tuned.kernel for option in options):
         return options, {}
     return put_first(options, tuned.kernel), dict(tuned.seconds)
@@ -351,10 +348,10 @@ def decide(problem: Problem, *, kernels: Mapping[str, Kernel], policy: AccuracyP
            cold_costs: Mapping[str, Mapping[str, float]], notice: str | None = None) -> Selection:
     """Stages 1-4 for `problem`'s bucket; raises `NoKernelError` when nothing fits the memory limit.
 
-    `failed`: kernel -> run-time failure in this bucket; `free`/`budget`: bytes (None: unknown/none);
-    `tuned`: the bucket's earlier measured result; `measure`: measure candidates where nothing measured
-    decides; `portable`: PyTorch's default is the last resort, not a contender; `cold_costs`: per-shape
-    set-up seconds (`models.probe_store`); `notice`: an `explain` line about the ranking."""
+    `failed`: kernel -> run-time failure in this bucket; `free`/`budget`: bytes (None: unknown/none); `tuned`: the
+    bucket's earlier measured result; `measure`: measure candidates where nothing measured decides; `portable`:
+    PyTorch's default is the last resort, not a contender; `cold_costs`: per-shape set-up seconds
+    (`models.probe_store`); `notice`: an `explain` line about the ranking."""
     ranked = rank(problem, kernels, ranking, failed, policy=policy)
     fitted = fit(ranked, free=free, budget=budget, ranking=ranking, failed=failed)
     if not fitted.options:
@@ -380,8 +377,7 @@ def decide(problem: Problem, *, kernels: Mapping[str, Kernel], policy: AccuracyP
 # ------------------------------------------------------------------------------------ stage 5: set-up cost
 
 CUDNN_COLD_SHAPE_PRIOR_S = 8e-3
-"""cuDNN's first-call set-up seconds at a new shape where not measured
-(docs/RESULTS.md#per-shape-set-up-costs)."""
+"""cuDNN's first-call set-up seconds at a new shape where not measured (docs/RESULTS.md#per-shape-set-up-costs)."""
 
 MATERIAL_SETUP_S = 1e-3
 """A per-shape set-up worth timing another kernel against (docs/RESULTS.md#per-shape-set-up-costs)."""
@@ -393,16 +389,16 @@ HISTORY = 8
 """Recent exact shapes whose median call count estimates the next one's."""
 
 TIED_LOSS_SHARE = 0.05
-"""Least per-call loss assumed for running another kernel instead of the decided one, as a share of its
-time (docs/RESULTS.md#ablations, settling)."""
+"""Least per-call loss assumed for running another kernel instead of the decided one, as a share of its time
+(docs/RESULTS.md#ablations, settling)."""
 
 SETTLED = ("this exact shape has been called often enough to pay the chosen kernel's per-shape set-up "
            "(selection.settle_after): it now runs the bucket's decided kernel")
 
 
 def cold_kernel_family(kernel: Kernel, problem: Problem) -> str | None:
-    """The backend that makes `kernel` pay a per-shape set-up on `problem` (``"sdpa_cudnn"``), or None;
-    follows ``sdpa_default``'s choice and conversions' inner kernels."""
+    """The backend that makes `kernel` pay a per-shape set-up on `problem` (``"sdpa_cudnn"``), or None; follows
+    ``sdpa_default``'s choice and conversions' inner kernels."""
     inner = getattr(kernel, "inner", None)
     if inner is not None:
         return cold_kernel_family(inner, problem)
@@ -418,8 +414,8 @@ def cold_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mappin
 
 
 def compile_seconds(kernel: Kernel, problem: Problem) -> float:
-    """Seconds the next run spends compiling in this process (`Kernel.setup_seconds`); 0 for kernels that
-    compile nothing."""
+    """Seconds the next run spends compiling in this process (`Kernel.setup_seconds`); 0 for kernels that compile
+    nothing."""
     inner = getattr(kernel, "inner", None)
     if inner is not None:
         return compile_seconds(inner, problem)
@@ -428,8 +424,8 @@ def compile_seconds(kernel: Kernel, problem: Problem) -> float:
 
 
 def shape_setup_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mapping[str, float]]) -> float:
-    """Per-shape set-up seconds: measured on this card (`models.probe_store`), else the paying backend's
-    prior (`cold_kernel_family`), else 0."""
+    """Per-shape set-up seconds: measured on this card (`models.probe_store`), else the paying backend's prior
+    (`cold_kernel_family`), else 0."""
     kind = kind_of(problem.q_len)
     by_kind = measured.get(kernel.name)
     if by_kind is not None and kind in by_kind:
@@ -455,8 +451,8 @@ def calls_per_shape(counts: Iterable[int]) -> float | None:
 
 
 def expected_seconds(warm_s: float | None, cold_s: float, expected_calls: float | None) -> float | None:
-    """Seconds per call over a shape's life: warm time plus set-up spread over the expected calls; None
-    when nothing is known."""
+    """Seconds per call over a shape's life: warm time plus set-up spread over the expected calls; None when nothing
+    is known."""
     extra = cold_s / expected_calls if cold_s and expected_calls else 0.0
     if warm_s is None:
         return extra or None
@@ -464,8 +460,8 @@ def expected_seconds(warm_s: float | None, cold_s: float, expected_calls: float 
 
 
 def settle_after(cold_s: float, warm_first_s: float | None, warm_chosen_s: float | None) -> int:
-    """Calls of one shape after which it moves to the set-up-paying kernel (0: never): when the loss, at
-    least `TIED_LOSS_SHARE` per call, has matched the set-up (ski-rental rule)."""
+    """Calls of one shape after which it moves to the set-up-paying kernel (0: never): when the loss, at least
+    `TIED_LOSS_SHARE` per call, has matched the set-up (ski-rental rule)."""
     if not cold_s or warm_first_s is None or warm_chosen_s is None:
         return 0
     loss = max(warm_chosen_s - warm_first_s, TIED_LOSS_SHARE * warm_first_s)
@@ -475,8 +471,8 @@ def settle_after(cold_s: float, warm_first_s: float | None, warm_chosen_s: float
 
 
 def floor_seconds(kernel: Kernel, floors: Mapping[str, Mapping[str, float]]) -> float | None:
-    """`kernel`'s measured per-call floor (smallest back-to-back time of it or its family); None when
-    unmeasured and for PyTorch's fused backends."""
+    """`kernel`'s measured per-call floor (smallest back-to-back time of it or its family); None when unmeasured and
+    for PyTorch's fused backends."""
     if uses_fused_backend(kernel):
         return None
     inner = getattr(kernel, "inner", None)
@@ -492,13 +488,11 @@ def floor_seconds(kernel: Kernel, floors: Mapping[str, Mapping[str, float]]) -> 
 def new_shape_order(options: tuple[Option, ...], warm: Sequence[float | None], cold: Sequence[float],
                     measured: frozenset[str], history: Iterable[int], is_set_up: Callable[[str], bool],
                     floors: Mapping[str, Mapping[str, float]]) -> tuple[tuple[Option, ...], tuple[str, ...], int]:
-    """Stage 5: options in try order for a new exact shape, notes, and the calls after which it settles (0:
-    never).
+    """Stage 5: options in try order for a new exact shape, notes, and the calls after which it settles (0: never).
 
-    A first option with an unpaid per-shape set-up (`is_set_up(name)`) moves behind the option fastest over
-    a shape's expected calls (`history`: recent shapes' call counts), until `settle_after`. `warm`:
-    per-call seconds, measured (`measured`) or predicted; `cold`: `cold_seconds`. Only `may_replace_first`
-    options may take the first place."""
+    A first option with an unpaid per-shape set-up (`is_set_up(name)`) moves behind the option fastest over a shape's
+    expected calls (`history`: recent shapes' call counts), until `settle_after`. `warm`: per-call seconds, measured
+    (`measured`) or predicted; `cold`: `cold_seconds`. Only `may_replace_first` options may take the first place."""
     if not cold or not cold[0]:
         return options, (), 0
     expected_calls = calls_per_shape(history)
@@ -529,8 +523,8 @@ def new_shape_order(options: tuple[Option, ...], warm: Sequence[float | None], c
 def compile_deferred_order(options: tuple[Option, ...], warm: Sequence[float | None], cold: Sequence[float],
                            compiling: float, measured: frozenset[str],
                            ) -> tuple[tuple[Option, ...], tuple[str, ...], int]:
-    """Stage 5 when the first option would compile on this call (`compiling` seconds): options in try
-    order, notes, and the calls after which the bucket compiles anyway (0: decided order now).
+    """Stage 5 when the first option would compile on this call (`compiling` seconds): options in try order, notes,
+    and the calls after which the bucket compiles anyway (0: decided order now).
 
     The fastest set-up-free option runs first until its calls have lost as much as the compile costs
     (`settle_after`)."""
@@ -551,6 +545,6 @@ def compile_deferred_order(options: tuple[Option, ...], warm: Sequence[float | N
 
 
 def may_replace_first(option: Option, measured: frozenset[str]) -> bool:
-    """Whether `option` may run a new shape in place of the decided kernel: any option, or only a measured
-    one where the bucket measured some."""
+    """Whether `option` may run a new shape in place of the decided kernel: any option, or only a measured one where
+    the bucket measured some."""
     return not measured or option.kernel.name in measured

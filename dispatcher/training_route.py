@@ -1,7 +1,7 @@
 """The training route: a call whose inputs require grad runs the fastest kernel with a backward whose
 forward-plus-backward memory fits the budget (`choose_training`), ordered by measured training times
-(`models.training_times`) where there are some, else the inference order. `TrainingRoute` caches the choice
-per problem and warns once when it goes over budget. Dropout and a mask requiring grad go to PyTorch's SDPA
+(`models.training_times`) where there are some, else the inference order. `TrainingRoute` caches the choice per
+problem and warns once when it goes over budget. Dropout and a mask requiring grad go to PyTorch's SDPA
 (`cold_path.ColdPath.training`)."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from attn_dispatch.models.training_times import TrainingTimes
 
 
 def pytorch_route_reason(dropout_p: float, inputs_grad: bool, mask_grad: bool, kernel: Kernel) -> str | None:
-    """Why a call goes to PyTorch's SDPA on the training route; None when `kernel` runs it.
-    `Dispatcher.attention` applies the same rule inline."""
+    """Why a call goes to PyTorch's SDPA on the training route; None when `kernel` runs it. `Dispatcher.attention`
+    applies the same rule inline."""
     if dropout_p != 0.0:
         return f"dropout_p={dropout_p} (only PyTorch's SDPA does dropout)"
     if mask_grad:
@@ -40,9 +40,9 @@ def pytorch_route_reason(dropout_p: float, inputs_grad: bool, mask_grad: bool, k
 
 @dataclass(frozen=True)
 class TrainingChoice:
-    """What the training route runs for one problem: `kernel` (None: PyTorch's SDPA), its forward+backward
-    bound, fitting `candidates` in try order, `dropped` with reasons, `over_budget` (nothing fits: the
-    smallest runs anyway) and `notes`."""
+    """What the training route runs for one problem: `kernel` (None: PyTorch's SDPA), its forward+backward bound,
+    fitting `candidates` in try order, `dropped` with reasons, `over_budget` (nothing fits: the smallest runs anyway)
+    and `notes`."""
 
     kernel: Kernel | None
     workspace_bytes: int | None
@@ -57,8 +57,8 @@ class TrainingChoice:
 
 
 def order_for_training(options: Sequence[Option], measured: Mapping[str, float] | None) -> list[Option]:
-    """Options with measured forward+backward times first (fastest first), then the rest in ranked order;
-    last-resort options stay last."""
+    """Options with measured forward+backward times first (fastest first), then the rest in ranked order; last-resort
+    options stay last."""
     last = [o for o in options if getattr(o.kernel, "last_resort", False)]
     ranked = [o for o in options if o not in last]
     if measured:
@@ -68,8 +68,8 @@ def order_for_training(options: Sequence[Option], measured: Mapping[str, float] 
 
 
 def in_decided_order(plan) -> tuple[Option, ...]:
-    """`plan`'s ranked options in its bucket's decided order, the rest (dropped for inference memory) after
-    in ranked order (docs/RESULTS.md#training-memory)."""
+    """`plan`'s ranked options in its bucket's decided order, the rest (dropped for inference memory) after in ranked
+    order (docs/RESULTS.md#training-memory)."""
     decided = [option.kernel.name for option in plan.bucket.options]
     ranked = plan.ranked.options
     position = {name: i for i, name in enumerate(decided)}
@@ -84,9 +84,9 @@ def shrink_for_training(problem: Problem, limit: int, failed: Mapping[str, str])
 def choose_training(options: Sequence[Option], problem: Problem, *, free: int | None, budget: int | None,
                     failed: Mapping[str, str] | None = None,
                     measured: Mapping[str, float] | None = None) -> TrainingChoice:
-    """The training route's decision for `problem`. `options`: runnable kernels in inference order; `free`,
-    `budget`: bytes (None: unknown / none); `failed`: name -> why it failed on this route; `measured`: name
-    -> forward+backward seconds."""
+    """The training route's decision for `problem`. `options`: runnable kernels in inference order; `free`, `budget`:
+    bytes (None: unknown / none); `failed`: name -> why it failed on this route; `measured`: name -> forward+backward
+    seconds."""
     failed = failed or {}
     limit = memory_limit(free, budget)
     fitting: list[tuple[Option, int]] = []

@@ -1,8 +1,7 @@
-"""Building blocks of the portable kernels: scores of query rows against a key block, masking, partial
-softmax and the online-softmax merge. Query heads are grouped by their key/value head (GQA without
-repeating K/V): a block of ``Lc`` query positions is ``rows [B, Hkv, R = G * Lc, E]``. Scores and softmax
-statistics are fp32 (fp64 for fp64), as in PyTorch's math path: fp16 QK^T overflows past 65504
-(`score_recipe`)."""
+"""Building blocks of the portable kernels: scores of query rows against a key block, masking, partial softmax and
+the online-softmax merge. Query heads are grouped by their key/value head (GQA without repeating K/V): a block of
+``Lc`` query positions is ``rows [B, Hkv, R = G * Lc, E]``. Scores and softmax statistics are fp32 (fp64 for fp64),
+as in PyTorch's math path: fp16 QK^T overflows past 65504 (`score_recipe`)."""
 
 from __future__ import annotations
 
@@ -39,8 +38,8 @@ _fp32_product: dict[tuple[str, torch.dtype], bool] = {}
 
 
 def has_fp32_output_product(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether `torch.bmm` multiplies `dtype` inputs into an fp32 result on this device type
-    (``aten::bmm.dtype``; probed once per device type and dtype)."""
+    """Whether `torch.bmm` multiplies `dtype` inputs into an fp32 result on this device type (``aten::bmm.dtype``;
+    probed once per device type and dtype)."""
     cache_key = (device.type, dtype)
     known = _fp32_product.get(cache_key)
     if known is None:
@@ -69,8 +68,8 @@ class ScoreRecipe(NamedTuple):
 
 
 def fp32_product(batch1: torch.Tensor, batch2: torch.Tensor, out: torch.Tensor, scale: float) -> torch.Tensor:
-    """``out = scale * batch1 @ batch2`` in fp32 from half operands (only where `has_fp32_output_product`),
-    the scale as the GEMM's alpha (docs/RESULTS.md#kernels-per-call)."""
+    """``out = scale * batch1 @ batch2`` in fp32 from half operands (only where `has_fp32_output_product`), the scale
+    as the GEMM's alpha (docs/RESULTS.md#kernels-per-call)."""
     if scale == 1.0:
         return torch.ops.aten.bmm.dtype_out(batch1, batch2, torch.float32, out=out)
     return torch.ops.aten.baddbmm.dtype_out(out, batch1, batch2, torch.float32, beta=0, alpha=scale, out=out)
@@ -79,8 +78,8 @@ def fp32_product(batch1: torch.Tensor, batch2: torch.Tensor, out: torch.Tensor, 
 def score_recipe(dtype: torch.dtype, device: torch.device, scale: float) -> ScoreRecipe:
     """Scores in fp32 from half inputs, at the least cost the device allows:
 
-    - fp32 / fp64 inputs, or half inputs with a power-of-two scale <= 1 on a device with an fp32-result
-      product: the scale folded into Q (exact), Q and K in their own dtype;
+    - fp32 / fp64 inputs, or half inputs with a power-of-two scale <= 1 on a device with an fp32-result product: the
+      scale folded into Q (exact), Q and K in their own dtype;
     - half inputs with another scale on such a device: Q and K unscaled, the fp32 scores scaled;
     - half inputs elsewhere (CPU): Q and K upcast to fp32, the scale folded into Q."""
     if dtype not in HALF_DTYPES:
@@ -100,8 +99,8 @@ def _exact_in_half(scale: float) -> bool:
 
 def query_rows(query: torch.Tensor, rows: slice, problem: Problem, scale: float,
                dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``query [B, Hq, L, E]`` at positions `rows`, times `scale`, in `dtype` (default: the query's) -> a
-    new contiguous ``[B, Hkv, G * Lc, E]``."""
+    """``query [B, Hq, L, E]`` at positions `rows`, times `scale`, in `dtype` (default: the query's) -> a new
+    contiguous ``[B, Hkv, G * Lc, E]``."""
     source = query[:, :, rows]
     dtype = source.dtype if dtype is None else dtype
     block = torch.empty(source.shape, dtype=dtype, device=source.device)  # contiguous
@@ -120,8 +119,7 @@ def score_keys(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def block_scores(rows: torch.Tensor, key_block: torch.Tensor, score_scale: float = 1.0) -> torch.Tensor:
-    """``score_scale * rows [B, Hkv, R, E] @ key_block [B, Hkv, Sc, E]^T`` -> fp32 (fp64) scores ``[B, Hkv,
-    R, Sc]``."""
+    """``score_scale * rows [B, Hkv, R, E] @ key_block [B, Hkv, Sc, E]^T`` -> fp32 (fp64) scores ``[B, Hkv, R, Sc]``."""
     if rows.dtype not in HALF_DTYPES:
         scores = torch.matmul(rows, key_block.transpose(-1, -2))
         return scores if score_scale == 1.0 else scores.mul_(score_scale)
@@ -132,8 +130,8 @@ def block_scores(rows: torch.Tensor, key_block: torch.Tensor, score_scale: float
 
 
 def causal_blocked(rows: slice, cols: slice, device: torch.device, offset: int = 0) -> torch.Tensor | None:
-    """``[Lc, Sc]`` bool, True where key position > query position + `offset` (`Problem.causal_offset`);
-    None when nothing is blocked."""
+    """``[Lc, Sc]`` bool, True where key position > query position + `offset` (`Problem.causal_offset`); None when
+    nothing is blocked."""
     if cols.stop - 1 <= rows.start + offset:
         return None
     q_pos = torch.arange(rows.start + offset, rows.stop + offset, device=device)
@@ -148,8 +146,8 @@ def fully_blocked_by_causality(rows: slice, cols: slice, offset: int = 0) -> boo
 
 def mask_scores_(scores: torch.Tensor, mask: torch.Tensor | None, causal: bool, rows: slice, cols: slice,
                  problem: Problem) -> None:
-    """Apply the mask (``[B|1, Hq|1, L|1, S|1]``, bool True = attend, or float added) and causality to
-    ``scores [B, Hkv, G*Lc, Sc]`` in place; bool masks are inverted per block."""
+    """Apply the mask (``[B|1, Hq|1, L|1, S|1]``, bool True = attend, or float added) and causality to ``scores [B,
+    Hkv, G*Lc, Sc]`` in place; bool masks are inverted per block."""
     if mask is None and not causal:
         return
     scores5 = scores.view(problem.batch, problem.kv_heads, problem.gqa_ratio, -1, scores.shape[-1])
@@ -175,9 +173,9 @@ def mask_scores_(scores: torch.Tensor, mask: torch.Tensor | None, causal: bool, 
 
 def softmax_partials(scores: torch.Tensor,
                      value_block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Unnormalised softmax of one block (``scores [B, Hkv, R, Sc]`` fp32, overwritten) and its product
-    with ``value_block [B, Hkv, Sc, Ev]``. Returns row_max (-inf on fully blocked rows), row_sum and the
-    fp32 ``exp(scores - max) @ V``."""
+    """Unnormalised softmax of one block (``scores [B, Hkv, R, Sc]`` fp32, overwritten) and its product with
+    ``value_block [B, Hkv, Sc, Ev]``. Returns row_max (-inf on fully blocked rows), row_sum and the fp32 ``exp(scores
+    - max) @ V``."""
     row_max = scores.amax(dim=-1, keepdim=True)
     safe_max = row_max.masked_fill(row_max == NEG_INF, 0.0)
     probs = scores.sub_(safe_max).exp_()
@@ -192,8 +190,8 @@ def normalise(out: torch.Tensor, row_sum: torch.Tensor, dtype: torch.dtype) -> t
 
 
 class OnlineSoftmax:
-    """Merges per-block softmax partials (flash-attention's online softmax): running max, sum and
-    unnormalised output per row."""
+    """Merges per-block softmax partials (flash-attention's online softmax): running max, sum and unnormalised output
+    per row."""
 
     def __init__(self) -> None:
         self.row_max: torch.Tensor | None = None
@@ -225,8 +223,7 @@ def scatter_rows(out: torch.Tensor, block: torch.Tensor, rows: slice, problem: P
 
 
 def score_keys_bytes(problem: Problem) -> int:
-    """Bytes of `score_keys`'s fp32 copy of half keys where the device is not known to have an fp32-result
-    product."""
+    """Bytes of `score_keys`'s fp32 copy of half keys where the device is not known to have an fp32-result product."""
     if problem.itemsize >= 4 or _fp32_product.get((problem.device_type, problem.torch_dtype)):
         return 0
     return problem.batch * problem.kv_heads * problem.kv_len * problem.head_dim * 4
@@ -234,8 +231,8 @@ def score_keys_bytes(problem: Problem) -> int:
 
 def block_workspace_bytes(problem: Problem, q_rows: int, kv_cols: int) -> int:
     """Peak extra bytes of one (query block x key block) step, tensor by tensor from `query_rows` to
-    `softmax_partials`: scaled rows, fp32 scores and cast probabilities, mask and causal blocks, partial
-    outputs and accumulator, row statistics."""
+    `softmax_partials`: scaled rows, fp32 scores and cast probabilities, mask and causal blocks, partial outputs and
+    accumulator, row statistics."""
     item, acc = problem.itemsize, accumulation_itemsize(problem)
     rows = problem.batch * problem.q_heads * q_rows
     score_elem = acc + (2 * item if item != acc else 0)

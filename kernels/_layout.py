@@ -1,7 +1,6 @@
-"""SDPA input validation and the canonical 4-D views kernels compute on: query ``[B, Hq, L, E]``, key ``[B,
-Hkv, S, E]``, value ``[B, Hkv, S, Ev]``, mask ``[B|1, Hq|1, L|1, S|1]``, ``B`` folding every leading
-dimension. Copies only where inputs broadcast or leading dimensions cannot merge
-(`canonicalisation_bytes`)."""
+"""SDPA input validation and the canonical 4-D views kernels compute on: query ``[B, Hq, L, E]``, key ``[B, Hkv, S,
+E]``, value ``[B, Hkv, S, Ev]``, mask ``[B|1, Hq|1, L|1, S|1]``, ``B`` folding every leading dimension. Copies only
+where inputs broadcast or leading dimensions cannot merge (`canonicalisation_bytes`)."""
 
 from __future__ import annotations
 
@@ -19,17 +18,15 @@ CAUSAL_BIAS_MODULE = "torch.nn.attention.bias"
 
 
 def is_causal_bias(attn_mask: object) -> bool:
-    """Whether `attn_mask` is a `CausalBias` (a tensor subclass with uninitialised storage: never read it
-    as a mask)."""
+    """Whether `attn_mask` is a `CausalBias` (a tensor subclass with uninitialised storage: never read it as a mask)."""
     module = sys.modules.get(CAUSAL_BIAS_MODULE)
     return module is not None and isinstance(attn_mask, module.CausalBias)
 
 
 def causal_bias_alignment(bias, is_causal: bool, q_len: int, kv_len: int) -> str:
-    """The causal alignment a `CausalBias` means for an ``L x S`` problem, as PyTorch's
-    `CausalBias._dispatch`: ``"top_left"`` for upper-left or L == S biases whatever the inputs' lengths,
-    else ``"bottom_right"``. Raises ValueError with ``is_causal=True`` and RuntimeError for a lower-right
-    bias made for other lengths."""
+    """The causal alignment a `CausalBias` means for an ``L x S`` problem, as PyTorch's `CausalBias._dispatch`:
+    ``"top_left"`` for upper-left or L == S biases whatever the inputs' lengths, else ``"bottom_right"``. Raises
+    ValueError with ``is_causal=True`` and RuntimeError for a lower-right bias made for other lengths."""
     if is_causal:
         raise ValueError("CausalBias should not be used with causal=True: pass the bias or is_causal, not both")
     if bias.seq_len_q == bias.seq_len_kv or bias.variant != sys.modules[CAUSAL_BIAS_MODULE].CausalVariant.LOWER_RIGHT:
@@ -97,8 +94,8 @@ def _check_tensors(query: object, key: object, value: object) -> None:
 
 
 def broadcast_sizes(*shapes) -> tuple[int, ...]:
-    """`torch.broadcast_shapes` of integer sizes, computed here (torch's is much slower); symbolic sizes go
-    to torch's. Raises RuntimeError as torch's does."""
+    """`torch.broadcast_shapes` of integer sizes, computed here (torch's is much slower); symbolic sizes go to
+    torch's. Raises RuntimeError as torch's does."""
     if not all(type(size) is int for shape in shapes for size in shape):
         return tuple(torch.broadcast_shapes(*shapes))
     ndim = max((len(shape) for shape in shapes), default=0)
@@ -275,8 +272,8 @@ def _mask_to_4d(attn_mask: torch.Tensor, problem: Problem, batch_shape: tuple[in
 # a half-precision sum does not); rows with no finite largest entry, or one beyond `REBASE_LIMIT`, stay
 
 REBASE_LIMIT = 2.0**40
-"""Largest row shift removed: up to it float64 keeps the scores after adding the shift; fp16's -65504 is
-far inside, bf16's and fp32's lowest values far outside."""
+"""Largest row shift removed: up to it float64 keeps the scores after adding the shift; fp16's -65504 is far inside,
+bf16's and fp32's lowest values far outside."""
 
 
 def needs_rebase(problem: Problem) -> bool:
@@ -285,8 +282,8 @@ def needs_rebase(problem: Problem) -> bool:
 
 
 def rebased_float_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
-    """``mask [B|1, H|1, L|1, S]`` minus each row's largest visible entry: a new tensor ``[B|1, H|1, L|1 (L
-    when causal), S]`` in the mask's dtype."""
+    """``mask [B|1, H|1, L|1, S]`` minus each row's largest visible entry: a new tensor ``[B|1, H|1, L|1 (L when
+    causal), S]`` in the mask's dtype."""
     visible = mask
     if problem.causal:
         blocked = causal_blocked(slice(0, problem.q_len), slice(0, problem.kv_len), mask.device, problem.causal_offset)
@@ -298,14 +295,13 @@ def rebased_float_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
 
 
 FUSED_PENALTY_FLOOR = 2.0**100
-"""Most negative finite mask entry a fused GPU backend is given. Fused kernels scale scores by log2(e)
-before exp2, so bf16's or fp32's lowest value (transformers' padding) overflows to -inf and fully penalised
-rows come out zero where SDPA attends uniformly; -2^100 gives SDPA's answer. -inf stays -inf."""
+"""Most negative finite mask entry a fused GPU backend is given. Fused kernels scale scores by log2(e) before exp2,
+so bf16's or fp32's lowest value (transformers' padding) overflows to -inf and fully penalised rows come out zero
+where SDPA attends uniformly; -2^100 gives SDPA's answer. -inf stays -inf."""
 
 
 def floor_penalties_(bias: torch.Tensor) -> torch.Tensor:
-    """``bias`` with finite entries below `-FUSED_PENALTY_FLOOR` raised to it, in place (fp16 returned
-    unchanged)."""
+    """``bias`` with finite entries below `-FUSED_PENALTY_FLOOR` raised to it, in place (fp16 returned unchanged)."""
     if bias.dtype == torch.float16:
         return bias
     return bias.masked_fill_((bias < -FUSED_PENALTY_FLOOR) & (bias > -math.inf), -FUSED_PENALTY_FLOOR)
@@ -316,8 +312,7 @@ PER_ROW_TEMPORARY_BYTES = 32
 
 
 def rebase_bytes(problem: Problem) -> int:
-    """Upper bound of what `rebased_float_mask` allocates (with causality also the visible copy and causal
-    block)."""
+    """Upper bound of what `rebased_float_mask` allocates (with causality also the visible copy and causal block)."""
     if not needs_rebase(problem):
         return 0
     batch_heads = math.prod(problem.mask_shape[:2])

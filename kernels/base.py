@@ -1,7 +1,6 @@
-"""The kernel protocol: a kernel declares what it can run (`reasons`), its extra memory (`workspace_bytes`,
-never allocating) and computes exactly what `F.scaled_dot_product_attention` computes. Also the plain
-formula for inputs with nothing to tile (`direct_attention`), `is_out_of_memory` and forward-plus-backward
-memory (`training_bytes`)."""
+"""The kernel protocol: a kernel declares what it can run (`reasons`), its extra memory (`workspace_bytes`, never
+allocating) and computes exactly what `F.scaled_dot_product_attention` computes. Also the plain formula for inputs
+with nothing to tile (`direct_attention`), `is_out_of_memory` and forward-plus-backward memory (`training_bytes`)."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def interpreting() -> bool:
 
 
 def checked_parameter(name: str, value: object, low: int, high: int, *, power_of_two: bool = False) -> int:
-    """`value` if an integer from `low` to `high` (a power of two when asked), else ValueError naming the
-    parameter."""
+    """`value` if an integer from `low` to `high` (a power of two when asked), else ValueError naming the parameter."""
     valid = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
     if not valid or (power_of_two and value & (value - 1)):
         kind = "a power of two" if power_of_two else "an integer"
@@ -54,8 +52,8 @@ def format_params(params: dict[str, object]) -> str:
 
 
 class Kernel(ABC):
-    """One attention implementation in one parameterisation: subclasses set `family`, implement `_forward`
-    on canonical 4-D tensors (or `run`) and `workspace_bytes`, and extend `_own_reasons`."""
+    """One attention implementation in one parameterisation: subclasses set `family`, implement `_forward` on
+    canonical 4-D tensors (or `run`) and `workspace_bytes`, and extend `_own_reasons`."""
 
     family: ClassVar[str]
     supports_backward: ClassVar[bool] = False
@@ -100,8 +98,7 @@ class Kernel(ABC):
     def __call__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                  attn_mask: torch.Tensor | None = None, is_causal: bool = False, scale: float | None = None,
                  enable_gqa: bool = False) -> torch.Tensor:
-        """`F.scaled_dot_product_attention` without dropout; raises `UnsupportedProblemError` where
-        `reasons` refuse."""
+        """`F.scaled_dot_product_attention` without dropout; raises `UnsupportedProblemError` where `reasons` refuse."""
         problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
         why = self.reasons(problem)
         if why:
@@ -121,25 +118,24 @@ class Kernel(ABC):
         return out.reshape(inputs.out_shape)
 
     def runner(self, problem: Problem):
-        """The callable the warm path calls for problems like `problem`, with `run`'s signature: `run` or a
-        shortcut."""
+        """The callable the warm path calls for problems like `problem`, with `run`'s signature: `run` or a shortcut."""
         return self.run
 
     def sdpa_call(self, problem: Problem) -> tuple[bool, bool, bool] | None:
         """``(takes_mask, is_causal, enable_gqa)`` where running `problem` is exactly one
-        ``torch._C._nn.scaled_dot_product_attention`` call on the call's own tensors and scale, which the
-        warm path then makes itself; None: run through `runner`."""
+        ``torch._C._nn.scaled_dot_product_attention`` call on the call's own tensors and scale, which the warm path
+        then makes itself; None: run through `runner`."""
         return None
 
     def bare_call(self, problem: Problem) -> BareCall | None:
-        """The one ATen operator call `runner` makes (`kernels.sdpa_backends.BareCall`), for the C++ fast
-        path; None: no such call."""
+        """The one ATen operator call `runner` makes (`kernels.sdpa_backends.BareCall`), for the C++ fast path; None:
+        no such call."""
         return None
 
     def _forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                  problem: Problem, scale: float) -> torch.Tensor:
-        """Canonical inputs -> ``[B, Hq, L, Ev]`` in the input dtype (kernels working on whole inputs
-        override `run`)."""
+        """Canonical inputs -> ``[B, Hq, L, Ev]`` in the input dtype (kernels working on whole inputs override
+        `run`)."""
         raise NotImplementedError(f"{type(self).__name__} implements neither _forward nor run")
 
     # ------------------------------------------------------------------ helpers
@@ -155,8 +151,7 @@ class Kernel(ABC):
 
 def direct_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                      problem: Problem, scale: float) -> torch.Tensor:
-    """Canonical inputs -> ``[B, Hq, L, Ev]`` in the query's dtype by the plain formula (fp32, fp64 for
-    fp64)."""
+    """Canonical inputs -> ``[B, Hq, L, Ev]`` in the query's dtype by the plain formula (fp32, fp64 for fp64)."""
     acc = accumulation_dtype(query.dtype)
     if problem.gqa_ratio > 1:
         key = key.repeat_interleave(problem.gqa_ratio, dim=1)
@@ -182,8 +177,7 @@ def direct_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 # out-of-memory failures
 
 OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
-"""How CPU allocators (and some HIP builds) word an out-of-memory error that is not a
-torch.OutOfMemoryError."""
+"""How CPU allocators (and some HIP builds) word an out-of-memory error that is not a torch.OutOfMemoryError."""
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -204,9 +198,9 @@ docs/RESULTS.md#training-memory)."""
 
 
 def training_bytes(kernel: Kernel, problem: Problem) -> int:
-    """Extra peak memory of forward plus backward on `kernel`, never allocating: its
-    `backward_workspace_bytes`, else an estimate (fused backends: forward, row statistics, gradients, fp32
-    dQ, K/V repeated; others: `MATH_BACKWARD_SCORE_MATRICES`)."""
+    """Extra peak memory of forward plus backward on `kernel`, never allocating: its `backward_workspace_bytes`, else
+    an estimate (fused backends: forward, row statistics, gradients, fp32 dQ, K/V repeated; others:
+    `MATH_BACKWARD_SCORE_MATRICES`)."""
     declared = getattr(kernel, "backward_workspace_bytes", None)
     if declared is not None:
         return int(declared(problem))

@@ -1,6 +1,6 @@
-"""`chunked[q=Qc,kv=Kc]`: query chunks times key/value chunks merged with an online softmax: peak extra
-memory O(Qc x Kc) per head whatever the lengths. Causal blocks above the diagonal are skipped; when one key
-block covers every key, each query block is one pass with PyTorch's fused softmax."""
+"""`chunked[q=Qc,kv=Kc]`: query chunks times key/value chunks merged with an online softmax: peak extra memory O(Qc x
+Kc) per head whatever the lengths. Causal blocks above the diagonal are skipped; when one key block covers every key,
+each query block is one pass with PyTorch's fused softmax."""
 
 from __future__ import annotations
 
@@ -114,9 +114,9 @@ def _batched(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def row_major_scores(rows: torch.Tensor, key: torch.Tensor, score_scale: float = 1.0) -> torch.Tensor:
-    """``score_scale * rows [B, Hkv, R, E] @ key [B, Hkv, S, E]^T`` in fp32 (fp64 for fp64): a ``[B * Hkv,
-    R, S]`` view of a contiguous ``[R, B * Hkv, S]`` buffer, so each score row is contiguous for the
-    softmax and `split_kv_product` reads key blocks in place."""
+    """``score_scale * rows [B, Hkv, R, E] @ key [B, Hkv, S, E]^T`` in fp32 (fp64 for fp64): a ``[B * Hkv, R, S]``
+    view of a contiguous ``[R, B * Hkv, S]`` buffer, so each score row is contiguous for the softmax and
+    `split_kv_product` reads key blocks in place."""
     R, S = rows.shape[-2], key.shape[-2]
     heads = rows.shape[0] * rows.shape[1]
     buffer = torch.empty(R, heads, S, dtype=accumulation_dtype(rows.dtype), device=rows.device)
@@ -128,9 +128,8 @@ def row_major_scores(rows: torch.Tensor, key: torch.Tensor, score_scale: float =
 
 
 def split_kv_product(probs: torch.Tensor, value: torch.Tensor, splits: int) -> torch.Tensor:
-    """``probs [B*Hkv, R, S]`` (from `row_major_scores`) ``@ value [B, Hkv, S, Ev]`` as `splits` reductions
-    of ``S / splits`` keys (split-K; `splits` must divide S), summed in fp32. Returns ``[B*Hkv, R, Ev]`` in
-    the value dtype."""
+    """``probs [B*Hkv, R, S]`` (from `row_major_scores`) ``@ value [B, Hkv, S, Ev]`` as `splits` reductions of ``S /
+    splits`` keys (split-K; `splits` must divide S), summed in fp32. Returns ``[B*Hkv, R, Ev]`` in the value dtype."""
     values = _batched(value)
     if splits == 1:
         return torch.bmm(probs, values)
@@ -145,9 +144,9 @@ def split_kv_product(probs: torch.Tensor, value: torch.Tensor, splits: int) -> t
 def single_pass_attention(rows: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                           q_positions: slice, problem: Problem, splits: int = 1, score_scale: float = 1.0,
                           ) -> torch.Tensor:
-    """Query rows ``[B, Hkv, G*Lc, E]`` at `q_positions` (scores times `score_scale`) against every key
-    (``[B, Hkv, S, E]`` in the rows' dtype, `_blocks.score_keys`); mask ``[B|1, Hq|1, L|1, S|1]`` or None.
-    Returns ``[B, Hkv, G*Lc, Ev]`` in the value dtype."""
+    """Query rows ``[B, Hkv, G*Lc, E]`` at `q_positions` (scores times `score_scale`) against every key (``[B, Hkv,
+    S, E]`` in the rows' dtype, `_blocks.score_keys`); mask ``[B|1, Hq|1, L|1, S|1]`` or None. Returns ``[B, Hkv,
+    G*Lc, Ev]`` in the value dtype."""
     scores = row_major_scores(rows, key, score_scale)  # [B*Hkv, R, S]
     mask_scores_(scores.view(rows.shape[:-1] + (problem.kv_len,)), mask, problem.causal, q_positions,
                  slice(0, problem.kv_len), problem)
@@ -159,8 +158,8 @@ def single_pass_attention(rows: torch.Tensor, key: torch.Tensor, value: torch.Te
 
 
 def single_pass_workspace_bytes(problem: Problem, q_rows: int, splits: int) -> int:
-    """Peak extra bytes of `single_pass_attention` for `q_rows` query positions, tensor by tensor (the
-    keys' fp32 copy is the caller's: `_blocks.score_keys_bytes`)."""
+    """Peak extra bytes of `single_pass_attention` for `q_rows` query positions, tensor by tensor (the keys' fp32
+    copy is the caller's: `_blocks.score_keys_bytes`)."""
     item, acc = problem.itemsize, (8 if problem.dtype == "float64" else 4)
     rows = problem.batch * problem.q_heads * q_rows
     scores = rows * problem.kv_len
@@ -189,8 +188,8 @@ def needs_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) 
 
 
 def scores_fp32(q_rows: torch.Tensor, key_block: torch.Tensor) -> torch.Tensor:
-    """``q_rows [B, Hkv, R, E] @ key_block^T`` -> fp32 (fp64 for fp64) scores; fp16 multiplied in fp32 (its
-    products overflow), bf16 in bf16 then widened."""
+    """``q_rows [B, Hkv, R, E] @ key_block^T`` -> fp32 (fp64 for fp64) scores; fp16 multiplied in fp32 (its products
+    overflow), bf16 in bf16 then widened."""
     if q_rows.dtype == torch.float16:
         return torch.matmul(q_rows.float(), key_block.float().transpose(-1, -2))
     return torch.matmul(q_rows, key_block.transpose(-1, -2)).to(accumulation_dtype(q_rows.dtype))
@@ -206,14 +205,13 @@ def _grouped_rows(tensor: torch.Tensor, rows: slice, problem: Problem) -> torch.
 
 
 def _keys(tensor: torch.Tensor, cols: slice) -> torch.Tensor:
-    """``tensor [B, Hkv, S, X]`` at key positions `cols`: the tensor itself for all of them (vmap cannot
-    batch a full-length alias), else a view."""
+    """``tensor [B, Hkv, S, X]`` at key positions `cols`: the tensor itself for all of them (vmap cannot batch a
+    full-length alias), else a view."""
     return tensor if cols.start == 0 and cols.stop >= tensor.shape[2] else tensor[:, :, cols]
 
 
 def _kv_blocks(rows: slice, problem: Problem, kv_chunk: int):
-    """Key blocks a query block reads (causal: up to the last one any of its rows sees,
-    `Problem.causal_offset`)."""
+    """Key blocks a query block reads (causal: up to the last one any of its rows sees, `Problem.causal_offset`)."""
     for kv_start in range(0, problem.kv_len, kv_chunk):
         cols = slice(kv_start, min(problem.kv_len, kv_start + kv_chunk))
         if problem.causal and fully_blocked_by_causality(rows, cols, problem.causal_offset):
@@ -222,8 +220,7 @@ def _kv_blocks(rows: slice, problem: Problem, kv_chunk: int):
 
 
 def _forward_with_lse(query, key, value, mask, problem: Problem, scale: float, q_chunk: int, kv_chunk: int):
-    """Canonical inputs -> (out ``[B, Hq, L, Ev]``, lse ``[B, Hkv, G, L]`` fp32, +inf on fully blocked
-    rows)."""
+    """Canonical inputs -> (out ``[B, Hq, L, Ev]``, lse ``[B, Hkv, G, L]`` fp32, +inf on fully blocked rows)."""
     B, Hkv, G, L = problem.batch, problem.kv_heads, problem.gqa_ratio, problem.q_len
     out = query.new_empty(B, problem.q_heads, L, problem.value_dim)
     lse = torch.empty(B, Hkv, G, L, dtype=accumulation_dtype(query.dtype), device=query.device)
@@ -296,8 +293,8 @@ class _ChunkedAttention(torch.autograd.Function):
 def chunked_attention_with_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                     mask: torch.Tensor | None, problem: Problem, scale: float, q_chunk: int,
                                     kv_chunk: int) -> torch.Tensor:
-    """`chunked` on canonical inputs, differentiable in query, key and value; returns ``[B, Hq, L, Ev]``.
-    Raises RuntimeError for a mask that requires grad (it would silently get none)."""
+    """`chunked` on canonical inputs, differentiable in query, key and value; returns ``[B, Hq, L, Ev]``. Raises
+    RuntimeError for a mask that requires grad (it would silently get none)."""
     if mask is not None and mask.requires_grad and torch.is_grad_enabled():
         raise RuntimeError(
             "attn_mask requires grad, and chunked's backward gives the mask no gradient: call "
@@ -334,8 +331,8 @@ def _tile_bytes(problem: Problem, q_rows: int, kv_cols: int) -> tuple[int, int]:
 
 
 def training_workspace_bytes(problem: Problem, q_chunk: int, kv_chunk: int) -> int:
-    """Upper bound of forward-plus-backward extra peak memory of one call, never allocating: the larger of
-    the forward's and the backward's (saved output, lse, copies, gradients, fp32 accumulators, one tile)."""
+    """Upper bound of forward-plus-backward extra peak memory of one call, never allocating: the larger of the
+    forward's and the backward's (saved output, lse, copies, gradients, fp32 accumulators, one tile)."""
     q_rows, kv_cols = min(q_chunk, problem.q_len), min(kv_chunk, problem.kv_len)
     forward_tile, backward_tile = _tile_bytes(problem, q_rows, kv_cols)
     acc = accumulation_itemsize(problem)

@@ -1,6 +1,6 @@
-"""`convert[SRC->DST]+<kernel>` and `convert[contiguous]+<kernel>`: convert the inputs' dtype or layout,
-run a faster kernel, convert the output back. Lossless conversions are always allowed; lossy ones only
-under an `AccuracyPolicy` naming them."""
+"""`convert[SRC->DST]+<kernel>` and `convert[contiguous]+<kernel>`: convert the inputs' dtype or layout, run a faster
+kernel, convert the output back. Lossless conversions are always allowed; lossy ones only under an `AccuracyPolicy`
+naming them."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ CONTIGUOUS = "contiguous"
 
 
 class ConvertKernel(Kernel):
-    """Convert, run `inner`, convert back. `source`, `target`: dtype names, both None for a layout
-    conversion; `policy`: the lossy conversions allowed."""
+    """Convert, run `inner`, convert back. `source`, `target`: dtype names, both None for a layout conversion;
+    `policy`: the lossy conversions allowed."""
 
     family = "convert"
 
@@ -78,8 +78,8 @@ class ConvertKernel(Kernel):
         return [f"after {self.conversion}: {why}" for why in self.inner.reasons(self.converted(problem))]
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """Converted copies of Q, K, V (and a float mask), the inner kernel's workspace and the output
-        converted back."""
+        """Converted copies of Q, K, V (and a float mask), the inner kernel's workspace and the output converted
+        back."""
         inner_problem = self.converted(problem)
         ratio = inner_problem.itemsize / problem.itemsize
         copies = int((problem.q_bytes + problem.kv_bytes) * ratio)

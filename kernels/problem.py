@@ -1,6 +1,5 @@
-"""The attention problem: one `F.scaled_dot_product_attention` call reduced to the numbers that decide the
-fastest kernel and its memory; built and validated once per call (`Problem.from_tensors`, SDPA's exception
-types)."""
+"""The attention problem: one `F.scaled_dot_product_attention` call reduced to the numbers that decide the fastest
+kernel and its memory; built and validated once per call (`Problem.from_tensors`, SDPA's exception types)."""
 
 from __future__ import annotations
 
@@ -20,19 +19,18 @@ SHORT_DTYPE_NAMES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "flo
 ITEMSIZE: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 MASK_KINDS = ("none", "bool", "float")
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
-"""Where the causal diagonal starts: top-left (``is_causal``, `causal_upper_left`: query i sees keys 0..i)
-or bottom-right (`causal_lower_right`: keys 0..i + S - L, as a decode step against a cache)."""
+"""Where the causal diagonal starts: top-left (``is_causal``, `causal_upper_left`: query i sees keys 0..i) or
+bottom-right (`causal_lower_right`: keys 0..i + S - L, as a decode step against a cache)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One attention call in canonical 4-D form (`kernels._layout`), every leading dimension folded into
-    ``batch``.
+    """One attention call in canonical 4-D form (`kernels._layout`), every leading dimension folded into ``batch``.
 
-    `mask_shape`: the mask's ``(B|1, H|1, L|1, S|1)``, ``()`` without one. `strided`: some input is not
-    contiguous in its 4-D view (kernels may copy it). `broadcast_inputs`: inputs' leading dimensions (or
-    K/V head counts under GQA) broadcast; canonicalisation materialises them. `causal_alignment`:
-    bottom-right only when causal. Sizes may be 0 (`is_degenerate`)."""
+    `mask_shape`: the mask's ``(B|1, H|1, L|1, S|1)``, ``()`` without one. `strided`: some input is not contiguous in
+    its 4-D view (kernels may copy it). `broadcast_inputs`: inputs' leading dimensions (or K/V head counts under GQA)
+    broadcast; canonicalisation materialises them. `causal_alignment`: bottom-right only when causal. Sizes may be 0
+    (`is_degenerate`)."""
 
     batch: int
     q_heads: int
@@ -75,8 +73,8 @@ class Problem:
         return self._hash
 
     def at_key_length(self, kv_len: int, mask_shape: tuple[int, ...]) -> Problem:
-        """This problem with another key length and mask shape, copied without validating again (the caller
-        checked: `plans.problem_at_key_length`); cheaper than `dataclasses.replace`."""
+        """This problem with another key length and mask shape, copied without validating again (the caller checked:
+        `plans.problem_at_key_length`); cheaper than `dataclasses.replace`."""
         new = object.__new__(Problem)
         for name in _COPIED_FIELDS:
             object.__setattr__(new, name, getattr(self, name))
@@ -99,8 +97,8 @@ class Problem:
 
     @property
     def causal_offset(self) -> int:
-        """Query i sees keys ``0 .. i + causal_offset`` when causal: 0 top-left, ``S - L`` bottom-right
-        (negative when L > S)."""
+        """Query i sees keys ``0 .. i + causal_offset`` when causal: 0 top-left, ``S - L`` bottom-right (negative
+        when L > S)."""
         return self.kv_len - self.q_len if self.causal_alignment == "bottom_right" else 0
 
     @property
@@ -212,8 +210,7 @@ class Problem:
         `CausalBias` (`causal_alignment`).
 
         Raises as `F.scaled_dot_product_attention` does: RuntimeError (shapes, dtypes, devices), TypeError
-        (non-tensors), ValueError (a `CausalBias` with ``is_causal=True``), NotImplementedError (complex
-        inputs)."""
+        (non-tensors), ValueError (a `CausalBias` with ``is_causal=True``), NotImplementedError (complex inputs)."""
         from attn_dispatch.kernels._layout import describe_inputs
 
         return describe_inputs(cls, query, key, value, attn_mask, is_causal, enable_gqa)

@@ -61,8 +61,7 @@ def _plain_from_name(name: str) -> Kernel:
 
 
 def kernel_from_name(name: str, *, policy: AccuracyPolicy = LOSSLESS) -> Kernel:
-    """Build any kernel variant from its name (inverse of ``kernel.name``); ValueError for names that are
-    not ours."""
+    """Build any kernel variant from its name (inverse of ``kernel.name``); ValueError for names that are not ours."""
     if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
         raise ValueError(f"kernel name must be a non-empty string of at most {MAX_NAME_LENGTH} characters, got {name!r}")
     match = _CONVERT.match(name)
@@ -111,8 +110,7 @@ def all_kernels(*, policy: AccuracyPolicy = LOSSLESS) -> list[Kernel]:
 
 
 def portable_kernels(*, policy: AccuracyPolicy = LOSSLESS) -> list[Kernel]:
-    """What a card without fused SDPA backends has (gfx906): math, chunked, small_q, Triton kernels,
-    convert."""
+    """What a card without fused SDPA backends has (gfx906): math, chunked, small_q, Triton kernels, convert."""
     return [k for k in all_kernels(policy=policy) if not uses_fused_backend(k)]
 
 
@@ -122,14 +120,13 @@ def uses_fused_backend(kernel: Kernel) -> bool:
 
 
 def interpreted(kernel: Kernel) -> bool:
-    """Whether `kernel`'s work would run under Triton's interpreter here (right answers, never speed): left
-    out of serving sets."""
+    """Whether `kernel`'s work would run under Triton's interpreter here (right answers, never speed): left out of
+    serving sets."""
     return working_family(kernel) in TRITON_FAMILIES and interpreting()
 
 
 def serving(kernels: list[Kernel]) -> list[Kernel]:
-    """`kernels` without the interpreted ones (`interpreted`): what a dispatcher chooses from and
-    calibration times."""
+    """`kernels` without the interpreted ones (`interpreted`): what a dispatcher chooses from and calibration times."""
     return [kernel for kernel in kernels if not interpreted(kernel)]
 
 

@@ -1,8 +1,7 @@
-"""`sdpa_flash`, `sdpa_efficient`, `sdpa_cudnn`, `sdpa_math`: PyTorch's attention backends as candidates,
-called through their ATen operators (not `sdpa_kernel`, which costs host time per call). This module
-therefore does SDPA's input preparation: GQA (native, query heads folded into rows, or K/V repeated), masks
-and bottom-right causality as aligned additive biases, fully masked rows zeroed. Backends are probed before
-use (`sdpa_default.probe_backend`)."""
+"""`sdpa_flash`, `sdpa_efficient`, `sdpa_cudnn`, `sdpa_math`: PyTorch's attention backends as candidates, called
+through their ATen operators (not `sdpa_kernel`, which costs host time per call). This module therefore does SDPA's
+input preparation: GQA (native, query heads folded into rows, or K/V repeated), masks and bottom-right causality as
+aligned additive biases, fully masked rows zeroed. Backends are probed before use (`sdpa_default.probe_backend`)."""
 
 from __future__ import annotations
 
@@ -30,9 +29,8 @@ FUSED_HEAD_DIM_MULTIPLE = 8
 
 def additive_bias(mask: torch.Tensor | None, causal: bool, dtype: torch.dtype, L: int, S: int, align: int = 1,
                   offset: int = 0, device: torch.device | None = None) -> torch.Tensor | None:
-    """``[B|1, H|1, L|1, S|1]`` mask (+ causality, diagonal shifted by `offset`) -> additive float bias
-    ``[B|1, H|1, L, S]`` in `dtype` on `device` (the mask's when given), rows padded to a multiple of
-    `align` elements."""
+    """``[B|1, H|1, L|1, S|1]`` mask (+ causality, diagonal shifted by `offset`) -> additive float bias ``[B|1, H|1,
+    L, S]`` in `dtype` on `device` (the mask's when given), rows padded to a multiple of `align` elements."""
     if mask is None and not causal:
         return None
     shape = (mask.shape[0], mask.shape[1]) if mask is not None else (1, 1)
@@ -50,8 +48,8 @@ def additive_bias(mask: torch.Tensor | None, causal: bool, dtype: torch.dtype, L
 
 
 def zero_fully_masked_rows_(out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Zero rows of ``out [B, H, L, Ev]`` whose every key is blocked in ``bias``: in place, except where
-    autograd saved `out` for backward."""
+    """Zero rows of ``out [B, H, L, Ev]`` whose every key is blocked in ``bias``: in place, except where autograd
+    saved `out` for backward."""
     dead = (bias == float("-inf")).all(dim=-1, keepdim=True)  # [B|1, H|1, L, 1]
     if out.requires_grad:
         return out.masked_fill(dead, 0.0)
@@ -59,8 +57,7 @@ def zero_fully_masked_rows_(out: torch.Tensor, bias: torch.Tensor) -> torch.Tens
 
 
 def _backward_needs_logsumexp(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-    """Whether the operator must keep each row's logsumexp for a backward (the efficient backward needs
-    it)."""
+    """Whether the operator must keep each row's logsumexp for a backward (the efficient backward needs it)."""
     return torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
 
 
@@ -114,8 +111,8 @@ class SdpaBackendKernel(Kernel):
         return True
 
     def _features(self, problem: Problem) -> list[str]:
-        """The probes this problem relies on: 'base', and 'causal_square' / 'causal_rect' (L == S / L != S:
-        a kernel may align the diagonal bottom-right) or 'mask'."""
+        """The probes this problem relies on: 'base', and 'causal_square' / 'causal_rect' (L == S / L != S: a kernel
+        may align the diagonal bottom-right) or 'mask'."""
         features = ["base"]
         if self._bias_needed(problem):
             features.append("mask")
@@ -124,8 +121,7 @@ class SdpaBackendKernel(Kernel):
         return features
 
     def _bias_needed(self, problem: Problem) -> bool:
-        """Masks and bottom-right causality (the operators' ``is_causal`` is top-left) travel as an
-        additive bias."""
+        """Masks and bottom-right causality (the operators' ``is_causal`` is top-left) travel as an additive bias."""
         return problem.mask_kind != "none" or problem.causal_offset != 0
 
     # only FlashAttention checks K/V head counts itself: others are never handed fewer K/V heads
@@ -148,8 +144,8 @@ class SdpaBackendKernel(Kernel):
         return "repeat"
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """Output, fp32 log-sum-exp per row, an aligned bias with its masked-row test, K/V repeated when
-        GQA is neither native nor folded, and one copy of strided inputs."""
+        """Output, fp32 log-sum-exp per row, an aligned bias with its masked-row test, K/V repeated when GQA is
+        neither native nor folded, and one copy of strided inputs."""
         extra = problem.out_bytes + self.input_copy_bytes(problem)
         extra += problem.batch * problem.q_heads * problem.q_len * 4
         if self._bias_needed(problem):
@@ -199,14 +195,13 @@ class SdpaBackendKernel(Kernel):
     """Device type -> the ATen operator `runner` calls bare there (`BareCall.op`)."""
 
     def _bare_op(self, device_type: str = "cuda"):
-        """``(query, key, value, causal, scale) -> output`` calling the backend's operator on `device_type`
-        with nothing around it; None where there is none."""
+        """``(query, key, value, causal, scale) -> output`` calling the backend's operator on `device_type` with
+        nothing around it; None where there is none."""
         return None
 
     def bare_call(self, problem: Problem) -> BareCall | None:
-        """What `runner` calls in place of `run`, or None: only without a mask, broadcasting or
-        bottom-right causality, with GQA native or folded. The C++ fast path (`dispatcher.fast_path`) makes
-        the same call."""
+        """What `runner` calls in place of `run`, or None: only without a mask, broadcasting or bottom-right
+        causality, with GQA native or folded. The C++ fast path (`dispatcher.fast_path`) makes the same call."""
         op = self.bare_ops.get(problem.device_type)
         if (op is None or problem.mask_kind != "none" or problem.broadcast_inputs
                 or problem.causal_offset or problem.is_degenerate):
@@ -218,9 +213,8 @@ class SdpaBackendKernel(Kernel):
         return BareCall(op) if mode in ("none", "native") else None
 
     def runner(self, problem: Problem):
-        """Where `bare_call` names one, the backend's ATen operator called directly on 4-D inputs, also
-        strided ones with a dense last dimension; else `run`, which canonicalises on every call
-        (docs/RESULTS.md#warm-parity)."""
+        """Where `bare_call` names one, the backend's ATen operator called directly on 4-D inputs, also strided ones
+        with a dense last dimension; else `run`, which canonicalises on every call (docs/RESULTS.md#warm-parity)."""
         bare_call = self.bare_call(problem)
         op = None if bare_call is None else self._bare_op(problem.device_type)
         if op is None:
@@ -337,8 +331,8 @@ class SdpaMathKernel(SdpaBackendKernel):
         return "none" if problem.gqa_ratio == 1 else "native"
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """ATen's math backend materialises scores and softmax (12 bytes per score element with a bias),
-        upcasts half inputs to fp32, scales Q and K in copies, and repeats K/V for GQA after the upcast."""
+        """ATen's math backend materialises scores and softmax (12 bytes per score element with a bias), upcasts half
+        inputs to fp32, scales Q and K in copies, and repeats K/V for GQA after the upcast."""
         widen = 4 // problem.itemsize if problem.itemsize < 4 else 1  # fp32 copies of half inputs
         upcast = (problem.q_bytes + problem.kv_bytes) * widen if widen > 1 else 0
         repeated_kv = problem.kv_bytes * widen * problem.gqa_ratio if problem.gqa_ratio > 1 else 0
@@ -376,9 +370,9 @@ FORCED_BACKENDS = {cls.family: cls for cls in (SdpaFlashKernel, SdpaEfficientKer
 class BareCall:
     """The one ATen operator call `SdpaBackendKernel.runner` makes for a problem.
 
-    `op`: ``"flash"``, ``"flash_cpu"``, ``"efficient"`` or ``"cudnn"``, called with no mask or dropout;
-    `rows`, `out_shape`: with GQA folded, the query reshaped to ``[B, Hkv, R * L, E]`` and the output to
-    ``[B, Hq, L, Ev]`` (None: as given)."""
+    `op`: ``"flash"``, ``"flash_cpu"``, ``"efficient"`` or ``"cudnn"``, called with no mask or dropout; `rows`,
+    `out_shape`: with GQA folded, the query reshaped to ``[B, Hkv, R * L, E]`` and the output to ``[B, Hq, L, Ev]``
+    (None: as given)."""
 
     op: str
     rows: tuple[int, ...] | None = None
@@ -386,6 +380,6 @@ class BareCall:
 
 
 def aten_binding(name: str):
-    """ATen operator `name` through its ``torch._C._VariableFunctions`` binding where there is one (parsed
-    in C++, cheaper on the warm path), else the operator overload."""
+    """ATen operator `name` through its ``torch._C._VariableFunctions`` binding where there is one (parsed in C++,
+    cheaper on the warm path), else the operator overload."""
     return getattr(torch._C._VariableFunctions, name, None) or getattr(torch.ops.aten, name).default

@@ -1,7 +1,6 @@
-"""`sdpa_default`: `F.scaled_dot_product_attention` as PyTorch dispatches it (the baseline), with the
-repairs its backends need; and the backend probes: whether a backend works on this build and device (a tiny
-problem against the float64 reference, cached per backend, device type, dtype and feature), and which
-backend PyTorch would pick."""
+"""`sdpa_default`: `F.scaled_dot_product_attention` as PyTorch dispatches it (the baseline), with the repairs its
+backends need; and the backend probes: whether a backend works on this build and device (a tiny problem against the
+float64 reference, cached per backend, device type, dtype and feature), and which backend PyTorch would pick."""
 
 from __future__ import annotations
 
@@ -40,9 +39,9 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         return []
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """The workspace of the backend PyTorch picks for this kind of problem (`default_backend_choice`),
-        K/V repeated for GQA where it has no native support, plus what `_call_pytorch` builds around a
-        masked call (a key-broadcast mask stored out, the fully-masked-row test)."""
+        """The workspace of the backend PyTorch picks for this kind of problem (`default_backend_choice`), K/V
+        repeated for GQA where it has no native support, plus what `_call_pytorch` builds around a masked call (a
+        key-broadcast mask stored out, the fully-masked-row test)."""
         family = default_backend_choice(problem)
         chosen = FORCED_BACKENDS[family]()
         extra = chosen.workspace_bytes(problem)
@@ -60,8 +59,8 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         return extra
 
     def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
-        """PyTorch's SDPA on the caller's own tensors, uncanonicalised. What PyTorch does not take as given
-        (a mask with causality, a 1-D mask, broadcast inputs, a size of 0) goes through the base class."""
+        """PyTorch's SDPA on the caller's own tensors, uncanonicalised. What PyTorch does not take as given (a mask
+        with causality, a 1-D mask, broadcast inputs, a size of 0) goes through the base class."""
         if (
             attn_mask is not None and (problem.causal or attn_mask.dim() < 2)
             or problem.broadcast_inputs
@@ -72,9 +71,9 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         return self._call_pytorch(query, key, value, attn_mask, problem.causal, scale, enable_gqa)
 
     def runner(self, problem: Problem):
-        """The bare ``torch._C._nn.scaled_dot_product_attention`` call with flags bound, without a mask on
-        inputs PyTorch takes as given, or masked where `_masked_call_is_bare`: no Python frame of ours on
-        the warm path; else `run`."""
+        """The bare ``torch._C._nn.scaled_dot_product_attention`` call with flags bound, without a mask on inputs
+        PyTorch takes as given, or masked where `_masked_call_is_bare`: no Python frame of ours on the warm path;
+        else `run`."""
         if problem.mask_kind != "none":
             return self._masked_runner(problem)
         if problem.broadcast_inputs or problem.causal_offset or problem.is_degenerate:
@@ -88,8 +87,8 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         return lambda q, k, v, mask, scale, gqa, problem: pytorch_sdpa(q, k, v, is_causal=causal, scale=scale)
 
     def sdpa_call(self, problem: Problem) -> tuple[bool, bool, bool] | None:
-        """The flags of `runner`'s bare call (`Kernel.sdpa_call`); None where it makes none (and on PyTorch
-        < 2.5). A plan made for a 1-D mask makes no bare call (`dispatcher.plans.Plan`'s ``mask_ndim``)."""
+        """The flags of `runner`'s bare call (`Kernel.sdpa_call`); None where it makes none (and on PyTorch < 2.5). A
+        plan made for a 1-D mask makes no bare call (`dispatcher.plans.Plan`'s ``mask_ndim``)."""
         if (not TORCH_HAS_ENABLE_GQA or problem.broadcast_inputs or problem.causal_offset or problem.is_degenerate
                 or problem.causal_alignment != "top_left"):
             return None
@@ -100,8 +99,8 @@ class SdpaDefaultKernel(SdpaBackendKernel):
 
     @staticmethod
     def _masked_call_is_bare(problem: Problem) -> bool:
-        """Whether `run` on a masked `problem` only calls PyTorch: a CPU, no causality, inputs taken as
-        given, rows PyTorch zeroes itself."""
+        """Whether `run` on a masked `problem` only calls PyTorch: a CPU, no causality, inputs taken as given, rows
+        PyTorch zeroes itself."""
         return not (problem.device_type != "cpu" or problem.causal or problem.broadcast_inputs
                     or problem.is_degenerate or not TORCH_HAS_ENABLE_GQA
                     or not default_zeroes_dead_rows(torch.device("cpu"), problem.torch_dtype,
@@ -135,9 +134,9 @@ class SdpaDefaultKernel(SdpaBackendKernel):
 
     @staticmethod
     def _call_pytorch(query, key, value, mask, causal: bool, scale: float | None, gqa: bool) -> torch.Tensor:
-        """``F.scaled_dot_product_attention`` with two repairs where needed: on a GPU a key-broadcast mask
-        is stored out in full (the memory-efficient backend needs a contiguous last dimension), and fully
-        blocked rows are zeroed unless PyTorch does it (`default_zeroes_dead_rows`)."""
+        """``F.scaled_dot_product_attention`` with two repairs where needed: on a GPU a key-broadcast mask is stored
+        out in full (the memory-efficient backend needs a contiguous last dimension), and fully blocked rows are
+        zeroed unless PyTorch does it (`default_zeroes_dead_rows`)."""
         if mask is not None and query.device.type != "cpu" and not key_dim_is_dense(mask, key.shape[-2]):
             mask = mask.expand(*mask.shape[:-1], key.shape[-2]).contiguous()
         kwargs = {"enable_gqa": True} if gqa and TORCH_HAS_ENABLE_GQA else {}
@@ -151,22 +150,22 @@ class SdpaDefaultKernel(SdpaBackendKernel):
 
 
 def _mask_needs_query_dtype(problem: Problem) -> bool:
-    """A float mask on half inputs on a GPU: PyTorch's cuDNN backend gives wrong rows with a float32 mask
-    there (the memory-efficient one refuses it), so it is cast to the query's dtype; rebased first
-    (`kernels._layout`), narrowing turns only penalties below -65504 into -inf, which block exactly."""
+    """A float mask on half inputs on a GPU: PyTorch's cuDNN backend gives wrong rows with a float32 mask there (the
+    memory-efficient one refuses it), so it is cast to the query's dtype; rebased first (`kernels._layout`),
+    narrowing turns only penalties below -65504 into -inf, which block exactly."""
     return problem.mask_kind == "float" and problem.itemsize < 4 and problem.device_type != "cpu"
 
 
 def key_dim_is_dense(mask: torch.Tensor, S: int) -> bool:
-    """Whether a mask's key dimension is stored in full with unit stride (PyTorch's memory-efficient CUDA
-    backend takes no other)."""
+    """Whether a mask's key dimension is stored in full with unit stride (PyTorch's memory-efficient CUDA backend
+    takes no other)."""
     return mask.shape[-1] == S and (mask.stride(-1) == 1 or S == 1)
 
 
 def combine_mask_and_causal(mask: torch.Tensor, L: int, S: int, offset: int = 0) -> torch.Tensor:
-    """One mask meaning both `mask` and causality (top-left, or shifted by `offset`): PyTorch's math
-    backend refuses a mask with ``is_causal``; its default CPU path combines them, the semantics we keep
-    (docs/USAGE.md, "Where PyTorch has two answers")."""
+    """One mask meaning both `mask` and causality (top-left, or shifted by `offset`): PyTorch's math backend refuses
+    a mask with ``is_causal``; its default CPU path combines them, the semantics we keep (docs/USAGE.md, "Where
+    PyTorch has two answers")."""
     blocked = causal_blocked(slice(0, L), slice(0, S), mask.device, offset)
     if blocked is None:
         return mask
@@ -195,9 +194,9 @@ DEFERRED_GQA = "native GQA not probed yet (taken as absent while probes are defe
 
 @contextmanager
 def probes_deferred() -> Iterator[None]:
-    """Inside: a probe not yet run in this process is not run and answers "works" (``gqa``:
-    `DEFERRED_GQA`); known results answer as they are. For ranking a bucket on its first call; whatever
-    then runs a kernel asks `Kernel.reasons` outside this block, which probes it."""
+    """Inside: a probe not yet run in this process is not run and answers "works" (``gqa``: `DEFERRED_GQA`); known
+    results answer as they are. For ranking a bucket on its first call; whatever then runs a kernel asks
+    `Kernel.reasons` outside this block, which probes it."""
     token = _DEFERRED.set(True)
     try:
         yield
@@ -217,10 +216,9 @@ class AssumedCard(Protocol):
 
 @contextmanager
 def assume_backends_available(card: AssumedCard | None = None) -> Iterator[None]:
-    """Inside: a probe for a device type this process has none of answers "works" (or as recorded on
-    `card`, also for `default_backend_choice`; without `card`, an enclosing block's), for building or
-    scoring a card's table elsewhere. Static kernel limits still apply; a machine with such a device probes
-    its own."""
+    """Inside: a probe for a device type this process has none of answers "works" (or as recorded on `card`, also for
+    `default_backend_choice`; without `card`, an enclosing block's), for building or scoring a card's table
+    elsewhere. Static kernel limits still apply; a machine with such a device probes its own."""
     tokens = _ASSUME_AVAILABLE.set(True), _ASSUMED_CARD.set(card if card is not None else _ASSUMED_CARD.get())
     try:
         yield
@@ -260,8 +258,8 @@ def passed_probes(device_type: str) -> set[tuple[str, str, str, str]]:
 
 
 def seed_passed_probes(keys) -> None:
-    """Take these probe keys as passed without running them (`models.probe_store`); keys probed here keep
-    their result."""
+    """Take these probe keys as passed without running them (`models.probe_store`); keys probed here keep their
+    result."""
     with _lock:
         for key in keys:
             _results.setdefault(tuple(key), None)
@@ -278,9 +276,9 @@ _dead_rows: dict[tuple[torch.dtype, bool], bool] = {}
 
 
 def default_zeroes_dead_rows(device: torch.device, dtype: torch.dtype, bool_mask: bool) -> bool:
-    """Whether PyTorch's own SDPA zeroes rows its mask blocks entirely (SDPA's semantics), so
-    `sdpa_default` need not repair them: asked once per dtype and mask kind on CPUs, never assumed on GPUs
-    (it depends on each shape's backend)."""
+    """Whether PyTorch's own SDPA zeroes rows its mask blocks entirely (SDPA's semantics), so `sdpa_default` need not
+    repair them: asked once per dtype and mask kind on CPUs, never assumed on GPUs (it depends on each shape's
+    backend)."""
     if device.type != "cpu":
         return False
     key = (dtype, bool_mask)
@@ -352,8 +350,8 @@ _choices: dict[tuple, str] = {}
 
 
 def default_backend_choice(problem: Problem) -> str:
-    """The backend family `F.scaled_dot_product_attention` picks for problems of this kind, asked of
-    PyTorch once with tiny inputs and cached; "sdpa_math" when it cannot be asked. Off the card, inside
+    """The backend family `F.scaled_dot_product_attention` picks for problems of this kind, asked of PyTorch once
+    with tiny inputs and cached; "sdpa_math" when it cannot be asked. Off the card, inside
     `assume_backends_available(card)`, the card's recorded answer."""
     card = _ASSUMED_CARD.get()
     if card is not None and _device_absent(problem.device_type):
@@ -374,8 +372,8 @@ def _always_on() -> bool:
 BACKEND_SWITCHES = tuple(
     getattr(torch._C, f"_get_{name}_sdp_enabled", _always_on) for name in ("flash", "mem_efficient", "math", "cudnn")
 )
-"""Readers of PyTorch's global SDPA backend switches (flash, memory-efficient, math, cuDNN) from
-`torch._C`; a switch this build lacks reads as on."""
+"""Readers of PyTorch's global SDPA backend switches (flash, memory-efficient, math, cuDNN) from `torch._C`; a switch
+this build lacks reads as on."""
 
 
 def _enabled_backends() -> tuple[bool, ...]:

@@ -1,6 +1,6 @@
-"""`sdpa_gqa_fold`: PyTorch's own SDPA with each GQA group's query heads folded into rows: query ``[B, Hq,
-L, E]`` viewed as ``[B, Hkv, G * L, E]`` is plain multi-head attention against K/V, so SDPA never repeats
-K/V. Exact where every row keeps its own keys: one query row, or no causality (a mask is folded along)."""
+"""`sdpa_gqa_fold`: PyTorch's own SDPA with each GQA group's query heads folded into rows: query ``[B, Hq, L, E]``
+viewed as ``[B, Hkv, G * L, E]`` is plain multi-head attention against K/V, so SDPA never repeats K/V. Exact where
+every row keeps its own keys: one query row, or no causality (a mask is folded along)."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ class SdpaGqaFoldKernel(SdpaDefaultKernel):
         return super()._own_reasons(folded_problem(problem))
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """PyTorch's default call on the folded problem, plus copies of the folded query, output and mask
-        where views do not suffice."""
+        """PyTorch's default call on the folded problem, plus copies of the folded query, output and mask where views
+        do not suffice."""
         if problem.gqa_ratio == 1:
             return super().workspace_bytes(problem)
         folded = folded_problem(problem)
@@ -89,9 +89,8 @@ class SdpaGqaFoldKernel(SdpaDefaultKernel):
         return out.reshape(problem.batch, problem.q_heads, problem.q_len, problem.value_dim)
 
     def runner(self, problem: Problem):
-        """Without a mask, on non-broadcast 4-D inputs: the folded SDPA call with only two reshapes around
-        it, or on a CPU the fused CPU kernel's operator itself (`_cpu_flash_takes`, `bare_call`); else
-        `run`."""
+        """Without a mask, on non-broadcast 4-D inputs: the folded SDPA call with only two reshapes around it, or on
+        a CPU the fused CPU kernel's operator itself (`_cpu_flash_takes`, `bare_call`); else `run`."""
         if problem.mask_kind != "none" or problem.broadcast_inputs or problem.is_degenerate or problem.gqa_ratio == 1:
             return self.run
         rows = (problem.batch, problem.kv_heads, problem.gqa_ratio * problem.q_len, problem.head_dim)
@@ -132,9 +131,9 @@ CPU_FLASH_DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
 def _cpu_flash_takes(problem: Problem) -> bool:
-    """Whether PyTorch's SDPA runs the folded call (no mask, 4-D, last dimension dense) on its fused CPU
-    kernel (one head dim for Q, K and V; `use_flash_attention_cpp`). `sdpa_kernel` restrictions never reach
-    a runner (`dispatcher.sdpa_context`)."""
+    """Whether PyTorch's SDPA runs the folded call (no mask, 4-D, last dimension dense) on its fused CPU kernel (one
+    head dim for Q, K and V; `use_flash_attention_cpp`). `sdpa_kernel` restrictions never reach a runner
+    (`dispatcher.sdpa_context`)."""
     return (problem.device_type == "cpu" and problem.dtype in CPU_FLASH_DTYPES
             and problem.value_dim == problem.head_dim)
 

@@ -1,7 +1,7 @@
-"""`small_q[splits=P]`: split-KV attention for a few query rows against a deep cache (decode, speculative
-decoding, chunked prefill): one QK^T product over GQA-grouped rows, PyTorch's fused softmax, and the value
-product as ``P`` reductions over ``S / P`` keys summed at the end (`chunked.split_kv_product`). ``P`` is
-the largest divisor of ``S`` not above the request (`effective_splits`)."""
+"""`small_q[splits=P]`: split-KV attention for a few query rows against a deep cache (decode, speculative decoding,
+chunked prefill): one QK^T product over GQA-grouped rows, PyTorch's fused softmax, and the value product as ``P``
+reductions over ``S / P`` keys summed at the end (`chunked.split_kv_product`). ``P`` is the largest divisor of ``S``
+not above the request (`effective_splits`)."""
 
 from __future__ import annotations
 

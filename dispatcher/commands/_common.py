@@ -1,5 +1,4 @@
-"""What every command shares: `CommandError` (one line, exit 2) and the ``--device`` / ``--devices``
-checks."""
+"""What every command shares: `CommandError` (one line, exit 2) and the ``--device`` / ``--devices`` checks."""
 
 from __future__ import annotations
 
@@ -19,8 +18,8 @@ def one_line(error: BaseException) -> str:
 
 
 def resolve_device(text: str | None):
-    """``--device`` -> a `torch.device` this machine has (default ``cuda`` where PyTorch sees a GPU, else
-    ``cpu``); a one-line `CommandError` otherwise."""
+    """``--device`` -> a `torch.device` this machine has (default ``cuda`` where PyTorch sees a GPU, else ``cpu``); a
+    one-line `CommandError` otherwise."""
     import torch
 
     if text is None:
@@ -60,8 +59,7 @@ def check_devices(args: argparse.Namespace) -> None:
 
 
 def check_folder(path: str, argument: str, command: str) -> None:
-    """`path`'s folder must exist (commands create no folders): else a `CommandError` naming `argument` and
-    the fix."""
+    """`path`'s folder must exist (commands create no folders): else a `CommandError` naming `argument` and the fix."""
     folder = Path(path).parent
     if folder.is_dir():
         return
