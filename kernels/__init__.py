@@ -1,8 +1,5 @@
-"""kernels: what runs. Attention implementations with exact `F.scaled_dot_product_attention`
-semantics, each declaring what it supports (`reasons`) and its extra memory (`workspace_bytes`).
-
-No dependency on the other packages of attn-dispatch.
-"""
+"""kernels: attention implementations with exact `F.scaled_dot_product_attention` semantics, each declaring what it
+supports (`reasons`) and its extra memory (`workspace_bytes`). No dependency on the other packages."""
 
 if __name__ == "kernels":
     # This folder was imported as a top-level package named `kernels`, not as

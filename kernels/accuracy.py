@@ -1,9 +1,5 @@
-"""Accuracy policy: which lossy dtype conversions a caller accepts; and the per-dtype error
-tolerances against a float64 reference (`TOLERANCES`).
-
-Lossless conversions (fp16 -> fp32, bf16 -> fp32, strided -> contiguous) are always allowed. A lossy
-one (fp32 -> bf16, fp32 -> fp16, fp16 <-> bf16) only when the policy names it.
-"""
+"""Accuracy policy: which lossy dtype conversions a caller accepts (fp32 -> bf16/fp16, fp16 <-> bf16; lossless ones
+are always allowed), and the per-dtype error tolerances against a float64 reference (`TOLERANCES`)."""
 
 from __future__ import annotations
 
@@ -46,14 +42,8 @@ def is_lossless(source: str, target: str) -> bool:
 
 @dataclass(frozen=True)
 class AccuracyPolicy:
-    """The lossy conversions a caller accepts.
-
-    Examples
-    --------
-    >>> AccuracyPolicy()                      # lossless only (the default)
-    >>> AccuracyPolicy.allowing("fp32->bf16")  # fp32 inputs may run in bf16
-    >>> AccuracyPolicy.allowing("any")         # every lossy conversion
-    """
+    """The lossy conversions a caller accepts: ``AccuracyPolicy()`` none, ``AccuracyPolicy.allowing("fp32->bf16")``,
+    ``AccuracyPolicy.allowing("any")``."""
 
     lossy: frozenset[tuple[str, str]] = frozenset()
     any_lossy: bool = False

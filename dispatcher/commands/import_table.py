@@ -1,9 +1,6 @@
-"""`attn-dispatch import`: validate shared table files and store them where lookups find them.
-
-A table already stored for the same card and stack is never lost silently: as `merge` does, the
-import refuses to replace it without ``--force``, naming it, and with ``--force`` says what it
-replaced. Importing the very table that is stored already changes nothing and succeeds.
-"""
+"""`attn-dispatch import`: validate shared table files and store them where lookups find them. As `merge`, a stored
+table of the same card and stack is replaced only with ``--force`` (saying what it replaced); importing the stored
+table itself changes nothing."""
 
 from __future__ import annotations
 

@@ -26,14 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def resolve_table(path: str | None, device: str | None, command: str):
-    """(table, where it came from) for a command that takes an optional TABLE argument.
-
-    Raises
-    ------
-    CommandError: TABLE is not a valid table (message names the file), or no TABLE given and no
-        table serves this device (message names any table file skipped as corrupt, and says what
-        to run).
-    """
+    """(table, where it came from) for a command with an optional TABLE; `CommandError` (naming the file, skipped
+    corrupt tables and what to run) when TABLE is invalid or no table serves this device."""
     from attn_dispatch.models import DeviceIdentity, TableError, load_table, lookup_table
 
     if path is not None:
