@@ -70,7 +70,6 @@ class DispatchedKernel(Kernel):
         return None
 
     def notes(self, problem: Problem) -> tuple[str, ...]:
-        """The notes of the decision `problem` runs with."""
         for plan in self.dispatcher._plans.values():
             if plan.problem == problem:
                 return tuple(plan.decision.notes)

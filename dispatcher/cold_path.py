@@ -164,7 +164,6 @@ class ColdPath:
         self.hot.drop_plan(plan)
 
     def reset(self) -> None:
-        """Forget every plan, bucket, device planner and training decision."""
         self.families.clear()
         self.planners.clear()
         if self._training_route is not None:

@@ -103,7 +103,6 @@ class Dispatcher:
         self.remember_tunings = remember_tunings
         self._lock = threading.RLock()
         self.compile_id = dispatcher_id(self)
-        """Names this dispatcher inside torch.compile graphs (`compiled`)."""
         self._fast = attach(self)  # `fast_path`'s C++ entry where it is built, else None
         # the parts: plans per exact shape, the hot slots over them, call counts, and the cold path
         self._plans: BoundedCache[tuple, Plan] = BoundedCache(MAX_PLANS, on_evict=self._evicted)

@@ -98,7 +98,6 @@ class Decision:
         return f"{self.device} [{shape}] -> {self.kernel} (predicted {predicted}; {self.source.description})"
 
     def to_dict(self) -> dict:
-        """JSON-ready form (``explain --json``)."""
         return {"kernel": self.kernel, "params": dict(self.params), "route": self.route,
                 "device": self.device, "problem": self.problem.to_dict(), "source": self.source.to_dict(),
                 "candidates": [c.to_dict() for c in self.candidates],
@@ -380,7 +379,6 @@ def _ensure_handler() -> None:
 
 
 def log_decision(decision: Decision) -> None:
-    """Log a decision the first time it is made."""
     level = logging.DEBUG
     if _log_enabled():
         _ensure_handler()
@@ -393,7 +391,6 @@ def log_decision(decision: Decision) -> None:
 
 
 def log_fallback(failed: str, error: BaseException, replacement: str) -> None:
-    """Kernel `failed` raised `error` at run time and kernel `replacement` runs instead."""
     logger.warning("%s raised %s; falling back to %s (remembered for problems of this size)", failed,
                    failure_message(error), replacement)
 

@@ -230,7 +230,6 @@ class DevicePlanner:
                 plan.recheck = True
 
     def forget_bucket(self, problem: Problem) -> None:
-        """Drop `problem`'s bucket decision (a kernel of it failed)."""
         self.buckets.pop(decision_bucket(problem))
 
 
@@ -322,7 +321,6 @@ class Bucket:
     def order_for_new_shape(self, is_set_up: Callable[[str], bool], measured_cold: Mapping[str, float],
                             floors: Mapping[str, Mapping[str, float]] | None = None,
                             ) -> tuple[tuple[Option, ...], tuple[str, ...], int]:
-        """`selection.new_shape_order` on this bucket's times and history."""
         return new_shape_order(self.options, self.warm, self.cold(measured_cold), self.measured,
                                (cell[0] for cell in self.history), is_set_up, floors or {})
 
@@ -375,7 +373,6 @@ class DeviceState:
             self.out_of_memory.setdefault(bucket, set()).add(name)
 
     def forget_failure(self, problem: Problem, name: str) -> None:
-        """Forget kernel `name`'s failure in `problem`'s bucket."""
         bucket = failure_bucket(problem)
         self.failures.get(bucket, {}).pop(name, None)
         self.out_of_memory.get(bucket, set()).discard(name)
@@ -412,20 +409,17 @@ class DeviceState:
         return self._store
 
     def keep_measured(self, bucket: tuple, tuned: Tuned, *, store: bool = True) -> None:
-        """Keep a bucket's measured result for this process and (`store`) in the store."""
         self.tuned[bucket] = tuned
         if store and self.store is not None:
             self.store.append(bucket, tuned)
 
 
 def kernel_set_signature(names: Iterable[str], policy: str) -> str:
-    """A short, stable name for a kernel set and its accuracy policy."""
     text = json.dumps([sorted(names), policy])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def tuning_path(root, device_key: str, signature: str) -> Path:
-    """The tuning store's file of a device and kernel set under `root`."""
     return Path(root) / device_key / f"{signature}.jsonl"
 
 

@@ -68,7 +68,6 @@ def library_path(home: str | os.PathLike | None = None) -> Path:
 
 
 def manifest_path(library: Path) -> Path:
-    """The manifest next to `library` (``<name>.json``)."""
     return library.with_suffix(".json")
 
 
@@ -188,7 +187,6 @@ class FastPath:
 
     @property
     def hits(self) -> int:
-        """Calls served in C++ so far."""
         return self.module.hits(self.call)
 
     def callable(self):

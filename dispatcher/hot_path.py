@@ -149,11 +149,9 @@ class HotSlots:
                                                        attn_mask is not None, fast)))
 
     def drop_plan(self, plan: Plan) -> None:
-        """`plan` leaves the hot path."""
         self.set(tuple(entry for entry in self.slots if entry.plan is not plan))
 
     def drop(self, key_: tuple) -> None:
-        """The plan cached under `key_` leaves the hot path."""
         self.set(tuple(entry for entry in self.slots if entry.key != key_))
 
     def set(self, slots: tuple) -> None:

@@ -280,7 +280,6 @@ class Trial:
         return any(c.samples for c in self.contenders[1:])
 
     def budget_s(self) -> float:
-        """Seconds the bucket may spend on slower candidates."""
         reference = self.baseline.median()
         return BUDGET_CALLS * reference if math.isfinite(reference) else 0.0
 

@@ -69,7 +69,6 @@ def uninstall(token: int | None = None) -> None:
 
 
 def is_installed() -> bool:
-    """Whether some dispatcher serves `F.scaled_dot_product_attention` now."""
     return bool(_active)
 
 

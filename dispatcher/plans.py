@@ -79,7 +79,6 @@ class CallCounts:
         self._lock = lock
 
     def cell(self, name: str) -> list[int]:
-        """Kernel `name`'s one-cell counter (made on first use)."""
         cell = self._cells.get(name)
         if cell is None:
             with self._lock:

@@ -161,7 +161,6 @@ class TrainingRoute:
         return self._entry(plan, budget)[0]
 
     def decision(self, plan, budget: int | None) -> Decision:
-        """The training route's `Decision` for `plan` (`explain`)."""
         return self._entry(plan, budget)[1]
 
     def _entry(self, plan, budget: int | None) -> tuple[TrainingChoice, Decision]:

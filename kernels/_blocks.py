@@ -20,12 +20,11 @@ KEY_COUNT_MULTIPLE = 8
 
 
 def key_count_aligned(kv_len: int) -> bool:
-    """Whether `kv_len` keys are a multiple of `KEY_COUNT_MULTIPLE`."""
     return kv_len % KEY_COUNT_MULTIPLE == 0
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp32 for half-precision inputs, the input dtype otherwise."""
+    """float64 for float64 inputs, else float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 

@@ -141,7 +141,6 @@ class Kernel(ABC):
     # ------------------------------------------------------------------ helpers
     @staticmethod
     def input_copy_bytes(problem: Problem) -> int:
-        """Bytes canonicalisation may copy."""
         return canonicalisation_bytes(problem)
 
 

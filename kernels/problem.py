@@ -84,7 +84,6 @@ class Problem:
         return new
 
     def key(self) -> tuple:
-        """All fields as a hashable tuple."""
         return (self.batch, self.q_heads, self.kv_heads, self.q_len, self.kv_len, self.head_dim,
                 self.value_dim, self.dtype, self.causal, self.mask_kind, self.mask_shape, self.device_type,
                 self.strided, self.broadcast_inputs, self.causal_alignment)

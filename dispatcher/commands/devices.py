@@ -34,7 +34,6 @@ def visible_devices() -> list:
 
 
 def device_record(device) -> dict:
-    """Identity, keys and table lookup of one device."""
     import torch
 
     from attn_dispatch.dispatcher.device_ranking import no_table_line
