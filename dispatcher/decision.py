@@ -116,10 +116,9 @@ class Decision:
         lines.append("  candidates, in the order they are tried:")
         width = max((len(c.name) for c in self.candidates), default=0)
         for rank, candidate in enumerate(self.candidates, 1):
-            lines.append(
-                f"    {rank:2d}. {candidate.name:<{width}}  {format_seconds(candidate.predicted_s):>10}  "
-                f"workspace {format_bytes(candidate.workspace_bytes)}"
-            )
+            lines.append(f"    {rank:2d}. {candidate.name:<{width}}  "
+                         f"{format_seconds(candidate.predicted_s):>10}  workspace "
+                         f"{format_bytes(candidate.workspace_bytes)}")
         if self.dropped:
             lines.append("  dropped:")
             for reason, names in _group_by_reason(self.dropped):

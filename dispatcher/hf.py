@@ -37,10 +37,8 @@ def make_attention_function(dispatcher: Dispatcher | None = None):
         """query ``[B, Hq, L, E]``, key/value ``[B, Hkv, S, E]``, mask ``[B, 1, L, S]`` (bool or
         float) or None -> (output ``[B, L, Hq, Ev]`` contiguous, None)."""
         if kwargs.get("softcap") is not None:
-            raise ValueError(
-                "attn_implementation='attn_dispatch' does not support `softcap`; use 'eager' or "
-                "'flex_attention' for models that need it"
-            )
+            raise ValueError("attn_implementation='attn_dispatch' does not support `softcap`; use 'eager' "
+                             "or 'flex_attention' for models that need it")
         _warn_output_attentions(kwargs)
         q_length, kv_length = query.shape[2], key.shape[2]
         is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -77,16 +75,13 @@ def register_transformers(name: str = IMPLEMENTATION_NAME, *, dispatcher: Dispat
     except ModuleNotFoundError as error:
         if error.name != "transformers":  # transformers is there but one of its own imports failed: show that
             raise
-        raise ModuleNotFoundError(
-            f"register_transformers() needs transformers >= {MIN_TRANSFORMERS}: pip install -U transformers",
-            name="transformers",
-        ) from error
+        raise ModuleNotFoundError(f"register_transformers() needs transformers >= {MIN_TRANSFORMERS}: pip "
+                                  "install -U transformers", name="transformers") from error
     # transformers imports its submodules lazily: an import error inside it surfaces here, unchanged
     if not hasattr(transformers, "AttentionInterface"):
-        raise ImportError(
-            f"register_transformers() needs transformers >= {MIN_TRANSFORMERS} (AttentionInterface); "
-            f"transformers {transformers.__version__} is installed: pip install -U transformers"
-        )
+        raise ImportError(f"register_transformers() needs transformers >= {MIN_TRANSFORMERS} "
+                          f"(AttentionInterface); transformers {transformers.__version__} is installed: pip "
+                          "install -U transformers")
     transformers.AttentionInterface.register(name, make_attention_function(dispatcher))
     try:
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask

@@ -79,11 +79,10 @@ def some_backend_off() -> bool:
     return not _all_enabled()
 
 
-MASK_WITH_CAUSAL = (
-    "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True (PyTorch's SDPA "
-    "takes its MATH backend for these inputs, which refuses the pair): fold the causality into the mask "
-    "(mask & torch.ones(L, S, dtype=torch.bool).tril()) or pass only one of them"
-)
+MASK_WITH_CAUSAL = ("_scaled_dot_product_attention: Explicit attn_mask should not be set when "
+                    "is_causal=True (PyTorch's SDPA takes its MATH backend for these inputs, which refuses "
+                    "the pair): fold the causality into the mask (mask & torch.ones(L, S, "
+                    "dtype=torch.bool).tril()) or pass only one of them")
 
 
 def check_mask_with_causal(query, key, value, attn_mask, enable_gqa) -> None:

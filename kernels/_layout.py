@@ -32,10 +32,9 @@ def causal_bias_alignment(bias, is_causal: bool, q_len: int, kv_len: int) -> str
     if bias.seq_len_q == bias.seq_len_kv or bias.variant != sys.modules[CAUSAL_BIAS_MODULE].CausalVariant.LOWER_RIGHT:
         return "top_left"  # PyTorch passes is_causal=True on, whatever the lengths
     if (bias.seq_len_q, bias.seq_len_kv) != (q_len, kv_len):
-        raise RuntimeError(
-            f"attn_mask is a CausalBias for seq_len_q={bias.seq_len_q}, seq_len_kv={bias.seq_len_kv} but the "
-            f"query and key have lengths {q_len} and {kv_len}; build it with causal_lower_right({q_len}, {kv_len})"
-        )
+        raise RuntimeError(f"attn_mask is a CausalBias for seq_len_q={bias.seq_len_q}, "
+                           f"seq_len_kv={bias.seq_len_kv} but the query and key have lengths {q_len} and "
+                           f"{kv_len}; build it with causal_lower_right({q_len}, {kv_len})")
     return "bottom_right"
 
 
@@ -54,43 +53,31 @@ def _check_tensors(query: object, key: object, value: object) -> None:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if query.is_nested or key.is_nested or value.is_nested:
-        raise NotImplementedError(
-            "nested tensors (torch.nested) are not described by one Problem: call "
-            "attn_dispatch.attention (or F.scaled_dot_product_attention), which runs PyTorch's SDPA for them"
-        )
+        raise NotImplementedError("nested tensors (torch.nested) are not described by one Problem: call "
+                                  "attn_dispatch.attention (or F.scaled_dot_product_attention), which runs "
+                                  "PyTorch's SDPA for them")
     if query.dim() < 2 or key.dim() < 2 or value.dim() < 2:
-        raise RuntimeError(
-            "Expected query, key and value to be at least 2-D ([..., L, E]), got "
-            f"query.dim()={query.dim()}, key.dim()={key.dim()}, value.dim()={value.dim()}"
-        )
+        raise RuntimeError("Expected query, key and value to be at least 2-D ([..., L, E]), got "
+                           f"query.dim()={query.dim()}, key.dim()={key.dim()}, value.dim()={value.dim()}")
     if query.dtype.is_complex:
-        raise NotImplementedError(
-            f"attention is not implemented for complex inputs (query dtype {query.dtype}); pass float16, "
-            "bfloat16, float32 or float64 tensors"
-        )
+        raise NotImplementedError("attention is not implemented for complex inputs (query dtype "
+                                  f"{query.dtype}); pass float16, bfloat16, float32 or float64 tensors")
     if not (query.dtype == key.dtype == value.dtype):
-        raise RuntimeError(
-            "Expected query, key and value to have the same dtype, got "
-            f"query.dtype={query.dtype}, key.dtype={key.dtype}, value.dtype={value.dtype}; "
-            "cast them to one dtype first"
-        )
+        raise RuntimeError("Expected query, key and value to have the same dtype, got "
+                           f"query.dtype={query.dtype}, key.dtype={key.dtype}, value.dtype={value.dtype}; "
+                           "cast them to one dtype first")
     if query.dtype not in DTYPE_NAMES:
-        raise RuntimeError(
-            f"query dtype {query.dtype} is not supported: attention needs float16, bfloat16, "
-            "float32 or float64 inputs"
-        )
+        raise RuntimeError(f"query dtype {query.dtype} is not supported: attention needs float16, bfloat16, "
+                           "float32 or float64 inputs")
     if not (query.device == key.device == value.device):
-        raise RuntimeError(
-            "Expected query, key and value on the same device, got "
-            f"query.device={query.device}, key.device={key.device}, value.device={value.device}"
-        )
+        raise RuntimeError("Expected query, key and value on the same device, got "
+                           f"query.device={query.device}, key.device={key.device}, "
+                           f"value.device={value.device}")
     if key.shape[-1] != query.shape[-1]:
         raise RuntimeError(f"key's head dim (last dimension, {key.shape[-1]}) must equal query's ({query.shape[-1]})")
     if value.shape[-2] != key.shape[-2]:
-        raise RuntimeError(
-            f"value's sequence length (dimension -2, {value.shape[-2]}) must equal key's "
-            f"({key.shape[-2]})"
-        )
+        raise RuntimeError(f"value's sequence length (dimension -2, {value.shape[-2]}) must equal key's "
+                           f"({key.shape[-2]})")
 
 
 def broadcast_sizes(*shapes) -> tuple[int, ...]:
@@ -122,16 +109,12 @@ def _lead_shapes(query, key, value, enable_gqa):
     """(batch_shape, q_heads, kv_heads, broadcast_inputs)."""
     if enable_gqa:
         if min(query.dim(), key.dim(), value.dim()) < 3:
-            raise RuntimeError(
-                "enable_gqa=True needs a heads dimension: query, key and value must be at least "
-                "3-D ([..., H, L, E])"
-            )
+            raise RuntimeError("enable_gqa=True needs a heads dimension: query, key and value must be at "
+                               "least 3-D ([..., H, L, E])")
         hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
         if hq % hk or hq % hv:
-            raise RuntimeError(
-                "Number of heads in key and value must divide the number of heads in query "
-                f"(enable_gqa=True): query has {hq}, key {hk}, value {hv}"
-            )
+            raise RuntimeError("Number of heads in key and value must divide the number of heads in query "
+                               f"(enable_gqa=True): query has {hq}, key {hk}, value {hv}")
         shapes = {"query": query.shape[:-3], "key": key.shape[:-3], "value": value.shape[:-3]}
         batch_shape = _broadcast(shapes, "batch dimensions (before heads) of query, key and value")
         broadcast = any(s != batch_shape for s in shapes.values()) or hk != hv
@@ -154,10 +137,8 @@ def _mask_shape(attn_mask, query, batch_shape, heads, q_len, kv_len) -> tuple[st
     elif attn_mask.dtype in (query.dtype, torch.float32):
         kind = "float"
     else:
-        raise RuntimeError(
-            f"Expected attn_mask dtype to be bool, float32 or the query's dtype ({query.dtype}), "
-            f"got {attn_mask.dtype}"
-        )
+        raise RuntimeError("Expected attn_mask dtype to be bool, float32 or the query's dtype "
+                           f"({query.dtype}), got {attn_mask.dtype}")
     if attn_mask.device != query.device:
         raise RuntimeError(f"attn_mask is on {attn_mask.device} but query is on {query.device}; move it there")
     full = (*batch_shape, heads, q_len, kv_len)
@@ -166,10 +147,8 @@ def _mask_shape(attn_mask, query, batch_shape, heads, q_len, kv_len) -> tuple[st
     except RuntimeError:
         fits = False
     if not fits:
-        raise RuntimeError(
-            f"attn_mask of shape {list(attn_mask.shape)} is not broadcastable to the attention "
-            f"shape [..., H, L, S] = {list(full)}"
-        )
+        raise RuntimeError(f"attn_mask of shape {list(attn_mask.shape)} is not broadcastable to the "
+                           f"attention shape [..., H, L, S] = {list(full)}")
     padded = (1,) * (len(full) - attn_mask.dim()) + tuple(attn_mask.shape)
     mask_batch = padded[: len(batch_shape)]
     batch = math.prod(batch_shape)

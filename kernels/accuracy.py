@@ -25,10 +25,8 @@ def parse_conversion(text: str) -> tuple[str, str]:
     """``"fp32->bf16"`` -> ``("float32", "bfloat16")``."""
     parts = text.split("->")
     if len(parts) != 2 or any(p.strip() not in LONG_DTYPE_NAMES for p in parts):
-        raise ValueError(
-            f"conversion {text!r} is not of the form 'SRC->DST' with SRC, DST in "
-            f"{sorted(LONG_DTYPE_NAMES)} (e.g. 'fp32->bf16')"
-        )
+        raise ValueError(f"conversion {text!r} is not of the form 'SRC->DST' with SRC, DST in "
+                         f"{sorted(LONG_DTYPE_NAMES)} (e.g. 'fp32->bf16')")
     return LONG_DTYPE_NAMES[parts[0].strip()], LONG_DTYPE_NAMES[parts[1].strip()]
 
 

@@ -296,10 +296,9 @@ def chunked_attention_with_backward(query: torch.Tensor, key: torch.Tensor, valu
     """`chunked` on canonical inputs, differentiable in query, key and value; returns ``[B, Hq, L, Ev]``. Raises
     RuntimeError for a mask that requires grad (it would silently get none)."""
     if mask is not None and mask.requires_grad and torch.is_grad_enabled():
-        raise RuntimeError(
-            "attn_mask requires grad, and chunked's backward gives the mask no gradient: call "
-            "PyTorch's scaled_dot_product_attention for a learned mask (the dispatcher does so)"
-        )
+        raise RuntimeError("attn_mask requires grad, and chunked's backward gives the mask no gradient: "
+                           "call PyTorch's scaled_dot_product_attention for a learned mask (the dispatcher "
+                           "does so)")
     return _ChunkedAttention.apply(query, key, value, mask, problem, scale, q_chunk, kv_chunk)
 
 

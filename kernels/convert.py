@@ -70,11 +70,9 @@ class ConvertKernel(Kernel):
             if problem.dtype != self.source:
                 return [f"converts {self.source} inputs, these are {problem.dtype}"]
             if not self.policy.allows(self.source, self.target):
-                return [
-                    f"{self.conversion} is lossy and the accuracy policy ({self.policy.describe()}) does not "
-                    f"allow it; pass AccuracyPolicy.allowing({self.conversion!r}) (command line: --allow-lossy "
-                    f"{self.conversion}) to accept its error"
-                ]
+                return [f"{self.conversion} is lossy and the accuracy policy ({self.policy.describe()}) "
+                        f"does not allow it; pass AccuracyPolicy.allowing({self.conversion!r}) (command "
+                        f"line: --allow-lossy {self.conversion}) to accept its error"]
         return [f"after {self.conversion}: {why}" for why in self.inner.reasons(self.converted(problem))]
 
     def workspace_bytes(self, problem: Problem) -> int:

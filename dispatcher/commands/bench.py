@@ -28,15 +28,14 @@ FIRST_PASS_SHARE = 3.0
 def register(subparsers: argparse._SubParsersAction) -> None:
     from attn_dispatch.dispatcher.core import KERNEL_SETS
 
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="For each scenario's shapes, time the dispatcher (a fresh one), PyTorch's default SDPA, the math "
-        "path and every single kernel, interleaved round-robin, and report medians, spreads, the kernel the "
-        "dispatcher chose, its ratio to the best single kernel and to PyTorch's default, and failures "
-        "(out of memory, over budget) per path, with every condition in the header (whether the machine was busy "
-        "while timing among them), and end with a verdict: gain or no gain on this machine, and why. Markdown on stdout.",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="For each scenario's shapes, time the "
+                                   "dispatcher (a fresh one), PyTorch's default SDPA, the math path and "
+                                   "every single kernel, interleaved round-robin, and report medians, "
+                                   "spreads, the kernel the dispatcher chose, its ratio to the best single "
+                                   "kernel and to PyTorch's default, and failures (out of memory, over "
+                                   "budget) per path, with every condition in the header (whether the "
+                                   "machine was busy while timing among them), and end with a verdict: gain "
+                                   "or no gain on this machine, and why. Markdown on stdout.")
     parser.add_argument("--scenario", default="all", choices=SCENARIO_CHOICES,
                         help="prefill (Lq = Lk, causal), fill (chunk against a long cache, masked), decode (Lq 1-16 "
                         "against 4k-128k), video (8k-128k tokens, non-causal), all (those four; default) or heldout (shapes "

@@ -11,16 +11,15 @@ GIB = 2**30
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="For the CPU and every visible GPU: name, architecture, compute units, memory, the card model "
-        "and family keys tables are shared by, the fingerprint (card + software stack), and the table lookup level "
-        "that would serve it (exact, model: other stack, family: scaled stand-in, prior: no table; without a table "
-        "measured on the card, what the dispatcher does instead); for a CPU "
-        "table, the torch threads it was timed with against this process's (a warning when they differ). Last, "
-        "whether the C++ fast path is loaded (or why not: `attn-dispatch build-fast-path` builds it).",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="For the CPU and every visible GPU: name, "
+                                   "architecture, compute units, memory, the card model and family keys "
+                                   "tables are shared by, the fingerprint (card + software stack), and the "
+                                   "table lookup level that would serve it (exact, model: other stack, "
+                                   "family: scaled stand-in, prior: no table; without a table measured on "
+                                   "the card, what the dispatcher does instead); for a CPU table, the torch "
+                                   "threads it was timed with against this process's (a warning when they "
+                                   "differ). Last, whether the C++ fast path is loaded (or why not: "
+                                   "`attn-dispatch build-fast-path` builds it).")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(run=run)
 

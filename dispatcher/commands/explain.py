@@ -33,14 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from attn_dispatch.dispatcher.core import KERNEL_SETS
     from attn_dispatch.kernels.problem import MASK_KINDS
 
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="Decide, without running anything, which kernel attention of this shape would use on "
-        "this device: the chosen kernel, predicted time of every candidate, the reason each other kernel "
-        "was dropped, and which table (or prior) served the decision. A CPU table timed with another torch "
-        "thread count than this process runs says so in a note.",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="Decide, without running anything, which "
+                                   "kernel attention of this shape would use on this device: the chosen "
+                                   "kernel, predicted time of every candidate, the reason each other kernel "
+                                   "was dropped, and which table (or prior) served the decision. A CPU "
+                                   "table timed with another torch thread count than this process runs says "
+                                   "so in a note.")
     parser.add_argument("--lq", type=size, required=True, help="query length (1 for decode)")
     parser.add_argument("--lk", type=size, default=None, help="key/value length (default: --lq)")
     parser.add_argument("--batch", type=size, default=1, help="batch size (default: 1)")

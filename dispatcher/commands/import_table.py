@@ -15,14 +15,13 @@ HELP = "validate shared table files and store them under their card model"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="Validate each FILE (strict JSON schema; nothing in it is ever executed) and store it under its "
-        "card model in the tables directory ($ATTN_DISPATCH_HOME/tables), where the dispatcher's lookup finds it: "
-        "exact card and stack first, then the same card on another stack, then the same family (e.g. gfx906). "
-        "A table already stored for the same card and stack is replaced only with --force.",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="Validate each FILE (strict JSON schema; "
+                                   "nothing in it is ever executed) and store it under its card model in "
+                                   "the tables directory ($ATTN_DISPATCH_HOME/tables), where the "
+                                   "dispatcher's lookup finds it: exact card and stack first, then the same "
+                                   "card on another stack, then the same family (e.g. gfx906). A table "
+                                   "already stored for the same card and stack is replaced only with "
+                                   "--force.")
     parser.add_argument("files", nargs="+", metavar="FILE", help="table files to import")
     parser.add_argument("--force", action="store_true",
                         help="replace a table already stored for the same card and stack (the output names it)")

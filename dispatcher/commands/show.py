@@ -12,13 +12,11 @@ HELP = "summarise a threshold table (card, provenance, quality, thresholds) and 
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="Print a threshold table's card, provenance, model quality and thresholds in words. Without "
-        "TABLE, show the table the dispatcher uses on --device. --plot draws one heat map per class (x: KV length, "
-        "y: query length, colour: predicted fastest kernel, contours: predicted speed-up over PyTorch's default).",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="Print a threshold table's card, "
+                                   "provenance, model quality and thresholds in words. Without TABLE, show "
+                                   "the table the dispatcher uses on --device. --plot draws one heat map "
+                                   "per class (x: KV length, y: query length, colour: predicted fastest "
+                                   "kernel, contours: predicted speed-up over PyTorch's default).")
     parser.add_argument("table", nargs="?", default=None, metavar="TABLE", help="a table file (default: this device's)")
     parser.add_argument("--device", default=None, help="whose table to show without TABLE (default: cuda if available, else cpu)")
     parser.add_argument("--plot", default=None, metavar="PATH.png", help="write a PNG of the winning kernel per (Lq, Lk) bucket, one panel per kind of problem")
