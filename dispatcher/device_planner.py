@@ -1,6 +1,5 @@
-"""One device's planner (the dispatcher's cold path): problem -> `Plan`, deciding once per size bucket
-(`selection.decide`, kept as a `Bucket`) and planning each exact shape from its bucket. Nothing here is on the warm
-path."""
+"""One device's planner (the cold path): problem -> `Plan`, deciding once per size bucket (`selection.decide`, kept
+as a `Bucket`) and planning each exact shape from its bucket. Nothing here is on the warm path."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ from attn_dispatch.models.environment import RECORD
 
 
 def _record(problem: Problem) -> None:
-    """`recording.record_problem` where a workload is being recorded (``ATTN_DISPATCH_RECORD`` or a `record()`
-    block)."""
+    """`recording.record_problem` where recording is on (``ATTN_DISPATCH_RECORD`` or a `record()` block)."""
     if RECORD.read() or "attn_dispatch.dispatcher.recording" in sys.modules:
         from attn_dispatch.dispatcher.recording import record_problem
 
@@ -57,8 +55,7 @@ def _record(problem: Problem) -> None:
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    """What a dispatcher's planners share. `tunings_root() -> directory` (None: in memory only); `count_cell`: where
-    a measuring call run by another kernel than its plan's is counted."""
+    """What a dispatcher's planners share; `tunings_root` None: in memory only; `count_cell`: see `measuring.Trial`."""
 
     kernels: Mapping[str, Kernel]
     policy: AccuracyPolicy
@@ -93,8 +90,7 @@ class DevicePlanner:
     # ------------------------------------------------------------------ per exact shape
     def plan(self, problem: Problem, shape_key: tuple, *, settings: Callable[[], tuple[int | None, bool]],
              on_failure: Callable[[str, BaseException], None], new_shape: bool = True) -> tuple[Plan, bool]:
-        """The plan for one exact shape, and whether a bucket was decided for it. `settings() -> (memory budget,
-        measure)` is read only when deciding; `new_shape`: the shape joins the bucket's history."""
+        """The plan for one exact shape, and whether a bucket was decided for it (`settings()` read only then)."""
         key = decision_bucket(problem)
         bucket = self.buckets.get(key)
         decided = bucket is None
@@ -117,16 +113,14 @@ class DevicePlanner:
         return plan, decided
 
     def settled(self, plan: Plan, shape_key: tuple) -> Plan | None:
-        """`plan`'s shape planned on the bucket's decided order, ignoring per-shape set-up
-        (`selection.settle_after`); None when that changes nothing."""
+        """`plan`'s shape on the bucket's decided order, ignoring set-up (`selection.settle_after`); None: no change."""
         settled = self._plan_in(plan.bucket, plan.problem, shape_key, first=False, settled=True)
         return None if settled is None or settled.kernel is plan.kernel else settled
 
     def _plan_in(self, bucket: Bucket, problem: Problem, shape_key: tuple, *, first: bool,
                  settled: bool = False) -> Plan | None:
-        """The first of the bucket's options (new-shape order, or decided order when `first` or `settled`) that runs
-        `problem` and fits; None when none does. Free memory is read only for a large workspace
-        (`selection.needs_recheck`)."""
+        """The first of the bucket's options (new-shape order; decided order when `first` or `settled`) that runs
+        `problem` and fits, else None."""
         settle_at = 0
         if first:
             order, notes = bucket.options, ()
@@ -183,9 +177,8 @@ class DevicePlanner:
     def decide(self, problem: Problem, *, budget: int | None, measure: bool,
                on_failure: Callable[[str, BaseException], None], trial: bool = True,
                defer_probes: bool = True) -> Bucket:
-        """`problem`'s bucket decided by `selection.decide`, with a `measuring.Trial` where `measure` and `trial` and
-        candidates exist. `defer_probes`: rank without running new backend probes (`sdpa_default.probes_deferred`).
-        Raises `NoKernelError`."""
+        """`problem`'s bucket by `selection.decide`, with a `measuring.Trial` where wanted; `defer_probes`:
+        `sdpa_default.probes_deferred`. Raises `NoKernelError`."""
         state, config = self.state, self.config
         bucket_key = failure_bucket(problem)
         failed = state.failures.get(bucket_key, {})
@@ -220,8 +213,7 @@ class DevicePlanner:
         return over_limit_reason(workspace_bound(kernel, problem), bucket.free, bucket.budget) is None
 
     def _measured(self, bucket: Bucket, trial: Trial) -> None:
-        """`bucket`'s trial decided: keep its result (in the store where it compared candidates), follow it, and
-        re-plan its measuring plans."""
+        """`bucket`'s trial decided: keep its result, follow it, re-plan its measuring plans."""
         with self.lock:
             if trial.result is not None:
                 self.state.keep_measured(bucket.key, trial.result, store=trial.compared)
@@ -234,8 +226,7 @@ class DevicePlanner:
 
 
 def workspace_bound(kernel: Kernel, problem: Problem) -> int:
-    """`kernel`'s workspace on `problem` without running a probe (unrun probes answer as
-    `sdpa_default.probes_deferred`): never under what the call takes, and no call waits for a probe."""
+    """`kernel`'s workspace without running a probe (`sdpa_default.probes_deferred`): never under the call's."""
     with probes_deferred():
         return int(kernel.workspace_bytes(problem))
 
@@ -303,8 +294,8 @@ class Bucket:
 
     def compile_wait(self, problem: Problem, measured: Mapping[str, float],
                      ) -> tuple[tuple[Option, ...], tuple[str, ...], int] | None:
-        """Where the first option would compile on `problem` (`selection.compile_deferred_order`): the set-up-free
-        order, notes and calls left over all shapes (`waited`); None otherwise."""
+        """Where the first option would compile (`selection.compile_deferred_order`): order, notes and calls left;
+        else None."""
         compiling = compile_seconds(self.options[0].kernel, problem)
         if not compiling:
             self.waited.clear()
@@ -351,8 +342,7 @@ class Bucket:
 
 
 class DeviceState:
-    """One device's ranker, run-time failures per bucket (`out_of_memory`: the transient ones) and measured buckets
-    (`tuned`)."""
+    """One device's ranker, run-time failures per bucket (`out_of_memory`: transient) and measured buckets (`tuned`)."""
 
     def __init__(self, ranking: DeviceRanking) -> None:
         self.ranking = ranking
@@ -365,8 +355,7 @@ class DeviceState:
 
     # ------------------------------------------------------------------ failures
     def remember(self, problem: Problem, name: str, error: BaseException, out_of_memory: bool) -> None:
-        """Kernel `name` raised on `problem`: not tried again in its bucket (out of memory: until
-        `forget_out_of_memory`)."""
+        """Kernel `name` raised on `problem`: not tried again in its bucket (out of memory: until forgotten)."""
         bucket = failure_bucket(problem)
         self.failures.setdefault(bucket, {})[name] = failure_message(error)
         if out_of_memory:
@@ -386,8 +375,7 @@ class DeviceState:
 
     # ------------------------------------------------------------------ tunings
     def open_store(self, root_of_stores: Callable[[], object] | None, signature: str) -> None:
-        """Load the tuning store on first use; nothing when `root_of_stores` is None, the device has no identity, or
-        its directory is unusable."""
+        """Load the tuning store on first use (nothing without a root, a device identity or a usable folder)."""
         if not self._store_opened:
             self._store_opened = True
             device_key = self.ranking.source.identity
@@ -443,8 +431,7 @@ class SeenShapes:
 
 
 class SpentCalls:
-    """Calls made on exact shapes whose plans were evicted before they settled: the shape's next plan settles that
-    much sooner."""
+    """Calls of shapes whose plans were evicted before settling: the shape's next plan settles that much sooner."""
 
     def __init__(self) -> None:
         self._calls: dict[tuple, int] = {}
@@ -460,8 +447,8 @@ class SpentCalls:
 
 
 def measured_costs(device: torch.device, home: str | None, field: str = "seconds") -> dict[str, dict[str, float]]:
-    """The per-shape set-up costs (``field="floor_seconds"``: per-call floors) measured for this GPU's card; {} off
-    GPUs and on any error."""
+    """Measured per-shape set-up seconds (``field="floor_seconds"``: per-call floors) of this GPU's card; {}
+    otherwise."""
     if device.type != "cuda":
         return {}
     try:
@@ -487,8 +474,7 @@ class ProbeCache:
 
     @classmethod
     def for_device(cls, device: torch.device, home: str | None) -> ProbeCache | None:
-        """Seed this process's probe results from the device's file; None on other device types, on error, and for a
-        GPU other than the current one (probes run on the current device)."""
+        """Seed probe results from the device's file; None off CPU/CUDA, on error, or for a non-current GPU."""
         if device.type not in ("cpu", "cuda"):
             return None
         try:

@@ -1,7 +1,6 @@
-"""A size bucket's kernels measured on its own calls (`Trial`): each call runs one candidate, timed without waiting
-for the device, and its output is that call's output. Timing (`clock_for`): the host clock on a CPU; on CUDA / ROCm,
-events on the current stream read once complete (never blocking), the call's time being the larger of device and host
-time. ``ATTN_DISPATCH_MEASURE=0`` or ``Dispatcher(measure=False)`` turns measuring off."""
+"""A size bucket's kernels measured on its own calls (`Trial`): each call runs one candidate, timed without waiting,
+and its output is the call's. `clock_for`: host clock on a CPU; on CUDA / ROCm, stream events read once complete, the
+time the larger of device and host time. ``ATTN_DISPATCH_MEASURE=0`` or ``Dispatcher(measure=False)``: off."""
 
 from __future__ import annotations
 
@@ -128,8 +127,7 @@ def measure_from_env() -> bool:
 
 @dataclass
 class Contender:
-    """One candidate in a trial: its calls, samples (warm-ups left out), why it left (`out`, None while in) and its
-    failure."""
+    """One candidate in a trial: calls, samples (no warm-ups), why it left (`out`) and its failure."""
 
     option: Option
     calls: int = 0
@@ -189,8 +187,7 @@ class Trial:
 
     # ------------------------------------------------------------------ what the bucket's plans run
     def runner(self, plan) -> Callable:
-        """A measuring plan's `run`: each call runs this call's candidate, or the plan's own kernel when nothing is
-        timed."""
+        """A measuring plan's `run`: this call's candidate, or the plan's own kernel when nothing is timed."""
         own = plan.kernel.runner(plan.problem)
 
         def run(query, key, value, attn_mask, scale, enable_gqa, problem):
@@ -258,8 +255,7 @@ class Trial:
         return min(live, key=lambda c: (c.calls, self.contenders.index(c)))
 
     def _over_budget_at_once(self, contender: Contender) -> str | None:
-        """Why `contender`'s first call alone would spend more than is left (its predicted ratio to the baseline,
-        scaled to the measured median, or its set-up)."""
+        """Why `contender`'s first call alone would overspend (predicted ratio to the baseline, or set-up)."""
         left = self.budget_s() - self.spent_s
         reference = self.baseline.median()
         predicted, base = contender.option.predicted_s, self.baseline.option.predicted_s
@@ -290,8 +286,7 @@ class Trial:
             self._record(contender, reading.seconds(), warm_up, charged)
 
     def _record(self, contender: Contender, seconds: float, warm_up: bool, charged: bool = True) -> None:
-        """One reading: a sample unless a warm-up, and its cost over the baseline (a warm-up against the baseline's
-        first call; nothing when not `charged`)."""
+        """One reading: a sample unless a warm-up, and its cost over the baseline (none when not `charged`)."""
         if contender is self.baseline:
             if warm_up:
                 self.baseline_first_s = seconds
@@ -308,8 +303,7 @@ class Trial:
         self._judge()
 
     def _judge(self) -> None:
-        """Drop what is clearly slower (or cannot gain once the budget is spent); decide when every candidate still
-        in has its rounds."""
+        """Drop the clearly slower (or, budget spent, the not faster); decide once every candidate in has its rounds."""
         live = [c for c in self.contenders if c.out is None]
         sampled = [c for c in live if c.samples]
         if sampled:
@@ -328,8 +322,7 @@ class Trial:
             self._decide()
 
     def _decide(self) -> None:
-        """Close: the baseline, unless a candidate won every paired round and by more than `MIN_WIN_MARGIN` at the
-        median."""
+        """Close: the baseline, unless a candidate won every paired round and by `MIN_WIN_MARGIN` at the median."""
         baseline, best, best_ratio = self.baseline, self.baseline, 1.0 / (1.0 + MIN_WIN_MARGIN)
         self.open = False
         if baseline.out is not None:  # it failed: nothing measured against it decides; the bucket decides again

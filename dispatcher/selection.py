@@ -1,8 +1,6 @@
-"""Kernel selection: a size bucket (`decision_bucket`) is decided once by `decide`, in stages
-`rank`, `fit` (memory), `keep_default_unmeasured`, `measured_order` / `measured_candidates`; each exact
-shape then gets its plan from its bucket (`device_planner`) with one more stage, `new_shape_order` /
-`compile_deferred_order` (per-shape set-up cost). Why each stage is there: docs/RESULTS.md#ablations.
-"""
+"""Kernel selection: `decide` decides a size bucket (`decision_bucket`) once, in stages `rank`, `fit`,
+`keep_default_unmeasured`, `measured_order` / `measured_candidates`; each exact shape then gets one more stage,
+`new_shape_order` / `compile_deferred_order` (set-up cost). Why each stage exists: docs/RESULTS.md#ablations."""
 
 from __future__ import annotations
 
@@ -57,8 +55,7 @@ class Fit:
 
 @dataclass(frozen=True)
 class Tuned:
-    """A bucket's result measured on its own calls: the serving kernel and each candidate's median seconds per call
-    (inf: failed)."""
+    """A bucket's result measured on its calls: the serving kernel and each candidate's median seconds (inf: failed)."""
 
     kernel: str
     seconds: tuple[tuple[str, float], ...]
@@ -72,8 +69,8 @@ class Tuned:
 
 @dataclass(frozen=True)
 class Selection:
-    """A bucket's decision (`decide`): options in try order, drops with reasons, `explain` notes, the measured
-    seconds that ordered them, and the candidates its calls measure."""
+    """A bucket's decision: options in try order, drops, notes, the seconds that ordered them, the candidates to
+    measure."""
 
     ranked: Ranked
     options: tuple[Option, ...]
@@ -98,14 +95,12 @@ def is_default(option: Option) -> bool:
 
 
 def failure_bucket(problem: Problem) -> tuple:
-    """The bucket a run-time failure or measured result is kept for: a table's measured-entry key
-    (`models.measured.entry_key`)."""
+    """The bucket a run-time failure or measured result is kept for (`models.measured.entry_key`)."""
     return entry_key(problem)
 
 
 def decision_bucket(problem: Problem) -> tuple:
-    """The bucket a decision is made once for: `failure_bucket`, the causal alignment and, on a GPU, `keys_aligned`
-    (docs/RESULTS.md#ablations, key-alignment split)."""
+    """`failure_bucket` plus causal alignment and, on a GPU, `keys_aligned` (docs/RESULTS.md#ablations)."""
     return (*entry_key(problem), problem.causal_alignment, keys_aligned(problem))
 
 
@@ -119,10 +114,8 @@ def keys_aligned(problem: Problem) -> bool | None:
 
 def rank(problem: Problem, kernels: Mapping[str, Kernel], ranking: DeviceRanking, failed: Mapping[str, str], *,
          policy: AccuracyPolicy) -> Ranked:
-    """Stage 1: the kernels that can run `problem` in the ranker's order, then the supported ones it did not rank
-    (``sdpa_default`` first). ``last_resort`` kernels (`core.LastResortDefault`) are never ranked.
-
-    `failed`: kernel name -> why it failed at run time in this bucket (dropped)."""
+    """Stage 1: runnable kernels in ranker order, then unranked supported ones (``sdpa_default`` first);
+    ``last_resort`` kernels never; `failed` (name -> why) dropped."""
     last_resort = {name for name, kernel in kernels.items() if getattr(kernel, "last_resort", False)}
     ranked = ranking.rank(problem, [kernel for name, kernel in kernels.items() if name not in last_resort])
     options: list[Option] = []
@@ -163,7 +156,7 @@ MIN_CHUNK = 16
 """Smallest query or key block `shrink_chunked` goes down to."""
 
 RECHECK_FRACTION = 0.25
-"""A decision whose workspace exceeds this fraction of free memory re-checks free memory on every call."""
+"""A decision whose workspace exceeds this fraction of free memory re-checks it on every call."""
 
 FASTER_DID_NOT_FIT = "a faster kernel did not fit in the memory free now; dispatcher.reset() reconsiders it"
 
@@ -190,8 +183,7 @@ def needs_recheck(workspace: int, free: int | None) -> bool:
 
 def fit(ranked: Ranked, *, free: int | None, budget: int | None, ranking: DeviceRanking,
         failed: Mapping[str, str]) -> Fit:
-    """Stage 2: the options that fit free memory and the budget; where none does, a chunked kernel shrunk to fit
-    (`shrink_chunked`). Last-resort options come after all of them."""
+    """Stage 2: options fitting free memory and the budget, else a shrunk chunked kernel; last-resort options last."""
     fitting: list[Option] = []
     dropped: list[tuple[str, str]] = []
     dropped_for_free_memory = False
@@ -223,8 +215,8 @@ def fit(ranked: Ranked, *, free: int | None, budget: int | None, ranking: Device
 
 def shrink_chunked(problem: Problem, limit: int | None, failed: Mapping[str, str],
                    bytes_needed: Callable[[ChunkedKernel, Problem], int] | None = None) -> ChunkedKernel | None:
-    """The largest-chunked `ChunkedKernel` whose `bytes_needed(kernel, problem)` (default: forward workspace) fits
-    `limit`, halving the larger chunk down to `MIN_CHUNK`; None when even the smallest does not fit."""
+    """The largest-chunked `ChunkedKernel` whose `bytes_needed` (default: workspace) fits `limit`, down to
+    `MIN_CHUNK`; else None."""
     if limit is None:
         return None
     if bytes_needed is None:
@@ -255,7 +247,7 @@ DEFAULT_KEPT_UNMEASURED = ("no table measured on this card: PyTorch's own choice
 
 
 def keep_default_unmeasured(options: tuple[Option, ...], level: str) -> tuple[tuple[Option, ...], str | None]:
-    """Stage 3: with nothing measured on this card, PyTorch's own choice first, and the note saying so
+    """Stage 3: with nothing measured on this card, PyTorch's own choice first, with a note
     (docs/RESULTS.md#h100-without-tables)."""
     if level not in UNMEASURED_LEVELS or not any(is_default(o) for o in options[1:]):
         return options, None
@@ -280,12 +272,12 @@ MAX_CANDIDATES = 7
 """Candidates of one bucket at most, the baseline included."""
 
 SAME_CARD_LEVELS = ("exact", "model")
-"""Lookup levels whose measured entries are this card model's own (a family stand-in's decide nothing here)."""
+"""Lookup levels whose measured entries are this card model's own."""
 
 
 def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -> bool:
-    """Whether a bucket measures candidates on its calls: its device can be timed without waiting
-    (`measuring.clock_for`) and no same-card measured entry decides it."""
+    """Whether a bucket measures on its calls: its device can be timed without waiting and no same-card entry decides
+    it."""
     from attn_dispatch.dispatcher.measuring import clock_for  # measuring imports this module
 
     return clock_for(device) is not None and not (entry_decides and level in SAME_CARD_LEVELS)
@@ -293,17 +285,13 @@ def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -
 
 def measured_candidates(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
                         portable: bool = False, sets_up: frozenset[str] = frozenset()) -> tuple[Option, ...]:
-    """The options a bucket measures on its calls, baseline first, then in ranking order; empty when there is nothing
-    to choose between:
+    """The options a bucket measures on its calls, baseline first, then ranking order; empty when nothing to choose:
 
-    - baseline: PyTorch's default where it is a contender, else the ranking's first (portable set);
-    - the ranking's first `RANKED_CANDIDATES` others; on a GPU also `GPU_ALSO_MEASURED`, on a CPU the first option of
-      each of our own families not yet picked (`own_family_options`);
-    - where the baseline sets up per shape (`sets_up`), flash, else the first set-up-free option
-      (`SETUP_FREE_MEASURED`);
-    - GPU decode (one query row) with PyTorch's backends: only the ranking's first, when not the default.
-
-    At most `MAX_CANDIDATES`."""
+    - baseline: PyTorch's default where a contender, else the ranking's first (portable set);
+    - the first `RANKED_CANDIDATES` others; GPU: `GPU_ALSO_MEASURED`; CPU: each own family's first
+      (`own_family_options`);
+    - where the baseline sets up per shape (`sets_up`): flash, else the first set-up-free option;
+    - GPU decode with PyTorch's backends: only the ranking's first, when not the default. At most `MAX_CANDIDATES`."""
     default = next((option for option in options if is_default(option)), None)
     baseline = options[0] if portable or default is None else default
     others = [option for option in options if option is not baseline]
@@ -336,7 +324,7 @@ def own_family_options(options: list[Option], picked: list[Option]) -> list[Opti
 
 
 def measured_order(options: tuple[Option, ...], tuned: Tuned | None) -> tuple[tuple[Option, ...], dict[str, float]]:
-    """Stage 4: `tuned`'s kernel first (when among `options`) and its seconds; else `options` and no seconds."""
+    """Stage 4: `tuned`'s kernel first (when among `options`) with its seconds; else `options` and no seconds."""
     if tuned is None or not any(option.kernel.name == tuned.kernel for option in options):
         return options, {}
     return put_first(options, tuned.kernel), dict(tuned.seconds)
@@ -346,12 +334,9 @@ def decide(problem: Problem, *, kernels: Mapping[str, Kernel], policy: AccuracyP
            failed: Mapping[str, str], free: int | None, budget: int | None, tuned: Tuned | None,
            measure: bool, device: torch.device, portable: bool,
            cold_costs: Mapping[str, Mapping[str, float]], notice: str | None = None) -> Selection:
-    """Stages 1-4 for `problem`'s bucket; raises `NoKernelError` when nothing fits the memory limit.
-
-    `failed`: kernel -> run-time failure in this bucket; `free`/`budget`: bytes (None: unknown/none); `tuned`: the
-    bucket's earlier measured result; `measure`: measure candidates where nothing measured decides; `portable`:
-    PyTorch's default is the last resort, not a contender; `cold_costs`: per-shape set-up seconds
-    (`models.probe_store`); `notice`: an `explain` line about the ranking."""
+    """Stages 1-4 for `problem`'s bucket; `NoKernelError` when nothing fits. `free`/`budget`: bytes (None:
+    unknown/none); `tuned`: the bucket's earlier result; `portable`: the default is a last resort; `cold_costs`:
+    `models.probe_store`."""
     ranked = rank(problem, kernels, ranking, failed, policy=policy)
     fitted = fit(ranked, free=free, budget=budget, ranking=ranking, failed=failed)
     if not fitted.options:
@@ -377,7 +362,7 @@ def decide(problem: Problem, *, kernels: Mapping[str, Kernel], policy: AccuracyP
 # ------------------------------------------------------------------------------------ stage 5: set-up cost
 
 CUDNN_COLD_SHAPE_PRIOR_S = 8e-3
-"""cuDNN's first-call set-up seconds at a new shape where not measured (docs/RESULTS.md#per-shape-set-up-costs)."""
+"""cuDNN's unmeasured first-call set-up at a new shape (docs/RESULTS.md#per-shape-set-up-costs)."""
 
 MATERIAL_SETUP_S = 1e-3
 """A per-shape set-up worth timing another kernel against (docs/RESULTS.md#per-shape-set-up-costs)."""
@@ -389,16 +374,15 @@ HISTORY = 8
 """Recent exact shapes whose median call count estimates the next one's."""
 
 TIED_LOSS_SHARE = 0.05
-"""Least per-call loss assumed for running another kernel instead of the decided one, as a share of its time
-(docs/RESULTS.md#ablations, settling)."""
+"""Least per-call loss assumed for a kernel run in place of the decided one, as a share of its time."""
 
 SETTLED = ("this exact shape has been called often enough to pay the chosen kernel's per-shape set-up "
            "(selection.settle_after): it now runs the bucket's decided kernel")
 
 
 def cold_kernel_family(kernel: Kernel, problem: Problem) -> str | None:
-    """The backend that makes `kernel` pay a per-shape set-up on `problem` (``"sdpa_cudnn"``), or None; follows
-    ``sdpa_default``'s choice and conversions' inner kernels."""
+    """The backend making `kernel` pay a per-shape set-up (``"sdpa_cudnn"``), through defaults and conversions; else
+    None."""
     inner = getattr(kernel, "inner", None)
     if inner is not None:
         return cold_kernel_family(inner, problem)
@@ -414,8 +398,7 @@ def cold_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mappin
 
 
 def compile_seconds(kernel: Kernel, problem: Problem) -> float:
-    """Seconds the next run spends compiling in this process (`Kernel.setup_seconds`); 0 for kernels that compile
-    nothing."""
+    """Seconds the next run spends compiling in this process (`Kernel.setup_seconds`), else 0."""
     inner = getattr(kernel, "inner", None)
     if inner is not None:
         return compile_seconds(inner, problem)
@@ -424,8 +407,7 @@ def compile_seconds(kernel: Kernel, problem: Problem) -> float:
 
 
 def shape_setup_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mapping[str, float]]) -> float:
-    """Per-shape set-up seconds: measured on this card (`models.probe_store`), else the paying backend's prior
-    (`cold_kernel_family`), else 0."""
+    """Per-shape set-up seconds: measured on this card, else the paying backend's prior, else 0."""
     kind = kind_of(problem.q_len)
     by_kind = measured.get(kernel.name)
     if by_kind is not None and kind in by_kind:
@@ -451,8 +433,7 @@ def calls_per_shape(counts: Iterable[int]) -> float | None:
 
 
 def expected_seconds(warm_s: float | None, cold_s: float, expected_calls: float | None) -> float | None:
-    """Seconds per call over a shape's life: warm time plus set-up spread over the expected calls; None when nothing
-    is known."""
+    """Per-call seconds over a shape's life: warm time plus set-up over the expected calls; None when unknown."""
     extra = cold_s / expected_calls if cold_s and expected_calls else 0.0
     if warm_s is None:
         return extra or None
@@ -460,8 +441,8 @@ def expected_seconds(warm_s: float | None, cold_s: float, expected_calls: float 
 
 
 def settle_after(cold_s: float, warm_first_s: float | None, warm_chosen_s: float | None) -> int:
-    """Calls of one shape after which it moves to the set-up-paying kernel (0: never): when the loss, at least
-    `TIED_LOSS_SHARE` per call, has matched the set-up (ski-rental rule)."""
+    """Calls after which a shape moves to the set-up-paying kernel (0: never): once the loss matches the set-up (ski
+    rental)."""
     if not cold_s or warm_first_s is None or warm_chosen_s is None:
         return 0
     loss = max(warm_chosen_s - warm_first_s, TIED_LOSS_SHARE * warm_first_s)
@@ -471,8 +452,7 @@ def settle_after(cold_s: float, warm_first_s: float | None, warm_chosen_s: float
 
 
 def floor_seconds(kernel: Kernel, floors: Mapping[str, Mapping[str, float]]) -> float | None:
-    """`kernel`'s measured per-call floor (smallest back-to-back time of it or its family); None when unmeasured and
-    for PyTorch's fused backends."""
+    """`kernel`'s (or its family's) smallest measured back-to-back time; None if unmeasured or a fused backend."""
     if uses_fused_backend(kernel):
         return None
     inner = getattr(kernel, "inner", None)
@@ -488,11 +468,10 @@ def floor_seconds(kernel: Kernel, floors: Mapping[str, Mapping[str, float]]) -> 
 def new_shape_order(options: tuple[Option, ...], warm: Sequence[float | None], cold: Sequence[float],
                     measured: frozenset[str], history: Iterable[int], is_set_up: Callable[[str], bool],
                     floors: Mapping[str, Mapping[str, float]]) -> tuple[tuple[Option, ...], tuple[str, ...], int]:
-    """Stage 5: options in try order for a new exact shape, notes, and the calls after which it settles (0: never).
+    """Stage 5: options in try order for a new shape, notes, and the calls before it settles (0: never).
 
-    A first option with an unpaid per-shape set-up (`is_set_up(name)`) moves behind the option fastest over a shape's
-    expected calls (`history`: recent shapes' call counts), until `settle_after`. `warm`: per-call seconds, measured
-    (`measured`) or predicted; `cold`: `cold_seconds`. Only `may_replace_first` options may take the first place."""
+    A first option with an unpaid set-up (`is_set_up`) moves behind the option fastest over a shape's expected calls
+    (`history`), until `settle_after`; only `may_replace_first` options may take its place."""
     if not cold or not cold[0]:
         return options, (), 0
     expected_calls = calls_per_shape(history)
@@ -523,11 +502,9 @@ def new_shape_order(options: tuple[Option, ...], warm: Sequence[float | None], c
 def compile_deferred_order(options: tuple[Option, ...], warm: Sequence[float | None], cold: Sequence[float],
                            compiling: float, measured: frozenset[str],
                            ) -> tuple[tuple[Option, ...], tuple[str, ...], int]:
-    """Stage 5 when the first option would compile on this call (`compiling` seconds): options in try order, notes,
-    and the calls after which the bucket compiles anyway (0: decided order now).
-
-    The fastest set-up-free option runs first until its calls have lost as much as the compile costs
-    (`settle_after`)."""
+    """Stage 5 when the first option would compile now (`compiling` s): the fastest set-up-free option runs first
+    until its calls lost what the compile costs (`settle_after`); returns options, notes and those calls (0: decided
+    order)."""
     if not compiling or warm[0] is None:
         return options, (), 0
     free = [i for i in range(1, len(options))
@@ -545,6 +522,5 @@ def compile_deferred_order(options: tuple[Option, ...], warm: Sequence[float | N
 
 
 def may_replace_first(option: Option, measured: frozenset[str]) -> bool:
-    """Whether `option` may run a new shape in place of the decided kernel: any option, or only a measured one where
-    the bucket measured some."""
+    """Whether `option` may replace the decided kernel on a new shape: any, or only measured ones where any were."""
     return not measured or option.kernel.name in measured
