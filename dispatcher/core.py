@@ -70,8 +70,7 @@ _dynamo_compiling, _compile_flags = compiling_readers()  # `torch.compiler.is_co
 
 
 def read_environment() -> None:
-    """Validate every ``ATTN_DISPATCH_*`` variable (ValueError naming it and its accepted values) and follow
-    ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL``."""
+    """Validate every ``ATTN_DISPATCH_*`` variable (one-line ValueError) and follow the SDPA-kernel opt-out."""
     environment.check()
     sdpa_context.follow_environment()
 
@@ -280,8 +279,7 @@ class Dispatcher:
     def explain(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False, *,
                 scale: float | None = None, enable_gqa: bool = False) -> Decision:
-        """The decision `attention` makes for these arguments, without running it (under an `sdpa_kernel`
-        restriction: PyTorch's backend that runs)."""
+        """The decision `attention` makes for these arguments, without running it (restricted: PyTorch's backend)."""
         if sdpa_context.backends_restricted() and not (query.is_meta or query.is_nested):
             grad = _grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
             problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
@@ -317,8 +315,7 @@ class Dispatcher:
         return with_lossy_gain(decision, planner.state.ranking.prior, self.policy)
 
     def use_table(self, table, path: str) -> None:
-        """Rank with `table` (read from `path`) on every device instead of each device's lookup, forgetting every
-        decision."""
+        """Rank with `table` (read from `path`) on every device instead of the lookup's; forgets every decision."""
         self._cold.ranking_options = {"given": (table, str(path))}
         self.reset()
 
@@ -335,8 +332,8 @@ class Dispatcher:
         return self.attention if self._fast is None else self._fast.callable()
 
     def stats(self) -> dict[str, int]:
-        """Calls per kernel name since the last `reset` (training calls sent to PyTorch: ``"pytorch_sdpa
-        (training)"``); approximate under concurrent calls."""
+        """Calls per kernel since the last `reset` (training calls to PyTorch: ``"pytorch_sdpa (training)"``);
+        approximate."""
         return self._counts.stats(self._plans.values())
 
     def _settings(self) -> tuple[int | None, bool]:
@@ -346,8 +343,7 @@ class Dispatcher:
         self._cold.evicted(key_, plan)
 
     def reset(self) -> None:
-        """Forget every decision, table, remembered failure and count (after recalibrating or changing the
-        environment)."""
+        """Forget every decision, table, remembered failure and count."""
         with self._lock:
             self._plans.clear()
             self._hot_path.set(())  # every plan leaves
@@ -364,15 +360,14 @@ KERNEL_SETS = ("all", "portable")
 
 
 class LastResortDefault(SdpaDefaultKernel):
-    """PyTorch's own SDPA as the portable set's last resort: tried only after every ranked kernel failed, never
-    ranked."""
+    """PyTorch's own SDPA as the portable set's last resort: never ranked, tried after every ranked kernel."""
 
     last_resort = True
 
 
 def kernel_set(kernels: str | Sequence[Kernel | str], policy: AccuracyPolicy) -> dict[str, Kernel]:
-    """Kernels by name for a named set (plus its ``sdpa_default`` fallback; `kernels.registry.serving`) or the given
-    kernels / names. Raises ValueError / TypeError naming the bad item."""
+    """Kernels by name: a named set plus its ``sdpa_default`` fallback, or the given kernels / names (ValueError /
+    TypeError)."""
     if isinstance(kernels, str):
         if kernels not in KERNEL_SETS:
             raise ValueError(f"kernels={kernels!r}: pass 'all', 'portable' or a list of kernels / kernel names")

@@ -72,8 +72,7 @@ def manifest_path(library: Path) -> Path:
 
 
 def fast_path_enabled() -> bool:
-    """False where ``ATTN_DISPATCH_FAST_PATH`` is off or this torch lacks ``torch.compiler.substitute_in_graph`` (<
-    2.5)."""
+    """False where ``ATTN_DISPATCH_FAST_PATH`` is off or torch lacks ``substitute_in_graph`` (< 2.5)."""
     return not _turned_off() and _torch_supports()
 
 
@@ -86,8 +85,7 @@ def _torch_supports() -> bool:
 
 
 def build(home: str | os.PathLike | None = None) -> Path:
-    """Compile and install the extension under `home` (`fast_path_build`; a matching install is reused), load it,
-    return its path. Raises RuntimeError naming what is missing."""
+    """Compile and install the extension under `home` (reusing a matching install), load it, return its path."""
     from attn_dispatch.dispatcher import fast_path_build
 
     library, module = fast_path_build.build(home)
@@ -190,8 +188,7 @@ class FastPath:
         return self.module.hits(self.call)
 
     def callable(self):
-        """The fast callable; its torch.compile stand-in is registered once Dynamo is imported
-        (`compiled.when_imported`). Where torch refuses it, a compiled graph breaks on the callable."""
+        """The fast callable (its torch.compile stand-in registered once Dynamo is imported)."""
         if not self._registered:
             self._registered = True
             when_imported("torch._dynamo", lambda _: _register_stand_in(self.call, self._dispatcher))

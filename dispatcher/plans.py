@@ -1,6 +1,5 @@
-"""What the warm path reads: an exact call shape's cached decision (`Plan`), its cache key, the bounded caches of
-plans and buckets (`BoundedCache`), and `PreparedAttention` (a plan made once by `Dispatcher.plan`, run with no
-lookup)."""
+"""What the warm path reads: an exact shape's cached decision (`Plan`), its cache key, the bounded caches
+(`BoundedCache`), and `PreparedAttention` (planned once by `Dispatcher.plan`, run with no lookup)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ if TYPE_CHECKING:
     from attn_dispatch.dispatcher.device_planner import Bucket
 
 MAX_PLANS = 4096
-"""Exact call shapes whose plans are kept per dispatcher (a decode loop makes one per token); oldest evicted first, a
-miss re-plans from its bucket."""
+"""Exact shapes whose plans are kept per dispatcher (oldest evicted first; a miss re-plans from its bucket)."""
 
 MAX_BUCKETS = 1024
 """Size buckets whose decisions are kept per dispatcher."""
@@ -28,8 +26,7 @@ V = TypeVar("V")
 
 
 class BoundedCache(Generic[K, V]):
-    """A dict of at most `limit` entries; adding past it evicts the oldest (FIFO: a warm hit is one ``dict.get``) to
-    ``on_evict(key, value)``."""
+    """A dict of at most `limit` entries, evicting the oldest (FIFO: a hit is one ``dict.get``) to ``on_evict``."""
 
     def __init__(self, limit: int, on_evict: Callable[[K, V], None] | None = None) -> None:
         if limit < 1:
@@ -140,8 +137,7 @@ class Plan:
         self._decision: Decision | None = None
 
     def measure_with(self, trial) -> None:
-        """Make this plan's calls run `trial`'s candidates: no direct SDPA call, no hot path, no settling; re-planned
-        once decided."""
+        """Make this plan's calls run `trial`'s candidates (no direct SDPA call, hot path or settling)."""
         self.trial = trial
         self.run = trial.runner(self)
         self.sdpa_call = self.sdpa_flags = None
@@ -155,8 +151,7 @@ class Plan:
 
     @property
     def decision(self) -> Decision:
-        """The bucket's decision as it applies to this exact shape (`explain`; while measuring, with what is measured
-        so far)."""
+        """The bucket's decision as it applies to this shape (`explain`; while measuring, with what is measured)."""
         if self._decision is not None:
             return self._decision
         decision = self.bucket.decision_for(self.problem, self.kernel, self.workspace, self.notes, self.skipped)
@@ -197,8 +192,7 @@ def cache_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
 
 def family_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
                is_causal: bool, enable_gqa: bool) -> tuple:
-    """`cache_key` without the key length (a decode loop's steps share it; `problem_at_key_length`), recording
-    whether the mask's key dimension broadcasts."""
+    """`cache_key` without the key length (`problem_at_key_length`), noting whether the mask's key dim broadcasts."""
     mask = None if attn_mask is None else (attn_mask.shape[:-1], attn_mask.shape[-1] == 1, attn_mask.dtype,
                                            attn_mask.device, attn_mask.__class__)
     return (query.shape, key.shape[:-2], key.shape[-1], value.shape[:-2], value.shape[-1], query.dtype,

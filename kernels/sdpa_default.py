@@ -59,8 +59,8 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         return extra
 
     def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
-        """PyTorch's SDPA on the caller's own tensors, uncanonicalised. What PyTorch does not take as given (a mask
-        with causality, a 1-D mask, broadcast inputs, a size of 0) goes through the base class."""
+        """PyTorch's SDPA on the caller's tensors; a mask with causality, a 1-D mask, broadcast or empty inputs go
+        through the base class."""
         if (
             attn_mask is not None and (problem.causal or attn_mask.dim() < 2)
             or problem.broadcast_inputs
@@ -87,8 +87,7 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         return lambda q, k, v, mask, scale, gqa, problem: pytorch_sdpa(q, k, v, is_causal=causal, scale=scale)
 
     def sdpa_call(self, problem: Problem) -> tuple[bool, bool, bool] | None:
-        """The flags of `runner`'s bare call (`Kernel.sdpa_call`); None where it makes none (and on PyTorch < 2.5). A
-        plan made for a 1-D mask makes no bare call (`dispatcher.plans.Plan`'s ``mask_ndim``)."""
+        """The flags of `runner`'s bare call (`Kernel.sdpa_call`); None where it makes none or on PyTorch < 2.5."""
         if (not TORCH_HAS_ENABLE_GQA or problem.broadcast_inputs or problem.causal_offset or problem.is_degenerate
                 or problem.causal_alignment != "top_left"):
             return None
@@ -99,8 +98,7 @@ class SdpaDefaultKernel(SdpaBackendKernel):
 
     @staticmethod
     def _masked_call_is_bare(problem: Problem) -> bool:
-        """Whether `run` on a masked `problem` only calls PyTorch: a CPU, no causality, inputs taken as given, rows
-        PyTorch zeroes itself."""
+        """Whether masked `run` only calls PyTorch: CPU, no causality, plain inputs, rows PyTorch zeroes itself."""
         return not (problem.device_type != "cpu" or problem.causal or problem.broadcast_inputs
                     or problem.is_degenerate or not TORCH_HAS_ENABLE_GQA
                     or not default_zeroes_dead_rows(torch.device("cpu"), problem.torch_dtype,
@@ -157,8 +155,7 @@ def _mask_needs_query_dtype(problem: Problem) -> bool:
 
 
 def key_dim_is_dense(mask: torch.Tensor, S: int) -> bool:
-    """Whether a mask's key dimension is stored in full with unit stride (PyTorch's memory-efficient CUDA backend
-    takes no other)."""
+    """Whether a mask's key dimension is full with unit stride (all the memory-efficient CUDA backend takes)."""
     return mask.shape[-1] == S and (mask.stride(-1) == 1 or S == 1)
 
 
@@ -258,8 +255,7 @@ def passed_probes(device_type: str) -> set[tuple[str, str, str, str]]:
 
 
 def seed_passed_probes(keys) -> None:
-    """Take these probe keys as passed without running them (`models.probe_store`); keys probed here keep their
-    result."""
+    """Take these probe keys as passed without running them (`models.probe_store`); known results stay."""
     with _lock:
         for key in keys:
             _results.setdefault(tuple(key), None)
@@ -372,8 +368,7 @@ def _always_on() -> bool:
 BACKEND_SWITCHES = tuple(
     getattr(torch._C, f"_get_{name}_sdp_enabled", _always_on) for name in ("flash", "mem_efficient", "math", "cudnn")
 )
-"""Readers of PyTorch's global SDPA backend switches (flash, memory-efficient, math, cuDNN) from `torch._C`; a switch
-this build lacks reads as on."""
+"""Readers of PyTorch's global SDPA backend switches (flash, efficient, math, cuDNN); a missing one reads as on."""
 
 
 def _enabled_backends() -> tuple[bool, ...]:
