@@ -343,7 +343,8 @@ class Dispatcher:
         self._cold.evicted(key_, plan)
 
     def reset(self) -> None:
-        """Forget every decision, table, remembered failure and count."""
+        """Forget every decision, table, remembered failure and count (after recalibrating or changing the
+        environment)."""
         with self._lock:
             self._plans.clear()
             self._hot_path.set(())  # every plan leaves

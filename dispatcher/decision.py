@@ -168,8 +168,7 @@ MEMINFO_PATH = "/proc/meminfo"
 
 
 def free_bytes(device: torch.device) -> int | None:
-    """Bytes a new allocation on `device` can get now (GPU: driver free plus the allocator's cached-unused; CPU:
-    ``MemAvailable``, else free pages); None when unknown."""
+    """Bytes a new allocation on `device` can get now (GPU: driver free plus cached-unused; CPU: ``MemAvailable``)."""
     if device.type == "cuda":
         return _cuda_free_bytes(device)
     if device.type == "cpu":
@@ -231,8 +230,7 @@ class NoKernelError(RuntimeError):
     def __init__(self, problem: Problem, device: str, reasons: Sequence[tuple[str, str]], *,
                  smallest: tuple[str, int] | None = None, budget: int | None = None,
                  free: int | None = None) -> None:
-        """`smallest`: (kernel, workspace bytes) of the runnable kernel needing least, when all were dropped for
-        memory; `budget`, `free`: the limits."""
+        """`smallest`: (kernel, workspace) needing least when all were dropped for memory; `budget`, `free`: limits."""
         self.problem = problem
         self.device = device
         self.reasons = tuple(reasons)

@@ -104,8 +104,7 @@ class DeviceRanking:
             return False
 
     def entry_doubt(self, problem: Problem) -> str | None:
-        """Why the bucket's measured entry does not decide it, for `explain`; None when absent or deciding. Never
-        raises."""
+        """Why the bucket's measured entry does not decide it (`explain`); None otherwise. Never raises."""
         try:
             entry = self.table.measured_entry(problem) if self.table is not None else None
             if entry is None or entry_decides_bucket(entry, problem):
@@ -162,8 +161,7 @@ def fallback_order(problem: Problem, kernels: Sequence[Kernel]) -> list[tuple[st
 
 def resolve_ranking(device: torch.device, *, home: str | Path | None = None,
                     given: tuple[object, str] | None = None) -> DeviceRanking:
-    """Detect the device, look its table up, build its prior; never raises (failures become `TableWarning` s).
-    `given`: (table, file) instead of the lookup (``explain --table``)."""
+    """Detect the device, look its table up, build its prior; never raises. `given`: (table, file) for ``--table``."""
     none_source = RankingSource("none", f"no table and no prior: kernel order, {FALLBACK_FIRST} first")
     try:
         from attn_dispatch.models.identity import DeviceIdentity
@@ -236,8 +234,7 @@ def table_description(table: object, level: str, *, given: bool = False) -> str:
 
 def _prior(identity: object, key: str, none_source: RankingSource,
            home: str | Path | None) -> tuple[Ranker | None, RankingSource]:
-    """The device's analytic prior and its source (a CPU's rates: the probe kept in `home`, else constants; never
-    probed inside a call)."""
+    """The device's analytic prior and its source (never probes inside a call)."""
     try:
         from attn_dispatch.models.priors import PriorRanker, spec_for
 

@@ -53,8 +53,7 @@ def respect_sdpa_kernel(enabled: bool | None = True) -> None:
 
 
 def follow_environment() -> None:
-    """Read ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL`` now unless `respect_sdpa_kernel` chose; ValueError for a value not
-    on/off."""
+    """Read ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL`` now unless `respect_sdpa_kernel` chose (ValueError if not on/off)."""
     ignore = IGNORE_SDPA_KERNEL.read()
     if _chosen[0] is None:
         RESPECTING[0] = not ignore
@@ -106,8 +105,7 @@ def all_strided(*tensors) -> bool:
 
 
 def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """PyTorch's SDPA with the arguments as given (a `CausalBias` through its own handling, also under
-    torch.compile)."""
+    """PyTorch's SDPA with the arguments as given (a `CausalBias` through its own handling)."""
     if is_causal_bias(attn_mask):
         gqa = {"enable_gqa": True} if enable_gqa else {}  # torch < 2.5 has no enable_gqa there
         return type(attn_mask)._dispatch(query, key, value, attn_mask, dropout_p, is_causal, scale, **gqa)
@@ -116,8 +114,7 @@ def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
 
 
 def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor | None:
-    """The output where the context decides the call, else None (a lower-right `CausalBias` on the inference route,
-    or a mask subclass: the dispatcher goes on)."""
+    """The output where the context decides the call, else None (the dispatcher goes on)."""
     if query.is_meta or query.is_nested:
         return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if backends_restricted() or (is_causal is True and attn_mask is not None and some_backend_off()):
@@ -141,8 +138,7 @@ def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale,
 
 
 def explain_arguments(query, key, attn_mask, is_causal) -> tuple[torch.Tensor | None, bool]:
-    """``(attn_mask, is_causal)`` as the dispatcher decides on them: an upper-left `CausalBias` becomes
-    ``is_causal=True``."""
+    """``(attn_mask, is_causal)`` as decided on: an upper-left `CausalBias` becomes ``is_causal=True``."""
     if is_causal_bias(attn_mask) and causal_bias_alignment(attn_mask, is_causal, query.shape[-2], key.shape[-2]) == "top_left":
         return None, True
     return attn_mask, is_causal
@@ -170,16 +166,14 @@ def restriction_words() -> str:
 
 
 def needed_bytes(problem: Problem, training: bool) -> tuple[str, int]:
-    """The backend PyTorch runs `problem` with under the switches now, and its extra memory (forward, or forward and
-    backward when `training`)."""
+    """The backend PyTorch runs `problem` with now, and its extra memory (forward, plus backward when `training`)."""
     backend = default_backend_choice(problem)
     kernel = kernel_from_name(backend)
     return backend, int(training_bytes(kernel, problem) if training else kernel.workspace_bytes(problem))
 
 
 def restricted_decision(problem: Problem, device: torch.device, budget: int | None, *, training: bool) -> Decision:
-    """The decision of a call the caller's restriction decides: PyTorch's SDPA with its backend, its memory, and
-    whether it exceeds `budget`."""
+    """The decision of a restricted call: PyTorch's SDPA, its backend and memory, and whether over `budget`."""
     backend, needed = needed_bytes(problem, training)
     notes = [f"the caller's {restriction_words()}: PyTorch's SDPA runs the call as given, with its {backend} "
              f"backend ({OPT_OUT})"]

@@ -37,8 +37,7 @@ _fp32_product: dict[tuple[str, torch.dtype], bool] = {}
 
 
 def has_fp32_output_product(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether `torch.bmm` multiplies `dtype` inputs into an fp32 result on this device type (``aten::bmm.dtype``;
-    probed once per device type and dtype)."""
+    """Whether `torch.bmm` multiplies `dtype` into an fp32 result on this device type (probed once)."""
     cache_key = (device.type, dtype)
     known = _fp32_product.get(cache_key)
     if known is None:
@@ -67,8 +66,7 @@ class ScoreRecipe(NamedTuple):
 
 
 def fp32_product(batch1: torch.Tensor, batch2: torch.Tensor, out: torch.Tensor, scale: float) -> torch.Tensor:
-    """``out = scale * batch1 @ batch2`` in fp32 from half operands (only where `has_fp32_output_product`), the scale
-    as the GEMM's alpha (docs/RESULTS.md#kernels-per-call)."""
+    """``out = scale * batch1 @ batch2`` in fp32 from half operands, the scale as the GEMM's alpha."""
     if scale == 1.0:
         return torch.ops.aten.bmm.dtype_out(batch1, batch2, torch.float32, out=out)
     return torch.ops.aten.baddbmm.dtype_out(out, batch1, batch2, torch.float32, beta=0, alpha=scale, out=out)
@@ -98,8 +96,7 @@ def _exact_in_half(scale: float) -> bool:
 
 def query_rows(query: torch.Tensor, rows: slice, problem: Problem, scale: float,
                dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``query [B, Hq, L, E]`` at positions `rows`, times `scale`, in `dtype` (default: the query's) -> a new
-    contiguous ``[B, Hkv, G * Lc, E]``."""
+    """``query`` positions `rows` times `scale` in `dtype` (default: the query's) -> new ``[B, Hkv, G * Lc, E]``."""
     source = query[:, :, rows]
     dtype = source.dtype if dtype is None else dtype
     block = torch.empty(source.shape, dtype=dtype, device=source.device)  # contiguous
@@ -129,8 +126,7 @@ def block_scores(rows: torch.Tensor, key_block: torch.Tensor, score_scale: float
 
 
 def causal_blocked(rows: slice, cols: slice, device: torch.device, offset: int = 0) -> torch.Tensor | None:
-    """``[Lc, Sc]`` bool, True where key position > query position + `offset` (`Problem.causal_offset`); None when
-    nothing is blocked."""
+    """``[Lc, Sc]`` bool, True where key > query + `offset` (`Problem.causal_offset`); None if nothing is blocked."""
     if cols.stop - 1 <= rows.start + offset:
         return None
     q_pos = torch.arange(rows.start + offset, rows.stop + offset, device=device)
@@ -189,8 +185,7 @@ def normalise(out: torch.Tensor, row_sum: torch.Tensor, dtype: torch.dtype) -> t
 
 
 class OnlineSoftmax:
-    """Merges per-block softmax partials (flash-attention's online softmax): running max, sum and unnormalised output
-    per row."""
+    """Merges per-block softmax partials (flash-attention's online softmax): running max, sum and output per row."""
 
     def __init__(self) -> None:
         self.row_max: torch.Tensor | None = None

@@ -22,8 +22,7 @@ if TYPE_CHECKING:
 
 INTERPRETER_VARIABLE = "TRITON_INTERPRET"
 NO_TRITON_ON_CPU = "Triton kernels run on GPUs; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1, for tests)"
-"""Why a Triton kernel cannot run CPU tensors without the interpreter (checked before
-`_triton_support.triton_reasons`)."""
+"""Why a Triton kernel cannot run CPU tensors without the interpreter."""
 
 
 def interpreting() -> bool:
@@ -128,14 +127,12 @@ class Kernel(ABC):
         return None
 
     def bare_call(self, problem: Problem) -> BareCall | None:
-        """The one ATen operator call `runner` makes (`kernels.sdpa_backends.BareCall`), for the C++ fast path; None:
-        no such call."""
+        """The one ATen operator call `runner` makes (`kernels.sdpa_backends.BareCall`), or None."""
         return None
 
     def _forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                  problem: Problem, scale: float) -> torch.Tensor:
-        """Canonical inputs -> ``[B, Hq, L, Ev]`` in the input dtype (kernels working on whole inputs override
-        `run`)."""
+        """Canonical inputs -> ``[B, Hq, L, Ev]`` in the input dtype (or override `run`)."""
         raise NotImplementedError(f"{type(self).__name__} implements neither _forward nor run")
 
     # ------------------------------------------------------------------ helpers
@@ -192,8 +189,7 @@ FUSED_BACKWARDS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
 """PyTorch backends whose backward recomputes tiles."""
 
 MATH_BACKWARD_SCORE_MATRICES = 4
-"""Score-sized fp32 tensors assumed held at once by a backward declaring no bound (math peaked near 3:
-docs/RESULTS.md#training-memory)."""
+"""Score-sized fp32 tensors assumed for a backward declaring no bound (docs/RESULTS.md#training-memory)."""
 
 
 def training_bytes(kernel: Kernel, problem: Problem) -> int:

@@ -48,8 +48,7 @@ def additive_bias(mask: torch.Tensor | None, causal: bool, dtype: torch.dtype, L
 
 
 def zero_fully_masked_rows_(out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Zero rows of ``out [B, H, L, Ev]`` whose every key is blocked in ``bias``: in place, except where autograd
-    saved `out` for backward."""
+    """Zero rows of ``out`` whose every key ``bias`` blocks: in place unless autograd saved `out`."""
     dead = (bias == float("-inf")).all(dim=-1, keepdim=True)  # [B|1, H|1, L, 1]
     if out.requires_grad:
         return out.masked_fill(dead, 0.0)
@@ -195,8 +194,7 @@ class SdpaBackendKernel(Kernel):
     """Device type -> the ATen operator `runner` calls bare there (`BareCall.op`)."""
 
     def _bare_op(self, device_type: str = "cuda"):
-        """``(query, key, value, causal, scale) -> output`` calling the backend's operator on `device_type` with
-        nothing around it; None where there is none."""
+        """``(query, key, value, causal, scale) -> output`` calling the bare operator on `device_type`, or None."""
         return None
 
     def bare_call(self, problem: Problem) -> BareCall | None:
@@ -380,6 +378,5 @@ class BareCall:
 
 
 def aten_binding(name: str):
-    """ATen operator `name` through its ``torch._C._VariableFunctions`` binding where there is one (parsed in C++,
-    cheaper on the warm path), else the operator overload."""
+    """ATen operator `name` through its C++-parsed ``torch._C._VariableFunctions`` binding if any, else the overload."""
     return getattr(torch._C._VariableFunctions, name, None) or getattr(torch.ops.aten, name).default
