@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import importlib
 
-# Where each public name lives. Imported on first use (PEP 562), so that `attn-dispatch --help`
-# and `attn_dispatch.dispatcher.cli` do not pay for torch and scikit-learn.
+# Where each public name lives, imported on first use (PEP 562): `attn-dispatch --help` imports no torch.
 _PUBLIC = {
     name: f"attn_dispatch.dispatcher.{module}" for module, names in {
         "api": ("attention", "explain", "stats", "reset", "default_dispatcher"),

@@ -66,9 +66,8 @@ class AccuracyPolicy:
 LOSSLESS = AccuracyPolicy()
 
 
-# tolerances: relative L2 error over the whole output and the largest element error relative to the
-# largest reference element; each about 10x the largest error of PyTorch's SDPA and our kernels in
-# the contract suite (docs/RESULTS.md#kernels-per-call).
+# tolerances: relative L2 error and largest element error / largest reference element, each about 10x the largest
+# error seen in the contract suite (docs/RESULTS.md#kernels-per-call)
 
 
 @dataclass(frozen=True)
