@@ -112,8 +112,7 @@ class ColdPath:
         return new
 
     def settle(self, key_, plan: Plan) -> Plan:
-        """`plan`'s shape reached `plan.settle_at` calls: it runs the bucket's decided kernel from now on
-        (`selection.settle_after`)."""
+        """`plan`'s shape reached `plan.settle_at` calls: it runs the bucket's decided kernel from now on."""
         with self.lock:
             settled = self.planner(plan.device).settled(plan, key_)
             if settled is None or self.plans.get(key_) is not plan:
@@ -249,8 +248,7 @@ class ColdPath:
     # ------------------------------------------------------------------ training
     def training(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_,
                  budget: int | None) -> torch.Tensor:
-        """A call needing a gradient (or dropout): the fastest kernel with a backward that fits
-        (`training_route.TrainingRoute`), else PyTorch's SDPA."""
+        """A call needing a gradient or dropout: the fastest fitting kernel with a backward, else PyTorch's SDPA."""
         if query.is_meta:  # as in `attention`: PyTorch's SDPA, no plan
             return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if dropout_p == 0.0 and not (attn_mask is not None and attn_mask.requires_grad):

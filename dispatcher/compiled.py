@@ -92,8 +92,7 @@ def _attention_at_run_time_shape(query, key, value, attn_mask, is_causal, scale,
 
 def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
                        is_causal: bool, scale: float | None, enable_gqa: bool, dispatcher: int) -> torch.Tensor:
-    """The dispatcher's attention as one node of Dynamo's graph, decided and its kernel traced when run on fake
-    tensors (module docstring)."""
+    """The dispatcher's attention as one graph node, decided and traced on fake tensors (module docstring)."""
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
     symbolic = any(isinstance(size, torch.SymInt) for tensor in tensors for size in tensor.shape)
     if symbolic and not torch.compiler.is_exporting():
@@ -156,8 +155,7 @@ def _call(then: Callable[[ModuleType], None], module: ModuleType) -> None:
 
 
 class _Hook(importlib.abc.MetaPathFinder):
-    """A `sys.meta_path` finder that finds nothing itself: it wraps the loader of module `name` as the other finders
-    find it."""
+    """A `sys.meta_path` finder wrapping the loader of module `name` as the other finders find it."""
 
     def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
         self.name = name

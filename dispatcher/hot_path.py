@@ -29,8 +29,7 @@ if TYPE_CHECKING:
     from attn_dispatch.kernels import Problem
 
 HOT_SLOTS = 2
-"""Plans kept on the hot path, most recent first (two serve a model alternating two shapes); each miss costs one
-rejected check."""
+"""Plans kept on the hot path, most recent first; each miss costs one rejected check."""
 
 HOT_AFTER = 2
 """Calls of one exact shape before it goes hot (a guard costs a few warm calls); see also `shapes_called_again`."""
@@ -49,8 +48,7 @@ def rehot(calls: int) -> bool:
 
 
 def shapes_called_again(bucket) -> bool:
-    """Whether a new exact shape of `bucket` goes hot at its first call: where earlier shapes got `HOT_AFTER` calls
-    or more each (`selection.calls_per_shape`)."""
+    """Whether a new shape of `bucket` goes hot at its first call: earlier shapes got `HOT_AFTER` calls each."""
     expected = calls_per_shape(cell[0] for cell in bucket.history)
     return expected is not None and expected >= HOT_AFTER
 
@@ -176,8 +174,7 @@ def bucket_key_lengths(kv_len: int) -> tuple[int, int]:
 
 
 def served_key_lengths(planner: DevicePlanner, plan: Plan) -> tuple[int, int] | None:
-    """``(lowest, highest)`` key lengths over which `plan`'s call stands for what its bucket would plan for a new
-    shape (comment above), or None."""
+    """``(lowest, highest)`` key lengths `plan`'s call serves for its bucket's new shapes (comment above), or None."""
     bucket = plan.bucket
     if (plan.settle_at or plan.recheck or plan.skipped or plan.trial is not None or bucket.trial is not None
             or not bucket.options
@@ -209,8 +206,7 @@ def served_key_lengths(planner: DevicePlanner, plan: Plan) -> tuple[int, int] | 
 
 
 def _at_key_length(problem: Problem, kv_len: int) -> Problem | None:
-    """`problem` at another key length, its mask following; None where the mask's last size is neither 1 nor the key
-    length."""
+    """`problem` at another key length, its mask following; None where the mask's last size is neither 1 nor S."""
     mask_shape = problem.mask_shape
     if mask_shape:
         if mask_shape[-1] == problem.kv_len and problem.kv_len != 1:

@@ -27,8 +27,7 @@ from attn_dispatch.models.training_times import TrainingTimes
 
 
 def pytorch_route_reason(dropout_p: float, inputs_grad: bool, mask_grad: bool, kernel: Kernel) -> str | None:
-    """Why a call goes to PyTorch's SDPA on the training route; None when `kernel` runs it. `Dispatcher.attention`
-    applies the same rule inline."""
+    """Why a call goes to PyTorch's SDPA on the training route; None when `kernel` runs it."""
     if dropout_p != 0.0:
         return f"dropout_p={dropout_p} (only PyTorch's SDPA does dropout)"
     if mask_grad:
@@ -57,8 +56,7 @@ class TrainingChoice:
 
 
 def order_for_training(options: Sequence[Option], measured: Mapping[str, float] | None) -> list[Option]:
-    """Options with measured forward+backward times first (fastest first), then the rest in ranked order; last-resort
-    options stay last."""
+    """Options with measured forward+backward times first (fastest first), then ranked order; last resorts last."""
     last = [o for o in options if getattr(o.kernel, "last_resort", False)]
     ranked = [o for o in options if o not in last]
     if measured:
@@ -68,8 +66,7 @@ def order_for_training(options: Sequence[Option], measured: Mapping[str, float] 
 
 
 def in_decided_order(plan) -> tuple[Option, ...]:
-    """`plan`'s ranked options in its bucket's decided order, the rest (dropped for inference memory) after in ranked
-    order (docs/RESULTS.md#training-memory)."""
+    """`plan`'s ranked options in its bucket's decided order, then the rest (docs/RESULTS.md#training-memory)."""
     decided = [option.kernel.name for option in plan.bucket.options]
     ranked = plan.ranked.options
     position = {name: i for i, name in enumerate(decided)}
@@ -143,8 +140,7 @@ def training_decision(decision: Decision, choice: TrainingChoice) -> Decision:
 
 
 class TrainingRoute:
-    """The dispatcher's training decisions, one per (problem, device, budget); `times` defaults to
-    `TrainingTimes.from_env`."""
+    """Training decisions, one per (problem, device, budget); `times` defaults to `TrainingTimes.from_env`."""
 
     def __init__(self, times: TrainingTimes | None = None) -> None:
         self._times = times

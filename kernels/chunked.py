@@ -158,8 +158,7 @@ def single_pass_attention(rows: torch.Tensor, key: torch.Tensor, value: torch.Te
 
 
 def single_pass_workspace_bytes(problem: Problem, q_rows: int, splits: int) -> int:
-    """Peak extra bytes of `single_pass_attention` for `q_rows` query positions, tensor by tensor (the keys' fp32
-    copy is the caller's: `_blocks.score_keys_bytes`)."""
+    """Peak extra bytes of `single_pass_attention` for `q_rows` rows (keys' fp32 copy: the caller's)."""
     item, acc = problem.itemsize, (8 if problem.dtype == "float64" else 4)
     rows = problem.batch * problem.q_heads * q_rows
     scores = rows * problem.kv_len
@@ -205,8 +204,7 @@ def _grouped_rows(tensor: torch.Tensor, rows: slice, problem: Problem) -> torch.
 
 
 def _keys(tensor: torch.Tensor, cols: slice) -> torch.Tensor:
-    """``tensor [B, Hkv, S, X]`` at key positions `cols`: the tensor itself for all of them (vmap cannot batch a
-    full-length alias), else a view."""
+    """``tensor`` at key positions `cols`: itself for all of them (vmap cannot batch a full alias), else a view."""
     return tensor if cols.start == 0 and cols.stop >= tensor.shape[2] else tensor[:, :, cols]
 
 
@@ -303,8 +301,7 @@ def chunked_attention_with_backward(query: torch.Tensor, key: torch.Tensor, valu
 
 
 def _tile_bytes(problem: Problem, q_rows: int, kv_cols: int) -> tuple[int, int]:
-    """(forward, backward) peak bytes of one (query block x key block) step's temporaries, tensor by tensor
-    (`_forward_with_lse`, `_backward`)."""
+    """(forward, backward) peak bytes of one tile step's temporaries (`_forward_with_lse`, `_backward`)."""
     item, acc = problem.itemsize, accumulation_itemsize(problem)
     half = item < acc
     rows = problem.batch * problem.q_heads * q_rows  # score rows across heads

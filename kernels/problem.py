@@ -73,8 +73,8 @@ class Problem:
         return self._hash
 
     def at_key_length(self, kv_len: int, mask_shape: tuple[int, ...]) -> Problem:
-        """This problem with another key length and mask shape, copied without validating again (the caller checked:
-        `plans.problem_at_key_length`); cheaper than `dataclasses.replace`."""
+        """This problem at another key length and mask shape, without validating again
+        (`plans.problem_at_key_length`)."""
         new = object.__new__(Problem)
         for name in _COPIED_FIELDS:
             object.__setattr__(new, name, getattr(self, name))
@@ -96,8 +96,7 @@ class Problem:
 
     @property
     def causal_offset(self) -> int:
-        """Query i sees keys ``0 .. i + causal_offset`` when causal: 0 top-left, ``S - L`` bottom-right (negative
-        when L > S)."""
+        """Query i sees keys ``0 .. i + causal_offset`` when causal: 0 top-left, ``S - L`` bottom-right."""
         return self.kv_len - self.q_len if self.causal_alignment == "bottom_right" else 0
 
     @property
