@@ -1,5 +1,4 @@
-"""A `Dispatcher` behind the kernel protocol, so calibration's harness (`measure`, the bench)
-can time it like any kernel without importing the dispatcher package."""
+"""A `Dispatcher` behind the kernel protocol, so calibration's harness can time it like any kernel."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ class DispatchedKernel(Kernel):
                    for plan in self.dispatcher._plans.values())
 
     def tolerance(self, problem: Problem) -> Tolerance:
-        """The tolerance of the kernel the dispatcher runs: an allowed lossy conversion is held to its target
-        dtype's, as in calibration."""
+        """The tolerance of the kernel the dispatcher runs (an allowed lossy conversion: its target dtype's)."""
         kernel = self._plan_kernel(problem)
         if kernel is None:
             try:
@@ -76,8 +74,7 @@ class DispatchedKernel(Kernel):
         return ()
 
     def chosen(self, problem: Problem) -> str | None:
-        """The kernel the dispatcher runs for `problem` (after any fallback), else would choose now; None when
-        nothing can."""
+        """The kernel the dispatcher runs for `problem` (after fallbacks), else would choose now, else None."""
         for plan in self.dispatcher._plans.values():
             if plan.problem == problem:
                 return plan.kernel.name

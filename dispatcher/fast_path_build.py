@@ -46,8 +46,7 @@ def sha256_of(path: Path) -> str:
 
 
 def rejection(library: Path) -> str | None:
-    """Why `library` must not be loaded: None where not built (no library or manifest), "" where its manifest
-    matches, else the reason."""
+    """Why `library` must not be loaded: None where not built, "" where its manifest matches, else the reason."""
     manifest = manifest_path(library)
     if not library.is_file() or not manifest.is_file():
         return None

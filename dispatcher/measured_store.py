@@ -89,8 +89,7 @@ class TuningStore:
 
 
 def tuning_entries(root: Path, device_key: str) -> list[MeasuredEntry]:
-    """A device's remembered tunings (every kernel set's file under ``root/device_key``) as measured entries; empty
-    when none or unreadable."""
+    """A device's remembered tunings (all kernel sets under ``root/device_key``) as measured entries."""
     try:
         paths = sorted((Path(root) / device_key).glob("*.jsonl"))
     except OSError:

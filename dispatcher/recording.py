@@ -90,8 +90,7 @@ def recorder_for(path: str | os.PathLike) -> WorkloadRecorder:
 
 
 def record_problem(problem: Problem) -> None:
-    """Record `problem`'s bucket in the active `record()` file and ``$ATTN_DISPATCH_RECORD`` (returns at once when
-    off)."""
+    """Record `problem`'s bucket in the active `record()` file and ``$ATTN_DISPATCH_RECORD`` (cheap when off)."""
     env_path = RECORD.read()
     if not _active and not env_path:
         return

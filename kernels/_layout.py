@@ -81,8 +81,7 @@ def _check_tensors(query: object, key: object, value: object) -> None:
 
 
 def broadcast_sizes(*shapes) -> tuple[int, ...]:
-    """`torch.broadcast_shapes` of integer sizes, computed here (torch's is much slower); symbolic sizes go to
-    torch's. Raises RuntimeError as torch's does."""
+    """`torch.broadcast_shapes` of integer sizes, computed here (faster); symbolic sizes go to torch's."""
     if not all(type(size) is int for shape in shapes for size in shape):
         return tuple(torch.broadcast_shapes(*shapes))
     ndim = max((len(shape) for shape in shapes), default=0)
@@ -261,8 +260,7 @@ def needs_rebase(problem: Problem) -> bool:
 
 
 def rebased_float_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
-    """``mask [B|1, H|1, L|1, S]`` minus each row's largest visible entry: a new tensor ``[B|1, H|1, L|1 (L when
-    causal), S]`` in the mask's dtype."""
+    """``mask`` minus each row's largest visible entry: a new ``[B|1, H|1, L|1 (L when causal), S]`` tensor."""
     visible = mask
     if problem.causal:
         blocked = causal_blocked(slice(0, problem.q_len), slice(0, problem.kv_len), mask.device, problem.causal_offset)

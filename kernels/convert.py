@@ -76,8 +76,7 @@ class ConvertKernel(Kernel):
         return [f"after {self.conversion}: {why}" for why in self.inner.reasons(self.converted(problem))]
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """Converted copies of Q, K, V (and a float mask), the inner kernel's workspace and the output converted
-        back."""
+        """Converted copies of Q, K, V (and a float mask), the inner workspace and the converted output."""
         inner_problem = self.converted(problem)
         ratio = inner_problem.itemsize / problem.itemsize
         copies = int((problem.q_bytes + problem.kv_bytes) * ratio)

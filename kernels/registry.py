@@ -116,8 +116,7 @@ def uses_fused_backend(kernel: Kernel) -> bool:
 
 
 def interpreted(kernel: Kernel) -> bool:
-    """Whether `kernel`'s work would run under Triton's interpreter here (right answers, never speed): left out of
-    serving sets."""
+    """Whether `kernel`'s work would run under Triton's interpreter here: left out of serving sets."""
     return working_family(kernel) in TRITON_FAMILIES and interpreting()
 
 

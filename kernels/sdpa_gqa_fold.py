@@ -16,8 +16,7 @@ from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 
 
 def fold_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
-    """Canonical mask -> the folded rows' ``[B|1, Hkv|1, G * L|1, S|1]``: itself, a view, or a copy
-    (`fold_mask_bytes`)."""
+    """Canonical mask -> the folded rows' ``[B|1, Hkv|1, G * L|1, S|1]``: itself, a view, or a copy."""
     mask_b, mask_h, mask_l, mask_s = mask.shape
     if mask_h == 1 and mask_l == 1:
         return mask  # the same for every folded row
@@ -68,8 +67,7 @@ class SdpaGqaFoldKernel(SdpaDefaultKernel):
         return super()._own_reasons(folded_problem(problem))
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """PyTorch's default call on the folded problem, plus copies of the folded query, output and mask where views
-        do not suffice."""
+        """PyTorch's default call on the folded problem, plus copies of folded query, output and mask."""
         if problem.gqa_ratio == 1:
             return super().workspace_bytes(problem)
         folded = folded_problem(problem)
