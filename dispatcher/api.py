@@ -8,8 +8,7 @@ _DEFAULT = Dispatcher()
 
 
 def default_dispatcher() -> Dispatcher:
-    """The dispatcher `dispatcher.attention` and `patched()` use by default (all kernels,
-    lossless, budget from ``ATTN_DISPATCH_MEMORY_BUDGET``)."""
+    """The dispatcher `dispatcher.attention` and `patched()` use by default (all kernels, lossless)."""
     return _DEFAULT
 
 

@@ -1,5 +1,4 @@
-"""A `Dispatcher` behind the kernel protocol, so calibration's harness (`measure`, the bench)
-can time it like any kernel without importing the dispatcher package."""
+"""A `Dispatcher` behind the kernel protocol, so calibration's harness can time it like any kernel."""
 
 from __future__ import annotations
 
@@ -16,16 +15,8 @@ DISPATCHER_PATH = "dispatcher"
 
 
 class DispatchedKernel(Kernel):
-    """`dispatcher.attention` as a kernel: every call goes through the dispatcher's warm path.
-
-    Parameters
-    ----------
-    dispatcher: the dispatcher to time (the bench uses a fresh one).
-    device: where problems run (the dispatcher decides per device).
-    settle_calls: a call whose bucket is still measuring its candidates (`measuring`) is repeated
-        until it has decided, at most this many times (0: never), so that timed calls see the
-        bucket as it serves for good.
-    """
+    """`dispatcher.attention` as a kernel (the warm path on every call). `settle_calls`: repeat a call whose bucket
+    is still measuring up to this many times, so timed calls see the bucket as it serves for good."""
 
     family = DISPATCHER_PATH
 
@@ -42,7 +33,6 @@ class DispatchedKernel(Kernel):
         return []
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """The workspace of the kernel the dispatcher would choose now."""
         decision = self.dispatcher.decide(problem, device=self.device)
         return decision.candidates[0].workspace_bytes if decision.candidates else 0
 
@@ -62,9 +52,7 @@ class DispatchedKernel(Kernel):
                    for plan in self.dispatcher._plans.values())
 
     def tolerance(self, problem: Problem) -> Tolerance:
-        """The tolerance of the kernel the dispatcher runs for `problem`: a lossy conversion its
-        accuracy policy allows is held to its target dtype's tolerance, as in calibration (the
-        first bench held such a choice to fp32's and reported it inaccurate)."""
+        """The tolerance of the kernel the dispatcher runs (an allowed lossy conversion: its target dtype's)."""
         kernel = self._plan_kernel(problem)
         if kernel is None:
             try:
@@ -80,15 +68,13 @@ class DispatchedKernel(Kernel):
         return None
 
     def notes(self, problem: Problem) -> tuple[str, ...]:
-        """The notes of the decision the dispatcher runs `problem` with (memory, measured timings)."""
         for plan in self.dispatcher._plans.values():
             if plan.problem == problem:
                 return tuple(plan.decision.notes)
         return ()
 
     def chosen(self, problem: Problem) -> str | None:
-        """The kernel the dispatcher runs for `problem` (after any run-time fallback), else what it
-        would choose now; None when nothing can run it."""
+        """The kernel the dispatcher runs for `problem` (after fallbacks), else would choose now, else None."""
         for plan in self.dispatcher._plans.values():
             if plan.problem == problem:
                 return plan.kernel.name

@@ -1,14 +1,6 @@
-"""`attn-dispatch` command line: one module per command under `dispatcher/commands/`.
-
-Each command module exposes ``NAME``, ``HELP`` and ``register(subparsers)``, which adds its
-parser and sets ``run=<function(args) -> int>`` as the parser default. A module's top level
-imports nothing heavy: `main` registers the whole parser of the command being run only, and
-a help-only parser for the others, so ``attn-dispatch --help`` and ``--version`` never import
-torch or scikit-learn.
-
-Every error a command reports is one line on stderr, ``attn-dispatch COMMAND: error: ...``,
-with exit status 2 (`check` keeps 1 for "a decision changed").
-"""
+"""`attn-dispatch` command line: one module per command under `dispatcher/commands/` (``NAME``, ``HELP``,
+``register(subparsers)`` setting ``run``). Only the command being run gets its whole parser, so ``--help`` and
+``--version`` import no torch. Errors are one line on stderr with exit 2 (`check` keeps 1 for "a decision changed")."""
 
 from __future__ import annotations
 
@@ -39,20 +31,16 @@ def _module(name: str):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, with usage errors as one line (``attn-dispatch explain: error: ...``) and no usage
-    block before it; the subcommands' parsers are of this class too (argparse makes them so)."""
+    """argparse with usage errors as one line and no usage block (subcommand parsers too)."""
 
     def error(self, message: str):
         self.exit(ERROR_EXIT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser(full: Iterable[str] | None = None) -> argparse.ArgumentParser:
-    """The parser. `full`: the commands (names as typed, e.g. ``import``) that get their whole
-    parser; the others get a help-only one (default: every command gets its whole parser)."""
-    parser = OneLineParser(
-        prog="attn-dispatch",
-        description="Adaptive attention dispatcher: calibrate a card, inspect and share its tables.",
-    )
+    """The parser; `full`: commands that get their whole parser (default: every one), the others a help-only one."""
+    parser = OneLineParser(prog="attn-dispatch",
+                           description="Adaptive attention dispatcher: calibrate a card, inspect and share its tables.")
     parser.add_argument("--version", action="version", version=f"attn-dispatch {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = None if full is None else set(full)
@@ -71,8 +59,7 @@ def _command_in(argv: list[str]) -> str | None:
 
 
 def _stdout_to_devnull() -> None:
-    """After a broken pipe, point standard output at /dev/null: the interpreter's flush at exit
-    would raise on the closed pipe again (the recipe of Python's `signal` documentation)."""
+    """After a broken pipe, point stdout at /dev/null (the exit flush would raise again)."""
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # no file descriptor behind it (a test's capture)

@@ -1,12 +1,6 @@
-"""What a `Dispatcher` does off its warm path: the plan of a new exact shape (from its bucket, decided
-by `selection.decide` where the bucket is new), settling a shape that has paid for a kernel's set-up,
-recovering from a kernel that raised, and the training route's calls.
-
-A kernel that raises is remembered for its bucket (`device_planner.DeviceState.remember`: not tried
-there again; out of memory only until nothing else is left), the bucket decides again without it and
-the next candidate runs, repeatedly, until one returns or nothing is left (`NoKernelError`). A call
-with a forward-AD dual tensor gets PyTorch's SDPA instead, nothing remembered (`cold_path`).
-"""
+"""What a `Dispatcher` does off its warm path: planning a new exact shape, settling, recovering from a kernel that
+raised (remembered for its bucket, the next candidate runs, until one returns or `NoKernelError`; a forward-AD dual
+call gets PyTorch's SDPA, nothing remembered), and the training route's calls."""
 
 from __future__ import annotations
 
@@ -50,19 +44,12 @@ from attn_dispatch.kernels.registry import uses_fused_backend
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 
 TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
-"""`stats` key of calls that went to PyTorch's SDPA on the training route."""
+"""`stats` key of training-route calls that went to PyTorch's SDPA."""
 
 
 class ColdPath:
-    """One dispatcher's decisions: its device planners and everything it changes in the plan cache.
-
-    Parameters
-    ----------
-    config: what the planners share (`device_planner.PlannerConfig`).
-    plans, hot, counts: the dispatcher's plan cache, hot slots and call counts.
-    settings: ``() -> (memory budget, measure)``, read when a bucket is decided.
-    lock: the dispatcher's lock (every change to the caches is made under it).
-    """
+    """One dispatcher's decisions: its device planners and every change to its plan cache, hot slots and counts, made
+    under `lock`. `settings() -> (memory budget, measure)` is read when a bucket is decided."""
 
     def __init__(self, config: PlannerConfig, plans: BoundedCache, hot: HotSlots, counts: CallCounts, *,
                  settings: Callable[[], tuple[int | None, bool]], lock: threading.RLock, home: str | None) -> None:
@@ -89,8 +76,7 @@ class ColdPath:
 
     # ------------------------------------------------------------------ planning
     def plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa) -> Plan:
-        """A new exact shape's plan (from its bucket, decided first where new), or a plan re-checked
-        (free memory, or its bucket's measuring decided since)."""
+        """A new exact shape's plan (deciding its bucket where new), or a re-checked plan."""
         plan = self.plans.get(key_)
         if plan is not None and not plan.recheck:
             return plan
@@ -126,8 +112,7 @@ class ColdPath:
         return new
 
     def settle(self, key_, plan: Plan) -> Plan:
-        """`plan`'s shape has been called `plan.settle_at` times: from now on it runs the bucket's
-        decided kernel, paying that kernel's per-shape set-up once (`selection.settle_after`)."""
+        """`plan`'s shape reached `plan.settle_at` calls: it runs the bucket's decided kernel from now on."""
         with self.lock:
             settled = self.planner(plan.device).settled(plan, key_)
             if settled is None or self.plans.get(key_) is not plan:
@@ -141,8 +126,7 @@ class ColdPath:
         return settled
 
     def planner(self, device: torch.device) -> DevicePlanner:
-        """`device`'s planner, made on first use: its ranker (table or prior), kept probes and
-        measured set-up costs."""
+        """`device`'s planner, made on first use (ranker, kept probes, measured set-up costs)."""
         planner = self.planners.get(device)
         if planner is None:
             with self.lock:
@@ -158,21 +142,19 @@ class ColdPath:
         return planner
 
     def state(self, device: torch.device) -> DeviceState:
-        """The device's ranker, failures and measured buckets."""
         return self.planner(device).state
 
     def keep(self, key_: tuple, plan: Plan) -> None:
-        """Cache `plan` under `key_`, unless it is a meta device's (from `explain` or `plan`): a meta
-        call must miss, since `Dispatcher.attention` sends it to PyTorch's SDPA on a miss only. A plan
-        it replaces leaves the hot path."""
+        """Cache `plan` under `key_` (dropping a replaced plan from the hot path), except a meta device's: a meta
+        call must miss, as `Dispatcher.attention` sends misses only to PyTorch."""
         if plan.device.type != "meta":
             if self.plans.get(key_) is not None:
                 self.hot.drop(key_)
             self.plans.put(key_, plan)
 
     def evicted(self, key_: tuple, plan: Plan) -> None:
-        """`plan` left the bounded plan cache: its calls stay in `stats`, it leaves the hot path, and
-        the calls it made toward settling count for its shape's next plan (`device_planner.SpentCalls`)."""
+        """`plan` left the plan cache: its calls stay in `stats`, it leaves the hot path, and its calls toward
+        settling carry to the shape's next plan (`device_planner.SpentCalls`)."""
         self.counts.fold(plan)
         if plan.settle_at and plan.count[0]:
             planner = self.planners.get(plan.device)
@@ -181,7 +163,6 @@ class ColdPath:
         self.hot.drop_plan(plan)
 
     def reset(self) -> None:
-        """Forget every plan, bucket, device planner and training decision."""
         self.families.clear()
         self.planners.clear()
         if self._training_route is not None:
@@ -202,10 +183,8 @@ class ColdPath:
                 self._forget_switched(plan, key_, switched)
 
     def _forget_switched(self, plan: Plan, key_: tuple, switched: list[tuple[Problem, str]]) -> None:
-        """Forget failures a switched-off backend may have caused (reached inside ``sdpa_kernel(...)``
-        where restrictions are not respected: ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``), and the plans
-        made without those kernels, so the bucket decides anew at its next call: kept, such a failure
-        made a later call that PyTorch serves raise `NoKernelError`."""
+        """Forget failures a switched-off backend may have caused (inside ``sdpa_kernel`` with
+        ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``) and the plans made without those kernels, so the bucket decides anew."""
         with self.lock:
             for problem, name in switched:
                 self.state(plan.device).forget_failure(problem, name)
@@ -218,8 +197,7 @@ class ColdPath:
 
     def _recover_from(self, plan, key_, error, query, key, value, attn_mask, scale, enable_gqa,
                       switched: list) -> torch.Tensor:
-        """The recovery loop of `recover`; a failure of a kernel running PyTorch's SDPA while some
-        backend is switched off is also appended to `switched` as ``(problem, name)``."""
+        """`recover`'s loop; failures of PyTorch backends while one is switched off are appended to `switched`."""
         planner = self.planner(plan.device)
         while True:
             failed = plan.kernel.name
@@ -250,9 +228,7 @@ class ColdPath:
                 error = next_error
 
     def _drop_bucket_plans(self, bucket) -> None:
-        """A kernel of `bucket` failed and the bucket decides again: its other exact shapes' plans
-        leave too, and the hot path with them (their calls stay in `stats`; a C++ range entry leaves
-        with the plan it was made for), so every shape of the bucket is planned anew."""
+        """A kernel of `bucket` failed: all its shapes' plans leave the cache and hot path (calls kept in `stats`)."""
         for key_, plan in list(self.plans.table.items()):
             if plan.bucket is bucket:
                 self.plans.pop(key_)
@@ -263,7 +239,6 @@ class ColdPath:
         return lambda name, error: self.remember(device, problem, name, error)
 
     def remember(self, device: torch.device, problem: Problem, name: str, error: BaseException) -> None:
-        """Kernel `name` raised `error` on `problem` (`DeviceState.remember`)."""
         out_of_memory = is_out_of_memory(error)
         if out_of_memory:
             release_cached_memory(device)
@@ -273,8 +248,7 @@ class ColdPath:
     # ------------------------------------------------------------------ training
     def training(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_,
                  budget: int | None) -> torch.Tensor:
-        """A call that needs a gradient (or dropout): the fastest kernel with a backward that fits
-        (`training_route.TrainingRoute`), else PyTorch's own SDPA as given."""
+        """A call needing a gradient or dropout: the fastest fitting kernel with a backward, else PyTorch's SDPA."""
         if query.is_meta:  # as in `attention`: PyTorch's SDPA, no plan
             return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if dropout_p == 0.0 and not (attn_mask is not None and attn_mask.requires_grad):
@@ -298,15 +272,11 @@ class ColdPath:
 
 
 def carries_tangent(*tensors: torch.Tensor | None) -> bool:
-    """Whether any plain tensor given is a forward-AD dual at the current dual level
-    (``forward_ad.unpack_dual(t).tangent``; outside ``forward_ad.dual_level()`` none is; torch 1.9+).
-    A tensor subclass (a `CausalBias`, whose storage is never read) counts as no dual."""
+    """Whether any plain tensor given is a forward-AD dual at the current level (a tensor subclass counts as none)."""
     return any(t.__class__ is torch.Tensor and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def pytorch_dual_call(key_: tuple, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:
-    """PyTorch's SDPA on an inference-route call (no dropout) planned under `key_`
-    (`_plan.cache_key`, whose second-to-last field is the call's ``is_causal``): its result or its
-    exception."""
+    """PyTorch's SDPA for an inference call planned under `key_` (whose second-to-last field is ``is_causal``)."""
     is_causal = key_[-2]
     return sdpa_context.pytorch_attention(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)

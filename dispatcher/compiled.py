@@ -1,32 +1,9 @@
-"""`torch.compile` runs the dispatcher's choice.
-
-Under compilation `Dispatcher.attention` puts one call into Dynamo's graph, `attention_in_graph`
-(allowed in the graph: Dynamo does not trace into it; marked when Dynamo is imported, `compiled`). AOTAutograd then traces it with fake
-tensors, and there
-
-- with static shapes, the decision is made from the fake tensors' shapes, dtypes and devices (as
-  for an eager call of that shape: the table, remembered measurements, no timing: a bucket still
-  measuring traces the kernel that serves it until then) and the chosen kernel
-  runs on them, so its PyTorch ops are traced into the graph (``sdpa_default`` traces exactly what
-  a compiled ``F.scaled_dot_product_attention`` would);
-- with symbolic shapes (``dynamic=True``, or after PyTorch's automatic dynamic recompile), no
-  guard is added on lengths: the graph calls ``attn_dispatch::attention_at_run_time``, an opaque
-  operator that asks the dispatcher on every call, which decides per size bucket at run time.
-
-So there is no graph break and no recompile beyond PyTorch's own. The training route (dropout, or
-inputs requiring grad) stays PyTorch's SDPA under compilation, traced as usual.
-
-Compile caches: AOTAutograd's cache keys a graph by Dynamo's graph, which names the call but not
-the kernel the dispatcher will choose (that depends on its kernel set, table and tunings). A
-custom operator counts as cache-safe there, so a warm cache would replay another process's kernel
-(a dispatcher limited to `sdpa_default` running a `chunked` graph compiled earlier). A plain function in the graph makes
-AOTAutograd bypass its cache for such graphs; Inductor's own cache still serves them, keyed by the
-traced kernel's ops. The price: a process with a warm cache traces such a graph again (seconds for
-a model), where a model compiled with PyTorch's SDPA loads it. `torch.export` holds the chosen
-kernel's ops too (it held ``attn_dispatch::attention``, which needs this process's dispatcher);
-exported with symbolic shapes, PyTorch's SDPA (an exported program is loaded and run in other
-processes, where no dispatcher of this one exists to decide at run time).
-"""
+"""`torch.compile` runs the dispatcher's choice with no graph break: `Dispatcher.attention` puts one node,
+`attention_in_graph`, into Dynamo's graph. On fake tensors with static shapes it decides as an eager call would (no
+timing) and traces the chosen kernel's ops; with symbolic shapes the graph calls
+``attn_dispatch::attention_at_run_time``, deciding per bucket at run time. A plain function (not a custom op) makes
+AOTAutograd bypass its cache, which would otherwise replay another process's kernel. Exported with symbolic shapes:
+PyTorch's SDPA."""
 
 from __future__ import annotations
 
@@ -51,8 +28,7 @@ if TYPE_CHECKING:
     from attn_dispatch.dispatcher.core import Dispatcher
 
 COUNT_SUFFIX = " (traced)"
-"""`Dispatcher.stats` key suffix counting the exact shapes for which a kernel was traced into
-compiled graphs (not calls: a compiled graph runs without Python)."""
+"""`Dispatcher.stats` key suffix counting exact shapes traced per kernel (not calls)."""
 
 _dispatchers: weakref.WeakValueDictionary[int, Dispatcher] = weakref.WeakValueDictionary()
 _ids: weakref.WeakKeyDictionary[Dispatcher, int] = weakref.WeakKeyDictionary()
@@ -62,10 +38,8 @@ _lock = threading.Lock()
 
 def compiling_readers() -> tuple[Callable[[], bool], object]:
     """``(is_dynamo_compiling, flags)``: ``is_dynamo_compiling() or flags._is_compiling_flag`` is
-    `torch.compiler.is_compiling()` outside TorchScript (dynamo folds both functions to True
-    while it traces; non-strict export sets the flag), read without that function's TorchScript
-    check, which would cost every eager dispatcher call. A torch
-    lacking either reads `is_compiling()` and a flag that stays False."""
+    `torch.compiler.is_compiling()` without its TorchScript check (costly per call); a torch lacking either gives
+    `is_compiling` and a flag that stays False."""
     compiler = getattr(torch, "compiler", None)
     dynamo = getattr(compiler, "is_dynamo_compiling", None)
     if dynamo is None or not isinstance(getattr(compiler, "_is_compiling_flag", None), bool):
@@ -106,8 +80,7 @@ def _output(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, enable_
 def attention_at_run_time(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           attn_mask: torch.Tensor | None, is_causal: bool, scale: float | None,
                           enable_gqa: bool, dispatcher: int) -> torch.Tensor:
-    """The dispatcher's eager call, from a compiled graph with symbolic shapes (decided per bucket
-    at run time)."""
+    """The dispatcher's eager call from a compiled graph with symbolic shapes."""
     return _dispatcher(dispatcher).attention(query, key, value, attn_mask, 0.0, is_causal, scale=scale,
                                              enable_gqa=enable_gqa)
 
@@ -119,9 +92,7 @@ def _attention_at_run_time_shape(query, key, value, attn_mask, is_causal, scale,
 
 def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
                        is_causal: bool, scale: float | None, enable_gqa: bool, dispatcher: int) -> torch.Tensor:
-    """The dispatcher's attention as one node of Dynamo's graph: ``[..., Hq, L, Ev]``, decided and
-    its kernel traced when AOTAutograd (or Dynamo's fake run, or non-strict export) runs it on
-    fake tensors (see the module docstring)."""
+    """The dispatcher's attention as one graph node, decided and traced on fake tensors (module docstring)."""
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
     symbolic = any(isinstance(size, torch.SymInt) for tensor in tensors for size in tensor.shape)
     if symbolic and not torch.compiler.is_exporting():
@@ -146,14 +117,14 @@ def attention_in_graph(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
 
 
 def _allow_in_graph(dynamo: types.ModuleType) -> None:
-    """Mark `attention_in_graph` as a graph node for Dynamo (`allow_in_graph`), once Dynamo is imported."""
+    """Mark `attention_in_graph` as a graph node for Dynamo."""
     dynamo.allow_in_graph(attention_in_graph)
 
 
 def compiled_attention(dispatcher: Dispatcher, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        attn_mask: torch.Tensor | None, is_causal: bool, scale: float | None,
                        enable_gqa: bool) -> torch.Tensor:
-    """What `Dispatcher.attention` emits while torch.compile traces it (inference route)."""
+    """What `Dispatcher.attention` emits under torch.compile (inference route)."""
     return attention_in_graph(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa),
                               dispatcher.compile_id)
 
@@ -161,16 +132,12 @@ def compiled_attention(dispatcher: Dispatcher, query: torch.Tensor, key: torch.T
 _hook_lock = threading.Lock()
 
 
-# a post-import hook: run a function once a module is imported, without importing it (marking
-# for Dynamo imports torch._dynamo, over a second of a process's start). A `sys.meta_path` finder
-# answers for that one name, wraps the found spec's loader, and once the module has run removes
-# itself and calls the function.
+# a post-import hook (importing torch._dynamo would slow every process's start)
 
 
 def when_imported(name: str, then: Callable[[ModuleType], None]) -> None:
-    """Call ``then(module)`` now if module `name` is imported, else right after its first import.
-
-    An exception raised by `then` is logged (a warning), never raised into the import."""
+    """Call ``then(module)`` now if module `name` is imported, else right after its first import (without importing
+    it); an exception from `then` is logged, never raised into the import."""
     module = sys.modules.get(name)
     if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
         _call(then, module)
@@ -188,7 +155,7 @@ def _call(then: Callable[[ModuleType], None], module: ModuleType) -> None:
 
 
 class _Hook(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the loader of module `name` as the other finders find it."""
+    """A `sys.meta_path` finder wrapping the loader of module `name` as the other finders find it."""
 
     def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
         self.name = name
@@ -238,4 +205,4 @@ class _ThenLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
-when_imported("torch._dynamo", _allow_in_graph)  # importing Dynamo to mark it would cost every process 1.4 s
+when_imported("torch._dynamo", _allow_in_graph)

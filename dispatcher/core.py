@@ -1,13 +1,6 @@
-"""`Dispatcher`: per device, the fastest kernel that fits, decided once per size bucket; a kernel
-that fails at run time is replaced by the next one and remembered.
-
-Composed of its parts: the plan table (`plans`: exact shape -> `Plan`, bounded), the hot slots over
-it (`hot_path.HotSlots`, mirrored into the C++ fast path where built), the call counts
-(`plans.CallCounts`) and the cold path (`cold_path.ColdPath`: planning a new shape from its bucket,
-settling, recovery, training calls). `attention` is the warm path: the hot slots (one C++ guard
-check of the tensors), else one key tuple from tensor attributes and one dict lookup, then the
-plan's `run` (no validation: done when the plan was made; the key reads no layout, so a sparse or
-mkldnn tensor a kernel fails on goes to PyTorch); a miss goes to the cold path."""
+"""`Dispatcher`: per device, the fastest kernel that fits, decided once per size bucket; a kernel failing at run time
+is replaced by the next and remembered. `attention` is the warm path: the hot slots (`hot_path`), else one key tuple
+and one dict lookup, then the plan's `run` (validated when the plan was made); a miss goes to `cold_path.ColdPath`."""
 
 from __future__ import annotations
 
@@ -77,9 +70,7 @@ _dynamo_compiling, _compile_flags = compiling_readers()  # `torch.compiler.is_co
 
 
 def read_environment() -> None:
-    """When a dispatcher, `install()` or `patched()` starts: validate every ``ATTN_DISPATCH_*``
-    variable (ValueError, one line naming the variable and the values it accepts) and follow
-    ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL`` (`sdpa_context.follow_environment`)."""
+    """Validate every ``ATTN_DISPATCH_*`` variable (one-line ValueError) and follow the SDPA-kernel opt-out."""
     environment.check()
     sdpa_context.follow_environment()
 
@@ -87,34 +78,18 @@ def read_environment() -> None:
 class Dispatcher:
     """Runs each attention call with the fastest kernel that fits in memory on its device.
 
-    Parameters
-    ----------
-    kernels: ``"all"`` (every kernel variant, default), ``"portable"`` (no fused PyTorch backends,
-        as on gfx906), or a sequence of kernels / kernel names (used as given). ``sdpa_default``
-        (PyTorch's own choice) is added to the two named sets as the last-resort fallback.
-    policy: lossy conversions allowed (default lossless only), e.g.
-        ``AccuracyPolicy.allowing("fp32->bf16")``.
-    memory_budget: most workspace one call may use: bytes or a size such as ``"16GiB"``; default
-        ``ATTN_DISPATCH_MEMORY_BUDGET`` (read when a decision is made), else no budget.
-    home: directory holding threshold tables (default: ``ATTN_DISPATCH_HOME`` or the user cache).
-    measure: where no measured table entry of this card decides a size bucket, its first calls each
-        run one candidate kernel, timed, until the bucket keeps the fastest (`dispatcher.measuring`);
-        default on unless ``ATTN_DISPATCH_MEASURE`` is 0 (read when a bucket is decided).
-    remember_tunings: keep measured buckets across processes under the home directory
-        (`dispatcher.measured_store`; default on). ``attn-dispatch bench`` turns it off so every run
-        measures afresh.
-    """
+    - `kernels`: ``"all"`` (default), ``"portable"`` (no fused PyTorch backends, as on gfx906), or kernels / kernel
+      names used as given; the named sets add ``sdpa_default`` as the last-resort fallback.
+    - `policy`: lossy conversions allowed, e.g. ``AccuracyPolicy.allowing("fp32->bf16")``.
+    - `memory_budget`: most workspace per call, bytes or e.g. ``"16GiB"``; default ``ATTN_DISPATCH_MEMORY_BUDGET``.
+    - `home`: directory of threshold tables (default ``ATTN_DISPATCH_HOME`` or the user cache).
+    - `measure`: time candidates on a bucket's first calls where no measured entry of this card decides it
+      (`dispatcher.measuring`); default on unless ``ATTN_DISPATCH_MEASURE=0``.
+    - `remember_tunings`: keep measured buckets across processes (`dispatcher.measured_store`)."""
 
-    def __init__(
-        self,
-        *,
-        kernels: str | Sequence[Kernel | str] = "all",
-        policy: AccuracyPolicy = LOSSLESS,
-        memory_budget: int | str | None = None,
-        home: str | None = None,
-        measure: bool | None = None,
-        remember_tunings: bool = True,
-    ) -> None:
+    def __init__(self, *, kernels: str | Sequence[Kernel | str] = "all", policy: AccuracyPolicy = LOSSLESS,
+                 memory_budget: int | str | None = None, home: str | None = None, measure: bool | None = None,
+                 remember_tunings: bool = True) -> None:
         if not isinstance(policy, AccuracyPolicy):
             raise TypeError(f"policy must be an AccuracyPolicy (e.g. AccuracyPolicy.allowing('fp32->bf16')), got {policy!r}")
         self.policy = policy
@@ -127,7 +102,6 @@ class Dispatcher:
         self.remember_tunings = remember_tunings
         self._lock = threading.RLock()
         self.compile_id = dispatcher_id(self)
-        """Names this dispatcher inside torch.compile graphs (`compiled`)."""
         self._fast = attach(self)  # `fast_path`'s C++ entry where it is built, else None
         # the parts: plans per exact shape, the hot slots over them, call counts, and the cold path
         self._plans: BoundedCache[tuple, Plan] = BoundedCache(MAX_PLANS, on_evict=self._evicted)
@@ -144,7 +118,6 @@ class Dispatcher:
     # ------------------------------------------------------------------ configuration
     @property
     def kernels(self) -> list[Kernel]:
-        """The kernel set this dispatcher chooses from."""
         return list(self._kernels.values())
 
     @property
@@ -154,38 +127,18 @@ class Dispatcher:
 
     @property
     def measure(self) -> bool:
-        """Measuring on a bucket's calls on? The argument, else ``ATTN_DISPATCH_MEASURE`` (on unless 0)."""
+        """Measuring on a bucket's calls: the argument, else ``ATTN_DISPATCH_MEASURE`` (on unless 0)."""
         return self._measure if self._measure is not None else measure_from_env()
 
     # ------------------------------------------------------------------ the call
-    def attention(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        *,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> torch.Tensor:
-        """`torch.nn.functional.scaled_dot_product_attention`, run by the fastest kernel that fits.
+    def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False, *,
+                  scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+        """`torch.nn.functional.scaled_dot_product_attention`, run by the fastest kernel that fits; returns ``[...,
+        Hq, L, Ev]`` in the query's dtype.
 
-        Parameters
-        ----------
-        query: ``[..., Hq, L, E]``; key: ``[..., Hkv, S, E]``; value: ``[..., Hkv, S, Ev]``.
-        attn_mask: bool (True = attend) or float (added), broadcastable to ``[..., Hq, L, S]``.
-        dropout_p, is_causal, scale, enable_gqa: as in SDPA. Dropout, or inputs requiring grad
-            with grad enabled, go to PyTorch's SDPA unless the chosen kernel supports backward.
-
-        Returns
-        -------
-        ``[..., Hq, L, Ev]`` in the query's dtype.
-
-        The Python path; `fast_attention` (what `attn_dispatch.attention`, `patched` and `register_transformers`
-        call) serves hot PyTorch-call plans in C++ and hands every other call to this method.
-        """
+        Dropout, or inputs requiring grad with grad enabled, go to PyTorch's SDPA unless the chosen kernel supports
+        backward. `fast_attention` serves hot plans in C++ and hands every other call here."""
         if _dynamo_compiling() or _compile_flags._is_compiling_flag:  # torch.compile: made and traced in `compiled`
             if dropout_p != 0.0 or (attn_mask is not None and attn_mask.__class__ is not torch.Tensor) or (
                     _grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad
@@ -212,7 +165,7 @@ class Dispatcher:
                 entry = None
             if entry is not None and (entry.pytorch_call or not (_respecting[0] or entry.masked and is_causal) or (
                     _flash_on() and _efficient_on() and _math_on() and _cudnn_on())):  # else `route` below: a plan
-                # that is one call of PyTorch's SDPA makes that same call (re-raising its error): ~600 instructions less
+                # that is one call of PyTorch's SDPA makes that same call (re-raising its error)
                 plan, key_ = entry.plan, entry.key
                 count = plan.count
                 calls = count[0] + 1  # a hot plan is past HOT_AFTER: only its settling is checked
@@ -264,7 +217,7 @@ class Dispatcher:
                 return self._cold.training(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_,
                                            self.memory_budget)
             try:
-                plan = self._plan_table[key_]  # a subscript, not `.get`: 40 ns less
+                plan = self._plan_table[key_]  # a subscript, not `.get`: the warm path
             except KeyError:
                 plan = None
             if plan is None or plan.recheck:
@@ -279,7 +232,7 @@ class Dispatcher:
                 promote = plan is self._last_dict_plan or plan.count[0] + 1 == HOT_AFTER or rehot(plan.count[0] + 1)
             self._last_dict_plan = plan
             count = plan.count
-            calls = count[0] + 1  # the cell read once, not twice: 25 ns
+            calls = count[0] + 1  # the cell read once
             count[0] = calls
             if calls == plan.settle_at:
                 plan = self._cold.settle(key_, plan)
@@ -289,12 +242,12 @@ class Dispatcher:
         try:
             if flags is not None:  # PyTorch's SDPA on the call's tensors and scale, no frame of ours between (a
                 # CausalBias never gets here: `route` makes an upper-left one is_causal, a lower-right one has no
-                # `sdpa_call`); default keywords left out: 70 ns
+                # `sdpa_call`); default keywords left out
                 if scale is not None:
                     return _sdpa(query, key, value, attn_mask, scale=scale, **flags)
                 if flags:
                     return _sdpa(query, key, value, attn_mask, **flags)
-                return _sdpa(query, key, value, attn_mask)  # PyTorch parses even `**{}`: 180 ns
+                return _sdpa(query, key, value, attn_mask)  # PyTorch parses even `**{}`
             return plan.run(query, key, value, attn_mask, scale, enable_gqa, plan.problem)
         except Exception as error:  # noqa: BLE001 - any kernel failure falls back to the next kernel
             if flags is not None and sdpa_context.backends_restricted():
@@ -306,24 +259,11 @@ class Dispatcher:
     __call__ = attention
 
     # ------------------------------------------------------------------ planning
-    def plan(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        *,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> PreparedAttention:
-        """Decide once for these arguments' exact shape; the returned `PreparedAttention` runs the
-        chosen kernel on later calls of that shape with no lookup (FlashInfer's plan/run: a
-        framework holding one shape per layer plans once per step and runs every layer).
-
-        ``prepared = dispatcher.plan(q, k, v, is_causal=True)`` then ``prepared(q, k, v)``; a call
-        of another shape, dtype, device or layout raises ValueError naming both (plan again).
-        """
+    def plan(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             attn_mask: torch.Tensor | None = None, is_causal: bool = False, *, scale: float | None = None,
+             enable_gqa: bool = False) -> PreparedAttention:
+        """Decide once for these arguments' exact shape; the returned `PreparedAttention` runs the chosen kernel on
+        later calls of that shape with no lookup. A call of another shape, dtype, device or layout raises ValueError."""
         try:
             key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
         except AttributeError:  # not tensors: validation raises SDPA's TypeError
@@ -336,20 +276,10 @@ class Dispatcher:
         return PreparedAttention(self, plan, key_, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
     # ------------------------------------------------------------------ explaining
-    def explain(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        *,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> Decision:
-        """The decision `attention` makes (or made) for these arguments, without running it (under the
-        caller's `sdpa_kernel` restriction: PyTorch's backend that runs, `sdpa_context`)."""
+    def explain(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False, *,
+                scale: float | None = None, enable_gqa: bool = False) -> Decision:
+        """The decision `attention` makes for these arguments, without running it (restricted: PyTorch's backend)."""
         if sdpa_context.backends_restricted() and not (query.is_meta or query.is_nested):
             grad = _grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
             problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
@@ -375,8 +305,7 @@ class Dispatcher:
                        notes=(*plan.decision.notes, f"training: {why}"))
 
     def decide(self, problem: Problem, *, device: torch.device | str) -> Decision:
-        """The decision for a `Problem` on `device` without tensors (``attn-dispatch explain``);
-        not cached and not logged."""
+        """The decision for a `Problem` on `device` without tensors (``attn-dispatch explain``); not cached."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -386,42 +315,36 @@ class Dispatcher:
         return with_lossy_gain(decision, planner.state.ranking.prior, self.policy)
 
     def use_table(self, table, path: str) -> None:
-        """Rank with `table` (a `models.ThresholdTable` read from `path`) on every device instead of
-        the table each device's lookup finds (``attn-dispatch explain --table``); every decision
-        made so far is forgotten (`reset`)."""
+        """Rank with `table` (read from `path`) on every device instead of the lookup's; forgets every decision."""
         self._cold.ranking_options = {"given": (table, str(path))}
         self.reset()
 
     # ------------------------------------------------------------------ the parts
     @property
     def home(self) -> str | None:
-        """The directory holding threshold tables and measured buckets (None: ``ATTN_DISPATCH_HOME``
-        or the user cache)."""
+        """The directory of threshold tables and measured buckets (None: ``ATTN_DISPATCH_HOME`` or the user cache)."""
         return self._home
 
     @property
     def fast_attention(self):
-        """What to put where SDPA is looked up (`attn_dispatch.attention`, `patching`, `hf`): a C builtin
-        with SDPA's signature that serves the hot plans which are PyTorch's own SDPA call or a fused
-        backend's bare operator call with no Python frame, and hands every other call to `attention`
-        (`fast_path`); `attention` itself where the fast path is off, unsupported or not built."""
+        """What to put where SDPA is looked up: the C++ fast path's builtin (`fast_path`), which serves hot plans
+        with no Python frame and hands other calls to `attention`; `attention` itself where not built."""
         return self.attention if self._fast is None else self._fast.callable()
 
     def stats(self) -> dict[str, int]:
-        """Calls per kernel name since the last `reset` (training calls that went to PyTorch's SDPA
-        count as ``"pytorch_sdpa (training)"``). Approximate under concurrent calls."""
+        """Calls per kernel since the last `reset` (training calls to PyTorch: ``"pytorch_sdpa (training)"``);
+        approximate."""
         return self._counts.stats(self._plans.values())
 
     def _settings(self) -> tuple[int | None, bool]:
-        """(memory budget, measure): what a new bucket decision reads."""
         return self.memory_budget, self.measure
 
     def _evicted(self, key_: tuple, plan: Plan) -> None:
         self._cold.evicted(key_, plan)
 
     def reset(self) -> None:
-        """Forget every decision, table, remembered failure and count (after recalibrating, or
-        after changing ``ATTN_DISPATCH_MEMORY_BUDGET`` / ``ATTN_DISPATCH_HOME``)."""
+        """Forget every decision, table, remembered failure and count (after recalibrating or changing the
+        environment)."""
         with self._lock:
             self._plans.clear()
             self._hot_path.set(())  # every plan leaves
@@ -434,22 +357,18 @@ class Dispatcher:
 # the kernels a dispatcher chooses from: a named set or the user's own list
 
 KERNEL_SETS = ("all", "portable")
-"""The named kernel sets (`Dispatcher(kernels=...)` and the CLI's ``--kernels`` choices)."""
+"""The named kernel sets (`Dispatcher(kernels=...)`, the CLI's ``--kernels``)."""
 
 
 class LastResortDefault(SdpaDefaultKernel):
-    """PyTorch's own SDPA as the portable set's last resort: tried only after every ranked kernel
-    failed, never ranked. On gfx906 it is the math backend the portable kernels exist to beat; on
-    a card with fused backends (a GPU emulating gfx906 with ``--kernels portable``) ranking it
-    would leave the emulated card for its fused kernels."""
+    """PyTorch's own SDPA as the portable set's last resort: never ranked, tried after every ranked kernel."""
 
     last_resort = True
 
 
 def kernel_set(kernels: str | Sequence[Kernel | str], policy: AccuracyPolicy) -> dict[str, Kernel]:
-    """Kernels by name: ``"all"`` / ``"portable"`` (plus ``sdpa_default``, the last-resort fallback;
-    without kernels Triton's interpreter would run: `kernels.registry.serving`) or the given kernels
-    / kernel names, as given. Raises ValueError / TypeError naming the bad item."""
+    """Kernels by name: a named set plus its ``sdpa_default`` fallback, or the given kernels / names (ValueError /
+    TypeError)."""
     if isinstance(kernels, str):
         if kernels not in KERNEL_SETS:
             raise ValueError(f"kernels={kernels!r}: pass 'all', 'portable' or a list of kernels / kernel names")

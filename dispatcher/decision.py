@@ -1,7 +1,6 @@
-"""What the dispatcher decided for one problem, and why: the record `explain` returns and the log
-prints (`Decision`); the memory it was decided under (`free_bytes`, the budget); the error raised when
-no kernel can run (`NoKernelError`); the lossy conversion `explain` notes (`with_lossy_gain`); and the
-log of decisions and fallbacks (INFO when ``ATTN_DISPATCH_LOG=1``, else DEBUG; fallbacks WARNING)."""
+"""`Decision` (what `explain` returns and the log prints), free memory (`free_bytes`), `NoKernelError`, the
+lossy-conversion note (`with_lossy_gain`) and the decision log (INFO when ``ATTN_DISPATCH_LOG=1``, else DEBUG;
+fallbacks WARNING)."""
 
 from __future__ import annotations
 
@@ -44,15 +43,8 @@ class Candidate:
 
 @dataclass(frozen=True)
 class RankingSource:
-    """Where the predicted times came from.
-
-    Attributes
-    ----------
-    level: ``"exact" | "model" | "family"`` (a threshold table found at that lookup level),
-        ``"prior"`` (the card's analytic prior) or ``"none"`` (nothing could rank: kernel order).
-    path: the table file, when a table served.
-    identity: the device identity key the lookup used.
-    """
+    """Where the predicted times came from. `level`: ``"exact" | "model" | "family"`` (a table at that lookup level),
+    ``"prior"`` (the card's analytic prior) or ``"none"`` (kernel order)."""
 
     level: str
     description: str
@@ -61,29 +53,18 @@ class RankingSource:
     warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        return {
-            "level": self.level, "description": self.description, "path": self.path,
-            "identity": self.identity, "warnings": list(self.warnings),
-        }
+        return {"level": self.level, "description": self.description, "path": self.path,
+                "identity": self.identity, "warnings": list(self.warnings)}
 
 
 @dataclass(frozen=True)
 class Decision:
-    """One decision: the kernel that runs a problem on a device, and why.
+    """The kernel that runs a problem on a device, and why.
 
-    Attributes
-    ----------
-    kernel: the chosen kernel's name (``"pytorch_sdpa"`` on the training route).
-    params: the chosen kernel's parameters (e.g. ``{"q": 128, "kv": 1024}``).
-    route: ``"dispatch"`` or ``"training"`` (dropout or inputs requiring grad: PyTorch's SDPA
-        unless the chosen kernel supports backward).
-    candidates: every kernel that can run and fits, in the order they would be tried; the first
-        is the chosen one.
-    dropped: ``(kernel name, reason)`` for every other kernel: unsupported, over the memory limit
-        or failed at run time in this problem's bucket.
-    free_bytes, budget_bytes: memory free on the device when decided (None: unknown) and the
-        configured budget (None: none); a candidate's workspace must fit both.
-    """
+    `route`: ``"dispatch"`` or ``"training"`` (dropout or inputs requiring grad: PyTorch's SDPA unless the kernel
+    supports backward; `kernel` is then ``"pytorch_sdpa"``). `candidates`: what runs and fits, in try order, the
+    chosen first; `dropped`: ``(name, reason)`` for every other kernel; `free_bytes` / `budget_bytes`: the limits
+    decided under (None: unknown / none)."""
 
     kernel: str
     params: dict
@@ -99,18 +80,15 @@ class Decision:
 
     @property
     def predicted_s(self) -> float | None:
-        """The chosen kernel's predicted time (None when nothing predicted it)."""
         for candidate in self.candidates:
             if candidate.name == self.kernel:
                 return candidate.predicted_s
         return None
 
     def reason_dropped(self, name: str) -> str | None:
-        """Why kernel `name` was not chosen (None when it was a candidate or unknown)."""
         return dict(self.dropped).get(name)
 
     def summary(self) -> str:
-        """One line: device, problem and the chosen kernel."""
         p = self.problem
         shape = (
             f"B={p.batch} Hq={p.q_heads} Hkv={p.kv_heads} Lq={p.q_len} Lk={p.kv_len} D={p.head_dim} "
@@ -120,14 +98,11 @@ class Decision:
         return f"{self.device} [{shape}] -> {self.kernel} (predicted {predicted}; {self.source.description})"
 
     def to_dict(self) -> dict:
-        """JSON-ready form (``attn-dispatch explain --json``)."""
-        return {
-            "kernel": self.kernel, "params": dict(self.params), "route": self.route,
-            "device": self.device, "problem": self.problem.to_dict(), "source": self.source.to_dict(),
-            "candidates": [c.to_dict() for c in self.candidates],
-            "dropped": [{"name": name, "reason": reason} for name, reason in self.dropped],
-            "free_bytes": self.free_bytes, "budget_bytes": self.budget_bytes, "notes": list(self.notes),
-        }
+        return {"kernel": self.kernel, "params": dict(self.params), "route": self.route,
+                "device": self.device, "problem": self.problem.to_dict(), "source": self.source.to_dict(),
+                "candidates": [c.to_dict() for c in self.candidates],
+                "dropped": [{"name": name, "reason": reason} for name, reason in self.dropped],
+                "free_bytes": self.free_bytes, "budget_bytes": self.budget_bytes, "notes": list(self.notes)}
 
     def __str__(self) -> str:
         lines = [f"attention on {self.device}: {self.summary()}"]
@@ -141,10 +116,9 @@ class Decision:
         lines.append("  candidates, in the order they are tried:")
         width = max((len(c.name) for c in self.candidates), default=0)
         for rank, candidate in enumerate(self.candidates, 1):
-            lines.append(
-                f"    {rank:2d}. {candidate.name:<{width}}  {format_seconds(candidate.predicted_s):>10}  "
-                f"workspace {format_bytes(candidate.workspace_bytes)}"
-            )
+            lines.append(f"    {rank:2d}. {candidate.name:<{width}}  "
+                         f"{format_seconds(candidate.predicted_s):>10}  workspace "
+                         f"{format_bytes(candidate.workspace_bytes)}")
         if self.dropped:
             lines.append("  dropped:")
             for reason, names in _group_by_reason(self.dropped):
@@ -165,7 +139,7 @@ def format_seconds(seconds: float | None) -> str:
 
 
 def _group_by_reason(dropped: tuple[tuple[str, str], ...]) -> list[tuple[str, list[str]]]:
-    """``[(name, reason)]`` -> ``[(reason, [names])]`` in first-seen order (one line per reason)."""
+    """``[(name, reason)]`` -> ``[(reason, [names])]`` in first-seen order."""
     groups: dict[str, list[str]] = {}
     for name, reason in dropped:
         groups.setdefault(reason, []).append(name)
@@ -188,18 +162,13 @@ def _compact(names: list[str]) -> str:
     return ", ".join(parts)
 
 
-# memory: free device memory (GPU: driver free plus the caching allocator's unused bytes; CPU:
-# MemAvailable) and the budget (ATTN_DISPATCH_MEMORY_BUDGET or Dispatcher(memory_budget=...))
+# memory
 
 MEMINFO_PATH = "/proc/meminfo"
 
 
 def free_bytes(device: torch.device) -> int | None:
-    """Bytes a new allocation on `device` can get now; None when the device cannot tell.
-
-    CUDA/ROCm: driver free memory plus the caching allocator's reserved-but-unused bytes.
-    CPU: ``MemAvailable`` from ``/proc/meminfo``, else free physical pages (``os.sysconf``).
-    """
+    """Bytes a new allocation on `device` can get now (GPU: driver free plus cached-unused; CPU: ``MemAvailable``)."""
     if device.type == "cuda":
         return _cuda_free_bytes(device)
     if device.type == "cpu":
@@ -255,21 +224,13 @@ def release_cached_memory(device: torch.device) -> None:
 
 
 class NoKernelError(RuntimeError):
-    """No kernel can run the problem: every one is unsupported, over the memory limit or failed.
+    """No kernel can run the problem (each unsupported, over the memory limit or failed). `reasons`: ``(kernel,
+    why)`` for every kernel; `cause`: the message's first line (why, and the fix)."""
 
-    Attributes
-    ----------
-    problem: the problem; device: where; reasons: ``(kernel name, why)`` for every kernel;
-    cause: the first line of the message (why nothing runs, and what to do).
-    """
-
-    def __init__(
-        self, problem: Problem, device: str, reasons: Sequence[tuple[str, str]], *,
-        smallest: tuple[str, int] | None = None, budget: int | None = None, free: int | None = None,
-    ) -> None:
-        """`smallest`: (kernel name, workspace bytes) of the runnable kernel that needs the least
-        workspace, when every runnable kernel was dropped for memory; `budget`, `free`: the
-        limits it was held to (bytes, None when there was none)."""
+    def __init__(self, problem: Problem, device: str, reasons: Sequence[tuple[str, str]], *,
+                 smallest: tuple[str, int] | None = None, budget: int | None = None,
+                 free: int | None = None) -> None:
+        """`smallest`: (kernel, workspace) needing least when all were dropped for memory; `budget`, `free`: limits."""
         self.problem = problem
         self.device = device
         self.reasons = tuple(reasons)
@@ -290,10 +251,8 @@ class NoKernelError(RuntimeError):
 
 
 def smallest_workspace(ranked) -> tuple[str, int] | None:
-    """(name, workspace bytes) of the runnable option of a `selection.Ranked` that needs the least
-    workspace, counting the chunked kernel shrunk to its smallest chunks (`selection.MIN_CHUNK`),
-    which the dispatcher tries when nothing else fits (of equal workspaces, the first name); None when no kernel
-    supports the problem."""
+    """(name, workspace bytes) of the `selection.Ranked` option needing least, counting the chunked kernel at
+    `selection.MIN_CHUNK` chunks (ties by name); None when nothing supports the problem."""
     from attn_dispatch.dispatcher.selection import MIN_CHUNK
     from attn_dispatch.kernels import ChunkedKernel
 
@@ -305,7 +264,7 @@ def smallest_workspace(ranked) -> tuple[str, int] | None:
 
 
 BUDGET_FIX = f"raise {MEMORY_BUDGET.name} or Dispatcher(memory_budget=...)"
-"""What a `NoKernelError` over the memory budget tells a Python user to do (the CLI names its flag)."""
+"""A `NoKernelError`'s fix over the memory budget, for Python users (the CLI names its flag)."""
 
 
 def _over(smallest: tuple[str, int], limit: int | None) -> bool:
@@ -330,15 +289,11 @@ def _cause(device: str, reasons: Sequence[tuple[str, str]], smallest: tuple[str,
 
 
 # a lossy conversion the caller has not allowed, and what the analytic prior says it would gain
-# (bf16->fp16 on gfx906, which has no bf16 dot instruction); opt-in: fp16 overflows past 65504
 
 NOTED_CONVERSIONS = ("bf16->fp16", "fp16->bf16")
-"""Lossy conversions whose gain `explain` states: those between the half dtypes, which keep the
-inputs' size, so what they gain is the card's rate for the other dtype (gfx906's fp16 dot2
-against its bf16 emulation), not memory."""
+"""Lossy conversions whose gain `explain` states: between the half dtypes, gaining the card's rate, not memory."""
 MIN_GAIN = 1.25
-"""A conversion is worth a note when the prior predicts it at least this much faster than the
-chosen kernel: the margin the prior keeps before overriding a choice (`models.priors.FORCED_BACKEND_FACTOR`)."""
+"""Least predicted speed-up worth a note (the prior's margin, `models.priors.FORCED_BACKEND_FACTOR`)."""
 RANGE_LOSS = {
     "bf16->fp16": "fp16's range ends at 65504 where bf16's reaches 3.4e38: larger activations overflow to inf",
     "fp16->bf16": "bf16 keeps 8 bits of mantissa where fp16 keeps 11: about 3 significant digits fewer",
@@ -346,10 +301,8 @@ RANGE_LOSS = {
 
 
 def lossy_gain_note(decision: Decision, spec: CardSpec | None, policy: AccuracyPolicy) -> str | None:
-    """A line for `explain` when a conversion of `NOTED_CONVERSIONS` that `policy` does not allow was
-    dropped, would run otherwise, and the prior of `spec`'s card predicts it at least `MIN_GAIN`
-    times faster than the chosen kernel; None otherwise (no spec, no such conversion, or no such
-    gain). Both times are the prior's, so the gain compares like with like."""
+    """An `explain` line when a `NOTED_CONVERSIONS` conversion `policy` disallows was dropped, could run, and
+    `spec`'s prior predicts it `MIN_GAIN` times faster than the chosen kernel; else None."""
     if spec is None:
         return None
     problem = decision.problem
@@ -375,15 +328,13 @@ def lossy_gain_note(decision: Decision, spec: CardSpec | None, policy: AccuracyP
 
 
 def with_lossy_gain(decision: Decision, prior: object, policy: AccuracyPolicy) -> Decision:
-    """`decision` with `lossy_gain_note` among its notes, when there is one; `prior` is the
-    device's analytic prior ranker (`models.priors.PriorRanker`; None when it has none)."""
+    """`decision` with `lossy_gain_note` added when there is one (`prior`: a `models.priors.PriorRanker` or None)."""
     note = lossy_gain_note(decision, getattr(prior, "spec", None), policy)
     return decision if note is None else replace(decision, notes=(*decision.notes, note))
 
 
 def _noted_conversion(name: str) -> ConvertKernel | None:
-    """The kernel `name` under a policy allowing every conversion, when it converts by one of
-    `NOTED_CONVERSIONS`; else None."""
+    """Kernel `name` (every conversion allowed) when it converts by a `NOTED_CONVERSIONS`; else None."""
     try:
         kernel = kernel_named(name)
     except ValueError:
@@ -394,7 +345,7 @@ def _noted_conversion(name: str) -> ConvertKernel | None:
 
 
 MAX_MESSAGE = 200
-"""Characters of a failure's message kept in `explain` (a CUDA OOM message runs to a paragraph)."""
+"""Characters of a failure's message kept in `explain`."""
 
 
 def failure_message(error: BaseException) -> str:
@@ -411,12 +362,11 @@ _TOP_CANDIDATES = 3  # candidates shown in the one-line log of a decision (expla
 
 
 def _log_enabled() -> bool:
-    """``ATTN_DISPATCH_LOG`` is on (`models.environment.LOG`)."""
     return LOG.read()
 
 
 def _ensure_handler() -> None:
-    """Give the logger a stderr handler at INFO when nothing would print its records."""
+    """Give the logger a stderr INFO handler when nothing would print its records."""
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
         logger.setLevel(logging.INFO)
     if not logger.handlers and not logging.getLogger().handlers:
@@ -426,7 +376,6 @@ def _ensure_handler() -> None:
 
 
 def log_decision(decision: Decision) -> None:
-    """Log a decision the first time it is made."""
     level = logging.DEBUG
     if _log_enabled():
         _ensure_handler()
@@ -439,11 +388,8 @@ def log_decision(decision: Decision) -> None:
 
 
 def log_fallback(failed: str, error: BaseException, replacement: str) -> None:
-    """Kernel `failed` raised `error` at run time and kernel `replacement` runs instead."""
-    logger.warning(
-        "%s raised %s; falling back to %s (remembered for problems of this size)",
-        failed, failure_message(error), replacement,
-    )
+    logger.warning("%s raised %s; falling back to %s (remembered for problems of this size)", failed,
+                   failure_message(error), replacement)
 
 
 def log_settled(kernel: str, previous: str, calls: int) -> None:

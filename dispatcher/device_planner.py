@@ -1,14 +1,5 @@
-"""One device's planner: from a validated problem to a `Plan`, deciding once per size bucket.
-
-The cold path of `Dispatcher` in one place. A new bucket is decided by `selection.decide` (the
-stages, in order) and kept as a `Bucket`; its calls may measure its candidates (`measuring.Trial`).
-Each exact shape then gets its plan from its bucket (`DevicePlanner.plan`): the bucket's first
-option that runs the exact problem and fits, in the set-up-cost order for a new shape
-(`selection.new_shape_order`). Per device it keeps the ranker, the kernels that failed per bucket
-and the buckets measured on their calls (`DeviceState`), which exact shapes each kernel has set up
-(`SeenShapes`), and its backend probes across processes (`ProbeCache`). Nothing here is on the
-warm path.
-"""
+"""One device's planner (the cold path): problem -> `Plan`, deciding once per size bucket (`selection.decide`, kept
+as a `Bucket`) and planning each exact shape from its bucket. Nothing here is on the warm path."""
 
 from __future__ import annotations
 
@@ -55,8 +46,7 @@ from attn_dispatch.models.environment import RECORD
 
 
 def _record(problem: Problem) -> None:
-    """`recording.record_problem`, where a workload is being recorded: ``ATTN_DISPATCH_RECORD`` or
-    a `record()` block (which imported `recording`)."""
+    """`recording.record_problem` where recording is on (``ATTN_DISPATCH_RECORD`` or a `record()` block)."""
     if RECORD.read() or "attn_dispatch.dispatcher.recording" in sys.modules:
         from attn_dispatch.dispatcher.recording import record_problem
 
@@ -65,9 +55,7 @@ def _record(problem: Problem) -> None:
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    """What a dispatcher's planners share: its kernel set, accuracy policy, where measured buckets
-    are kept (`tunings_root() -> directory`, None: in memory only) under which kernel-set signature,
-    and where a measuring call run by another kernel than its plan's is counted (`count_cell`)."""
+    """What a dispatcher's planners share; `tunings_root` None: in memory only; `count_cell`: see `measuring.Trial`."""
 
     kernels: Mapping[str, Kernel]
     policy: AccuracyPolicy
@@ -79,15 +67,8 @@ class PlannerConfig:
 class DevicePlanner:
     """Decisions for one device: per size bucket, and per exact shape from its bucket.
 
-    Attributes
-    ----------
-    state: the device's ranker, remembered failures and measured buckets (`DeviceState`).
-    buckets: bucket key -> `Bucket` (bounded: `plans.MAX_BUCKETS`).
-    seen: exact shapes each kernel with a per-shape set-up has already run (`SeenShapes`).
-    cold_costs: measured seconds of per-shape set-up, kernel name or backend family -> problem
-        kind -> seconds (`models.probe_store`; empty: `selection.cold_seconds`' priors serve).
-    floors: measured per-call floors, kernel name -> problem kind -> seconds (`selection.floor_seconds`).
-    """
+    `seen`: exact shapes each set-up-paying kernel has run (`SeenShapes`); `cold_costs` / `floors`: measured
+    per-shape set-up seconds / per-call floors, name -> problem kind -> seconds (`models.probe_store`)."""
 
     def __init__(self, device: torch.device, state: DeviceState, config: PlannerConfig,
                  cold_costs: Mapping[str, Mapping[str, float]] | None = None,
@@ -109,10 +90,7 @@ class DevicePlanner:
     # ------------------------------------------------------------------ per exact shape
     def plan(self, problem: Problem, shape_key: tuple, *, settings: Callable[[], tuple[int | None, bool]],
              on_failure: Callable[[str, BaseException], None], new_shape: bool = True) -> tuple[Plan, bool]:
-        """The plan for one exact shape, and whether a new bucket decision was made for it.
-        `settings() -> (memory budget, measure)`, read only when a bucket is decided (a decided
-        bucket keeps its budget: `Dispatcher.reset` after changing it); `new_shape`: the shape has no
-        plan yet (it joins the bucket's history)."""
+        """The plan for one exact shape, and whether a bucket was decided for it (`settings()` read only then)."""
         key = decision_bucket(problem)
         bucket = self.buckets.get(key)
         decided = bucket is None
@@ -135,18 +113,14 @@ class DevicePlanner:
         return plan, decided
 
     def settled(self, plan: Plan, shape_key: tuple) -> Plan | None:
-        """`plan`'s shape, planned on its bucket's decided order with no regard to per-shape
-        set-up (`selection.settle_after`: the shape has been called often enough to pay it);
-        None when nothing else runs or fits it."""
+        """`plan`'s shape on the bucket's decided order, ignoring set-up (`selection.settle_after`); None: no change."""
         settled = self._plan_in(plan.bucket, plan.problem, shape_key, first=False, settled=True)
         return None if settled is None or settled.kernel is plan.kernel else settled
 
     def _plan_in(self, bucket: Bucket, problem: Problem, shape_key: tuple, *, first: bool,
                  settled: bool = False) -> Plan | None:
-        """The first of the bucket's options (in its order for a new shape, or its decided order
-        when `first` or `settled`) that runs `problem` and fits; None when none does. The memory
-        free now is asked only for a workspace large next to what was free when the bucket was
-        decided."""
+        """The first of the bucket's options (new-shape order; decided order when `first` or `settled`) that runs
+        `problem` and fits, else None."""
         settle_at = 0
         if first:
             order, notes = bucket.options, ()
@@ -203,12 +177,8 @@ class DevicePlanner:
     def decide(self, problem: Problem, *, budget: int | None, measure: bool,
                on_failure: Callable[[str, BaseException], None], trial: bool = True,
                defer_probes: bool = True) -> Bucket:
-        """`problem`'s bucket decided by `selection.decide` (its result measured on an earlier call or
-        process first, else, with `measure` and `trial`, a `measuring.Trial` of its candidates on its
-        next calls; not for a shape decided apart from its bucket). `defer_probes`: rank without
-        running backend probes not run yet (`sdpa_default.probes_deferred`); a kernel is probed where it
-        is about to run (`_plan_in`, `measuring.Trial`, the training route). Raises `NoKernelError`
-        when nothing can run it within the memory limit."""
+        """`problem`'s bucket by `selection.decide`, with a `measuring.Trial` where wanted; `defer_probes`:
+        `sdpa_default.probes_deferred`. Raises `NoKernelError`."""
         state, config = self.state, self.config
         bucket_key = failure_bucket(problem)
         failed = state.failures.get(bucket_key, {})
@@ -221,12 +191,11 @@ class DevicePlanner:
                               cold_costs=self.cold_costs,
                               notice=no_table_line(state.ranking.source.level, str(self.device), measure=measure))
         options = selected.options
-        decision = Decision(
-            kernel=options[0].kernel.name, params=dict(options[0].kernel.params), problem=problem,
-            device=str(self.device), source=state.ranking.source,
-            candidates=tuple(option.candidate() for option in options),
-            dropped=selected.dropped, free_bytes=free, budget_bytes=budget, notes=selected.notes,
-        )
+        decision = Decision(kernel=options[0].kernel.name, params=dict(options[0].kernel.params),
+                            problem=problem, device=str(self.device), source=state.ranking.source,
+                            candidates=tuple(option.candidate() for option in options),
+                            dropped=selected.dropped, free_bytes=free, budget_bytes=budget,
+                            notes=selected.notes)
         bucket = Bucket(bucket_key, selected.ranked, options, decision, seconds=selected.seconds, free=free,
                         unprobed=defer_probes)
         candidates = selected.candidates
@@ -238,16 +207,13 @@ class DevicePlanner:
         return bucket
 
     def _fits(self, bucket: Bucket, kernel: Kernel, problem: Problem) -> bool:
-        """Whether `kernel` runs this exact problem of `bucket` (probed: `Kernel.reasons`) within the
-        memory it was decided under (`workspace_bytes`)."""
+        """Whether `kernel` runs this exact problem within the memory `bucket` was decided under."""
         if kernel.reasons(problem):
             return False
         return over_limit_reason(workspace_bound(kernel, problem), bucket.free, bucket.budget) is None
 
     def _measured(self, bucket: Bucket, trial: Trial) -> None:
-        """`bucket`'s trial is decided: its result is kept (this process, and the tuning store where
-        it compared candidates: `Trial.compared`), the bucket follows it, and its measuring plans
-        are planned again at their next call."""
+        """`bucket`'s trial decided: keep its result, follow it, re-plan its measuring plans."""
         with self.lock:
             if trial.result is not None:
                 self.state.keep_measured(bucket.key, trial.result, store=trial.compared)
@@ -256,15 +222,11 @@ class DevicePlanner:
                 plan.recheck = True
 
     def forget_bucket(self, problem: Problem) -> None:
-        """Drop `problem`'s bucket decision (a kernel of it failed: the next shape decides anew)."""
         self.buckets.pop(decision_bucket(problem))
 
 
 def workspace_bound(kernel: Kernel, problem: Problem) -> int:
-    """`kernel`'s workspace on `problem`, estimated without running a probe: a probe not run yet
-    answers as `sdpa_default.probes_deferred` does (native GQA taken as absent: K/V counted repeated),
-    so the bound is never under what the call takes, and no call waits for a probe to size memory
-    (PyTorch's default sizes its backend's GQA, a probe of its own, on every decode step's new shape)."""
+    """`kernel`'s workspace without running a probe (`sdpa_default.probes_deferred`): never under the call's."""
     with probes_deferred():
         return int(kernel.workspace_bytes(problem))
 
@@ -272,22 +234,10 @@ def workspace_bound(kernel: Kernel, problem: Problem) -> int:
 class Bucket:
     """One size bucket's decision on one device.
 
-    Attributes
-    ----------
-    key: the bucket (`selection.failure_bucket` of its first problem).
-    ranked: the first problem's ranked options (kept to refit when memory changes).
-    options: the options that fitted when decided, in try order (a measured winner first).
-    decision: the decision made for the first problem (`explain` adapts it per exact shape).
-    warm: seconds per warm call of each option: measured on the bucket's calls (`seconds`, kernel
-        name -> seconds; empty where nothing was timed), else predicted.
-    measured: the options whose warm time was measured (the names in `seconds`).
-    trial: its candidates being measured on its calls (`measuring.Trial`), None once decided or
-        where nothing is measured.
-    free: bytes free on the device when decided (None: unknown, e.g. the CPU).
-    history: the call counters of the bucket's most recent exact shapes (`selection.new_shape_order`).
-    unprobed: ranked with backend probes deferred (`sdpa_default.probes_deferred`): an option is asked
-        its `Kernel.reasons` again before it runs.
-    """
+    `ranked`: the first problem's ranked options (to refit when memory changes); `warm`: each option's per-call
+    seconds, measured (`measured`: names) or predicted; `trial`: the measuring in progress (`measuring.Trial`), else
+    None; `free`: bytes free when decided; `history`: call counters of recent exact shapes; `unprobed`: ranked with
+    probes deferred, so `Kernel.reasons` is asked again before a run."""
 
     __slots__ = ("key", "ranked", "options", "decision", "trial", "free", "history", "warm", "measured", "unprobed",
                  "waited", "_cold", "_wait_calls")
@@ -312,8 +262,7 @@ class Bucket:
         self._wait_calls: int | None = None  # `compile_wait`'s calls for the bucket, once priced
 
     def measured_by(self, trial) -> None:
-        """Follow `trial`'s result (`measuring.Trial`, decided): its kernel first, its medians as the
-        options' warm times, a candidate that raised dropped, and what it measured in the notes."""
+        """Follow a decided `trial`: its kernel first, its medians as warm times, failed candidates dropped, a note."""
         failed = {c.name: c.failure for c in trial.contenders if c.failure is not None}
         seconds = {} if trial.result is None else {name: s for name, s in trial.result.seconds}
         options = self.options if trial.result is None else put_first(self.options, trial.result.kernel)
@@ -327,7 +276,7 @@ class Bucket:
         self.trial = None
 
     def explained(self) -> Decision:
-        """`decision`, with what its trial has measured so far while it measures (`explain`)."""
+        """`decision` plus what a running trial has measured so far (`explain`)."""
         trial = self.trial
         if trial is None or not trial.open:
             return self.decision
@@ -335,22 +284,18 @@ class Bucket:
 
     @property
     def budget(self) -> int | None:
-        """The memory budget the bucket was decided under."""
         return self.decision.budget_bytes
 
     def cold(self, measured: Mapping[str, float]) -> tuple[float, ...]:
-        """Seconds of per-shape set-up of each option (`selection.shape_setup_seconds`; every exact
-        problem of the bucket is of one kind for it)."""
+        """Each option's per-shape set-up seconds (`selection.shape_setup_seconds`)."""
         if self._cold is None:
             self._cold = tuple(shape_setup_seconds(o.kernel, self.ranked.problem, measured) for o in self.options)
         return self._cold
 
     def compile_wait(self, problem: Problem, measured: Mapping[str, float],
                      ) -> tuple[tuple[Option, ...], tuple[str, ...], int] | None:
-        """Where the bucket's first option would compile on `problem` in this process
-        (`selection.compile_deferred_order`): the order that runs a set-up-free option instead, its
-        notes and the calls left before the bucket compiles (counted over all its shapes: `waited`);
-        None where nothing compiles or nothing else can run."""
+        """Where the first option would compile (`selection.compile_deferred_order`): order, notes and calls left;
+        else None."""
         compiling = compile_seconds(self.options[0].kernel, problem)
         if not compiling:
             self.waited.clear()
@@ -367,15 +312,11 @@ class Bucket:
     def order_for_new_shape(self, is_set_up: Callable[[str], bool], measured_cold: Mapping[str, float],
                             floors: Mapping[str, Mapping[str, float]] | None = None,
                             ) -> tuple[tuple[Option, ...], tuple[str, ...], int]:
-        """The options in try order for a new exact shape, with notes and the calls after which to
-        settle (`selection.new_shape_order` on this bucket's times and history)."""
         return new_shape_order(self.options, self.warm, self.cold(measured_cold), self.measured,
                                (cell[0] for cell in self.history), is_set_up, floors or {})
 
     def new_shapes_run_first(self, measured_cold: Mapping[str, float]) -> bool:
-        """Whether `order_for_new_shape` keeps the decided order for any new shape, whatever the
-        bucket's history and whatever has been set up: the first option pays no per-shape set-up,
-        or no other option may run a new shape in its place."""
+        """Whether every new shape keeps the decided order, whatever the history and set-up state."""
         cold = self.cold(measured_cold)
         if compile_seconds(self.options[0].kernel, self.ranked.problem):
             return False
@@ -383,8 +324,7 @@ class Bucket:
 
     def decision_for(self, problem: Problem, kernel: Kernel, workspace: int, notes: tuple[str, ...],
                      skipped: tuple[tuple[str, str], ...] = ()) -> Decision:
-        """`decision` for an exact shape of this bucket that runs `kernel`, having passed over the
-        options in `skipped` (name, why)."""
+        """`decision` adapted to an exact shape running `kernel`, having passed over `skipped` (name, why)."""
         decision = self.explained()
         if problem == decision.problem and kernel.name == decision.kernel and not notes and not skipped:
             return decision
@@ -402,14 +342,7 @@ class Bucket:
 
 
 class DeviceState:
-    """One device's state.
-
-    Attributes
-    ----------
-    failures: bucket -> kernel name -> why it failed at run time (not tried again there).
-    out_of_memory: bucket -> names of those failures that were out of memory (transient).
-    tuned: bucket -> its measured result (`tuning.Tuned`); store: where they are kept (None: memory only).
-    """
+    """One device's ranker, run-time failures per bucket (`out_of_memory`: transient) and measured buckets (`tuned`)."""
 
     def __init__(self, ranking: DeviceRanking) -> None:
         self.ranking = ranking
@@ -422,22 +355,19 @@ class DeviceState:
 
     # ------------------------------------------------------------------ failures
     def remember(self, problem: Problem, name: str, error: BaseException, out_of_memory: bool) -> None:
-        """Kernel `name` raised `error` on `problem`: not tried again in its bucket (out of memory:
-        until nothing else is left, `forget_out_of_memory`)."""
+        """Kernel `name` raised on `problem`: not tried again in its bucket (out of memory: until forgotten)."""
         bucket = failure_bucket(problem)
         self.failures.setdefault(bucket, {})[name] = failure_message(error)
         if out_of_memory:
             self.out_of_memory.setdefault(bucket, set()).add(name)
 
     def forget_failure(self, problem: Problem, name: str) -> None:
-        """Kernel `name`'s remembered failure in `problem`'s bucket, forgotten (it was the context's)."""
         bucket = failure_bucket(problem)
         self.failures.get(bucket, {}).pop(name, None)
         self.out_of_memory.get(bucket, set()).discard(name)
 
     def forget_out_of_memory(self, problem: Problem) -> None:
-        """Out-of-memory failures are transient: when nothing is left to try, forget them for the
-        bucket so the next call tries again instead of failing at once."""
+        """Forget the bucket's out-of-memory failures (when nothing is left to try)."""
         bucket = failure_bucket(problem)
         failures = self.failures.get(bucket, {})
         for name in self.out_of_memory.pop(bucket, ()):
@@ -445,9 +375,7 @@ class DeviceState:
 
     # ------------------------------------------------------------------ tunings
     def open_store(self, root_of_stores: Callable[[], object] | None, signature: str) -> None:
-        """Load the tuning store on first use (`measured_store`, imported only where its file
-        exists or a tuning is kept); nothing when `root_of_stores` is None (tunings not
-        remembered), the device has no identity, or its directory is unusable."""
+        """Load the tuning store on first use (nothing without a root, a device identity or a usable folder)."""
         if not self._store_opened:
             self._store_opened = True
             device_key = self.ranking.source.identity
@@ -461,7 +389,7 @@ class DeviceState:
 
     @property
     def store(self):
-        """The `measured_store.TuningStore` the tunings are kept in (None: memory only)."""
+        """The `measured_store.TuningStore` (None: memory only)."""
         if self._store is None and self._store_path is not None:
             from attn_dispatch.dispatcher.measured_store import TuningStore
 
@@ -469,31 +397,26 @@ class DeviceState:
         return self._store
 
     def keep_measured(self, bucket: tuple, tuned: Tuned, *, store: bool = True) -> None:
-        """A bucket measured on its calls (`measuring`): kept for this process and (`store`) in the store."""
         self.tuned[bucket] = tuned
         if store and self.store is not None:
             self.store.append(bucket, tuned)
 
 
 def kernel_set_signature(names: Iterable[str], policy: str) -> str:
-    """A short, stable name for a kernel set and its accuracy policy."""
     text = json.dumps([sorted(names), policy])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def tuning_path(root, device_key: str, signature: str) -> Path:
-    """The tuning store's file of a device and kernel set under `root` (`measured_store`)."""
     return Path(root) / device_key / f"{signature}.jsonl"
 
 
 MAX_SEEN_SHAPES = 1 << 16
-"""Exact shapes remembered per kernel as already set up in this process (about 10 MB at most);
-past it, new shapes are not recorded (they count as unseen: the weighing stays conservative)."""
+"""Exact shapes remembered per kernel (and in `SpentCalls`); past it new shapes count as unseen."""
 
 
 class SeenShapes:
-    """Per kernel, the exact shapes (plan cache keys) it has already run in this process: its
-    per-shape set-up is paid there, so a kernel with a cold-shape cost is not charged it again."""
+    """Per kernel, the exact shapes (plan cache keys) it has run in this process, its per-shape set-up paid."""
 
     def __init__(self) -> None:
         self._seen: dict[str, set] = {}
@@ -508,11 +431,7 @@ class SeenShapes:
 
 
 class SpentCalls:
-    """Calls already made on exact shapes whose plans were evicted before they settled
-    (`settle_after`): the shape's next plan settles that many calls sooner, so a long-running
-    server whose key lengths outnumber the plan cache (`plans.MAX_PLANS`; a 32k-token context
-    alone has 32k of them) still ends on the kernel that sets up, as a shape's calls add up.
-    At most `MAX_SEEN_SHAPES` shapes (about 38 MB per device planner when full)."""
+    """Calls of shapes whose plans were evicted before settling: the shape's next plan settles that much sooner."""
 
     def __init__(self) -> None:
         self._calls: dict[tuple, int] = {}
@@ -522,15 +441,14 @@ class SpentCalls:
             self._calls[shape_key] = self._calls.get(shape_key, 0) + calls
 
     def settle_at(self, shape_key: tuple, settle_at: int) -> int:
-        """`settle_at` for a new plan of `shape_key`, less the calls spent there before (at least 1)."""
+        """`settle_at` less the calls spent on `shape_key` before (at least 1)."""
         spent = self._calls.pop(shape_key, 0)
         return max(1, settle_at - spent) if settle_at and spent else settle_at
 
 
 def measured_costs(device: torch.device, home: str | None, field: str = "seconds") -> dict[str, dict[str, float]]:
-    """The per-shape set-up costs (``field="floor_seconds"``: per-call floors) measured for this
-    device's card (`models.probe_store`); {} where none were, off GPUs (where no kernel is
-    known to set up per shape) and on any error."""
+    """Measured per-shape set-up seconds (``field="floor_seconds"``: per-call floors) of this GPU's card; {}
+    otherwise."""
     if device.type != "cuda":
         return {}
     try:
@@ -544,7 +462,7 @@ def measured_costs(device: torch.device, home: str | None, field: str = "seconds
 
 
 class ProbeCache:
-    """The kept probes of one device (`for_device`), and what this process has written since."""
+    """One device's kept probe results (`for_device`), and what this process has written since."""
 
     def __init__(self, identity, cudnn_version: str, home: str | None, kept: set, index: int | None = None) -> None:
         self.identity = identity
@@ -556,10 +474,7 @@ class ProbeCache:
 
     @classmethod
     def for_device(cls, device: torch.device, home: str | None) -> ProbeCache | None:
-        """Seed this process's probe results from the device's file; None on devices other than CPUs
-        and GPUs, on any error, and for a GPU other than the current one: probes run on the current
-        device and their results are kept per device type (`sdpa_default`), so another card's file
-        would vouch for this one, and this one's passes be written as another card's."""
+        """Seed probe results from the device's file; None off CPU/CUDA, on error, or for a non-current GPU."""
         if device.type not in ("cpu", "cuda"):
             return None
         try:
@@ -577,8 +492,7 @@ class ProbeCache:
         return cls(identity, cudnn_version, home, kept, device.index)
 
     def save_new(self) -> None:
-        """Write the passes this process has that the file lacks (nothing when there are none, or
-        when the current device is no longer this one: the passes were not made on it)."""
+        """Write the passes the file lacks (not when the current device has changed)."""
         passed = passed_probes(self.device_type) | self.kept
         if passed == self.kept:
             return

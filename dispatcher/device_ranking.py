@@ -1,20 +1,7 @@
-"""Which ranker orders the kernels on a device: its threshold table, else its analytic prior.
-
-A table ranks in its own lookup order (`models.table.ThresholdTable.rank`): the measured entry of
-the problem's exact bucket first, then whatever its quality guard's verdict says measured best on
-held-out data (its model, the analytic prior, or PyTorch's default); the source says which
-(`table_description`). Resolved once per device. An attention call never fails because of a table: a corrupt, foreign
-or failing table gives a `TableWarning` and the prior serves instead; if even the prior cannot
-rank, PyTorch's own choice (``sdpa_default``) goes first and the other kernels follow. A CPU table
-that records its timing threads says them in the source's notes (`models.table_summary`), and
-serves whatever threads the process runs.
-
-A device with no table measured on its card model (a card outside every shipped table's family, a
-family stand-in, a CPU before its owner calibrates) says so once per process and device, as a
-WARNING of the ``attn_dispatch`` logger (`say_once`): what is happening, where the measurements are
-kept, and what `attn-dispatch calibrate` would add and how long it takes; `explain` and
-``attn-dispatch devices`` say the same (`no_table_line`).
-"""
+"""Which ranker orders the kernels on a device: its threshold table (`models.table.ThresholdTable.rank`), else its
+analytic prior, else kernel order with ``sdpa_default`` first; resolved once per device. A table never fails a call:
+a corrupt, foreign or failing one gives a `TableWarning` and the next source serves. A device with no table measured
+on its card says so once per process (`say_once`, `no_table_line`)."""
 
 from __future__ import annotations
 
@@ -40,9 +27,9 @@ __all__ = ["DeviceRanking", "TableWarning", "fallback_order", "no_table_line", "
            "table_description"]
 
 ANOTHER_CARD = "another card"
-"""The level of a table file given for a device it does not match (`given_table_source`)."""
+"""The level of a given table file that does not match the device (`given_table_source`)."""
 FALLBACK_FIRST = "sdpa_default"
-"""With nothing to rank by, PyTorch's own choice goes first: it is what the user had before."""
+"""With nothing to rank by, PyTorch's own choice goes first."""
 
 
 def _warn(message: str) -> None:
@@ -60,12 +47,9 @@ def entry_decides_bucket(entry: MeasuredEntry, problem: Problem) -> bool:
 
 
 def measured_alignment_carries(entry: MeasuredEntry, problem: Problem) -> bool:
-    """Whether the entry's times carry to `problem` as far as row alignment goes: on a GPU, a
-    winner of our own (matrix products over the scores) measured where the key count was a multiple
-    of `KEY_COUNT_MULTIPLE` says nothing of a call whose key count is not, nor the other way round
-    (our kernels' times by key-count alignment: docs/RESULTS.md#kernels-per-call; the shape it
-    saves: docs/RESULTS.md#ablations). Such a call is decided apart (`selection.decision_bucket`)
-    and measured on its calls (`measuring`)."""
+    """Whether the entry's times carry to `problem` by key-count alignment: on a GPU, our own kernels' times measured
+    at a key count that is (not) a multiple of `KEY_COUNT_MULTIPLE` say nothing of one that is not (is)
+    (docs/RESULTS.md#kernels-per-call, #ablations); such calls are decided apart (`selection.decision_bucket`)."""
     if problem.device_type == "cpu" or not _multiplies_scores(entry.winner):
         return True
     return key_count_aligned(entry.kv_len) == key_count_aligned(problem.kv_len)
@@ -76,7 +60,7 @@ def _multiple_or_not(key_count: int) -> str:
 
 
 def _multiplies_scores(name: str) -> bool:
-    """Whether kernel `name` is one of our own (scores formed by matrix products), not PyTorch's SDPA."""
+    """Whether kernel `name` is one of our own (scores by matrix products), not PyTorch's SDPA."""
     try:
         return not uses_fused_backend(kernel_from_name(name))
     except ValueError:  # a name this version does not build: as before this rule
@@ -84,14 +68,7 @@ def _multiplies_scores(name: str) -> bool:
 
 
 class DeviceRanking:
-    """The ranker of one device, with the prior kept as a fallback.
-
-    Parameters
-    ----------
-    table: the device's threshold table (None when lookup found none).
-    prior: the device's analytic prior ranker (None when no spec could be built).
-    source: where the table (or prior) came from, for `explain`.
-    """
+    """The ranker of one device (`table`, else `prior`; None where absent), and its `source` for `explain`."""
 
     def __init__(self, *, table: Ranker | None, prior: Ranker | None, source: RankingSource, prior_source: RankingSource) -> None:
         self.table = table
@@ -101,8 +78,7 @@ class DeviceRanking:
         self._lock = threading.Lock()
 
     def rank(self, problem: Problem, kernels: list[Kernel]) -> list[tuple[str, float | None]]:
-        """Supported kernel names with predicted seconds, fastest first (seconds None when only
-        the fallback order is known). Never raises."""
+        """Supported kernel names with predicted seconds, fastest first (None: order only). Never raises."""
         if self.table is not None:
             try:
                 return _checked(self.table.rank(problem, kernels))
@@ -118,11 +94,9 @@ class DeviceRanking:
         return fallback_order(problem, kernels)
 
     def entry_decides(self, problem: Problem) -> bool:
-        """Whether the table's measured entry for `problem`'s exact bucket decides it: there is one,
-        and its winner is not PyTorch's default by a tie (`MeasuredEntry.default_by_tie`: a faster
-        kernel's spread overlaps it; the bucket's calls then measure them, `measuring`), unless every
-        kernel faster than the default there is the backend PyTorch's default runs anyway
-        (`default_backend_choice`: timing one backend against itself decides nothing). Never raises."""
+        """Whether the table's measured entry for `problem`'s bucket decides it: one exists, and its winner is not
+        PyTorch's default by a tie (`MeasuredEntry.default_by_tie`) unless every faster kernel is the backend the
+        default runs anyway. Never raises."""
         try:
             entry = self.table.measured_entry(problem) if self.table is not None else None
             return entry is not None and entry_decides_bucket(entry, problem)
@@ -130,8 +104,7 @@ class DeviceRanking:
             return False
 
     def entry_doubt(self, problem: Problem) -> str | None:
-        """Why the measured entry of `problem`'s bucket does not decide it (`entry_decides`), for
-        `explain`; None when there is no entry or it decides. Never raises."""
+        """Why the bucket's measured entry does not decide it (`explain`); None otherwise. Never raises."""
         try:
             entry = self.table.measured_entry(problem) if self.table is not None else None
             if entry is None or entry_decides_bucket(entry, problem):
@@ -145,8 +118,7 @@ class DeviceRanking:
             return None
 
     def measured_note(self, problem: Problem) -> str | None:
-        """A line for `explain` when the table holds a measured entry for `problem`'s exact bucket
-        (its winner, median and spread), else None. Never raises."""
+        """An `explain` line for the bucket's measured entry (winner, median, spread), else None. Never raises."""
         try:
             entry = self.table.measured_entry(problem) if self.table is not None else None
         except Exception:  # noqa: BLE001 - an explanation must never fail a call
@@ -168,7 +140,7 @@ class DeviceRanking:
 
 
 def _checked(ranked: object) -> list[tuple[str, float | None]]:
-    """Validate a ranker's answer (a list of (name, seconds)); raise ValueError otherwise."""
+    """Validate a ranker's answer (list of (name, seconds)); ValueError otherwise."""
     if not isinstance(ranked, (list, tuple)):
         raise ValueError(f"rank() returned {type(ranked).__name__}, not a list of (kernel name, seconds)")
     out = []
@@ -189,9 +161,7 @@ def fallback_order(problem: Problem, kernels: Sequence[Kernel]) -> list[tuple[st
 
 def resolve_ranking(device: torch.device, *, home: str | Path | None = None,
                     given: tuple[object, str] | None = None) -> DeviceRanking:
-    """Detect the device, look its table up, build its prior. Never raises: every failure becomes a
-    `TableWarning` and the next source down serves. `given`: (table, its file) to use instead of
-    the lookup's (``attn-dispatch explain --table``; `given_table_source`)."""
+    """Detect the device, look its table up, build its prior; never raises. `given`: (table, file) for ``--table``."""
     none_source = RankingSource("none", f"no table and no prior: kernel order, {FALLBACK_FIRST} first")
     try:
         from attn_dispatch.models.identity import DeviceIdentity
@@ -229,9 +199,8 @@ def resolve_ranking(device: torch.device, *, home: str | Path | None = None,
 
 
 def given_table_source(table, path: str, identity) -> tuple[object, RankingSource]:
-    """(the table as it serves, its source) for a table file the user named instead of the lookup:
-    treated as the lookup treats a file at its match level (`models.sharing.served_at_level`),
-    and used as is, with a note, when it is another card's."""
+    """(table as served, source) for a table file the user named: treated as the lookup would at its match level
+    (`models.sharing.served_at_level`), or used as is with a note when another card's."""
     from attn_dispatch.models.sharing import match_level, served_at_level
 
     level = match_level(table, identity)
@@ -245,16 +214,14 @@ def given_table_source(table, path: str, identity) -> tuple[object, RankingSourc
 
 
 def _with_threads(notes: tuple[str, ...], table: object) -> tuple[str, ...]:
-    """`notes` and, for a CPU table that records them, the threads its timings hold for against
-    this process's (`models.table_summary.threads_line`)."""
+    """`notes`, plus for a CPU table its timing threads against this process's (`models.table_summary.threads_line`)."""
     threads = threads_line(table, torch.get_num_threads()) if hasattr(table, "provenance") else None
     return notes if threads is None else (*notes, threads)
 
 
 def table_description(table: object, level: str, *, given: bool = False) -> str:
-    """``threshold table (exact match, 254 measured entries)``, plus the quality guard's line when
-    the table's model lost to a reference on its held-out data. `given`: a file the user named
-    (``explain --table``), at any `level` including `ANOTHER_CARD`."""
+    """``threshold table (exact match, 254 measured entries)``, plus the quality guard's line where the model lost on
+    held-out data. `given`: a file named with ``explain --table``."""
     entries = len(getattr(table, "entries", None) or ())
     what = "threshold table given with --table" if given else "threshold table"
     match = "another card's" if level == ANOTHER_CARD else f"{level} match"
@@ -267,8 +234,7 @@ def table_description(table: object, level: str, *, given: bool = False) -> str:
 
 def _prior(identity: object, key: str, none_source: RankingSource,
            home: str | Path | None) -> tuple[Ranker | None, RankingSource]:
-    """The device's analytic prior and its source. A CPU's rates are the probe kept for the machine in
-    `home`, else the probe-free constants (the probe runs at the process's exit: never inside a call)."""
+    """The device's analytic prior and its source (never probes inside a call)."""
     try:
         from attn_dispatch.models.priors import PriorRanker, spec_for
 
@@ -286,21 +252,18 @@ def _prior(identity: object, key: str, none_source: RankingSource,
 logger = logging.getLogger("attn_dispatch")
 
 MEASURED_LEVELS = ("exact", "model")
-"""Table lookup levels measured on this card model: nothing to say."""
+"""Lookup levels measured on this card model."""
 
 CALIBRATE_TIME = ("`attn-dispatch calibrate --quick` takes 2-3 minutes on a 2-core CPU, a full "
                   "`attn-dispatch calibrate` about 10 minutes on a GPU")
-"""How long calibrating takes: calibration's default measuring budgets (100 s with --quick, 8 min
-otherwise: `calibration.config.QUICK_BUDGET_S`, `FULL_BUDGET_S`) plus start-up and the fit (the
-dispatcher does not import calibration to read them)."""
+"""How long calibrating takes (`calibration.config.QUICK_BUDGET_S`, `FULL_BUDGET_S`, plus start-up and fit)."""
 
 _said: set[str] = set()
 _lock = threading.Lock()
 
 
 def no_table_line(level: str, device: str, *, measure: bool) -> str | None:
-    """The line for a device whose ranking comes from lookup `level` (``"prior"``, ``"family"``,
-    ``"none"``...); None where a table measured on this card model serves (`MEASURED_LEVELS`)."""
+    """The line for a device ranked at lookup `level`; None at `MEASURED_LEVELS`."""
     if level in MEASURED_LEVELS:
         return None
     ranked = ("another card's table of its family, times scaled" if level == "family"

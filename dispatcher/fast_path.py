@@ -1,55 +1,9 @@
-"""The fast path: a C builtin (`fast_call.cpp`) in front of `Dispatcher.attention` for the calls that
-are PyTorch's own SDPA call or one fused backend's ATen operator call.
-
-Any Python function in front of ``F.scaled_dot_product_attention`` costs a frame, a large share of
-a settled decode step's call where every plan is PyTorch's SDPA anyway (docs/RESULTS.md#warm-parity).
-The builtin reads the arguments from the vectorcall array, checks them against the dispatcher's hot
-entries (`hot_path`) in C++ and, on a match, adds one to the plan's count and makes the call's own
-SDPA call: no Python frame. It calls ATen's SDPA as PyTorch's Python binding does (the GIL released,
-C++ warnings raised as Python warnings) but without the binding's argument parser, whose work the
-builtin's checks have already done; a ``scale`` that is neither absent, None nor a float is
-forwarded unchanged to PyTorch's SDPA instead. Every other call is forwarded unchanged to
-`Dispatcher.attention`.
-
-A hot plan that runs a fused backend's operator bare (`kernels.sdpa_backends.BareCall`: flash,
-memory-efficient or cuDNN with no mask, GQA native or folded into rows) is served the same way: the
-builtin makes that operator call through ATen, with the GIL released as PyTorch's bindings release
-it. Such an entry also requires a float or no ``scale`` and every SDPA backend switched on (`sdpa_kernel`
-restrictions are `sdpa_context.route`'s).
-
-An entry may serve a range of key lengths (`hot_path`): every length over which the plan's
-bucket would give a new shape the same call, so a decode loop's next token is served with no Python
-either; the key and value then match in everything but that length and their strides, which are
-compared as the plan's key reads them (contiguity) and as the operators do (the last one).
-
-When it serves (all must hold, else the Python path serves, as before): the call's entry is a hot
-plan that is exactly the call's own SDPA call (`HotEntry.pytorch_call` and the plan's flags those of
-the call) or a bare operator call; no dropout (or the float 0.0); not compiling
-(`torch.compiler._is_compiling_flag`); no torch-function mode; query, key, value and the mask
-exactly ``torch.Tensor`` (no subclass, no ``CausalBias``), none nested; and per tensor the dispatch
-keys under the thread's state (inference mode, autocast), dtype, device, sizes, strides and
-``requires_grad`` those the entry recorded, as `hot_path.tensor_guard` checks; the plan not at its
-settle point. A forwarded call that raises is handed to `Dispatcher.attention` (whose recovery then
-runs: out of memory, restricted backends).
-
-Where: `attn_dispatch.attention` (the default dispatcher's), `patching.install` and
-`hf.make_attention_function` use ``dispatcher.fast_attention``; `Dispatcher.attention` stays the
-Python method (the callable hands it every call it does not serve). Under torch.compile, Dynamo inlines a Python
-stand-in calling `Dispatcher.attention` (``torch._dynamo.substitute_in_graph``), so a compiled
-model traces the dispatcher's choice as before.
-
-Built only where the user asks, never by the runtime library: ``attn-dispatch build-fast-path`` and,
-best effort, the end of ``attn-dispatch calibrate`` compile it with torch's C++ extension loader (a
-C++17 compiler, Python headers and ninja) in a private folder and install it, with a manifest (size, sha256),
-under ``<home>/fast_path/<name>`` (`fast_path_build`), the name keyed by the torch build, the Python
-ABI and the source; a `Dispatcher` loads it only when that exact build is installed and matches its
-manifest (or is already loaded in this process): a partial or foreign file is never dlopened.
-`status` says in one line which of these holds (``attn-dispatch devices`` shows it).
-``ATTN_DISPATCH_FAST_PATH=0`` turns it off (read when a `Dispatcher` is made); a torch without
-``torch.compiler.substitute_in_graph`` (< 2.5) has none. A dispatcher whose `fast_attention` was
-handed out lives as long as the process (Dynamo's stand-in
-registry holds its callable).
-"""
+"""The fast path: a C builtin (`fast_call.cpp`) in front of `Dispatcher.attention` that serves hot plans which are
+exactly the call's own SDPA call or a fused backend's bare ATen operator call (`kernels.sdpa_backends.BareCall`) with
+no Python frame (docs/RESULTS.md#warm-parity), forwarding every other call to `Dispatcher.attention`. An entry may
+serve a range of key lengths (`hot_path`). Built only on request (``attn-dispatch build-fast-path``,
+`fast_path_build`) and loaded only when that exact build is installed and matches its manifest;
+``ATTN_DISPATCH_FAST_PATH=0`` turns it off."""
 
 from __future__ import annotations
 
@@ -81,9 +35,7 @@ BUILD_SUBDIR = "fast_path"
 BUILD_COMMAND = "build-fast-path"
 WITHOUT_IT = ("without it, calls the fast path would serve take the Python path: about 1.5-3.5 us more per call "
               "than PyTorch's SDPA on the CPU and on an H200's host (docs/RESULTS.md#warm-parity)")
-"""What a user without the fast path loses, as `status` and ``attn-dispatch devices`` say it: the
-Python hot path's extra over SDPA (+1.1 to +2.8 us on the dev VM's CPU, +2.0 to +3.2 us on the
-H200's host) against the fast path's (-0.5 to -0.1 us), `bench.dispatch_overhead`."""
+"""What a user without the fast path loses (`status`, ``attn-dispatch devices``; docs/RESULTS.md#warm-parity)."""
 logger = logging.getLogger("attn_dispatch")
 _loaded: dict[str, tuple[ModuleType, Path]] = {}  # module name -> the module and its library, once per process
 _checks: dict[tuple, str] = {}  # the library's and manifest's (path, inode, size, mtime) -> `rejection`
@@ -94,7 +46,7 @@ _lock = threading.Lock()
 
 @functools.cache
 def module_name() -> str:
-    """The extension's name: one per torch build, Python ABI and source text (read once a process)."""
+    """The extension's name: one per torch build, Python ABI and source text."""
     digest = hashlib.sha256()
     for part in (torch.__version__, str(torch.version.git_version), sys.implementation.cache_tag,
                  str(sysconfig.get_config_var("SOABI"))):
@@ -104,25 +56,23 @@ def module_name() -> str:
 
 
 def build_directory(home: str | os.PathLike | None = None, *, create: bool = True) -> Path:
-    """``<home>/fast_path/<module_name()>`` (`models.paths.home`: ``ATTN_DISPATCH_HOME`` or the user cache)."""
+    """``<home>/fast_path/<module_name()>``."""
     from attn_dispatch.models.paths import home as home_dir
 
     return home_dir(home, create=create) / BUILD_SUBDIR / module_name()
 
 
 def library_path(home: str | os.PathLike | None = None) -> Path:
-    """Where the installed library lives (``<name>.so``, ``.pyd`` on Windows); asking creates no folder."""
+    """The installed library's path (``.so``, ``.pyd`` on Windows); creates no folder."""
     return build_directory(home, create=False) / (module_name() + (".pyd" if sys.platform == "win32" else ".so"))
 
 
 def manifest_path(library: Path) -> Path:
-    """The manifest next to `library` (``<name>.json``)."""
     return library.with_suffix(".json")
 
 
 def fast_path_enabled() -> bool:
-    """False where ``ATTN_DISPATCH_FAST_PATH`` is 0, false, no or off, or where this torch has no
-    ``torch.compiler.substitute_in_graph`` (torch < 2.5: a compiled model would break its graph)."""
+    """False where ``ATTN_DISPATCH_FAST_PATH`` is off or torch lacks ``substitute_in_graph`` (< 2.5)."""
     return not _turned_off() and _torch_supports()
 
 
@@ -135,9 +85,7 @@ def _torch_supports() -> bool:
 
 
 def build(home: str | os.PathLike | None = None) -> Path:
-    """Compile the extension into a private folder and install it under `home` (`fast_path_build`;
-    an installed library that matches its manifest is reused), load it, and return the installed
-    library's path. Raises RuntimeError naming what is missing (compiler, headers, ninja)."""
+    """Compile and install the extension under `home` (reusing a matching install), load it, return its path."""
     from attn_dispatch.dispatcher import fast_path_build
 
     library, module = fast_path_build.build(home)
@@ -151,10 +99,8 @@ def build(home: str | os.PathLike | None = None) -> Path:
 
 
 def load(home: str | os.PathLike | None = None) -> ModuleType | None:
-    """The extension for this torch, Python and source: already loaded in this process, else the
-    library under `home` when it was installed there and matches its manifest (size, sha256: a
-    partial or foreign file is never dlopened), imported by path (milliseconds), else None.
-    Never compiles; a rejected library gives None, a debug log line and its reason for `status`."""
+    """The extension: already loaded, else the library under `home` if it matches its manifest (a partial or foreign
+    file is never dlopened), else None. Never compiles; a rejection is logged at debug and kept for `status`."""
     name = module_name()
     loaded = _loaded.get(name)
     if loaded is not None:
@@ -181,8 +127,7 @@ def load(home: str | os.PathLike | None = None) -> ModuleType | None:
 
 
 def _checked_rejection(path: Path) -> str | None:
-    """`fast_path_build.rejection`, once per process per version of the library and its manifest
-    (path, inode, size, mtime of each); "not built" is never kept (an install may be half done)."""
+    """`fast_path_build.rejection`, once per version of the library and manifest; None (not built) is never kept."""
     try:
         version = tuple((str(file), stat.st_ino, stat.st_size, stat.st_mtime_ns)
                         for file in (path, manifest_path(path)) for stat in [file.stat()])
@@ -220,9 +165,7 @@ def status(home: str | os.PathLike | None = None) -> str:
 
 
 def _hits_or_none(fast: FastPath) -> int | None:
-    """`fast.hits`, or None where its module refuses its callable: a status line never raises. Seen
-    only where tests import the library again from two paths in one process (re-importing a
-    single-phase extension refills the module in ``sys.modules`` with the first library's functions)."""
+    """`fast.hits`, or None where its module refuses its callable (a library imported again from another path)."""
     try:
         return fast.hits
     except TypeError:
@@ -242,14 +185,10 @@ class FastPath:
 
     @property
     def hits(self) -> int:
-        """Calls served in C++ (no Python frame) so far."""
         return self.module.hits(self.call)
 
     def callable(self):
-        """The fast callable. Its torch.compile stand-in is registered when Dynamo is imported
-        (`compiled.when_imported`: at once where it already is), so handing it out imports no
-        compiler stack; where this torch refuses the stand-in, a compiled graph breaks on the callable
-        and runs it eagerly (one warning in the log)."""
+        """The fast callable (its torch.compile stand-in registered once Dynamo is imported)."""
         if not self._registered:
             self._registered = True
             when_imported("torch._dynamo", lambda _: _register_stand_in(self.call, self._dispatcher))
@@ -257,10 +196,14 @@ class FastPath:
 
     def entry(self, plan: Plan, tensors: tuple[torch.Tensor, ...], is_causal: bool, enable_gqa: bool,
               key_lengths: tuple[int, int] | None = None):
-        """The C++ entry for a plan going hot, recorded from its call's tensors (query, key, value[,
-        mask]) under the call's dispatch state, serving the key lengths `key_lengths` (lowest,
-        highest; None: the call's own); None where the fast path must not serve it: the plan is
-        neither exactly the call's own SDPA call nor a bare operator call (`served_call`)."""
+        """The C++ entry for a plan going hot, recorded from its call's tensors (query, key, value[, mask]) under the
+        call's dispatch state, serving `key_lengths` (lowest, highest; None: the call's own); None where
+        `served_call` refuses.
+
+        It serves only: no dropout, not compiling, no torch-function mode, plain dense ``torch.Tensor`` inputs, per
+        tensor the recorded dispatch keys, dtype, device, sizes, strides and ``requires_grad``
+        (`hot_path.tensor_guard`), not at the settle point; for a bare operator also a float or no ``scale`` and
+        every SDPA backend on. A forwarded call that raises goes to `Dispatcher.attention`."""
         if is_causal.__class__ is not bool or enable_gqa.__class__ is not bool:
             return None
         served = served_call(plan, tensors, is_causal, enable_gqa)
@@ -278,21 +221,19 @@ class FastPath:
             return None
 
     def mirror(self, hot: tuple) -> None:
-        """The C++ slots serve exactly `hot`'s entries that have a C++ entry, in its order."""
+        """The C++ slots serve exactly `hot`'s entries that have a C++ entry, in order."""
         self.module.set_entries(self.call, tuple(entry.fast for entry in hot if entry.fast is not None))
 
 
 OPS = {"forward": 0, "flash": 1, "flash_cpu": 2, "efficient": 3, "cudnn": 4}
-"""What a C++ entry runs, numbered as `fast_call.cpp`'s ``Op``: PyTorch's SDPA with the caller's
-arguments (``forward``), or a `BareCall`'s operator by its name."""
+"""What a C++ entry runs, numbered as `fast_call.cpp`'s ``Op``."""
 
 
 def served_call(plan: Plan, tensors: tuple[torch.Tensor, ...], is_causal: bool, enable_gqa: bool,
                 ) -> tuple[int, tuple[int, ...] | None, tuple[int, ...] | None] | None:
-    """``(op, rows, out_shape)`` for a C++ entry (`OPS`) serving `plan` on calls like this one
-    (query, key, value[, mask]), or None: PyTorch's SDPA forwarded where the plan is exactly the
-    call's own SDPA call; else the operator `Kernel.bare_call` names, where the plan's runner
-    makes that call on these tensors (4-D, the last dimension dense, no mask)."""
+    """``(op, rows, out_shape)`` for a C++ entry serving `plan` on calls like this one: PyTorch's SDPA forwarded
+    where the plan is exactly the call's SDPA call, else `Kernel.bare_call`'s operator where the runner makes it on
+    these tensors; else None."""
     flags = plan.sdpa_flags
     own = {name: True for name, on in (("is_causal", is_causal), ("enable_gqa", enable_gqa)) if on}
     if flags is not None:
@@ -322,10 +263,9 @@ _stand_in_targets: dict[int, Dispatcher] = {}  # `Dispatcher.compile_id` -> the 
 
 
 def _register_stand_in(fast, dispatcher: Dispatcher) -> bool:
-    """Dynamo cannot trace into a builtin: register a Python stand-in calling the dispatcher's
-    `attention` (whose compile branch traces its choice). The stand-in finds the dispatcher in a
-    module global by number: Dynamo inlines it with no source for its closure, so it could not
-    wrap a closed-over bound method. False where this torch refuses it."""
+    """Register a Python stand-in calling the dispatcher's `attention` for Dynamo (which cannot trace a builtin); it
+    finds the dispatcher by number in a module global, as Dynamo inlines it without its closure. False where torch
+    refuses. The dispatcher then lives as long as the process."""
     number = dispatcher.compile_id
     try:
         from torch._dynamo import substitute_in_graph

@@ -1,18 +1,8 @@
-"""Building and installing the fast path's library (`fast_path`), and checking an installed one
-before anything dlopens it.
-
-Layout: ``<home>/fast_path/<name>/<name>.so`` and its manifest ``<name>.json`` (size and sha256 of
-the library, torch version and git version, Python ABI, sha256 of the source: what the name's hash
-encodes), the name one per torch build, Python ABI and source (`module_name`).
-
-A build never happens in that folder: torch's loader compiles into a fresh private folder next to
-it (same filesystem), so its ``lock`` and ninja files are never stale (a killed build leaves a
-private folder nobody waits on, removed by the next build); the library is then moved in with
-`os.replace` (atomic) and the manifest written atomically after it, so a reader sees the old pair, no manifest, or the new pair,
-never a partial file under the final name. Two builds at once are serialised by an `fcntl.flock` on
-``install.lock`` in the final folder (the kernel drops it when its holder dies: no stale lock);
-without fcntl (Windows) there is no lock and the atomic replace alone protects readers.
-"""
+"""Building and installing the fast path's library (`fast_path`), and checking an installed one before it is
+dlopened. Layout: ``<home>/fast_path/<name>/<name>.so`` and its manifest ``<name>.json`` (library size and sha256,
+torch, Python ABI, source hash). Builds run in a private folder; the library is moved in atomically, then the
+manifest, so a reader never sees a partial pair. Concurrent installs are serialised by `fcntl.flock` on
+``install.lock`` (none on Windows)."""
 
 from __future__ import annotations
 
@@ -36,12 +26,12 @@ from attn_dispatch.models.paths import write_text_atomically
 LOCK_NAME = "install.lock"
 MANIFEST_MODE = 0o644  # readable by all, as the library is (mkstemp makes 0600)
 MANIFEST_FORMAT = 1
-"""Bumped when the manifest's fields change: another format is rejected (a rebuild writes this one)."""
+"""Bumped when the manifest's fields change (another format is rejected)."""
 
 
 @functools.cache
 def build_key() -> dict[str, str]:
-    """What the library is built for: torch build, Python ABI and the source's sha256 (read once a process)."""
+    """What the library is built for: torch build, Python ABI and source sha256."""
     return {"torch": torch.__version__, "torch_git": str(torch.version.git_version),
             "python_abi": f"{sys.implementation.cache_tag} {sysconfig.get_config_var('SOABI')}",
             "source_sha256": hashlib.sha256(SOURCE.read_bytes()).hexdigest()}
@@ -56,8 +46,7 @@ def sha256_of(path: Path) -> str:
 
 
 def rejection(library: Path) -> str | None:
-    """Why `library` must not be loaded: None where it is not built (no library, or no manifest: a
-    build from before manifests), "" where its manifest matches it, else the reason in words."""
+    """Why `library` must not be loaded: None where not built, "" where its manifest matches, else the reason."""
     manifest = manifest_path(library)
     if not library.is_file() or not manifest.is_file():
         return None
@@ -81,8 +70,7 @@ def rejection(library: Path) -> str | None:
 
 
 def install(built: Path, library: Path) -> None:
-    """Move `built` to `library` atomically, then write its manifest atomically (the old manifest is
-    removed first: a reader in between sees "not built", never a mismatched pair)."""
+    """Move `built` to `library` atomically, then write its manifest atomically (the old one removed first)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(manifest_path(library))
     size, sha256 = built.stat().st_size, sha256_of(built)
@@ -95,8 +83,7 @@ def install(built: Path, library: Path) -> None:
 
 @contextlib.contextmanager
 def install_lock(folder: Path, name: str = LOCK_NAME):
-    """An exclusive `fcntl.flock` on ``folder/<name>`` (``install.lock`` by default; released by the
-    kernel if this process dies): yields True; where fcntl is missing, no lock: yields False."""
+    """An exclusive `fcntl.flock` on ``folder/<name>``, yielding True; without fcntl no lock, yielding False."""
     try:
         import fcntl
     except ImportError:
@@ -111,9 +98,8 @@ def install_lock(folder: Path, name: str = LOCK_NAME):
 
 
 def build(home: str | os.PathLike | None = None) -> tuple[Path, ModuleType | None]:
-    """Compile and install the library under `home` unless a matching one is installed there: the
-    installed library's path and the module compiled now (None where the installed one was reused).
-    Raises RuntimeError naming what is missing (compiler, headers, ninja) when the build fails."""
+    """Compile and install the library under `home` unless a matching one is there: (installed path, module compiled
+    now or None). RuntimeError naming what is missing on failure."""
     library = library_path(home)
     folder = build_directory(home)
     folder.mkdir(parents=True, exist_ok=True)
@@ -166,8 +152,7 @@ def missing_tool() -> str:
 
 
 def _put_ninja_on_path() -> None:
-    """torch's loader runs ``ninja`` from PATH: the PyPI wheel's (`ninja.BIN_DIR`) and this
-    interpreter's scripts directory are added, for a virtual environment that is not activated."""
+    """Add the ninja wheel's and this interpreter's script folders to PATH (torch's loader runs ``ninja``)."""
     extra = [os.path.dirname(sys.executable)]
     try:
         import ninja  # the PyPI wheel (a dependency)

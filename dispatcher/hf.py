@@ -1,13 +1,7 @@
-"""Hugging Face transformers integration: ``attn_implementation="attn_dispatch"``.
-
-`register_transformers()` adds our attention function to transformers' `AttentionInterface` (and
-SDPA's mask builder under the same name to its `AttentionMaskInterface`, so models build the
-same boolean masks as for ``"sdpa"``). transformers is imported only when you call it.
-
-The function mirrors transformers' ``sdpa_attention_forward`` (integrations/sdpa_attention.py,
-transformers 5.x): the same causal rules, static-cache slicing and position-bias masks, but GQA is
-always passed as ``enable_gqa`` (our kernels group query heads without repeating K/V).
-"""
+"""Hugging Face transformers integration: ``attn_implementation="attn_dispatch"``. `register_transformers()` adds our
+function to transformers' `AttentionInterface` (and SDPA's mask builder under the same name). The function mirrors
+transformers' ``sdpa_attention_forward`` (causal rules, static-cache slicing, position-bias masks) but always passes
+GQA as ``enable_gqa``. transformers is imported only when called."""
 
 from __future__ import annotations
 
@@ -35,25 +29,16 @@ def make_attention_function(dispatcher: Dispatcher | None = None):
     # bound, not looked up per call: the fast path (`fast_path`) where built; an object with only `attention`, that
     run = getattr(dispatcher, "fast_attention", None) or dispatcher.attention
 
-    def attn_dispatch_forward(
-        module: torch.nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        dropout: float = 0.0,
-        scaling: float | None = None,
-        is_causal: bool | None = None,
-        position_bias: torch.Tensor | None = None,
-        **kwargs,
-    ) -> tuple[torch.Tensor, None]:
+    def attn_dispatch_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                              value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                              scaling: float | None = None, is_causal: bool | None = None,
+                              position_bias: torch.Tensor | None = None,
+                              **kwargs) -> tuple[torch.Tensor, None]:
         """query ``[B, Hq, L, E]``, key/value ``[B, Hkv, S, E]``, mask ``[B, 1, L, S]`` (bool or
         float) or None -> (output ``[B, L, Hq, Ev]`` contiguous, None)."""
         if kwargs.get("softcap") is not None:
-            raise ValueError(
-                "attn_implementation='attn_dispatch' does not support `softcap`; use 'eager' or "
-                "'flex_attention' for models that need it"
-            )
+            raise ValueError("attn_implementation='attn_dispatch' does not support `softcap`; use 'eager' "
+                             "or 'flex_attention' for models that need it")
         _warn_output_attentions(kwargs)
         q_length, kv_length = query.shape[2], key.shape[2]
         is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -67,10 +52,8 @@ def make_attention_function(dispatcher: Dispatcher | None = None):
 
             attention_mask = create_position_bias_mask(position_bias, attention_mask, is_causal, query, key)
             is_causal = False
-        out = run(
-            query, key, value, attention_mask, dropout, is_causal,
-            scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
-        )
+        out = run(query, key, value, attention_mask, dropout, is_causal, scale=scaling,
+                  enable_gqa=query.shape[1] != key.shape[1])
         return out.transpose(1, 2).contiguous(), None
 
     return attn_dispatch_forward
@@ -84,37 +67,21 @@ def _warn_output_attentions(kwargs: dict) -> None:
 
 
 def register_transformers(name: str = IMPLEMENTATION_NAME, *, dispatcher: Dispatcher | None = None) -> str:
-    """Register ``attn_implementation=name`` with transformers; returns `name`.
-
-    Example
-    -------
-    >>> import attn_dispatch as ad
-    >>> ad.register_transformers()
-    >>> model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="attn_dispatch")
-
-    Raises
-    ------
-    ModuleNotFoundError
-        When transformers is not installed.
-    ImportError
-        When the installed transformers predates `AttentionInterface` (4.48), or transformers itself
-        fails to import: that error as transformers raised it, never reworded.
-    """
+    """Register ``attn_implementation=name`` with transformers; returns `name`. Raises ModuleNotFoundError without
+    transformers, ImportError (as transformers raised it) when it predates `AttentionInterface` (4.48) or fails to
+    import."""
     try:
         import transformers
     except ModuleNotFoundError as error:
         if error.name != "transformers":  # transformers is there but one of its own imports failed: show that
             raise
-        raise ModuleNotFoundError(
-            f"register_transformers() needs transformers >= {MIN_TRANSFORMERS}: pip install -U transformers",
-            name="transformers",
-        ) from error
+        raise ModuleNotFoundError(f"register_transformers() needs transformers >= {MIN_TRANSFORMERS}: pip "
+                                  "install -U transformers", name="transformers") from error
     # transformers imports its submodules lazily: an import error inside it surfaces here, unchanged
     if not hasattr(transformers, "AttentionInterface"):
-        raise ImportError(
-            f"register_transformers() needs transformers >= {MIN_TRANSFORMERS} (AttentionInterface); "
-            f"transformers {transformers.__version__} is installed: pip install -U transformers"
-        )
+        raise ImportError(f"register_transformers() needs transformers >= {MIN_TRANSFORMERS} "
+                          f"(AttentionInterface); transformers {transformers.__version__} is installed: pip "
+                          "install -U transformers")
     transformers.AttentionInterface.register(name, make_attention_function(dispatcher))
     try:
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask

@@ -1,28 +1,9 @@
-"""The hot path: the plans called most recently, matched by one C++ check of the call's tensors
-instead of a key tuple built from their attributes and a dict lookup.
-
-A warm call's key reads about a dozen tensor attributes and hashes the tuple for a dict lookup.
-The loops users run call one shape many times in a row (every layer of a decode step, every block
-of a denoising step), so the dispatcher keeps its last `HOT_SLOTS` plans with a guard each:
-Dynamo's own tensor check (`torch._C._dynamo.guards.TensorGuards`, what a compiled graph runs
-before each call), which compares in C++ the Python type, dispatch keys, dtype, device, exact sizes
-and strides and ``requires_grad`` of every tensor. Where the fast path is not built, or the plan
-runs one of our own kernels, this is what serves a warm call (its cost against the dict path's:
-docs/RESULTS.md#warm-parity).
-
-A guard is stricter than the plan's key (exact strides, not only contiguity; the dispatch keys
-carry inference mode), so a match always falls in the plan's key, and a miss only means the dict
-path. It records ``requires_grad`` as False on every tensor (only inference plans go hot), so a
-match with no dropout is an inference call. Where a torch build lacks the class or refuses the
-arguments, `tensor_guard` returns None and the dict path serves every call. A check reads each
-tensor's strides before comparing anything, and a strided nested tensor's abort the process, so `Dispatcher.attention` sends a call with a nested tensor to the dict path first.
-
-The fast path (`fast_path`) mirrors these slots in C++: an entry whose plan is exactly its call's own
-PyTorch SDPA call, or one fused backend's bare operator call, gets a C++ record of its tensors
-(``HotEntry.fast``), serving the key lengths of its bucket that a new shape would get the same call
-at (`served_key_lengths`), and every change of the slots goes through `HotSlots.set`, which hands the
-C++ side the new set.
-"""
+"""The hot path: the plans called most recently, matched by one C++ check of the call's tensors (Dynamo's
+`TensorGuards`: Python type, dispatch keys, dtype, device, sizes, strides, ``requires_grad``) instead of a key tuple
+and a dict lookup (docs/RESULTS.md#warm-parity). A guard is stricter than the plan's key, so a miss only means the
+dict path; only inference plans go hot. A check reads strides first, which aborts on a strided nested tensor:
+`Dispatcher.attention` sends nested calls to the dict path. The C++ fast path (`fast_path`) mirrors these slots
+(`HotSlots.set`)."""
 
 from __future__ import annotations
 
@@ -48,54 +29,34 @@ if TYPE_CHECKING:
     from attn_dispatch.kernels import Problem
 
 HOT_SLOTS = 2
-"""Plans kept on the hot path, most recent first: two serve a model alternating two shapes (a
-diffusion block's self- and cross-attention), one its decode step; each slot a call misses costs
-one rejected check."""
+"""Plans kept on the hot path, most recent first; each miss costs one rejected check."""
 
 HOT_AFTER = 2
-"""Calls of one plan (its exact shape) before it goes hot: building a guard costs about four warm
-calls' keys, so a shape called once (a decode step's first layer that never comes back) does not
-pay it, and one called on every layer pays it once. A new shape of a bucket whose shapes are called
-again (`shapes_called_again`) goes hot at its first call."""
+"""Calls of one exact shape before it goes hot (a guard costs a few warm calls); see also `shapes_called_again`."""
 
 
 def hot_path_enabled() -> bool:
-    """``ATTN_DISPATCH_HOT_PATH`` (`models.environment.HOT_PATH`), read when a `Dispatcher` is made."""
+    """``ATTN_DISPATCH_HOT_PATH``, read when a `Dispatcher` is made."""
     return HOT_PATH.read()
 
 
 def rehot(calls: int) -> bool:
-    """Whether a warm plan met on the dict path at its `calls`-th call goes (back) on the hot path:
-    at every power of two past `HOT_AFTER`. A plan pushed off by others, or first made hot in
-    another mode (inference mode, autocast: the guard's dispatch keys differ), comes back after a
-    number of calls that doubles each time, so a rotation of more shapes than `HOT_SLOTS` builds
-    about log2(calls) guards per plan instead of one per call.
-
-    A warm plan the dict path serves twice in a row also goes back on at once
-    (`Dispatcher.attention`): a repeated decode loop meets each key length for one run of calls (one
-    per layer) per pass, which the power-of-two rule alone would leave on the dict path. A rotation
-    of shapes never serves one plan twice in a row, so it builds no more guards."""
+    """Whether a warm plan met on the dict path at its `calls`-th call goes (back) on the hot path: at every power of
+    two past `HOT_AFTER`, so a rotation of more shapes than `HOT_SLOTS` builds about log2(calls) guards per plan.
+    (`Dispatcher.attention` also re-promotes a plan served twice in a row.)"""
     return calls > HOT_AFTER and not calls & (calls - 1)
 
 
 def shapes_called_again(bucket) -> bool:
-    """Whether a new exact shape of `bucket` goes hot at its first call: where the bucket's earlier
-    shapes got `HOT_AFTER` calls or more each (`selection.calls_per_shape`: a decode loop calls every
-    layer at each new key length), its guard would be built at the second call anyway, and building
-    it at the first spares the second call the dict path. A shape of a bucket with no such history
-    waits for its second call."""
+    """Whether a new shape of `bucket` goes hot at its first call: earlier shapes got `HOT_AFTER` calls each."""
     expected = calls_per_shape(cell[0] for cell in bucket.history)
     return expected is not None and expected >= HOT_AFTER
 
 
 def tensor_guard(tensors: tuple[torch.Tensor, ...]) -> Callable[..., bool] | None:
-    """``check(*tensors) -> bool``: True only for tensors of these Python types, dispatch keys
-    (under the calling thread's state), dtypes, devices, sizes, strides and ``requires_grad``;
-    None where this torch has no usable `TensorGuards`.
-
-    A tensor passed twice (``key is value``, self-attention on one tensor) fails `TensorGuards`'s
-    own check: the guard then covers each distinct tensor once and the check also requires the same
-    positions to hold the same tensor (a Python wrapper, on such calls only)."""
+    """``check(*tensors) -> bool``: True only for tensors like these (type, dispatch keys under the thread's state,
+    dtype, device, sizes, strides, ``requires_grad``); None where this torch has no usable `TensorGuards`. A tensor
+    passed twice is guarded once and the check also requires the same aliasing."""
     firsts = tuple(next(j for j, u in enumerate(tensors) if u is t) for t in tensors)
     distinct = tuple(sorted(set(firsts)))
     try:
@@ -120,16 +81,13 @@ def tensor_guard(tensors: tuple[torch.Tensor, ...]) -> Callable[..., bool] | Non
 
 
 def _never_matches(*_tensors: torch.Tensor) -> bool:
-    """The Python check of an entry only the fast path's C++ check serves (no guard could be built)."""
+    """The Python check of an entry only the C++ fast path serves."""
     return False
 
 
 class HotEntry:
-    """One hot plan: ``check`` (`tensor_guard` over query, key, value and the mask when there is
-    one), the plan and its cache key, and the call's ``is_causal``, ``enable_gqa`` and whether it
-    had a mask. ``pytorch_call``: the plan is one call of PyTorch's SDPA with the call's own
-    arguments (`Plan.sdpa_flags`, ``enable_gqa`` not dropped), the same call `route` would make
-    under `sdpa_kernel` restrictions. ``fast``: its `fast_path` entry (served in C++), or None."""
+    """One hot plan with its guard, cache key and call flags. ``pytorch_call``: the plan is one call of PyTorch's
+    SDPA with the call's own arguments (`Plan.sdpa_flags`); ``fast``: its `fast_path` entry or None."""
 
     __slots__ = ("check", "plan", "key", "is_causal", "enable_gqa", "masked", "pytorch_call", "fast")
 
@@ -152,10 +110,8 @@ def promoted(slots: tuple, entry: HotEntry) -> tuple:
 
 
 class HotSlots:
-    """A dispatcher's hot path: its last `HOT_SLOTS` plans with their guards (`slots`, most recent
-    first), mirrored into the fast path's C++ slots where it is loaded (`fast`). Reads the plan table
-    (`table`: exact shape key -> `Plan`) to make sure a plan is still cached when it goes hot, and the
-    device planners (`planners`) for the key lengths a C++ entry may serve (`hot_path`)."""
+    """A dispatcher's hot path: its last `HOT_SLOTS` plans with guards (`slots`, most recent first), mirrored into
+    the C++ slots where loaded (`fast`). Reads the plan `table` and the device `planners`."""
 
     def __init__(self, table: dict, lock, planners: dict, *, enabled: bool, fast=None) -> None:
         self.slots: tuple[HotEntry, ...] = ()
@@ -166,10 +122,8 @@ class HotSlots:
         self.fast = fast
 
     def make_hot(self, key_, plan: Plan, query, key, value, attn_mask, is_causal, enable_gqa) -> None:
-        """Put `plan` first on the hot path, guarded by this call's tensors: only an inference plan
-        (no tensor requiring grad: a match is then no training call) kept under `key_`, with no mask
-        or a plain tensor one (`sdpa_context.route` reads a `CausalBias`'s variant, which no tensor
-        guard sees)."""
+        """Put `plan` first on the hot path, guarded by this call's tensors: only an inference plan still cached
+        under `key_`, with no mask or a plain tensor one (no guard sees a `CausalBias`'s variant)."""
         tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
         if (not self.enabled or plan.recheck or plan.unguardable or any(t.requires_grad for t in tensors)
                 or self.table.get(key_) is not plan
@@ -193,33 +147,26 @@ class HotSlots:
                                                        attn_mask is not None, fast)))
 
     def drop_plan(self, plan: Plan) -> None:
-        """`plan` leaves the hot path (evicted, replaced, or its bucket decided again)."""
         self.set(tuple(entry for entry in self.slots if entry.plan is not plan))
 
     def drop(self, key_: tuple) -> None:
-        """The plan cached under `key_` is replaced or removed: it leaves the hot path (the others stay)."""
         self.set(tuple(entry for entry in self.slots if entry.key != key_))
 
     def set(self, slots: tuple) -> None:
-        """The one place the hot path changes: the fast path's C++ slots mirror it, so they never
-        serve a plan dropped here."""
+        """The one place the hot path changes; the C++ slots mirror it."""
         self.slots = slots
         if self.fast is not None:
             self.fast.mirror(slots)
 
 
-# key-length ranges: the lengths one hot plan's C++ entry may serve, where a new exact shape of its
-# bucket would get the very same call (a decode loop's next key length then needs no Python). That
-# holds where the plan runs its bucket's first option with nothing passed over, no settling, failure,
-# measuring or memory re-check pending; every length lies in the bucket and, on a GPU running one of
-# our kernels, on one side of the key-count alignment (`selection.keys_aligned`); where causal, on one
-# side of the query length; and at both ends the kernel takes the problem, makes the same call
-# (`Kernel.sdpa_call`, `bare_call`) and its workspace fits.
+# key-length ranges a hot plan's C++ entry may serve: where a new shape of its bucket would get the same call. It holds
+# where the plan runs the bucket's first option with nothing passed over and no settling, failure, measuring or re-check
+# pending; lengths lie in the bucket, on one side of the key-count alignment (our kernels on a GPU) and, causal, of the
+# query length; at both ends the kernel takes the problem, makes the same call and its workspace fits.
 
 
 def bucket_key_lengths(kv_len: int) -> tuple[int, int]:
-    """The key lengths sharing `kv_len`'s bucket (`length_bucket`: rounded up to a power of two),
-    lowest and highest."""
+    """The lowest and highest key lengths of `kv_len`'s bucket (`length_bucket`)."""
     exponent = length_bucket(kv_len)
     if exponent == 0:
         return kv_len, kv_len
@@ -227,9 +174,7 @@ def bucket_key_lengths(kv_len: int) -> tuple[int, int]:
 
 
 def served_key_lengths(planner: DevicePlanner, plan: Plan) -> tuple[int, int] | None:
-    """``(lowest, highest)`` key lengths over which `plan`'s call stands for the plan its bucket
-    would give a new exact shape (see the comment above), or None where it does not hold for
-    any other length."""
+    """``(lowest, highest)`` key lengths `plan`'s call serves for its bucket's new shapes (comment above), or None."""
     bucket = plan.bucket
     if (plan.settle_at or plan.recheck or plan.skipped or plan.trial is not None or bucket.trial is not None
             or not bucket.options
@@ -261,8 +206,7 @@ def served_key_lengths(planner: DevicePlanner, plan: Plan) -> tuple[int, int] | 
 
 
 def _at_key_length(problem: Problem, kv_len: int) -> Problem | None:
-    """`problem` at another key length, its mask's last size following (or None where the mask's
-    last size is neither 1 nor the key length: no range)."""
+    """`problem` at another key length, its mask following; None where the mask's last size is neither 1 nor S."""
     mask_shape = problem.mask_shape
     if mask_shape:
         if mask_shape[-1] == problem.kv_len and problem.kv_len != 1:

@@ -1,14 +1,7 @@
-"""Buckets measured on their own calls (`measuring`), kept across processes so a restarted server
-does not measure every bucket again: ``<home>/tunings/<device key>/<kernel set>.jsonl``, one JSON
-line per measured bucket (`attn-dispatch export` adds them to a shared table as measured entries).
-
-The device key holds the card and its software stack (`models.identity.DeviceIdentity.key`), so a
-driver or PyTorch update starts afresh; the kernel set's signature (its kernel names and accuracy
-policy) keeps a tuning among one set of contenders from serving a dispatcher that has others.
-Lines are plain JSON, appended whole; a line that does not parse or validate is skipped, and the
-last line of a bucket wins. Nothing here ever raises into an attention call: a store that cannot
-be read or written only costs the tuning again.
-"""
+"""Buckets measured on their own calls (`measuring`), kept across processes: ``<home>/tunings/<device key>/<kernel
+set>.jsonl``, one JSON line per bucket, the last line of a bucket winning. The device key includes the software stack
+and the kernel set's signature its contenders, so changes start afresh. Invalid lines are skipped; nothing here
+raises into an attention call."""
 
 from __future__ import annotations
 
@@ -23,7 +16,7 @@ from attn_dispatch.dispatcher.selection import Tuned
 from attn_dispatch.models.measured import MeasuredEntry, entry_from_tuning
 
 BUCKET_FIELDS = 14
-"""Length of a `selection.failure_bucket` key (a line whose bucket differs is from another version)."""
+"""Length of a `selection.failure_bucket` key (another length: another version's line)."""
 
 
 def _to_json(value):
@@ -44,12 +37,7 @@ def _valid_bucket(bucket) -> bool:
 
 
 class TuningStore:
-    """The tunings of one device and kernel set.
-
-    Parameters
-    ----------
-    path: the JSON Lines file (created on the first `append`).
-    """
+    """The tunings of one device and kernel set, in the JSON Lines file `path` (created on the first `append`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -59,7 +47,7 @@ class TuningStore:
         return cls(tuning_path(root, device_key, signature))
 
     def load(self) -> dict[tuple, Tuned]:
-        """Every valid tuning in the file, by bucket (empty when there is no file or it is unreadable)."""
+        """Every valid tuning in the file, by bucket (empty when absent or unreadable)."""
         tunings: dict[tuple, Tuned] = {}
         try:
             with open(self.path, encoding="utf-8") as handle:
@@ -79,8 +67,7 @@ class TuningStore:
         return tunings
 
     def append(self, bucket: tuple, tuned: Tuned) -> bool:
-        """Add one tuning; False when the file could not be written (the tuning still serves this
-        process)."""
+        """Add one tuning; False when the file could not be written."""
         entry = {"bucket": _to_json(bucket), "kernel": tuned.kernel,
                  "seconds": [[name, s if math.isfinite(s) else None] for name, s in tuned.seconds]}
         line = json.dumps(entry, separators=(",", ":")) + "\n"
@@ -96,15 +83,13 @@ class TuningStore:
         return True
 
     def entries(self) -> list[MeasuredEntry]:
-        """Every tuning of the file as a measured table entry (`models.measured.entry_from_tuning`:
-        the bucket is the entry key; contenders that failed are left out)."""
+        """Every tuning as a measured table entry (`models.measured.entry_from_tuning`)."""
         found = (entry_from_tuning(bucket, tuned.seconds, rounds=ROUNDS) for bucket, tuned in self.load().items())
         return [entry for entry in found if entry is not None]
 
 
 def tuning_entries(root: Path, device_key: str) -> list[MeasuredEntry]:
-    """The remembered tunings of a device (every kernel set's file under ``root/device_key``) as
-    measured table entries; empty when there are none or the folder cannot be read."""
+    """A device's remembered tunings (all kernel sets under ``root/device_key``) as measured entries."""
     try:
         paths = sorted((Path(root) / device_key).glob("*.jsonl"))
     except OSError:

@@ -1,33 +1,6 @@
-"""A size bucket's kernels measured on the bucket's own calls (`Trial`): each call runs one
-candidate, timed without waiting for the device, and its output is that call's output.
-
-Where no measured table entry of this card decides a bucket, a ranking can be far off
-(docs/RESULTS.md#h100-without-tables), so the bucket's first calls measure: the baseline first
-(PyTorch's default; in the portable set the ranking's first choice), then the other candidates in
-ranking order, one call each in turn. The rules:
-
-- warm-up: a candidate's first call is not a sample; the baseline has its warm-up and one sample
-  before any other candidate runs. The first warm-up of a kernel variant in this process
-  (`first_run`) is not charged to the bucket's budget;
-- clearly slower: a candidate whose fastest sample is slower than every sample of the fastest so far
-  by more than `CLEARLY_SLOWER` leaves at once;
-- bounded: the excess of other candidates' calls over the baseline's median is the bucket's spend,
-  at most `BUDGET_CALLS` baseline calls; a candidate predicted to go over what is left never runs;
-  once spent, only candidates faster than the baseline so far stay;
-- decided: after `ROUNDS` samples of every candidate still in, the baseline stays unless a
-  candidate beat it in every paired round and by more than `MIN_WIN_MARGIN` at the median;
-- never waiting: on a GPU at most `MAX_PENDING` readings wait for their events; beyond that, calls
-  run the baseline untimed. Nothing is timed while a CUDA graph is captured.
-
-A candidate that raises is out (its failure remembered for the bucket) and the call runs the plan's
-own kernel. The decided result (`selection.Tuned`) goes to `on_close`, which keeps it in the home's
-tuning store (`measured_store`). ``ATTN_DISPATCH_MEASURE=0`` (or ``Dispatcher(measure=False)``)
-turns the measuring off.
-
-Timing (`clock_for`): on a CPU the host clock around the call; on a CUDA / ROCm device CUDA events on
-the current stream around the call, read once the end event has completed (never blocking), the
-call's time being the larger of device and host time. Other device types are never timed.
-"""
+"""A size bucket's kernels measured on its own calls (`Trial`): each call runs one candidate, timed without waiting,
+and its output is the call's. `clock_for`: host clock on a CPU; on CUDA / ROCm, stream events read once complete, the
+time the larger of device and host time. ``ATTN_DISPATCH_MEASURE=0`` or ``Dispatcher(measure=False)``: off."""
 
 from __future__ import annotations
 
@@ -50,7 +23,7 @@ MS_PER_S = 1e3
 
 
 class Reading:
-    """One call's time: ``ready()`` once it can be read without waiting, then ``seconds()``."""
+    """One call's time: ``seconds()`` once ``ready()`` (readable without waiting)."""
 
     __slots__ = ("_host_s", "_events")
 
@@ -113,18 +86,15 @@ def clock_for(device: torch.device) -> HostClock | CudaEventClock | None:
 
 
 ROUNDS = 5
-"""Samples of each candidate still in before the bucket is decided (five paired wins in five rounds:
-a 1-in-32 chance when two kernels are equally fast)."""
+"""Samples of each candidate still in before the bucket is decided."""
 BASELINE_CALLS = 2
 """The baseline's calls before another candidate runs: its warm-up and one sample."""
 WARM_UP_CALLS = 1
-"""A candidate's first call, not a sample: backends and kernels set up lazily."""
+"""A candidate's first call is not a sample (backends set up lazily)."""
 CLEARLY_SLOWER = 0.10
-"""A candidate whose fastest sample is this much slower than the slowest sample of the fastest so
-far leaves after that sample (one margin over two extremes: noise only keeps a candidate longer)."""
+"""A candidate whose fastest sample is this much slower than the slowest sample of the fastest so far leaves."""
 BUDGET_CALLS = 3.0
-"""What a bucket may spend on slower candidates, in baseline calls (their summed excess over the
-baseline's median)."""
+"""What a bucket may spend on slower candidates, in baseline calls (summed excess over the baseline's median)."""
 MAX_PENDING = 2
 """Readings that may wait for their device events before calls go untimed."""
 
@@ -133,15 +103,13 @@ _variants_run: set[tuple] = set()
 
 
 def variant_key(kernel: Kernel, problem: Problem) -> tuple:
-    """What shares a kernel's lazily loaded device code: its name, the device and dtype, the head
-    dims, causality and the mask's kind."""
+    """What shares a kernel's lazily loaded device code: name, device, dtype, head dims, causality, mask kind."""
     return (kernel.name, problem.device_type, problem.dtype, problem.head_dim, problem.value_dim, problem.causal,
             problem.mask_kind)
 
 
 def first_run(kernel: Kernel, problem: Problem) -> bool:
-    """Whether this is the first warm-up of `kernel`'s variant for `problem` in this process (it is
-    noted as run)."""
+    """Whether this is the first warm-up of `kernel`'s variant in this process (noting it as run)."""
     key = variant_key(kernel, problem)
     if key in _variants_run:
         return False
@@ -150,18 +118,16 @@ def first_run(kernel: Kernel, problem: Problem) -> bool:
 
 
 MAX_RUNNERS = 64
-"""Exact problems whose candidate runners a trial keeps (a decode loop makes a new one each token)."""
+"""Exact problems whose candidate runners a trial keeps."""
 
 
 def measure_from_env() -> bool:
-    """Whether buckets measure on their calls (``ATTN_DISPATCH_MEASURE``, on by default)."""
     return environment.MEASURE.read()
 
 
 @dataclass
 class Contender:
-    """One candidate in a trial: the option, the calls it was given, its samples (seconds per call,
-    warm-ups left out), why it left the race (None while in) and, where it raised, why."""
+    """One candidate in a trial: calls, samples (no warm-ups), why it left (`out`) and its failure."""
 
     option: Option
     calls: int = 0
@@ -178,20 +144,22 @@ class Contender:
 
 
 class Trial:
-    """The measuring of one bucket (module docstring).
+    """The measuring of one bucket: the baseline first (its warm-up and one sample), then the other candidates one
+    call each in turn.
 
-    Parameters
-    ----------
-    options: the candidates, the baseline first, then the ranking's order.
-    clock: `clock_for` the bucket's device.
-    fits: ``fits(kernel, problem) -> bool``: the kernel runs this exact problem of the bucket within
-        the memory limits it was decided under.
-    cold_s: kernel name -> seconds it sets up on a new exact shape (`selection.cold_seconds`).
-    on_close: called once with the trial when it is decided (outside the trial's lock).
-    on_failure: ``(kernel name, error)`` of a candidate that raised on a call.
-    count_cell: ``(kernel name) -> [calls]``: where a call run by another candidate than its plan's
-        kernel is counted (`Dispatcher.stats`).
-    """
+    - A candidate's first call is a warm-up; a variant's first run in the process (`first_run`) is not charged.
+    - A candidate `CLEARLY_SLOWER` than the fastest so far leaves at once.
+    - The excess of candidates' calls over the baseline's median is spent from `BUDGET_CALLS`; a candidate predicted
+      over what is left never runs; once spent, only candidates faster than the baseline stay.
+    - After `ROUNDS` samples, the baseline stays unless a candidate beat it in every paired round and by more than
+      `MIN_WIN_MARGIN` at the median.
+    - At most `MAX_PENDING` readings wait on a GPU (then calls run untimed); nothing is timed during CUDA graph
+      capture.
+    - A candidate that raises is out (`on_failure`) and the call runs the plan's own kernel.
+
+    `options`: baseline first, then ranking order; `fits(kernel, problem)`: runs this exact problem within the
+    bucket's memory limits; `cold_s`: name -> per-shape set-up seconds; `on_close(trial)`: once decided, outside the
+    lock; `count_cell(name) -> [calls]`: where a call run by another candidate is counted (`Dispatcher.stats`)."""
 
     def __init__(self, options: tuple[Option, ...], clock, *, fits: Callable[[Kernel, Problem], bool],
                  cold_s: Mapping[str, float] | None = None, on_close: Callable[[Trial], None] | None = None,
@@ -219,8 +187,7 @@ class Trial:
 
     # ------------------------------------------------------------------ what the bucket's plans run
     def runner(self, plan) -> Callable:
-        """The `run` of a measuring plan: ``run(query, key, value, attn_mask, scale, enable_gqa,
-        problem)`` runs this call's candidate (or, with nothing to time, the plan's own kernel)."""
+        """A measuring plan's `run`: this call's candidate, or the plan's own kernel when nothing is timed."""
         own = plan.kernel.runner(plan.problem)
 
         def run(query, key, value, attn_mask, scale, enable_gqa, problem):
@@ -229,7 +196,6 @@ class Trial:
         return run
 
     def call(self, plan, own: Callable, query, key, value, attn_mask, scale, enable_gqa, problem):
-        """One call of the bucket (see `runner`)."""
         if not self.open:
             return self._decided_run(problem, own)(query, key, value, attn_mask, scale, enable_gqa, problem)
         if not self.clock.can_time():  # a CUDA graph being captured: not even an event may be queried
@@ -289,8 +255,7 @@ class Trial:
         return min(live, key=lambda c: (c.calls, self.contenders.index(c)))
 
     def _over_budget_at_once(self, contender: Contender) -> str | None:
-        """Why `contender`'s first call alone would spend more than is left, by its prediction
-        relative to the baseline's (scaled to the baseline's measured median) or its per-shape set-up."""
+        """Why `contender`'s first call alone would overspend (predicted ratio to the baseline, or set-up)."""
         left = self.budget_s() - self.spent_s
         reference = self.baseline.median()
         predicted, base = contender.option.predicted_s, self.baseline.option.predicted_s
@@ -307,26 +272,21 @@ class Trial:
 
     @property
     def compared(self) -> bool:
-        """Whether another candidate than the baseline got a sample: a trial that ended before any did
-        (its budget spent on first calls, or on a noisy machine's hiccups) decided nothing worth
-        keeping for other processes."""
+        """Whether another candidate than the baseline got a sample (else the trial decided nothing worth storing)."""
         return any(c.samples for c in self.contenders[1:])
 
     def budget_s(self) -> float:
-        """Seconds the bucket may spend on slower candidates (`BUDGET_CALLS` of the baseline's median)."""
         reference = self.baseline.median()
         return BUDGET_CALLS * reference if math.isfinite(reference) else 0.0
 
     def _collect(self) -> None:
-        """Read every pending reading that is ready, oldest first (events complete in stream order)."""
+        """Record every ready pending reading, oldest first (events complete in stream order)."""
         while self._pending and self._pending[0][1].ready():
             contender, reading, warm_up, charged = self._pending.pop(0)
             self._record(contender, reading.seconds(), warm_up, charged)
 
     def _record(self, contender: Contender, seconds: float, warm_up: bool, charged: bool = True) -> None:
-        """One reading: a sample (not a warm-up), and what it cost beyond the baseline (a warm-up
-        against the baseline's own first call, which the caller would have paid anyway; nothing for
-        a variant's first run in the process: `charged` false)."""
+        """One reading: a sample unless a warm-up, and its cost over the baseline (none when not `charged`)."""
         if contender is self.baseline:
             if warm_up:
                 self.baseline_first_s = seconds
@@ -343,8 +303,7 @@ class Trial:
         self._judge()
 
     def _judge(self) -> None:
-        """Drop what is clearly slower (or cannot show a gain once the budget is spent); close when
-        every candidate still in has its rounds."""
+        """Drop the clearly slower (or, budget spent, the not faster); decide once every candidate in has its rounds."""
         live = [c for c in self.contenders if c.out is None]
         sampled = [c for c in live if c.samples]
         if sampled:
@@ -363,8 +322,7 @@ class Trial:
             self._decide()
 
     def _decide(self) -> None:
-        """Close: the baseline, unless a candidate beat it in every paired round and by more than
-        `MIN_WIN_MARGIN` at the median."""
+        """Close: the baseline, unless a candidate won every paired round and by `MIN_WIN_MARGIN` at the median."""
         baseline, best, best_ratio = self.baseline, self.baseline, 1.0 / (1.0 + MIN_WIN_MARGIN)
         self.open = False
         if baseline.out is not None:  # it failed: nothing measured against it decides; the bucket decides again
@@ -405,7 +363,7 @@ class Trial:
         return self._runners[key]
 
     def _decided_run(self, problem: Problem, own: Callable) -> Callable:
-        """The winner's runner for this problem (until the plan is re-planned from the decided bucket)."""
+        """The winner's runner for this problem (until the plan is re-planned)."""
         if self.result is None:
             return own
         winner = next(c for c in self.contenders if c.name == self.result.kernel)
@@ -415,7 +373,7 @@ class Trial:
 
     # ------------------------------------------------------------------ explain
     def describe(self) -> str:
-        """One line for `explain`: what has been measured, what is pending, the budget."""
+        """One line for `explain`: what is measured, pending, and the budget."""
         with self._lock:
             parts = []
             for contender in self.contenders:

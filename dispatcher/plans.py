@@ -1,6 +1,5 @@
-"""What the warm path reads: the cached decision of one exact call shape (`Plan`), its cache key,
-and the bounded caches that hold plans and bucket decisions (`BoundedCache`); and `PreparedAttention`,
-a plan made once by `Dispatcher.plan` and run many times with no lookup (FlashInfer's plan/run)."""
+"""What the warm path reads: an exact shape's cached decision (`Plan`), its cache key, the bounded caches
+(`BoundedCache`), and `PreparedAttention` (planned once by `Dispatcher.plan`, run with no lookup)."""
 
 from __future__ import annotations
 
@@ -17,22 +16,17 @@ if TYPE_CHECKING:
     from attn_dispatch.dispatcher.device_planner import Bucket
 
 MAX_PLANS = 4096
-"""Exact call shapes whose plans are kept per dispatcher: a decode loop with a growing cache makes
-one per generated token, so an unbounded cache grows for ever; 4096 covers every layer shape of
-a long generation's last few thousand tokens, at a few hundred bytes each. Older ones are evicted
-first (a miss costs one plan made from its bucket's decision, not a new decision)."""
+"""Exact shapes whose plans are kept per dispatcher (oldest evicted first; a miss re-plans from its bucket)."""
 
 MAX_BUCKETS = 1024
-"""Size buckets whose decisions are kept per dispatcher: lengths are bucketed by powers of two, so
-a model meets a few dozen; 1024 bounds pathological callers (a sweep over many head counts)."""
+"""Size buckets whose decisions are kept per dispatcher."""
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
 class BoundedCache(Generic[K, V]):
-    """A dict with at most `limit` entries; adding past it evicts the oldest entry (first in, first
-    out: a warm hit costs one ``dict.get``, with no reordering), which goes to ``on_evict(key, value)``."""
+    """A dict of at most `limit` entries, evicting the oldest (FIFO: a hit is one ``dict.get``) to ``on_evict``."""
 
     def __init__(self, limit: int, on_evict: Callable[[K, V], None] | None = None) -> None:
         if limit < 1:
@@ -41,8 +35,7 @@ class BoundedCache(Generic[K, V]):
         self._items: dict[K, V] = {}
         self.get = self._items.get  # bound once
         self.table = self._items
-        """The dict itself, for lookups by subscript (``table[key]``, KeyError on a miss: the warm
-        path's, 40 ns less than a `get` call); change it through the methods only."""
+        """The dict itself for subscript lookups on the warm path; change it through the methods only."""
         self._on_evict = on_evict
 
     def put(self, key: K, value: V) -> None:
@@ -75,17 +68,14 @@ class BoundedCache(Generic[K, V]):
 
 
 class CallCounts:
-    """Calls per kernel name that no cached plan counts: those of plans evicted or replaced, of the
-    training route, of a measuring call run by another candidate than its plan's kernel, of traced
-    graphs. Each cached plan counts its own calls in a one-cell list (`Plan.count`, bumped in place
-    on the warm path); `stats` adds the two."""
+    """Calls per kernel that no cached plan counts (evicted or replaced plans, the training route, measuring calls
+    run by another candidate, traced graphs); `stats` adds the plans' own `Plan.count` cells."""
 
     def __init__(self, lock) -> None:
         self._cells: dict[str, list[int]] = {}
         self._lock = lock
 
     def cell(self, name: str) -> list[int]:
-        """Kernel `name`'s one-cell counter (made on first use)."""
         cell = self._cells.get(name)
         if cell is None:
             with self._lock:
@@ -98,8 +88,7 @@ class CallCounts:
             self.cell(plan.kernel.name)[0] += plan.count[0]
 
     def stats(self, plans: Iterable[Plan]) -> dict[str, int]:
-        """Calls per kernel name: these counts and those of the cached `plans`. Approximate under
-        concurrent calls."""
+        """Calls per kernel name, these counts plus the cached `plans`'; approximate under concurrent calls."""
         with self._lock:
             counts = {name: cell[0] for name, cell in self._cells.items()}
             for plan in list(plans):
@@ -111,50 +100,22 @@ class CallCounts:
 
 
 class Plan:
-    """A decision for one exact call shape, ready to run: the kernel, the validated problem, and
-    the size bucket it was decided for.
+    """A decision for one exact call shape, ready to run.
 
-    Attributes
-    ----------
-    run: the kernel's `runner` for this problem (`run`, or a shortcut such as the bare PyTorch
-        call for ``sdpa_default`` without a mask), bound once.
-    recheck: go through `Dispatcher._plan_for` before each call: the workspace is a large part of
-        the memory free when decided (`selection.RECHECK_FRACTION`), or the bucket's measuring has
-        decided since this plan was made (`measuring`).
-    count: this shape's call counter (a one-element list: the warm path adds to it in place);
-        `Dispatcher.stats` sums them per kernel, and a bucket's earlier shapes' counts tell how
-        many calls a new shape is expected to get (`selection.new_shape_order`).
-    bucket: the `device_planner.Bucket` whose decision this is; `decision` is built from it on demand.
-    notes, skipped: what this exact shape's plan adds to the bucket's decision: notes, and
-        ``(kernel, why)`` for the bucket's options passed over here (memory, capability, failure).
-    settle_at: the call count at which this shape is planned again on the bucket's decided order
-        (`selection.settle_after`; 0: never): it runs a kernel chosen to spare a per-shape set-up.
-    sdpa_call: ``(takes_mask, is_causal, enable_gqa)`` where running this shape is exactly one
-        call of PyTorch's SDPA, which the warm path then makes itself (`Kernel.sdpa_call`); else None,
-        and always None for a call's 1-D mask (``mask_ndim``, from the cache key: `mask_ndim_of`),
-        which a `Problem` records as 4-D but PyTorch's SDPA refuses.
-    sdpa_flags: that call's keyword arguments beyond the scale (`sdpa_flags`), or None.
-    trial: the bucket's `measuring.Trial` whose candidates this plan's calls run (`measure_with`),
-        else None; `kernel` is then the kernel that serves until the trial is decided.
-    """
+    `run`: the kernel's `runner`, bound once. `recheck`: re-plan before each call (large workspace,
+    `selection.RECHECK_FRACTION`, or the bucket's measuring decided). `count`: one-cell call counter, bumped in place
+    on the warm path. `notes`, `skipped`: what this shape adds to the bucket's decision. `settle_at`: call count at
+    which the shape is re-planned on the decided order (`selection.settle_after`; 0: never). `sdpa_call` /
+    `sdpa_flags`: where running is exactly one call of PyTorch's SDPA, made by the warm path itself
+    (`Kernel.sdpa_call`; never for a 1-D mask, which PyTorch refuses). `trial`: the `measuring.Trial` its calls run,
+    else None."""
 
     __slots__ = ("problem", "device", "kernel", "run", "sdpa_call", "sdpa_flags", "workspace", "recheck", "count",
                  "bucket", "notes", "skipped", "settle_at", "unguardable", "trial", "_decision")
 
-    def __init__(
-        self,
-        problem: Problem,
-        device: torch.device,
-        kernel: Kernel,
-        workspace: int,
-        recheck: bool,
-        bucket: Bucket,
-        notes: tuple[str, ...] = (),
-        skipped: tuple[tuple[str, str], ...] = (),
-        *,
-        settle_at: int = 0,
-        mask_ndim: int | None = None,
-    ) -> None:
+    def __init__(self, problem: Problem, device: torch.device, kernel: Kernel, workspace: int, recheck: bool,
+                 bucket: Bucket, notes: tuple[str, ...] = (), skipped: tuple[tuple[str, str], ...] = (), *,
+                 settle_at: int = 0, mask_ndim: int | None = None) -> None:
         self.problem = problem
         self.device = device
         self.kernel = kernel
@@ -176,9 +137,7 @@ class Plan:
         self._decision: Decision | None = None
 
     def measure_with(self, trial) -> None:
-        """Make this plan's calls run `trial`'s candidates (`measuring.Trial.runner`): never one call of
-        PyTorch's SDPA made by the warm path itself, never on the hot path (whose calls are not timed),
-        never settled; planned again once the trial is decided (`recheck`)."""
+        """Make this plan's calls run `trial`'s candidates (no direct SDPA call, hot path or settling)."""
         self.trial = trial
         self.run = trial.runner(self)
         self.sdpa_call = self.sdpa_flags = None
@@ -188,13 +147,11 @@ class Plan:
 
     @property
     def ranked(self):
-        """The bucket's ranked options (`selection.Ranked` of its first problem)."""
         return self.bucket.ranked
 
     @property
     def decision(self) -> Decision:
-        """The bucket's decision as it applies to this exact shape (`explain`; while its bucket
-        measures, with what has been measured so far)."""
+        """The bucket's decision as it applies to this shape (`explain`; while measuring, with what is measured)."""
         if self._decision is not None:
             return self._decision
         decision = self.bucket.decision_for(self.problem, self.kernel, self.workspace, self.notes, self.skipped)
@@ -204,80 +161,50 @@ class Plan:
 
 
 def sdpa_flags(call: tuple[bool, bool, bool] | None, problem: Problem) -> dict[str, bool] | None:
-    """The warm path's form of `Kernel.sdpa_call`: PyTorch's SDPA is called as
-    ``sdpa(query, key, value, attn_mask, **flags)`` (``scale=`` added when given), with only the
-    flags that are on (each keyword PyTorch parses costs the warm path time). The mask is passed as given, so only where the call
-    takes the mask exactly when the problem has one (an unmasked problem's mask is None); else None."""
+    """The warm path's form of `Kernel.sdpa_call`: the keyword flags that are on, for ``sdpa(query, key, value,
+    attn_mask, **flags)``; None where the call's mask use does not match the problem's."""
     if call is None or call[0] != (problem.mask_kind != "none"):
         return None
     return {name: True for name, on in (("is_causal", call[1]), ("enable_gqa", call[2])) if on}
 
 
 def mask_ndim_of(key: tuple) -> int | None:
-    """The number of dimensions of the mask a `cache_key` was made for (None: no mask)."""
+    """The mask's number of dimensions in a `cache_key` (None: no mask)."""
     mask = key[10]  # `cache_key`'s mask field: (shape, dtype, device, class) or None
     return None if mask is None else len(mask[0])
 
 
-def cache_key(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    is_causal: bool,
-    enable_gqa: bool,
-    *,
-    mask_class: type | None = None,
-) -> tuple:
-    """Everything `Problem.from_tensors` validates and reads, from tensor attributes only: shapes,
-    dtypes and devices of every input, whether all three are contiguous (the `Problem` reads no
-    more of their layout: `Problem.strided`), the mask's shape, dtype, device and class (a
-    `CausalBias` is no mask; `mask_class` overrides it: tracing records a fake or functional
-    tensor as the plain tensor it stands for), and the flags. Two calls with equal keys have the
-    same `Problem` and the same validity.
+def cache_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+              is_causal: bool, enable_gqa: bool, *, mask_class: type | None = None) -> tuple:
+    """Everything `Problem.from_tensors` validates and reads, from tensor attributes only: each input's shape, dtype
+    and device, whether all three are contiguous, the mask's shape, dtype, device and class (`mask_class` overrides
+    it when tracing), and the flags. Equal keys mean the same `Problem` and validity.
 
-    Raises AttributeError for inputs that are not tensors (the caller validates those), and
-    `Problem.from_tensors`'s NotImplementedError for nested tensors (one has no `.shape`).
-    """
+    Raises AttributeError for non-tensors and `Problem.from_tensors`'s NotImplementedError for nested tensors."""
     if query.is_nested or key.is_nested or value.is_nested:
         Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
     mask = None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device,
                                            mask_class or attn_mask.__class__)
-    return (
-        query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
-        query.device, key.device, value.device,
-        query.is_contiguous() and key.is_contiguous() and value.is_contiguous(),
-        mask, is_causal, enable_gqa,
-    )
+    return (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, query.device,
+            key.device, value.device, query.is_contiguous() and key.is_contiguous() and value.is_contiguous(),
+            mask, is_causal, enable_gqa)
 
 
-def family_key(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    is_causal: bool,
-    enable_gqa: bool,
-) -> tuple:
-    """`cache_key` without the key length: calls that differ only in it (a decode loop's steps,
-    the key length growing by one each) share it, and their `Problem`s differ only in the key
-    length (`problem_at_key_length`). Whether the mask's key dimension broadcasts is part of it."""
+def family_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+               is_causal: bool, enable_gqa: bool) -> tuple:
+    """`cache_key` without the key length (`problem_at_key_length`), noting whether the mask's key dim broadcasts."""
     mask = None if attn_mask is None else (attn_mask.shape[:-1], attn_mask.shape[-1] == 1, attn_mask.dtype,
                                            attn_mask.device, attn_mask.__class__)
-    return (
-        query.shape, key.shape[:-2], key.shape[-1], value.shape[:-2], value.shape[-1],
-        query.dtype, key.dtype, value.dtype, query.device, key.device, value.device,
-        query.is_contiguous() and key.is_contiguous() and value.is_contiguous(),
-        mask, is_causal, enable_gqa,
-    )
+    return (query.shape, key.shape[:-2], key.shape[-1], value.shape[:-2], value.shape[-1], query.dtype,
+            key.dtype, value.dtype, query.device, key.device, value.device,
+            query.is_contiguous() and key.is_contiguous() and value.is_contiguous(), mask, is_causal,
+            enable_gqa)
 
 
 def problem_at_key_length(sibling: Problem, key: torch.Tensor, value: torch.Tensor,
                           attn_mask: torch.Tensor | None) -> Problem | None:
-    """The `Problem` of a call whose `family_key` equals that of `sibling`'s call, built without
-    validating again: everything `Problem.from_tensors` checks is in the family key except the key
-    length, checked here (value's must equal key's; a mask's key dimension must be 1 or it). None
-    when it does not hold (the caller validates in full and raises SDPA's error)."""
+    """The `Problem` of a call with `sibling`'s `family_key`, without validating again: only the key length is
+    checked (value's and the mask's must match). None when it does not hold."""
     kv_len = key.shape[-2]
     if value.shape[-2] != kv_len or kv_len < 1:
         return None
@@ -290,8 +217,7 @@ def problem_at_key_length(sibling: Problem, key: torch.Tensor, value: torch.Tens
 
 
 def check_scale(scale: object) -> None:
-    """SDPA's own check of `scale` (the cache key does not see it): raise before a bad argument
-    is blamed on the kernels."""
+    """SDPA's own check of `scale` (not in the cache key), before a bad argument is blamed on the kernels."""
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"scaled_dot_product_attention(): argument 'scale' must be float or None, not {type(scale).__name__}")
 
@@ -300,13 +226,9 @@ _grad_enabled = torch.is_grad_enabled
 
 
 class PreparedAttention:
-    """``prepared(query, key, value, attn_mask=None)``: `F.scaled_dot_product_attention` with the
-    flags given to `Dispatcher.plan`, run by the kernel decided there.
-
-    Calls must have the planned shapes, dtypes, devices and layouts (checked: a mismatch raises
-    ValueError naming the planned and the given values). Calls needing a gradient through a kernel
-    without a backward go through `Dispatcher.attention` (its training route).
-    """
+    """``prepared(query, key, value, attn_mask=None)``: SDPA with the flags given to `Dispatcher.plan`, run by the
+    kernel decided there. A call of other shapes, dtypes, devices or layouts raises ValueError; calls needing a
+    gradient through a kernel without backward go through `Dispatcher.attention`."""
 
     __slots__ = ("_dispatcher", "_plan", "_key", "_causal", "_scale", "_gqa", "_count")
 
@@ -323,18 +245,14 @@ class PreparedAttention:
 
     @property
     def kernel(self) -> str:
-        """The chosen kernel's name."""
         return self._plan.kernel.name
 
     @property
     def decision(self):
-        """The `Decision` behind it (what `Dispatcher.explain` shows)."""
         return self._plan.decision
 
     def __call__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the planned kernel: ``[..., Hq, L, E]``, ``[..., Hkv, S, E]``, ``[..., Hkv, S, Ev]``
-        (and the mask, if planned with one) -> ``[..., Hq, L, Ev]``."""
         given = cache_key(query, key, value, attn_mask, self._causal, self._gqa)
         if given != self._key:
             raise ValueError(_mismatch(self._key, given))
@@ -360,7 +278,7 @@ _FIELDS = ("query shape", "key shape", "value shape", "query dtype", "key dtype"
 
 
 def _mismatch(planned: tuple, given: tuple) -> str:
-    """One line naming every field where `given` differs from `planned` (`cache_key` order)."""
+    """One line naming every field where `given` differs from `planned`."""
     diffs = [f"{name} {want} planned, {got} given" for name, want, got in zip(_FIELDS, planned, given, strict=True)
              if want != got]
     return ("this PreparedAttention was planned for another call: " + "; ".join(diffs)

@@ -1,17 +1,7 @@
-"""Record the distinct problem buckets a real run hits, for ``attn-dispatch calibrate --workload``.
-
-Turn it on for a whole process with ``ATTN_DISPATCH_RECORD=path``, or for a block with
-``with attn_dispatch.record(path): ...``. Each new bucket (`dispatcher.selection.failure_bucket`:
-batch and lengths rounded up to powers of two, every other field exact) is appended to the file
-as one JSON line ``{"format": 1, "bucket": [...], "problem": {...}}`` holding the first exact
-problem seen in it. The file is append-only and deduplicated by bucket, across runs too (the
-buckets already in it are read when it is first opened); lines are written under a lock, one
-``write`` each, so threads never interleave them.
-
-Only the dispatcher's cold path calls `record_problem` (a new shape, once per shape), so the warm
-path never pays for recording. A recording error (an unwritable path) is a warning, never a
-failed attention call.
-"""
+"""Record the distinct problem buckets a run hits, for ``attn-dispatch calibrate --workload``: with
+``ATTN_DISPATCH_RECORD=path`` or ``with attn_dispatch.record(path):``. Each new bucket (`selection.failure_bucket`)
+is appended as one JSON line with its first exact problem; the file is deduplicated across runs and written under a
+lock. Only the cold path records; an error is a warning, never a failed call."""
 
 from __future__ import annotations
 
@@ -32,7 +22,7 @@ FORMAT = 1
 
 
 def workload_bucket(problem: Problem) -> list:
-    """The bucket a problem is recorded under, as JSON (see module docstring)."""
+    """The bucket a problem is recorded under, as JSON."""
     return [list(part) if isinstance(part, tuple) else part for part in failure_bucket(problem)]
 
 
@@ -100,10 +90,7 @@ def recorder_for(path: str | os.PathLike) -> WorkloadRecorder:
 
 
 def record_problem(problem: Problem) -> None:
-    """Record `problem`'s bucket in the active `record()` file and in ``$ATTN_DISPATCH_RECORD``.
-
-    Called by the dispatcher's cold path; returns at once when recording is off.
-    """
+    """Record `problem`'s bucket in the active `record()` file and ``$ATTN_DISPATCH_RECORD`` (cheap when off)."""
     env_path = RECORD.read()
     if not _active and not env_path:
         return
@@ -119,12 +106,8 @@ def record_problem(problem: Problem) -> None:
 
 @contextmanager
 def record(path: str | os.PathLike) -> Iterator[WorkloadRecorder]:
-    """Record every new problem bucket the dispatcher decides inside the block to `path`.
-
-    Then ``attn-dispatch calibrate --workload path`` measures those problems first. Shapes the
-    dispatcher already decided before the block are not recorded (they are warm); call
-    ``attn_dispatch.reset()`` first to record a whole run.
-    """
+    """Record every new bucket the dispatcher decides inside the block to `path` (shapes decided before are warm:
+    ``attn_dispatch.reset()`` first to record a whole run)."""
     recorder = recorder_for(path)
     with _registry_lock:
         _active.append(recorder)

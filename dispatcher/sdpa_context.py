@@ -1,29 +1,15 @@
-"""What the caller's context asks of an SDPA call before the dispatcher may choose a kernel:
-PyTorch's backend restrictions, `CausalBias` objects, meta tensors.
+"""What the caller's context asks of an SDPA call before the dispatcher may choose a kernel.
 
-- **`sdpa_kernel` restrictions.** ``with torch.nn.attention.sdpa_kernel([...])`` (and
-  ``torch.backends.cuda.enable_*_sdp(False)``) switch PyTorch's backends off through global flags
-  (`torch._C._get_{flash,mem_efficient,math,cudnn}_sdp_enabled`, torch 2.4 .. 2.13; the context
-  manager itself reads them the same way). While any is off, the user asked for exactly PyTorch's
-  behaviour, so the call goes to PyTorch's SDPA as given: its backend choice, its errors (the
-  MATH backend refuses a mask together with ``is_causal``). Opt out with
-  ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1`` or `respect_sdpa_kernel(False)`, except for a mask
-  together with ``is_causal=True``: whether PyTorch combines the two or raises depends on its
-  backend (`check_mask_with_causal`), so that call stays PyTorch's. `explain` names the
-  restriction and the backend, and a call over the memory budget warns once (`sdpa_context`).
-- **`CausalBias`** (`causal_upper_left`, `causal_lower_right`): a tensor subclass with
-  uninitialised storage, never read as a mask. Upper-left (and any bias made for L == S) is
-  ``is_causal=True``; lower-right goes on to the kernels, which read its alignment from the
-  `Problem` (`causal_alignment`), except on the training route, which PyTorch's own
-  `CausalBias` handling serves. With ``is_causal=True`` it raises ValueError, as PyTorch.
-- **Meta tensors** (model init under ``torch.device("meta")``, shape inference): PyTorch's SDPA,
-  which gives a meta tensor of the right shape (no table lookup, no memory query).
-- **`torch.autocast`**: autocast casts SDPA's floating inputs (not float64, on its device type) to
-  its dtype before the call, but never sees the dispatcher: `autocast_inputs` casts them the same
-  way and `attention_under_autocast` runs the call with autocast off, as autocast runs the operator.
-- **Nested tensors** (``torch.nested``, jagged or strided: variable-length batches): PyTorch's
-  SDPA, which has kernels for them; ours take strided tensors of one shape (a `Problem`).
-"""
+- `sdpa_kernel` restrictions (PyTorch's global backend flags): while any backend is off the call goes to PyTorch's
+  SDPA as given, its backend choice and errors; opt out with ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1`` or
+  `respect_sdpa_kernel(False)`, except a mask with ``is_causal=True``, which stays PyTorch's
+  (`check_mask_with_causal`). `explain` names the restriction; a call over the memory budget warns once.
+- `CausalBias`: never read as a mask (uninitialised storage). Upper-left (or made for L == S) is ``is_causal=True``;
+  lower-right goes to the kernels (`Problem.causal_alignment`) except on the training route (PyTorch's handling).
+  With ``is_causal=True``: ValueError, as PyTorch.
+- Meta and nested tensors: PyTorch's SDPA.
+- `torch.autocast` never sees the dispatcher: `autocast_inputs` casts as autocast would, and
+  `attention_under_autocast` runs with autocast off."""
 
 from __future__ import annotations
 
@@ -48,18 +34,15 @@ from attn_dispatch.kernels.sdpa_default import BACKEND_SWITCHES, default_backend
 from attn_dispatch.models.environment import IGNORE_SDPA_KERNEL
 
 RESPECTING = [True]
-"""``[bool]``: whether restrictions are respected now (`respect_sdpa_kernel`, else
-``ATTN_DISPATCH_IGNORE_SDPA_KERNEL`` as `follow_environment` last read it), read in place by the
-per-call test, which is inlined in `Dispatcher.attention`: a restriction, a meta or nested query,
-or a mask that is not a plain tensor sends the call to `route`."""
+"""``[bool]``: whether restrictions are respected now, read in place by the per-call test inlined in
+`Dispatcher.attention` (which sends restricted, meta, nested or mask-subclass calls to `route`)."""
 _chosen: list[bool | None] = [None]  # `respect_sdpa_kernel`'s argument, which wins over the environment
 
 
 def respect_sdpa_kernel(enabled: bool | None = True) -> None:
-    """Whether calls made while PyTorch's SDPA backends are restricted go to PyTorch's SDPA
-    (default, unless ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``). `False` lets the dispatcher choose
-    among its own kernels even inside ``sdpa_kernel(...)``. True or False wins over the environment
-    variable for the rest of the process; None follows the variable again."""
+    """Whether calls made while PyTorch's SDPA backends are restricted go to PyTorch's SDPA (default, unless
+    ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1``). True or False overrides the variable for the rest of the process; None
+    follows it again."""
     if enabled is not None and not isinstance(enabled, bool):
         raise TypeError(f"respect_sdpa_kernel takes True, False or None, got {enabled!r}")
     _chosen[0] = enabled
@@ -70,16 +53,14 @@ def respect_sdpa_kernel(enabled: bool | None = True) -> None:
 
 
 def follow_environment() -> None:
-    """Read ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL`` now (a dispatcher, `install()` or `patched()`
-    starting), unless `respect_sdpa_kernel` chose; ValueError (one line) for a value not on/off."""
+    """Read ``ATTN_DISPATCH_IGNORE_SDPA_KERNEL`` now unless `respect_sdpa_kernel` chose (ValueError if not on/off)."""
     ignore = IGNORE_SDPA_KERNEL.read()
     if _chosen[0] is None:
         RESPECTING[0] = not ignore
 
 
 def _every_backend_enabled():
-    """``() -> bool``: are all of PyTorch's SDPA backends on? One expression, no loop: it runs on
-    every dispatcher call."""
+    """``() -> bool``: are all of PyTorch's SDPA backends on? (runs on every call: one expression)"""
     flash, efficient, math, cudnn = BACKEND_SWITCHES
     return lambda: flash() and efficient() and math() and cudnn()
 
@@ -88,29 +69,25 @@ _all_enabled = _every_backend_enabled()
 
 
 def backends_restricted() -> bool:
-    """Whether some PyTorch SDPA backend is switched off now (and restrictions are respected)."""
+    """Whether some SDPA backend is off now and restrictions are respected."""
     return RESPECTING[0] and not _all_enabled()
 
 
 def some_backend_off() -> bool:
-    """Whether some PyTorch SDPA backend is switched off now, whether or not restrictions are
-    respected: a kernel running PyTorch's SDPA may then fail for the switch, not for its problem."""
+    """Whether some SDPA backend is off now, respected or not (a PyTorch-backed kernel may then fail for the switch)."""
     return not _all_enabled()
 
 
-MASK_WITH_CAUSAL = (
-    "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True (PyTorch's SDPA "
-    "takes its MATH backend for these inputs, which refuses the pair): fold the causality into the mask "
-    "(mask & torch.ones(L, S, dtype=torch.bool).tril()) or pass only one of them"
-)
+MASK_WITH_CAUSAL = ("_scaled_dot_product_attention: Explicit attn_mask should not be set when "
+                    "is_causal=True (PyTorch's SDPA takes its MATH backend for these inputs, which refuses "
+                    "the pair): fold the causality into the mask (mask & torch.ones(L, S, "
+                    "dtype=torch.bool).tril()) or pass only one of them")
 
 
 def check_mask_with_causal(query, key, value, attn_mask, enable_gqa) -> None:
-    """A mask together with ``is_causal=True``: PyTorch's fused backends combine the two (a query
-    sees a key only where both allow it), its MATH backend raises RuntimeError. Raise it where
-    PyTorch takes MATH for these inputs (3-D inputs, or a size no fused backend takes), as asked of
-    PyTorch itself on the call's tensors (``torch._fused_sdp_choice``, about 2 us, once per new
-    shape). Traced tensors (torch.compile's fake ones) are not asked."""
+    """A mask with ``is_causal=True``: PyTorch's fused backends combine the two, its MATH backend raises
+    RuntimeError. Raise it where PyTorch would take MATH for these tensors (``torch._fused_sdp_choice``, once per new
+    shape); traced tensors are not asked."""
     if query.__class__ is not torch.Tensor:
         return
     gqa = {"enable_gqa": True} if enable_gqa else {}  # torch < 2.5: none
@@ -123,14 +100,12 @@ def check_mask_with_causal(query, key, value, attn_mask, enable_gqa) -> None:
 
 
 def all_strided(*tensors) -> bool:
-    """Every tensor given is strided (not sparse, not mkldnn): what our kernels and plans take; the
-    others go to PyTorch's SDPA, whose errors they get."""
+    """Every tensor given is strided (not sparse or mkldnn); the others go to PyTorch's SDPA."""
     return all(t is None or t.layout is torch.strided for t in tensors)
 
 
 def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """PyTorch's SDPA with the arguments as given (a `CausalBias` through its own handling, also
-    under torch.compile, where it must not reach the operator as a tensor)."""
+    """PyTorch's SDPA with the arguments as given (a `CausalBias` through its own handling)."""
     if is_causal_bias(attn_mask):
         gqa = {"enable_gqa": True} if enable_gqa else {}  # torch < 2.5 has no enable_gqa there
         return type(attn_mask)._dispatch(query, key, value, attn_mask, dropout_p, is_causal, scale, **gqa)
@@ -139,8 +114,7 @@ def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
 
 
 def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor | None:
-    """The output when the context decides the call, else None (the dispatcher goes on with the
-    same arguments: a lower-right `CausalBias` on the inference route, or a mask subclass)."""
+    """The output where the context decides the call, else None (the dispatcher goes on)."""
     if query.is_meta or query.is_nested:
         return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if backends_restricted() or (is_causal is True and attn_mask is not None and some_backend_off()):
@@ -164,8 +138,7 @@ def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale,
 
 
 def explain_arguments(query, key, attn_mask, is_causal) -> tuple[torch.Tensor | None, bool]:
-    """``(attn_mask, is_causal)`` as the dispatcher decides on them: an upper-left `CausalBias`
-    becomes ``is_causal=True`` (ValueError with ``is_causal`` already set)."""
+    """``(attn_mask, is_causal)`` as decided on: an upper-left `CausalBias` becomes ``is_causal=True``."""
     if is_causal_bias(attn_mask) and causal_bias_alignment(attn_mask, is_causal, query.shape[-2], key.shape[-2]) == "top_left":
         return None, True
     return attn_mask, is_causal
@@ -176,10 +149,9 @@ def explain_arguments(query, key, attn_mask, is_causal) -> tuple[torch.Tensor | 
 RESTRICTED_LEVEL = "sdpa_kernel"
 """`RankingSource.level` of a decision the caller's restriction made."""
 BACKEND_NAMES = ("flash", "efficient", "math", "cudnn")
-"""PyTorch's backends in the order of `sdpa_default.BACKEND_SWITCHES`."""
+"""PyTorch's backends in `sdpa_default.BACKEND_SWITCHES` order."""
 MAX_CHECKED_SHAPES = 4096
-"""Exact shapes whose restricted calls were checked against the budget, per process (then forgotten
-and checked again: a warning may repeat, a check never grows memory without bound)."""
+"""Exact shapes of restricted calls checked against the budget per process (then forgotten: a warning may repeat)."""
 OPT_OUT = "respect_sdpa_kernel(False) or ATTN_DISPATCH_IGNORE_SDPA_KERNEL=1 lets the dispatcher choose instead"
 
 _checked: set[tuple] = set()
@@ -194,16 +166,14 @@ def restriction_words() -> str:
 
 
 def needed_bytes(problem: Problem, training: bool) -> tuple[str, int]:
-    """The backend PyTorch runs `problem` with under the switches now (`default_backend_choice`) and
-    its extra memory: forward workspace, or forward and backward when `training`."""
+    """The backend PyTorch runs `problem` with now, and its extra memory (forward, plus backward when `training`)."""
     backend = default_backend_choice(problem)
     kernel = kernel_from_name(backend)
     return backend, int(training_bytes(kernel, problem) if training else kernel.workspace_bytes(problem))
 
 
 def restricted_decision(problem: Problem, device: torch.device, budget: int | None, *, training: bool) -> Decision:
-    """The decision of a call the caller's restriction decides: PyTorch's SDPA with the backend it
-    picks among those on, its memory, and whether that goes over `budget`."""
+    """The decision of a restricted call: PyTorch's SDPA, its backend and memory, and whether over `budget`."""
     backend, needed = needed_bytes(problem, training)
     notes = [f"the caller's {restriction_words()}: PyTorch's SDPA runs the call as given, with its {backend} "
              f"backend ({OPT_OUT})"]
@@ -222,8 +192,7 @@ def over_budget_words(backend: str, needed: int, budget: int, training: bool) ->
 
 
 def warn_if_over_budget(budget: int | None, query, key, value, attn_mask, is_causal, enable_gqa, training) -> None:
-    """Log one WARNING per exact shape whose restricted call needs more than `budget` (module
-    docstring). Never raises: a call PyTorch refuses raises its own error right after."""
+    """Log one WARNING per exact shape whose restricted call needs more than `budget`. Never raises."""
     if budget is None:
         return
     try:
@@ -246,12 +215,11 @@ def warn_if_over_budget(budget: int | None, query, key, value, attn_mask, is_cau
 # torch.autocast: the casts autocast would make for PyTorch's SDPA
 
 any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: False)
-"""``() -> bool``: some device's autocast is on (one C call; the warm path reads it only where the
-hot path missed)."""
+"""``() -> bool``: some device's autocast is on."""
 
 
 def autocast_dtype(device_type: str) -> torch.dtype | None:
-    """The dtype autocast casts SDPA's inputs to on `device_type` now, or None where it is off."""
+    """The dtype autocast casts SDPA's inputs to on `device_type` now, or None."""
     try:
         if not torch.is_autocast_enabled(device_type):
             return None
@@ -261,9 +229,8 @@ def autocast_dtype(device_type: str) -> torch.dtype | None:
 
 
 def autocast_inputs(query, key, value, attn_mask) -> tuple | None:
-    """``(query, key, value, attn_mask)`` as autocast hands them to SDPA (a `CausalBias` mask as
-    given), or None where autocast is off for the query's device type (or the arguments are not
-    tensors: validation speaks then)."""
+    """``(query, key, value, attn_mask)`` as autocast hands them to SDPA (floating, not float64, on its device type;
+    a `CausalBias` as given), or None where autocast is off or the arguments are not tensors."""
     try:
         device_type = query.device.type
     except AttributeError:

@@ -1,26 +1,6 @@
-"""How a kernel is selected: the whole decision, one stage after another.
-
-A size bucket (`decision_bucket`: batch and lengths rounded up to powers of two, everything else
-exact, on one device) is decided once, by `decide`, which runs these stages in order:
-
-1. `rank`: what can run the problem (each kernel's `reasons`, no failure remembered for the
-   bucket), in the ranker's order: the table's measured entry of the bucket first, then its cost
-   model, else the analytic prior (`device_ranking.DeviceRanking`).
-2. `fit`: memory fit: what fits in free memory and the budget; where nothing does, a `chunked`
-   kernel with smaller chunks.
-3. `keep_default_unmeasured`: with nothing measured on this card, PyTorch's own choice goes first.
-4. `measured_order`: a result measured on this bucket's own calls (this process, or kept in the
-   home) serves; else, where no measured entry of this card decides the bucket, its next calls
-   measure `measured_candidates` (`measuring.Trial`), the baseline serving meanwhile.
-
-Each exact shape then gets its plan from its bucket (`device_planner`), with one more stage:
-
-5. `new_shape_order`: set-up cost and settling: a kernel that sets up per exact shape (cuDNN)
-   moves behind one that is faster over the calls a shape gets, and the shape settles back on it
-   once it has been called often enough to pay the set-up (`settle_after`).
-
-Why each stage is there: docs/RESULTS.md#ablations.
-"""
+"""Kernel selection: `decide` decides a size bucket (`decision_bucket`) once, in stages `rank`, `fit`,
+`keep_default_unmeasured`, `measured_order` / `measured_candidates`; each exact shape then gets one more stage,
+`new_shape_order` / `compile_deferred_order` (set-up cost). Why each stage exists: docs/RESULTS.md#ablations."""
 
 from __future__ import annotations
 
@@ -75,14 +55,12 @@ class Fit:
 
 @dataclass(frozen=True)
 class Tuned:
-    """A bucket's result measured on its own calls: the kernel that serves it and every candidate's
-    median seconds per call (inf: it failed)."""
+    """A bucket's result measured on its calls: the serving kernel and each candidate's median seconds (inf: failed)."""
 
     kernel: str
     seconds: tuple[tuple[str, float], ...]
 
     def timings(self) -> str:
-        """``"sdpa_flash 0.034 ms, sdpa_default 0.029 ms"`` (a candidate that raised: "failed")."""
         return ", ".join(f"{name} {s * 1e3:.3g} ms" if math.isfinite(s) else f"{name} failed" for name, s in self.seconds)
 
     def note(self) -> str:
@@ -91,8 +69,8 @@ class Tuned:
 
 @dataclass(frozen=True)
 class Selection:
-    """A bucket's decision (`decide`): its options in try order, what was dropped and why, the notes
-    for `explain`, the measured seconds that ordered them, and the candidates its calls measure."""
+    """A bucket's decision: options in try order, drops, notes, the seconds that ordered them, the candidates to
+    measure."""
 
     ranked: Ranked
     options: tuple[Option, ...]
@@ -103,7 +81,7 @@ class Selection:
 
 
 def put_first(options: tuple[Option, ...], name: str) -> tuple[Option, ...]:
-    """`options` with kernel `name` moved to the front (unchanged when it is not among them)."""
+    """`options` with kernel `name` moved to the front (unchanged when absent)."""
     chosen = [o for o in options if o.kernel.name == name]
     return tuple(chosen + [o for o in options if o.kernel.name != name])
 
@@ -117,22 +95,17 @@ def is_default(option: Option) -> bool:
 
 
 def failure_bucket(problem: Problem) -> tuple:
-    """The bucket a run-time failure or a measured result is kept for: the problem with batch and
-    lengths rounded up to powers of two (`models.measured.length_bucket`) and the mask reduced to
-    which of its dimensions broadcast. It is a table's measured-entry key (`models.measured.entry_key`)."""
+    """The bucket a run-time failure or measured result is kept for (`models.measured.entry_key`)."""
     return entry_key(problem)
 
 
 def decision_bucket(problem: Problem) -> tuple:
-    """The bucket a decision is made once for: `failure_bucket`, the causal alignment (a lower-right
-    `CausalBias` runs on other kernels than top-left causality) and, on a GPU, whether the key count
-    is a multiple of `KEY_COUNT_MULTIPLE` (`keys_aligned`: our kernels' measured times carry only
-    within one; docs/RESULTS.md#ablations, key-alignment split)."""
+    """`failure_bucket` plus causal alignment and, on a GPU, `keys_aligned` (docs/RESULTS.md#ablations)."""
     return (*entry_key(problem), problem.causal_alignment, keys_aligned(problem))
 
 
 def keys_aligned(problem: Problem) -> bool | None:
-    """Whether `problem`'s key count is a multiple of `KEY_COUNT_MULTIPLE`; None on a CPU."""
+    """Whether the key count is a multiple of `KEY_COUNT_MULTIPLE`; None on a CPU."""
     return None if problem.device_type == "cpu" else key_count_aligned(problem.kv_len)
 
 
@@ -141,16 +114,8 @@ def keys_aligned(problem: Problem) -> bool | None:
 
 def rank(problem: Problem, kernels: Mapping[str, Kernel], ranking: DeviceRanking, failed: Mapping[str, str], *,
          policy: AccuracyPolicy) -> Ranked:
-    """Stage 1: the kernels that can run `problem`, in the ranker's order (the table's measured entry,
-    then its model, else the analytic prior), then the supported kernels it did not rank
-    (``sdpa_default`` first among them, so PyTorch's own choice is always a fallback). Kernels marked
-    ``last_resort`` (`core.LastResortDefault`) are never ranked.
-
-    Parameters
-    ----------
-    kernels: the dispatcher's kernel set by name.
-    failed: kernel name -> why it failed at run time in this problem's bucket (dropped).
-    """
+    """Stage 1: runnable kernels in ranker order, then unranked supported ones (``sdpa_default`` first);
+    ``last_resort`` kernels never; `failed` (name -> why) dropped."""
     last_resort = {name for name, kernel in kernels.items() if getattr(kernel, "last_resort", False)}
     ranked = ranking.rank(problem, [kernel for name, kernel in kernels.items() if name not in last_resort])
     options: list[Option] = []
@@ -188,11 +153,10 @@ def _consider(kernel, predicted, problem, failed, options, dropped) -> None:
 # ------------------------------------------------------------------------------------ stage 2: fit
 
 MIN_CHUNK = 16
-"""Smallest query or key block `shrink_chunked` goes down to (smaller blocks free almost nothing)."""
+"""Smallest query or key block `shrink_chunked` goes down to."""
 
 RECHECK_FRACTION = 0.25
-"""A decision whose workspace is above this fraction of the memory free when it was made is
-re-checked against free memory on every call (a judgement, keeping the re-check off small problems)."""
+"""A decision whose workspace exceeds this fraction of free memory re-checks it on every call."""
 
 FASTER_DID_NOT_FIT = "a faster kernel did not fit in the memory free now; dispatcher.reset() reconsiders it"
 
@@ -213,15 +177,13 @@ def over_limit_reason(workspace: int, free: int | None, budget: int | None) -> s
 
 
 def needs_recheck(workspace: int, free: int | None) -> bool:
-    """Re-check free memory on every call for this decision? (see `RECHECK_FRACTION`)"""
+    """Re-check free memory on every call for this decision? (`RECHECK_FRACTION`)"""
     return free is not None and workspace > RECHECK_FRACTION * free
 
 
 def fit(ranked: Ranked, *, free: int | None, budget: int | None, ranking: DeviceRanking,
         failed: Mapping[str, str]) -> Fit:
-    """Stage 2: the options whose workspace fits free memory and the budget; where none does, a
-    chunked kernel shrunk until one does (`shrink_chunked`). A last-resort option
-    (`core.LastResortDefault`) comes after all of them."""
+    """Stage 2: options fitting free memory and the budget, else a shrunk chunked kernel; last-resort options last."""
     fitting: list[Option] = []
     dropped: list[tuple[str, str]] = []
     dropped_for_free_memory = False
@@ -253,10 +215,8 @@ def fit(ranked: Ranked, *, free: int | None, budget: int | None, ranking: Device
 
 def shrink_chunked(problem: Problem, limit: int | None, failed: Mapping[str, str],
                    bytes_needed: Callable[[ChunkedKernel, Problem], int] | None = None) -> ChunkedKernel | None:
-    """The largest-chunked `ChunkedKernel` whose memory (`bytes_needed(kernel, problem)`, default
-    its forward workspace) fits `limit`, halving the larger of the query and key chunks from the
-    kernel's defaults (clipped to the problem) down to `MIN_CHUNK`. None when even the smallest
-    does not fit (the output alone may not)."""
+    """The largest-chunked `ChunkedKernel` whose `bytes_needed` (default: workspace) fits `limit`, down to
+    `MIN_CHUNK`; else None."""
     if limit is None:
         return None
     if bytes_needed is None:
@@ -279,7 +239,7 @@ def shrink_chunked(problem: Problem, limit: int | None, failed: Mapping[str, str
 # ------------------------------------------------------------------------------------ stage 3: nothing measured
 
 UNMEASURED_LEVELS = ("prior", "none")
-"""Ranking sources that measured nothing on this card: the analytic prior and the bare kernel order."""
+"""Ranking sources that measured nothing on this card."""
 
 DEFAULT_KEPT_UNMEASURED = ("no table measured on this card: PyTorch's own choice (sdpa_default) runs wherever it fits "
                            "until the bucket's calls measured another kernel faster; the prior only orders the kernels "
@@ -287,8 +247,8 @@ DEFAULT_KEPT_UNMEASURED = ("no table measured on this card: PyTorch's own choice
 
 
 def keep_default_unmeasured(options: tuple[Option, ...], level: str) -> tuple[tuple[Option, ...], str | None]:
-    """Stage 3: with nothing measured on this card (`UNMEASURED_LEVELS`), PyTorch's own choice first,
-    and the note saying so (docs/RESULTS.md#h100-without-tables)."""
+    """Stage 3: with nothing measured on this card, PyTorch's own choice first, with a note
+    (docs/RESULTS.md#h100-without-tables)."""
     if level not in UNMEASURED_LEVELS or not any(is_default(o) for o in options[1:]):
         return options, None
     return (*(o for o in options if is_default(o)), *(o for o in options if not is_default(o))), DEFAULT_KEPT_UNMEASURED
@@ -297,8 +257,7 @@ def keep_default_unmeasured(options: tuple[Option, ...], level: str) -> tuple[tu
 # ------------------------------------------------------------------------------------ stage 4: measured on calls
 
 MIN_WIN_MARGIN = 0.03
-"""A candidate replaces the baseline (PyTorch's own choice) only when faster by more than this
-fraction at the median of its paired rounds."""
+"""A candidate replaces the baseline only when faster by more than this fraction (median of paired rounds)."""
 
 RANKED_CANDIDATES = 2
 """The ranking's first choices measured besides the baseline (docs/RESULTS.md#ablations)."""
@@ -307,21 +266,18 @@ GPU_ALSO_MEASURED = "sdpa_flash"
 """Measured on a GPU bucket wherever it can run (docs/RESULTS.md#h200-grid)."""
 
 SETUP_FREE_MEASURED = 1
-"""Options free of per-shape set-up also measured where PyTorch's default pays one and flash cannot
-run the problem: the ranking's first such."""
+"""Set-up-free options also measured where the baseline sets up per shape and flash cannot run."""
 
 MAX_CANDIDATES = 7
 """Candidates of one bucket at most, the baseline included."""
 
 SAME_CARD_LEVELS = ("exact", "model")
-"""Table lookup levels whose measured entries were measured on this card model: a family stand-in's
-entries are another card's times, scaled, and decide nothing here."""
+"""Lookup levels whose measured entries are this card model's own."""
 
 
 def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -> bool:
-    """Whether a bucket measures its candidates on its calls: its device's calls can be timed without
-    waiting (`measuring.clock_for`) and no measured table entry of this card decides it
-    (`entry_decides`: `device_ranking.DeviceRanking.entry_decides`, at a lookup `level` of this card)."""
+    """Whether a bucket measures on its calls: its device can be timed without waiting and no same-card entry decides
+    it."""
     from attn_dispatch.dispatcher.measuring import clock_for  # measuring imports this module
 
     return clock_for(device) is not None and not (entry_decides and level in SAME_CARD_LEVELS)
@@ -329,22 +285,13 @@ def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -
 
 def measured_candidates(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
                         portable: bool = False, sets_up: frozenset[str] = frozenset()) -> tuple[Option, ...]:
-    """The options a bucket measures on its calls, the baseline first, then in the ranking's order;
-    empty where there is nothing to choose between:
+    """The options a bucket measures on its calls, baseline first, then ranking order; empty when nothing to choose:
 
-    - the baseline: PyTorch's default where it is a contender (what the caller had without us), else
-      the ranking's first choice (the portable set, gfx906's, where the default is the last resort);
-    - the ranking's first `RANKED_CANDIDATES` other options;
-    - on a GPU, `GPU_ALSO_MEASURED` wherever it runs; on a CPU, the ranking's first option of each of
-      our own kernel families not among those (`own_family_options`);
-    - where the baseline sets up per exact shape (`sets_up`: `costly_setups`), flash, else the
-      ranking's first option free of set-up (`SETUP_FREE_MEASURED`), so that a bucket whose shapes
-      keep changing swaps only to a kernel whose warm time was measured;
-    - decode on a GPU (one query row) with PyTorch's backends: only the ranking's first choice when
-      it is not the default.
-
-    At most `MAX_CANDIDATES`; the measuring's budget (`measuring.BUDGET_CALLS`) bounds what the
-    slower ones cost."""
+    - baseline: PyTorch's default where a contender, else the ranking's first (portable set);
+    - the first `RANKED_CANDIDATES` others; GPU: `GPU_ALSO_MEASURED`; CPU: each own family's first
+      (`own_family_options`);
+    - where the baseline sets up per shape (`sets_up`): flash, else the first set-up-free option;
+    - GPU decode with PyTorch's backends: only the ranking's first, when not the default. At most `MAX_CANDIDATES`."""
     default = next((option for option in options if is_default(option)), None)
     baseline = options[0] if portable or default is None else default
     others = [option for option in options if option is not baseline]
@@ -365,8 +312,7 @@ def measured_candidates(options: tuple[Option, ...], device: torch.device, probl
 
 
 def own_family_options(options: list[Option], picked: list[Option]) -> list[Option]:
-    """The first option of each of our own kernel families (`math`, `small_q`, `chunked`, conversions
-    of them) that `picked` lacks, in the ranking's order (measured on a CPU bucket)."""
+    """The first option of each of our own kernel families that `picked` lacks, in ranking order."""
     families = {working_family(option.kernel) for option in picked}
     chosen = []
     for option in options:
@@ -378,8 +324,7 @@ def own_family_options(options: list[Option], picked: list[Option]) -> list[Opti
 
 
 def measured_order(options: tuple[Option, ...], tuned: Tuned | None) -> tuple[tuple[Option, ...], dict[str, float]]:
-    """Stage 4, where the bucket was measured before: `tuned`'s kernel first (when it is among
-    `options`) and its measured seconds; else `options` unchanged and no seconds."""
+    """Stage 4: `tuned`'s kernel first (when among `options`) with its seconds; else `options` and no seconds."""
     if tuned is None or not any(option.kernel.name == tuned.kernel for option in options):
         return options, {}
     return put_first(options, tuned.kernel), dict(tuned.seconds)
@@ -389,23 +334,9 @@ def decide(problem: Problem, *, kernels: Mapping[str, Kernel], policy: AccuracyP
            failed: Mapping[str, str], free: int | None, budget: int | None, tuned: Tuned | None,
            measure: bool, device: torch.device, portable: bool,
            cold_costs: Mapping[str, Mapping[str, float]], notice: str | None = None) -> Selection:
-    """Stages 1-4 for `problem`'s bucket (module docstring).
-
-    Parameters
-    ----------
-    failed: kernel name -> why it failed at run time in this bucket (`device_planner.DeviceState`).
-    free, budget: bytes free on the device now (None: unknown) and the memory budget (None: none).
-    tuned: the bucket's result measured on its calls before (this process or the home), or None.
-    measure: measure the candidates on the bucket's calls where nothing measured decides it.
-    portable: the portable set (gfx906's): PyTorch's default is its last resort, not a contender.
-    cold_costs: measured per-shape set-up seconds (`models.probe_store`).
-    notice: a line for `explain` about the device's ranking (`device_ranking.no_table_line`).
-
-    Raises
-    ------
-    NoKernelError
-        When nothing can run the problem within the memory limit.
-    """
+    """Stages 1-4 for `problem`'s bucket; `NoKernelError` when nothing fits. `free`/`budget`: bytes (None:
+    unknown/none); `tuned`: the bucket's earlier result; `portable`: the default is a last resort; `cold_costs`:
+    `models.probe_store`."""
     ranked = rank(problem, kernels, ranking, failed, policy=policy)
     fitted = fit(ranked, free=free, budget=budget, ranking=ranking, failed=failed)
     if not fitted.options:
@@ -431,33 +362,27 @@ def decide(problem: Problem, *, kernels: Mapping[str, Kernel], policy: AccuracyP
 # ------------------------------------------------------------------------------------ stage 5: set-up cost
 
 CUDNN_COLD_SHAPE_PRIOR_S = 8e-3
-"""Seconds cuDNN attention spends on its first call at a new exact shape where calibration did not
-measure it (docs/RESULTS.md#per-shape-set-up-costs); other kernels are taken as free of per-shape
-set-up unless measured otherwise."""
+"""cuDNN's unmeasured first-call set-up at a new shape (docs/RESULTS.md#per-shape-set-up-costs)."""
 
 MATERIAL_SETUP_S = 1e-3
-"""A per-shape set-up worth timing another kernel against (`measured_candidates`;
-docs/RESULTS.md#per-shape-set-up-costs)."""
+"""A per-shape set-up worth timing another kernel against (docs/RESULTS.md#per-shape-set-up-costs)."""
 
 MIN_SHAPES_OF_HISTORY = 1
-"""Earlier exact shapes a bucket must have served before its calls per shape are estimated."""
+"""Earlier exact shapes needed before a bucket's calls per shape are estimated."""
 
 HISTORY = 8
-"""Most recent exact shapes of a bucket whose call counts estimate the next one's (the median)."""
+"""Recent exact shapes whose median call count estimates the next one's."""
 
 TIED_LOSS_SHARE = 0.05
-"""Share of the decided kernel's warm time that a kernel run in its place is taken to lose per call
-where the numbers say it loses nothing (the order put the decided kernel first all the same; a
-judgement: docs/RESULTS.md#ablations, settling)."""
+"""Least per-call loss assumed for a kernel run in place of the decided one, as a share of its time."""
 
 SETTLED = ("this exact shape has been called often enough to pay the chosen kernel's per-shape set-up "
            "(selection.settle_after): it now runs the bucket's decided kernel")
 
 
 def cold_kernel_family(kernel: Kernel, problem: Problem) -> str | None:
-    """The per-shape set-up this kernel pays on `problem`, named by the backend that pays it
-    (``"sdpa_cudnn"``), or None. ``sdpa_default`` pays it where PyTorch's own choice for such
-    problems is cuDNN; ``convert[...]+k`` where its inner kernel does."""
+    """The backend making `kernel` pay a per-shape set-up (``"sdpa_cudnn"``), through defaults and conversions; else
+    None."""
     inner = getattr(kernel, "inner", None)
     if inner is not None:
         return cold_kernel_family(inner, problem)
@@ -468,14 +393,12 @@ def cold_kernel_family(kernel: Kernel, problem: Problem) -> str | None:
 
 
 def cold_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mapping[str, float]]) -> float:
-    """Seconds `kernel`'s first call at a new exact shape spends setting up: its per-shape set-up
-    (`shape_setup_seconds`) and what it still has to compile in this process (`compile_seconds`)."""
+    """First-call set-up seconds at a new exact shape: `shape_setup_seconds` plus `compile_seconds`."""
     return shape_setup_seconds(kernel, problem, measured) + compile_seconds(kernel, problem)
 
 
 def compile_seconds(kernel: Kernel, problem: Problem) -> float:
-    """Seconds `kernel`'s next run of `problem` spends compiling in this process (a Triton kernel's
-    configuration not run here yet: `Kernel.setup_seconds`); 0 for every kernel that compiles nothing."""
+    """Seconds the next run spends compiling in this process (`Kernel.setup_seconds`), else 0."""
     inner = getattr(kernel, "inner", None)
     if inner is not None:
         return compile_seconds(inner, problem)
@@ -484,9 +407,7 @@ def compile_seconds(kernel: Kernel, problem: Problem) -> float:
 
 
 def shape_setup_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mapping[str, float]]) -> float:
-    """Seconds of per-shape set-up on the first call of `kernel` at a new exact shape: measured on
-    this card for this kernel and kind of problem (`models.probe_store`) when it was, else
-    the prior of the backend that pays it (`cold_kernel_family`), else 0."""
+    """Per-shape set-up seconds: measured on this card, else the paying backend's prior, else 0."""
     kind = kind_of(problem.q_len)
     by_kind = measured.get(kernel.name)
     if by_kind is not None and kind in by_kind:
@@ -499,7 +420,7 @@ def shape_setup_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str,
 
 def costly_setups(options: Iterable[Option], problem: Problem,
                   measured: Mapping[str, Mapping[str, float]]) -> frozenset[str]:
-    """Names of the `options` whose per-shape set-up on `problem` is material (`MATERIAL_SETUP_S`)."""
+    """Names of `options` whose per-shape set-up is at least `MATERIAL_SETUP_S`."""
     return frozenset(o.kernel.name for o in options if cold_seconds(o.kernel, problem, measured) >= MATERIAL_SETUP_S)
 
 
@@ -512,8 +433,7 @@ def calls_per_shape(counts: Iterable[int]) -> float | None:
 
 
 def expected_seconds(warm_s: float | None, cold_s: float, expected_calls: float | None) -> float | None:
-    """Seconds per call over an exact shape's life: warm time plus the set-up spread over the
-    calls the shape is expected to get. None when the warm time is unknown and nothing is added."""
+    """Per-call seconds over a shape's life: warm time plus set-up over the expected calls; None when unknown."""
     extra = cold_s / expected_calls if cold_s and expected_calls else 0.0
     if warm_s is None:
         return extra or None
@@ -521,9 +441,8 @@ def expected_seconds(warm_s: float | None, cold_s: float, expected_calls: float 
 
 
 def settle_after(cold_s: float, warm_first_s: float | None, warm_chosen_s: float | None) -> int:
-    """Calls of one exact shape after which its plan moves to the kernel that sets up per shape
-    (0: never): once the calls have lost as much as the set-up costs (the ski-rental rule). The
-    loss per call is at least `TIED_LOSS_SHARE` of the decided kernel's time; 0 where none is known."""
+    """Calls after which a shape moves to the set-up-paying kernel (0: never): once the loss matches the set-up (ski
+    rental)."""
     if not cold_s or warm_first_s is None or warm_chosen_s is None:
         return 0
     loss = max(warm_chosen_s - warm_first_s, TIED_LOSS_SHARE * warm_first_s)
@@ -533,9 +452,7 @@ def settle_after(cold_s: float, warm_first_s: float | None, warm_chosen_s: float
 
 
 def floor_seconds(kernel: Kernel, floors: Mapping[str, Mapping[str, float]]) -> float | None:
-    """`kernel`'s measured per-call floor: the smallest back-to-back time measured for it or another
-    variant of its family; None when none was, and for PyTorch's fused backends. Bounds an
-    unmeasured prediction from below in `new_shape_order`."""
+    """`kernel`'s (or its family's) smallest measured back-to-back time; None if unmeasured or a fused backend."""
     if uses_fused_backend(kernel):
         return None
     inner = getattr(kernel, "inner", None)
@@ -551,17 +468,10 @@ def floor_seconds(kernel: Kernel, floors: Mapping[str, Mapping[str, float]]) -> 
 def new_shape_order(options: tuple[Option, ...], warm: Sequence[float | None], cold: Sequence[float],
                     measured: frozenset[str], history: Iterable[int], is_set_up: Callable[[str], bool],
                     floors: Mapping[str, Mapping[str, float]]) -> tuple[tuple[Option, ...], tuple[str, ...], int]:
-    """Stage 5: a bucket's options in try order for a new exact shape, with notes and the calls after
-    which the shape settles (0: never). The decided order, except that a first option paying a
-    per-shape set-up it has not paid for this shape (`is_set_up(name)`: has kernel `name` run this
-    exact shape already?) moves behind the option fastest over the calls a shape gets (`history`:
-    the bucket's recent shapes' call counts), and the shape settles on it once it has lost as much
-    per call as the set-up costs (`settle_after`).
+    """Stage 5: options in try order for a new shape, notes, and the calls before it settles (0: never).
 
-    `warm`: seconds per warm call of each option, measured (`measured`: their names) or predicted;
-    `cold`: each option's set-up seconds (`cold_seconds`). Where the bucket's calls measured options,
-    only a measured one may run a new shape in place of the first: a table's prediction can be far
-    off (`may_replace_first`)."""
+    A first option with an unpaid set-up (`is_set_up`) moves behind the option fastest over a shape's expected calls
+    (`history`), until `settle_after`; only `may_replace_first` options may take its place."""
     if not cold or not cold[0]:
         return options, (), 0
     expected_calls = calls_per_shape(history)
@@ -592,15 +502,9 @@ def new_shape_order(options: tuple[Option, ...], warm: Sequence[float | None], c
 def compile_deferred_order(options: tuple[Option, ...], warm: Sequence[float | None], cold: Sequence[float],
                            compiling: float, measured: frozenset[str],
                            ) -> tuple[tuple[Option, ...], tuple[str, ...], int]:
-    """Stage 5 for a first option that would compile on this call (`compiling` seconds: a Triton
-    configuration this process has not run): the options in try order with notes, and the bucket's
-    calls after which it runs the first option all the same (0: the decided order now).
-
-    The fastest option that sets up nothing (by `warm`, seconds per call; one the bucket's calls
-    measured where they measured any) runs first; once its calls have lost as much against the first
-    option's time as the compile costs, the bucket compiles (`settle_after`, the bound that never
-    spends more than twice the better choice in hindsight). A first call never waits a compile for a
-    kernel whose gain has not paid for it."""
+    """Stage 5 when the first option would compile now (`compiling` s): the fastest set-up-free option runs first
+    until its calls lost what the compile costs (`settle_after`); returns options, notes and those calls (0: decided
+    order)."""
     if not compiling or warm[0] is None:
         return options, (), 0
     free = [i for i in range(1, len(options))
@@ -618,6 +522,5 @@ def compile_deferred_order(options: tuple[Option, ...], warm: Sequence[float | N
 
 
 def may_replace_first(option: Option, measured: frozenset[str]) -> bool:
-    """Whether `option` may run a new shape in place of the decided kernel: where the bucket's calls
-    measured options, only a measured one; where nothing was measured, any option."""
+    """Whether `option` may replace the decided kernel on a new shape: any, or only measured ones where any were."""
     return not measured or option.kernel.name in measured

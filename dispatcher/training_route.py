@@ -1,16 +1,8 @@
-"""The training route: a call whose inputs require grad runs the fastest kernel with a backward
-whose forward-plus-backward memory fits the budget.
-
-`choose_training` is the decision (a pure function of the ranked options, the problem and the
-memory limits); `TrainingRoute` caches it per problem, logs it once, says loudly (a WARNING, once
-per problem) when nothing fits and the route goes over the budget, and builds the `Decision`
-that `Dispatcher.explain` returns. Dropout and a mask that requires grad never come here: only
-PyTorch's SDPA does them (`cold_path.ColdPath.training`).
-
-Order: measured forward+backward times from a training profile (`calibration.training_profile`,
-found through `models.training_times`) where there are some, else the inference ranking's
-order (a kernel fast forward is fast backward: both are the same tiles).
-"""
+"""The training route: a call whose inputs require grad runs the fastest kernel with a backward whose
+forward-plus-backward memory fits the budget (`choose_training`), ordered by measured training times
+(`models.training_times`) where there are some, else the inference order. `TrainingRoute` caches the choice per
+problem and warns once when it goes over budget. Dropout and a mask requiring grad go to PyTorch's SDPA
+(`cold_path.ColdPath.training`)."""
 
 from __future__ import annotations
 
@@ -35,9 +27,7 @@ from attn_dispatch.models.training_times import TrainingTimes
 
 
 def pytorch_route_reason(dropout_p: float, inputs_grad: bool, mask_grad: bool, kernel: Kernel) -> str | None:
-    """Why a call goes to PyTorch's SDPA on the training route; None when `kernel` (the decision)
-    runs it. `inputs_grad` / `mask_grad`: grad is enabled and query, key or value / the mask
-    requires it. `Dispatcher.attention` and `Dispatcher._training` apply the same rule inline (warm path)."""
+    """Why a call goes to PyTorch's SDPA on the training route; None when `kernel` runs it."""
     if dropout_p != 0.0:
         return f"dropout_p={dropout_p} (only PyTorch's SDPA does dropout)"
     if mask_grad:
@@ -49,17 +39,9 @@ def pytorch_route_reason(dropout_p: float, inputs_grad: bool, mask_grad: bool, k
 
 @dataclass(frozen=True)
 class TrainingChoice:
-    """What the training route runs for one problem.
-
-    Attributes
-    ----------
-    kernel: the chosen kernel; None means PyTorch's SDPA (no kernel with a backward can run).
-    workspace_bytes: its forward+backward bound (None when unknown).
-    candidates: kernels with a backward that fit, in the order they would be tried.
-    dropped: ``(name, reason)`` for kernels without a backward or over the memory limit.
-    over_budget: nothing with a backward fits; the smallest runs anyway.
-    notes: why, in words (`explain` and the log show them).
-    """
+    """What the training route runs for one problem: `kernel` (None: PyTorch's SDPA), its forward+backward bound,
+    fitting `candidates` in try order, `dropped` with reasons, `over_budget` (nothing fits: the smallest runs anyway)
+    and `notes`."""
 
     kernel: Kernel | None
     workspace_bytes: int | None
@@ -74,9 +56,7 @@ class TrainingChoice:
 
 
 def order_for_training(options: Sequence[Option], measured: Mapping[str, float] | None) -> list[Option]:
-    """Options with measured forward+backward times first (fastest first), then the rest in the
-    ranked order they came in; a last-resort option (`core.LastResortDefault`) stays last
-    whatever its time, as on the inference route."""
+    """Options with measured forward+backward times first (fastest first), then ranked order; last resorts last."""
     last = [o for o in options if getattr(o.kernel, "last_resort", False)]
     ranked = [o for o in options if o not in last]
     if measured:
@@ -86,11 +66,7 @@ def order_for_training(options: Sequence[Option], measured: Mapping[str, float] 
 
 
 def in_decided_order(plan) -> tuple[Option, ...]:
-    """`plan`'s ranked options in its bucket's decided order: the kernels the decision kept (PyTorch's
-    default first where no table measured this card, a tuned or verified kernel first) lead, the
-    rest (dropped for inference memory) follow in ranked order. With no table the ranked order is
-    the analytic prior's, which put `chunked` before PyTorch's default on a CPU training call and
-    took 10.6-13.5 s against its 0.67-0.99 s (a new user's run, fp32 B1 H8 L2048 D64, causal)."""
+    """`plan`'s ranked options in its bucket's decided order, then the rest (docs/RESULTS.md#training-memory)."""
     decided = [option.kernel.name for option in plan.bucket.options]
     ranked = plan.ranked.options
     position = {name: i for i, name in enumerate(decided)}
@@ -98,29 +74,16 @@ def in_decided_order(plan) -> tuple[Option, ...]:
 
 
 def shrink_for_training(problem: Problem, limit: int, failed: Mapping[str, str]) -> ChunkedKernel | None:
-    """The largest-chunked `ChunkedKernel` whose forward+backward bound fits `limit`
-    (`selection.shrink_chunked` with `training_bytes`). None when even the smallest is over."""
+    """`selection.shrink_chunked` by forward+backward bound (`training_bytes`)."""
     return shrink_chunked(problem, limit, failed, training_bytes)
 
 
-def choose_training(
-    options: Sequence[Option],
-    problem: Problem,
-    *,
-    free: int | None,
-    budget: int | None,
-    failed: Mapping[str, str] | None = None,
-    measured: Mapping[str, float] | None = None,
-) -> TrainingChoice:
-    """The training route's decision for `problem`.
-
-    Parameters
-    ----------
-    options: the problem's runnable kernels in inference-ranking order (`selection.Ranked.options`).
-    free, budget: free device memory and the configured budget in bytes (None: unknown / none).
-    failed: kernel name -> why it failed on this route (not chosen again).
-    measured: kernel name -> measured forward+backward seconds for this problem's bucket.
-    """
+def choose_training(options: Sequence[Option], problem: Problem, *, free: int | None, budget: int | None,
+                    failed: Mapping[str, str] | None = None,
+                    measured: Mapping[str, float] | None = None) -> TrainingChoice:
+    """The training route's decision for `problem`. `options`: runnable kernels in inference order; `free`, `budget`:
+    bytes (None: unknown / none); `failed`: name -> why it failed on this route; `measured`: name -> forward+backward
+    seconds."""
     failed = failed or {}
     limit = memory_limit(free, budget)
     fitting: list[tuple[Option, int]] = []
@@ -169,21 +132,15 @@ def choose_training(
 
 
 def training_decision(decision: Decision, choice: TrainingChoice) -> Decision:
-    """The inference `decision` turned into the training route's (what `explain` returns)."""
-    return replace(
-        decision, kernel=choice.name, params={} if choice.kernel is None else dict(choice.kernel.params),
-        route=ROUTE_TRAINING, candidates=choice.candidates or decision.candidates,
-        dropped=choice.dropped, notes=(*decision.notes, *choice.notes),
-    )
+    """The inference `decision` turned into the training route's (`explain`)."""
+    return replace(decision, kernel=choice.name,
+                   params={} if choice.kernel is None else dict(choice.kernel.params), route=ROUTE_TRAINING,
+                   candidates=choice.candidates or decision.candidates, dropped=choice.dropped,
+                   notes=(*decision.notes, *choice.notes))
 
 
 class TrainingRoute:
-    """The dispatcher's training decisions, one per (problem, device, budget), made once.
-
-    Parameters
-    ----------
-    times: measured forward+backward times (default: the profile `TrainingTimes.from_env` finds).
-    """
+    """Training decisions, one per (problem, device, budget); `times` defaults to `TrainingTimes.from_env`."""
 
     def __init__(self, times: TrainingTimes | None = None) -> None:
         self._times = times
@@ -197,11 +154,9 @@ class TrainingRoute:
         return self._times
 
     def choose(self, plan, budget: int | None) -> TrainingChoice:
-        """The choice for `plan` (a `_plan.Plan`: problem, device, ranked options, decision)."""
         return self._entry(plan, budget)[0]
 
     def decision(self, plan, budget: int | None) -> Decision:
-        """The training route's `Decision` for `plan` (`explain`)."""
         return self._entry(plan, budget)[1]
 
     def _entry(self, plan, budget: int | None) -> tuple[TrainingChoice, Decision]:

@@ -1,17 +1,10 @@
-"""kernels: what runs. Attention implementations with exact `F.scaled_dot_product_attention`
-semantics, each declaring what it supports (`reasons`) and its extra memory (`workspace_bytes`).
-
-No dependency on the other packages of attn-dispatch.
-"""
+"""kernels: attention implementations with exact `F.scaled_dot_product_attention` semantics, each declaring what it
+supports (`reasons`) and its extra memory (`workspace_bytes`). No dependency on the other packages."""
 
 if __name__ == "kernels":
-    # This folder was imported as a top-level package named `kernels`, not as
-    # `attn_dispatch.kernels`: Python puts the current directory first on sys.path, so from the
-    # clone root it would hide the `kernels` package installed there (Hugging Face's, which
-    # transformers >= 5 imports). Step aside: load that one in our place; without one, leave an empty
-    # namespace package (what Python gives for a folder without __init__.py: no __file__, no
-    # __version__), which is how transformers' availability check tells a shadowing folder from an
-    # installed package (raising here instead would break `import transformers` when it looks).
+    # Imported as top-level `kernels` (from the clone root), this folder would hide Hugging Face's installed
+    # `kernels` package (which transformers >= 5 imports): load that one in our place, else leave an empty
+    # namespace package, which transformers' availability check tells from an installed one.
     def _load_the_installed_kernels() -> None:
         import importlib.machinery
         import importlib.util
@@ -61,10 +54,9 @@ else:
     from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
     from attn_dispatch.kernels.triton_flash import TritonFlashKernel
 
-    __all__ = [
-        "LOSSLESS", "AccuracyPolicy", "Kernel", "UnsupportedProblemError", "ChunkedKernel",
-        "ConvertKernel", "MathKernel", "Problem", "reference_attention", "relative_errors", "FAMILIES",
-        "all_kernels", "kernel_from_name", "param_space", "portable_kernels", "SdpaCudnnKernel",
-        "SdpaDefaultKernel", "SdpaEfficientKernel", "SdpaFlashKernel", "SdpaGqaFoldKernel", "SdpaMathKernel",
-        "SmallQKernel", "TOLERANCES", "Tolerance", "TritonDecodeKernel", "TritonFlashKernel",
-    ]
+    __all__ = ["LOSSLESS", "AccuracyPolicy", "Kernel", "UnsupportedProblemError", "ChunkedKernel",
+               "ConvertKernel", "MathKernel", "Problem", "reference_attention", "relative_errors", "FAMILIES",
+               "all_kernels", "kernel_from_name", "param_space", "portable_kernels", "SdpaCudnnKernel",
+               "SdpaDefaultKernel", "SdpaEfficientKernel", "SdpaFlashKernel", "SdpaGqaFoldKernel",
+               "SdpaMathKernel", "SmallQKernel", "TOLERANCES", "Tolerance", "TritonDecodeKernel",
+               "TritonFlashKernel"]

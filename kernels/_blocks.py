@@ -1,15 +1,7 @@
-"""Building blocks shared by the portable kernels: scores of a block of query rows against a
-block of keys, masking, partial softmax, and the online-softmax merge.
-
-Layout: query heads are grouped by the key/value head they read (GQA without repeating K/V).
-A block of ``Lc`` query positions becomes ``R = G * Lc`` rows per key/value head:
-``rows [B, Hkv, R, E]``; scores ``[B, Hkv, R, Sc]`` are viewed as ``[B, Hkv, G, Lc, Sc]`` to mask.
-Scores and softmax statistics are fp32 (fp64 for fp64 inputs), as in PyTorch's math path: an
-fp16 QK^T overflows once a dot product passes 65504 (PyTorch's regression test for its issue
-#160841), and half-precision scores round large logits by whole units. Half inputs are multiplied
-with an fp32 result where the device has such a product (`aten::bmm.dtype`, CUDA builds of
-torch >= 2.8), otherwise they are upcast first (`score_recipe`).
-"""
+"""Building blocks of the portable kernels: scores of query rows against a key block, masking, partial softmax and
+the online-softmax merge. Query heads are grouped by their key/value head (GQA without repeating K/V): a block of
+``Lc`` query positions is ``rows [B, Hkv, R = G * Lc, E]``. Scores and softmax statistics are fp32 (fp64 for fp64),
+as in PyTorch's math path: fp16 QK^T overflows past 65504 (`score_recipe`)."""
 
 from __future__ import annotations
 
@@ -22,19 +14,17 @@ from attn_dispatch.kernels.problem import Problem
 
 NEG_INF = float("-inf")
 KEY_COUNT_MULTIPLE = 8
-"""Key counts that are a multiple of this run our portable kernels' matrix products on their fast
-paths; other counts run them about twice as slowly on a GPU (docs/RESULTS.md#kernels-per-call), so
-measured entries carry only between calls on the same side of it
-(`dispatcher.ranking.measured_alignment_carries`)."""
+"""Key counts that are a multiple of this run our kernels' matrix products on their fast paths
+(docs/RESULTS.md#kernels-per-call); measured entries carry only within one side
+(`dispatcher.device_ranking.measured_alignment_carries`)."""
 
 
 def key_count_aligned(kv_len: int) -> bool:
-    """Whether `kv_len` keys are a multiple of `KEY_COUNT_MULTIPLE`."""
     return kv_len % KEY_COUNT_MULTIPLE == 0
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp32 for half-precision inputs, the input dtype otherwise."""
+    """float64 for float64 inputs, else float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -47,9 +37,7 @@ _fp32_product: dict[tuple[str, torch.dtype], bool] = {}
 
 
 def has_fp32_output_product(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether `torch.bmm` multiplies `dtype` inputs into an fp32 result on this device type
-    (``aten::bmm.dtype`` and ``aten::baddbmm.dtype``; probed once per device type and dtype with a
-    1x1 product)."""
+    """Whether `torch.bmm` multiplies `dtype` into an fp32 result on this device type (probed once)."""
     cache_key = (device.type, dtype)
     known = _fp32_product.get(cache_key)
     if known is None:
@@ -78,25 +66,19 @@ class ScoreRecipe(NamedTuple):
 
 
 def fp32_product(batch1: torch.Tensor, batch2: torch.Tensor, out: torch.Tensor, scale: float) -> torch.Tensor:
-    """``out = scale * batch1 @ batch2`` in fp32 from half operands ``[N, R, E] @ [N, E, S]``
-    (only where `has_fp32_output_product`): the scale is the GEMM's alpha, so the scores are
-    scaled with no pass of their own (docs/RESULTS.md#kernels-per-call: a separate multiply
-    costs more)."""
+    """``out = scale * batch1 @ batch2`` in fp32 from half operands, the scale as the GEMM's alpha."""
     if scale == 1.0:
         return torch.ops.aten.bmm.dtype_out(batch1, batch2, torch.float32, out=out)
     return torch.ops.aten.baddbmm.dtype_out(out, batch1, batch2, torch.float32, beta=0, alpha=scale, out=out)
 
 
 def score_recipe(dtype: torch.dtype, device: torch.device, scale: float) -> ScoreRecipe:
-    """Scores in fp32 from half inputs, at the least cost the device allows.
+    """Scores in fp32 from half inputs, at the least cost the device allows:
 
-    - fp32 / fp64 inputs, or half inputs whose scale is a power of two <= 1 on a device with an
-      fp32-result product: the scale is folded into Q (exact) and Q, K enter in their own dtype.
-    - half inputs with any other scale (1/sqrt(128) is not a power of two) on such a device: Q
-      and K enter unscaled and the fp32 scores are scaled (one pass over the scores, cheaper than
-      upcasting, which copies the keys to fp32).
-    - half inputs elsewhere (CPU): Q and K are upcast to fp32 and the scale folded into Q.
-    """
+    - fp32 / fp64 inputs, or half inputs with a power-of-two scale <= 1 on a device with an fp32-result product: the
+      scale folded into Q (exact), Q and K in their own dtype;
+    - half inputs with another scale on such a device: Q and K unscaled, the fp32 scores scaled;
+    - half inputs elsewhere (CPU): Q and K upcast to fp32, the scale folded into Q."""
     if dtype not in HALF_DTYPES:
         return ScoreRecipe(dtype, scale, 1.0)
     if not has_fp32_output_product(device, dtype):
@@ -107,18 +89,14 @@ def score_recipe(dtype: torch.dtype, device: torch.device, scale: float) -> Scor
 
 
 def _exact_in_half(scale: float) -> bool:
-    """Whether multiplying a half-precision query by `scale` rounds nothing: a power of two. Any
-    other scale (1/sqrt(128)) rounds each scaled element by up to 2^-11 of itself, which moves
-    logits of large fp16 inputs by whole units: such scales are applied to the fp32 scores instead."""
+    """Whether multiplying a half-precision query by `scale` rounds nothing (a power of two)."""
     mantissa, _ = math.frexp(abs(scale))
     return scale != 0.0 and mantissa == 0.5
 
 
-def query_rows(
-    query: torch.Tensor, rows: slice, problem: Problem, scale: float, dtype: torch.dtype | None = None
-) -> torch.Tensor:
-    """``query [B, Hq, L, E]`` positions `rows`, multiplied by `scale`, in `dtype` (default: the
-    query's; see `score_recipe`) -> ``[B, Hkv, G * Lc, E]`` (a new contiguous tensor)."""
+def query_rows(query: torch.Tensor, rows: slice, problem: Problem, scale: float,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``query`` positions `rows` times `scale` in `dtype` (default: the query's) -> new ``[B, Hkv, G * Lc, E]``."""
     source = query[:, :, rows]
     dtype = source.dtype if dtype is None else dtype
     block = torch.empty(source.shape, dtype=dtype, device=source.device)  # contiguous
@@ -132,15 +110,12 @@ def query_rows(
 
 
 def score_keys(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``key [B, Hkv, S, E]`` in the score operand dtype (the tensor itself when it already is)."""
+    """``key`` in the score operand dtype (itself when it already is)."""
     return key if key.dtype == dtype else key.to(dtype)
 
 
 def block_scores(rows: torch.Tensor, key_block: torch.Tensor, score_scale: float = 1.0) -> torch.Tensor:
-    """``score_scale * rows [B, Hkv, R, E] @ key_block [B, Hkv, Sc, E]^T`` -> fp32 (fp64) scores
-    ``[B, Hkv, R, Sc]``.
-
-    Half operands (only where `has_fp32_output_product`) are multiplied into an fp32 result."""
+    """``score_scale * rows [B, Hkv, R, E] @ key_block [B, Hkv, Sc, E]^T`` -> fp32 (fp64) scores ``[B, Hkv, R, Sc]``."""
     if rows.dtype not in HALF_DTYPES:
         scores = torch.matmul(rows, key_block.transpose(-1, -2))
         return scores if score_scale == 1.0 else scores.mul_(score_scale)
@@ -151,9 +126,7 @@ def block_scores(rows: torch.Tensor, key_block: torch.Tensor, score_scale: float
 
 
 def causal_blocked(rows: slice, cols: slice, device: torch.device, offset: int = 0) -> torch.Tensor | None:
-    """``[Lc, Sc]`` bool, True where key position > query position + `offset` (0: top-left
-    causal; ``S - L``: bottom-right, `Problem.causal_offset`); None when nothing in the block is
-    blocked."""
+    """``[Lc, Sc]`` bool, True where key > query + `offset` (`Problem.causal_offset`); None if nothing is blocked."""
     if cols.stop - 1 <= rows.start + offset:
         return None
     q_pos = torch.arange(rows.start + offset, rows.stop + offset, device=device)
@@ -166,19 +139,10 @@ def fully_blocked_by_causality(rows: slice, cols: slice, offset: int = 0) -> boo
     return cols.start > rows.stop - 1 + offset
 
 
-def mask_scores_(
-    scores: torch.Tensor,
-    mask: torch.Tensor | None,
-    causal: bool,
-    rows: slice,
-    cols: slice,
-    problem: Problem,
-) -> None:
-    """Apply the attention mask and causality to ``scores [B, Hkv, G*Lc, Sc]`` in place.
-
-    mask: ``[B|1, Hq|1, L|1, S|1]``; bool (True = attend) or float (added). A bool mask is inverted
-    block by block, so no full-size temporary is made.
-    """
+def mask_scores_(scores: torch.Tensor, mask: torch.Tensor | None, causal: bool, rows: slice, cols: slice,
+                 problem: Problem) -> None:
+    """Apply the mask (``[B|1, Hq|1, L|1, S|1]``, bool True = attend, or float added) and causality to ``scores [B,
+    Hkv, G*Lc, Sc]`` in place; bool masks are inverted per block."""
     if mask is None and not causal:
         return
     scores5 = scores.view(problem.batch, problem.kv_heads, problem.gqa_ratio, -1, scores.shape[-1])
@@ -202,19 +166,11 @@ def mask_scores_(
             scores5.masked_fill_(blocked, NEG_INF)
 
 
-def softmax_partials(
-    scores: torch.Tensor, value_block: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Unnormalised softmax of one block and its product with the values.
-
-    scores: ``[B, Hkv, R, Sc]`` fp32, consumed (overwritten with probabilities).
-    value_block: ``[B, Hkv, Sc, Ev]``.
-
-    Returns
-    -------
-    row_max ``[B, Hkv, R, 1]`` (-inf for rows with every key blocked), row_sum ``[B, Hkv, R, 1]``,
-    out ``[B, Hkv, R, Ev]`` (fp32; the unnormalised ``exp(scores - max) @ V``).
-    """
+def softmax_partials(scores: torch.Tensor,
+                     value_block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unnormalised softmax of one block (``scores [B, Hkv, R, Sc]`` fp32, overwritten) and its product with
+    ``value_block [B, Hkv, Sc, Ev]``. Returns row_max (-inf on fully blocked rows), row_sum and the fp32 ``exp(scores
+    - max) @ V``."""
     row_max = scores.amax(dim=-1, keepdim=True)
     safe_max = row_max.masked_fill(row_max == NEG_INF, 0.0)
     probs = scores.sub_(safe_max).exp_()
@@ -229,10 +185,7 @@ def normalise(out: torch.Tensor, row_sum: torch.Tensor, dtype: torch.dtype) -> t
 
 
 class OnlineSoftmax:
-    """Merges per-block softmax partials (flash-attention's online softmax).
-
-    State per row: running max ``m``, running sum ``l`` and unnormalised output ``acc``.
-    """
+    """Merges per-block softmax partials (flash-attention's online softmax): running max, sum and output per row."""
 
     def __init__(self) -> None:
         self.row_max: torch.Tensor | None = None
@@ -252,7 +205,6 @@ class OnlineSoftmax:
         self.row_max = new_max
 
     def result(self, dtype: torch.dtype) -> torch.Tensor:
-        """``[B, Hkv, R, Ev]`` normalised output in `dtype`."""
         if self.out is None:
             raise RuntimeError("OnlineSoftmax.result() called before any update()")
         return normalise(self.out, self.row_sum, dtype)
@@ -265,24 +217,16 @@ def scatter_rows(out: torch.Tensor, block: torch.Tensor, rows: slice, problem: P
 
 
 def score_keys_bytes(problem: Problem) -> int:
-    """Bytes of `score_keys`'s fp32 copy of the keys: half inputs on a device not known to give
-    fp32 scores from half operands (`has_fp32_output_product`; counted until the probe has run)."""
+    """Bytes of `score_keys`'s fp32 copy of half keys where the device is not known to have an fp32-result product."""
     if problem.itemsize >= 4 or _fp32_product.get((problem.device_type, problem.torch_dtype)):
         return 0
     return problem.batch * problem.kv_heads * problem.kv_len * problem.head_dim * 4
 
 
 def block_workspace_bytes(problem: Problem, q_rows: int, kv_cols: int) -> int:
-    """Peak extra bytes of one (query block x key block) step, for `q_rows` query positions and
-    `kv_cols` keys, counted tensor by tensor from `query_rows` .. `softmax_partials`:
-
-    - scaled query rows: ``B*Hq*Lc*E`` elements (fp32 counted);
-    - fp32 scores and the probabilities cast back to the input dtype for the PV product (the
-      input dtype counted twice: bounds the older fp16-scores path too);
-    - the inverted bool mask block and the causal block: 1 byte each per (row, col);
-    - partial output in the input dtype and fp32, plus the running accumulator (fp32);
-    - row statistics (max, safe max, sum, weights): 6 fp32 values per row.
-    """
+    """Peak extra bytes of one (query block x key block) step, tensor by tensor from `query_rows` to
+    `softmax_partials`: scaled rows, fp32 scores and cast probabilities, mask and causal blocks, partial outputs and
+    accumulator, row statistics."""
     item, acc = problem.itemsize, accumulation_itemsize(problem)
     rows = problem.batch * problem.q_heads * q_rows
     score_elem = acc + (2 * item if item != acc else 0)

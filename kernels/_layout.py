@@ -1,10 +1,6 @@
-"""SDPA input validation and the canonical 4-D views every kernel computes on.
-
-Canonical form: query ``[B, Hq, L, E]``, key ``[B, Hkv, S, E]``, value ``[B, Hkv, S, Ev]``,
-mask ``[B or 1, Hq or 1, L or 1, S or 1]``, where ``B`` folds every leading dimension before the
-heads dimension. Views are free; a copy happens only where inputs broadcast against each other
-or leading dimensions cannot be merged (both accounted for in `canonicalisation_bytes`).
-"""
+"""SDPA input validation and the canonical 4-D views kernels compute on: query ``[B, Hq, L, E]``, key ``[B, Hkv, S,
+E]``, value ``[B, Hkv, S, Ev]``, mask ``[B|1, Hq|1, L|1, S|1]``, ``B`` folding every leading dimension. Copies only
+where inputs broadcast or leading dimensions cannot merge (`canonicalisation_bytes`)."""
 
 from __future__ import annotations
 
@@ -18,34 +14,27 @@ from attn_dispatch.kernels._blocks import causal_blocked
 from attn_dispatch.kernels.problem import DTYPE_NAMES, Problem
 
 CAUSAL_BIAS_MODULE = "torch.nn.attention.bias"
-"""Where `CausalBias` lives. It is looked up in `sys.modules`, never imported here (importing it
-imports `torch._dynamo`; a kernel needs neither): a `CausalBias` can only exist once its module
-was imported."""
+"""Where `CausalBias` lives; looked up in `sys.modules`, never imported (it imports `torch._dynamo`)."""
 
 
 def is_causal_bias(attn_mask: object) -> bool:
-    """Whether `attn_mask` is a `torch.nn.attention.bias.CausalBias` (a tensor subclass whose
-    storage is uninitialised: it must never be read as a mask)."""
+    """Whether `attn_mask` is a `CausalBias` (a tensor subclass with uninitialised storage: never read it as a mask)."""
     module = sys.modules.get(CAUSAL_BIAS_MODULE)
     return module is not None and isinstance(attn_mask, module.CausalBias)
 
 
 def causal_bias_alignment(bias, is_causal: bool, q_len: int, kv_len: int) -> str:
-    """The causal alignment a `CausalBias` means for an ``L x S`` problem: ``"top_left"``
-    (`causal_upper_left`, or any variant when L == S) or ``"bottom_right"``.
-
-    As PyTorch's `CausalBias._dispatch`: raises ValueError with ``is_causal=True``; a bias made
-    for L == S, or upper-left, is ``is_causal`` whatever the inputs' lengths; a lower-right bias
-    made for other lengths than the inputs' raises RuntimeError (PyTorch's broadcast error)."""
+    """The causal alignment a `CausalBias` means for an ``L x S`` problem, as PyTorch's `CausalBias._dispatch`:
+    ``"top_left"`` for upper-left or L == S biases whatever the inputs' lengths, else ``"bottom_right"``. Raises
+    ValueError with ``is_causal=True`` and RuntimeError for a lower-right bias made for other lengths."""
     if is_causal:
         raise ValueError("CausalBias should not be used with causal=True: pass the bias or is_causal, not both")
     if bias.seq_len_q == bias.seq_len_kv or bias.variant != sys.modules[CAUSAL_BIAS_MODULE].CausalVariant.LOWER_RIGHT:
         return "top_left"  # PyTorch passes is_causal=True on, whatever the lengths
     if (bias.seq_len_q, bias.seq_len_kv) != (q_len, kv_len):
-        raise RuntimeError(
-            f"attn_mask is a CausalBias for seq_len_q={bias.seq_len_q}, seq_len_kv={bias.seq_len_kv} but the "
-            f"query and key have lengths {q_len} and {kv_len}; build it with causal_lower_right({q_len}, {kv_len})"
-        )
+        raise RuntimeError(f"attn_mask is a CausalBias for seq_len_q={bias.seq_len_q}, "
+                           f"seq_len_kv={bias.seq_len_kv} but the query and key have lengths {q_len} and "
+                           f"{kv_len}; build it with causal_lower_right({q_len}, {kv_len})")
     return "bottom_right"
 
 
@@ -64,52 +53,35 @@ def _check_tensors(query: object, key: object, value: object) -> None:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if query.is_nested or key.is_nested or value.is_nested:
-        raise NotImplementedError(
-            "nested tensors (torch.nested) are not described by one Problem: call "
-            "attn_dispatch.attention (or F.scaled_dot_product_attention), which runs PyTorch's SDPA for them"
-        )
+        raise NotImplementedError("nested tensors (torch.nested) are not described by one Problem: call "
+                                  "attn_dispatch.attention (or F.scaled_dot_product_attention), which runs "
+                                  "PyTorch's SDPA for them")
     if query.dim() < 2 or key.dim() < 2 or value.dim() < 2:
-        raise RuntimeError(
-            "Expected query, key and value to be at least 2-D ([..., L, E]), got "
-            f"query.dim()={query.dim()}, key.dim()={key.dim()}, value.dim()={value.dim()}"
-        )
+        raise RuntimeError("Expected query, key and value to be at least 2-D ([..., L, E]), got "
+                           f"query.dim()={query.dim()}, key.dim()={key.dim()}, value.dim()={value.dim()}")
     if query.dtype.is_complex:
-        raise NotImplementedError(
-            f"attention is not implemented for complex inputs (query dtype {query.dtype}); pass float16, "
-            "bfloat16, float32 or float64 tensors"
-        )
+        raise NotImplementedError("attention is not implemented for complex inputs (query dtype "
+                                  f"{query.dtype}); pass float16, bfloat16, float32 or float64 tensors")
     if not (query.dtype == key.dtype == value.dtype):
-        raise RuntimeError(
-            "Expected query, key and value to have the same dtype, got "
-            f"query.dtype={query.dtype}, key.dtype={key.dtype}, value.dtype={value.dtype}; "
-            "cast them to one dtype first"
-        )
+        raise RuntimeError("Expected query, key and value to have the same dtype, got "
+                           f"query.dtype={query.dtype}, key.dtype={key.dtype}, value.dtype={value.dtype}; "
+                           "cast them to one dtype first")
     if query.dtype not in DTYPE_NAMES:
-        raise RuntimeError(
-            f"query dtype {query.dtype} is not supported: attention needs float16, bfloat16, "
-            "float32 or float64 inputs"
-        )
+        raise RuntimeError(f"query dtype {query.dtype} is not supported: attention needs float16, bfloat16, "
+                           "float32 or float64 inputs")
     if not (query.device == key.device == value.device):
-        raise RuntimeError(
-            "Expected query, key and value on the same device, got "
-            f"query.device={query.device}, key.device={key.device}, value.device={value.device}"
-        )
+        raise RuntimeError("Expected query, key and value on the same device, got "
+                           f"query.device={query.device}, key.device={key.device}, "
+                           f"value.device={value.device}")
     if key.shape[-1] != query.shape[-1]:
-        raise RuntimeError(
-            f"key's head dim (last dimension, {key.shape[-1]}) must equal query's ({query.shape[-1]})"
-        )
+        raise RuntimeError(f"key's head dim (last dimension, {key.shape[-1]}) must equal query's ({query.shape[-1]})")
     if value.shape[-2] != key.shape[-2]:
-        raise RuntimeError(
-            f"value's sequence length (dimension -2, {value.shape[-2]}) must equal key's "
-            f"({key.shape[-2]})"
-        )
+        raise RuntimeError(f"value's sequence length (dimension -2, {value.shape[-2]}) must equal key's "
+                           f"({key.shape[-2]})")
 
 
 def broadcast_sizes(*shapes) -> tuple[int, ...]:
-    """`torch.broadcast_shapes` of integer sizes, computed here: torch's goes through its
-    symbolic-shape machinery, several times slower, and every new shape's plan calls this.
-    Symbolic sizes (fake tensors under compilation) go to torch's. Raises RuntimeError where they
-    do not broadcast, as torch's."""
+    """`torch.broadcast_shapes` of integer sizes, computed here (faster); symbolic sizes go to torch's."""
     if not all(type(size) is int for shape in shapes for size in shape):
         return tuple(torch.broadcast_shapes(*shapes))
     ndim = max((len(shape) for shape in shapes), default=0)
@@ -133,19 +105,15 @@ def _broadcast(shapes: dict[str, tuple[int, ...]], what: str, hint: str = "") ->
 
 
 def _lead_shapes(query, key, value, enable_gqa):
-    """Return (batch_shape, q_heads, kv_heads, broadcast_inputs)."""
+    """(batch_shape, q_heads, kv_heads, broadcast_inputs)."""
     if enable_gqa:
         if min(query.dim(), key.dim(), value.dim()) < 3:
-            raise RuntimeError(
-                "enable_gqa=True needs a heads dimension: query, key and value must be at least "
-                "3-D ([..., H, L, E])"
-            )
+            raise RuntimeError("enable_gqa=True needs a heads dimension: query, key and value must be at "
+                               "least 3-D ([..., H, L, E])")
         hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
         if hq % hk or hq % hv:
-            raise RuntimeError(
-                "Number of heads in key and value must divide the number of heads in query "
-                f"(enable_gqa=True): query has {hq}, key {hk}, value {hv}"
-            )
+            raise RuntimeError("Number of heads in key and value must divide the number of heads in query "
+                               f"(enable_gqa=True): query has {hq}, key {hk}, value {hv}")
         shapes = {"query": query.shape[:-3], "key": key.shape[:-3], "value": value.shape[:-3]}
         batch_shape = _broadcast(shapes, "batch dimensions (before heads) of query, key and value")
         broadcast = any(s != batch_shape for s in shapes.values()) or hk != hv
@@ -168,24 +136,18 @@ def _mask_shape(attn_mask, query, batch_shape, heads, q_len, kv_len) -> tuple[st
     elif attn_mask.dtype in (query.dtype, torch.float32):
         kind = "float"
     else:
-        raise RuntimeError(
-            f"Expected attn_mask dtype to be bool, float32 or the query's dtype ({query.dtype}), "
-            f"got {attn_mask.dtype}"
-        )
+        raise RuntimeError("Expected attn_mask dtype to be bool, float32 or the query's dtype "
+                           f"({query.dtype}), got {attn_mask.dtype}")
     if attn_mask.device != query.device:
-        raise RuntimeError(
-            f"attn_mask is on {attn_mask.device} but query is on {query.device}; move it there"
-        )
+        raise RuntimeError(f"attn_mask is on {attn_mask.device} but query is on {query.device}; move it there")
     full = (*batch_shape, heads, q_len, kv_len)
     try:
         fits = broadcast_sizes(attn_mask.shape, full) == full
     except RuntimeError:
         fits = False
     if not fits:
-        raise RuntimeError(
-            f"attn_mask of shape {list(attn_mask.shape)} is not broadcastable to the attention "
-            f"shape [..., H, L, S] = {list(full)}"
-        )
+        raise RuntimeError(f"attn_mask of shape {list(attn_mask.shape)} is not broadcastable to the "
+                           f"attention shape [..., H, L, S] = {list(full)}")
     padded = (1,) * (len(full) - attn_mask.dim()) + tuple(attn_mask.shape)
     mask_batch = padded[: len(batch_shape)]
     batch = math.prod(batch_shape)
@@ -205,33 +167,16 @@ def describe_inputs(cls, query, key, value, attn_mask, is_causal, enable_gqa) ->
     elif attn_mask is not None:
         mask_kind, mask_shape = _mask_shape(attn_mask, query, batch_shape, q_heads, q_len, kv_len)
     strided = not (query.is_contiguous() and key.is_contiguous() and value.is_contiguous())
-    return cls(
-        batch=math.prod(batch_shape),
-        q_heads=q_heads,
-        kv_heads=kv_heads,
-        q_len=q_len,
-        kv_len=kv_len,
-        head_dim=query.shape[-1],
-        value_dim=value.shape[-1],
-        dtype=DTYPE_NAMES[query.dtype],
-        causal=bool(is_causal),
-        mask_kind=mask_kind,
-        mask_shape=mask_shape,
-        device_type=query.device.type,
-        strided=strided,
-        broadcast_inputs=broadcast,
-        causal_alignment=alignment,
-    )
+    return cls(batch=math.prod(batch_shape), q_heads=q_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len,
+               head_dim=query.shape[-1], value_dim=value.shape[-1], dtype=DTYPE_NAMES[query.dtype],
+               causal=bool(is_causal), mask_kind=mask_kind, mask_shape=mask_shape,
+               device_type=query.device.type, strided=strided, broadcast_inputs=broadcast,
+               causal_alignment=alignment)
 
 
 def canonicalisation_bytes(problem: Problem) -> int:
-    """Upper bound of the extra bytes `canonicalise` may allocate for this problem.
-
-    A float mask on half-precision inputs is rebased (`kernels._layout`). Broadcast inputs
-    are materialised (query, key and value at the query's layout: `kv_heads` is already the
-    query's head count when key and value heads differ); a strided input whose leading
-    dimensions cannot be merged by a view is copied once.
-    """
+    """Upper bound of the extra bytes `canonicalise` may allocate: a batch-wide mask, a rebased float mask
+    (`rebase_bytes`), materialised broadcast inputs or one copy of unmergeable strided inputs."""
     extra = problem.mask_bytes if problem.mask_shape and problem.mask_shape[0] > 1 else 0
     extra += rebase_bytes(problem)
     if problem.broadcast_inputs:
@@ -246,7 +191,7 @@ def _to_4d(tensor: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
 
 
 def canonicalise(query, key, value, attn_mask, problem: Problem, enable_gqa: bool) -> CanonicalInputs:
-    """Canonical 4-D views of validated inputs (see module docstring)."""
+    """Canonical 4-D views of validated inputs (module docstring)."""
     B, Hq, Hkv = problem.batch, problem.q_heads, problem.kv_heads
     if query.dim() == 4 and not problem.broadcast_inputs:
         q4, k4, v4 = query, key, value
@@ -301,25 +246,21 @@ def _mask_to_4d(attn_mask: torch.Tensor, problem: Problem, batch_shape: tuple[in
     return padded.expand(*batch_shape, *tail).reshape(mask_b, *tail)
 
 
-# float masks rebased so each row's largest visible entry is zero, for half-precision kernels:
-# softmax ignores a common shift but a half-precision sum does not (fp16's -65504 padding swamps the
-# scores). Rows with no finite largest entry, or one beyond `REBASE_LIMIT`, are left alone.
+# float masks on half inputs rebased so each row's largest visible entry is zero (softmax ignores the shift,
+# a half-precision sum does not); rows with no finite largest entry, or one beyond `REBASE_LIMIT`, stay
 
 REBASE_LIMIT = 2.0**40
-"""Largest row shift removed (~1.1e12). Up to it, float64 (the reference's precision) keeps
-scores to within 2^-12 after adding the shift, so SDPA's exact result attends by the scores; fp16's
--65504 and the -1e5 of some fp32 masks are far inside. bf16's and fp32's lowest values (-3.4e38),
-which every precision rounds the scores away under, are far outside."""
+"""Largest row shift removed: up to it float64 keeps the scores after adding the shift; fp16's -65504 is far inside,
+bf16's and fp32's lowest values far outside."""
 
 
 def needs_rebase(problem: Problem) -> bool:
-    """Float masks on half-precision inputs that have keys and queries (an empty row has no max)."""
+    """Float masks on half-precision inputs with keys and queries (an empty row has no max)."""
     return problem.mask_kind == "float" and problem.itemsize < 4 and problem.q_len > 0 and problem.kv_len > 0
 
 
 def rebased_float_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
-    """``mask [B|1, H|1, L|1, S]`` (float) minus each row's largest visible entry: a new tensor
-    ``[B|1, H|1, L|1 (L when causal), S]`` in the mask's dtype."""
+    """``mask`` minus each row's largest visible entry: a new ``[B|1, H|1, L|1 (L when causal), S]`` tensor."""
     visible = mask
     if problem.causal:
         blocked = causal_blocked(slice(0, problem.q_len), slice(0, problem.kv_len), mask.device, problem.causal_offset)
@@ -331,32 +272,24 @@ def rebased_float_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
 
 
 FUSED_PENALTY_FLOOR = 2.0**100
-"""Most negative finite mask entry a fused GPU backend is given (~1.3e30). The fused kernels scale
-scores by log2(e) (and the softmax scale) before exp2, so a penalty of bf16's or fp32's lowest
-value (-3.4e38: transformers' padding masks) overflows to -inf there and a row whose visible keys
-all carry it comes out as zeros (in PyTorch's own fused backends too), where SDPA's
-float64 answer attends uniformly over them: fp32 and fp64 both lose the scores next to either
-penalty, so -2^100 gives the same answer without the overflow; -inf stays -inf."""
+"""Most negative finite mask entry a fused GPU backend is given. Fused kernels scale scores by log2(e) before exp2,
+so bf16's or fp32's lowest value (transformers' padding) overflows to -inf and fully penalised rows come out zero
+where SDPA attends uniformly; -2^100 gives SDPA's answer. -inf stays -inf."""
 
 
 def floor_penalties_(bias: torch.Tensor) -> torch.Tensor:
-    """``bias`` (float, any shape) with finite entries below `-FUSED_PENALTY_FLOOR` raised to it,
-    in place (fp16 cannot hold such entries: returned unchanged)."""
+    """``bias`` with finite entries below `-FUSED_PENALTY_FLOOR` raised to it, in place (fp16 returned unchanged)."""
     if bias.dtype == torch.float16:
         return bias
     return bias.masked_fill_((bias < -FUSED_PENALTY_FLOOR) & (bias > -math.inf), -FUSED_PENALTY_FLOOR)
 
 
 PER_ROW_TEMPORARY_BYTES = 32
-"""`rebased_float_mask`'s per-row temporaries: the row max, its finiteness, magnitude, limit test
-and their conjunction, the zeros and the selected shift (4 + 1 + 4 + 1 + 1 + 4 + 4 bytes with
-fp32 masks; rounded up)."""
+"""`rebased_float_mask`'s per-row temporaries (row max, tests, zeros, shift; rounded up)."""
 
 
 def rebase_bytes(problem: Problem) -> int:
-    """Upper bound of what `rebased_float_mask` allocates: the rebased mask (fp32 counted), the
-    per-row temporaries, and with causality the visible copy at full query length, the causal
-    block and its position ranges."""
+    """Upper bound of what `rebased_float_mask` allocates (with causality also the visible copy and causal block)."""
     if not needs_rebase(problem):
         return 0
     batch_heads = math.prod(problem.mask_shape[:2])

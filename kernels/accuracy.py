@@ -1,9 +1,5 @@
-"""Accuracy policy: which lossy dtype conversions a caller accepts; and the per-dtype error
-tolerances against a float64 reference (`TOLERANCES`).
-
-Lossless conversions (fp16 -> fp32, bf16 -> fp32, strided -> contiguous) are always allowed. A lossy
-one (fp32 -> bf16, fp32 -> fp16, fp16 <-> bf16) only when the policy names it.
-"""
+"""Accuracy policy: which lossy dtype conversions a caller accepts (fp32 -> bf16/fp16, fp16 <-> bf16; lossless ones
+are always allowed), and the per-dtype error tolerances against a float64 reference (`TOLERANCES`)."""
 
 from __future__ import annotations
 
@@ -29,10 +25,8 @@ def parse_conversion(text: str) -> tuple[str, str]:
     """``"fp32->bf16"`` -> ``("float32", "bfloat16")``."""
     parts = text.split("->")
     if len(parts) != 2 or any(p.strip() not in LONG_DTYPE_NAMES for p in parts):
-        raise ValueError(
-            f"conversion {text!r} is not of the form 'SRC->DST' with SRC, DST in "
-            f"{sorted(LONG_DTYPE_NAMES)} (e.g. 'fp32->bf16')"
-        )
+        raise ValueError(f"conversion {text!r} is not of the form 'SRC->DST' with SRC, DST in "
+                         f"{sorted(LONG_DTYPE_NAMES)} (e.g. 'fp32->bf16')")
     return LONG_DTYPE_NAMES[parts[0].strip()], LONG_DTYPE_NAMES[parts[1].strip()]
 
 
@@ -46,14 +40,8 @@ def is_lossless(source: str, target: str) -> bool:
 
 @dataclass(frozen=True)
 class AccuracyPolicy:
-    """The lossy conversions a caller accepts.
-
-    Examples
-    --------
-    >>> AccuracyPolicy()                      # lossless only (the default)
-    >>> AccuracyPolicy.allowing("fp32->bf16")  # fp32 inputs may run in bf16
-    >>> AccuracyPolicy.allowing("any")         # every lossy conversion
-    """
+    """The lossy conversions a caller accepts: ``AccuracyPolicy()`` none, ``AccuracyPolicy.allowing("fp32->bf16")``,
+    ``AccuracyPolicy.allowing("any")``."""
 
     lossy: frozenset[tuple[str, str]] = frozenset()
     any_lossy: bool = False
@@ -78,9 +66,8 @@ class AccuracyPolicy:
 LOSSLESS = AccuracyPolicy()
 
 
-# tolerances: relative L2 error over the whole output and the largest element error relative to the
-# largest reference element; each about 10x the largest error of PyTorch's SDPA and our kernels in
-# the contract suite (docs/RESULTS.md#kernels-per-call).
+# tolerances: relative L2 error and largest element error / largest reference element, each about 10x the largest
+# error seen in the contract suite (docs/RESULTS.md#kernels-per-call)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,6 @@
-"""The kernel protocol every attention implementation follows.
-
-A kernel declares what it can do (`reasons`), how much extra memory it needs (`workspace_bytes`,
-which never allocates) and computes exactly what `F.scaled_dot_product_attention` computes.
-Also here: the plain formula for inputs with nothing to tile (`direct_attention`), telling an
-out-of-memory failure from others (`is_out_of_memory`), and forward-plus-backward memory
-(`training_bytes`).
-"""
+"""The kernel protocol: a kernel declares what it can run (`reasons`), its extra memory (`workspace_bytes`, never
+allocating) and computes exactly what `F.scaled_dot_product_attention` computes. Also the plain formula for inputs
+with nothing to tile (`direct_attention`), `is_out_of_memory` and forward-plus-backward memory (`training_bytes`)."""
 
 from __future__ import annotations
 
@@ -27,18 +22,16 @@ if TYPE_CHECKING:
 
 INTERPRETER_VARIABLE = "TRITON_INTERPRET"
 NO_TRITON_ON_CPU = "Triton kernels run on GPUs; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1, for tests)"
-"""Why a Triton kernel cannot run CPU tensors without the interpreter: checked by the Triton kernels
-before `_triton_support.triton_reasons`, so a CPU process runs none of the Triton helpers."""
+"""Why a Triton kernel cannot run CPU tensors without the interpreter."""
 
 
 def interpreting() -> bool:
-    """Whether Triton's interpreter is on (``TRITON_INTERPRET=1``): Triton kernels then run on CPU tensors."""
+    """Whether Triton's interpreter is on (``TRITON_INTERPRET=1``)."""
     return os.environ.get(INTERPRETER_VARIABLE, "0") == "1"
 
 
 def checked_parameter(name: str, value: object, low: int, high: int, *, power_of_two: bool = False) -> int:
-    """`value` if it is an integer from `low` to `high` (and a power of two when asked); else
-    ValueError naming the parameter (a kernel name's tunables, e.g. ``bm`` of `triton_flash`)."""
+    """`value` if an integer from `low` to `high` (a power of two when asked), else ValueError naming the parameter."""
     valid = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
     if not valid or (power_of_two and value & (value - 1)):
         kind = "a power of two" if power_of_two else "an integer"
@@ -58,11 +51,8 @@ def format_params(params: dict[str, object]) -> str:
 
 
 class Kernel(ABC):
-    """One attention implementation in one parameterisation.
-
-    Subclasses set `family`, implement `_forward` on canonical 4-D tensors (or `run` on whole
-    inputs), `workspace_bytes`, and extend `_own_reasons`.
-    """
+    """One attention implementation in one parameterisation: subclasses set `family`, implement `_forward` on
+    canonical 4-D tensors (or `run`) and `workspace_bytes`, and extend `_own_reasons`."""
 
     family: ClassVar[str]
     supports_backward: ClassVar[bool] = False
@@ -71,7 +61,7 @@ class Kernel(ABC):
     # ------------------------------------------------------------------ identity
     @property
     def params(self) -> dict[str, object]:
-        """Tunable parameters, in the order they appear in the name."""
+        """Tunable parameters, in name order."""
         return {}
 
     @property
@@ -104,46 +94,18 @@ class Kernel(ABC):
         return TOLERANCES[problem.dtype]
 
     # ------------------------------------------------------------------ running
-    def __call__(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> torch.Tensor:
-        """`F.scaled_dot_product_attention` without dropout.
-
-        Parameters
-        ----------
-        query: ``[..., Hq, L, E]``; key: ``[..., Hkv, S, E]``; value: ``[..., Hkv, S, Ev]``
-        attn_mask: bool (True = attend) or float (added), broadcastable to ``[..., Hq, L, S]``
-
-        Returns
-        -------
-        ``[..., Hq, L, Ev]`` in the query's dtype.
-        """
+    def __call__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                 attn_mask: torch.Tensor | None = None, is_causal: bool = False, scale: float | None = None,
+                 enable_gqa: bool = False) -> torch.Tensor:
+        """`F.scaled_dot_product_attention` without dropout; raises `UnsupportedProblemError` where `reasons` refuse."""
         problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
         why = self.reasons(problem)
         if why:
-            raise UnsupportedProblemError(
-                f"kernel {self.name} cannot run {problem}: " + "; ".join(why)
-            )
+            raise UnsupportedProblemError(f"kernel {self.name} cannot run {problem}: " + "; ".join(why))
         return self.run(query, key, value, attn_mask, scale, enable_gqa, problem)
 
-    def run(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None,
-        scale: float | None,
-        enable_gqa: bool,
-        problem: Problem,
-    ) -> torch.Tensor:
+    def run(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+            scale: float | None, enable_gqa: bool, problem: Problem) -> torch.Tensor:
         """Run on inputs already validated as `problem` (the dispatcher's path: no checks)."""
         inputs = canonicalise(query, key, value, attn_mask, problem, enable_gqa)
         if scale is None:
@@ -155,43 +117,27 @@ class Kernel(ABC):
         return out.reshape(inputs.out_shape)
 
     def runner(self, problem: Problem):
-        """The callable that runs this kernel on inputs validated as `problem`, with `run`'s
-        signature: `run` itself, or a shortcut a kernel can take for such problems (the
-        dispatcher's warm path calls it once per call)."""
+        """The callable the warm path calls for problems like `problem`, with `run`'s signature: `run` or a shortcut."""
         return self.run
 
     def sdpa_call(self, problem: Problem) -> tuple[bool, bool, bool] | None:
-        """``(takes_mask, is_causal, enable_gqa)`` where running `problem` is exactly
-        ``torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask if takes_mask else
-        None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)`` on the call's own tensors
-        and scale: the dispatcher's warm path then makes that call itself, with no frame of ours
-        around PyTorch's. None (the default): run through `runner`."""
+        """``(takes_mask, is_causal, enable_gqa)`` where running `problem` is exactly one
+        ``torch._C._nn.scaled_dot_product_attention`` call on the call's own tensors and scale, which the warm path
+        then makes itself; None: run through `runner`."""
         return None
 
     def bare_call(self, problem: Problem) -> BareCall | None:
-        """The one ATen operator call `runner` makes for `problem` (`kernels.sdpa_backends.BareCall`),
-        which the dispatcher's fast path can make in C++; None (the default): no such call."""
+        """The one ATen operator call `runner` makes (`kernels.sdpa_backends.BareCall`), or None."""
         return None
 
-    def _forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: torch.Tensor | None,
-        problem: Problem,
-        scale: float,
-    ) -> torch.Tensor:
-        """Canonical inputs (``[B, Hq, L, E]``, ``[B, Hkv, S, E]``, ``[B, Hkv, S, Ev]``, mask
-        ``[B|1, Hq|1, L|1, S|1]`` or None) -> output ``[B, Hq, L, Ev]`` in the input dtype.
-
-        Kernels that work on whole inputs override `run` instead."""
+    def _forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                 problem: Problem, scale: float) -> torch.Tensor:
+        """Canonical inputs -> ``[B, Hq, L, Ev]`` in the input dtype (or override `run`)."""
         raise NotImplementedError(f"{type(self).__name__} implements neither _forward nor run")
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
     def input_copy_bytes(problem: Problem) -> int:
-        """Bytes canonicalisation may copy (shared by every kernel's workspace bound)."""
         return canonicalisation_bytes(problem)
 
 
@@ -199,16 +145,9 @@ class Kernel(ABC):
 # so the output is SDPA's and stays in the autograd graph
 
 
-def direct_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    problem: Problem,
-    scale: float,
-) -> torch.Tensor:
-    """Canonical ``query [B, Hq, L, E]``, ``key [B, Hkv, S, E]``, ``value [B, Hkv, S, Ev]``,
-    ``mask [B|1, Hq|1, L|1, S|1]`` or None -> ``[B, Hq, L, Ev]`` in the query's dtype."""
+def direct_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                     problem: Problem, scale: float) -> torch.Tensor:
+    """Canonical inputs -> ``[B, Hq, L, Ev]`` in the query's dtype by the plain formula (fp32, fp64 for fp64)."""
     acc = accumulation_dtype(query.dtype)
     if problem.gqa_ratio > 1:
         key = key.repeat_interleave(problem.gqa_ratio, dim=1)
@@ -231,8 +170,7 @@ def direct_attention(
     return torch.matmul(probs, value.to(acc)).to(query.dtype)
 
 
-# out-of-memory failures: calibration records them as infeasible; the dispatcher empties the
-# allocator and forgets them once memory may be free
+# out-of-memory failures
 
 OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 """How CPU allocators (and some HIP builds) word an out-of-memory error that is not a torch.OutOfMemoryError."""
@@ -245,24 +183,19 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in OOM_MESSAGES)
 
 
-# forward-plus-backward memory of one call, checked against a budget before running anything
-# (`dispatcher.training_route`, `calibration.training_profile`)
+# forward-plus-backward memory of one call (`dispatcher.training_route`, `calibration.training_profile`)
 
 FUSED_BACKWARDS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
-"""PyTorch backends whose backward recomputes tiles (memory O(L + S) beyond the gradients)."""
+"""PyTorch backends whose backward recomputes tiles."""
 
 MATH_BACKWARD_SCORE_MATRICES = 4
-"""Score-sized fp32 tensors PyTorch's math backward holds at once (scores, probabilities, their
-gradient and a product): a forward+backward held to math peaked at 3.0-3.2 score matrices
-(docs/RESULTS.md#training-memory), and 4 leaves a margin. Used for every kernel with a backward
-that declares no bound (`sdpa_math`, `sdpa_default`, user kernels)."""
+"""Score-sized fp32 tensors assumed for a backward declaring no bound (docs/RESULTS.md#training-memory)."""
 
 
 def training_bytes(kernel: Kernel, problem: Problem) -> int:
-    """Extra peak memory of forward plus backward of one call on `kernel` (never allocates):
-    its declared `backward_workspace_bytes`, else an estimate (fused backends: forward workspace,
-    row statistics, gradients, an fp32 dQ accumulator and K/V repeated for GQA; anything else:
-    the math backward's score matrices, `MATH_BACKWARD_SCORE_MATRICES`)."""
+    """Extra peak memory of forward plus backward on `kernel`, never allocating: its `backward_workspace_bytes`, else
+    an estimate (fused backends: forward, row statistics, gradients, fp32 dQ, K/V repeated; others:
+    `MATH_BACKWARD_SCORE_MATRICES`)."""
     declared = getattr(kernel, "backward_workspace_bytes", None)
     if declared is not None:
         return int(declared(problem))

@@ -1,10 +1,6 @@
-"""`chunked[q=Qc,kv=Kc]`: query chunks times key/value chunks merged with an online softmax.
-
-Peak extra memory is O(Qc x Kc) per head whatever the sequence lengths, so a 32k x 32k problem
-runs where the math path would need the whole score matrix. Causal blocks that lie entirely above
-the diagonal are skipped. When one key block covers every key, each query block is a single pass
-with PyTorch's fused softmax (no online merge).
-"""
+"""`chunked[q=Qc,kv=Kc]`: query chunks times key/value chunks merged with an online softmax: peak extra memory O(Qc x
+Kc) per head whatever the lengths. Causal blocks above the diagonal are skipped; when one key block covers every key,
+each query block is one pass with PyTorch's fused softmax."""
 
 from __future__ import annotations
 
@@ -39,14 +35,7 @@ def _positive_int(name: str, value: object) -> int:
 
 
 class ChunkedKernel(Kernel):
-    """Flash-attention's tiling in plain PyTorch ops.
-
-    Parameters
-    ----------
-    q_chunk: query positions per block (``q=`` in the name).
-    kv_chunk: key positions per block (``kv=``); a block at least as long as the keys means one
-        pass with no online-softmax merge.
-    """
+    """Flash-attention's tiling in plain PyTorch ops: `q` query and `kv` key positions per block."""
 
     family = "chunked"
     supports_backward = True  # FlashAttention-2's backward: `kernels.chunked`
@@ -66,12 +55,7 @@ class ChunkedKernel(Kernel):
             block = single_pass_workspace_bytes(problem, q_rows, splits=1)
         else:
             block = block_workspace_bytes(problem, q_rows, self.kv_chunk)
-        return (
-            problem.out_bytes
-            + self.input_copy_bytes(problem)
-            + block
-            + score_keys_bytes(problem)
-        )
+        return problem.out_bytes + self.input_copy_bytes(problem) + block + score_keys_bytes(problem)
 
     def backward_workspace_bytes(self, problem: Problem) -> int:
         """Extra peak memory of forward plus backward of one call (the training route's bound)."""
@@ -111,14 +95,11 @@ class ChunkedKernel(Kernel):
 _safe_softmax = getattr(torch.ops.aten, "_safe_softmax", None)  # PyTorch >= 2.5
 
 
-# single pass: a block of query rows against all (or one block of) keys with PyTorch's fused
-# softmax, scores in fp32 (`_blocks.block_scores`); used by `small_q` and by `chunked` when one key
-# block covers every key
+# single pass: query rows against all keys with PyTorch's fused softmax (`small_q`; `chunked` with one key block)
 
 
 def softmax_rows(scores: torch.Tensor, may_have_dead_rows: bool) -> torch.Tensor:
-    """Softmax over the last dim in the input dtype (fp32 accumulation); rows that are all
-    -inf give zeros when `may_have_dead_rows`."""
+    """Softmax over the last dim (fp32 accumulation); all -inf rows give zeros when `may_have_dead_rows`."""
     if not may_have_dead_rows:
         return torch.softmax(scores, dim=-1)
     if _safe_softmax is not None:
@@ -133,14 +114,9 @@ def _batched(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def row_major_scores(rows: torch.Tensor, key: torch.Tensor, score_scale: float = 1.0) -> torch.Tensor:
-    """``score_scale * rows [B, Hkv, R, E] @ key [B, Hkv, S, E]^T`` in fp32 (fp64 for fp64 operands), stored
-    row-outermost (half operands only where `has_fp32_output_product`).
-
-    The result is a ``[B * Hkv, R, S]`` view of a contiguous ``[R, B * Hkv, S]`` buffer: each
-    row of scores stays contiguous (for the fused softmax), and a block of ``C`` keys of every
-    (head, split) pair sits at one constant stride, so the split-K value product can read it in
-    place (`split_kv_product`) instead of through a transposed copy.
-    """
+    """``score_scale * rows [B, Hkv, R, E] @ key [B, Hkv, S, E]^T`` in fp32 (fp64 for fp64): a ``[B * Hkv, R, S]``
+    view of a contiguous ``[R, B * Hkv, S]`` buffer, so each score row is contiguous for the softmax and
+    `split_kv_product` reads key blocks in place."""
     R, S = rows.shape[-2], key.shape[-2]
     heads = rows.shape[0] * rows.shape[1]
     buffer = torch.empty(R, heads, S, dtype=accumulation_dtype(rows.dtype), device=rows.device)
@@ -152,12 +128,8 @@ def row_major_scores(rows: torch.Tensor, key: torch.Tensor, score_scale: float =
 
 
 def split_kv_product(probs: torch.Tensor, value: torch.Tensor, splits: int) -> torch.Tensor:
-    """``probs [B*Hkv, R, S]`` (row-outermost, from `row_major_scores`) ``@ value [B, Hkv, S, Ev]``
-    as `splits` independent reductions of ``C = S / splits`` keys (split-K: parallel work when R
-    is tiny), summed with fp32 accumulation.
-
-    `splits` must divide S. Returns ``[B*Hkv, R, Ev]`` in the value dtype.
-    """
+    """``probs [B*Hkv, R, S]`` (from `row_major_scores`) ``@ value [B, Hkv, S, Ev]`` as `splits` reductions of ``S /
+    splits`` keys (split-K; `splits` must divide S), summed in fp32. Returns ``[B*Hkv, R, Ev]`` in the value dtype."""
     values = _batched(value)
     if splits == 1:
         return torch.bmm(probs, values)
@@ -169,22 +141,12 @@ def split_kv_product(probs: torch.Tensor, value: torch.Tensor, splits: int) -> t
     return partial.view(heads, splits, R, -1).sum(dim=1)  # reductions accumulate in fp32
 
 
-def single_pass_attention(
-    rows: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    q_positions: slice,
-    problem: Problem,
-    splits: int = 1,
-    score_scale: float = 1.0,
-) -> torch.Tensor:
-    """Query rows ``[B, Hkv, G*Lc, E]`` (positions `q_positions`; their scores are multiplied by
-    `score_scale`, the rest of the scale is already in the rows) against every key.
-
-    key ``[B, Hkv, S, E]`` in the rows' dtype (`_blocks.score_keys`), value ``[B, Hkv, S, Ev]``;
-    mask ``[B|1, Hq|1, L|1, S|1]`` or None. Returns ``[B, Hkv, G*Lc, Ev]`` in the value dtype.
-    """
+def single_pass_attention(rows: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                          q_positions: slice, problem: Problem, splits: int = 1, score_scale: float = 1.0,
+                          ) -> torch.Tensor:
+    """Query rows ``[B, Hkv, G*Lc, E]`` at `q_positions` (scores times `score_scale`) against every key (``[B, Hkv,
+    S, E]`` in the rows' dtype, `_blocks.score_keys`); mask ``[B|1, Hq|1, L|1, S|1]`` or None. Returns ``[B, Hkv,
+    G*Lc, Ev]`` in the value dtype."""
     scores = row_major_scores(rows, key, score_scale)  # [B*Hkv, R, S]
     mask_scores_(scores.view(rows.shape[:-1] + (problem.kv_len,)), mask, problem.causal, q_positions,
                  slice(0, problem.kv_len), problem)
@@ -196,12 +158,7 @@ def single_pass_attention(
 
 
 def single_pass_workspace_bytes(problem: Problem, q_rows: int, splits: int) -> int:
-    """Peak extra bytes of `single_pass_attention` for `q_rows` query positions, tensor by tensor:
-    scaled query rows (fp32 counted); fp32 scores and probabilities (both alive in the softmax),
-    then the probabilities cast to the input dtype (the fp32 scores are gone by then; counted
-    anyway); `_safe_softmax`'s all-blocked test (1 byte per score) and the causal block; with
-    splits, the per-split partial outputs; the block's output. The keys' fp32 copy, where one is
-    made, is the caller's (`_blocks.score_keys_bytes`)."""
+    """Peak extra bytes of `single_pass_attention` for `q_rows` rows (keys' fp32 copy: the caller's)."""
     item, acc = problem.itemsize, (8 if problem.dtype == "float64" else 4)
     rows = problem.batch * problem.q_heads * q_rows
     scores = rows * problem.kv_len
@@ -225,14 +182,13 @@ def single_pass_workspace_bytes(problem: Problem, q_rows: int, splits: int) -> i
 
 
 def needs_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-    """Grad is enabled and query, key or value requires it (autograd must see this call)."""
+    """Grad is enabled and query, key or value requires it."""
     return torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
 
 
 def scores_fp32(q_rows: torch.Tensor, key_block: torch.Tensor) -> torch.Tensor:
-    """``q_rows [B, Hkv, R, E]`` (scaled) ``@ key_block [B, Hkv, Sc, E]^T`` -> fp32 (fp64 for fp64)
-    scores ``[B, Hkv, R, Sc]``. fp16 is multiplied in fp32 (its products overflow at 65504);
-    bf16 has fp32's range, so its product is formed in bf16 and widened."""
+    """``q_rows [B, Hkv, R, E] @ key_block^T`` -> fp32 (fp64 for fp64) scores; fp16 multiplied in fp32 (its products
+    overflow), bf16 in bf16 then widened."""
     if q_rows.dtype == torch.float16:
         return torch.matmul(q_rows.float(), key_block.float().transpose(-1, -2))
     return torch.matmul(q_rows, key_block.transpose(-1, -2)).to(accumulation_dtype(q_rows.dtype))
@@ -248,14 +204,12 @@ def _grouped_rows(tensor: torch.Tensor, rows: slice, problem: Problem) -> torch.
 
 
 def _keys(tensor: torch.Tensor, cols: slice) -> torch.Tensor:
-    """``tensor [B, Hkv, S, X]`` at key positions `cols`: the tensor itself when they are all of
-    them (a full-length slice is an alias, which vmap cannot batch), else a view."""
+    """``tensor`` at key positions `cols`: itself for all of them (vmap cannot batch a full alias), else a view."""
     return tensor if cols.start == 0 and cols.stop >= tensor.shape[2] else tensor[:, :, cols]
 
 
 def _kv_blocks(rows: slice, problem: Problem, kv_chunk: int):
-    """Key blocks a query block reads (causal: up to the last one any of its rows sees, with the
-    diagonal where the problem's alignment puts it: `Problem.causal_offset`)."""
+    """Key blocks a query block reads (causal: up to the last one any of its rows sees, `Problem.causal_offset`)."""
     for kv_start in range(0, problem.kv_len, kv_chunk):
         cols = slice(kv_start, min(problem.kv_len, kv_start + kv_chunk))
         if problem.causal and fully_blocked_by_causality(rows, cols, problem.causal_offset):
@@ -264,8 +218,7 @@ def _kv_blocks(rows: slice, problem: Problem, kv_chunk: int):
 
 
 def _forward_with_lse(query, key, value, mask, problem: Problem, scale: float, q_chunk: int, kv_chunk: int):
-    """Canonical inputs -> (out ``[B, Hq, L, Ev]`` input dtype, lse ``[B, Hkv, G, L]`` fp32;
-    +inf on rows with every key blocked)."""
+    """Canonical inputs -> (out ``[B, Hq, L, Ev]``, lse ``[B, Hkv, G, L]`` fp32, +inf on fully blocked rows)."""
     B, Hkv, G, L = problem.batch, problem.kv_heads, problem.gqa_ratio, problem.q_len
     out = query.new_empty(B, problem.q_heads, L, problem.value_dim)
     lse = torch.empty(B, Hkv, G, L, dtype=accumulation_dtype(query.dtype), device=query.device)
@@ -319,7 +272,7 @@ def _backward(grad_out, query, key, value, mask, out, lse, problem: Problem, sca
 
 
 class _ChunkedAttention(torch.autograd.Function):
-    """Chunked attention whose backward is FlashAttention-2's (see the module docstring)."""
+    """Chunked attention with FlashAttention-2's backward (comment above `needs_backward`)."""
 
     @staticmethod
     def forward(ctx, query, key, value, mask, problem, scale, q_chunk, kv_chunk):
@@ -335,33 +288,20 @@ class _ChunkedAttention(torch.autograd.Function):
         return d_query, d_key, d_value, None, None, None, None, None
 
 
-def chunked_attention_with_backward(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    problem: Problem,
-    scale: float,
-    q_chunk: int,
-    kv_chunk: int,
-) -> torch.Tensor:
-    """`chunked` on canonical inputs (``[B, Hq, L, E]``, ``[B, Hkv, S, E]``, ``[B, Hkv, S, Ev]``,
-    mask ``[B|1, Hq|1, L|1, S|1]`` or None), differentiable in query, key and value.
-
-    Returns ``[B, Hq, L, Ev]`` in the input dtype. Raises RuntimeError for a mask that requires
-    grad (it would silently get none)."""
+def chunked_attention_with_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                    mask: torch.Tensor | None, problem: Problem, scale: float, q_chunk: int,
+                                    kv_chunk: int) -> torch.Tensor:
+    """`chunked` on canonical inputs, differentiable in query, key and value; returns ``[B, Hq, L, Ev]``. Raises
+    RuntimeError for a mask that requires grad (it would silently get none)."""
     if mask is not None and mask.requires_grad and torch.is_grad_enabled():
-        raise RuntimeError(
-            "attn_mask requires grad, and chunked's backward gives the mask no gradient: call "
-            "PyTorch's scaled_dot_product_attention for a learned mask (the dispatcher does so)"
-        )
+        raise RuntimeError("attn_mask requires grad, and chunked's backward gives the mask no gradient: "
+                           "call PyTorch's scaled_dot_product_attention for a learned mask (the dispatcher "
+                           "does so)")
     return _ChunkedAttention.apply(query, key, value, mask, problem, scale, q_chunk, kv_chunk)
 
 
 def _tile_bytes(problem: Problem, q_rows: int, kv_cols: int) -> tuple[int, int]:
-    """(forward, backward) peak bytes of the temporaries of one (query block x key block) step,
-    counted tensor by tensor (the bound's terms name the tensors of `_forward_with_lse` and
-    `_backward`); `q_rows` query positions, `kv_cols` keys."""
+    """(forward, backward) peak bytes of one tile step's temporaries (`_forward_with_lse`, `_backward`)."""
     item, acc = problem.itemsize, accumulation_itemsize(problem)
     half = item < acc
     rows = problem.batch * problem.q_heads * q_rows  # score rows across heads
@@ -387,10 +327,8 @@ def _tile_bytes(problem: Problem, q_rows: int, kv_cols: int) -> tuple[int, int]:
 
 
 def training_workspace_bytes(problem: Problem, q_chunk: int, kv_chunk: int) -> int:
-    """Upper bound of the extra peak memory of forward plus backward of one call, never allocating:
-    the larger of the forward's (output, lse, input copies, one tile) and the backward's (saved
-    output and lse, input copies and their gradients, dQ/dK/dV in the input dtype, dK/dV's fp32
-    accumulators for half inputs, one tile). The incoming output gradient is the caller's."""
+    """Upper bound of forward-plus-backward extra peak memory of one call, never allocating: the larger of the
+    forward's and the backward's (saved output, lse, copies, gradients, fp32 accumulators, one tile)."""
     q_rows, kv_cols = min(q_chunk, problem.q_len), min(kv_chunk, problem.kv_len)
     forward_tile, backward_tile = _tile_bytes(problem, q_rows, kv_cols)
     acc = accumulation_itemsize(problem)

@@ -1,10 +1,6 @@
-"""`convert[SRC->DST]+<kernel>` and `convert[contiguous]+<kernel>`: change the inputs' dtype or
-layout, run a faster kernel, convert the output back.
-
-Lossless conversions (fp16/bf16 -> fp32, strided -> contiguous) are always allowed. Lossy ones
-(fp32 -> bf16/fp16, fp16 <-> bf16) only under an `AccuracyPolicy` that names them; calibration
-records their measured error so the dispatcher can hold them to a tolerance.
-"""
+"""`convert[SRC->DST]+<kernel>` and `convert[contiguous]+<kernel>`: convert the inputs' dtype or layout, run a faster
+kernel, convert the output back. Lossless conversions are always allowed; lossy ones only under an `AccuracyPolicy`
+naming them."""
 
 from __future__ import annotations
 
@@ -25,26 +21,13 @@ CONTIGUOUS = "contiguous"
 
 
 class ConvertKernel(Kernel):
-    """Convert, run `inner`, convert back.
-
-    Parameters
-    ----------
-    inner: the kernel that runs on the converted inputs.
-    source, target: dtype names (``"float32"``, ``"bfloat16"``, ...) for a dtype conversion;
-        both None for a layout conversion to contiguous tensors.
-    policy: which lossy conversions are acceptable (default: none).
-    """
+    """Convert, run `inner`, convert back. `source`, `target`: dtype names, both None for a layout conversion;
+    `policy`: the lossy conversions allowed."""
 
     family = "convert"
 
-    def __init__(
-        self,
-        inner: Kernel,
-        source: str | None = None,
-        target: str | None = None,
-        *,
-        policy: AccuracyPolicy = LOSSLESS,
-    ) -> None:
+    def __init__(self, inner: Kernel, source: str | None = None, target: str | None = None, *,
+                 policy: AccuracyPolicy = LOSSLESS) -> None:
         if isinstance(inner, ConvertKernel):
             raise ValueError("convert kernels do not nest: give one conversion and a plain kernel")
         if (source is None) != (target is None):
@@ -87,16 +70,13 @@ class ConvertKernel(Kernel):
             if problem.dtype != self.source:
                 return [f"converts {self.source} inputs, these are {problem.dtype}"]
             if not self.policy.allows(self.source, self.target):
-                return [
-                    f"{self.conversion} is lossy and the accuracy policy ({self.policy.describe()}) does not "
-                    f"allow it; pass AccuracyPolicy.allowing({self.conversion!r}) (command line: --allow-lossy "
-                    f"{self.conversion}) to accept its error"
-                ]
+                return [f"{self.conversion} is lossy and the accuracy policy ({self.policy.describe()}) "
+                        f"does not allow it; pass AccuracyPolicy.allowing({self.conversion!r}) (command "
+                        f"line: --allow-lossy {self.conversion}) to accept its error"]
         return [f"after {self.conversion}: {why}" for why in self.inner.reasons(self.converted(problem))]
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """Converted copies of Q, K, V (and a float mask), the inner kernel's workspace (which
-        includes its output) and the output converted back."""
+        """Converted copies of Q, K, V (and a float mask), the inner workspace and the converted output."""
         inner_problem = self.converted(problem)
         ratio = inner_problem.itemsize / problem.itemsize
         copies = int((problem.q_bytes + problem.kv_bytes) * ratio)

@@ -1,8 +1,5 @@
-"""`math`: the reference path. Builds the whole ``[B, Hq, L, S]`` score matrix, fp32 softmax.
-
-Fast when the score matrix is small; its memory grows with ``L * S``, which is what runs gfx906
-cards out of memory on long sequences.
-"""
+"""`math`: the reference path: the whole ``[B, Hq, L, S]`` score matrix, fp32 softmax. Fast when small; its memory
+grows with ``L * S``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The attention problem: one `F.scaled_dot_product_attention` call, reduced to the numbers that
-decide which kernel is fastest and how much memory it needs.
-
-A `Problem` is built once per call (`Problem.from_tensors`). Building it validates the inputs with
-SDPA's rules and raises SDPA's exception types, with messages that name the bad argument.
-"""
+"""The attention problem: one `F.scaled_dot_product_attention` call reduced to the numbers that decide the fastest
+kernel and its memory; built and validated once per call (`Problem.from_tensors`, SDPA's exception types)."""
 
 from __future__ import annotations
 
@@ -23,36 +19,18 @@ SHORT_DTYPE_NAMES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "flo
 ITEMSIZE: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 MASK_KINDS = ("none", "bool", "float")
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
-"""Where the causal diagonal starts: ``is_causal`` / `causal_upper_left` align it top-left (query
-i sees keys 0..i); `torch.nn.attention.bias.causal_lower_right` aligns it bottom-right (query i
-sees keys 0..i + S - L: the last query sees every key, as in a decode step against a cache)."""
+"""Where the causal diagonal starts: top-left (``is_causal``, `causal_upper_left`: query i sees keys 0..i) or
+bottom-right (`causal_lower_right`: keys 0..i + S - L, as a decode step against a cache)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One attention call in canonical 4-D form.
+    """One attention call in canonical 4-D form (`kernels._layout`), every leading dimension folded into ``batch``.
 
-    The query is viewed as ``[batch, q_heads, q_len, head_dim]``, key as
-    ``[batch, kv_heads, kv_len, head_dim]`` and value as ``[batch, kv_heads, kv_len, value_dim]``;
-    every leading dimension before the heads dimension is folded into ``batch``.
-
-    Attributes
-    ----------
-    mask_shape:
-        The attention mask's canonical 4-D shape ``(B or 1, H or 1, L or 1, S or 1)``, ``()`` when
-        there is no mask.
-    strided:
-        Some input is not contiguous in its canonical 4-D view (e.g. a ``[B, L, H, D]`` tensor
-        transposed to ``[B, H, L, D]``, as transformers passes them); kernels may copy it.
-    broadcast_inputs:
-        Query, key and value leading dimensions differ and broadcast (or key and value have
-        different head counts under GQA): canonicalisation materialises them at one layout.
-    causal_alignment:
-        ``"top_left"`` (``is_causal``) or ``"bottom_right"`` (`causal_lower_right` with
-        ``q_len != kv_len``; see `CAUSAL_ALIGNMENTS`). Only ever bottom-right when causal.
-
-    Sizes may be 0 (SDPA returns an empty or zero output for them; `is_degenerate`).
-    """
+    `mask_shape`: the mask's ``(B|1, H|1, L|1, S|1)``, ``()`` without one. `strided`: some input is not contiguous in
+    its 4-D view (kernels may copy it). `broadcast_inputs`: inputs' leading dimensions (or K/V head counts under GQA)
+    broadcast; canonicalisation materialises them. `causal_alignment`: bottom-right only when causal. Sizes may be 0
+    (`is_degenerate`)."""
 
     batch: int
     q_heads: int
@@ -76,9 +54,7 @@ class Problem:
             if getattr(self, name) < 0:
                 raise ValueError(f"Problem.{name} must be >= 0, got {getattr(self, name)}")
         if (self.kv_heads == 0) != (self.q_heads == 0) or (self.kv_heads and self.q_heads % self.kv_heads):
-            raise ValueError(
-                f"Problem.q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})"
-            )
+            raise ValueError(f"Problem.q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if self.dtype not in ITEMSIZE:
             raise ValueError(f"Problem.dtype must be one of {sorted(ITEMSIZE)}, got {self.dtype!r}")
         if self.mask_kind not in MASK_KINDS:
@@ -97,10 +73,8 @@ class Problem:
         return self._hash
 
     def at_key_length(self, kv_len: int, mask_shape: tuple[int, ...]) -> Problem:
-        """This problem with another key length (and the mask shape that goes with it), copied field
-        by field without validating again: what changes was checked by the caller (`_plan.
-        problem_at_key_length`). Cheaper than `dataclasses.replace`, and a decode loop makes one per
-        token."""
+        """This problem at another key length and mask shape, without validating again
+        (`plans.problem_at_key_length`)."""
         new = object.__new__(Problem)
         for name in _COPIED_FIELDS:
             object.__setattr__(new, name, getattr(self, name))
@@ -110,12 +84,9 @@ class Problem:
         return new
 
     def key(self) -> tuple:
-        """All fields as a tuple (hashable, cheap to compare)."""
-        return (
-            self.batch, self.q_heads, self.kv_heads, self.q_len, self.kv_len, self.head_dim,
-            self.value_dim, self.dtype, self.causal, self.mask_kind, self.mask_shape,
-            self.device_type, self.strided, self.broadcast_inputs, self.causal_alignment,
-        )
+        return (self.batch, self.q_heads, self.kv_heads, self.q_len, self.kv_len, self.head_dim,
+                self.value_dim, self.dtype, self.causal, self.mask_kind, self.mask_shape, self.device_type,
+                self.strided, self.broadcast_inputs, self.causal_alignment)
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -125,14 +96,12 @@ class Problem:
 
     @property
     def causal_offset(self) -> int:
-        """Query i sees keys ``0 .. i + causal_offset`` when causal: 0 top-left, ``S - L``
-        bottom-right (negative when L > S: the first ``L - S`` queries see no key)."""
+        """Query i sees keys ``0 .. i + causal_offset`` when causal: 0 top-left, ``S - L`` bottom-right."""
         return self.kv_len - self.q_len if self.causal_alignment == "bottom_right" else 0
 
     @property
     def is_degenerate(self) -> bool:
-        """Some size is 0: nothing to multiply (an empty output, zeros, or the mean of the values
-        when the head dim is 0), computed by `kernels.base`, never by a kernel's body."""
+        """Some size is 0: computed by `kernels.base`, never by a kernel's body."""
         return 0 in (self.batch, self.q_heads, self.q_len, self.kv_len, self.head_dim, self.value_dim)
 
     @property
@@ -158,7 +127,6 @@ class Problem:
 
     @property
     def score_elements(self) -> int:
-        """Elements of the full ``[B, Hq, L, S]`` score matrix."""
         return self.batch * self.q_heads * self.q_len * self.kv_len
 
     @property
@@ -169,30 +137,26 @@ class Problem:
 
     @property
     def input_bytes(self) -> int:
-        """Bytes of one set of inputs: query, key, value and mask."""
         return self.q_bytes + self.kv_bytes + self.mask_bytes
 
     @property
     def flops(self) -> int:
-        """Multiply-adds of QK^T and PV counted as 2 FLOPs each (causal masking not subtracted)."""
+        """QK^T and PV multiply-adds as 2 FLOPs each (causal masking not subtracted)."""
         return 2 * self.batch * self.q_heads * self.q_len * self.kv_len * (self.head_dim + self.value_dim)
 
     @property
     def io_bytes(self) -> int:
-        """The fewest bytes any kernel must move: read Q, K, V (and mask), write the output."""
+        """The fewest bytes any kernel must move: inputs read, output written."""
         return self.input_bytes + self.out_bytes
 
     def to_dict(self) -> dict:
-        """JSON-ready dict (inverse: `Problem.from_dict`)."""
-        return {
-            "batch": self.batch, "q_heads": self.q_heads, "kv_heads": self.kv_heads,
-            "q_len": self.q_len, "kv_len": self.kv_len, "head_dim": self.head_dim,
-            "value_dim": self.value_dim, "dtype": self.dtype, "causal": self.causal,
-            "mask_kind": self.mask_kind, "mask_shape": list(self.mask_shape),
-            "device_type": self.device_type, "strided": self.strided,
-            "broadcast_inputs": self.broadcast_inputs,
-            **({"causal_alignment": self.causal_alignment} if self.causal_alignment != "top_left" else {}),
-        }
+        """JSON-ready dict (inverse: `from_dict`)."""
+        return {"batch": self.batch, "q_heads": self.q_heads, "kv_heads": self.kv_heads, "q_len": self.q_len,
+                "kv_len": self.kv_len, "head_dim": self.head_dim, "value_dim": self.value_dim,
+                "dtype": self.dtype, "causal": self.causal, "mask_kind": self.mask_kind,
+                "mask_shape": list(self.mask_shape), "device_type": self.device_type, "strided": self.strided,
+                "broadcast_inputs": self.broadcast_inputs,
+                **({"causal_alignment": self.causal_alignment} if self.causal_alignment != "top_left" else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> Problem:
@@ -229,7 +193,7 @@ class Problem:
         return cls(**kwargs)
 
     def with_dtype(self, dtype: str) -> Problem:
-        """The same problem with inputs of another dtype (what a conversion kernel hands on)."""
+        """The same problem with inputs of another dtype (what a conversion hands on)."""
         return replace(self, dtype=dtype)
 
     def with_layout(self, *, strided: bool) -> Problem:
@@ -237,36 +201,14 @@ class Problem:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_tensors(
-        cls,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        enable_gqa: bool = False,
-    ) -> Problem:
-        """Validate SDPA inputs and describe them.
+    def from_tensors(cls, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                     enable_gqa: bool = False) -> Problem:
+        """Validate SDPA inputs and describe them. `attn_mask`: bool (True = attend), float (added), or a
+        `CausalBias` (`causal_alignment`).
 
-        Parameters
-        ----------
-        query: ``[..., L, E]``; key: ``[..., S, E]``; value: ``[..., S, Ev]``. With
-            ``enable_gqa`` the heads dimension (-3) of key/value may divide the query's.
-        attn_mask: bool (True = attend) or float (added to scores), broadcastable to
-            ``[..., L, S]``; or a `torch.nn.attention.bias.CausalBias` (causality, aligned
-            top-left or bottom-right: `causal_alignment`).
-
-        Raises
-        ------
-        RuntimeError
-            Where `F.scaled_dot_product_attention` raises RuntimeError (shapes, dtypes, devices).
-        TypeError
-            For arguments that are not tensors.
-        ValueError
-            For a `CausalBias` together with ``is_causal=True`` (as PyTorch).
-        NotImplementedError
-            For complex inputs (as PyTorch's softmax).
-        """
+        Raises as `F.scaled_dot_product_attention` does: RuntimeError (shapes, dtypes, devices), TypeError
+        (non-tensors), ValueError (a `CausalBias` with ``is_causal=True``), NotImplementedError (complex inputs)."""
         from attn_dispatch.kernels._layout import describe_inputs
 
         return describe_inputs(cls, query, key, value, attn_mask, is_causal, enable_gqa)

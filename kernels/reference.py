@@ -8,20 +8,11 @@ import math
 import torch
 
 
-def reference_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> torch.Tensor:
-    """SDPA in float64 on the inputs' device: ``[..., Hq, L, E]`` -> ``[..., Hq, L, Ev]`` (float64).
-
-    Bool masks: True = attend. Float masks are added. ``is_causal`` is top-left aligned and is
-    combined with a mask when both are given. Rows with every key blocked give zeros.
-    """
+def reference_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                        scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """SDPA in float64 on the inputs' device -> ``[..., Hq, L, Ev]``: bool masks True = attend, float masks added,
+    ``is_causal`` top-left and combined with a mask, fully blocked rows zero."""
     q, k, v = query.double(), key.double(), value.double()
     if enable_gqa and q.dim() >= 3:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
@@ -46,10 +37,8 @@ def reference_attention(
 
 
 def relative_errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
-    """(relative L2 error, largest element error / largest reference element), in float64.
-
-    NaN or inf anywhere in `out` gives ``(inf, inf)``.
-    """
+    """(relative L2 error, largest element error / largest reference element) in float64; ``(inf, inf)`` for NaN or
+    inf in `out`."""
     out64 = out.detach().double()
     ref64 = ref.detach().double().to(out64.device)
     if out64.shape != ref64.shape:

@@ -61,10 +61,7 @@ def _plain_from_name(name: str) -> Kernel:
 
 
 def kernel_from_name(name: str, *, policy: AccuracyPolicy = LOSSLESS) -> Kernel:
-    """Build any kernel variant from its name (the inverse of ``kernel.name``).
-
-    Raises ValueError for names that are not ours (so a table naming a foreign kernel is rejected).
-    """
+    """Build any kernel variant from its name (inverse of ``kernel.name``); ValueError for names that are not ours."""
     if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
         raise ValueError(f"kernel name must be a non-empty string of at most {MAX_NAME_LENGTH} characters, got {name!r}")
     match = _CONVERT.match(name)
@@ -81,21 +78,17 @@ def kernel_from_name(name: str, *, policy: AccuracyPolicy = LOSSLESS) -> Kernel:
     return kernel
 
 
-# Default parameterisations: a spread over each family's parameter space so an uncalibrated
-# dispatcher has small, medium and large blocks to choose from; calibration tunes them further.
+# Default parameterisations: small, medium and large blocks for an uncalibrated dispatcher (calibration tunes them).
 DEFAULT_CHUNKED = (ChunkedKernel(q=128, kv=1024), ChunkedKernel(q=512, kv=4096), ChunkedKernel(q=2048, kv=16384))
 DEFAULT_SMALL_Q = (SmallQKernel(splits=1), SmallQKernel(splits=8), SmallQKernel(splits=32))
-# Hopper-class cards run FlashAttention-2 best at 128-row query blocks, 64-key blocks, 8 warps and
-# 3 stages for head dims up to 128; older cards (gfx906: 64 KiB of LDS, no matrix cores) and small
-# head dims want smaller blocks and fewer warps.
+# Hopper-class cards: 128-row query blocks, 64-key blocks, 8 warps, 3 stages; gfx906 (64 KiB LDS) and small head
+# dims: smaller blocks and fewer warps.
 DEFAULT_TRITON_FLASH = (TritonFlashKernel(bm=128, bn=64, w=8, s=3), TritonFlashKernel(bm=64, bn=32, w=4, s=2))
-# Flash-decoding wants enough (batch x K/V head, split) programs to fill the card: 16 splits of
-# 64-key blocks for batched or short caches; 64 splits of 32-key blocks for one sequence's long
-# cache, small enough (two stages of 32 keys) for gfx906's 64 KiB of LDS at head dim 128.
+# Flash-decoding: enough (batch x K/V head, split) programs to fill the card; 64 splits of 32-key blocks fit
+# gfx906's LDS at head dim 128.
 DEFAULT_TRITON_DECODE = (TritonDecodeKernel(splits=16, bn=64, w=4, s=2), TritonDecodeKernel(splits=64, bn=32, w=4, s=2))
-# What a conversion hands its inputs to: the fused backends, one portable kernel of each kind, and
-# the Triton kernels' small configurations (they fit gfx906's 64 KiB of LDS, where bf16 inputs
-# converted to fp16 run at the card's dot2 rate: `convert[bf16->fp16]+triton_flash[...]`).
+# What a conversion hands its inputs to: the fused backends, one portable kernel of each kind, and the Triton
+# kernels' small configurations (gfx906: bf16 converted to fp16 runs at its dot2 rate).
 CONVERT_INNER = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "chunked[q=512,kv=4096]", "small_q[splits=8]",
                  DEFAULT_TRITON_FLASH[-1].name, DEFAULT_TRITON_DECODE[-1].name)
 CONVERSIONS = ("fp16->fp32", "bf16->fp32", "bf16->fp16", "fp16->bf16", "fp32->bf16", "fp32->fp16", CONTIGUOUS)
@@ -113,8 +106,7 @@ def all_kernels(*, policy: AccuracyPolicy = LOSSLESS) -> list[Kernel]:
 
 
 def portable_kernels(*, policy: AccuracyPolicy = LOSSLESS) -> list[Kernel]:
-    """What a card without fused SDPA backends has (gfx906): math, chunked, small_q, the Triton
-    kernels (where Triton compiles for the card: their `reasons` say), convert."""
+    """What a card without fused SDPA backends has (gfx906): math, chunked, small_q, Triton kernels, convert."""
     return [k for k in all_kernels(policy=policy) if not uses_fused_backend(k)]
 
 
@@ -124,15 +116,12 @@ def uses_fused_backend(kernel: Kernel) -> bool:
 
 
 def interpreted(kernel: Kernel) -> bool:
-    """Whether `kernel`'s work would run under Triton's interpreter here (``TRITON_INTERPRET=1``):
-    right answers, never speed. Tests run such kernels by name; sets that serve or time calls
-    leave them out (`serving`)."""
+    """Whether `kernel`'s work would run under Triton's interpreter here: left out of serving sets."""
     return working_family(kernel) in TRITON_FAMILIES and interpreting()
 
 
 def serving(kernels: list[Kernel]) -> list[Kernel]:
-    """`kernels` without those Triton's interpreter would run (`interpreted`): what a dispatcher
-    chooses from and calibration times."""
+    """`kernels` without the interpreted ones (`interpreted`): what a dispatcher chooses from and calibration times."""
     return [kernel for kernel in kernels if not interpreted(kernel)]
 
 

@@ -1,14 +1,7 @@
-"""`sdpa_flash`, `sdpa_efficient`, `sdpa_cudnn`, `sdpa_math`, `sdpa_default`: PyTorch's own
-attention backends as candidates.
-
-A forced backend is called through its ATen operator, not by entering `sdpa_kernel` on every call
-(that context manager costs tens of microseconds per call: shared/reference/h200-probe.md).
-Calling the operator skips SDPA's input preparation, so this module does it: GQA (native when the
-backend supports it, else by folding query heads into rows or repeating K/V), masks as aligned
-additive biases, causality merged into the bias when both are given, and fully masked rows zeroed.
-Whether a backend works on this build and device is probed once per (device, dtype, feature) with
-tiny inputs checked against the float64 reference.
-"""
+"""`sdpa_flash`, `sdpa_efficient`, `sdpa_cudnn`, `sdpa_math`: PyTorch's attention backends as candidates, called
+through their ATen operators (not `sdpa_kernel`, which costs host time per call). This module therefore does SDPA's
+input preparation: GQA (native, query heads folded into rows, or K/V repeated), masks and bottom-right causality as
+aligned additive biases, fully masked rows zeroed. Backends are probed before use (`sdpa_default.probe_backend`)."""
 
 from __future__ import annotations
 
@@ -34,13 +27,10 @@ FUSED_MAX_HEAD_DIM = 256
 FUSED_HEAD_DIM_MULTIPLE = 8
 
 
-def additive_bias(
-    mask: torch.Tensor | None, causal: bool, dtype: torch.dtype, L: int, S: int, align: int = 1, offset: int = 0,
-    device: torch.device | None = None,
-) -> torch.Tensor | None:
-    """``[B|1, H|1, L|1, S|1]`` mask (+ causality, diagonal shifted by `offset`:
-    `Problem.causal_offset`) -> additive float bias ``[B|1, H|1, L, S]`` in `dtype` on `device`
-    (the mask's when given), rows padded to a multiple of `align` elements (then sliced back to S)."""
+def additive_bias(mask: torch.Tensor | None, causal: bool, dtype: torch.dtype, L: int, S: int, align: int = 1,
+                  offset: int = 0, device: torch.device | None = None) -> torch.Tensor | None:
+    """``[B|1, H|1, L|1, S|1]`` mask (+ causality, diagonal shifted by `offset`) -> additive float bias ``[B|1, H|1,
+    L, S]`` in `dtype` on `device` (the mask's when given), rows padded to a multiple of `align` elements."""
     if mask is None and not causal:
         return None
     shape = (mask.shape[0], mask.shape[1]) if mask is not None else (1, 1)
@@ -58,9 +48,7 @@ def additive_bias(
 
 
 def zero_fully_masked_rows_(out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Set rows of ``out [B, H, L, Ev]`` whose every key is blocked in ``bias`` to zero: in place,
-    except where autograd records `out` (the operator saved it for its backward: an in-place
-    write would fail the backward with "modified by an inplace operation")."""
+    """Zero rows of ``out`` whose every key ``bias`` blocks: in place unless autograd saved `out`."""
     dead = (bias == float("-inf")).all(dim=-1, keepdim=True)  # [B|1, H|1, L, 1]
     if out.requires_grad:
         return out.masked_fill(dead, 0.0)
@@ -68,9 +56,7 @@ def zero_fully_masked_rows_(out: torch.Tensor, bias: torch.Tensor) -> torch.Tens
 
 
 def _backward_needs_logsumexp(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-    """Whether the operator must keep each row's logsumexp: its backward needs it (as
-    `F.scaled_dot_product_attention` asks; without it the efficient backward raises "LSE is not
-    correctly aligned")."""
+    """Whether the operator must keep each row's logsumexp for a backward (the efficient backward needs it)."""
     return torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
 
 
@@ -124,8 +110,8 @@ class SdpaBackendKernel(Kernel):
         return True
 
     def _features(self, problem: Problem) -> list[str]:
-        """The probes this problem relies on: 'base', and 'causal_square' / 'causal_rect'
-        (L == S / L != S, where a kernel may align the diagonal bottom-right) or 'mask'."""
+        """The probes this problem relies on: 'base', and 'causal_square' / 'causal_rect' (L == S / L != S: a kernel
+        may align the diagonal bottom-right) or 'mask'."""
         features = ["base"]
         if self._bias_needed(problem):
             features.append("mask")
@@ -134,13 +120,10 @@ class SdpaBackendKernel(Kernel):
         return features
 
     def _bias_needed(self, problem: Problem) -> bool:
-        """Masks, causality combined with a mask, and bottom-right causality (the operators'
-        ``is_causal`` is top-left) travel as an additive bias."""
+        """Masks and bottom-right causality (the operators' ``is_causal`` is top-left) travel as an additive bias."""
         return problem.mask_kind != "none" or problem.causal_offset != 0
 
-    # Only FlashAttention checks K/V head counts itself (its `mha_fwd` takes num_heads_k dividing
-    # num_heads); other operators are never handed fewer K/V heads, so a probe cannot read out of
-    # bounds on the device.
+    # only FlashAttention checks K/V head counts itself: others are never handed fewer K/V heads
     may_take_fewer_kv_heads: ClassVar[bool] = False
 
     def native_gqa(self, device_type: str, dtype: str) -> bool:
@@ -160,9 +143,8 @@ class SdpaBackendKernel(Kernel):
         return "repeat"
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """Output, the softmax log-sum-exp (fp32 per row), a bias (mask in the input dtype, rows
-        aligned), K/V repeated per group when GQA can be neither native nor folded, and one copy
-        of strided inputs (canonicalisation's or `_forward`'s `.contiguous()`, never both)."""
+        """Output, fp32 log-sum-exp per row, an aligned bias with its masked-row test, K/V repeated when GQA is
+        neither native nor folded, and one copy of strided inputs."""
         extra = problem.out_bytes + self.input_copy_bytes(problem)
         extra += problem.batch * problem.q_heads * problem.q_len * 4
         if self._bias_needed(problem):
@@ -209,18 +191,15 @@ class SdpaBackendKernel(Kernel):
 
     # ------------------------------------------------------------------ the warm path's shortcut
     bare_ops: ClassVar[dict[str, str]] = {}
-    """Device type -> the name of the ATen operator `runner` calls bare there (`BareCall.op`)."""
+    """Device type -> the ATen operator `runner` calls bare there (`BareCall.op`)."""
 
     def _bare_op(self, device_type: str = "cuda"):
-        """``(query, key, value, causal, scale) -> output`` calling this backend's ATen operator
-        on `device_type` with nothing around it (no mask), or None where the backend has no such call."""
+        """``(query, key, value, causal, scale) -> output`` calling the bare operator on `device_type`, or None."""
         return None
 
     def bare_call(self, problem: Problem) -> BareCall | None:
-        """What `runner` calls for `problem` in place of `run`, or None where it runs `run`: without
-        a mask, on inputs that do not broadcast, top-left or no causality, GQA native or folded into
-        rows (K/V repeated per group is `run`'s). The fast path (`dispatcher.fast_path`) makes the
-        same operator call in C++."""
+        """What `runner` calls in place of `run`, or None: only without a mask, broadcasting or bottom-right
+        causality, with GQA native or folded. The C++ fast path (`dispatcher.fast_path`) makes the same call."""
         op = self.bare_ops.get(problem.device_type)
         if (op is None or problem.mask_kind != "none" or problem.broadcast_inputs
                 or problem.causal_offset or problem.is_degenerate):
@@ -232,12 +211,8 @@ class SdpaBackendKernel(Kernel):
         return BareCall(op) if mode in ("none", "native") else None
 
     def runner(self, problem: Problem):
-        """Where `bare_call` names one, on 4-D inputs: the backend's ATen operator, called directly
-        (with GQA folded into rows or passed natively, as `_forward` does), also on strided inputs
-        whose last dimension is dense (a slice of a KV cache, transformers' ``[B, L, H, D]``
-        transposed), which the operators take as they are. `run` canonicalises, checks strides and
-        picks the GQA mode on every call, which costs more host time than a host-bound decode call
-        on a GPU takes (docs/RESULTS.md#warm-parity)."""
+        """Where `bare_call` names one, the backend's ATen operator called directly on 4-D inputs, also strided ones
+        with a dense last dimension; else `run`, which canonicalises on every call (docs/RESULTS.md#warm-parity)."""
         bare_call = self.bare_call(problem)
         op = None if bare_call is None else self._bare_op(problem.device_type)
         if op is None:
@@ -278,9 +253,8 @@ class SdpaFlashKernel(SdpaBackendKernel):
 
     def _call_op(self, query, key, value, bias, causal, scale):
         if query.device.type == "cpu":
-            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                query, key, value, 0.0, causal, attn_mask=bias, scale=scale
-            )[0]
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, causal,
+                                                                              attn_mask=bias, scale=scale)[0]
         if bias is not None:
             raise RuntimeError("sdpa_flash on CUDA takes no attention mask")
         return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, causal, False, scale=scale)[0]
@@ -355,10 +329,8 @@ class SdpaMathKernel(SdpaBackendKernel):
         return "none" if problem.gqa_ratio == 1 else "native"
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """The math backend (`_scaled_dot_product_attention_math` in ATen's attention.cpp)
-        materialises scores and their softmax (12 bytes per score element with the mask's bias),
-        upcasts half inputs to fp32, scales Q and K in copies, and repeats K/V for GQA after the
-        upcast (the fp32 repeat dominates with bf16 and GQA 8)."""
+        """ATen's math backend materialises scores and softmax (12 bytes per score element with a bias), upcasts half
+        inputs to fp32, scales Q and K in copies, and repeats K/V for GQA after the upcast."""
         widen = 4 // problem.itemsize if problem.itemsize < 4 else 1  # fp32 copies of half inputs
         upcast = (problem.q_bytes + problem.kv_bytes) * widen if widen > 1 else 0
         repeated_kv = problem.kv_bytes * widen * problem.gqa_ratio if problem.gqa_ratio > 1 else 0
@@ -387,23 +359,18 @@ class SdpaMathKernel(SdpaBackendKernel):
 
 
 FORCED_BACKENDS = {cls.family: cls for cls in (SdpaFlashKernel, SdpaEfficientKernel, SdpaCudnnKernel, SdpaMathKernel)}
-"""The backends a kernel can force, by family (PyTorch's own choice is `sdpa_default.SdpaDefaultKernel`)."""
+"""The backends a kernel can force, by family."""
 
 
-# the bare ATen operator call a fused backend's plan makes, named so that the fast path
-# (`dispatcher.fast_path`) can make the same call in C++
-
+# the bare ATen operator call a fused backend's plan makes (`dispatcher.fast_path` makes it in C++)
 
 @dataclass(frozen=True)
 class BareCall:
     """The one ATen operator call `SdpaBackendKernel.runner` makes for a problem.
 
-    op: the operator's name (``"flash"``, ``"flash_cpu"``, ``"efficient"``, ``"cudnn"``: the
-        `_scaled_dot_product_*_attention` operators), called with no mask, no dropout, the call's
-        causality and scale.
-    rows, out_shape: GQA folded into rows: the query reshaped to ``rows`` ``[B, Hkv, R * L, E]``
-        before the call and the output to ``out_shape`` ``[B, Hq, L, Ev]`` after (None: as given).
-    """
+    `op`: ``"flash"``, ``"flash_cpu"``, ``"efficient"`` or ``"cudnn"``, called with no mask or dropout; `rows`,
+    `out_shape`: with GQA folded, the query reshaped to ``[B, Hkv, R * L, E]`` and the output to ``[B, Hq, L, Ev]``
+    (None: as given)."""
 
     op: str
     rows: tuple[int, ...] | None = None
@@ -411,7 +378,5 @@ class BareCall:
 
 
 def aten_binding(name: str):
-    """ATen operator `name` through its generated ``torch.<name>`` binding where torch has one
-    (its arguments are parsed in C++, about 2 us a call cheaper than ``torch.ops.aten.<name>.default``
-    on a CPU, where the warm path's whole budget is about 1 us), else the operator overload."""
+    """ATen operator `name` through its C++-parsed ``torch._C._VariableFunctions`` binding if any, else the overload."""
     return getattr(torch._C._VariableFunctions, name, None) or getattr(torch.ops.aten, name).default

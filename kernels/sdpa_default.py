@@ -1,8 +1,6 @@
-"""`sdpa_default`: `F.scaled_dot_product_attention` as PyTorch dispatches it by itself (the baseline
-the dispatcher must never be slower than), with the repairs PyTorch's backends needed; and the
-probes of PyTorch's backends: whether one works on this build and device (a tiny problem checked
-against the float64 reference, cached per backend, device type, dtype and feature: PyTorch has
-shipped backends that returned wrong results silently), and which one PyTorch would pick."""
+"""`sdpa_default`: `F.scaled_dot_product_attention` as PyTorch dispatches it (the baseline), with the repairs its
+backends need; and the backend probes: whether a backend works on this build and device (a tiny problem against the
+float64 reference, cached per backend, device type, dtype and feature), and which backend PyTorch would pick."""
 
 from __future__ import annotations
 
@@ -41,12 +39,9 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         return []
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """The workspace of the backend PyTorch picks for problems of this kind on this device
-        (asked once per kind of problem with tiny inputs, then cached: see
-        `default_backend_choice`; on gfx906, which has no fused kernel, that is the math path's).
-        PyTorch repeats K/V for GQA on backends without native support. With a mask, add what
-        `_call_pytorch` builds around the call: the mask stored out over keys (when broadcast
-        there) and the blocked-key test of the fully-masked-row repair (one byte per element)."""
+        """The workspace of the backend PyTorch picks for this kind of problem (`default_backend_choice`), K/V
+        repeated for GQA where it has no native support, plus what `_call_pytorch` builds around a masked call (a
+        key-broadcast mask stored out, the fully-masked-row test)."""
         family = default_backend_choice(problem)
         chosen = FORCED_BACKENDS[family]()
         extra = chosen.workspace_bytes(problem)
@@ -64,11 +59,8 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         return extra
 
     def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
-        """PyTorch's SDPA on the caller's own tensors, with no canonicalisation (it would cost
-        several microseconds of host time per call). The cases PyTorch does not take as given (a
-        mask together with causality, a 1-D mask (PyTorch raises IndexError on it; SDPA's
-        broadcasting allows it), broadcast inputs, a size of 0 (PyTorch's CUDA efficient backward
-        asserts on zero heads) go through the base class."""
+        """PyTorch's SDPA on the caller's tensors; a mask with causality, a 1-D mask, broadcast or empty inputs go
+        through the base class."""
         if (
             attn_mask is not None and (problem.causal or attn_mask.dim() < 2)
             or problem.broadcast_inputs
@@ -79,11 +71,9 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         return self._call_pytorch(query, key, value, attn_mask, problem.causal, scale, enable_gqa)
 
     def runner(self, problem: Problem):
-        """Without a mask, on inputs PyTorch takes as given, the bare
-        ``torch._C._nn.scaled_dot_product_attention`` call with the flags bound: the warm path of a
-        20 us call then adds no Python frame of ours around PyTorch's (`run` adds three). With a
-        mask, on a CPU whose SDPA zeroes fully masked rows itself: the bare call too (`run` would
-        add its own checks to every masked call)."""
+        """The bare ``torch._C._nn.scaled_dot_product_attention`` call with flags bound, without a mask on inputs
+        PyTorch takes as given, or masked where `_masked_call_is_bare`: no Python frame of ours on the warm path;
+        else `run`."""
         if problem.mask_kind != "none":
             return self._masked_runner(problem)
         if problem.broadcast_inputs or problem.causal_offset or problem.is_degenerate:
@@ -97,11 +87,7 @@ class SdpaDefaultKernel(SdpaBackendKernel):
         return lambda q, k, v, mask, scale, gqa, problem: pytorch_sdpa(q, k, v, is_causal=causal, scale=scale)
 
     def sdpa_call(self, problem: Problem) -> tuple[bool, bool, bool] | None:
-        """Where `runner` is the bare call (see there), the flags of that call (`Kernel.sdpa_call`).
-        PyTorch < 2.5 has no ``enable_gqa``: None. A problem's mask is 4-D whatever the caller's
-        was: a plan made for a 1-D mask, which PyTorch refuses, makes no bare call
-        (`dispatcher.plans.Plan`: ``mask_ndim``); a decode step's (B, 1, 1, S) mask does, which
-        keeps a masked CPU decode loop level with SDPA (docs/RESULTS.md#decode-loop)."""
+        """The flags of `runner`'s bare call (`Kernel.sdpa_call`); None where it makes none or on PyTorch < 2.5."""
         if (not TORCH_HAS_ENABLE_GQA or problem.broadcast_inputs or problem.causal_offset or problem.is_degenerate
                 or problem.causal_alignment != "top_left"):
             return None
@@ -112,16 +98,14 @@ class SdpaDefaultKernel(SdpaBackendKernel):
 
     @staticmethod
     def _masked_call_is_bare(problem: Problem) -> bool:
-        """Whether `run` on a masked `problem` only calls PyTorch: a CPU, no causality, inputs
-        PyTorch takes as given, rows PyTorch zeroes itself (a 1-D mask aside)."""
+        """Whether masked `run` only calls PyTorch: CPU, no causality, plain inputs, rows PyTorch zeroes itself."""
         return not (problem.device_type != "cpu" or problem.causal or problem.broadcast_inputs
                     or problem.is_degenerate or not TORCH_HAS_ENABLE_GQA
                     or not default_zeroes_dead_rows(torch.device("cpu"), problem.torch_dtype,
                                                     problem.mask_kind == "bool"))
 
     def _masked_runner(self, problem: Problem):
-        """`run`, or where `run` would only call PyTorch (`_masked_call_is_bare`) the bare call; a
-        1-D mask still goes through `run`."""
+        """`run`, or where it would only call PyTorch the bare call (a 1-D mask still goes through `run`)."""
         if not self._masked_call_is_bare(problem):
             return self.run
         run = self.run
@@ -148,41 +132,37 @@ class SdpaDefaultKernel(SdpaBackendKernel):
 
     @staticmethod
     def _call_pytorch(query, key, value, mask, causal: bool, scale: float | None, gqa: bool) -> torch.Tensor:
-        """``F.scaled_dot_product_attention`` with two repairs, made only where needed: on a GPU a
-        mask whose key dimension is broadcast is stored out in full (the memory-efficient backend
-        raises "(*bias): last dimension must be contiguous"), and rows the mask blocks entirely are
-        zeroed unless PyTorch does so itself (`default_zeroes_dead_rows`: the fused GPU backends
-        return garbage there)."""
+        """``F.scaled_dot_product_attention`` with two repairs where needed: on a GPU a key-broadcast mask is stored
+        out in full (the memory-efficient backend needs a contiguous last dimension), and fully blocked rows are
+        zeroed unless PyTorch does it (`default_zeroes_dead_rows`)."""
         if mask is not None and query.device.type != "cpu" and not key_dim_is_dense(mask, key.shape[-2]):
             mask = mask.expand(*mask.shape[:-1], key.shape[-2]).contiguous()
         kwargs = {"enable_gqa": True} if gqa and TORCH_HAS_ENABLE_GQA else {}
         out = pytorch_sdpa(query, key, value, mask, 0.0, causal, scale=scale, **kwargs)
         if mask is None or default_zeroes_dead_rows(out.device, out.dtype, mask.dtype == torch.bool):
             return out
-        if mask.dtype == torch.bool:  # two kernels, not three (`any`, `logical_not_`, `masked_fill_`): every call
+        if mask.dtype == torch.bool:  # two kernels, not three: every call
             return out.where(mask.any(dim=-1, keepdim=True), 0.0)  # of a static-cache decode makes it
         dead = (mask == float("-inf")).all(dim=-1, keepdim=True)  # [..., L|1, 1]
         return out.masked_fill(dead, 0.0) if out.requires_grad else out.masked_fill_(dead, 0.0)
 
 
 def _mask_needs_query_dtype(problem: Problem) -> bool:
-    """A float mask on half inputs on a GPU: PyTorch's SDPA there takes a float32 mask on bf16 or
-    fp16 inputs and its cuDNN backend gives wrong rows (torch 2.11; the memory-efficient backend
-    refuses it: "invalid dtype for bias"); a mask in the query's dtype is right. The mask is rebased first (`kernels._layout`), so
-    narrowing it to fp16 turns only penalties below -65504 into -inf, which block exactly."""
+    """A float mask on half inputs on a GPU: PyTorch's cuDNN backend gives wrong rows with a float32 mask there (the
+    memory-efficient one refuses it), so it is cast to the query's dtype; rebased first (`kernels._layout`),
+    narrowing turns only penalties below -65504 into -inf, which block exactly."""
     return problem.mask_kind == "float" and problem.itemsize < 4 and problem.device_type != "cpu"
 
 
 def key_dim_is_dense(mask: torch.Tensor, S: int) -> bool:
-    """Whether a mask's key dimension is stored in full with unit stride (PyTorch's
-    memory-efficient CUDA backend takes no other)."""
+    """Whether a mask's key dimension is full with unit stride (all the memory-efficient CUDA backend takes)."""
     return mask.shape[-1] == S and (mask.stride(-1) == 1 or S == 1)
 
 
 def combine_mask_and_causal(mask: torch.Tensor, L: int, S: int, offset: int = 0) -> torch.Tensor:
-    """One mask meaning both `mask` and causality (top-left, or shifted by `offset`). PyTorch's
-    math backend refuses a mask with ``is_causal``; its default CPU path combines them, which is
-    the semantics we keep (docs/USAGE.md, "Where PyTorch has two answers")."""
+    """One mask meaning both `mask` and causality (top-left, or shifted by `offset`): PyTorch's math backend refuses
+    a mask with ``is_causal``; its default CPU path combines them, the semantics we keep (docs/USAGE.md, "Where
+    PyTorch has two answers")."""
     blocked = causal_blocked(slice(0, L), slice(0, S), mask.device, offset)
     if blocked is None:
         return mask
@@ -194,9 +174,7 @@ def combine_mask_and_causal(mask: torch.Tensor, L: int, S: int, offset: int = 0)
 SDPA_BACKEND_KERNELS = (*FORCED_BACKENDS.values(), SdpaDefaultKernel)
 
 
-# backend probes
-# Small enough to cost microseconds, large enough to exercise tiling: L != S so that a kernel
-# aligning the causal diagonal bottom-right is caught, head dim 64 (every fused kernel takes it).
+# backend probes: tiny but tiled; L != S catches a bottom-right causal diagonal; every fused kernel takes D=64
 PROBE_HEADS, PROBE_Q_LEN, PROBE_KV_LEN, PROBE_HEAD_DIM = 4, 24, 40, 64
 
 _results: dict[tuple[str, str, str, str], str | None] = {}
@@ -208,18 +186,14 @@ _ASSUMED_CARD = ContextVar("assumed_card", default=None)
 _DEFERRED = ContextVar("probes_deferred", default=False)
 
 DEFERRED_GQA = "native GQA not probed yet (taken as absent while probes are deferred)"
-"""What a deferred ``gqa`` probe answers: the pessimistic answer, so a workspace estimated meanwhile
-counts K/V repeated per group (never less than the call will take)."""
+"""A deferred ``gqa`` probe's answer: absent, so a workspace estimated meanwhile counts K/V repeated."""
 
 
 @contextmanager
 def probes_deferred() -> Iterator[None]:
-    """Inside: a probe not run yet in this process is not run, and answers "works" (the ``gqa``
-    probe: "absent", `DEFERRED_GQA`). For ranking a bucket's kernels on its first call without
-    running each backend's probe (a tiny problem against the float64 reference, which cost a fresh
-    process's first call 30-60 ms of first-use set-up per probe on the 2-core CPU): whatever then
-    runs a kernel first asks `Kernel.reasons` outside this block, which probes it (the dispatcher's
-    planner and training route do). Results already known are answered as they are."""
+    """Inside: a probe not yet run in this process is not run and answers "works" (``gqa``: `DEFERRED_GQA`); known
+    results answer as they are. For ranking a bucket on its first call; whatever then runs a kernel asks
+    `Kernel.reasons` outside this block, which probes it."""
     token = _DEFERRED.set(True)
     try:
         yield
@@ -231,22 +205,17 @@ class AssumedCard(Protocol):
     """What a card answered that this machine cannot ask (`bench.offline_card` records them)."""
 
     def default_backend(self, problem: Problem) -> str | None:
-        """The family `default_backend_choice` gave on the card, or None where not recorded."""
+        """The family `default_backend_choice` gave on the card, or None."""
 
     def probe_failure(self, family: str, dtype: str, feature: str) -> str | None:
-        """Why that probe failed on the card, or None where it passed."""
+        """Why that probe failed on the card, or None."""
 
 
 @contextmanager
 def assume_backends_available(card: AssumedCard | None = None) -> Iterator[None]:
-    """Inside: a backend probe for a device type this process has no device of answers "works"
-    instead of "not available". For building or scoring a card's table on another machine (a CPU
-    refitting a GPU's measurements), where the measurements say what ran on the card; each
-    kernel's static limits (dtypes, head dims, device kinds) still apply. With `card`, probes and
-    PyTorch's default backend choice answer as recorded on that card instead (so that
-    `sdpa_default`'s features equal the card's); without, an enclosing block's card. A machine
-    that has a device of that type (refitting an H200 calibration on another GPU) probes its own
-    device: refit on the card itself, or on a CPU."""
+    """Inside: a probe for a device type this process has none of answers "works" (or as recorded on `card`, also for
+    `default_backend_choice`; without `card`, an enclosing block's), for building or scoring a card's table
+    elsewhere. Static kernel limits still apply; a machine with such a device probes its own."""
     tokens = _ASSUME_AVAILABLE.set(True), _ASSUMED_CARD.set(card if card is not None else _ASSUMED_CARD.get())
     try:
         yield
@@ -280,16 +249,13 @@ def probe_backend(kernel: SdpaBackendKernel, device_type: str, dtype: str, featu
 
 
 def passed_probes(device_type: str) -> set[tuple[str, str, str, str]]:
-    """The probe keys (family, device type, dtype, feature) that passed in this process on
-    `device_type` (what `models.probe_store` keeps across processes)."""
+    """The probe keys (family, device type, dtype, feature) that passed in this process on `device_type`."""
     with _lock:
         return {key for key, failure in _results.items() if failure is None and key[1] == device_type}
 
 
 def seed_passed_probes(keys) -> None:
-    """Take these probe keys as passed without running them (kept by an earlier process on the
-    same device and software stack: `models.probe_store`); a key already probed here keeps its
-    result."""
+    """Take these probe keys as passed without running them (`models.probe_store`); known results stay."""
     with _lock:
         for key in keys:
             _results.setdefault(tuple(key), None)
@@ -306,11 +272,9 @@ _dead_rows: dict[tuple[torch.dtype, bool], bool] = {}
 
 
 def default_zeroes_dead_rows(device: torch.device, dtype: torch.dtype, bool_mask: bool) -> bool:
-    """Whether PyTorch's own SDPA gives zeros for rows its mask blocks entirely, as SDPA's
-    semantics say, so `sdpa_default` need not repair them (the repair adds about a tenth to a
-    masked CPU decode call). Asked once per dtype and mask kind on CPUs. Never assumed on GPUs,
-    where the answer depends on the backend each shape gets (the memory-efficient backend returns
-    garbage there)."""
+    """Whether PyTorch's own SDPA zeroes rows its mask blocks entirely (SDPA's semantics), so `sdpa_default` need not
+    repair them: asked once per dtype and mask kind on CPUs, never assumed on GPUs (it depends on each shape's
+    backend)."""
     if device.type != "cpu":
         return False
     key = (dtype, bool_mask)
@@ -372,10 +336,7 @@ def _run_probe(kernel: SdpaBackendKernel, device_type: str, dtype: str, feature:
         return f"{kernel.family} failed its {feature} probe on {where}: {type(error).__name__}: {message}"
     rel_l2, rel_max = relative_errors(out, reference)
     if not TOLERANCES[dtype].accepts(rel_l2, rel_max):
-        return (
-            f"{kernel.family} gave wrong results in its {feature} probe on {where} "
-            f"(relative error {rel_l2:.1e})"
-        )
+        return (f"{kernel.family} gave wrong results in its {feature} probe on {where} (relative error {rel_l2:.1e})")
     return None
 
 
@@ -385,10 +346,9 @@ _choices: dict[tuple, str] = {}
 
 
 def default_backend_choice(problem: Problem) -> str:
-    """The backend family `F.scaled_dot_product_attention` picks for problems like this one,
-    asked of PyTorch once (tiny inputs with the same dtype, head dims, mask kind, causality and
-    GQA); "sdpa_math" when it cannot be asked. Cached per kind of problem. Off the card, inside
-    `assume_backends_available(card)`, the card's recorded answer where it has one."""
+    """The backend family `F.scaled_dot_product_attention` picks for problems of this kind, asked of PyTorch once
+    with tiny inputs and cached; "sdpa_math" when it cannot be asked. Off the card, inside
+    `assume_backends_available(card)`, the card's recorded answer."""
     card = _ASSUMED_CARD.get()
     if card is not None and _device_absent(problem.device_type):
         recorded = card.default_backend(problem)
@@ -408,9 +368,7 @@ def _always_on() -> bool:
 BACKEND_SWITCHES = tuple(
     getattr(torch._C, f"_get_{name}_sdp_enabled", _always_on) for name in ("flash", "mem_efficient", "math", "cudnn")
 )
-"""Readers of PyTorch's global SDPA backend switches (flash, memory-efficient, math, cuDNN), read
-from `torch._C` directly (what `torch.backends.cuda.*_sdp_enabled()` and `sdpa_kernel` use); a
-switch this torch build lacks reads as on."""
+"""Readers of PyTorch's global SDPA backend switches (flash, efficient, math, cuDNN); a missing one reads as on."""
 
 
 def _enabled_backends() -> tuple[bool, ...]:

@@ -1,16 +1,6 @@
-"""`sdpa_gqa_fold`: PyTorch's own SDPA call with each GQA group's query heads folded into query rows.
-
-Grouped-query attention shares one K/V head among ``G`` query heads. Viewing the query
-``[B, Hq, L, E]`` as ``[B, Hkv, G * L, E]`` (row ``g * L + i`` is query head ``h * G + g`` at
-position ``i``) turns the call into plain multi-head attention against K/V ``[B, Hkv, S, E]``:
-PyTorch's SDPA then reads each K/V head once for its whole group and never repeats K/V, where
-``enable_gqa=True`` may repeat them (its math path, some fused backends) or stream them once per
-query head. The arithmetic of every row is unchanged, so the output is the same.
-
-The fold is exact where every row of a group keeps its own keys: one query row (causality then
-hides nothing or is refused), or no causality (a mask is folded along with the rows). A
-measured variant like any other: calibration times it against `sdpa_default` on every device.
-"""
+"""`sdpa_gqa_fold`: PyTorch's own SDPA with each GQA group's query heads folded into rows: query ``[B, Hq, L, E]``
+viewed as ``[B, Hkv, G * L, E]`` is plain multi-head attention against K/V, so SDPA never repeats K/V. Exact where
+every row keeps its own keys: one query row, or no causality (a mask is folded along)."""
 
 from __future__ import annotations
 
@@ -26,9 +16,7 @@ from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 
 
 def fold_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
-    """A canonical mask ``[B|1, Hq|1, L|1, S|1]`` -> the folded rows' ``[B|1, Hkv|1, G * L|1, S|1]``:
-    itself where it varies over neither heads nor rows, a view where the strides allow, else a copy
-    (`fold_mask_bytes`)."""
+    """Canonical mask -> the folded rows' ``[B|1, Hkv|1, G * L|1, S|1]``: itself, a view, or a copy."""
     mask_b, mask_h, mask_l, mask_s = mask.shape
     if mask_h == 1 and mask_l == 1:
         return mask  # the same for every folded row
@@ -39,7 +27,7 @@ def fold_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
 
 
 def fold_mask_bytes(problem: Problem) -> int:
-    """Upper bound of the copy `fold_mask` makes (none for one query row: the view always exists)."""
+    """Upper bound of `fold_mask`'s copy."""
     if not problem.mask_shape or problem.q_len == 1:
         return 0
     mask_b, mask_h, mask_l, mask_s = problem.mask_shape
@@ -51,8 +39,7 @@ def fold_mask_bytes(problem: Problem) -> int:
 
 
 def folded_problem(problem: Problem) -> Problem:
-    """The plain multi-head problem the fold hands PyTorch: ``Hkv`` heads of ``G * L`` rows, no
-    causality (`SdpaGqaFoldKernel` refuses causality that would hide keys from some row)."""
+    """The plain multi-head problem the fold hands PyTorch: ``Hkv`` heads of ``G * L`` rows, no causality."""
     mask_shape = problem.mask_shape
     if mask_shape:
         mask_b, mask_h, mask_l, mask_s = mask_shape
@@ -80,9 +67,7 @@ class SdpaGqaFoldKernel(SdpaDefaultKernel):
         return super()._own_reasons(folded_problem(problem))
 
     def workspace_bytes(self, problem: Problem) -> int:
-        """PyTorch's default call on the folded problem, the folded query and output when their
-        views need copies (a strided query, an output PyTorch lays out row-outermost), and the
-        folded mask's copy."""
+        """PyTorch's default call on the folded problem, plus copies of folded query, output and mask."""
         if problem.gqa_ratio == 1:
             return super().workspace_bytes(problem)
         folded = folded_problem(problem)
@@ -91,7 +76,7 @@ class SdpaGqaFoldKernel(SdpaDefaultKernel):
 
     # ------------------------------------------------------------------ running
     def run(self, query, key, value, attn_mask, scale, enable_gqa, problem: Problem) -> torch.Tensor:
-        """Canonicalise, then fold (`_forward`): never `sdpa_default`'s unfolded shortcut."""
+        """Canonicalise, then fold (never `sdpa_default`'s unfolded shortcut)."""
         return Kernel.run(self, query, key, value, attn_mask, scale, enable_gqa, problem)
 
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:
@@ -102,11 +87,8 @@ class SdpaGqaFoldKernel(SdpaDefaultKernel):
         return out.reshape(problem.batch, problem.q_heads, problem.q_len, problem.value_dim)
 
     def runner(self, problem: Problem):
-        """Without a mask, on 4-D inputs that do not broadcast: the folded call itself, ``SDPA(
-        query.reshape(rows), key, value).reshape(out)``, with nothing of ours around PyTorch's but
-        the two reshapes (`run` canonicalises and folds on every call). On a CPU where PyTorch's SDPA
-        takes the folded call to its fused CPU kernel (`_cpu_flash_takes`), that kernel's operator
-        itself (`bare_call`): the same kernel on the same tensors, without SDPA's backend choice."""
+        """Without a mask, on non-broadcast 4-D inputs: the folded SDPA call with only two reshapes around it, or on
+        a CPU the fused CPU kernel's operator itself (`_cpu_flash_takes`, `bare_call`); else `run`."""
         if problem.mask_kind != "none" or problem.broadcast_inputs or problem.is_degenerate or problem.gqa_ratio == 1:
             return self.run
         rows = (problem.batch, problem.kv_heads, problem.gqa_ratio * problem.q_len, problem.head_dim)
@@ -130,12 +112,11 @@ class SdpaGqaFoldKernel(SdpaDefaultKernel):
         return folded
 
     def sdpa_call(self, problem: Problem) -> None:
-        """None: the call PyTorch gets is the folded one (`runner`), never the caller's as given."""
+        """None: PyTorch gets the folded call (`runner`), never the caller's as given."""
         return None
 
     def bare_call(self, problem: Problem) -> BareCall | None:
-        """The fused CPU kernel's operator on the folded rows where `runner` calls it
-        (`_cpu_flash_takes`: the fast path then makes the call in C++), else None: `runner`."""
+        """The fused CPU kernel's operator on the folded rows where `runner` calls it; else None."""
         if (problem.mask_kind != "none" or problem.broadcast_inputs or problem.is_degenerate
                 or problem.gqa_ratio == 1 or not _cpu_flash_takes(problem)):
             return None
@@ -148,17 +129,13 @@ CPU_FLASH_DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
 def _cpu_flash_takes(problem: Problem) -> bool:
-    """Whether PyTorch's SDPA runs the folded call of `problem` (no mask, 4-D inputs, the last
-    dimension dense) on its fused CPU kernel, as it does on a CPU for these dtypes with one head dim
-    for query, key and value (`sdp_utils_cpp.cpp`, `use_flash_attention_cpp`; a value head dim of its
-    own goes to the math backend). A caller's `sdpa_kernel` restriction reaches no runner: the
-    dispatcher sends such calls to PyTorch's SDPA as given (`dispatcher.sdpa_context`), unless the
-    caller lets it choose inside them (`respect_sdpa_kernel(False)`), as for `sdpa_flash`."""
+    """Whether PyTorch's SDPA runs the folded call (no mask, 4-D, last dimension dense) on its fused CPU kernel (one
+    head dim for Q, K and V; `use_flash_attention_cpp`). `sdpa_kernel` restrictions never reach a runner
+    (`dispatcher.sdpa_context`)."""
     return (problem.device_type == "cpu" and problem.dtype in CPU_FLASH_DTYPES
             and problem.value_dim == problem.head_dim)
 
 
 def _causality_hides_nothing(problem: Problem) -> bool:
-    """Whether causality leaves every row every key: one query row whose diagonal (at
-    ``causal_offset``) reaches the last key, as in a decode step against a cache."""
+    """Whether causality leaves every row every key: one query row whose diagonal reaches the last key."""
     return problem.q_len == 1 and problem.causal_offset >= problem.kv_len - 1

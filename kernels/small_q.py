@@ -1,16 +1,7 @@
-"""`small_q[splits=P]`: split-KV attention for a few query rows against a deep key/value cache
-(decode, speculative decoding, chunked prefill).
-
-Query heads sharing a key/value head become rows of one matrix (GQA without repeating K/V). One
-QK^T product gives every score, PyTorch's fused softmax (fp32 accumulation) normalises them, and
-the value product runs as ``P`` independent reductions over ``C = S / P`` keys (split-K: more
-parallel work when ``G * L`` is tiny), summed at the end. Every split shares the row's global
-maximum and sum, so the merge is a plain sum: no Python loop over splits, a handful of kernel
-launches in all.
-
-The split view is free only when ``P`` divides ``S``; the kernel uses the largest divisor of ``S``
-not above the requested ``P`` (`effective_splits`).
-"""
+"""`small_q[splits=P]`: split-KV attention for a few query rows against a deep cache (decode, speculative decoding,
+chunked prefill): one QK^T product over GQA-grouped rows, PyTorch's fused softmax, and the value product as ``P``
+reductions over ``S / P`` keys summed at the end (`chunked.split_kv_product`). ``P`` is the largest divisor of ``S``
+not above the request (`effective_splits`)."""
 
 from __future__ import annotations
 
@@ -31,12 +22,7 @@ def effective_splits(requested: int, kv_len: int) -> int:
 
 
 class SmallQKernel(Kernel):
-    """Split-KV attention, vectorised over splits.
-
-    Parameters
-    ----------
-    splits: requested number of key/value splits (``splits=`` in the name).
-    """
+    """Split-KV attention, vectorised over splits (``splits=``: the requested count)."""
 
     family = "small_q"
     PARAM_SPACE = {"splits": [1, 2, 4, 8, 16, 32, 64, 128]}

@@ -38,17 +38,15 @@ PYTORCH_MATH_PATH = "pytorch_math"
 """The baseline of a portable-mode bench: PyTorch's SDPA as gfx906 runs it, its math backend."""
 GIT_TIMEOUT_S = 5  # reading the commit must never hold up a benchmark
 MAX_SETTLING_CALLS = 64
-"""Calls the bench's gated first call of the dispatcher may repeat until the shape's bucket has
-decided its measuring (`measuring`: 2 + 6 candidates x (1 warm-up + 5 rounds) = 38 calls at most
-when every candidate stays in), so the timed rounds see the bucket as it serves for good."""
+"""Calls the bench's first dispatcher call may repeat until its bucket's measuring decided (at most 38 with every
+candidate in), so timed rounds see the bucket as it serves."""
 # The fill scenario's masking, stated in every report (see calibration.scenarios).
 FILL_NOTE = ("fill uses an explicit [1, 1, Lq, Lk] bool mask as transformers does for Lq < Lk (SDPA's is_causal is "
              "top-left); its content is random, which costs the same for every kernel measured")
 
 
 def _git_commit() -> str:
-    """The checkout's short commit; else ``ATTN_DISPATCH_COMMIT`` (a copy without .git, as on a device
-    machine); else ``"unknown"``."""
+    """The checkout's short commit, else ``ATTN_DISPATCH_COMMIT``, else ``"unknown"``."""
     root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -60,8 +58,7 @@ def _git_commit() -> str:
 
 
 def baseline_path(kernels: str) -> BenchPath:
-    """PyTorch's SDPA as the user's card runs it: its default; in portable mode (emulating a card
-    without fused backends, as gfx906) its math backend, which is what such a card's default runs."""
+    """PyTorch's SDPA as the user's card runs it: its default; in portable mode its math backend (gfx906's default)."""
     if kernels == "portable":
         return BenchPath(PYTORCH_MATH_PATH, SdpaMathKernel(), "pytorch")
     return BenchPath(PYTORCH_PATH, PytorchDefault(), "pytorch")
@@ -69,9 +66,8 @@ def baseline_path(kernels: str) -> BenchPath:
 
 def shape_paths(problem: Problem, device: torch.device, dispatcher: Dispatcher, subject: DispatchedKernel,
                 policy: AccuracyPolicy, baseline: BenchPath | None = None) -> list[BenchPath]:
-    """The dispatcher, the baseline (`baseline_path`; default PyTorch's default), then every single
-    kernel (the dispatcher's set but its last resort, the variants its table names and math),
-    fastest predicted first."""
+    """The dispatcher, the baseline (`baseline_path`), then every single kernel (the set but its last resort, the
+    table's variants, math), fastest predicted first."""
     predicted: dict[str, float | None] = {}
     try:
         for candidate in dispatcher.decide(problem, device=device).candidates:
@@ -133,12 +129,11 @@ def conditions(device: torch.device, dispatcher: Dispatcher, shapes: list[Shape]
     }
 
 
-def run_bench(
-    shapes: list[Shape], device: torch.device, *, kernels: str, policy: AccuracyPolicy, memory_budget: int | None,
-    settings: BenchSettings, size: str, progress: Callable[[ShapeResult], None] | None = None, measure: bool = True,
-) -> BenchReport:
-    """Time every shape on `device` with a fresh dispatcher (measuring each bucket on its calls
-    when `measure`, settled before the timed rounds); see module docstring."""
+def run_bench(shapes: list[Shape], device: torch.device, *, kernels: str, policy: AccuracyPolicy,
+              memory_budget: int | None, settings: BenchSettings, size: str,
+              progress: Callable[[ShapeResult], None] | None = None, measure: bool = True) -> BenchReport:
+    """Time every shape on `device` with a fresh dispatcher (with `measure`, each bucket settled before the timed
+    rounds)."""
     # remember_tunings=False: every bench run measures afresh, whatever earlier runs left in the home
     dispatcher = Dispatcher(kernels=kernels, policy=policy, memory_budget=memory_budget, measure=measure,
                             remember_tunings=False)

@@ -1,5 +1,4 @@
-"""What every command shares: the one error type `cli.main` prints as one line (exit 2) and the
-check of ``--device`` / ``--devices``, made once before any command runs."""
+"""What every command shares: `CommandError` (one line, exit 2) and the ``--device`` / ``--devices`` checks."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ from pathlib import Path
 
 
 class CommandError(Exception):
-    """A user error in a command: `cli.main` prints ``attn-dispatch COMMAND: error: <message>``
-    (one line) and exits 2."""
+    """A user error: `cli.main` prints ``attn-dispatch COMMAND: error: <message>`` and exits 2."""
 
 
 def one_line(error: BaseException) -> str:
@@ -20,14 +18,8 @@ def one_line(error: BaseException) -> str:
 
 
 def resolve_device(text: str | None):
-    """``--device`` -> a `torch.device` this build and machine have (default: ``cuda`` when
-    PyTorch sees a GPU, else ``cpu``).
-
-    Raises
-    ------
-    CommandError
-        One line naming the device, what is missing, and what to pass instead.
-    """
+    """``--device`` -> a `torch.device` this machine has (default ``cuda`` where PyTorch sees a GPU, else ``cpu``); a
+    one-line `CommandError` otherwise."""
     import torch
 
     if text is None:
@@ -58,8 +50,7 @@ def resolve_device(text: str | None):
 
 
 def check_devices(args: argparse.Namespace) -> None:
-    """Validate the command's ``--device`` and ``--devices`` options, if it has them and they
-    are set (raises `CommandError`)."""
+    """Validate the command's ``--device`` / ``--devices`` where set (`CommandError`)."""
     if getattr(args, "device", None) is not None:
         resolve_device(args.device)
     for text in (getattr(args, "devices", None) or "").split(","):
@@ -68,8 +59,7 @@ def check_devices(args: argparse.Namespace) -> None:
 
 
 def check_folder(path: str, argument: str, command: str) -> None:
-    """`path`'s folder must exist: like `cp` or `curl -o`, `command` creates no folders (a typo in a
-    path would otherwise leave a new folder tree behind); a `CommandError` naming `argument` and the fix."""
+    """`path`'s folder must exist (commands create no folders): else a `CommandError` naming `argument` and the fix."""
     folder = Path(path).parent
     if folder.is_dir():
         return
@@ -80,8 +70,8 @@ def check_folder(path: str, argument: str, command: str) -> None:
 
 
 def what_is_stored(target: Path) -> tuple[object | None, str | None]:
-    """The table stored at `target` and its `describe` line; (None, None) where there is none. An
-    unreadable file there is described as such, with no table: replacing it loses something too."""
+    """The table stored at `target` and its `describe` line; (None, None) where none (an unreadable file is
+    described, with no table)."""
     from attn_dispatch.dispatcher.commands.export import describe  # (export imports this module)
     from attn_dispatch.models import TableError, load_table
 

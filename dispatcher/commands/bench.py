@@ -14,29 +14,24 @@ NAME = "bench"
 HELP = "time the dispatcher against PyTorch's default, math and every kernel on prefill/fill/decode/video shapes"
 SCENARIO_CHOICES = ("prefill", "fill", "decode", "video", "heldout", "all")
 SIZE_CHOICES = ("auto", "small", "full")
-# Harness defaults per device kind (see calibration.scenario_bench.BenchSettings): on a GPU,
-# 10 rounds and 2.5 s per shape; with them `bench --scenario all` (35 shapes) took about a minute
-# on an H200 (2026-11-30 run: ~55 s wall, per-shape wall_s summing to 34.6 s; docs/COMMANDS.md).
-# The CPU quick sizes need fewer rounds and less time per shape.
+# Harness defaults per device kind (calibration.scenario_bench.BenchSettings; run times: docs/COMMANDS.md)
 GPU_ROUNDS, GPU_SHAPE_BUDGET_S = 10, 2.5
 CPU_ROUNDS, CPU_SHAPE_BUDGET_S = 5, 1.0
-# The first pass of a shape (every path once) may take this many shape budgets before its
-# predicted-slowest kernels are skipped: 7.5 s on a GPU bounds a wrongly predicted 128k shape.
+# Shape budgets a shape's first pass may take before its predicted-slowest kernels are skipped
 FIRST_PASS_SHARE = 3.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from attn_dispatch.dispatcher.core import KERNEL_SETS
 
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="For each scenario's shapes, time the dispatcher (a fresh one), PyTorch's default SDPA, the math "
-        "path and every single kernel, interleaved round-robin, and report medians, spreads, the kernel the "
-        "dispatcher chose, its ratio to the best single kernel and to PyTorch's default, and failures "
-        "(out of memory, over budget) per path, with every condition in the header (whether the machine was busy "
-        "while timing among them), and end with a verdict: gain or no gain on this machine, and why. Markdown on stdout.",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="For each scenario's shapes, time the "
+                                   "dispatcher (a fresh one), PyTorch's default SDPA, the math path and "
+                                   "every single kernel, interleaved round-robin, and report medians, "
+                                   "spreads, the kernel the dispatcher chose, its ratio to the best single "
+                                   "kernel and to PyTorch's default, and failures (out of memory, over "
+                                   "budget) per path, with every condition in the header (whether the "
+                                   "machine was busy while timing among them), and end with a verdict: gain "
+                                   "or no gain on this machine, and why. Markdown on stdout.")
     parser.add_argument("--scenario", default="all", choices=SCENARIO_CHOICES,
                         help="prefill (Lq = Lk, causal), fill (chunk against a long cache, masked), decode (Lq 1-16 "
                         "against 4k-128k), video (8k-128k tokens, non-causal), all (those four; default) or heldout (shapes "

@@ -15,15 +15,12 @@ SECONDS_PER_MINUTE = 60.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="Time every kernel over a seeded sweep of problem shapes on this card, tune chunk "
-        "sizes, splits and the Triton kernels' blocks, warps and stages with optuna, fit the cost model "
-        "and write the card's threshold table. "
-        "Resumable: a killed run continues where it stopped (same options, same journal). "
-        "Files live under $ATTN_DISPATCH_HOME (default: the user cache directory).",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="Time every kernel over a seeded sweep of "
+                                   "problem shapes on this card, tune chunk sizes, splits and the Triton "
+                                   "kernels' blocks, warps and stages with optuna, fit the cost model and "
+                                   "write the card's threshold table. Resumable: a killed run continues "
+                                   "where it stopped (same options, same journal). Files live under "
+                                   "$ATTN_DISPATCH_HOME (default: the user cache directory).")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     where.add_argument("--devices", default=None, metavar="LIST",

@@ -16,15 +16,13 @@ MS = 1e3
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="Re-measure N buckets of the table this device uses (or TABLE) with every kernel each bucket "
-        "ranks, and compare with the table's predicted times: per kernel, the median measured / predicted ratio; "
-        "per bucket, whether the table's first choice is still the fastest (within 10%). Exits 1 and recommends "
-        "`attn-dispatch calibrate` when a decision changed; --fix instead refits the table with the new points and "
-        "stores it for this device (exit 0 once stored).",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="Re-measure N buckets of the table this "
+                                   "device uses (or TABLE) with every kernel each bucket ranks, and compare "
+                                   "with the table's predicted times: per kernel, the median measured / "
+                                   "predicted ratio; per bucket, whether the table's first choice is still "
+                                   "the fastest (within 10%). Exits 1 and recommends `attn-dispatch "
+                                   "calibrate` when a decision changed; --fix instead refits the table with "
+                                   "the new points and stores it for this device (exit 0 once stored).")
     parser.add_argument("table", nargs="?", default=None, metavar="TABLE", help="a table file (default: this device's)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--points", type=int, default=DEFAULT_POINTS, metavar="N", help=f"buckets to re-measure (default {DEFAULT_POINTS})")

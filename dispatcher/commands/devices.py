@@ -11,16 +11,15 @@ GIB = 2**30
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="For the CPU and every visible GPU: name, architecture, compute units, memory, the card model "
-        "and family keys tables are shared by, the fingerprint (card + software stack), and the table lookup level "
-        "that would serve it (exact, model: other stack, family: scaled stand-in, prior: no table; without a table "
-        "measured on the card, what the dispatcher does instead); for a CPU "
-        "table, the torch threads it was timed with against this process's (a warning when they differ). Last, "
-        "whether the C++ fast path is loaded (or why not: `attn-dispatch build-fast-path` builds it).",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="For the CPU and every visible GPU: name, "
+                                   "architecture, compute units, memory, the card model and family keys "
+                                   "tables are shared by, the fingerprint (card + software stack), and the "
+                                   "table lookup level that would serve it (exact, model: other stack, "
+                                   "family: scaled stand-in, prior: no table; without a table measured on "
+                                   "the card, what the dispatcher does instead); for a CPU table, the torch "
+                                   "threads it was timed with against this process's (a warning when they "
+                                   "differ). Last, whether the C++ fast path is loaded (or why not: "
+                                   "`attn-dispatch build-fast-path` builds it).")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(run=run)
 
@@ -34,7 +33,6 @@ def visible_devices() -> list:
 
 
 def device_record(device) -> dict:
-    """Identity, keys and table lookup of one device."""
     import torch
 
     from attn_dispatch.dispatcher.device_ranking import no_table_line
@@ -44,19 +42,17 @@ def device_record(device) -> dict:
 
     identity = DeviceIdentity.detect(device)
     found = lookup_table(identity, warn=False)
-    return {
-        "device": str(device), "name": identity.name, "vendor": identity.vendor, "arch": identity.arch,
-        "compute_units": identity.compute_units, "memory_gib": round(identity.memory_bytes / GIB, 1),
-        "model_key": identity.model_key, "family_key": identity.family_key, "software_key": identity.software_key,
-        "fingerprint": identity.key, "gfx906": identity.is_gfx906,
-        "table_level": found.level, "table_path": None if found.path is None else str(found.path),
-        "table_verdict": None if found.table is None else found.table.verdict,
-        "table_guard": None if found.table is None or found.table.guard is None else found.table.guard.describe(),
-        "table_timing_threads": None if found.table is None else found.table.provenance.timing_threads,
-        "table_threads": None if found.table is None else threads_line(found.table, torch.get_num_threads()),
-        "notes": list(found.warnings),
-        "no_table": no_table_line(found.level, str(device), measure=measure_from_env()),
-    }
+    return {"device": str(device), "name": identity.name, "vendor": identity.vendor, "arch": identity.arch,
+            "compute_units": identity.compute_units, "memory_gib": round(identity.memory_bytes / GIB, 1),
+            "model_key": identity.model_key, "family_key": identity.family_key,
+            "software_key": identity.software_key, "fingerprint": identity.key, "gfx906": identity.is_gfx906,
+            "table_level": found.level, "table_path": None if found.path is None else str(found.path),
+            "table_verdict": None if found.table is None else found.table.verdict,
+            "table_guard": None if found.table is None or found.table.guard is None else found.table.guard.describe(),
+            "table_timing_threads": None if found.table is None else found.table.provenance.timing_threads,
+            "table_threads": None if found.table is None else threads_line(found.table, torch.get_num_threads()),
+            "notes": list(found.warnings),
+            "no_table": no_table_line(found.level, str(device), measure=measure_from_env())}
 
 
 LEVEL_WORDS = {

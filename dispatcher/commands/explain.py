@@ -33,14 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from attn_dispatch.dispatcher.core import KERNEL_SETS
     from attn_dispatch.kernels.problem import MASK_KINDS
 
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="Decide, without running anything, which kernel attention of this shape would use on "
-        "this device: the chosen kernel, predicted time of every candidate, the reason each other kernel "
-        "was dropped, and which table (or prior) served the decision. A CPU table timed with another torch "
-        "thread count than this process runs says so in a note.",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="Decide, without running anything, which "
+                                   "kernel attention of this shape would use on this device: the chosen "
+                                   "kernel, predicted time of every candidate, the reason each other kernel "
+                                   "was dropped, and which table (or prior) served the decision. A CPU "
+                                   "table timed with another torch thread count than this process runs says "
+                                   "so in a note.")
     parser.add_argument("--lq", type=size, required=True, help="query length (1 for decode)")
     parser.add_argument("--lk", type=size, default=None, help="key/value length (default: --lq)")
     parser.add_argument("--batch", type=size, default=1, help="batch size (default: 1)")
@@ -110,8 +108,6 @@ def problem_from_args(args: argparse.Namespace, device_type: str):
         raise ValueError(f"--kv-heads ({kv_heads}) must divide --heads ({args.heads})")
     dtype = LONG_DTYPE_NAMES.get(args.dtype, args.dtype)
     mask_shape = () if args.mask == "none" else (args.batch, 1, args.lq, kv_len)
-    return Problem(
-        batch=args.batch, q_heads=args.heads, kv_heads=kv_heads, q_len=args.lq, kv_len=kv_len,
-        head_dim=args.head_dim, value_dim=args.value_dim or args.head_dim, dtype=dtype, causal=args.causal,
-        mask_kind=args.mask, mask_shape=mask_shape, device_type=device_type,
-    )
+    return Problem(batch=args.batch, q_heads=args.heads, kv_heads=kv_heads, q_len=args.lq, kv_len=kv_len,
+                   head_dim=args.head_dim, value_dim=args.value_dim or args.head_dim, dtype=dtype,
+                   causal=args.causal, mask_kind=args.mask, mask_shape=mask_shape, device_type=device_type)

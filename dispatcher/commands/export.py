@@ -14,12 +14,10 @@ KIBI = 1024
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="Validate the table the dispatcher uses on --device (or TABLE given with --table) and write it "
-        "to OUT: one self-contained JSON file other owners of the same card model or family can import.",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="Validate the table the dispatcher uses on "
+                                   "--device (or TABLE given with --table) and write it to OUT: one "
+                                   "self-contained JSON file other owners of the same card model or family "
+                                   "can import.")
     parser.add_argument("out", metavar="OUT", help="the JSON file to write, in a folder that exists")
     parser.add_argument("--device", default=None, help="whose table (default: cuda if available, else cpu)")
     parser.add_argument("--table", default=None, metavar="PATH", help="export this table file instead (validated)")
@@ -53,10 +51,9 @@ def run(args: argparse.Namespace) -> int:
     check_folder(args.out, "OUT", "export")
     table, source = resolve_table(args.table, args.device, "export")
     if args.table is None and "family match" in source:
-        raise CommandError(
-            f"the table serving this device is a stand-in of another card of its family, with scaled times: "
-            f"{source}. Share the original file instead (attn-dispatch export OUT --table PATH)"
-        )
+        raise CommandError("the table serving this device is a stand-in of another card of its family, with "
+                           f"scaled times: {source}. Share the original file instead (attn-dispatch export "
+                           "OUT --table PATH)")
     try:
         if not args.no_tunings:
             table = with_remembered_tunings(table)

@@ -1,9 +1,6 @@
-"""`attn-dispatch import`: validate shared table files and store them where lookups find them.
-
-A table already stored for the same card and stack is never lost silently: as `merge` does, the
-import refuses to replace it without ``--force``, naming it, and with ``--force`` says what it
-replaced. Importing the very table that is stored already changes nothing and succeeds.
-"""
+"""`attn-dispatch import`: validate shared table files and store them where lookups find them. As `merge`, a stored
+table of the same card and stack is replaced only with ``--force`` (saying what it replaced); importing the stored
+table itself changes nothing."""
 
 from __future__ import annotations
 
@@ -18,14 +15,13 @@ HELP = "validate shared table files and store them under their card model"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="Validate each FILE (strict JSON schema; nothing in it is ever executed) and store it under its "
-        "card model in the tables directory ($ATTN_DISPATCH_HOME/tables), where the dispatcher's lookup finds it: "
-        "exact card and stack first, then the same card on another stack, then the same family (e.g. gfx906). "
-        "A table already stored for the same card and stack is replaced only with --force.",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="Validate each FILE (strict JSON schema; "
+                                   "nothing in it is ever executed) and store it under its card model in "
+                                   "the tables directory ($ATTN_DISPATCH_HOME/tables), where the "
+                                   "dispatcher's lookup finds it: exact card and stack first, then the same "
+                                   "card on another stack, then the same family (e.g. gfx906). A table "
+                                   "already stored for the same card and stack is replaced only with "
+                                   "--force.")
     parser.add_argument("files", nargs="+", metavar="FILE", help="table files to import")
     parser.add_argument("--force", action="store_true",
                         help="replace a table already stored for the same card and stack (the output names it)")

@@ -12,12 +12,9 @@ HELP = "list every kernel, whether it supports this device, and its time on a fe
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="Self-check every kernel against the float64 reference and time it on a few "
-        "small shapes on this device, and say whether the machine was busy while timing.",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="Self-check every kernel against the "
+                                   "float64 reference and time it on a few small shapes on this device, and "
+                                   "say whether the machine was busy while timing.")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.set_defaults(run=run)

@@ -13,16 +13,15 @@ HELP = "pool several tables of one card model or family into one"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="Merge table files of one card model or one family (e.g. MI50, MI60 and Radeon VII: gfx906): per "
-        "bucket, each kernel's time is the median across cards (carried to the first file's card), the spread "
-        "across cards is kept, and each card's cost model is kept. A table given twice (the same file, or the same "
-        "calibration under another name) is refused: its points would count twice. Writes OUT, or stores the "
-        "result where the dispatcher's lookup finds it without --out; a stored table already there (e.g. one "
-        "imported before) is replaced only with --force.",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="Merge table files of one card model or one "
+                                   "family (e.g. MI50, MI60 and Radeon VII: gfx906): per bucket, each "
+                                   "kernel's time is the median across cards (carried to the first file's "
+                                   "card), the spread across cards is kept, and each card's cost model is "
+                                   "kept. A table given twice (the same file, or the same calibration under "
+                                   "another name) is refused: its points would count twice. Writes OUT, or "
+                                   "stores the result where the dispatcher's lookup finds it without --out; "
+                                   "a stored table already there (e.g. one imported before) is replaced "
+                                   "only with --force.")
     parser.add_argument("files", nargs="+", metavar="FILE", help="two or more table files")
     parser.add_argument("--out", "-o", default=None, metavar="PATH", help="write the merged table here (default: store it)")
     parser.add_argument("--force", action="store_true", help="without --out: replace a stored table at the same place")

@@ -12,13 +12,11 @@ HELP = "summarise a threshold table (card, provenance, quality, thresholds) and 
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        NAME,
-        help=HELP,
-        description="Print a threshold table's card, provenance, model quality and thresholds in words. Without "
-        "TABLE, show the table the dispatcher uses on --device. --plot draws one heat map per class (x: KV length, "
-        "y: query length, colour: predicted fastest kernel, contours: predicted speed-up over PyTorch's default).",
-    )
+    parser = subparsers.add_parser(NAME, help=HELP, description="Print a threshold table's card, "
+                                   "provenance, model quality and thresholds in words. Without TABLE, show "
+                                   "the table the dispatcher uses on --device. --plot draws one heat map "
+                                   "per class (x: KV length, y: query length, colour: predicted fastest "
+                                   "kernel, contours: predicted speed-up over PyTorch's default).")
     parser.add_argument("table", nargs="?", default=None, metavar="TABLE", help="a table file (default: this device's)")
     parser.add_argument("--device", default=None, help="whose table to show without TABLE (default: cuda if available, else cpu)")
     parser.add_argument("--plot", default=None, metavar="PATH.png", help="write a PNG of the winning kernel per (Lq, Lk) bucket, one panel per kind of problem")
@@ -26,14 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def resolve_table(path: str | None, device: str | None, command: str):
-    """(table, where it came from) for a command that takes an optional TABLE argument.
-
-    Raises
-    ------
-    CommandError: TABLE is not a valid table (message names the file), or no TABLE given and no
-        table serves this device (message names any table file skipped as corrupt, and says what
-        to run).
-    """
+    """(table, where it came from) for a command with an optional TABLE; `CommandError` (naming the file, skipped
+    corrupt tables and what to run) when TABLE is invalid or no table serves this device."""
     from attn_dispatch.models import DeviceIdentity, TableError, load_table, lookup_table
 
     if path is not None:
