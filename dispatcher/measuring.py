@@ -99,18 +99,12 @@ MAX_PENDING = 2
 """Readings that may wait for their device events before calls go untimed."""
 
 _variants_run: set[tuple] = set()
-"""Kernel variants (`variant_key`) that have run a warm-up in this process."""
-
-
-def variant_key(kernel: Kernel, problem: Problem) -> tuple:
-    """What shares a kernel's lazily loaded device code: name, device, dtype, head dims, causality, mask kind."""
-    return (kernel.name, problem.device_type, problem.dtype, problem.head_dim, problem.value_dim, problem.causal,
-            problem.mask_kind)
+"""Kernel variants (`Kernel.variant_key`) that have run a warm-up in this process."""
 
 
 def first_run(kernel: Kernel, problem: Problem) -> bool:
     """Whether this is the first warm-up of `kernel`'s variant in this process (noting it as run)."""
-    key = variant_key(kernel, problem)
+    key = kernel.variant_key(problem)
     if key in _variants_run:
         return False
     _variants_run.add(key)

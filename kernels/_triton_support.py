@@ -18,7 +18,7 @@ import importlib.util
 
 import torch
 
-from attn_dispatch.kernels.base import NO_TRITON_ON_CPU, interpreting
+from attn_dispatch.kernels.base import NO_TRITON_ON_CPU, Kernel, interpreting
 
 MIN_TRITON = (3, 0)
 """The oldest Triton our kernels are written for (the language features they use)."""
@@ -122,21 +122,20 @@ INTEGER_SPECIALISATION = 16
 """Triton compiles one variant of a kernel per integer argument divisible by 16 and one for the rest."""
 
 _compiled: set[tuple] = set()
-"""Configurations run in this process (`instance_key`): a later run of one launches at once."""
+"""Configurations run in this process (`Kernel.variant_key`): a later run of one launches at once."""
 
 
-def instance_key(kernel, problem) -> tuple:
-    """What one compiled Triton variant serves: the kernel's name (its configuration), the device,
-    dtypes, head dims, causality, the mask and the length arguments' divisibility."""
-    return (kernel.name, problem.device_type, problem.dtype, problem.head_dim, problem.value_dim, problem.causal,
-            problem.causal_alignment, problem.mask_kind, problem.q_len % INTEGER_SPECIALISATION == 0,
-            problem.kv_len % INTEGER_SPECIALISATION == 0)
+def triton_variant_key(kernel, problem) -> tuple:
+    """`Kernel.variant_key` of a Triton kernel: one compiled variant also fixes the causal alignment
+    and whether the lengths divide by Triton's integer specialisation."""
+    return (*Kernel.variant_key(kernel, problem), problem.causal_alignment,
+            problem.q_len % INTEGER_SPECIALISATION == 0, problem.kv_len % INTEGER_SPECIALISATION == 0)
 
 
 def compile_seconds(kernel, problem) -> float:
     """Seconds `kernel`'s next run of `problem` spends compiling: 0 where this process has run that
     variant, or under the interpreter (nothing compiles); else `COMPILE_PRIOR_S`."""
-    if interpreting() or problem.device_type != "cuda" or instance_key(kernel, problem) in _compiled:
+    if interpreting() or problem.device_type != "cuda" or kernel.variant_key(problem) in _compiled:
         return 0.0
     return COMPILE_PRIOR_S
 
@@ -145,4 +144,4 @@ def mark_compiled(kernel, problem) -> None:
     """`kernel` has run `problem` in this process: its variant is compiled (nothing is noted while
     torch.compile traces the call)."""
     if not torch.compiler.is_compiling():
-        _compiled.add(instance_key(kernel, problem))
+        _compiled.add(kernel.variant_key(problem))

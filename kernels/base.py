@@ -77,6 +77,12 @@ class Kernel(ABC):
     def __hash__(self) -> int:
         return hash(self.name)
 
+    def variant_key(self, problem: Problem) -> tuple:
+        """What shares this kernel's lazily loaded device code (a compiled variant) across problems:
+        name, device, dtype, head dims, causality, mask kind. A problem of a new key runs set-up first."""
+        return (self.name, problem.device_type, problem.dtype, problem.head_dim, problem.value_dim, problem.causal,
+                problem.mask_kind)
+
     # ------------------------------------------------------------------ capabilities
     def reasons(self, problem: Problem) -> list[str]:
         """Why this kernel cannot run `problem`; empty when it can. Never raises."""

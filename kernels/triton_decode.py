@@ -19,7 +19,13 @@ from __future__ import annotations
 
 import torch
 
-from attn_dispatch.kernels._triton_support import compile_seconds, mark_compiled, shared_memory_limit, triton_reasons
+from attn_dispatch.kernels._triton_support import (
+    compile_seconds,
+    mark_compiled,
+    shared_memory_limit,
+    triton_reasons,
+    triton_variant_key,
+)
 from attn_dispatch.kernels.base import NO_TRITON_ON_CPU, Kernel, checked_parameter, interpreting
 from attn_dispatch.kernels.problem import Problem
 
@@ -105,6 +111,9 @@ class TritonDecodeKernel(Kernel):
     def setup_seconds(self, problem: Problem) -> float:
         """Seconds the next run of `problem` spends compiling (`_triton_support.compile_seconds`)."""
         return compile_seconds(self, problem)
+
+    def variant_key(self, problem: Problem) -> tuple:
+        return triton_variant_key(self, problem)
 
     # ------------------------------------------------------------------ running
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:

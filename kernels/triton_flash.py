@@ -22,6 +22,7 @@ from attn_dispatch.kernels._triton_support import (
     mark_compiled,
     shared_memory_limit,
     triton_reasons,
+    triton_variant_key,
 )
 from attn_dispatch.kernels.base import NO_TRITON_ON_CPU, Kernel, checked_parameter, interpreting
 from attn_dispatch.kernels.chunked import needs_backward
@@ -122,6 +123,9 @@ class TritonFlashKernel(Kernel):
     def setup_seconds(self, problem: Problem) -> float:
         """Seconds the next run of `problem` spends compiling (`_triton_support.compile_seconds`)."""
         return compile_seconds(self, problem)
+
+    def variant_key(self, problem: Problem) -> tuple:
+        return triton_variant_key(self, problem)
 
     # ------------------------------------------------------------------ running
     def _forward(self, query, key, value, mask, problem: Problem, scale: float) -> torch.Tensor:

@@ -90,3 +90,21 @@ def test_asking_does_not_import_triton_on_a_plain_cpu():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "False"
 
+
+
+def test_a_compiled_variant_is_the_kernels_variant_key(monkeypatch):
+    """What the compile wait and the measuring's first-run exemption share: `Kernel.variant_key`; a
+    Triton kernel's also fixes the lengths' divisibility (a new one compiles), a chunked kernel's not."""
+    from attn_dispatch.kernels import ChunkedKernel, Problem, TritonFlashKernel
+
+    monkeypatch.setattr(support, "_compiled", set())
+    monkeypatch.setattr(support, "interpreting", lambda: False)
+    even, odd = (Problem(1, 8, 8, 64, kv, 64, 64, "float16", device_type="cuda") for kv in (1024, 1023))
+    flash, chunked = TritonFlashKernel(), ChunkedKernel()
+    assert chunked.variant_key(even) == chunked.variant_key(odd)
+    assert flash.variant_key(even) != flash.variant_key(odd)
+    assert flash.variant_key(even)[:len(chunked.variant_key(even))][1:] == chunked.variant_key(even)[1:]
+    assert support.compile_seconds(flash, even) == support.COMPILE_PRIOR_S
+    support.mark_compiled(flash, even)
+    assert support.compile_seconds(flash, even) == 0.0
+    assert support.compile_seconds(flash, odd) == support.COMPILE_PRIOR_S
