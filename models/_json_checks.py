@@ -15,6 +15,7 @@ from attn_dispatch.kernels.problem import ITEMSIZE
 from attn_dispatch.models.gc_pause import cyclic_collection_paused
 from attn_dispatch.models.identity import CardSpec
 from attn_dispatch.models.priors import kernel_named
+from attn_dispatch.models.sharing import TableWarning
 
 # Limits on untrusted tables. The tables we build respect them by construction: a cell lists at
 # most MAX_CANDIDATES ranked and measured kernels (table_build and merge keep the fastest), and
@@ -37,10 +38,6 @@ FIX = "re-create it with `attn-dispatch calibrate` or re-export it from its owne
 
 class TableError(ValueError):
     """A threshold table is malformed, corrupt, foreign or hostile."""
-
-
-class TableWarning(UserWarning):
-    """A table (or one item of it) was skipped, is stale, or stands in for another card."""
 
 
 def _reject_constant(name: str) -> float:

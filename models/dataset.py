@@ -13,6 +13,7 @@ import numpy as np
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.features import feature_matrix
 from attn_dispatch.models.identity import CardSpec
+from attn_dispatch.models.measured import median_standard_error
 from attn_dispatch.models.measurement import Measurement
 
 
@@ -48,18 +49,6 @@ class TrainingSet:
             tuple(self.problems[i] for i in rows), tuple(self.kernels[i] for i in rows),
             self.X[rows], self.y[rows], self.groups[rows], self.median_error[rows],
         )
-
-
-# The median of n samples has standard error ~1.2533 sigma / sqrt(n) (normal samples), and
-# sigma ~ IQR / 1.349: so ~0.93 IQR / sqrt(n).
-MEDIAN_SE_PER_IQR = 1.2533 / 1.349
-
-
-def median_standard_error(median_s: float, iqr_s: float, reps: int) -> float:
-    """Relative standard error of a median time."""
-    if median_s <= 0 or reps < 1:
-        return 0.0
-    return MEDIAN_SE_PER_IQR * (iqr_s / median_s) / math.sqrt(reps)
 
 
 def usable(measurements: Iterable[Measurement]) -> list[Measurement]:

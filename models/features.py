@@ -24,8 +24,6 @@ from attn_dispatch.kernels.convert import ConvertKernel
 from attn_dispatch.kernels.problem import ITEMSIZE, MASK_KINDS, Problem
 from attn_dispatch.kernels.registry import PLAIN_FAMILIES
 from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
-from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
-from attn_dispatch.kernels.triton_flash import TritonFlashKernel
 from attn_dispatch.models.identity import CardSpec
 from attn_dispatch.models.priors import (
     PRIOR_VERSION,
@@ -82,11 +80,11 @@ def _kernel_params(kernel, problem: Problem) -> tuple[float, float, float, float
         return _log2(q_block), _log2(kv_block), 0.0, _log2(visited), fraction
     if isinstance(kernel, SmallQKernel):
         return _log2(L), _log2(S), _log2(effective_splits(kernel.splits, S)), 0.0, 1.0
-    if isinstance(kernel, TritonFlashKernel):
+    if kernel.family == "triton_flash":
         config = kernel.config
         fraction, visited, _ = visited_fraction(L, S, config.block_m, config.block_n, problem.causal)
         return _log2(config.block_m), _log2(config.block_n), 0.0, _log2(visited), fraction
-    if isinstance(kernel, TritonDecodeKernel):
+    if kernel.family == "triton_decode":
         layout = kernel.layout(problem)
         visited = layout.row_blocks * math.ceil(layout.key_count / layout.block_n)
         return (_log2(layout.block_m), _log2(layout.block_n), _log2(layout.splits), _log2(visited),
@@ -96,9 +94,9 @@ def _kernel_params(kernel, problem: Problem) -> tuple[float, float, float, float
 
 def _launch_params(kernel) -> tuple[float, float]:
     """(log2 warps, log2 pipeline stages) of a Triton kernel; zeros for the others."""
-    if isinstance(kernel, TritonFlashKernel):
+    if kernel.family == "triton_flash":
         return _log2(kernel.config.warps), _log2(kernel.config.stages)
-    if isinstance(kernel, TritonDecodeKernel):
+    if kernel.family == "triton_decode":
         return _log2(kernel.warps), _log2(kernel.stages)
     return 0.0, 0.0
 

@@ -23,10 +23,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.models.dataset import median_standard_error
-from attn_dispatch.models.measurement import Measurement
+
+if TYPE_CHECKING:
+    from attn_dispatch.models.measurement import Measurement
 
 OPTIONAL_FIELDS = ("head_dim", "gqa_ratio", "work")
 # Which optional fields tables split on by default: none (finer classes hold one measured problem
@@ -309,3 +311,15 @@ def entry_from_tuning(key: tuple, seconds: Sequence[tuple[str, float]], *, round
     k = dict(zip(KEY_FIELDS, key, strict=True))
     times = _trimmed(MeasuredTime(name, s, *spread_of(s, 0.0), rounds) for name, s in finite)
     return MeasuredEntry(tuple(key), 2 ** k["batch_log2"], 2 ** k["q_log2"], 2 ** k["kv_log2"], times, "tuning")
+
+
+# The median of n samples has standard error ~1.2533 sigma / sqrt(n) (normal samples), and
+# sigma ~ IQR / 1.349: so ~0.93 IQR / sqrt(n).
+MEDIAN_SE_PER_IQR = 1.2533 / 1.349
+
+
+def median_standard_error(median_s: float, iqr_s: float, reps: int) -> float:
+    """Relative standard error of a median time."""
+    if median_s <= 0 or reps < 1:
+        return 0.0
+    return MEDIAN_SE_PER_IQR * (iqr_s / median_s) / math.sqrt(reps)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from attn_dispatch.kernels._blocks import accumulation_itemsize
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
@@ -27,8 +27,6 @@ from attn_dispatch.kernels.registry import kernel_from_name
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 from attn_dispatch.kernels.sdpa_gqa_fold import SdpaGqaFoldKernel, folded_problem
 from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
-from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
-from attn_dispatch.kernels.triton_flash import TritonFlashKernel
 from attn_dispatch.models.identity import CardSpec, spec_for
 from attn_dispatch.models.rates import (
     FUSED_EFFICIENCY,
@@ -37,7 +35,10 @@ from attn_dispatch.models.rates import (
     Rates,
     visited_fraction,
 )
-from attn_dispatch.models.triton_costs import triton_decode_seconds, triton_flash_seconds
+
+if TYPE_CHECKING:  # the Triton modules load only with a Triton kernel (checked by `family`)
+    from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
+    from attn_dispatch.kernels.triton_flash import TritonFlashKernel
 
 # Kernel names are validated against the registry under the most permissive policy: whether a
 # lossy conversion may *run* is the dispatcher's policy, not a property of the name.
@@ -255,7 +256,9 @@ def triton_seconds(problem: Problem, kernel: TritonFlashKernel | TritonDecodeKer
     where PyTorch's own choice is a fused kernel, it keeps the call unless these are clearly faster
     (`FORCED_BACKEND_FACTOR`, as for a forced backend); where PyTorch has none (gfx906) they are
     priced as they are, against our other estimated kernels."""
-    if isinstance(kernel, TritonFlashKernel):
+    from attn_dispatch.models.triton_costs import triton_decode_seconds, triton_flash_seconds
+
+    if kernel.family == "triton_flash":
         seconds = triton_flash_seconds(problem, kernel, spec)
     else:
         seconds = triton_decode_seconds(problem, kernel, spec)
@@ -295,7 +298,7 @@ def prior_seconds(problem: Problem, kernel: Kernel, spec: CardSpec) -> float:
     if family == "sdpa_default":
         backend = default_backend(problem, spec)
         return sdpa_math_seconds(problem, spec) if backend == "sdpa_math" else fused_seconds(problem, backend, spec)
-    if isinstance(kernel, TritonFlashKernel | TritonDecodeKernel):
+    if family in ("triton_flash", "triton_decode"):
         return triton_seconds(problem, kernel, spec)
     # Estimated, never measured by the prior's sources: PyTorch's own choice keeps the call unless
     # these are clearly faster, as for a forced backend.

@@ -18,13 +18,17 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from attn_dispatch.models._json_checks import TableWarning
 from attn_dispatch.models.identity import DeviceIdentity, slug, spec_for
-from attn_dispatch.models.merge import card_scale
 from attn_dispatch.models.paths import tables_dir
-from attn_dispatch.models.table import ThresholdTable
-from attn_dispatch.models.table_io import dumps_table, load_table, save_table
+
+if TYPE_CHECKING:  # the table modules load only where a table file is read or written
+    from attn_dispatch.models.table import ThresholdTable
+
+
+class TableWarning(UserWarning):
+    """A table (or one item of it) was skipped, is stale, or stands in for another card."""
 
 BUNDLED_TABLES_DIR = Path(__file__).resolve().parent / "tables"
 LEVELS = ("exact", "model", "family", "prior")
@@ -52,10 +56,14 @@ class TableLookup:
 
 def export_table(table: ThresholdTable, path: str | os.PathLike) -> Path:
     """Write one self-contained, validated JSON file to share."""
+    from attn_dispatch.models.table_io import save_table
+
     return save_table(table, path)
 
 
 def _stored_name(table: ThresholdTable) -> str:
+    from attn_dispatch.models.table_io import dumps_table
+
     digest = hashlib.sha256(dumps_table(table).encode()).hexdigest()[:12]
     return f"merged-{digest}.json"
 
@@ -74,6 +82,8 @@ def stored_path(table: ThresholdTable, *, home: str | os.PathLike | None = None)
 
 def store_table(table: ThresholdTable, *, home: str | os.PathLike | None = None) -> Path:
     """Keep `table` where lookups find it (`stored_path`), replacing what is there."""
+    from attn_dispatch.models.table_io import save_table
+
     return save_table(table, stored_path(table, home=home))
 
 
@@ -82,6 +92,8 @@ def import_table(path: str | os.PathLike, *, home: str | os.PathLike | None = No
 
     Raises `models.table_schema.TableError` for anything that is not a valid table.
     """
+    from attn_dispatch.models.table_io import load_table
+
     return store_table(load_table(path), home=home)
 
 
@@ -114,6 +126,8 @@ def _load_version(path: Path, inode: int, mtime_ns: int, ctime_ns: int, size: in
     """One parse per version of the file (atomic writes replace the inode; tables are never
     mutated after loading, so one object can serve every dispatcher). Its classes, models and
     measured entries are validated on first use (`table_io.loads_table`'s `lazy`)."""
+    from attn_dispatch.models.table_io import load_table
+
     return load_table(path, lazy=True)
 
 
@@ -174,6 +188,8 @@ def served_at_level(table: ThresholdTable, level: str | None, identity: DeviceId
             f"{identity.software_key}: its decisions may be stale; run `attn-dispatch check` or calibrate again",
         )
     if level == "family":
+        from attn_dispatch.models.merge import card_scale
+
         spec = spec_for(identity)
         factor = card_scale(table.spec, spec)
         note = (

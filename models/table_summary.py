@@ -16,12 +16,15 @@ no line."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from attn_dispatch.kernels.accuracy import is_lossless
 from attn_dispatch.kernels.convert import ConvertKernel
 from attn_dispatch.models.identity import torch_threads
 from attn_dispatch.models.priors import kernel_named
-from attn_dispatch.models.table import ThresholdTable, thresholds_for
+
+if TYPE_CHECKING:  # `threads_line` runs on the cold call: the table modules load with a table
+    from attn_dispatch.models.table import ThresholdTable
 
 GIB = 2**30
 GIGA = 1e9
@@ -102,6 +105,8 @@ def guard_lines(table: ThresholdTable) -> list[str]:
 
 def threshold_lines(table: ThresholdTable) -> list[str]:
     """Per class, where each kernel wins (most buckets first)."""
+    from attn_dispatch.models.table import thresholds_for
+
     unused = len(table.models) - len(table.usable_models)
     lines = [f"winning kernels: {len(table.classes)} kinds of problem (dtype, causality, mask) over "
              f"{sum(len(c.cells) for c in table.classes.values())} buckets of (Lq, Lk); {len(table.models)} embedded cost model(s)"

@@ -22,12 +22,11 @@ come from its spec sheet and public reports, labelled predicted wherever they su
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from attn_dispatch.kernels._triton_flash_config import padded_dim
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
-from attn_dispatch.kernels.triton_flash import TritonFlashKernel
 from attn_dispatch.models.identity import GFX906_BANDWIDTH, CardSpec
 from attn_dispatch.models.rates import (
     BANDWIDTH_EFFICIENCY,
@@ -37,6 +36,10 @@ from attn_dispatch.models.rates import (
     Rates,
     visited_fraction,
 )
+
+if TYPE_CHECKING:
+    from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
+    from attn_dispatch.kernels.triton_flash import TritonFlashKernel
 
 PACKED_HALF_PER_FP32 = 2.0
 """fp16 FLOPs per fp32 FLOP of vector ALUs with packed half math and no matrix cores: gfx906's
