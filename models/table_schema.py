@@ -43,6 +43,7 @@ from attn_dispatch.models._json_checks import (
     _spec,
     _str,
     parse_json,
+    parse_json_at,
 )
 from attn_dispatch.models.forest import LazyModels, parse_models
 from attn_dispatch.models.identity import DeviceIdentity
