@@ -19,16 +19,9 @@ from attn_dispatch.models.measurement import Measurement
 
 @dataclass(frozen=True)
 class TrainingSet:
-    """Timed (problem, kernel) points ready for the cost model.
-
-    Attributes
-    ----------
-    problems, kernels: the pair of each row.
-    X: ``float64 [n, n_features]`` feature rows; y: ``float64 [n]`` natural-log median seconds.
-    groups: ``int64 [n]`` problem index of each row (held-out splits keep a problem whole).
-    median_error: ``float64 [n]`` relative standard error of each median time (from its IQR and
-        repetitions: `median_standard_error`), the measurement noise.
-    """
+    """Timed (problem, kernel) points for the cost model: `X` feature rows, `y` log median seconds,
+    `groups` each row's problem index (held-out splits keep a problem whole), `median_error` each
+    median's relative standard error (`median_standard_error`)."""
 
     problems: tuple[Problem, ...]
     kernels: tuple[str, ...]

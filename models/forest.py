@@ -1,19 +1,9 @@
 """A fitted cost model carried inside a table as plain arrays: JSON-safe, never a pickle.
 
-`Forest` holds a boosted-tree ensemble (`HistGradientBoostingRegressor`'s trees) as padded
-arrays and evaluates it with numpy, all trees at once. `EmbeddedModel` adds what turns its
-output into seconds: the card spec its features were computed with, whether it predicts the
-residual over the prior, and a time scale (a family stand-in or a merge).
-
-A model stores the names of the features it was fitted on. A later attn-dispatch that computes
-every one of them (under the same names: a feature whose definition changes gets a new name, as
-the prior's version does) evaluates it on those columns, in the model's order, whatever columns
-were added since; and it prices only kernels of the families it was fitted with (its
-``family=...`` features): a family registered after the fit is the prior's to price
-(`models.table.ThresholdTable.model_seconds`).
-
-A table's ``models`` section is validated here (`parse_models`: children follow parents, features
-and thresholds in range, so evaluation is bounded); `LazyModels` defers that to first use.
+`Forest`: boosted trees as padded arrays, evaluated with numpy all at once. `EmbeddedModel` adds
+the card spec of its features, residual-or-not and a time scale. A model reads its features by
+name and prices only the families it was fitted with (`ThresholdTable.model_seconds`).
+`parse_models` validates a table's ``models`` section; `LazyModels` defers that to first use.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
-"""Problem classes, length buckets, and measured decisions: the exact entries a threshold table
-consults before its cost model.
+"""Problem classes, length buckets, and measured decisions (docs/TABLE_FORMAT.md).
 
-A problem's class (`ClassKey`) is what changes which kernel wins at a given size: its dtype,
-causality and mask kind, and, as a table chooses (``class_fields``), its head dim, GQA ratio and
-a coarse work size ``log2(batch * q_heads)`` (0: any). Within a class a bucket is
-``(ceil(log2 Lq), ceil(log2 Lk))``: bucket ``b`` holds lengths in ``(2^(b-1), 2^b]``.
-
-MIOpen keeps a find-db of measured solver choices and asks its heuristics only for problems not in
-it; a table does the same. Every calibrated problem and every remembered first-call tuning
-(`dispatcher.measured_store`) becomes a `MeasuredEntry`: the problem's exact bucket (`entry_key`:
-batch and lengths rounded up to powers of two, every other field exact: the dispatcher's
-per-bucket key) with each timed kernel's median, spread and sample count.
-
-Which kernel an entry picks (`MeasuredEntry.winner`, also the rule a merge resolves conflicts by):
-the fastest median wins, unless another kernel's spread overlaps it (the measurements cannot
-tell them apart): then PyTorch's default (``sdpa_default``) if it is among those tied, else the
-tied kernel measured with more samples (then the faster median, then the name).
+A class (`ClassKey`): dtype, causality, mask kind and, per table (``class_fields``), head dim, GQA
+ratio and work size ``log2(batch * q_heads)``. A bucket is ``(ceil(log2 Lq), ceil(log2 Lk))``.
+A `MeasuredEntry` is one exact bucket (`entry_key`, the dispatcher's per-bucket key) with each
+timed kernel's median, spread and samples, consulted before any model. Its `winner`: the fastest
+median, unless spreads overlap: then ``sdpa_default`` if tied, else the one with more samples.
 """
 
 from __future__ import annotations

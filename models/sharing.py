@@ -1,12 +1,9 @@
-"""Sharing tables between owners: export, import, and the lookup the dispatcher runs at start-up.
+"""Sharing tables between owners: export, import, and the dispatcher's start-up lookup.
 
-Lookup order: exact card and software stack -> same card model, other stack (warns: stale) ->
-same family (gfx906 tables serve MI50, MI60 and Radeon VII, times scaled by the cards' rates) ->
-the analytic prior. The user's tables (``tables_dir()/<model>/*.json``) come before the bundled
-ones (``models/tables/*.json``). A file whose head names only cards of another model and family is
-skipped without being parsed (`head_identities` reads the provenance from the file's first
-`HEAD_BYTES`, where tables write it; where the head does not say, the file is parsed); a corrupt
-file is skipped with a warning: an attention call never fails because of a table.
+Lookup order: exact card and stack -> same model, other stack (stale, warned) -> same family (times
+scaled by the cards' rates) -> the analytic prior; the user's tables before the bundled ones. A file
+whose head (`head_identities`) names only other cards is not parsed; a corrupt one is skipped with a
+warning: an attention call never fails because of a table.
 """
 
 from __future__ import annotations
@@ -36,16 +33,8 @@ LEVELS = ("exact", "model", "family", "prior")
 
 @dataclass(frozen=True)
 class TableLookup:
-    """What `lookup_table` found for a device.
-
-    Attributes
-    ----------
-    table: the table to use (scaled for this card at the family level), None at the prior level.
-    level: "exact", "model", "family" or "prior".
-    path: the file it came from (None at the prior level).
-    warnings: stale stack, family stand-in, skipped files (each also issued as a `TableWarning`).
-    identity: the device looked up.
-    """
+    """What `lookup_table` found: `level` "exact", "model", "family" (`table` scaled for this card)
+    or "prior" (`table` and `path` None); `warnings`, each also issued as a `TableWarning`."""
 
     table: ThresholdTable | None
     level: str

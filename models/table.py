@@ -157,22 +157,10 @@ class Provenance:
 
 @dataclass(frozen=True)
 class ThresholdTable:
-    """A card's decision table (see module docstring).
-
-    Attributes
-    ----------
-    provenance: which card, software and calibration it comes from.
-    spec: the card spec whose prior ranks kernels the table does not list.
-    quality: the cost model's held-out quality (`models.quality.Quality.to_dict`).
-    classes: decision maps by class.
-    models: the cost model(s) the table was built from, as JSON-safe trees (one per card of a
-        merged table); when present and compatible, `rank` uses them for the exact problem.
-    (A table loaded from a file may hold its classes, models and entries unvalidated until first
-    used: `models.table_io`.)
-    class_fields: the optional class fields the table splits on (`models.measured`).
-    work_step: width of the work-size buckets (when "work" is a class field).
-    entries: measured decisions by exact bucket (`models.measured.entry_key`), consulted first.
-    guard: the quality guard's verdict (`models.quality`); None for tables older than the guard.
+    """A card's decision table (docs/TABLE_FORMAT.md names each field). `spec`'s prior ranks what
+    the table does not list; `models` (one per card of a merge) predict exact problems; `entries`
+    (by `entry_key`) are consulted first; `guard` is None for tables older than the guard. A loaded
+    table may hold classes, models and entries unvalidated until first used (`models.table_io`).
     """
 
     provenance: Provenance
@@ -222,22 +210,10 @@ class ThresholdTable:
         return tuple(model for model in self.models if model.compatible)
 
     def model_seconds(self, problems: Sequence[Problem], kernel_names: Sequence[str]) -> np.ndarray:
-        """Predicted seconds of each (problem, kernel name) pair by the usable embedded models that
-        were fitted with the kernel's family (`EmbeddedModel.knows`): the median over them (the
-        cards of a merged table). Feature rows are built once per distinct card spec (equal by
-        value), not once per model.
-
-        A pair no model knows (a family registered after the fit) is priced by the analytic prior
-        of the table's card, carried onto the models' scale for its problem: times the models'
-        prediction for PyTorch's default over the prior's (`_prior_beside_models`), so that what
-        the models learned of the problem (every kernel slower than the roofline at head dim 64,
-        say) applies to it too, while the order among kernels comes from the prior.
-
-        Raises
-        ------
-        ValueError
-            When the table has no usable model (`usable_models`).
-        """
+        """Predicted seconds of each (problem, kernel name) pair: the median over the usable models
+        fitted with the kernel's family (features built once per distinct spec). A pair no model
+        knows is priced by the prior carried onto the models' scale (`_prior_beside_models`).
+        ValueError without a usable model."""
         models = self.usable_models
         if not models:
             raise ValueError("this table has no usable embedded cost model; rank by the analytic prior")

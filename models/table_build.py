@@ -142,22 +142,10 @@ def build_table(
     measured_entries: bool = True,
     guard: Guard | None = None,
 ) -> ThresholdTable:
-    """A decision map for every problem class that was measured.
-
-    Parameters
-    ----------
-    cost_model: fitted on features built with `spec`.
-    measurements: what calibration measured (any status); classes and bucket ranges come from
-        their problems, measured times and exclusions (inaccurate / failed) from their results.
-        Unsupported pairs (never run) do not count in the provenance's ``points_measured``.
-    kernel_names: the kernels the table may recommend (those calibrated).
-    quality: the model's held-out quality (`models.quality.Quality.to_dict`).
-    class_fields, work_step: how finely classes are split (`models.measured`).
-    embed_model: carry the cost model's trees in the table (JSON) so `rank` predicts each exact
-        problem; False: the analytic prior ranks what measured entries do not decide.
-    measured_entries: keep every measured problem's timings as an exact entry consulted before
-        the model (`models.measured`).
-    guard: the quality guard's verdict (`models.quality.decide_verdict`); None: not evaluated.
+    """A decision map for every measured problem class, from `cost_model` (fitted on `spec`'s
+    features) and `measurements` (any status; unsupported ones are not counted as measured).
+    `embed_model`: carry the model's trees (else the prior ranks what entries do not decide);
+    `measured_entries`: keep each measured problem as an exact entry; `guard`: the verdict or None.
     """
     if not measurements:
         raise ValueError("build_table needs the measurements calibration made; got none (run `attn-dispatch calibrate`)")
