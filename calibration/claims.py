@@ -116,9 +116,6 @@ class ClaimBoard:
         self._held: dict[str, tuple[int, int, float]] = {}  # key -> (study id, generation, last beat)
         self._ids = StudyIds(storage)
 
-    def _study(self, key: str) -> int:
-        return self._ids(study_name(self.calibration_id, "claim", key))
-
     def _records(self, study_id: int) -> list[dict]:
         return [t.user_attrs for t in record_trials(self.storage, study_id)]
 
@@ -143,7 +140,7 @@ class ClaimBoard:
 
     def try_claim(self, key: str) -> bool:
         """Claim `key` if nobody live holds it and it is not done. True when this worker owns it."""
-        study_id = self._study(key)
+        study_id = self._ids(study_name(self.calibration_id, "claim", key))
         state = claim_state(self._records(study_id))
         if state.done:
             return False

@@ -156,11 +156,6 @@ def spread_words(spread: float) -> str:
     return f"{spread:.1f}x the median time"
 
 
-def reference_problem(device_type: str) -> Problem:
-    return Problem(1, REFERENCE_HEADS, REFERENCE_HEADS, REFERENCE_LENGTH, REFERENCE_LENGTH, REFERENCE_HEAD_DIM,
-                   REFERENCE_HEAD_DIM, "float32", device_type=device_type)
-
-
 def probe_noise(device: torch.device | str, *, samples: list[float] | None = None,
                 cpu_share: float | None = None) -> Noise:
     """Time the reference point (`PROBE_SAMPLES` samples) and return its spread and CPU share;
@@ -169,7 +164,9 @@ def probe_noise(device: torch.device | str, *, samples: list[float] | None = Non
     host_only = device.type != "cpu"
     cores = 1 if host_only else cores_in_use()
     if samples is None:
-        problem, kernel = reference_problem(device.type), MathKernel()
+        problem = Problem(1, REFERENCE_HEADS, REFERENCE_HEADS, REFERENCE_LENGTH, REFERENCE_LENGTH, REFERENCE_HEAD_DIM,
+                          REFERENCE_HEAD_DIM, "float32", device_type=device.type)
+        kernel = MathKernel()
         inputs = make_inputs(problem, device)
         collected: list[float] = []
 

@@ -171,7 +171,8 @@ def tune_family(problem: Problem, family: str, *, storage: BaseStorage, study_na
                 trial.set_user_attr(key, value)
             study.tell(trial, _score(previous))
             continue
-        pruner.best_s = min(best_s, study.best_value if _has_complete(study) else best_s)
+        complete = any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+        pruner.best_s = min(best_s, study.best_value) if complete else best_s
         measurement = measure(kernel, _prune_hook(trial))
         known[kernel.name] = measurement
         untried = [c for c in untried if build_kernel(family, c).name != kernel.name]
@@ -203,10 +204,6 @@ def _runnable(kernel: Kernel, problem: Problem, known: dict[str, Measurement]) -
 def _finished(study: optuna.Study) -> int:
     """Trials that count against the budget: finished, except configurations refused unrun."""
     return sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not t.user_attrs.get(REFUSED))
-
-
-def _has_complete(study: optuna.Study) -> bool:
-    return any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
 
 
 def _prune_hook(trial: optuna.Trial) -> Callable[[list[float]], bool]:

@@ -140,7 +140,7 @@ class Worker:
         self.kernels = kernels if kernels is not None else kernel_set(config.kernels, policy=self.policy)
         self.memory_budget = effective_memory_budget(config, self.identity)
         spec = spec_for(self.identity)
-        self.spec = spec.with_memory(self.memory_budget) if self.memory_budget else spec
+        self.spec = replace(spec, memory_bytes=self.memory_budget) if self.memory_budget else spec
         self.estimator = CostEstimator(self.spec)
         self.settings = config.timer
         self.storage = open_storage(config.storage, default_journal=default_storage(calibration_id))

@@ -292,9 +292,6 @@ class CardSpec:
         """Peak matrix FLOP/s for `dtype` (fp32's rate for a dtype the sheet does not list)."""
         return self.matrix_flops.get(dtype, self.matrix_flops["float32"])
 
-    def with_memory(self, memory_bytes: int) -> CardSpec:
-        return replace(self, memory_bytes=memory_bytes)
-
 
 def _rates(fp16: float, bf16: float, fp32: float, fp64: float) -> MappingProxyType:
     return MappingProxyType({"float16": fp16, "bfloat16": bf16, "float32": fp32, "float64": fp64})

@@ -133,21 +133,13 @@ def _candidate_files(home: str | os.PathLike | None) -> list[tuple[Path, bool]]:
 
 
 def lookup_table(
-    identity: DeviceIdentity, *, home: str | os.PathLike | None = None, include_bundled: bool = True,
-    warn: bool = True,
+    identity: DeviceIdentity, *, home: str | os.PathLike | None = None, warn: bool = True,
 ) -> TableLookup:
-    """The best table for `identity` (see module docstring). Never raises for a bad table file.
-
-    Parameters
-    ----------
-    include_bundled: search the tables shipped in ``models/tables`` too (after the user's).
-    warn: also issue each of the result's warnings as a `TableWarning` (False: only return them).
-    """
+    """The best table for `identity` (module docstring); never raises for a bad table file.
+    `warn`: also issue the result's warnings as `TableWarning`s (False: only return them)."""
     notes: list[str] = []
     found: list[tuple[tuple, Path, ThresholdTable, str]] = []
     for path, bundled in _candidate_files(home):
-        if bundled and not include_bundled:
-            continue
         cards = head_identities(path)  # a file measured on another card is not parsed
         if cards is not None and cards_match_level(cards, identity) is None:
             continue
@@ -158,7 +150,7 @@ def lookup_table(
             continue
         level = match_level(table, identity)
         if level is not None:
-            rank = (LEVELS.index(level), bundled, _negated(table.provenance.created), -table.provenance.points_measured)
+            rank = (LEVELS.index(level), bundled, tuple(-ord(ch) for ch in table.provenance.created), -table.provenance.points_measured)
             found.append((rank, path, table, level))
     if not found:
         return _finish(TableLookup(None, "prior", None, identity, tuple(notes)), warn)
@@ -187,11 +179,6 @@ def served_at_level(table: ThresholdTable, level: str | None, identity: DeviceId
         )
         return table.scaled(factor, spec=spec, note=note), (note,)
     return table, ()
-
-
-def _negated(created: str) -> tuple[int, ...]:
-    """Sort key putting later ISO timestamps first."""
-    return tuple(-ord(ch) for ch in created)
 
 
 def _finish(result: TableLookup, warn: bool) -> TableLookup:

@@ -138,13 +138,11 @@ def build_table(
     work_step: int = WORK_STEP,
     calibration_wall_s: float | None = None,
     notes: Sequence[str] = (),
-    embed_model: bool = True,
     measured_entries: bool = True,
     guard: Guard | None = None,
 ) -> ThresholdTable:
     """A decision map for every measured problem class, from `cost_model` (fitted on `spec`'s
     features) and `measurements` (any status; unsupported ones are not counted as measured).
-    `embed_model`: carry the model's trees (else the prior ranks what entries do not decide);
     `measured_entries`: keep each measured problem as an exact entry; `guard`: the verdict or None.
     """
     if not measurements:
@@ -164,8 +162,8 @@ def build_table(
         for key, points in sorted(by_class.items())
     }
     classes = {key: table_class for key, (table_class, _) in built.items()}
-    embedded = embed(cost_model, spec, _check_rows(np.vstack([X for _, X in built.values()]))) if embed_model else None
-    if embed_model and embedded is None:
+    embedded = embed(cost_model, spec, _check_rows(np.vstack([X for _, X in built.values()])))
+    if embedded is None:
         notes = (*notes, "the cost model could not be embedded (its export did not reproduce it): the analytic prior ranks")
     provenance = Provenance(
         identity=identity, created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -86,12 +86,6 @@ def _launches(spec: CardSpec, kernels: int, allocations: int) -> float:
     return (kernels * TRITON_LAUNCH_OPS + allocations) * spec.launch_overhead_s
 
 
-def kv_passes(query_blocks: int, rates: Rates) -> int:
-    """Times one head's K and V come from memory: once per wave of its query blocks (L2 serves
-    the blocks running in step; docs/RESULTS.md#where-the-priors-constants-come-from)."""
-    return rates.waves(query_blocks)
-
-
 def triton_flash_seconds(problem: Problem, kernel: TritonFlashKernel, spec: CardSpec) -> float:
     """FlashAttention-2's forward (module docstring), at padded head dims."""
     config = kernel.config
@@ -106,7 +100,8 @@ def triton_flash_seconds(problem: Problem, kernel: TritonFlashKernel, spec: Card
     product_flops = 2 * scores * (head_dim + value_dim)
     compute = _compute_seconds(spec, problem.dtype, product_flops, scores)
     seen_keys = S * fraction  # padded keys are masked loads: never read
-    kv_reads = heads * kv_passes(query_blocks, rates) * seen_keys * (problem.head_dim + problem.value_dim) * problem.itemsize
+    # K and V come from memory once per wave of a head's query blocks (L2 serves the rest: RESULTS)
+    kv_reads = heads * rates.waves(query_blocks) * seen_keys * (problem.head_dim + problem.value_dim) * problem.itemsize
     mask_reads = heads * L * seen_keys * MASK_ITEMSIZE[problem.mask_kind]  # every visited tile reads its mask
     streamed = (problem.q_bytes + problem.out_bytes + kv_reads + mask_reads
                 + 2 * Kernel.input_copy_bytes(problem))
