@@ -72,14 +72,9 @@ def parse_json_at(text: str, path: str) -> object:
 
 
 class LazySection(Mapping):
-    """Items of a table section kept as JSON text and validated on first use: `get` / ``[]``
-    validates the item asked for, iterating validates them all. An item that fails validation is
-    dropped with a `TableWarning` naming the table and the field (never an exception): it is then
-    absent. ``len`` counts the items not yet found malformed.
-
-    `pending`: index -> (item number, text); `build(value, path)` validates one parsed item into
-    (key, value); `index(key)` maps a lookup key to its index (None: absent); `path` names the
-    section (``measured_entries``), `source` the table."""
+    """Items of a table section kept as JSON text, validated on first use (`get`, ``[]``,
+    iteration); a malformed one is dropped with a `TableWarning`, never raised. `pending`: index ->
+    (item number, text); `build(value, path)` -> (key, value); `index(key)` -> index or None."""
 
     def __init__(self, pending: dict, build: Callable[[object, str], tuple[object, object]], *, path: str,
                  source: str, index: Callable[[object], object] = lambda key: key) -> None:
@@ -238,11 +233,8 @@ _KERNEL_NAMES: set[str] = set()
 
 
 def _candidates(value: object, path: str, limit: int) -> tuple[tuple[str, float], ...]:
-    """``[[kernel name, seconds], ...]`` -> a tuple of pairs: valid names (`_kernel`), times in
-    [`MIN_SECONDS`, `MAX_SECONDS`], no name twice. The usual case, every entry well formed, is
-    checked in one tight loop (a table holds tens of thousands; building error paths up front would
-    cost most of the parse); the first doubt goes through
-    `_candidates_in_detail`, which names the bad field."""
+    """``[[kernel name, seconds], ...]`` -> pairs (valid names, times in range, no name twice);
+    checked in one tight loop, the first doubt re-checked by `_candidates_in_detail` for the error."""
     known = _KERNEL_NAMES
     if type(value) is list and len(value) <= limit:
         entries = []

@@ -76,10 +76,8 @@ class Forest:
         return tuple(a.ravel() for a in (self.feature, self.threshold, self.left, self.right, self.missing_left, self.value))
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        """Sum of the trees' leaves plus the baseline: ``X [n, d]`` -> ``[n]``.
-
-        All rows and trees advance one level per step (flat gathers), until every path is at a leaf.
-        """
+        """Sum of the trees' leaves plus the baseline, ``X [n, d]`` -> ``[n]``: every row and tree
+        advances one level per step (flat gathers)."""
         X = np.asarray(X, dtype=np.float64)
         feature, threshold, left, right, missing_left, value = self._flat
         n, (trees, width) = X.shape[0], self.feature.shape
@@ -127,11 +125,8 @@ def forest_from_arrays(arrays: dict[str, Sequence[Sequence[float]]], baseline: f
 
 
 def export_forest(model: CostModel) -> tuple[dict[str, list[list]], float]:
-    """The trees of a fitted `CostModel` as JSON-ready per-tree node lists, and the baseline.
-
-    Reads scikit-learn's fitted trees (``_predictors``, ``_baseline_prediction``): private
-    attributes, so `embed` checks the export against the estimator before a table uses it.
-    """
+    """The trees of a fitted `CostModel` as JSON-ready node lists, and the baseline. Reads
+    scikit-learn's private ``_predictors``: `embed` checks the export against the estimator."""
     estimator = model.estimator_
     arrays: dict[str, list[list]] = {k: [] for k in ("feature", "threshold", "left", "right", "missing_left", "value")}
     for (predictor,) in estimator._predictors:
@@ -154,14 +149,8 @@ _COLUMN = {name: index for index, name in enumerate(FEATURE_NAMES)}
 
 @dataclass(frozen=True, eq=False)
 class EmbeddedModel:
-    """A cost model inside a table (see module docstring).
-
-    Attributes
-    ----------
-    forest: the trees; spec: the card spec its features use; residual / prior_column: as in
-    `CostModel`; feature_names: the features it was fitted on; scale: multiplies its seconds.
-    arrays: the per-tree node lists (what the JSON holds).
-    """
+    """A cost model inside a table (module docstring): `residual` / `prior_column` as in
+    `CostModel`; `scale` multiplies its seconds; `arrays` are the JSON's node lists."""
 
     forest: Forest
     spec: CardSpec

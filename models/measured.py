@@ -175,16 +175,8 @@ def pick(times: Sequence[MeasuredTime]) -> str:
 
 @dataclass(frozen=True)
 class MeasuredEntry:
-    """What was measured in one exact bucket.
-
-    Attributes
-    ----------
-    key: `entry_key` of the measured problem.
-    batch, q_len, kv_len: the measured problem's exact sizes (times carry from it to another
-        problem of the bucket by the prior's ratio).
-    times: each timed kernel, fastest median first.
-    source: "calibration", "tuning" (a remembered first-call tuning) or "merged" (several owners').
-    """
+    """What was measured in one exact bucket: the measured problem's sizes (times carry from it by
+    the prior's ratio), `times` fastest median first, `source` "calibration", "tuning" or "merged"."""
 
     key: tuple
     batch: int

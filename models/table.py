@@ -1,10 +1,6 @@
-"""The threshold table: a card's decisions, small enough to share, safe to load.
-
-Per problem class (`models.measured.ClassKey`) a decision map over (log2 Lq, log2 Lk) buckets
-holds the top candidates with predicted seconds (and measured seconds where a bucket was
-measured), plus readable crossover thresholds. The JSON form is documented in
-docs/TABLE_FORMAT.md and validated by `models.table_schema`; files are read and written by
-`models.table_io`. A table is a ranker: ``rank(problem, kernels)``.
+"""The threshold table: a card's decisions, small enough to share, safe to load, and a ranker.
+Per problem class, a decision map over (log2 Lq, log2 Lk) buckets with readable thresholds
+(docs/TABLE_FORMAT.md; validated by `models.table_schema`, read and written by `models.table_io`).
 """
 
 from __future__ import annotations
@@ -252,10 +248,8 @@ class ThresholdTable:
         return prior * modelled / baseline
 
     def rank(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
-        """Supported kernels of `kernels` with predicted seconds, fastest first, in the table's
-        lookup order: the measured entry of the problem's exact bucket (`rank_measured`), then, for
-        the kernels it does not list, whatever the quality guard's verdict says ranks best
-        (`rank_unmeasured`)."""
+        """Supported kernels with predicted seconds, fastest first: the exact bucket's measured entry
+        (`rank_measured`), then the rest as the guard's verdict says (`rank_unmeasured`)."""
         kernels = list(kernels)
         measured = self.rank_measured(problem, kernels)
         listed = {name for name, _ in measured}
@@ -289,12 +283,9 @@ class ThresholdTable:
         return self.rank_by_model(problem, kernels, cell)
 
     def rank_by_model(self, problem: Problem, kernels: list[Kernel], cell: Cell | None) -> list[tuple[str, float]]:
-        """Every supported kernel predicted for this exact problem by the embedded models (the median
-        over the cards of a merged table; a family the models were not fitted with is priced by the
-        prior, `model_seconds`), except those calibration measured inaccurate or failing in `cell`
-        (the problem's bucket in its class, else the nearest cell of the nearest class). A table
-        without a usable model (fitted against other features or another prior version) ranks those
-        kernels by the analytic prior: its decision map ranked no better (docs/RESULTS.md#ablations)."""
+        """Supported kernels priced by the embedded models (`model_seconds`) for this exact problem,
+        less those calibration measured inaccurate or failing in `cell`; without a usable model, by
+        the prior (the decision map ranked no better: docs/RESULTS.md#ablations)."""
         barred = {name for name, _ in cell.excluded} if cell is not None else set()
         usable = [kernel for kernel in supported(problem, kernels) if kernel.name not in barred]
         models = self.usable_models
