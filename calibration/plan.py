@@ -349,12 +349,8 @@ def _rows_by_group(groups: np.ndarray) -> dict[int, np.ndarray]:
 
 
 def bagged_regret(groups: np.ndarray, predicted_log: np.ndarray, *, linear: bool = False) -> dict[int, float]:
-    """Problem id -> mean over bags of (bag's log time of the consensus pick - bag's best), or of
-    ``exp`` of it minus 1 (the slowdown) with ``linear``. Zero when every bag agrees.
-
-    ``groups [n]``: the problem id of each candidate row; ``predicted_log [bags, n]``: natural-log
-    seconds. The consensus pick minimises the bags' mean prediction.
-    """
+    """Problem id -> mean over bags of (the bag's log time of the consensus pick, the lowest mean
+    prediction, minus its best), or the slowdown with `linear`; ``predicted_log [bags, n]``."""
     predicted_log = np.atleast_2d(predicted_log)
     out = {}
     for group, rows in _rows_by_group(np.asarray(groups)).items():

@@ -173,12 +173,10 @@ class PytorchDefault(Kernel):
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """How hard the harness tries per shape: `rounds` / `min_rounds` interleaved rounds at most /
-    at least, no new round after `shape_budget_s`; `warmup` untimed calls after a path's first
-    (gated) call; a path `loser_factor` x the best so far is timed once; a kernel predicted
-    `hopeless_factor` x the best predicted path and over `hopeless_min_s` is not run (baselines
-    always run); once a shape's first pass has taken `first_pass_budget_s`, its remaining single
-    kernels are not run."""
+    """How hard the harness tries per shape: interleaved `rounds` (at least `min_rounds`, none
+    started after `shape_budget_s`); a path `loser_factor` x the best is timed once; a kernel
+    predicted `hopeless_factor` x the best and over `hopeless_min_s` is not run; past
+    `first_pass_budget_s` the remaining single kernels are not run."""
 
     rounds: int = 10
     min_rounds: int = 3

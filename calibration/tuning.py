@@ -1,13 +1,9 @@
-"""optuna search over one kernel family's parameters (chunk sizes, splits, Triton block sizes,
-warps and stages) on one problem, with real timings.
+"""optuna search over one kernel family's parameters on one problem, with real timings.
 
-One study per (calibration, family, problem) in the shared storage, so a killed run resumes its
-search. Parameters are indices into the family's candidate values that give distinct kernels on
-this problem, so TPE sees an ordinal space. The sweep's default configurations join the study as
-finished trials; a config already measured is never measured again; one clearly losing after its
-first repetitions is pruned. A config the card cannot run scores ``inf`` with its reason, never a
-crash: one its `reasons` refuse is recorded unsupported and costs no trial; one that fails to
-compile or run is recorded failed and counts as a trial.
+One study per (calibration, family, problem) in the shared storage (a killed run resumes). TPE
+sees indices into the candidate values that give distinct kernels here; the sweep's defaults join
+as finished trials; nothing is measured twice; a clear loser is pruned. A refused config is
+recorded unsupported (no trial); one that fails is recorded failed (a trial scoring ``inf``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Calibration workers: one per device, claiming problems of the agreed plan through the shared
-storage until the plan is done or the deadline passes, then the refinement rounds. In-process for
-one device; one process per device otherwise (`launch_workers`, ``python -m
-attn_dispatch.calibration.worker``). For each claimed problem: triage the kernels, time the rest
-cheapest first, then tune the competitive families with optuna; every point is recorded as soon as
-it is measured, and points already recorded (a resumed run) are skipped.
+"""Calibration workers, one per device (in-process for one device, else `launch_workers`), claim
+problems of the agreed plan until it is done or the deadline passes, then refinement rounds. Per
+problem: triage, time the rest cheapest first, tune the competitive families with optuna;
+each point is recorded at once, and what a resumed run already holds is skipped.
 """
 
 from __future__ import annotations
