@@ -218,14 +218,8 @@ def save_model(model: CostModel, identity: DeviceIdentity, *, home: str | os.Pat
 
 
 def load_model(identity: DeviceIdentity, *, home: str | os.PathLike | None = None) -> CostModel:
-    """Load `identity`'s model from the local cache, after checking its library versions.
-
-    Raises
-    ------
-    ModelVersionError
-        When there is no saved model, or it was saved with other scikit-learn / numpy / joblib
-        versions or another model format (re-fit it: `attn-dispatch calibrate`).
-    """
+    """Load `identity`'s model from the local cache; `ModelVersionError` where there is none or it
+    was saved with other library versions or model format (re-fit it: `attn-dispatch calibrate`)."""
     path = model_path(identity, home=home)
     versions_path = path.with_name(path.name[: -len(MODEL_SUFFIX)] + VERSIONS_SUFFIX)
     if not path.is_file() or not versions_path.is_file():

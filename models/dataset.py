@@ -50,13 +50,8 @@ def usable(measurements: Iterable[Measurement]) -> list[Measurement]:
 
 
 def training_set(measurements: Iterable[Measurement], spec: CardSpec) -> TrainingSet:
-    """Feature rows of the usable points; repeated (problem, kernel) points are merged (median).
-
-    Raises
-    ------
-    ValueError
-        When no point is usable (nothing was timed successfully).
-    """
+    """Feature rows of the usable points, repeated (problem, kernel) points merged (median);
+    ValueError when no point is usable."""
     times: dict[tuple[Problem, str], list[Measurement]] = defaultdict(list)
     for point in usable(measurements):
         times[(point.problem, point.kernel)].append(point)

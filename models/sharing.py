@@ -77,10 +77,7 @@ def store_table(table: ThresholdTable, *, home: str | os.PathLike | None = None)
 
 
 def import_table(path: str | os.PathLike, *, home: str | os.PathLike | None = None) -> Path:
-    """Validate a shared table file and store it under its card model; returns the stored path.
-
-    Raises `models.table_schema.TableError` for anything that is not a valid table.
-    """
+    """Validate a shared table file (else `TableError`) and store it; returns the stored path."""
     from attn_dispatch.models.table_io import load_table
 
     return store_table(load_table(path), home=home)
