@@ -38,12 +38,4 @@ def __dir__() -> list[str]:
     return sorted((*globals(), *_SUBMODULE_OF))
 
 
-__all__ = [
-    "ClassKey", "bucket_of", "class_key", "length_bucket", "CardSpec", "spec_for", "CostModel",
-    "TrainingSet", "training_set", "FEATURE_NAMES", "feature_matrix", "fit_and_build", "DeviceIdentity",
-    "Measurement", "card_scale", "merge_tables", "home", "journals_dir", "models_dir", "tables_dir",
-    "ModelVersionError", "load_model", "save_model", "PriorRanker", "prior_seconds", "roofline_seconds",
-    "ChoiceQuality", "Quality", "holdout_quality", "Ranker", "TableLookup", "TableWarning", "export_table",
-    "import_table", "local_table_path", "lookup_table", "store_table", "ThresholdTable", "build_table", "load_table",
-    "loads_table", "save_table", "TableError", "Guard", "MeasuredEntry", "entry_key",
-]
+__all__ = list(_SUBMODULE_OF)
