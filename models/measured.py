@@ -111,10 +111,8 @@ MIN_RELATIVE_SPREAD = 0.01
 (`models.quality.TIE_TOLERANCE`)."""
 
 KERNELS_PER_ENTRY = 8
-"""Times an entry keeps: the fastest 8 (plus PyTorch's default wherever it was timed). The
-winner and enough runners-up for the dispatcher to fall back on when one does not fit in memory
-(a table cell keeps 4 predicted candidates, `models.table_build.CANDIDATES_PER_CELL`); a tuned
-calibration times up to ~70 kernels per problem, and the slow tail never wins."""
+"""Times an entry keeps: the fastest 8 (plus PyTorch's default where timed): the winner and
+fallbacks for memory; a tuned calibration times up to ~70 kernels a problem, the tail never wins."""
 
 SOURCES = ("calibration", "tuning", "merged")
 KEY_FIELDS = (

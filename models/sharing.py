@@ -185,9 +185,7 @@ def _finish(result: TableLookup, warn: bool) -> TableLookup:
 
 
 HEAD_BYTES = 64 * 1024
-"""Bytes read from the start of a file: a table's members before its provenance are two short
-fields, and a provenance (identities, notes, software versions) is a few KiB even for a merged table
-of many cards; the whole head is read once and decoded member by member."""
+"""Bytes of a file's head read for its provenance (a few KiB even for a merged table)."""
 
 _decoder = json.JSONDecoder()
 _SPACE = " \t\n\r"
