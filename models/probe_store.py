@@ -19,7 +19,6 @@ import json
 import math
 import os
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -81,14 +80,11 @@ def load_passed(identity: DeviceIdentity, cudnn_version: str, root: str | os.Pat
 
 def save_passed(identity: DeviceIdentity, cudnn_version: str, passed: Iterable[ProbeKey],
                 root: str | os.PathLike | None = None) -> Path:
-    """Write the passed probe keys (replacing the file atomically: a temporary file of its own per
-    writer, then a rename, so two threads or processes writing at once leave one whole file)."""
+    """Write the passed probe keys (atomically: concurrent writers leave one whole file)."""
     path = probe_file(identity, cudnn_version, root, create=True)
     document = {"format": FORMAT, "identity_key": identity.key, "cudnn": cudnn_version,
                 "attn_dispatch": package_version(), "passed": sorted(list(key) for key in passed)[:MAX_KEYS]}
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.stem, suffix=".tmp", delete=False) as handle:
-        handle.write(json.dumps(document, indent=1))
-    Path(handle.name).replace(path)
+    write_text_atomically(path, json.dumps(document, indent=1))
     return path
 
 
