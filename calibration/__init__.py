@@ -1,15 +1,7 @@
 """calibration: what measures (timer, problem space, optuna search, results, the bench harness).
 
-Public entry points:
-
-- `calibrate(config)` (`calibration.session`): a whole `attn-dispatch calibrate` run.
-- `CalibrationConfig` (`calibration.config`): its options and id.
-- `measure(kernel, problem, device, ...)` (`calibration.measure`): one trusted point; never raises
-  for a kernel's failure.
-- `time_repetitions`, `TimerSettings`, `QUICK` (`calibration.timer`), `make_inputs`
-  (`calibration.inputs`), `measure_peak_bytes` (`calibration.measure`).
-- `ResultsStore` (`calibration.results`), `sample_problems` (`calibration.plan`),
-  `apply_numerics_gate` (`calibration.finish`).
-
-Submodules are imported lazily by their users; this package imports nothing heavy itself.
+Entry points: `session.calibrate(config)` (an `attn-dispatch calibrate` run, `config.CalibrationConfig`),
+`measure.measure` (one trusted point, never raising for a kernel's failure), `timer.time_repetitions`,
+`inputs.make_inputs`, `results.ResultsStore`, `plan.sample_problems`, `finish.apply_numerics_gate`.
+Submodules are imported by their users; this package imports nothing itself.
 """

@@ -1,9 +1,6 @@
-"""Which kernels a problem's sweep times, in which order, and which it records without timing.
-
-A kernel whose `reasons` refuse the problem is recorded as unsupported; one whose inputs +
-workspace exceed the memory budget as infeasible; one the analytic prior calls hopeless (far slower
-than the fastest candidate and slower than the per-point budget) as infeasible with that reason.
-The rest are timed cheapest first, so a run cut short by its budget has decided the most problems.
+"""Which kernels a problem's sweep times, cheapest first (a cut-short run decides the most), and
+which it records untimed: refused (unsupported), over the memory budget or hopeless by the prior
+(infeasible).
 """
 
 from __future__ import annotations

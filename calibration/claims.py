@@ -1,12 +1,7 @@
-"""Claiming units of work through the shared optuna storage, so no two workers (processes on one
-host, or hosts sharing a database) ever measure the same problem.
-
-A claim is a trial appended to the unit's claim study in one storage operation; among competing
-appends of one generation the first (lowest trial number) wins, in journal order as in a
-database. A claim goes stale when its owner is known dead (same host, process gone), released
-(the owner stopped at its deadline) or silent for longer than the lease (another host crashed);
-a stale claim is taken over by claiming the next generation. `publish_once` uses the same
-first-append-wins rule to agree on one value (the problem plan) across workers.
+"""Claiming units of work through the shared optuna storage, so no two workers ever measure the
+same problem: a claim is a trial appended in one operation (the first of a generation wins). A
+claim whose owner is dead, released or silent past the lease is taken over by the next
+generation. `publish_once` agrees on one value (the plan) by the same first-append rule.
 """
 
 from __future__ import annotations
@@ -116,9 +111,6 @@ class ClaimBoard:
         self._held: dict[str, tuple[int, int, float]] = {}  # key -> (study id, generation, last beat)
         self._ids = StudyIds(storage)
 
-    def _study(self, key: str) -> int:
-        return self._ids(study_name(self.calibration_id, "claim", key))
-
     def _records(self, study_id: int) -> list[dict]:
         return [t.user_attrs for t in record_trials(self.storage, study_id)]
 
@@ -143,7 +135,7 @@ class ClaimBoard:
 
     def try_claim(self, key: str) -> bool:
         """Claim `key` if nobody live holds it and it is not done. True when this worker owns it."""
-        study_id = self._study(key)
+        study_id = self._ids(study_name(self.calibration_id, "claim", key))
         state = claim_state(self._records(study_id))
         if state.done:
             return False

@@ -1,10 +1,6 @@
-"""What one calibration is: its options (JSON, handed to every worker), its id, and where its files
-go by default.
-
-The id hashes everything that can invalidate a timing or change the sample: the device
-fingerprint and software stack (`DeviceIdentity.key`), the attn-dispatch version, the kernel set
-and accuracy policy, the memory budget, the timer settings, the profile and the seed. Workers with
-the same id share claims, studies and results; a changed option starts a fresh calibration.
+"""What one calibration is: its options (JSON, handed to every worker), its id, and its files.
+The id hashes all that can invalidate a timing or change the sample (device and stack, version,
+kernels, policy, budget, timer, profile, seed): workers with one id share claims and results.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Has a table gone stale? Re-measure a sample of its buckets on this card and compare.
 
-For each sampled bucket, the class's representative problem (`TableClass.problem_at`) is
-measured with every kernel the bucket ranks (`calibration.measure.measure`), and the measured
-times are compared with the table's predicted times for that same problem: per kernel, the
-median measured / predicted ratio says how far the card (or its driver, or PyTorch) has drifted;
-per bucket, the decision has *changed* when the table's first choice is measurably slower than
-the fastest kernel measured there, confirmed by timing both again.
+Each sampled bucket's problem (`TableClass.problem_at`) is timed with every kernel it ranks: per
+kernel, the median measured / predicted ratio is the drift; a bucket's decision has *changed* when
+its first choice is measurably slower than the fastest there, confirmed by timing both again.
 """
 
 from __future__ import annotations

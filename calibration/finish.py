@@ -102,11 +102,9 @@ TOO_BUSY_SCORES = ("for reference only, timed on the same too-busy machine (thes
 def fit_and_write(measurements: list[Measurement], identity: DeviceIdentity, *, out: str | os.PathLike | None,
                   seed: int, wall_s: float, too_busy: bool = False, busy_reason: str = TOO_BUSY_REASON,
                   timing_threads: str = "", timing_thread_count: int | None = None) -> FitOutcome:
-    """Gate, fit, build and write the table (see module docstring). `too_busy`: the machine was
-    too busy to time kernels, so the table's verdict is PyTorch's default whatever its held-out
-    scores say, with `busy_reason` in its guard. `timing_threads` (words, e.g. "1 torch thread of
-    its 2") and `timing_thread_count`: the CPU threads the points were timed with, kept in the
-    table's provenance."""
+    """Gate, fit, build and write the table (module docstring). `too_busy`: the verdict is PyTorch's
+    default, with `busy_reason` in its guard. `timing_threads` (words) and `timing_thread_count`:
+    the CPU threads the points were timed with (the table's provenance)."""
     from attn_dispatch.models.fit import fit_and_build
     from attn_dispatch.models.quality import Guard
     from attn_dispatch.models.cost_model import save_model

@@ -120,7 +120,7 @@ def _timing(kernel, problem, input_sets, device, settings, first_call_s, should_
 
 
 def measure(kernel: Kernel, problem: Problem, device: torch.device | str, *, settings: TimerSettings = DEFAULT,
-            memory_budget: int | None = None, check_numerics: bool = True, measure_peak: bool = True,
+            memory_budget: int | None = None, measure_peak: bool = True,
             device_key: str = "", seed: int = 0, cache: InputCache | None = None,
             should_stop: Callable[[list[float]], bool] | None = None, single_shot_above_s: float | None = None,
             extra: dict | None = None) -> Measurement:
@@ -156,7 +156,7 @@ def measure(kernel: Kernel, problem: Problem, device: torch.device | str, *, set
         count = rotation_count(problem, device, cap)
         input_sets = cache.input_sets(problem, device, seed, count)
         with torch.inference_mode():
-            references = cache.references(problem, device, seed) if check_numerics else None
+            references = cache.references(problem, device, seed)
             # The first call's time decides the shortcuts: it gives the peak too only on a GPU (the
             # allocator's counters cost nothing there; the CPU tracker is slow).
             peak_on_first_call = measure_peak and device.type == "cuda"
@@ -168,7 +168,7 @@ def measure(kernel: Kernel, problem: Problem, device: torch.device | str, *, set
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             first_call_s = time.perf_counter() - began
-            errors = gate_errors(out, references) if references is not None else None
+            errors = gate_errors(out, references)
             del out
             timing = _timing(kernel, problem, input_sets, device, settings, first_call_s, should_stop, single_shot_above_s)
             if measure_peak and not peak_on_first_call:
@@ -183,16 +183,15 @@ def measure(kernel: Kernel, problem: Problem, device: torch.device | str, *, set
         if own_cache:
             cache.clear()
     info.update(input_sets=count, stopped=timing.stopped)
-    status, reason, rel_error = "ok", "", None
-    if errors is not None:
-        rel_error, info["rel_max_error"] = errors
-        tolerance = kernel.tolerance(problem)
-        if not tolerance.accepts(*errors):
-            status = "inaccurate"
-            reason = (
-                f"error {errors[0]:.2e} (relative L2) / {errors[1]:.2e} (relative max) exceeds the "
-                f"{problem.dtype} tolerance {tolerance.relative_l2:.0e} / {tolerance.relative_max:.0e}"
-            )
+    status, reason = "ok", ""
+    rel_error, info["rel_max_error"] = errors
+    tolerance = kernel.tolerance(problem)
+    if not tolerance.accepts(*errors):
+        status = "inaccurate"
+        reason = (
+            f"error {errors[0]:.2e} (relative L2) / {errors[1]:.2e} (relative max) exceeds the "
+            f"{problem.dtype} tolerance {tolerance.relative_l2:.0e} / {tolerance.relative_max:.0e}"
+        )
     return Measurement(
         **base, median_s=timing.median_s, iqr_s=timing.iqr_s, reps=timing.reps, peak_bytes=peak,
         rel_error=rel_error, status=status, reason=reason, extra=info,

@@ -1,14 +1,8 @@
-"""Is this machine quiet enough to time kernels? A reference point, timed as a series of short
-samples before measuring and again after, gives two signals; either can call the machine busy:
-
-- the spread: the interquartile range of the samples over their median (jitter);
-- the CPU share: on a CPU device, this process's CPU time during the probe over wall time x the
-  cores torch uses (a steadily starved process, slow but even); on a GPU, the launching host
-  thread's share of one core (reported, never stops a calibration alone).
-
-The load average per CPU is reported beside them. Busy: calibration widens its timer (`widened`);
-too busy: it stops before measuring (`check_quiet`) unless ``--allow-busy``. `MachineWatch` takes
-the same probes around `attn-dispatch bench` and `kernels`.
+"""Is this machine quiet enough to time kernels? A reference point timed as short samples before
+measuring and after gives the spread (IQR / median) and, on a CPU, this process's CPU share of the
+cores torch uses (on a GPU, the launching thread's share: reported only); the load average is
+reported beside them. Busy: the timer widens (`widened`); too busy: calibration stops
+(`check_quiet`) unless ``--allow-busy``. `MachineWatch` probes around `bench` and `kernels`.
 """
 
 from __future__ import annotations
@@ -156,11 +150,6 @@ def spread_words(spread: float) -> str:
     return f"{spread:.1f}x the median time"
 
 
-def reference_problem(device_type: str) -> Problem:
-    return Problem(1, REFERENCE_HEADS, REFERENCE_HEADS, REFERENCE_LENGTH, REFERENCE_LENGTH, REFERENCE_HEAD_DIM,
-                   REFERENCE_HEAD_DIM, "float32", device_type=device_type)
-
-
 def probe_noise(device: torch.device | str, *, samples: list[float] | None = None,
                 cpu_share: float | None = None) -> Noise:
     """Time the reference point (`PROBE_SAMPLES` samples) and return its spread and CPU share;
@@ -169,7 +158,9 @@ def probe_noise(device: torch.device | str, *, samples: list[float] | None = Non
     host_only = device.type != "cpu"
     cores = 1 if host_only else cores_in_use()
     if samples is None:
-        problem, kernel = reference_problem(device.type), MathKernel()
+        problem = Problem(1, REFERENCE_HEADS, REFERENCE_HEADS, REFERENCE_LENGTH, REFERENCE_LENGTH, REFERENCE_HEAD_DIM,
+                          REFERENCE_HEAD_DIM, "float32", device_type=device.type)
+        kernel = MathKernel()
         inputs = make_inputs(problem, device)
         collected: list[float] = []
 

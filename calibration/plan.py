@@ -348,19 +348,14 @@ def _rows_by_group(groups: np.ndarray) -> dict[int, np.ndarray]:
     return {int(g): rows for g, rows in zip(values, np.split(order, starts[1:]), strict=True)}
 
 
-def bagged_regret(groups: np.ndarray, predicted_log: np.ndarray, *, linear: bool = False,
-                  pick_log: np.ndarray | None = None) -> dict[int, float]:
-    """Problem id -> mean over bags of (bag's log time of the consensus pick - bag's best), or of
-    ``exp`` of it minus 1 (the slowdown) with ``linear``. Zero when every bag agrees.
-
-    ``groups [n]``: the problem id of each candidate row; ``predicted_log [bags, n]``: natural-log
-    seconds. The consensus pick minimises the bags' mean prediction, or ``pick_log [n]`` if given.
-    """
+def bagged_regret(groups: np.ndarray, predicted_log: np.ndarray, *, linear: bool = False) -> dict[int, float]:
+    """Problem id -> mean over bags of (the bag's log time of the consensus pick, the lowest mean
+    prediction, minus its best), or the slowdown with `linear`; ``predicted_log [bags, n]``."""
     predicted_log = np.atleast_2d(predicted_log)
     out = {}
     for group, rows in _rows_by_group(np.asarray(groups)).items():
         block = predicted_log[:, rows]  # [bags, kernels of this problem]
-        consensus = int(np.argmin(block.mean(axis=0) if pick_log is None else pick_log[rows]))
+        consensus = int(np.argmin(block.mean(axis=0)))
         regret = block[:, consensus] - block.min(axis=1)
         out[group] = float(np.mean(np.expm1(regret) if linear else regret))
     return out

@@ -1,14 +1,8 @@
-"""Where measurements are kept: the results store, the optuna storage every worker of a
-calibration shares, and the `Recorder` that writes both.
-
-The results store is a JSON Lines file: each line is ``Measurement.to_dict()`` plus ``run`` (the
-calibration id), ``worker`` and ``unit`` (problem id + kernel name). Appends take an exclusive
-``flock`` and end with an fsync, so concurrent writers on one host never interleave and a crash
-loses at most the point in flight; readers skip a truncated or malformed line. Never pickles.
-
-The storage is a journal file in the cache directory by default (a killed run resumes where it
-stopped), or a URL (``sqlite:///...``, ``postgresql://...``) that workers on several hosts share.
-Study names start with the calibration id, which holds everything that can invalidate a timing.
+"""Where measurements are kept: the results store, the optuna storage the workers share, and the
+`Recorder` that writes both. The store is JSON Lines (``Measurement.to_dict()`` plus ``run``,
+``worker``, ``unit``), appended under ``flock`` with an fsync (readers skip a torn line). The
+storage is a journal file by default (a killed run resumes) or a database URL for several hosts;
+study names start with the calibration id.
 """
 
 from __future__ import annotations
@@ -50,10 +44,8 @@ POINTS = "points"
 
 
 def open_storage(storage: str | os.PathLike | None, *, default_journal: str | os.PathLike) -> BaseStorage:
-    """A storage from a URL, a journal file path, or None (the default journal file).
-
-    Raises ValueError for a URL optuna cannot open (the message names it, without a password).
-    """
+    """A storage from a URL, a journal file path, or None (the default journal); ValueError for a
+    URL optuna cannot open (named without its password)."""
     optuna.logging.set_verbosity(logging.WARNING)  # optuna logs every trial; calibration prints its own progress
     text = os.fspath(default_journal if storage is None else storage)
     if "://" in text:
@@ -281,15 +273,10 @@ class ResultsStore:
 
 
 class Recorder:
-    """Writes the measurements of one calibration and knows which units are done.
-
-    Each point reaches the results store as soon as it is measured; the storage (the problem's
-    "points" study) gets a problem's points in one write when the problem ends or is given up.
-    Points in the results store but not in the storage (a kill in between) are copied there when
-    their problem is next claimed (`sync_problem`). Points decided without timing go to the results
-    store only (any worker recomputes them). On a database storage (several hosts, no shared
-    results store) every point, decided ones included, goes to the storage first, at once.
-    `on_record` is called with each record written.
+    """Writes the measurements of one calibration and knows which units are done. A point reaches
+    the results store at once, the problem's "points" study in one write when the problem ends
+    (a kill in between is repaired by `sync_problem`); points decided without timing stay in the
+    store only, except on a database storage (no shared store), where every point goes at once.
     """
 
     def __init__(self, store: ResultsStore, storage: BaseStorage, calibration_id: str, worker: str, *,

@@ -1,19 +1,10 @@
-"""`attn-dispatch bench`: the scenarios' shapes, the harness that times every path of a shape, and
-the report (Markdown and JSON) with its verdict.
+"""`attn-dispatch bench`: the scenarios' shapes (docs/COMMANDS.md), the harness that times every
+path of a shape, and the report (Markdown and JSON) with its verdict.
 
-Scenarios, measured separately: ``prefill`` (causal ``Lq = Lk``), ``fill`` (a chunk against a long
-KV cache, with an explicit ``[B, 1, Lq, Lk]`` bool mask of random content, as transformers passes
-one there: no kernel skips blocks by mask content, so the cost is the same), ``decode`` (``Lq`` 1
-to 16 against 4k-128k keys), ``video`` (long non-causal self-attention, D=64) and ``heldout``
-(shapes no calibration samples: odd lengths, GQA 5 and 7, batches, every dtype and mask kind; not
-in ``all``). ``full`` sizes are a GPU's, ``small`` keeps the structure at CPU sizes.
-
-A *path* is anything with the kernel protocol: the dispatcher, PyTorch's SDPA as a user calls it
-(`PytorchDefault`) and every single kernel (so the oracle, the best single kernel, is known). Per
-shape: paths that cannot run, do not fit or are predicted hopeless are recorded, not run; each
-other path goes once through `calibration.measure.measure` (a path `loser_factor` slower than the
-best so far is timed once); the rest are timed round-robin, one batched sample per path per round,
-the order rotated each round so that drift affects all alike.
+A *path* has the kernel protocol: the dispatcher, `PytorchDefault` (SDPA as a user calls it) and
+every single kernel (so the oracle is known). Per shape, paths that cannot run, do not fit or are
+predicted hopeless are recorded, not run; the rest go once through `calibration.measure.measure`,
+then round-robin (order rotated each round so drift affects all alike).
 """
 
 from __future__ import annotations
@@ -182,12 +173,10 @@ class PytorchDefault(Kernel):
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """How hard the harness tries per shape: `rounds` / `min_rounds` interleaved rounds at most /
-    at least, no new round after `shape_budget_s`; `warmup` untimed calls after a path's first
-    (gated) call; a path `loser_factor` x the best so far is timed once; a kernel predicted
-    `hopeless_factor` x the best predicted path and over `hopeless_min_s` is not run (baselines
-    always run); once a shape's first pass has taken `first_pass_budget_s`, its remaining single
-    kernels are not run."""
+    """How hard the harness tries per shape: interleaved `rounds` (at least `min_rounds`, none
+    started after `shape_budget_s`); a path `loser_factor` x the best is timed once; a kernel
+    predicted `hopeless_factor` x the best and over `hopeless_min_s` is not run; past
+    `first_pass_budget_s` the remaining single kernels are not run."""
 
     rounds: int = 10
     min_rounds: int = 3

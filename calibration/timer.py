@@ -1,10 +1,7 @@
-"""A timer that can be trusted on noisy machines.
-
-GPU: device events around each sample; CPU: `time.perf_counter`. Warm-up first, then samples
-until the interquartile range is small relative to the median or the per-point budget is spent.
-A sample is a batch of back-to-back calls lasting about `TARGET_SAMPLE_S`, divided by the batch
-size (a single sub-millisecond call timed alone mostly measures launch jitter). Callers rotate
-inputs between calls (`calibration.inputs`) so that a problem is not timed from cache.
+"""A timer that can be trusted on noisy machines: device events on a GPU, `time.perf_counter` on
+a CPU; warm-up, then samples until the IQR is small against the median or the budget is spent. A
+sample is a batch of calls lasting about `TARGET_SAMPLE_S` over its size (one sub-millisecond call
+mostly measures jitter); callers rotate inputs (`calibration.inputs`) so nothing times from cache.
 """
 
 from __future__ import annotations

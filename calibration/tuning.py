@@ -1,13 +1,9 @@
-"""optuna search over one kernel family's parameters (chunk sizes, splits, Triton block sizes,
-warps and stages) on one problem, with real timings.
+"""optuna search over one kernel family's parameters on one problem, with real timings.
 
-One study per (calibration, family, problem) in the shared storage, so a killed run resumes its
-search. Parameters are indices into the family's candidate values that give distinct kernels on
-this problem, so TPE sees an ordinal space. The sweep's default configurations join the study as
-finished trials; a config already measured is never measured again; one clearly losing after its
-first repetitions is pruned. A config the card cannot run scores ``inf`` with its reason, never a
-crash: one its `reasons` refuse is recorded unsupported and costs no trial; one that fails to
-compile or run is recorded failed and counts as a trial.
+One study per (calibration, family, problem) in the shared storage (a killed run resumes). TPE
+sees indices into the candidate values that give distinct kernels here; the sweep's defaults join
+as finished trials; nothing is measured twice; a clear loser is pruned. A refused config is
+recorded unsupported (no trial); one that fails is recorded failed (a trial scoring ``inf``).
 """
 
 from __future__ import annotations
@@ -171,7 +167,8 @@ def tune_family(problem: Problem, family: str, *, storage: BaseStorage, study_na
                 trial.set_user_attr(key, value)
             study.tell(trial, _score(previous))
             continue
-        pruner.best_s = min(best_s, study.best_value if _has_complete(study) else best_s)
+        complete = any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+        pruner.best_s = min(best_s, study.best_value) if complete else best_s
         measurement = measure(kernel, _prune_hook(trial))
         known[kernel.name] = measurement
         untried = [c for c in untried if build_kernel(family, c).name != kernel.name]
@@ -203,10 +200,6 @@ def _runnable(kernel: Kernel, problem: Problem, known: dict[str, Measurement]) -
 def _finished(study: optuna.Study) -> int:
     """Trials that count against the budget: finished, except configurations refused unrun."""
     return sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not t.user_attrs.get(REFUSED))
-
-
-def _has_complete(study: optuna.Study) -> bool:
-    return any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
 
 
 def _prune_hook(trial: optuna.Trial) -> Callable[[list[float]], bool]:

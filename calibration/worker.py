@@ -1,9 +1,7 @@
-"""Calibration workers: one per device, claiming problems of the agreed plan through the shared
-storage until the plan is done or the deadline passes, then the refinement rounds. In-process for
-one device; one process per device otherwise (`launch_workers`, ``python -m
-attn_dispatch.calibration.worker``). For each claimed problem: triage the kernels, time the rest
-cheapest first, then tune the competitive families with optuna; every point is recorded as soon as
-it is measured, and points already recorded (a resumed run) are skipped.
+"""Calibration workers, one per device (in-process for one device, else `launch_workers`), claim
+problems of the agreed plan until it is done or the deadline passes, then refinement rounds. Per
+problem: triage, time the rest cheapest first, tune the competitive families with optuna;
+each point is recorded at once, and what a resumed run already holds is skipped.
 """
 
 from __future__ import annotations
@@ -140,7 +138,7 @@ class Worker:
         self.kernels = kernels if kernels is not None else kernel_set(config.kernels, policy=self.policy)
         self.memory_budget = effective_memory_budget(config, self.identity)
         spec = spec_for(self.identity)
-        self.spec = spec.with_memory(self.memory_budget) if self.memory_budget else spec
+        self.spec = replace(spec, memory_bytes=self.memory_budget) if self.memory_budget else spec
         self.estimator = CostEstimator(self.spec)
         self.settings = config.timer
         self.storage = open_storage(config.storage, default_journal=default_storage(calibration_id))

@@ -1,17 +1,5 @@
-"""models: what is learned (Problem features, cost model, analytic priors, threshold tables).
-
-Public API
-----------
-Identity and paths: `DeviceIdentity`, `home`, `tables_dir`, `models_dir`, `journals_dir`.
-Priors: `CardSpec`, `spec_for`, `prior_seconds`, `roofline_seconds`, `PriorRanker`, `Ranker`.
-Learning: `feature_matrix`, `FEATURE_NAMES`, `CostModel`, `training_set`, `holdout_quality`,
-`Quality`, `ChoiceQuality`, `save_model`, `load_model`, `ModelVersionError`, `fit_and_build`.
-Tables: `ThresholdTable` (a ranker: measured entries, then the embedded cost model or its decision
-map as its quality guard allows), `build_table`, `TableError`, `load_table`, `loads_table`,
-`save_table`, `class_key`, `bucket_of`, `MeasuredEntry`, `entry_key`, `Guard`.
-Sharing: `export_table`, `import_table`, `store_table`, `merge_tables`, `lookup_table`,
-`TableLookup`, `TableWarning`.
-"""
+"""models: what is learned (features, cost model, analytic priors, threshold tables); the public
+names are `__all__`, each imported from its submodule on first use (`_SUBMODULE_OF`)."""
 
 import importlib
 
@@ -27,17 +15,14 @@ _SUBMODULE_OF = {
     **dict.fromkeys(('home', 'journals_dir', 'models_dir', 'tables_dir'), 'paths'),
     **dict.fromkeys(('PriorRanker', 'Ranker', 'prior_seconds', 'roofline_seconds'), 'priors'),
     **dict.fromkeys(('ChoiceQuality', 'Guard', 'Quality', 'holdout_quality'), 'quality'),
-    **dict.fromkeys(('TableWarning',), '_json_checks'),
-    **dict.fromkeys(('TableLookup', 'export_table', 'import_table', 'local_table_path',
+    **dict.fromkeys(('TableLookup', 'TableWarning', 'export_table', 'import_table', 'local_table_path',
                      'lookup_table', 'store_table'), 'sharing'),
     **dict.fromkeys(('ThresholdTable',), 'table'),
     **dict.fromkeys(('build_table',), 'table_build'),
     **dict.fromkeys(('load_table', 'loads_table', 'save_table'), 'table_io'),
     **dict.fromkeys(('TableError',), 'table_schema'),
 }
-"""Public name -> the submodule defining it. Imported on first use (PEP 562): the cost model's
-scikit-learn takes ~2 s to import (2-core CPU), and a process that only reads paths or the prior
-never needs it."""
+"""Public name -> its submodule, imported on first use (PEP 562): scikit-learn takes ~2 s to import."""
 
 
 def __getattr__(name: str):
@@ -53,12 +38,4 @@ def __dir__() -> list[str]:
     return sorted((*globals(), *_SUBMODULE_OF))
 
 
-__all__ = [
-    "ClassKey", "bucket_of", "class_key", "length_bucket", "CardSpec", "spec_for", "CostModel",
-    "TrainingSet", "training_set", "FEATURE_NAMES", "feature_matrix", "fit_and_build", "DeviceIdentity",
-    "Measurement", "card_scale", "merge_tables", "home", "journals_dir", "models_dir", "tables_dir",
-    "ModelVersionError", "load_model", "save_model", "PriorRanker", "prior_seconds", "roofline_seconds",
-    "ChoiceQuality", "Quality", "holdout_quality", "Ranker", "TableLookup", "TableWarning", "export_table",
-    "import_table", "local_table_path", "lookup_table", "store_table", "ThresholdTable", "build_table", "load_table",
-    "loads_table", "save_table", "TableError", "Guard", "MeasuredEntry", "entry_key",
-]
+__all__ = list(_SUBMODULE_OF)

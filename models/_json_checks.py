@@ -15,6 +15,7 @@ from attn_dispatch.kernels.problem import ITEMSIZE
 from attn_dispatch.models.gc_pause import cyclic_collection_paused
 from attn_dispatch.models.identity import CardSpec
 from attn_dispatch.models.priors import kernel_named
+from attn_dispatch.models.sharing import TableWarning
 
 # Limits on untrusted tables. The tables we build respect them by construction: a cell lists at
 # most MAX_CANDIDATES ranked and measured kernels (table_build and merge keep the fastest), and
@@ -37,10 +38,6 @@ FIX = "re-create it with `attn-dispatch calibrate` or re-export it from its owne
 
 class TableError(ValueError):
     """A threshold table is malformed, corrupt, foreign or hostile."""
-
-
-class TableWarning(UserWarning):
-    """A table (or one item of it) was skipped, is stale, or stands in for another card."""
 
 
 def _reject_constant(name: str) -> float:
@@ -75,14 +72,9 @@ def parse_json_at(text: str, path: str) -> object:
 
 
 class LazySection(Mapping):
-    """Items of a table section kept as JSON text and validated on first use: `get` / ``[]``
-    validates the item asked for, iterating validates them all. An item that fails validation is
-    dropped with a `TableWarning` naming the table and the field (never an exception): it is then
-    absent. ``len`` counts the items not yet found malformed.
-
-    `pending`: index -> (item number, text); `build(value, path)` validates one parsed item into
-    (key, value); `index(key)` maps a lookup key to its index (None: absent); `path` names the
-    section (``measured_entries``), `source` the table."""
+    """Items of a table section kept as JSON text, validated on first use (`get`, ``[]``,
+    iteration); a malformed one is dropped with a `TableWarning`, never raised. `pending`: index ->
+    (item number, text); `build(value, path)` -> (key, value); `index(key)` -> index or None."""
 
     def __init__(self, pending: dict, build: Callable[[object, str], tuple[object, object]], *, path: str,
                  source: str, index: Callable[[object], object] = lambda key: key) -> None:
@@ -241,11 +233,8 @@ _KERNEL_NAMES: set[str] = set()
 
 
 def _candidates(value: object, path: str, limit: int) -> tuple[tuple[str, float], ...]:
-    """``[[kernel name, seconds], ...]`` -> a tuple of pairs: valid names (`_kernel`), times in
-    [`MIN_SECONDS`, `MAX_SECONDS`], no name twice. The usual case, every entry well formed, is
-    checked in one tight loop (a table holds tens of thousands; building error paths up front would
-    cost most of the parse); the first doubt goes through
-    `_candidates_in_detail`, which names the bad field."""
+    """``[[kernel name, seconds], ...]`` -> pairs (valid names, times in range, no name twice);
+    checked in one tight loop, the first doubt re-checked by `_candidates_in_detail` for the error."""
     known = _KERNEL_NAMES
     if type(value) is list and len(value) <= limit:
         entries = []

@@ -1,23 +1,10 @@
 """The learned cost model: a scikit-learn regressor of log seconds from `models.features` rows.
 
-By default it learns the residual ``log(measured / prior)`` with gradient-boosted trees and adds
-the analytic prior back: the prior carries how time scales with size (so predictions extrapolate
-past the sweep), the trees learn what the prior gets wrong on this card (caches, launch costs,
-backend quirks). ``residual=False`` learns log seconds directly (compared in
-tests/models/test_quality.py).
-
-Only the order of kernels within a problem decides the dispatcher's choice, so by default
-(``normalize="problem_mean"``) the trees learn the *kernel-relative* residual: each problem's
-mean residual over its measured kernels is subtracted first (a problem whose every kernel runs
-2x slower than the prior says nothing about which kernel to pick, yet dominated the squared
-error). A second, small tree ensemble on the problem's own features (`PROBLEM_COLUMNS`) learns
-that per-problem offset, so predicted seconds stay absolute. Both ensembles are summed into one
-(`SummedTrees`) that `models.forest` exports like a single regressor. Held-out comparison:
-bench/model_quality_compare.py.
-
-A fitted model is saved in the local cache (`save_model`, `load_model`: joblib) with the library
-versions it was made with beside it as JSON, checked *before* anything is unpickled; it is written
-and read only under `models.paths.models_dir()`, never shared (tables are what is shared).
+By default gradient-boosted trees learn the residual ``log(measured / prior)`` relative to each
+problem's mean over its kernels (only the order within a problem decides), and a small ensemble on
+the problem's features (`PROBLEM_COLUMNS`) learns that per-problem offset; both are summed into one
+`SummedTrees` that `models.forest` exports. Held-out comparison: bench/model_quality_compare.py.
+Saved only under `models.paths.models_dir()` (joblib, its library versions checked first as JSON).
 """
 
 from __future__ import annotations
@@ -97,25 +84,12 @@ class SummedTrees:
 class CostModel(RegressorMixin, BaseEstimator):
     """Predicts natural-log seconds of a (problem, kernel) pair from its feature row.
 
-    Parameters
-    ----------
-    residual: learn ``log seconds - X[:, prior_column]`` (the log analytic prior) and add it back.
-    prior_column: column of ``X`` holding the log prior (`models.features.PRIOR_COLUMN`).
-    max_iter, learning_rate, max_leaf_nodes, min_samples_leaf, l2_regularization: passed to
-        `HistGradientBoostingRegressor`. Defaults chosen for a few hundred to a few thousand
-        points (small leaves, many shallow trees, slow learning rate; see test_quality.py).
-    normalize: "problem_mean" learns the residual relative to each problem's mean over its
-        kernels, plus a problem-level offset (module docstring); "none" learns it as is. Applied
-        when ``X`` has `FEATURE_NAMES` columns and some problem has two or more rows.
-    random_state: seed of the boosting (no early stopping is used, so it is deterministic).
-
-    Attributes
-    ----------
-    estimator_: the fitted `HistGradientBoostingRegressor`, or a `SummedTrees` of two when
-        normalised.
-    n_features_in_: number of feature columns seen in `fit`.
-    n_iter_: boosting iterations run.
-    feature_names_: `models.features.FEATURE_NAMES` when ``X`` had that many columns, else None.
+    `residual`: learn ``log seconds - X[:, prior_column]`` and add it back. `normalize`:
+    "problem_mean" (module docstring; applied when ``X`` has `FEATURE_NAMES` columns and a problem
+    has two rows) or "none". The boosting parameters go to `HistGradientBoostingRegressor`
+    (defaults for a few hundred to a few thousand points; deterministic, no early stopping).
+    Fitted: `estimator_` (one regressor, or a `SummedTrees`), `n_features_in_`, `n_iter_`,
+    `feature_names_` (None unless ``X`` had `FEATURE_NAMES` columns).
     """
 
     def __init__(
@@ -244,14 +218,8 @@ def save_model(model: CostModel, identity: DeviceIdentity, *, home: str | os.Pat
 
 
 def load_model(identity: DeviceIdentity, *, home: str | os.PathLike | None = None) -> CostModel:
-    """Load `identity`'s model from the local cache, after checking its library versions.
-
-    Raises
-    ------
-    ModelVersionError
-        When there is no saved model, or it was saved with other scikit-learn / numpy / joblib
-        versions or another model format (re-fit it: `attn-dispatch calibrate`).
-    """
+    """Load `identity`'s model from the local cache; `ModelVersionError` where there is none or it
+    was saved with other library versions or model format (re-fit it: `attn-dispatch calibrate`)."""
     path = model_path(identity, home=home)
     versions_path = path.with_name(path.name[: -len(MODEL_SUFFIX)] + VERSIONS_SUFFIX)
     if not path.is_file() or not versions_path.is_file():

@@ -13,21 +13,15 @@ import numpy as np
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.models.features import feature_matrix
 from attn_dispatch.models.identity import CardSpec
+from attn_dispatch.models.measured import median_standard_error
 from attn_dispatch.models.measurement import Measurement
 
 
 @dataclass(frozen=True)
 class TrainingSet:
-    """Timed (problem, kernel) points ready for the cost model.
-
-    Attributes
-    ----------
-    problems, kernels: the pair of each row.
-    X: ``float64 [n, n_features]`` feature rows; y: ``float64 [n]`` natural-log median seconds.
-    groups: ``int64 [n]`` problem index of each row (held-out splits keep a problem whole).
-    median_error: ``float64 [n]`` relative standard error of each median time (from its IQR and
-        repetitions: `median_standard_error`), the measurement noise.
-    """
+    """Timed (problem, kernel) points for the cost model: `X` feature rows, `y` log median seconds,
+    `groups` each row's problem index (held-out splits keep a problem whole), `median_error` each
+    median's relative standard error (`median_standard_error`)."""
 
     problems: tuple[Problem, ...]
     kernels: tuple[str, ...]
@@ -50,31 +44,14 @@ class TrainingSet:
         )
 
 
-# The median of n samples has standard error ~1.2533 sigma / sqrt(n) (normal samples), and
-# sigma ~ IQR / 1.349: so ~0.93 IQR / sqrt(n).
-MEDIAN_SE_PER_IQR = 1.2533 / 1.349
-
-
-def median_standard_error(median_s: float, iqr_s: float, reps: int) -> float:
-    """Relative standard error of a median time."""
-    if median_s <= 0 or reps < 1:
-        return 0.0
-    return MEDIAN_SE_PER_IQR * (iqr_s / median_s) / math.sqrt(reps)
-
-
 def usable(measurements: Iterable[Measurement]) -> list[Measurement]:
     """The points a cost model can learn from: status ok, finite positive time."""
     return [m for m in measurements if m.ok and m.median_s > 0]
 
 
 def training_set(measurements: Iterable[Measurement], spec: CardSpec) -> TrainingSet:
-    """Feature rows of the usable points; repeated (problem, kernel) points are merged (median).
-
-    Raises
-    ------
-    ValueError
-        When no point is usable (nothing was timed successfully).
-    """
+    """Feature rows of the usable points, repeated (problem, kernel) points merged (median);
+    ValueError when no point is usable."""
     times: dict[tuple[Problem, str], list[Measurement]] = defaultdict(list)
     for point in usable(measurements):
         times[(point.problem, point.kernel)].append(point)

@@ -259,13 +259,8 @@ def _draw_panel(axes, panel: MapPanel, colours: dict, hatches: dict, order: list
 
 
 def plot_decision_map(table: ThresholdTable, path: str | os.PathLike) -> Path:
-    """Write the decision map of `table` to `path` (PNG); returns the path.
-
-    Raises
-    ------
-    ImportError: matplotlib is missing (the message says how to install it).
-    ValueError: the table has no class to draw.
-    """
+    """Write the decision map of `table` to `path` (PNG); returns the path. ImportError without
+    matplotlib (saying how to install it), ValueError for a table with no class to draw."""
     Figure, FigureCanvasAgg = _require_matplotlib()
     from matplotlib.patches import Patch
 

@@ -1,17 +1,9 @@
-"""The ``ATTN_DISPATCH_*`` environment variables: each one declared once here (name, accepted
-values, default, effect), and read and validated only here (with the memory sizes they accept:
-`parse_memory_size`, `format_bytes`).
+"""The ``ATTN_DISPATCH_*`` environment variables, each declared, read and validated only here.
 
-A reader elsewhere asks its variable (``HOME.read()``, ``MEASURE.read()``) at the moment it needs
-the value, so a variable changed while a process runs counts from its next read. `check()` reads
-every variable at once; a `Dispatcher`, `install()` and `patched()` call it when they start, so a
-bad value fails there with one line naming the variable and the values it accepts (ValueError),
-never in the middle of a model and never as a silent default. On/off switches take 1/0, true/false,
-on/off and yes/no in any case; empty or unset means the default.
-
-docs/CONFIG.md's table is `markdown_table()` (``python -m attn_dispatch.models.environment``
-prints it); a test keeps the two equal. This module sits in `models` because `models.paths` reads
-``ATTN_DISPATCH_HOME``: every package above (calibration, dispatcher) may import it.
+Readers ask at the moment they need a value (``HOME.read()``); `check()` reads them all, so a
+`Dispatcher`, `install()` or `patched()` fails at start with one line naming a bad value. Switches
+take 1/0, true/false, on/off, yes/no; empty or unset is the default. docs/CONFIG.md's table is
+`markdown_table()` (a test keeps them equal). In `models` because `models.paths` reads ``HOME``.
 """
 
 from __future__ import annotations
@@ -36,16 +28,9 @@ _SIZE = re.compile(r"^\s*(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[a-z]*)\s*$"
 
 
 def parse_memory_size(value: int | float | str, *, name: str = "memory_budget") -> int:
-    """``"16GiB"``, ``"512MiB"``, ``"16GB"``, ``"1.5G"``, ``"1048576"`` or an int -> bytes.
-
-    ``K``/``M``/``G``/``T`` alone are binary (GiB); ``KB``/``MB``/``GB``/``TB`` are decimal.
-
-    Raises
-    ------
-    ValueError
-        Naming `name` and the accepted forms, for anything else (negative sizes, unknown units,
-        sizes over `MAX_MEMORY_BUDGET`).
-    """
+    """``"16GiB"``, ``"512MiB"``, ``"16GB"``, ``"1.5G"``, ``"1048576"`` or an int -> bytes
+    (``K``/``M``/``G``/``T`` binary, ``KB``/``MB``/``GB``/``TB`` decimal); ValueError naming `name`
+    otherwise (negative, unknown unit, over `MAX_MEMORY_BUDGET`)."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be a size such as '16GiB' or a number of bytes, got {value!r}")
     if isinstance(value, (int, float)):

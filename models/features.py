@@ -1,15 +1,8 @@
-"""Feature rows of (problem, kernel) pairs for the cost model.
-
-One row per pair: the kernel's family and parameters, the problem's shape (log2 sizes), dtype,
-causality and mask kind, and analytic terms (FLOPs, bytes, roofline and prior times). Times are
-natural logs of seconds, like the cost model's target; sizes are log2.
-
-A kernel's parameters share columns across families: its query and key blocks (chunked's chunks,
-the Triton kernels' ``bm``/``bn`` block rows, flash-decoding's packed-row block and key step), its
-effective key splits, the key blocks it visits and their share of the score matrix; the Triton
-kernels add their warps and pipeline stages. A feature's name is its definition: a model stored
-in a table reads its columns by name (`models.forest.EmbeddedModel`), so a feature whose meaning
-changes takes a new name, and new columns may be added.
+"""Feature rows of (problem, kernel) pairs for the cost model: the kernel's family and parameters
+(blocks, splits, visited blocks, warps, stages: columns shared across families), the problem's
+shape (log2), dtype, causality, mask kind, and analytic terms (log seconds of roofline and prior).
+A feature's name is its definition (a stored model reads columns by name): a changed meaning takes
+a new name.
 """
 
 from __future__ import annotations
@@ -24,8 +17,6 @@ from attn_dispatch.kernels.convert import ConvertKernel
 from attn_dispatch.kernels.problem import ITEMSIZE, MASK_KINDS, Problem
 from attn_dispatch.kernels.registry import PLAIN_FAMILIES
 from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
-from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
-from attn_dispatch.kernels.triton_flash import TritonFlashKernel
 from attn_dispatch.models.identity import CardSpec
 from attn_dispatch.models.priors import (
     PRIOR_VERSION,
@@ -40,8 +31,7 @@ _FAMILIES = tuple(PLAIN_FAMILIES)
 _DTYPES = tuple(ITEMSIZE)
 TINY_SECONDS = 1e-9  # floor for logs of analytic times (a nanosecond)
 PRIOR_FEATURE = f"log_prior_s_v{PRIOR_VERSION}"
-"""The log prior time's feature name: it names the prior's version (`models.priors.PRIOR_VERSION`;
-version 1's was ``log_prior_s``)."""
+"""Names the prior's version (`models.priors.PRIOR_VERSION`; version 1's was ``log_prior_s``)."""
 
 FAMILY_FEATURE_PREFIX = "family="
 """One-hot columns of the working kernel family: ``family=chunked``, ... (a model's fitted families)."""
@@ -82,11 +72,11 @@ def _kernel_params(kernel, problem: Problem) -> tuple[float, float, float, float
         return _log2(q_block), _log2(kv_block), 0.0, _log2(visited), fraction
     if isinstance(kernel, SmallQKernel):
         return _log2(L), _log2(S), _log2(effective_splits(kernel.splits, S)), 0.0, 1.0
-    if isinstance(kernel, TritonFlashKernel):
+    if kernel.family == "triton_flash":
         config = kernel.config
         fraction, visited, _ = visited_fraction(L, S, config.block_m, config.block_n, problem.causal)
         return _log2(config.block_m), _log2(config.block_n), 0.0, _log2(visited), fraction
-    if isinstance(kernel, TritonDecodeKernel):
+    if kernel.family == "triton_decode":
         layout = kernel.layout(problem)
         visited = layout.row_blocks * math.ceil(layout.key_count / layout.block_n)
         return (_log2(layout.block_m), _log2(layout.block_n), _log2(layout.splits), _log2(visited),
@@ -96,9 +86,9 @@ def _kernel_params(kernel, problem: Problem) -> tuple[float, float, float, float
 
 def _launch_params(kernel) -> tuple[float, float]:
     """(log2 warps, log2 pipeline stages) of a Triton kernel; zeros for the others."""
-    if isinstance(kernel, TritonFlashKernel):
+    if kernel.family == "triton_flash":
         return _log2(kernel.config.warps), _log2(kernel.config.stages)
-    if isinstance(kernel, TritonDecodeKernel):
+    if kernel.family == "triton_decode":
         return _log2(kernel.warps), _log2(kernel.stages)
     return 0.0, 0.0
 
@@ -140,12 +130,7 @@ def feature_row(problem: Problem, kernel_name: str, spec: CardSpec) -> list[floa
 
 
 def feature_matrix(problems: Sequence[Problem], kernel_names: Sequence[str], spec: CardSpec) -> np.ndarray:
-    """Features of paired rows: ``problems[i]`` run by ``kernel_names[i]``.
-
-    Returns
-    -------
-    ``float64 [n, len(FEATURE_NAMES)]``.
-    """
+    """``float64 [n, len(FEATURE_NAMES)]`` features of ``problems[i]`` run by ``kernel_names[i]``."""
     if len(problems) != len(kernel_names):
         raise ValueError(
             f"feature_matrix needs one kernel name per problem: got {len(problems)} problems and "

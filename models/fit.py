@@ -63,21 +63,11 @@ def fit_and_build(
     candidates: int = CANDIDATES_PER_CELL,
     calibration_wall_s: float | None = None,
 ) -> tuple[ThresholdTable, CostModel, Quality | None]:
-    """Fit the cost model, evaluate it on held-out problems, and build the card's table.
+    """Fit the cost model, evaluate it on a problem-grouped held-out split, and build the table.
 
-    Parameters
-    ----------
-    measurements: everything calibration measured on this card (any status).
-    identity: the card (`DeviceIdentity.detect`).
-    kernel_names: the kernels the table may recommend (those calibrated).
-    holdout_fraction, seed: the problem-grouped held-out split.
-    spec: the card's spec sheet (default `spec_for(identity)`).
-    model: an unfitted `CostModel` with non-default settings (default `CostModel()`).
-
-    Returns
-    -------
-    (table, cost model refitted on every usable point, held-out quality or None when fewer than
-    `MIN_PROBLEMS_FOR_HOLDOUT` problems were measured).
+    Returns (table, model refitted on every usable point, held-out quality or None under
+    `MIN_PROBLEMS_FOR_HOLDOUT` problems). `spec` defaults to `spec_for(identity)`, `model` to
+    `CostModel()`.
     """
     # The card may not be this machine (a CPU refitting a GPU calibration): its backends ran there.
     with assume_backends_available():

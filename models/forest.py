@@ -1,19 +1,9 @@
 """A fitted cost model carried inside a table as plain arrays: JSON-safe, never a pickle.
 
-`Forest` holds a boosted-tree ensemble (`HistGradientBoostingRegressor`'s trees) as padded
-arrays and evaluates it with numpy, all trees at once. `EmbeddedModel` adds what turns its
-output into seconds: the card spec its features were computed with, whether it predicts the
-residual over the prior, and a time scale (a family stand-in or a merge).
-
-A model stores the names of the features it was fitted on. A later attn-dispatch that computes
-every one of them (under the same names: a feature whose definition changes gets a new name, as
-the prior's version does) evaluates it on those columns, in the model's order, whatever columns
-were added since; and it prices only kernels of the families it was fitted with (its
-``family=...`` features): a family registered after the fit is the prior's to price
-(`models.table.ThresholdTable.model_seconds`).
-
-A table's ``models`` section is validated here (`parse_models`: children follow parents, features
-and thresholds in range, so evaluation is bounded); `LazyModels` defers that to first use.
+`Forest`: boosted trees as padded arrays, evaluated with numpy all at once. `EmbeddedModel` adds
+the card spec of its features, residual-or-not and a time scale. A model reads its features by
+name and prices only the families it was fitted with (`ThresholdTable.model_seconds`).
+`parse_models` validates a table's ``models`` section; `LazyModels` defers that to first use.
 """
 
 from __future__ import annotations
@@ -86,10 +76,8 @@ class Forest:
         return tuple(a.ravel() for a in (self.feature, self.threshold, self.left, self.right, self.missing_left, self.value))
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        """Sum of the trees' leaves plus the baseline: ``X [n, d]`` -> ``[n]``.
-
-        All rows and trees advance one level per step (flat gathers), until every path is at a leaf.
-        """
+        """Sum of the trees' leaves plus the baseline, ``X [n, d]`` -> ``[n]``: every row and tree
+        advances one level per step (flat gathers)."""
         X = np.asarray(X, dtype=np.float64)
         feature, threshold, left, right, missing_left, value = self._flat
         n, (trees, width) = X.shape[0], self.feature.shape
@@ -137,11 +125,8 @@ def forest_from_arrays(arrays: dict[str, Sequence[Sequence[float]]], baseline: f
 
 
 def export_forest(model: CostModel) -> tuple[dict[str, list[list]], float]:
-    """The trees of a fitted `CostModel` as JSON-ready per-tree node lists, and the baseline.
-
-    Reads scikit-learn's fitted trees (``_predictors``, ``_baseline_prediction``): private
-    attributes, so `embed` checks the export against the estimator before a table uses it.
-    """
+    """The trees of a fitted `CostModel` as JSON-ready node lists, and the baseline. Reads
+    scikit-learn's private ``_predictors``: `embed` checks the export against the estimator."""
     estimator = model.estimator_
     arrays: dict[str, list[list]] = {k: [] for k in ("feature", "threshold", "left", "right", "missing_left", "value")}
     for (predictor,) in estimator._predictors:
@@ -164,14 +149,8 @@ _COLUMN = {name: index for index, name in enumerate(FEATURE_NAMES)}
 
 @dataclass(frozen=True, eq=False)
 class EmbeddedModel:
-    """A cost model inside a table (see module docstring).
-
-    Attributes
-    ----------
-    forest: the trees; spec: the card spec its features use; residual / prior_column: as in
-    `CostModel`; feature_names: the features it was fitted on; scale: multiplies its seconds.
-    arrays: the per-tree node lists (what the JSON holds).
-    """
+    """A cost model inside a table (module docstring): `residual` / `prior_column` as in
+    `CostModel`; `scale` multiplies its seconds; `arrays` are the JSON's node lists."""
 
     forest: Forest
     spec: CardSpec

@@ -1,13 +1,6 @@
-"""What a device is: the card (or CPU) and the software stack that runs it.
-
-`DeviceIdentity` is what tables are keyed by: `model_key` (the card model, e.g. "AMD Instinct
-MI50 32GB"), `family_key` (e.g. "gfx906", "sm_90", "cpu-x86_64"), `software_key` (torch, HIP,
-CUDA, driver) and `key` (model + software, filesystem-safe). Card model names are normalised from
-what the driver reports (gfx906 boards by compute units and memory, after AMD's published specs).
-
-`CardSpec` is a card's spec sheet (peak rates, bandwidth, memory, each number with its source):
-what the analytic prior (`models.priors`) and the cost model's roofline features read; `spec_for`
-finds a device's (a CPU's from its probed rates, `models.probe_store`).
+"""What a device is: `DeviceIdentity` (card or CPU and software stack; its keys name tables) and
+`CardSpec` (a card's spec sheet, each number with its source; `spec_for` finds a device's, a CPU's
+from its probed rates). gfx906 model names follow AMD's published specs.
 """
 
 from __future__ import annotations
@@ -42,11 +35,7 @@ def memory_gib(memory_bytes: int) -> int:
 
 
 def gfx906_model(name: str, compute_units: int, memory_bytes: int) -> str:
-    """The normalised model of a gfx906 board.
-
-    An ambiguous 60-CU 16 GB board (e.g. reported as "Vega 20") gets an honest generic label
-    instead of a guess.
-    """
+    """The normalised model of a gfx906 board (an ambiguous 60-CU 16 GB board gets a generic label)."""
     lowered = name.lower()
     gib = memory_gib(memory_bytes)
     if compute_units == MI60_COMPUTE_UNITS and gib == LARGE_HBM_GIB:
@@ -92,18 +81,9 @@ _AMDGPU_DRIVER_FILE = Path("/sys/module/amdgpu/version")
 
 @dataclass(frozen=True)
 class DeviceIdentity:
-    """A device and its software stack (JSON: `to_dict` / `from_dict`).
-
-    Attributes
-    ----------
-    device_type: "cuda" (CUDA and ROCm builds alike) or "cpu".
-    name: the name the driver reports, e.g. "AMD Instinct MI60 / MI50", "NVIDIA H200".
-    vendor: "AMD", "NVIDIA", or the CPU vendor.
-    arch: ROCm ``gcnArchName`` (``gfx906:sramecc+:xnack-``), CUDA ``sm_90``, CPU machine name.
-    compute_units: CUs (AMD), SMs (NVIDIA) or logical CPUs (``os.cpu_count()``).
-    memory_bytes: total device memory (system RAM for a CPU).
-    torch_version, hip_version, cuda_version, driver: the software stack ("" when absent).
-    """
+    """A device and its software stack (JSON: `to_dict` / `from_dict`). `device_type`: "cuda" (CUDA
+    and ROCm) or "cpu"; `arch`: ``gcnArchName``, ``sm_90`` or the CPU machine; `compute_units`: CUs,
+    SMs or logical CPUs; `memory_bytes`: device memory (RAM for a CPU); versions "" when absent."""
 
     device_type: str
     name: str
@@ -191,11 +171,8 @@ class DeviceIdentity:
         cuda_version: str | None = None,
         driver: str = "",
     ) -> DeviceIdentity:
-        """From ``torch.cuda.get_device_properties`` output or a fake with the same attributes
-        (name, gcnArchName, multi_processor_count, total_memory, major, minor).
-
-        Versions default to this process's torch build.
-        """
+        """From ``torch.cuda.get_device_properties`` (or a fake with its attributes); versions
+        default to this process's torch build."""
         if hip_version is None and cuda_version is None:
             hip_version, cuda_version = torch.version.hip or "", torch.version.cuda or ""
         gcn = str(getattr(props, "gcnArchName", "") or "")
@@ -294,21 +271,10 @@ HIP_LAUNCH_OVERHEAD_S = 10e-6
 
 @dataclass(frozen=True, eq=False)
 class CardSpec:
-    """Peak rates of one card model.
-
-    Attributes
-    ----------
-    name: the card model (`DeviceIdentity.model_key` form).
-    matrix_flops: dtype name -> peak FLOP/s of matrix products in that dtype.
-    vector_flops: peak fp32 FLOP/s of elementwise work (softmax, exp).
-    bandwidth: peak memory bandwidth, bytes/s.
-    memory_bytes: device memory.
-    compute_units: CUs / SMs / CPU threads (parallel work units, for occupancy).
-    launch_overhead_s: cost of one eager op launch.
-    fused_attention: PyTorch ships fused SDPA kernels for this card (False on gfx906).
-    source: where the numbers come from.
-    estimated: True when the numbers are guesses (generic card), not a datasheet or a probe.
-    """
+    """Peak rates of one card model: `matrix_flops` per dtype name, `vector_flops` (fp32
+    elementwise), `bandwidth` (B/s), `compute_units` (CUs / SMs / CPU threads), `launch_overhead_s`
+    (one eager op), `fused_attention` (PyTorch ships fused SDPA here; not gfx906), `source`, and
+    `estimated` (a guess, not a datasheet or probe)."""
 
     name: str
     matrix_flops: MappingProxyType
@@ -325,9 +291,6 @@ class CardSpec:
     def flops(self, dtype: str) -> float:
         """Peak matrix FLOP/s for `dtype` (fp32's rate for a dtype the sheet does not list)."""
         return self.matrix_flops.get(dtype, self.matrix_flops["float32"])
-
-    def with_memory(self, memory_bytes: int) -> CardSpec:
-        return replace(self, memory_bytes=memory_bytes)
 
 
 def _rates(fp16: float, bf16: float, fp32: float, fp64: float) -> MappingProxyType:
@@ -400,15 +363,9 @@ def generic_gpu_spec(identity: DeviceIdentity) -> CardSpec:
 
 def spec_for(identity: DeviceIdentity, *, probe: bool = True, home: str | os.PathLike | None = None,
              probe_now: bool = True) -> CardSpec:
-    """The spec sheet of `identity`'s card.
-
-    Parameters
-    ----------
-    probe: for a CPU, its probed rates (`models.probe_store.probe_cpu_spec`: matrix products, copy and
-        softmax, kept per machine in the home `home`); False gives the probe-free constants (tests).
-    probe_now: where this machine's rates are not kept yet, probe now (a fraction of a second);
-        False: the probe-free constants, the probe running at the process's exit (the dispatcher).
-    """
+    """The spec sheet of `identity`'s card. A CPU's: its probed rates (`probe_store.probe_cpu_spec`,
+    kept in `home`; `probe=False`: the probe-free constants); `probe_now=False` defers an unkept
+    probe to the process's exit (the dispatcher)."""
     if identity.device_type == "cpu":
         from attn_dispatch.models.probe_store import FALLBACK_CPU_SPEC, probe_cpu_spec
 

@@ -1,21 +1,10 @@
-"""Problem classes, length buckets, and measured decisions: the exact entries a threshold table
-consults before its cost model.
+"""Problem classes, length buckets, and measured decisions (docs/TABLE_FORMAT.md).
 
-A problem's class (`ClassKey`) is what changes which kernel wins at a given size: its dtype,
-causality and mask kind, and, as a table chooses (``class_fields``), its head dim, GQA ratio and
-a coarse work size ``log2(batch * q_heads)`` (0: any). Within a class a bucket is
-``(ceil(log2 Lq), ceil(log2 Lk))``: bucket ``b`` holds lengths in ``(2^(b-1), 2^b]``.
-
-MIOpen keeps a find-db of measured solver choices and asks its heuristics only for problems not in
-it; a table does the same. Every calibrated problem and every remembered first-call tuning
-(`dispatcher.measured_store`) becomes a `MeasuredEntry`: the problem's exact bucket (`entry_key`:
-batch and lengths rounded up to powers of two, every other field exact: the dispatcher's
-per-bucket key) with each timed kernel's median, spread and sample count.
-
-Which kernel an entry picks (`MeasuredEntry.winner`, also the rule a merge resolves conflicts by):
-the fastest median wins, unless another kernel's spread overlaps it (the measurements cannot
-tell them apart): then PyTorch's default (``sdpa_default``) if it is among those tied, else the
-tied kernel measured with more samples (then the faster median, then the name).
+A class (`ClassKey`): dtype, causality, mask kind and, per table (``class_fields``), head dim, GQA
+ratio and work size ``log2(batch * q_heads)``. A bucket is ``(ceil(log2 Lq), ceil(log2 Lk))``.
+A `MeasuredEntry` is one exact bucket (`entry_key`, the dispatcher's per-bucket key) with each
+timed kernel's median, spread and samples, consulted before any model. Its `winner`: the fastest
+median, unless spreads overlap: then ``sdpa_default`` if tied, else the one with more samples.
 """
 
 from __future__ import annotations
@@ -23,10 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.models.dataset import median_standard_error
-from attn_dispatch.models.measurement import Measurement
+
+if TYPE_CHECKING:
+    from attn_dispatch.models.measurement import Measurement
 
 OPTIONAL_FIELDS = ("head_dim", "gqa_ratio", "work")
 # Which optional fields tables split on by default: none (finer classes hold one measured problem
@@ -120,10 +111,8 @@ MIN_RELATIVE_SPREAD = 0.01
 (`models.quality.TIE_TOLERANCE`)."""
 
 KERNELS_PER_ENTRY = 8
-"""Times an entry keeps: the fastest 8 (plus PyTorch's default wherever it was timed). The
-winner and enough runners-up for the dispatcher to fall back on when one does not fit in memory
-(a table cell keeps 4 predicted candidates, `models.table_build.CANDIDATES_PER_CELL`); a tuned
-calibration times up to ~70 kernels per problem, and the slow tail never wins."""
+"""Times an entry keeps: the fastest 8 (plus PyTorch's default where timed): the winner and
+fallbacks for memory; a tuned calibration times up to ~70 kernels a problem, the tail never wins."""
 
 SOURCES = ("calibration", "tuning", "merged")
 KEY_FIELDS = (
@@ -184,16 +173,8 @@ def pick(times: Sequence[MeasuredTime]) -> str:
 
 @dataclass(frozen=True)
 class MeasuredEntry:
-    """What was measured in one exact bucket.
-
-    Attributes
-    ----------
-    key: `entry_key` of the measured problem.
-    batch, q_len, kv_len: the measured problem's exact sizes (times carry from it to another
-        problem of the bucket by the prior's ratio).
-    times: each timed kernel, fastest median first.
-    source: "calibration", "tuning" (a remembered first-call tuning) or "merged" (several owners').
-    """
+    """What was measured in one exact bucket: the measured problem's sizes (times carry from it by
+    the prior's ratio), `times` fastest median first, `source` "calibration", "tuning" or "merged"."""
 
     key: tuple
     batch: int
@@ -309,3 +290,15 @@ def entry_from_tuning(key: tuple, seconds: Sequence[tuple[str, float]], *, round
     k = dict(zip(KEY_FIELDS, key, strict=True))
     times = _trimmed(MeasuredTime(name, s, *spread_of(s, 0.0), rounds) for name, s in finite)
     return MeasuredEntry(tuple(key), 2 ** k["batch_log2"], 2 ** k["q_log2"], 2 ** k["kv_log2"], times, "tuning")
+
+
+# The median of n samples has standard error ~1.2533 sigma / sqrt(n) (normal samples), and
+# sigma ~ IQR / 1.349: so ~0.93 IQR / sqrt(n).
+MEDIAN_SE_PER_IQR = 1.2533 / 1.349
+
+
+def median_standard_error(median_s: float, iqr_s: float, reps: int) -> float:
+    """Relative standard error of a median time."""
+    if median_s <= 0 or reps < 1:
+        return 0.0
+    return MEDIAN_SE_PER_IQR * (iqr_s / median_s) / math.sqrt(reps)

@@ -18,19 +18,9 @@ gate; failed: raised something else."""
 
 @dataclass(frozen=True)
 class Measurement:
-    """A timed point. `median_s` is inf unless `status` is "ok" or "inaccurate".
-
-    Attributes
-    ----------
-    problem: the attention problem measured.
-    kernel: canonical kernel name (``kernels.kernel_from_name`` builds it).
-    median_s, iqr_s, reps: timing statistics (seconds).
-    peak_bytes: measured extra peak memory of one call (None if not measured).
-    rel_error: relative L2 error against the float64 reference (None if not checked).
-    status, reason: see `STATUSES`; reason says why a point is not "ok".
-    device_key: the device fingerprint key (`models.identity.DeviceIdentity.key`).
-    timestamp: seconds since the epoch when measured.
-    """
+    """A timed point (seconds); `median_s` is inf unless `status` is "ok" or "inaccurate".
+    `peak_bytes`: extra peak memory of one call; `rel_error`: L2 error against float64 (None where
+    not measured); `reason`: why a point is not "ok"; `device_key`: `DeviceIdentity.key`."""
 
     problem: Problem
     kernel: str

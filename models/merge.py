@@ -1,15 +1,9 @@
-"""Pooling the tables of several cards of one model (or one family) into one.
+"""Pooling the tables of several cards of one model (or family) into one.
 
-Per bucket, each kernel's times from every card are carried to a common representative problem
-(the prior's ratio) and to the first card's speed (`card_scale`), then pooled: the ranking is by
-the median across cards, and the spread (fastest and slowest card) is kept. Each card's embedded
-cost model is kept too, scaled the same way; the merged table ranks by their median.
-
-Measured entries (`models.measured`) are unioned: an exact bucket measured by several owners
-keeps every kernel any of them timed; a kernel timed by more than one keeps the median with more
-samples and a spread covering all of them, and the entry's winner follows `models.measured.pick`
-(the faster median wins unless the spreads overlap; then PyTorch's default, else the kernel with
-more samples). The merged verdict is the most cautious one (`merged_guard`).
+Per bucket, each card's times are carried to a common problem (the prior's ratio) and the first
+card's speed (`card_scale`), ranked by their median with the spread across cards kept; each card's
+model is kept, scaled alike. Measured entries are unioned (`models.measured.union`); the merged
+verdict is the most cautious (`merged_guard`).
 """
 
 from __future__ import annotations
@@ -136,14 +130,8 @@ def merged_guard(tables: Sequence[ThresholdTable]) -> Guard | None:
 
 
 def merge_tables(tables: Sequence[ThresholdTable]) -> ThresholdTable:
-    """Pool tables of one card model or family (see module docstring).
-
-    Raises
-    ------
-    TableError
-        For tables of different families, or built with different work-size buckets; for more
-        than `MAX_MODELS` cost models or a result over `MAX_TABLE_BYTES` (merge fewer tables).
-    """
+    """Pool tables of one card model or family (module docstring); `TableError` for other families,
+    other work-size buckets, over `MAX_MODELS` models or a result over `MAX_TABLE_BYTES`."""
     tables = list(tables)
     _check_mergeable(tables)
     first = tables[0]

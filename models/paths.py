@@ -1,11 +1,6 @@
-"""Where attn-dispatch keeps its per-user files: threshold tables, fitted cost models,
-calibration journals and the dispatcher's first-call tunings.
-
-The root is ``$ATTN_DISPATCH_HOME`` when set, else the platform's per-user cache directory
-(``platformdirs.user_cache_dir("attn-dispatch")``, e.g. ``~/.cache/attn-dispatch`` on Linux).
-Directories are created on demand. Files there are written atomically (`write_text_atomically`: a
-temporary file in the same folder, then a rename), and record the library versions they were made
-with (`software_versions`, `model_versions`).
+"""Where attn-dispatch keeps its per-user files (tables, cost models, journals, tunings): under
+``$ATTN_DISPATCH_HOME``, else ``platformdirs.user_cache_dir("attn-dispatch")``; directories made
+on demand, files written atomically (`write_text_atomically`) with their library versions.
 """
 
 from __future__ import annotations
@@ -28,12 +23,7 @@ APP_NAME = "attn-dispatch"
 
 
 def home(override: str | os.PathLike | None = None, *, create: bool = True) -> Path:
-    """The root directory (created if missing, unless `create` is False: read-only lookups).
-
-    Parameters
-    ----------
-    override: use this directory instead of the environment / platform default (tests).
-    """
+    """The root directory (`override` instead of the default; created unless `create` is False)."""
     root = Path(override) if override is not None else HOME.read()
     if root is None:
         import platformdirs  # imported here: a process that sets ATTN_DISPATCH_HOME never needs it

@@ -1,13 +1,10 @@
 """The analytic prior: how long a kernel should take on a card, from its spec sheet alone.
 
-A roofline per kernel family: matrix products at the card's matrix rate (derated by occupancy
-when there are fewer output tiles than compute units), passes over the score matrix at its
-bandwidth, and a launch cost per eager op. A card nobody calibrated gets its decisions from here;
-the cost model learns the residual. Every constant is a named heuristic with its source.
-
-Also the ranking interface the dispatcher uses (`Ranker`: ``rank(problem, kernels)``, the supported
-kernels' names with predicted seconds, fastest first; `PriorRanker` and a threshold table are
-rankers) and the kernel-name helpers every ranker shares (`kernel_named`, `supported`).
+A roofline per kernel family: matrix products at the card's rate (derated by occupancy), passes
+over the score matrix at its bandwidth, and a launch cost per eager op; each constant's source is
+in docs/RESULTS.md#where-the-priors-constants-come-from. Also the `Ranker` interface (`rank`:
+supported kernels' names with predicted seconds, fastest first), `PriorRanker`, and the helpers
+every ranker shares (`kernel_named`, `supported`).
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from attn_dispatch.kernels._blocks import accumulation_itemsize
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
@@ -27,8 +24,6 @@ from attn_dispatch.kernels.registry import kernel_from_name
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 from attn_dispatch.kernels.sdpa_gqa_fold import SdpaGqaFoldKernel, folded_problem
 from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
-from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
-from attn_dispatch.kernels.triton_flash import TritonFlashKernel
 from attn_dispatch.models.identity import CardSpec, spec_for
 from attn_dispatch.models.rates import (
     FUSED_EFFICIENCY,
@@ -37,7 +32,10 @@ from attn_dispatch.models.rates import (
     Rates,
     visited_fraction,
 )
-from attn_dispatch.models.triton_costs import triton_decode_seconds, triton_flash_seconds
+
+if TYPE_CHECKING:  # the Triton modules load only with a Triton kernel (checked by `family`)
+    from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
+    from attn_dispatch.kernels.triton_flash import TritonFlashKernel
 
 # Kernel names are validated against the registry under the most permissive policy: whether a
 # lossy conversion may *run* is the dispatcher's policy, not a property of the name.
@@ -84,13 +82,9 @@ def kernel_named(name: str) -> Kernel:
 
 
 PRIOR_VERSION = 2
-"""Bumped whenever `prior_seconds` changes its numbers. A table's cost model learns the residual
-over one version of the prior; the prior's feature name carries the version
-(`models.features.PRIOR_FEATURE`), so a model fitted against another version is not evaluated
-(`EmbeddedModel.compatible`): the table's measured entries still serve, and the prior ranks. Version
-2: fused kernels without key splitting stream keys per block, in waves. The Triton kernels' prices
-(`models.triton_costs`) came with their families: a model fitted before them prices them by this
-prior carried onto its scale (`ThresholdTable.model_seconds`), so they need no new version."""
+"""Bumped whenever `prior_seconds` changes its numbers: the prior's feature name carries it
+(`models.features.PRIOR_FEATURE`), so a model fitted against another version is not evaluated.
+Version 2: fused kernels without key splitting stream keys per block, in waves."""
 
 FUSED_CAUSAL_EFFICIENCY = 0.6
 # Which fused kernels split the keys across compute units for few query rows (flash-decoding):
@@ -217,20 +211,16 @@ def sdpa_math_seconds(problem: Problem, spec: CardSpec) -> float:
 
 
 def splits_keys(family: str, problem: Problem) -> bool:
-    """Whether `family` spreads one block's keys over several compute units (`FUSED_SPLITS_KEYS`).
-    The caller's query length decides, not the rows our kernel folds a GQA group into: counting
-    those halved the prior's cuDNN decode error but made the refit table's held-out picks worse
-    (docs/RESULTS.md, "What we tried and dropped")."""
+    """Whether `family` spreads one block's keys over several compute units (`FUSED_SPLITS_KEYS`),
+    by the caller's query length (docs/RESULTS.md, "What we tried and dropped")."""
     rule = FUSED_SPLITS_KEYS[family]
     return rule == "always" or (rule == "one query row" and problem.q_len == 1)
 
 
 def fused_seconds(problem: Problem, family: str, spec: CardSpec, *, folded: bool = False) -> float:
-    """A fused kernel: no score traffic; FLOPs at a family efficiency, causal blocks skipped.
-    A block is `FUSED_Q_TILE` query rows of one head (`folded`: of one K/V head, its group's query
-    heads stacked as rows, as `SdpaBackendKernel` folds GQA). A kernel that does not split the keys
-    streams each block's keys and values through one compute unit at its share of the bandwidth,
-    a wave of blocks after another (docs/RESULTS.md#where-the-priors-constants-come-from)."""
+    """A fused kernel: no score traffic, FLOPs at a family efficiency, causal blocks skipped, in
+    waves of `FUSED_Q_TILE`-row blocks (`folded`: a K/V head's group stacked as rows); unsplit keys
+    stream through one compute unit per block (docs/RESULTS.md#where-the-priors-constants-come-from)."""
     rates = Rates(problem, spec)
     efficiency = FUSED_EFFICIENCY[family] * (FUSED_CAUSAL_EFFICIENCY if problem.causal else 1.0)
     fraction, _, _ = visited_fraction(problem.q_len, problem.kv_len, FUSED_Q_TILE, FUSED_Q_TILE, problem.causal)
@@ -251,11 +241,11 @@ def fused_seconds(problem: Problem, family: str, spec: CardSpec, *, folded: bool
 
 
 def triton_seconds(problem: Problem, kernel: TritonFlashKernel | TritonDecodeKernel, spec: CardSpec) -> float:
-    """Our Triton kernels (`models.triton_costs`). Unmeasured by the prior's sources: on a card
-    where PyTorch's own choice is a fused kernel, it keeps the call unless these are clearly faster
-    (`FORCED_BACKEND_FACTOR`, as for a forced backend); where PyTorch has none (gfx906) they are
-    priced as they are, against our other estimated kernels."""
-    if isinstance(kernel, TritonFlashKernel):
+    """Our Triton kernels (`models.triton_costs`), times `FORCED_BACKEND_FACTOR` on a card with
+    fused kernels (PyTorch's own choice keeps the call unless these are clearly faster)."""
+    from attn_dispatch.models.triton_costs import triton_decode_seconds, triton_flash_seconds
+
+    if kernel.family == "triton_flash":
         seconds = triton_flash_seconds(problem, kernel, spec)
     else:
         seconds = triton_decode_seconds(problem, kernel, spec)
@@ -295,7 +285,7 @@ def prior_seconds(problem: Problem, kernel: Kernel, spec: CardSpec) -> float:
     if family == "sdpa_default":
         backend = default_backend(problem, spec)
         return sdpa_math_seconds(problem, spec) if backend == "sdpa_math" else fused_seconds(problem, backend, spec)
-    if isinstance(kernel, TritonFlashKernel | TritonDecodeKernel):
+    if family in ("triton_flash", "triton_decode"):
         return triton_seconds(problem, kernel, spec)
     # Estimated, never measured by the prior's sources: PyTorch's own choice keeps the call unless
     # these are clearly faster, as for a forced backend.
@@ -308,12 +298,7 @@ def prior_seconds(problem: Problem, kernel: Kernel, spec: CardSpec) -> float:
 
 
 class PriorRanker:
-    """Ranks kernels by `prior_seconds` on one card (the ranker of an uncalibrated card).
-
-    Parameters
-    ----------
-    spec: the card's spec sheet (`models.identity.spec_for`).
-    """
+    """Ranks kernels by `prior_seconds` on one card (the ranker of an uncalibrated card)."""
 
     def __init__(self, spec: CardSpec) -> None:
         self.spec = spec

@@ -1,34 +1,15 @@
-"""What the home keeps per device from probes and set-up measurements: backend probes that passed,
-a CPU's probed rates (and the probe itself), and per-shape set-up costs.
+"""What the home keeps per device from probes and set-up measurements.
 
-A probe (`kernels.sdpa_default`) runs a tiny problem through one of PyTorch's SDPA backends and
-checks it against the float64 reference: a large part of a GPU process's first call (the float64
-reference, and a cuDNN plan built for the probe's own shape). Their answer depends only on the card
-and the software, so the ones that passed are kept here and a later process on the same stack
-starts from them. Failures are never kept: a failure may be transient (out of memory), and
-probing again costs only the processes where a backend does not work.
-
-One small JSON file per device identity, cuDNN version and attn-dispatch version (a probe runs our
-wrapper of the backend too: a later release re-probes),
-``<home>/probes/<identity key>__cudnn-<version>__attn-dispatch-<version>.json``::
-
-    {"format": 1, "identity_key": "...", "cudnn": "91002", "attn_dispatch": "0.1.0",
-     "passed": [["sdpa_flash", "cuda", "bfloat16", "plain"], ...]}
-
-A damaged or foreign file is ignored (the probes run again and the file is rewritten).
-
-A CPU's probed rates (`probe_cpu_spec`: matrix-product FLOP/s per dtype, copy bandwidth, softmax
-rate, per-op overhead) are kept once per machine (`load_cpu_rates`, `save_cpu_rates`): one file
-per processor, memory, torch build and thread count,
-``<home>/probes/cpu__<identity key>__mem-<bytes>__threads-<n>.json``. The dispatcher never probes
-inside a call (``now=False``): without kept rates its prior ranks with `FALLBACK_CPU_SPEC` and
-the probe runs when the process exits; calibration probes at once.
-
-Per-shape set-up costs (`calibration.cold_shape` measures them, `dispatcher.selection` stage 5
-weighs them): ``<home>/cold_shape/<card model>/<device key>.json`` holding, per kernel and problem
-kind (`KINDS`), the seconds of set-up and optionally the per-call floor (``floor_seconds``).
-`load_cold_costs` reads this device's file, else another of its card model, else the one shipped
-in ``models/tables/cold_shape/``.
+- Backend probes that passed (`kernels.sdpa_default`; they depend only on card and software):
+  ``<home>/probes/<identity key>__cudnn-<version>__attn-dispatch-<version>.json``, holding
+  ``{"format": 1, "identity_key", "cudnn", "attn_dispatch", "passed": [[backend, device, dtype,
+  layout], ...]}``. Failures are never kept (they may be transient); a damaged file is ignored.
+- A CPU's probed rates (`probe_cpu_spec`), once per machine:
+  ``<home>/probes/cpu__<identity key>__mem-<bytes>__threads-<n>.json``. The dispatcher never
+  probes inside a call (``now=False``: `FALLBACK_CPU_SPEC` until the probe runs at exit).
+- Per-shape set-up costs (`calibration.cold_shape`): ``<home>/cold_shape/<card model>/<device
+  key>.json``, per kernel and problem kind (`KINDS`); `load_cold_costs` falls back to another
+  card of the model, then to ``models/tables/cold_shape/``.
 """
 
 from __future__ import annotations
@@ -38,7 +19,6 @@ import json
 import math
 import os
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -100,14 +80,11 @@ def load_passed(identity: DeviceIdentity, cudnn_version: str, root: str | os.Pat
 
 def save_passed(identity: DeviceIdentity, cudnn_version: str, passed: Iterable[ProbeKey],
                 root: str | os.PathLike | None = None) -> Path:
-    """Write the passed probe keys (replacing the file atomically: a temporary file of its own per
-    writer, then a rename, so two threads or processes writing at once leave one whole file)."""
+    """Write the passed probe keys (atomically: concurrent writers leave one whole file)."""
     path = probe_file(identity, cudnn_version, root, create=True)
     document = {"format": FORMAT, "identity_key": identity.key, "cudnn": cudnn_version,
                 "attn_dispatch": package_version(), "passed": sorted(list(key) for key in passed)[:MAX_KEYS]}
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.stem, suffix=".tmp", delete=False) as handle:
-        handle.write(json.dumps(document, indent=1))
-    Path(handle.name).replace(path)
+    write_text_atomically(path, json.dumps(document, indent=1))
     return path
 
 

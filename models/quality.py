@@ -30,17 +30,10 @@ TIE_STANDARD_ERRORS = 2.0
 
 @dataclass(frozen=True)
 class ChoiceQuality:
-    """How good the predicted-fastest choices are over a set of problems.
-
-    top1_accuracy: fraction of problems whose predicted choice is the measured fastest.
-    top1_within_noise: the same, counting a choice the measurements cannot tell from the fastest
-        as a hit (within `TIE_TOLERANCE`, or `TIE_STANDARD_ERRORS` standard errors of the
-        difference of the two medians).
-    mean_slowdown, worst_slowdown: measured time of the choice / the fastest - 1 (0.02 = 2%).
-    spearman: mean over problems of the rank correlation of predicted and measured times.
-    n_problems: problems with at least two timed kernels (the only ones with a choice).
-    geomean_slowdown: geometric mean of (measured time of the choice / the fastest) - 1.
-    """
+    """How good the predicted-fastest choices are over the problems with two or more timed kernels:
+    `top1_within_noise` also counts a choice the measurements cannot tell from the fastest
+    (`TIE_TOLERANCE`, `TIE_STANDARD_ERRORS`); slowdowns are time of the choice / fastest - 1;
+    `spearman` is the mean per-problem rank correlation."""
 
     top1_accuracy: float
     top1_within_noise: float
@@ -54,14 +47,8 @@ class ChoiceQuality:
 def choice_quality(
     groups: np.ndarray, measured_s: np.ndarray, predicted_s: np.ndarray, *, median_error: np.ndarray | None = None
 ) -> ChoiceQuality:
-    """Score predicted times against measured ones, problem by problem.
-
-    Parameters
-    ----------
-    groups: ``[n]`` problem id of each row; measured_s, predicted_s: ``[n]`` seconds (or any
-        monotone transform of them for `predicted_s`).
-    median_error: ``[n]`` relative standard error of each measured median (None: zero).
-    """
+    """Score predicted times (or any monotone transform) against measured ones, per problem id in
+    `groups`; `median_error`: each measured median's relative standard error (None: zero)."""
     from scipy.stats import spearmanr  # imported where quality is scored, never on an inference call
 
     if median_error is None:
@@ -93,11 +80,7 @@ def choice_quality(
 
 @dataclass(frozen=True)
 class Quality:
-    """Held-out evaluation of a cost model (what a table records under ``quality``).
-
-    model: the learned model's choices; prior: the analytic prior's choices on the same held-out
-    problems (the baseline the model must beat).
-    """
+    """Held-out evaluation (a table's ``quality``): the model's and the analytic prior's choices."""
 
     model: ChoiceQuality
     prior: ChoiceQuality
@@ -190,10 +173,7 @@ def holdout_fit(data: TrainingSet, model: CostModel, *, holdout_fraction: float 
 def holdout_quality(
     data: TrainingSet, model: CostModel, *, holdout_fraction: float = 0.2, seed: int = 0
 ) -> Quality:
-    """Fit a clone of `model` on a problem-grouped split of `data` and score the rest.
-
-    `model` itself is left untouched.
-    """
+    """Fit a clone of `model` on a problem-grouped split of `data` and score the rest."""
     return holdout_fit(data, model, holdout_fraction=holdout_fraction, seed=seed).quality
 
 

@@ -1,12 +1,9 @@
-"""Sharing tables between owners: export, import, and the lookup the dispatcher runs at start-up.
+"""Sharing tables between owners: export, import, and the dispatcher's start-up lookup.
 
-Lookup order: exact card and software stack -> same card model, other stack (warns: stale) ->
-same family (gfx906 tables serve MI50, MI60 and Radeon VII, times scaled by the cards' rates) ->
-the analytic prior. The user's tables (``tables_dir()/<model>/*.json``) come before the bundled
-ones (``models/tables/*.json``). A file whose head names only cards of another model and family is
-skipped without being parsed (`head_identities` reads the provenance from the file's first
-`HEAD_BYTES`, where tables write it; where the head does not say, the file is parsed); a corrupt
-file is skipped with a warning: an attention call never fails because of a table.
+Lookup order: exact card and stack -> same model, other stack (stale, warned) -> same family (times
+scaled by the cards' rates) -> the analytic prior; the user's tables before the bundled ones. A file
+whose head (`head_identities`) names only other cards is not parsed; a corrupt one is skipped with a
+warning: an attention call never fails because of a table.
 """
 
 from __future__ import annotations
@@ -18,13 +15,17 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from attn_dispatch.models._json_checks import TableWarning
 from attn_dispatch.models.identity import DeviceIdentity, slug, spec_for
-from attn_dispatch.models.merge import card_scale
 from attn_dispatch.models.paths import tables_dir
-from attn_dispatch.models.table import ThresholdTable
-from attn_dispatch.models.table_io import dumps_table, load_table, save_table
+
+if TYPE_CHECKING:  # the table modules load only where a table file is read or written
+    from attn_dispatch.models.table import ThresholdTable
+
+
+class TableWarning(UserWarning):
+    """A table (or one item of it) was skipped, is stale, or stands in for another card."""
 
 BUNDLED_TABLES_DIR = Path(__file__).resolve().parent / "tables"
 LEVELS = ("exact", "model", "family", "prior")
@@ -32,16 +33,8 @@ LEVELS = ("exact", "model", "family", "prior")
 
 @dataclass(frozen=True)
 class TableLookup:
-    """What `lookup_table` found for a device.
-
-    Attributes
-    ----------
-    table: the table to use (scaled for this card at the family level), None at the prior level.
-    level: "exact", "model", "family" or "prior".
-    path: the file it came from (None at the prior level).
-    warnings: stale stack, family stand-in, skipped files (each also issued as a `TableWarning`).
-    identity: the device looked up.
-    """
+    """What `lookup_table` found: `level` "exact", "model", "family" (`table` scaled for this card)
+    or "prior" (`table` and `path` None); `warnings`, each also issued as a `TableWarning`."""
 
     table: ThresholdTable | None
     level: str
@@ -52,10 +45,14 @@ class TableLookup:
 
 def export_table(table: ThresholdTable, path: str | os.PathLike) -> Path:
     """Write one self-contained, validated JSON file to share."""
+    from attn_dispatch.models.table_io import save_table
+
     return save_table(table, path)
 
 
 def _stored_name(table: ThresholdTable) -> str:
+    from attn_dispatch.models.table_io import dumps_table
+
     digest = hashlib.sha256(dumps_table(table).encode()).hexdigest()[:12]
     return f"merged-{digest}.json"
 
@@ -74,14 +71,15 @@ def stored_path(table: ThresholdTable, *, home: str | os.PathLike | None = None)
 
 def store_table(table: ThresholdTable, *, home: str | os.PathLike | None = None) -> Path:
     """Keep `table` where lookups find it (`stored_path`), replacing what is there."""
+    from attn_dispatch.models.table_io import save_table
+
     return save_table(table, stored_path(table, home=home))
 
 
 def import_table(path: str | os.PathLike, *, home: str | os.PathLike | None = None) -> Path:
-    """Validate a shared table file and store it under its card model; returns the stored path.
+    """Validate a shared table file (else `TableError`) and store it; returns the stored path."""
+    from attn_dispatch.models.table_io import load_table
 
-    Raises `models.table_schema.TableError` for anything that is not a valid table.
-    """
     return store_table(load_table(path), home=home)
 
 
@@ -114,6 +112,8 @@ def _load_version(path: Path, inode: int, mtime_ns: int, ctime_ns: int, size: in
     """One parse per version of the file (atomic writes replace the inode; tables are never
     mutated after loading, so one object can serve every dispatcher). Its classes, models and
     measured entries are validated on first use (`table_io.loads_table`'s `lazy`)."""
+    from attn_dispatch.models.table_io import load_table
+
     return load_table(path, lazy=True)
 
 
@@ -130,21 +130,13 @@ def _candidate_files(home: str | os.PathLike | None) -> list[tuple[Path, bool]]:
 
 
 def lookup_table(
-    identity: DeviceIdentity, *, home: str | os.PathLike | None = None, include_bundled: bool = True,
-    warn: bool = True,
+    identity: DeviceIdentity, *, home: str | os.PathLike | None = None, warn: bool = True,
 ) -> TableLookup:
-    """The best table for `identity` (see module docstring). Never raises for a bad table file.
-
-    Parameters
-    ----------
-    include_bundled: search the tables shipped in ``models/tables`` too (after the user's).
-    warn: also issue each of the result's warnings as a `TableWarning` (False: only return them).
-    """
+    """The best table for `identity` (module docstring); never raises for a bad table file.
+    `warn`: also issue the result's warnings as `TableWarning`s (False: only return them)."""
     notes: list[str] = []
     found: list[tuple[tuple, Path, ThresholdTable, str]] = []
     for path, bundled in _candidate_files(home):
-        if bundled and not include_bundled:
-            continue
         cards = head_identities(path)  # a file measured on another card is not parsed
         if cards is not None and cards_match_level(cards, identity) is None:
             continue
@@ -155,7 +147,7 @@ def lookup_table(
             continue
         level = match_level(table, identity)
         if level is not None:
-            rank = (LEVELS.index(level), bundled, _negated(table.provenance.created), -table.provenance.points_measured)
+            rank = (LEVELS.index(level), bundled, tuple(-ord(ch) for ch in table.provenance.created), -table.provenance.points_measured)
             found.append((rank, path, table, level))
     if not found:
         return _finish(TableLookup(None, "prior", None, identity, tuple(notes)), warn)
@@ -174,6 +166,8 @@ def served_at_level(table: ThresholdTable, level: str | None, identity: DeviceId
             f"{identity.software_key}: its decisions may be stale; run `attn-dispatch check` or calibrate again",
         )
     if level == "family":
+        from attn_dispatch.models.merge import card_scale
+
         spec = spec_for(identity)
         factor = card_scale(table.spec, spec)
         note = (
@@ -184,11 +178,6 @@ def served_at_level(table: ThresholdTable, level: str | None, identity: DeviceId
     return table, ()
 
 
-def _negated(created: str) -> tuple[int, ...]:
-    """Sort key putting later ISO timestamps first."""
-    return tuple(-ord(ch) for ch in created)
-
-
 def _finish(result: TableLookup, warn: bool) -> TableLookup:
     for message in result.warnings if warn else ():
         warnings.warn(message, TableWarning, stacklevel=3)
@@ -196,9 +185,7 @@ def _finish(result: TableLookup, warn: bool) -> TableLookup:
 
 
 HEAD_BYTES = 64 * 1024
-"""Bytes read from the start of a file: a table's members before its provenance are two short
-fields, and a provenance (identities, notes, software versions) is a few KiB even for a merged table
-of many cards; the whole head is read once and decoded member by member."""
+"""Bytes of a file's head read for its provenance (a few KiB even for a merged table)."""
 
 _decoder = json.JSONDecoder()
 _SPACE = " \t\n\r"

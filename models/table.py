@@ -1,10 +1,6 @@
-"""The threshold table: a card's decisions, small enough to share, safe to load.
-
-Per problem class (`models.measured.ClassKey`) a decision map over (log2 Lq, log2 Lk) buckets
-holds the top candidates with predicted seconds (and measured seconds where a bucket was
-measured), plus readable crossover thresholds. The JSON form is documented in
-docs/TABLE_FORMAT.md and validated by `models.table_schema`; files are read and written by
-`models.table_io`. A table is a ranker: ``rank(problem, kernels)``.
+"""The threshold table: a card's decisions, small enough to share, safe to load, and a ranker.
+Per problem class, a decision map over (log2 Lq, log2 Lk) buckets with readable thresholds
+(docs/TABLE_FORMAT.md; validated by `models.table_schema`, read and written by `models.table_io`).
 """
 
 from __future__ import annotations
@@ -157,22 +153,10 @@ class Provenance:
 
 @dataclass(frozen=True)
 class ThresholdTable:
-    """A card's decision table (see module docstring).
-
-    Attributes
-    ----------
-    provenance: which card, software and calibration it comes from.
-    spec: the card spec whose prior ranks kernels the table does not list.
-    quality: the cost model's held-out quality (`models.quality.Quality.to_dict`).
-    classes: decision maps by class.
-    models: the cost model(s) the table was built from, as JSON-safe trees (one per card of a
-        merged table); when present and compatible, `rank` uses them for the exact problem.
-    (A table loaded from a file may hold its classes, models and entries unvalidated until first
-    used: `models.table_io`.)
-    class_fields: the optional class fields the table splits on (`models.measured`).
-    work_step: width of the work-size buckets (when "work" is a class field).
-    entries: measured decisions by exact bucket (`models.measured.entry_key`), consulted first.
-    guard: the quality guard's verdict (`models.quality`); None for tables older than the guard.
+    """A card's decision table (docs/TABLE_FORMAT.md names each field). `spec`'s prior ranks what
+    the table does not list; `models` (one per card of a merge) predict exact problems; `entries`
+    (by `entry_key`) are consulted first; `guard` is None for tables older than the guard. A loaded
+    table may hold classes, models and entries unvalidated until first used (`models.table_io`).
     """
 
     provenance: Provenance
@@ -222,22 +206,10 @@ class ThresholdTable:
         return tuple(model for model in self.models if model.compatible)
 
     def model_seconds(self, problems: Sequence[Problem], kernel_names: Sequence[str]) -> np.ndarray:
-        """Predicted seconds of each (problem, kernel name) pair by the usable embedded models that
-        were fitted with the kernel's family (`EmbeddedModel.knows`): the median over them (the
-        cards of a merged table). Feature rows are built once per distinct card spec (equal by
-        value), not once per model.
-
-        A pair no model knows (a family registered after the fit) is priced by the analytic prior
-        of the table's card, carried onto the models' scale for its problem: times the models'
-        prediction for PyTorch's default over the prior's (`_prior_beside_models`), so that what
-        the models learned of the problem (every kernel slower than the roofline at head dim 64,
-        say) applies to it too, while the order among kernels comes from the prior.
-
-        Raises
-        ------
-        ValueError
-            When the table has no usable model (`usable_models`).
-        """
+        """Predicted seconds of each (problem, kernel name) pair: the median over the usable models
+        fitted with the kernel's family (features built once per distinct spec). A pair no model
+        knows is priced by the prior carried onto the models' scale (`_prior_beside_models`).
+        ValueError without a usable model."""
         models = self.usable_models
         if not models:
             raise ValueError("this table has no usable embedded cost model; rank by the analytic prior")
@@ -276,10 +248,8 @@ class ThresholdTable:
         return prior * modelled / baseline
 
     def rank(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
-        """Supported kernels of `kernels` with predicted seconds, fastest first, in the table's
-        lookup order: the measured entry of the problem's exact bucket (`rank_measured`), then, for
-        the kernels it does not list, whatever the quality guard's verdict says ranks best
-        (`rank_unmeasured`)."""
+        """Supported kernels with predicted seconds, fastest first: the exact bucket's measured entry
+        (`rank_measured`), then the rest as the guard's verdict says (`rank_unmeasured`)."""
         kernels = list(kernels)
         measured = self.rank_measured(problem, kernels)
         listed = {name for name, _ in measured}
@@ -313,12 +283,9 @@ class ThresholdTable:
         return self.rank_by_model(problem, kernels, cell)
 
     def rank_by_model(self, problem: Problem, kernels: list[Kernel], cell: Cell | None) -> list[tuple[str, float]]:
-        """Every supported kernel predicted for this exact problem by the embedded models (the median
-        over the cards of a merged table; a family the models were not fitted with is priced by the
-        prior, `model_seconds`), except those calibration measured inaccurate or failing in `cell`
-        (the problem's bucket in its class, else the nearest cell of the nearest class). A table
-        without a usable model (fitted against other features or another prior version) ranks those
-        kernels by the analytic prior: its decision map ranked no better (docs/RESULTS.md#ablations)."""
+        """Supported kernels priced by the embedded models (`model_seconds`) for this exact problem,
+        less those calibration measured inaccurate or failing in `cell`; without a usable model, by
+        the prior (the decision map ranked no better: docs/RESULTS.md#ablations)."""
         barred = {name for name, _ in cell.excluded} if cell is not None else set()
         usable = [kernel for kernel in supported(problem, kernels) if kernel.name not in barred]
         models = self.usable_models

@@ -138,26 +138,12 @@ def build_table(
     work_step: int = WORK_STEP,
     calibration_wall_s: float | None = None,
     notes: Sequence[str] = (),
-    embed_model: bool = True,
     measured_entries: bool = True,
     guard: Guard | None = None,
 ) -> ThresholdTable:
-    """A decision map for every problem class that was measured.
-
-    Parameters
-    ----------
-    cost_model: fitted on features built with `spec`.
-    measurements: what calibration measured (any status); classes and bucket ranges come from
-        their problems, measured times and exclusions (inaccurate / failed) from their results.
-        Unsupported pairs (never run) do not count in the provenance's ``points_measured``.
-    kernel_names: the kernels the table may recommend (those calibrated).
-    quality: the model's held-out quality (`models.quality.Quality.to_dict`).
-    class_fields, work_step: how finely classes are split (`models.measured`).
-    embed_model: carry the cost model's trees in the table (JSON) so `rank` predicts each exact
-        problem; False: the analytic prior ranks what measured entries do not decide.
-    measured_entries: keep every measured problem's timings as an exact entry consulted before
-        the model (`models.measured`).
-    guard: the quality guard's verdict (`models.quality.decide_verdict`); None: not evaluated.
+    """A decision map for every measured problem class, from `cost_model` (fitted on `spec`'s
+    features) and `measurements` (any status; unsupported ones are not counted as measured).
+    `measured_entries`: keep each measured problem as an exact entry; `guard`: the verdict or None.
     """
     if not measurements:
         raise ValueError("build_table needs the measurements calibration made; got none (run `attn-dispatch calibrate`)")
@@ -176,8 +162,8 @@ def build_table(
         for key, points in sorted(by_class.items())
     }
     classes = {key: table_class for key, (table_class, _) in built.items()}
-    embedded = embed(cost_model, spec, _check_rows(np.vstack([X for _, X in built.values()]))) if embed_model else None
-    if embed_model and embedded is None:
+    embedded = embed(cost_model, spec, _check_rows(np.vstack([X for _, X in built.values()])))
+    if embedded is None:
         notes = (*notes, "the cost model could not be embedded (its export did not reproduce it): the analytic prior ranks")
     provenance = Provenance(
         identity=identity, created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -1,16 +1,8 @@
-"""Reading and writing threshold-table files: bounded, UTF-8 JSON only, atomic.
-
-Loading reads at most `MAX_TABLE_BYTES`, refuses anything that is not UTF-8 JSON (a pickle
-payload is named as such), refuses NaN / Infinity and duplicate keys, and validates the result
-(`models.table_schema`). Nothing is ever unpickled or evaluated. Writing validates first, then
-writes a temporary file in the target directory and renames it over the target.
-
-Files are written in a line layout that is still one JSON document: the top-level members other
-than ``classes``, ``models`` and ``measured_entries`` on the first line, then each item of those
-sections on a line of its own (`SECTIONS`). A raw line break is never inside a JSON string, so a
-reader splits such a file into its items without parsing them: a table of this layout is loaded
-with its classes and measured entries unparsed, each validated on first use
-(`models.table_schema.LazySection`). A file of any other layout is parsed and validated whole.
+"""Reading and writing threshold-table files: bounded, UTF-8 JSON only, validated, atomic; never
+unpickled (docs/TABLE_FORMAT.md). Written in a line layout that is one JSON document: the small
+members on the first line, then each item of ``classes``, ``models`` and ``measured_entries`` on a
+line of its own (`SECTIONS`), so a lazy load splits items without parsing them
+(`models._json_checks.LazySection`). Any other layout is parsed and validated whole.
 """
 
 from __future__ import annotations
@@ -42,10 +34,7 @@ _FIRST_SECTION = ',"classes":['
 
 def loads_table(raw: bytes, *, source: str = "<bytes>", lazy: bool = False) -> ThresholdTable:
     """Parse and validate the bytes of a table file; raises `TableError` naming `source`.
-
-    `lazy`: a file in the line layout keeps its classes, models and measured entries as text, each
-    validated on first use and dropped with a `TableWarning` if malformed (module docstring):
-    for the dispatcher's lookup. Otherwise every field is validated now (import, merge, show)."""
+    `lazy` (the dispatcher's lookup): a line-layout file's sections are validated on first use."""
     if len(raw) > MAX_TABLE_BYTES:
         raise TableError(f"{source}: {len(raw)} bytes is over the {MAX_TABLE_BYTES}-byte cap for threshold tables; it is not a table")
     if raw.startswith(_PICKLE_PROTO):

@@ -1,13 +1,7 @@
-"""The threshold table's JSON schema (format_version 2, docs/TABLE_FORMAT.md): strict
-validation of untrusted data into a `ThresholdTable` (`models.table_io` writes it).
-
-Every rejection is a `TableError` naming the field (``classes[3].cells[7].ranking[0]``), what
-was wrong, and what to do about it. Validation never runs code from the data: kernel names are
-parsed by the registry's grammar, numbers are range-checked, unknown fields are refused.
-
-The ``measured_entries`` and ``guard`` sections are checked here too (`parse_entries`, `parse_guard`).
-A table read in the line layout (`models.table_io`) keeps its classes and measured entries as text
-and validates each on first use (`LazySection`); its header and models are validated on load.
+"""The threshold table's JSON schema (format_version 2, docs/TABLE_FORMAT.md): strict validation
+of untrusted data into a `ThresholdTable`. Every rejection is a `TableError` naming the field
+(``classes[3].cells[7].ranking[0]``), what was wrong and what to do; nothing in the data runs.
+A line-layout table's classes and measured entries are validated on first use (`LazySection`).
 """
 
 from __future__ import annotations

@@ -1,27 +1,20 @@
-"""A threshold table in words: the card, where the table came from, how good its model is, and
-where each kernel wins (what `attn-dispatch show` prints).
-
-Held-out quality (`held_out_lines`, what `calibrate`, `check --fix` and `show` print from one flat
-``quality`` mapping, `models.quality.Quality.to_dict`): each way of choosing a kernel (the stored
-table, PyTorch's default, the analytic prior, and the table's parts) gets one line saying on how
-many held-out problems its pick was the fastest kernel and how much slower than the fastest its
-picks ran on average; the quality guard's verdict weighs the second.
-
-Timing threads (`threads_line`, what `explain` and `devices` print): a CPU calibration times its
-kernels with some number of torch threads (``provenance.timing_threads``); a process with another
-count is served the same table quietly, and the line states both counts and what matches them
-(``torch.set_num_threads``), never changing a decision. GPU tables and tables without the field get
-no line."""
+"""A threshold table in words (what `attn-dispatch show` prints): card, provenance, held-out
+quality (`held_out_lines`: per way of choosing, how often its pick was fastest and how much slower
+on average), and where each kernel wins. `threads_line` (`explain`, `devices`): a CPU table's
+timing threads against this process's, said, never changing a decision."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from attn_dispatch.kernels.accuracy import is_lossless
 from attn_dispatch.kernels.convert import ConvertKernel
 from attn_dispatch.models.identity import torch_threads
 from attn_dispatch.models.priors import kernel_named
-from attn_dispatch.models.table import ThresholdTable, thresholds_for
+
+if TYPE_CHECKING:  # `threads_line` runs on the cold call: the table modules load with a table
+    from attn_dispatch.models.table import ThresholdTable
 
 GIB = 2**30
 GIGA = 1e9
@@ -102,6 +95,8 @@ def guard_lines(table: ThresholdTable) -> list[str]:
 
 def threshold_lines(table: ThresholdTable) -> list[str]:
     """Per class, where each kernel wins (most buckets first)."""
+    from attn_dispatch.models.table import thresholds_for
+
     unused = len(table.models) - len(table.usable_models)
     lines = [f"winning kernels: {len(table.classes)} kinds of problem (dtype, causality, mask) over "
              f"{sum(len(c.cells) for c in table.classes.values())} buckets of (Lq, Lk); {len(table.models)} embedded cost model(s)"

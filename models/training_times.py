@@ -1,18 +1,8 @@
-"""Measured forward+backward times for the training route: a training profile written by
-``python -m attn_dispatch.calibration.training_profile`` (JSON; loading it never runs code).
-
-Format (``format_version`` 1)::
-
-    {"format_version": 1, "kind": "attn_dispatch.training_profile", "device": "cpu",
-     "entries": [{"problem": {...Problem.to_dict()...}, "kernel": "chunked[q=128,kv=1024]",
-                  "seconds": 0.0123, "peak_bytes": 123456}]}
-
-An entry serves every problem of its class and length bucket (`profile_key`: dtype, causality,
-mask kind, head dim, GQA ratio, work size and log2 length buckets, `models.measured`) on a device
-with the same label (`device_label`). The profile is found
-through ``ATTN_DISPATCH_TRAINING_PROFILE`` (a path), else at ``<home>/training_profile.json``
-(`default_profile_path`: where ``attn-dispatch calibrate --training`` writes it). A missing, corrupt or foreign profile is a
-warning and no measurements: an attention call never fails because of a profile.
+"""Measured forward+backward times for the training route (docs/CONFIG.md
+``ATTN_DISPATCH_TRAINING_PROFILE``, else `default_profile_path`), written by
+`calibration.training_profile` as JSON (``format_version`` 1, kind ``attn_dispatch.training_profile``,
+``device``, ``entries``: problem, kernel, seconds, peak_bytes). An entry serves its class and length
+bucket (`profile_key`) on a device of the same label. A bad profile is a warning, never a failure.
 """
 
 from __future__ import annotations

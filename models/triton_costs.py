@@ -1,32 +1,21 @@
 """The analytic prior of the Triton kernels (`triton_flash`, `triton_decode`), per card.
 
-`triton_flash` is FlashAttention-2's forward: its time is the larger of its matrix products (the
-FLOPs of the key blocks each query block visits, causal blocks above the diagonal skipped, at the
-card's Triton matrix rate and an efficiency) and its memory traffic (Q and O once, K and V once
-per wave of a head's query blocks, `kv_passes`; the mask tiles it reads), over its programs in waves,
-plus its launches. `triton_decode` is flash-decoding: K and V read once per GQA group (per block
-of packed rows) at the card's bandwidth, the splits' fp32 partials written and read back by the
-combine, the products padded to a block's rows, plus one launch (two with the combine).
-
-The card decides the matrix rate Triton's `tl.dot` reaches (`triton_matrix_flops`): on a card with
-matrix cores (NVIDIA since Volta, AMD CDNA) the spec sheet's rate per dtype; on one without
-(gfx906: products run as `v_dot2_f32_f16` on the vector ALUs) fp16 at the packed-math rate, bf16
-`NO_MATRIX_BF16_SLOWDOWN` times slower, fp32 at the vector rate, and the softmax's arithmetic on
-the same ALUs (added, not overlapped).
-
-Every efficiency here is UNMEASURED: the H200's are placeholders derived from a published
-Triton-against-flash ratio on an H100, to be replaced by the H200 calibration's numbers; gfx906's
-come from its spec sheet and public reports, labelled predicted wherever they surface.
+`triton_flash` (FlashAttention-2's forward): max(products over the visited tiles at the card's
+Triton rate, memory traffic with K and V read once per wave of a head's query blocks), in waves,
+plus its launch. `triton_decode` (flash-decoding): K and V once per block of packed rows, the
+splits' fp32 partials written and read back, plus one launch (two with the combine). Without
+matrix cores (gfx906) products run on the vector ALUs and the softmax is added, not overlapped.
+Every efficiency here is UNMEASURED (placeholders; sources: docs/RESULTS.md#where-the-priors-constants-come-from).
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
-from attn_dispatch.kernels.triton_flash import TritonFlashKernel, padded_dim
+from attn_dispatch.kernels.triton_flash import padded_dim
 from attn_dispatch.models.identity import GFX906_BANDWIDTH, CardSpec
 from attn_dispatch.models.rates import (
     BANDWIDTH_EFFICIENCY,
@@ -37,63 +26,38 @@ from attn_dispatch.models.rates import (
     visited_fraction,
 )
 
-PACKED_HALF_PER_FP32 = 2.0
-"""fp16 FLOPs per fp32 FLOP of vector ALUs with packed half math and no matrix cores: gfx906's
-`v_dot2_f32_f16` does two fp16 multiply-adds per lane per cycle (MI50: 26.5 fp16 against 13.3
-fp32 TFLOP/s, AMD's datasheet; MI60 29.5 against 14.7)."""
-MATRIX_CORE_MIN_RATIO = 2 * PACKED_HALF_PER_FP32
-"""A card whose fp16 matrix rate is at least this multiple of its fp32 vector rate has matrix cores
-(`has_matrix_cores`): packed half math gives 2x, matrix cores 8x (V100, T4, MI100) to 16x (A100,
-H100/H200: 989 against 67 TFLOP/s); 4x is well clear of both, and of datasheet rounding."""
-NO_MATRIX_BF16_SLOWDOWN = 2.69
-"""bf16 against fp16 products on a card without matrix cores: gfx906 has no bf16 dot instruction;
-gfx906 forks of vLLM report fp16 running 2.69x faster than bf16 (issue 32). PREDICTED for our
-kernels, unmeasured."""
-TRITON_FLASH_TIME_VS_FLASH = 0.8
-"""PLACEHOLDER, to be replaced by the H200 measurement: a plain Triton FlashAttention forward ran
-at 0.78-0.82x the time of PyTorch's flash backend on an H100 (published, issue 32)."""
+if TYPE_CHECKING:
+    from attn_dispatch.kernels.triton_decode import TritonDecodeKernel
+    from attn_dispatch.kernels.triton_flash import TritonFlashKernel
+
+# Sources of these numbers: docs/RESULTS.md#where-the-priors-constants-come-from.
+PACKED_HALF_PER_FP32 = 2.0  # fp16 FLOPs per fp32 FLOP of packed half math (gfx906's v_dot2)
+MATRIX_CORE_MIN_RATIO = 2 * PACKED_HALF_PER_FP32  # fp16 matrix / fp32 vector rate from which a card has matrix cores
+NO_MATRIX_BF16_SLOWDOWN = 2.69  # bf16 against fp16 products without matrix cores (PREDICTED)
+TRITON_FLASH_TIME_VS_FLASH = 0.8  # PLACEHOLDER: Triton FA forward time over PyTorch's flash (H100, published)
 TRITON_FLASH_EFFICIENCY = FUSED_EFFICIENCY["sdpa_flash"] / TRITON_FLASH_TIME_VS_FLASH
-"""Fraction of the achievable matrix rate `triton_flash` reaches on a card with matrix cores:
-PyTorch's flash's (0.6 on the H200 probe, `models.rates.FUSED_EFFICIENCY`) over
-`TRITON_FLASH_TIME_VS_FLASH`. A placeholder (0.75) until the H200 calibration."""
-VECTOR_DOT_EFFICIENCY = 0.5
-"""Fraction of the packed-math (or vector) peak `tl.dot` reaches on a card without matrix cores:
-PREDICTED, unmeasured (no gfx906 card here). Half: every `v_dot2` takes its operands from LDS
-(64 KiB per CU on gfx906), whose bandwidth just keeps up with one dot per cycle at the register
-tiles a 4-warp program holds, and the online softmax's rescaling shares the same ALUs."""
-GFX906_MEASURED_BANDWIDTH = 886e9
-"""gfx906's HBM2 copy bandwidth as measured publicly (880-892 GB/s of the 1024 GB/s datasheet):
-the fraction `GFX906_BANDWIDTH_EFFICIENCY` replaces the H200's measured 0.9 there."""
+VECTOR_DOT_EFFICIENCY = 0.5  # of the packed-math peak `tl.dot` reaches without matrix cores (PREDICTED)
+GFX906_MEASURED_BANDWIDTH = 886e9  # public gfx906 copy measurements
 GFX906_BANDWIDTH_EFFICIENCY = GFX906_MEASURED_BANDWIDTH / GFX906_BANDWIDTH
-TRITON_LAUNCH_OPS = 2.0
-"""Eager-op launch costs (`CardSpec.launch_overhead_s`) of one Triton kernel launch: Triton binds
-its ~40 arguments and looks its compiled kernel up by their specialisation in Python, about two
-PyTorch ops' worth (unmeasured; replace with the H200 measurement)."""
-FLASH_ALLOCATIONS = 2
-"""Allocations of a `triton_flash` call: the output and the log-sum-exp (or its placeholder)."""
-DECODE_ALLOCATIONS = 2
-"""Allocations of a `triton_decode` call: the output and the splits' partials."""
-MASK_ITEMSIZE = {"none": 0, "bool": 1, "float": 4}
-"""Bytes per mask element a kernel reads (bool as bytes; float masks counted as fp32, as
-`Problem.mask_bytes` does)."""
+TRITON_LAUNCH_OPS = 2.0  # eager-op launch costs of one Triton launch (argument binding in Python; unmeasured)
+FLASH_ALLOCATIONS = 2  # output and log-sum-exp
+DECODE_ALLOCATIONS = 2  # output and the splits' partials
+MASK_ITEMSIZE = {"none": 0, "bool": 1, "float": 4}  # bytes per mask element read (float as fp32)
 
 
 def has_matrix_cores(spec: CardSpec) -> bool:
-    """Whether the card's fp16 matrix rate is well past what packed half math on its vector ALUs
-    gives (`MATRIX_CORE_MIN_RATIO`): the H200 has them, gfx906 does not."""
+    """fp16 matrix rate past `MATRIX_CORE_MIN_RATIO` x the vector rate (H200 yes, gfx906 no)."""
     return spec.flops("float16") >= MATRIX_CORE_MIN_RATIO * spec.vector_flops
 
 
 def is_gfx906_class(spec: CardSpec) -> bool:
-    """A card without matrix cores whose memory is gfx906's HBM2 (`models.identity`): its measured
-    bandwidth fraction applies."""
+    """No matrix cores and gfx906's HBM2: its measured bandwidth fraction applies."""
     return not has_matrix_cores(spec) and spec.bandwidth == GFX906_BANDWIDTH
 
 
 def triton_matrix_flops(spec: CardSpec, dtype: str) -> float:
-    """Peak FLOP/s of Triton's `tl.dot` on `dtype` inputs (fp32 in IEEE precision, as our kernels
-    ask): the spec sheet's matrix rate on a card with matrix cores; without them fp16 at the
-    packed-math rate, bf16 `NO_MATRIX_BF16_SLOWDOWN` times slower, fp32 at the vector rate."""
+    """Peak FLOP/s of `tl.dot` on `dtype` (fp32 in IEEE precision): the matrix rate with matrix
+    cores; without, fp16 packed, bf16 `NO_MATRIX_BF16_SLOWDOWN` slower, fp32 at the vector rate."""
     if has_matrix_cores(spec):
         return spec.flops(dtype)
     if dtype == "float16":
@@ -109,9 +73,8 @@ def _bandwidth(spec: CardSpec) -> float:
 
 
 def _compute_seconds(spec: CardSpec, dtype: str, product_flops: float, score_elements: float) -> float:
-    """Matrix products at the Triton rate (`TRITON_FLASH_EFFICIENCY` of it on matrix cores,
-    `VECTOR_DOT_EFFICIENCY` without), and the online softmax's arithmetic: overlapped with the
-    products on matrix cores, on the same ALUs (added) without them."""
+    """Products at the Triton rate times its efficiency, plus the softmax's arithmetic: overlapped
+    on matrix cores, added without them."""
     matrix_cores = has_matrix_cores(spec)
     efficiency = TRITON_FLASH_EFFICIENCY if matrix_cores else VECTOR_DOT_EFFICIENCY
     products = product_flops / (triton_matrix_flops(spec, dtype) * MATMUL_EFFICIENCY * efficiency)
@@ -123,17 +86,8 @@ def _launches(spec: CardSpec, kernels: int, allocations: int) -> float:
     return (kernels * TRITON_LAUNCH_OPS + allocations) * spec.launch_overhead_s
 
 
-def kv_passes(query_blocks: int, rates: Rates) -> int:
-    """Times one head's keys and values come from memory: every query block reads them, but the
-    grid puts a head's query blocks side by side (`_triton_flash_tiles.query_block_of_program`),
-    so those running at once (one per compute unit) walk the keys in step and the L2 cache serves
-    all but the first reader: once per wave of the head's blocks."""
-    return rates.waves(query_blocks)
-
-
 def triton_flash_seconds(problem: Problem, kernel: TritonFlashKernel, spec: CardSpec) -> float:
-    """FlashAttention-2's forward (module docstring): products over the visited ``bm x bn`` tiles
-    at padded head dims, K and V re-read by every query block, programs in waves, one launch."""
+    """FlashAttention-2's forward (module docstring), at padded head dims."""
     config = kernel.config
     rates = Rates(problem, spec)
     L, S = max(problem.q_len, 1), max(problem.kv_len, 1)
@@ -146,7 +100,8 @@ def triton_flash_seconds(problem: Problem, kernel: TritonFlashKernel, spec: Card
     product_flops = 2 * scores * (head_dim + value_dim)
     compute = _compute_seconds(spec, problem.dtype, product_flops, scores)
     seen_keys = S * fraction  # padded keys are masked loads: never read
-    kv_reads = heads * kv_passes(query_blocks, rates) * seen_keys * (problem.head_dim + problem.value_dim) * problem.itemsize
+    # K and V come from memory once per wave of a head's query blocks (L2 serves the rest: RESULTS)
+    kv_reads = heads * rates.waves(query_blocks) * seen_keys * (problem.head_dim + problem.value_dim) * problem.itemsize
     mask_reads = heads * L * seen_keys * MASK_ITEMSIZE[problem.mask_kind]  # every visited tile reads its mask
     streamed = (problem.q_bytes + problem.out_bytes + kv_reads + mask_reads
                 + 2 * Kernel.input_copy_bytes(problem))
@@ -156,10 +111,7 @@ def triton_flash_seconds(problem: Problem, kernel: TritonFlashKernel, spec: Card
 
 
 def triton_decode_seconds(problem: Problem, kernel: TritonDecodeKernel, spec: CardSpec) -> float:
-    """Flash-decoding (module docstring): the visible keys and values read once per block of
-    packed rows (once per GQA group up to 64 rows), the splits' fp32 partials written and read
-    back by the combine, over (batch x K/V head, split, row block) programs in waves; one launch,
-    two with the combine."""
+    """Flash-decoding (module docstring): programs are (batch x K/V head, split, row block)."""
     rates = Rates(problem, spec)
     layout = kernel.layout(problem)
     programs = problem.batch * problem.kv_heads * layout.splits * layout.row_blocks

@@ -88,15 +88,6 @@ def test_linear_regret_is_the_bags_mean_slowdown():
     assert bagged_regret(GROUPS, split, linear=True)[0] == pytest.approx(0.0)
 
 
-def test_regret_of_a_given_pick_counts_against_each_bags_best():
-    bags = np.stack([PREDICTED, PREDICTED])  # both bags: kernel 0 of problem 0 is 4x faster than kernel 1
-    pick = PREDICTED.copy()
-    pick[1] = math.log(0.5)  # the model in use would pick kernel 1 of problem 0
-    regrets = bagged_regret(GROUPS, bags, pick_log=pick)
-    assert regrets[0] == pytest.approx(math.log(4.0)) and regrets[1] == pytest.approx(0.0)
-    assert bagged_regret(GROUPS, bags)[0] == pytest.approx(0.0)  # the bags' own consensus: no regret
-
-
 KERNELS = [MathKernel(), ChunkedKernel(q=128, kv=1024), SmallQKernel(splits=8)]
 
 

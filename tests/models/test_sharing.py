@@ -91,7 +91,6 @@ def test_user_tables_come_before_bundled_ones(mi50_table, home):
     export_table(_for(mi50_table, mi60), sharing.BUNDLED_TABLES_DIR / "mi60.json")
     bundled = lookup_table(mi60, home=home)
     assert bundled.level == "exact" and bundled.path.parent == sharing.BUNDLED_TABLES_DIR
-    assert lookup_table(mi60, home=home, include_bundled=False).level == "prior"
     store_table(_for(mi50_table, mi60), home=home)
     assert lookup_table(mi60, home=home).path.parent != sharing.BUNDLED_TABLES_DIR
 
