@@ -160,8 +160,19 @@ def status(home: str | os.PathLike | None = None) -> str:
         return f"loaded {path} ({served} calls served in C++ by this process's dispatchers)"
     reason = _rejected.get(str(library_path(home)))
     if reason is None or _checked_rejection(library_path(home)) is None:
+        if _other_builds(home):
+            return (f"not built for this attn-dispatch and torch (the build in {build_directory(home, create=False).parent} "
+                    f"is for another version): {fix} ({WITHOUT_IT})")
         return f"not built: {fix} ({WITHOUT_IT})"
     return f"built library rejected ({reason}): {fix} ({WITHOUT_IT})"
+
+
+def _other_builds(home: str | os.PathLike | None) -> bool:
+    """Whether the home holds a fast path built from another source or torch (an upgrade leaves it behind)."""
+    try:
+        return any(folder.name != module_name() for folder in build_directory(home, create=False).parent.iterdir())
+    except OSError:
+        return False
 
 
 def _hits_or_none(fast: FastPath) -> int | None:

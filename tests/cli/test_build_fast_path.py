@@ -104,3 +104,12 @@ def test_calibrate_s_build_never_fails(monkeypatch, tmp_path):
     monkeypatch.setattr(fast_path, "_loaded", {})
     note = build_after_calibration(str(tmp_path))
     assert note.startswith("note: the fast path was not built") and "no C++ compiler found" in note
+
+
+def test_devices_says_a_build_is_for_another_version(cli, monkeypatch, tmp_path):
+    monkeypatch.setenv(FAST_PATH.name, "1")
+    monkeypatch.setattr(fast_path, "_loaded", {})
+    if not fast_path.fast_path_enabled():
+        pytest.skip("torch < 2.5: no fast path")
+    (fast_path.build_directory(tmp_path).parent / "attn_dispatch_fast_call_0123456789abcdef").mkdir(parents=True)
+    assert fast_path.status(tmp_path).startswith("not built for this attn-dispatch and torch")
