@@ -284,18 +284,21 @@ def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -
 
 
 def measured_candidates(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
-                        portable: bool = False, sets_up: frozenset[str] = frozenset()) -> tuple[Option, ...]:
+                        portable: bool = False, sets_up: frozenset[str] = frozenset(),
+                        own_table: bool = True) -> tuple[Option, ...]:
     """The options a bucket measures on its calls, baseline first, then ranking order; empty when nothing to choose:
 
     - baseline: PyTorch's default where a contender, else the ranking's first (portable set);
     - the first `RANKED_CANDIDATES` others; GPU: `GPU_ALSO_MEASURED`; CPU: each own family's first
       (`own_family_options`);
     - where the baseline sets up per shape (`sets_up`): flash, else the first set-up-free option;
-    - GPU decode with PyTorch's backends: only the ranking's first, when not the default. At most `MAX_CANDIDATES`."""
+    - GPU decode with PyTorch's backends ranked by this card's own table (`own_table`): only the ranking's first,
+      when not the default; ranked by the prior or another card's table, decode is measured like any shape.
+    At most `MAX_CANDIDATES`."""
     default = next((option for option in options if is_default(option)), None)
     baseline = options[0] if portable or default is None else default
     others = [option for option in options if option is not baseline]
-    if device.type == "cuda" and problem.q_len == 1 and not portable:
+    if device.type == "cuda" and problem.q_len == 1 and not portable and own_table:
         picked = [options[0]] if options[0] is not baseline else []
     else:
         picked = others[:RANKED_CANDIDATES]
@@ -353,7 +356,8 @@ def decide(problem: Problem, *, kernels: Mapping[str, Kernel], policy: AccuracyP
         if measured is not None and doubt is not None:  # an entry that does not decide: say why
             notes = (*notes, f"{measured}: {doubt}")
         candidates = measured_candidates(options, device, problem, portable=portable,
-                                         sets_up=costly_setups(options, problem, cold_costs))
+                                         sets_up=costly_setups(options, problem, cold_costs),
+                                         own_table=ranking.source.level in SAME_CARD_LEVELS)
         if candidates:  # the baseline serves until the measuring decides (`measuring.Trial`)
             options = put_first(options, candidates[0].kernel.name)
     return Selection(ranked, options, (*fitted.dropped, *ranked.dropped), notes, seconds, candidates)

@@ -53,6 +53,15 @@ def test_decode_on_a_gpu_measures_only_a_pick_that_displaced_the_default(monkeyp
     assert measured_candidates(options[::-1], CUDA, decode) == ()
 
 
+def test_decode_on_a_gpu_without_its_own_table_measures_like_any_shape(monkeypatch):
+    """Ranked by the prior or another card's table, a GPU decode bucket measures the ranking's first two and flash."""
+    options = _options(monkeypatch, ["sdpa_default", "small_q[splits=8]", "math", "chunked[q=128,kv=1024]", "sdpa_flash"])
+    decode = Problem(1, 4, 4, 1, 64, 16, 16, "float16", device_type="cuda")
+    assert measured_candidates(options, CUDA, decode) == ()
+    assert _names(measured_candidates(options, CUDA, decode, own_table=False)) == [
+        "sdpa_default", "small_q[splits=8]", "math", "sdpa_flash"]
+
+
 def test_where_the_default_sets_up_per_shape_flash_or_a_set_up_free_option_is_measured(monkeypatch):
     options = _options(monkeypatch, ["sdpa_default", "small_q[splits=8]", "math", "sdpa_flash"])
     decode = Problem(1, 4, 4, 1, 64, 16, 16, "float16", device_type="cuda")
