@@ -212,13 +212,13 @@ class Trial:
         return run
 
     def call(self, plan, own: Callable, query, key, value, attn_mask, scale, enable_gqa, problem):
-        rank_rest = self._rank_rest
-        if rank_rest is not None and self.baseline.calls:  # the baseline's first call is the only one without them
-            rank_rest()
         if not self.open:
             return self._decided_run(problem, own)(query, key, value, attn_mask, scale, enable_gqa, problem)
         if not self.clock.can_time():  # a CUDA graph being captured: not even an event may be queried
             return own(query, key, value, attn_mask, scale, enable_gqa, problem)
+        rank_rest = self._rank_rest
+        if rank_rest is not None and self.baseline.calls:  # only the baseline's first call runs without the others
+            rank_rest()  # not while a graph is captured (above): ranking may ask PyTorch on the device
         with self._lock:
             self._collect()
             contender = self._next() if self.open and len(self._pending) < MAX_PENDING else None
