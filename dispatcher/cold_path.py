@@ -14,6 +14,7 @@ import attn_dispatch.dispatcher.sdpa_context as sdpa_context
 from attn_dispatch.dispatcher.decision import (
     TRAINING_KERNEL,
     NoKernelError,
+    decision_logged,
     log_decision,
     log_fallback,
     log_settled,
@@ -107,7 +108,7 @@ class ColdPath:
                 self.keep(key_, new)
             if family is not None:
                 self.families.put(family, problem)
-            if decided:
+            if decided and decision_logged():  # a waiting bucket's decision is made to be logged only
                 log_decision(new.decision)
         return new
 

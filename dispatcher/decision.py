@@ -375,11 +375,21 @@ def _ensure_handler() -> None:
         logger.addHandler(handler)
 
 
-def log_decision(decision: Decision) -> None:
-    level = logging.DEBUG
+def _decision_level() -> int:
+    """The level a new decision is logged at: INFO with ``ATTN_DISPATCH_LOG=1`` (a handler made sure of), else DEBUG."""
     if _log_enabled():
         _ensure_handler()
-        level = logging.INFO
+        return logging.INFO
+    return logging.DEBUG
+
+
+def decision_logged() -> bool:
+    """Whether `log_decision` prints (a caller may then skip making the decision it would log)."""
+    return logger.isEnabledFor(_decision_level())
+
+
+def log_decision(decision: Decision) -> None:
+    level = _decision_level()
     if not logger.isEnabledFor(level):
         return
     others = ", ".join(c.name for c in decision.candidates[1:_TOP_CANDIDATES + 1]) or "none"

@@ -10,19 +10,20 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from attn_dispatch.dispatcher.decision import Candidate, Decision, failure_message, free_bytes
-from attn_dispatch.dispatcher.device_ranking import DeviceRanking, no_table_line
+from attn_dispatch.dispatcher.device_ranking import FALLBACK_FIRST, DeviceRanking, no_table_line
 from attn_dispatch.dispatcher.measuring import Trial, clock_for
 from attn_dispatch.dispatcher.plans import MAX_BUCKETS, BoundedCache, Plan, mask_ndim_of
 from attn_dispatch.dispatcher.selection import (
     FASTER_DID_NOT_FIT,
     HISTORY,
     SETTLED,
+    UNMEASURED_LEVELS,
     Option,
     Ranked,
     Tuned,
@@ -33,6 +34,7 @@ from attn_dispatch.dispatcher.selection import (
     decision_bucket,
     failure_bucket,
     may_replace_first,
+    measuring_wanted,
     needs_recheck,
     new_shape_order,
     over_limit_reason,
@@ -62,6 +64,34 @@ class PlannerConfig:
     signature: str
     tunings_root: Callable[[], object] | None
     count_cell: Callable[[str], list[int]] | None = None
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a bucket is decided with: its first problem, the memory budget, whether to measure (`measure`: the
+    setting; `trial`: for this decision), the bytes free, the failures and measured result known for it, and where a
+    trial reports a failing candidate."""
+
+    problem: Problem
+    budget: int | None
+    measure: bool
+    trial: bool
+    free: int | None
+    failed: dict[str, str]
+    tuned: Tuned | None
+    on_failure: Callable[[str, BaseException], None]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A bucket whose ranking waits for its second call (`DevicePlanner.decide`): what its first call asked,
+    PyTorch's default (which that call runs, the ranking putting it first anyway), `rank()` to rank it now, and the
+    plans made meanwhile."""
+
+    asked: Asked
+    default: Option
+    rank: Callable[[], None]
+    plans: list[Plan] = field(default_factory=list)
 
 
 class DevicePlanner:
@@ -97,7 +127,7 @@ class DevicePlanner:
         if decided:
             _record(problem)
             budget, measure = settings()
-            bucket = self.decide(problem, budget=budget, measure=measure, on_failure=on_failure)
+            bucket = self.decide(problem, budget=budget, measure=measure, on_failure=on_failure, defer_ranking=True)
             self.buckets.put(key, bucket)
             if self.probes is not None:
                 self.probes.save_new()
@@ -121,6 +151,8 @@ class DevicePlanner:
                  settled: bool = False) -> Plan | None:
         """The first of the bucket's options (new-shape order; decided order when `first` or `settled`) that runs
         `problem` and fits, else None."""
+        if first and bucket.waiting is not None:
+            return self._plan_default(bucket, problem, shape_key)
         settle_at = 0
         if first:
             order, notes = bucket.options, ()
@@ -173,38 +205,115 @@ class DevicePlanner:
             return plan
         return None
 
+    def _plan_default(self, bucket: Bucket, problem: Problem, shape_key: tuple) -> Plan:
+        """The first call's plan of a waiting bucket (`Waiting`): PyTorch's default, as `_plan_in` plans a decided
+        bucket's first option on its own problem."""
+        waiting = bucket.waiting
+        kernel, workspace = waiting.default.kernel, waiting.default.workspace_bytes
+        if shape_setup_seconds(kernel, problem, self.cold_costs):
+            self.seen.add(kernel.name, shape_key)
+        plan = Plan(problem, self.device, kernel, workspace, needs_recheck(workspace, bucket.free), bucket,
+                    mask_ndim=mask_ndim_of(shape_key))
+        if bucket.trial is not None:
+            plan.measure_with(bucket.trial)
+        waiting.plans.append(plan)
+        return plan
+
     # ------------------------------------------------------------------ per bucket
     def decide(self, problem: Problem, *, budget: int | None, measure: bool,
                on_failure: Callable[[str, BaseException], None], trial: bool = True,
-               defer_probes: bool = True) -> Bucket:
+               defer_probes: bool = True, defer_ranking: bool = False) -> Bucket:
         """`problem`'s bucket by `selection.decide`, with a `measuring.Trial` where wanted; `defer_probes`:
-        `sdpa_default.probes_deferred`. Raises `NoKernelError`."""
+        `sdpa_default.probes_deferred`; `defer_ranking`: where PyTorch's default comes first whatever the ranking
+        (`default_first`), the bucket waits for its second call to rank (`Waiting`). Raises `NoKernelError`."""
         state, config = self.state, self.config
         bucket_key = failure_bucket(problem)
-        failed = state.failures.get(bucket_key, {})
         free = free_bytes(self.device)
         state.open_store(config.tunings_root, config.signature)
+        asked = Asked(problem, budget, measure, measure and trial, free, dict(state.failures.get(bucket_key, {})),
+                      state.tuned.get(bucket_key), on_failure)
+        bucket = Bucket(bucket_key, free=free, budget=budget, unprobed=defer_probes)
+        default = self.default_first(asked) if defer_ranking else None
+        if default is None:
+            candidates = self._rank(bucket, asked, defer_probes=defer_probes)
+            if candidates:
+                bucket.trial = self._trial(bucket, candidates, asked)
+        else:
+            self._wait(bucket, asked, default)
+        return bucket
+
+    def _rank(self, bucket: Bucket, asked: Asked, *, defer_probes: bool) -> tuple[Option, ...]:
+        """Decide `bucket` by `selection.decide`; returns the candidates its calls measure."""
+        state, config, problem = self.state, self.config, asked.problem
         with probes_deferred() if defer_probes else contextlib.nullcontext():  # `_plan_in` probes what runs
             selected = decide(problem, kernels=config.kernels, policy=config.policy, ranking=state.ranking,
-                              failed=failed, free=free, budget=budget, tuned=state.tuned.get(bucket_key),
-                              measure=measure and trial, device=self.device, portable=self.portable,
+                              failed=asked.failed, free=asked.free, budget=asked.budget, tuned=asked.tuned,
+                              measure=asked.trial, device=self.device, portable=self.portable,
                               cold_costs=self.cold_costs,
-                              notice=no_table_line(state.ranking.source.level, str(self.device), measure=measure))
+                              notice=no_table_line(state.ranking.source.level, str(self.device), measure=asked.measure))
         options = selected.options
         decision = Decision(kernel=options[0].kernel.name, params=dict(options[0].kernel.params),
                             problem=problem, device=str(self.device), source=state.ranking.source,
                             candidates=tuple(option.candidate() for option in options),
-                            dropped=selected.dropped, free_bytes=free, budget_bytes=budget,
+                            dropped=selected.dropped, free_bytes=asked.free, budget_bytes=asked.budget,
                             notes=selected.notes)
-        bucket = Bucket(bucket_key, selected.ranked, options, decision, seconds=selected.seconds, free=free,
-                        unprobed=defer_probes)
-        candidates = selected.candidates
-        if candidates:
-            bucket.trial = Trial(candidates, clock_for(self.device), fits=lambda kernel, exact: self._fits(bucket, kernel, exact),
-                                 cold_s={o.kernel.name: cold_seconds(o.kernel, problem, self.cold_costs) for o in candidates},
-                                 on_close=lambda trial: self._measured(bucket, trial), on_failure=on_failure,
-                                 count_cell=config.count_cell)
-        return bucket
+        bucket.decided(selected.ranked, options, decision, selected.seconds)
+        return selected.candidates
+
+    def _trial(self, bucket: Bucket, candidates: tuple[Option, ...], asked: Asked, **more) -> Trial:
+        """The measuring of `bucket`'s `candidates` on its calls (`more`: further `measuring.Trial` arguments)."""
+        return Trial(candidates, clock_for(self.device), fits=lambda kernel, exact: self._fits(bucket, kernel, exact),
+                     cold_s=self._setup_seconds(candidates, asked.problem),
+                     on_close=lambda trial: self._measured(bucket, trial), on_failure=asked.on_failure,
+                     count_cell=self.config.count_cell, **more)
+
+    def _setup_seconds(self, options: tuple[Option, ...], problem: Problem) -> dict[str, float]:
+        return {o.kernel.name: cold_seconds(o.kernel, problem, self.cold_costs) for o in options}
+
+    def default_first(self, asked: Asked) -> Option | None:
+        """PyTorch's default as the option `selection.decide` would put first, where that needs no ranking: nothing
+        measured on this card (`selection.keep_default_unmeasured`), no result measured on the bucket's calls, not the
+        portable set, and the default runs the problem, has not failed on it, fits and compiles nothing; else None."""
+        kernel, problem = self.config.kernels.get(FALLBACK_FIRST), asked.problem
+        if (kernel is None or self.portable or asked.tuned is not None or kernel.name in asked.failed
+                or self.state.ranking.source.level not in UNMEASURED_LEVELS or compile_seconds(kernel, problem)
+                or kernel.reasons(problem)):
+            return None
+        with probes_deferred():  # the workspace the ranking finds
+            option = Option(kernel, None, int(kernel.workspace_bytes(problem)))
+        return option if over_limit_reason(option.workspace_bytes, asked.free, asked.budget) is None else None
+
+    def _wait(self, bucket: Bucket, asked: Asked, default: Option) -> None:
+        """Make `bucket` wait for its second call to rank (`Waiting`), its first call running `default`; that call is
+        the baseline's first in the trial the ranking would begin (it gets the other candidates from the ranking)."""
+        bucket.waiting = Waiting(asked, default, rank=lambda: self._rank_waiting(bucket))
+        ranking = self.state.ranking
+        if asked.trial and measuring_wanted(self.device, entry_decides=ranking.entry_decides(asked.problem),
+                                            level=ranking.source.level):
+            bucket.trial = self._trial(bucket, (default,), asked, rank_rest=bucket.rank_if_waiting)
+
+    def _rank_waiting(self, bucket: Bucket) -> None:
+        """Rank a waiting bucket as its first call would have (`Waiting`): its trial gets the other candidates; where
+        the ranking measures nothing against the default, the trial ends and the first call's plan runs plainly; where
+        the ranking puts another kernel first (the device's state changed since), that plan is planned again."""
+        with self.lock:
+            waiting = bucket.waiting
+            if waiting is None:  # ranked meanwhile
+                return
+            candidates = self._rank(bucket, waiting.asked, defer_probes=True)
+            bucket.waiting = None
+            trial = bucket.trial
+            if trial is not None and candidates and candidates[0].kernel is waiting.default.kernel:
+                trial.add_candidates(candidates, self._setup_seconds(candidates, waiting.asked.problem))
+                return
+            if trial is not None:
+                trial.cancel()
+                for plan in trial.plans:
+                    plan.stop_measuring()
+            bucket.trial = self._trial(bucket, candidates, waiting.asked) if candidates else None
+            for plan in waiting.plans:
+                if plan.kernel is not bucket.options[0].kernel:
+                    plan.recheck = True
 
     def _fits(self, bucket: Bucket, kernel: Kernel, problem: Problem) -> bool:
         """Whether `kernel` runs this exact problem within the memory `bucket` was decided under."""
@@ -236,30 +345,70 @@ class Bucket:
 
     `ranked`: the first problem's ranked options (to refit when memory changes); `warm`: each option's per-call
     seconds, measured (`measured`: names) or predicted; `trial`: the measuring in progress (`measuring.Trial`), else
-    None; `free`: bytes free when decided; `history`: call counters of recent exact shapes; `unprobed`: ranked with
-    probes deferred, so `Kernel.reasons` is asked again before a run."""
+    None; `free`: bytes free when decided; `budget`: the memory budget decided under; `history`: call counters of
+    recent exact shapes; `unprobed`: ranked with probes deferred, so `Kernel.reasons` is asked again before a run;
+    `waiting`: while the ranking waits for the bucket's second call, what decides it then (`Waiting`), else None.
+    Reading `ranked`, `options`, `decision`, `warm` or `measured` of a waiting bucket ranks it first."""
 
-    __slots__ = ("key", "ranked", "options", "decision", "trial", "free", "history", "warm", "measured", "unprobed",
-                 "waited", "_cold", "_wait_calls")
+    __slots__ = ("key", "free", "budget", "unprobed", "history", "trial", "waited", "waiting", "_ranked", "_options",
+                 "_decision", "_warm", "_measured", "_cold", "_wait_calls")
 
-    def __init__(self, key: tuple, ranked: Ranked, options: tuple[Option, ...], decision: Decision, *,
-                 seconds: Mapping[str, float], free: int | None, unprobed: bool = False) -> None:
+    def __init__(self, key: tuple, *, free: int | None, budget: int | None, unprobed: bool = False) -> None:
         self.key = key
-        self.ranked = ranked
         self.free = free
+        self.budget = budget
         self.unprobed = unprobed
         self.history: deque[list[int]] = deque(maxlen=HISTORY)
         self.trial = None
         self.waited: list[list[int]] = []
+        self.waiting: Waiting | None = None
+        self._cold: tuple[float, ...] | None = None
+        self._wait_calls: int | None = None
+
+    def decided(self, ranked: Ranked, options: tuple[Option, ...], decision: Decision,
+                seconds: Mapping[str, float]) -> None:
+        """Take the bucket's decision (`DevicePlanner.decide`)."""
+        self._ranked = ranked
         self._follow(options, decision, seconds)
 
     def _follow(self, options: tuple[Option, ...], decision: Decision, seconds: Mapping[str, float]) -> None:
-        self.options = options
-        self.decision = decision
-        self.warm = tuple(seconds.get(o.kernel.name, o.predicted_s) for o in options)
-        self.measured = frozenset(seconds)
+        self._options = options
+        self._decision = decision
+        self._warm = tuple(seconds.get(o.kernel.name, o.predicted_s) for o in options)
+        self._measured = frozenset(seconds)
         self._cold: tuple[float, ...] | None = None
         self._wait_calls: int | None = None  # `compile_wait`'s calls for the bucket, once priced
+
+    def rank_if_waiting(self) -> None:
+        """Rank a waiting bucket now (`Waiting.rank`)."""
+        waiting = self.waiting
+        if waiting is not None:
+            waiting.rank()
+
+    @property
+    def ranked(self) -> Ranked:
+        self.rank_if_waiting()
+        return self._ranked
+
+    @property
+    def options(self) -> tuple[Option, ...]:
+        self.rank_if_waiting()
+        return self._options
+
+    @property
+    def decision(self) -> Decision:
+        self.rank_if_waiting()
+        return self._decision
+
+    @property
+    def warm(self) -> tuple[float | None, ...]:
+        self.rank_if_waiting()
+        return self._warm
+
+    @property
+    def measured(self) -> frozenset[str]:
+        self.rank_if_waiting()
+        return self._measured
 
     def measured_by(self, trial) -> None:
         """Follow a decided `trial`: its kernel first, its medians as warm times, failed candidates dropped, a note."""
@@ -282,14 +431,11 @@ class Bucket:
             return self.decision
         return replace(self.decision, notes=(*self.decision.notes, trial.describe()))
 
-    @property
-    def budget(self) -> int | None:
-        return self.decision.budget_bytes
-
     def cold(self, measured: Mapping[str, float]) -> tuple[float, ...]:
         """Each option's per-shape set-up seconds (`selection.shape_setup_seconds`)."""
+        options = self.options
         if self._cold is None:
-            self._cold = tuple(shape_setup_seconds(o.kernel, self.ranked.problem, measured) for o in self.options)
+            self._cold = tuple(shape_setup_seconds(o.kernel, self.ranked.problem, measured) for o in options)
         return self._cold
 
     def compile_wait(self, problem: Problem, measured: Mapping[str, float],

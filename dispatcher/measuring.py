@@ -153,13 +153,17 @@ class Trial:
 
     `options`: baseline first, then ranking order; `fits(kernel, problem)`: runs this exact problem within the
     bucket's memory limits; `cold_s`: name -> per-shape set-up seconds; `on_close(trial)`: once decided, outside the
-    lock; `count_cell(name) -> [calls]`: where a call run by another candidate is counted (`Dispatcher.stats`)."""
+    lock; `count_cell(name) -> [calls]`: where a call run by another candidate is counted (`Dispatcher.stats`).
+    `rank_rest()`: where `options` is the baseline alone (its bucket's ranking waits for the bucket's second call),
+    called before every later call until it has given the trial the other candidates (`add_candidates`) or ended it
+    (`cancel`); nothing is judged before."""
 
     def __init__(self, options: tuple[Option, ...], clock, *, fits: Callable[[Kernel, Problem], bool],
                  cold_s: Mapping[str, float] | None = None, on_close: Callable[[Trial], None] | None = None,
                  on_failure: Callable[[str, BaseException], None] | None = None,
-                 count_cell: Callable[[str], list[int]] | None = None) -> None:
-        if len(options) < 2:
+                 count_cell: Callable[[str], list[int]] | None = None,
+                 rank_rest: Callable[[], None] | None = None) -> None:
+        if len(options) < (1 if rank_rest is not None else 2):
             raise ValueError(f"a trial needs at least two candidates, got {len(options)}")
         self.contenders = [Contender(option) for option in options]
         self.baseline = self.contenders[0]
@@ -178,6 +182,24 @@ class Trial:
         self._pending: list[tuple[Contender, object, bool, bool]] = []
         self._runners: dict[tuple[str, Problem], Callable | None] = {}
         self._lock = threading.Lock()
+        self._rank_rest = rank_rest
+
+    def add_candidates(self, options: tuple[Option, ...], cold_s: Mapping[str, float]) -> None:
+        """The bucket's ranking is done (`rank_rest`): `options` are the candidates, baseline first (its ranked
+        option replaces the one the trial began with), `cold_s` their per-shape set-up seconds."""
+        with self._lock:
+            self.baseline.option = options[0]
+            self.contenders += [Contender(option) for option in options[1:]]
+            self.cold_s.update(cold_s)
+            self._rank_rest = None
+
+    def cancel(self) -> None:
+        """End the trial deciding nothing and telling no one (`on_close` is not called): its bucket's ranking left
+        nothing to measure against the baseline. Its plans run their own kernels."""
+        with self._lock:
+            self.open = False
+            self.on_close = None
+            self._rank_rest = None
 
     # ------------------------------------------------------------------ what the bucket's plans run
     def runner(self, plan) -> Callable:
@@ -194,6 +216,9 @@ class Trial:
             return self._decided_run(problem, own)(query, key, value, attn_mask, scale, enable_gqa, problem)
         if not self.clock.can_time():  # a CUDA graph being captured: not even an event may be queried
             return own(query, key, value, attn_mask, scale, enable_gqa, problem)
+        rank_rest = self._rank_rest
+        if rank_rest is not None and self.baseline.calls:  # only the baseline's first call runs without the others
+            rank_rest()  # not while a graph is captured (above): ranking may ask PyTorch on the device
         with self._lock:
             self._collect()
             contender = self._next() if self.open and len(self._pending) < MAX_PENDING else None
@@ -298,6 +323,8 @@ class Trial:
 
     def _judge(self) -> None:
         """Drop the clearly slower (or, budget spent, the not faster); decide once every candidate in has its rounds."""
+        if self._rank_rest is not None:  # the other candidates are not known yet
+            return
         live = [c for c in self.contenders if c.out is None]
         sampled = [c for c in live if c.samples]
         if sampled:

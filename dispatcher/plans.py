@@ -107,11 +107,11 @@ class Plan:
     on the warm path. `notes`, `skipped`: what this shape adds to the bucket's decision. `settle_at`: call count at
     which the shape is re-planned on the decided order (`selection.settle_after`; 0: never). `sdpa_call` /
     `sdpa_flags`: where running is exactly one call of PyTorch's SDPA, made by the warm path itself
-    (`Kernel.sdpa_call`; never for a 1-D mask, which PyTorch refuses). `trial`: the `measuring.Trial` its calls run,
-    else None."""
+    (`Kernel.sdpa_call`; never for a 1-D mask, which PyTorch refuses; `mask_ndim`: the mask's dimensions, None
+    without one). `trial`: the `measuring.Trial` its calls run, else None."""
 
     __slots__ = ("problem", "device", "kernel", "run", "sdpa_call", "sdpa_flags", "workspace", "recheck", "count",
-                 "bucket", "notes", "skipped", "settle_at", "unguardable", "trial", "_decision")
+                 "bucket", "notes", "skipped", "settle_at", "unguardable", "trial", "mask_ndim", "_decision")
 
     def __init__(self, problem: Problem, device: torch.device, kernel: Kernel, workspace: int, recheck: bool,
                  bucket: Bucket, notes: tuple[str, ...] = (), skipped: tuple[tuple[str, str], ...] = (), *,
@@ -119,11 +119,8 @@ class Plan:
         self.problem = problem
         self.device = device
         self.kernel = kernel
-        self.run = kernel.runner(problem)
-        # a 1-D mask is the problem's (1, 1, 1, S) to the kernels, but PyTorch's SDPA raises IndexError
-        # on it: only the kernel's `run` (which reshapes it) may take it
-        self.sdpa_call = None if mask_ndim is not None and mask_ndim < 2 else kernel.sdpa_call(problem)
-        self.sdpa_flags = sdpa_flags(self.sdpa_call, problem)
+        self.mask_ndim = mask_ndim
+        self._bind()
         self.workspace = workspace
         self.recheck = recheck
         self.count = [0]
@@ -135,6 +132,22 @@ class Plan:
         """No hot-path guard could be built for its tensors (`hot_path.HotSlots.make_hot`): not tried again."""
         self.trial = None
         self._decision: Decision | None = None
+
+    def _bind(self) -> None:
+        """`run`, `sdpa_call` and `sdpa_flags` from the kernel."""
+        self.run = self.kernel.runner(self.problem)
+        # a 1-D mask is the problem's (1, 1, 1, S) to the kernels, but PyTorch's SDPA raises IndexError
+        # on it: only the kernel's `run` (which reshapes it) may take it
+        mask_ndim = self.mask_ndim
+        self.sdpa_call = None if mask_ndim is not None and mask_ndim < 2 else self.kernel.sdpa_call(self.problem)
+        self.sdpa_flags = sdpa_flags(self.sdpa_call, self.problem)
+
+    def stop_measuring(self) -> None:
+        """Undo `measure_with` where its trial ended deciding nothing (`measuring.Trial.cancel`): the plan's calls run
+        its kernel again, and it may go hot."""
+        self.trial = None
+        self._bind()
+        self.unguardable = False
 
     def measure_with(self, trial) -> None:
         """Make this plan's calls run `trial`'s candidates (no direct SDPA call, hot path or settling)."""

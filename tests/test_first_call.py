@@ -55,11 +55,13 @@ def test_what_a_process_measured_serves_the_next_one(tmp_path):
 
 
 # Modules whose code a first call and a new key length run (`bench.first_call.modules_run`), at most:
-# issue 33 measured 58-60 and 39-42 at 704c80e; its targets are 25 and 12.
-COLD_CALL_MODULES = 50
+# issue 33 measured 58-60 and 39-42 at 704c80e; its targets are 25 and 12. A new key length runs the kernel the
+# bucket's measuring chose (timed: one module more or less).
+COLD_CALL_MODULES = 25
 NEW_KEY_LENGTH_MODULES = 16
 
 
+@pytest.mark.measuring  # as `bench.first_call` runs it: the bucket decided and measured on its calls
 def test_a_first_call_and_a_new_key_length_run_code_in_few_modules(tmp_path):
     ran = _run(["-m", "bench.first_call", "--child", "modules"], tmp_path)
     assert "dispatcher/core.py" in ran["cold"] and "dispatcher/selection.py" in ran["cold"]
