@@ -10,12 +10,11 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
-from importlib import metadata
 from pathlib import Path
 
 from attn_dispatch.calibration.timer import DEFAULT, QUICK, TimerSettings
 from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.paths import journals_dir
+from attn_dispatch.models.paths import journals_dir, package_version
 
 CONFIG_HASH_HEX = 12  # hex digits of the option hash in a calibration id
 PACKAGE = "attn-dispatch"
@@ -41,13 +40,6 @@ def workload_digest(path: str | None) -> str | None:
             return hashlib.sha256(handle.read()).hexdigest()[:CONFIG_HASH_HEX]
     except OSError as error:
         raise ValueError(f"--workload {path}: cannot read it ({error.strerror}); record one with ATTN_DISPATCH_RECORD={path}") from None
-
-
-def package_version() -> str:
-    try:
-        return metadata.version(PACKAGE)
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 @dataclass(frozen=True)
