@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from attn_dispatch.calibration.noise import ALLOWED_REASON
-from attn_dispatch.calibration.results import unit_key
+from attn_dispatch.calibration.results import merge, unit_key  # noqa: F401 - merge: callers import it here
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.registry import kernel_from_name
@@ -70,19 +70,6 @@ class FitOutcome:
     quality: str = ""
     excluded: list[str] = field(default_factory=list)
     note: str = ""
-
-
-def merge(*sources: list[Measurement]) -> list[Measurement]:
-    """One measurement per unit (problem, kernel), the first source winning."""
-    seen: set[str] = set()
-    out = []
-    for source in sources:
-        for m in source:
-            key = unit_key(m.problem, m.kernel)
-            if key not in seen:
-                seen.add(key)
-                out.append(m)
-    return out
 
 
 def known_kernel(name: str) -> bool:

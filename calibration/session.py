@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from attn_dispatch.calibration.claims import ClaimBoard, Owner
 from attn_dispatch.calibration.config import CalibrationConfig, default_results, default_storage
-from attn_dispatch.calibration.finish import TOO_BUSY_REASON, FitOutcome, fit_and_write, merge
+from attn_dispatch.calibration.finish import TOO_BUSY_REASON, FitOutcome, fit_and_write
 from attn_dispatch.calibration.noise import (
     ALLOWED_CAUSE,
     WIDE_BUDGET_FACTOR,
@@ -32,6 +32,7 @@ from attn_dispatch.calibration.plan import agreed, for_device, read_workload
 from attn_dispatch.calibration.results import (
     ResultsStore,
     describe_storage,
+    merge,
     open_storage,
     problem_id,
     storage_measurements,
