@@ -285,8 +285,7 @@ def calibrate(config: CalibrationConfig, *, out: str | os.PathLike | None = None
             check_quiet(summary.noise_start, allow_busy=config.allow_busy)
             storage = open_storage(config.storage, default_journal=journal)
             stages = (["workload"] if config.workload else []) + ["sweep"] + [
-                f"refine{i}" for i in range(1, config.refine_rounds + 1)] + [
-                f"active{i}" for i in range(1, config.active_rounds + 1)]
+                f"refine{i}" for i in range(1, config.refine_rounds + 1)]
             poller = StoragePoller(progress, ResultsStore(store.path), storage, calibration_id, stages=stages)
             summary.reports = launch_workers(config, calibration_id=calibration_id, deadline=deadline, poll=poller)
     finally:
