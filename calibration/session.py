@@ -237,8 +237,6 @@ class CalibrationSummary:
         out += [f"numerics gate: {line}" for line in self.fit.excluded]
         if self.fit.table_paths:
             out.append("table: " + ", ".join(str(p) for p in self.fit.table_paths))
-        if self.fit.model_path:
-            out.append(f"cost model (local cache, joblib): {self.fit.model_path}")
         if self.fit.quality:
             out.append(f"held-out quality: {self.fit.quality}")
         if self.fit.note:
