@@ -10,12 +10,11 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
-from importlib import metadata
 from pathlib import Path
 
 from attn_dispatch.calibration.timer import DEFAULT, QUICK, TimerSettings
 from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.paths import journals_dir
+from attn_dispatch.models.paths import journals_dir, package_version
 
 CONFIG_HASH_HEX = 12  # hex digits of the option hash in a calibration id
 PACKAGE = "attn-dispatch"
@@ -28,8 +27,6 @@ FULL_TUNE_TRIALS = 10
 # Refinement: rounds after the sweep, and new problems per round as a share of those so far.
 REFINE_ROUNDS = 1
 REFINE_SHARE = 0.25
-# Active rounds' candidates: the next points of the seeded sample, this many times the sweep's size.
-ACTIVE_POOL_FACTOR = 4
 
 
 def workload_digest(path: str | None) -> str | None:
@@ -41,13 +38,6 @@ def workload_digest(path: str | None) -> str | None:
             return hashlib.sha256(handle.read()).hexdigest()[:CONFIG_HASH_HEX]
     except OSError as error:
         raise ValueError(f"--workload {path}: cannot read it ({error.strerror}); record one with ATTN_DISPATCH_RECORD={path}") from None
-
-
-def package_version() -> str:
-    try:
-        return metadata.version(PACKAGE)
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 @dataclass(frozen=True)
@@ -69,7 +59,6 @@ class CalibrationConfig:
     threads: int | None = field(default=None)
     workload: str | None = None  # a recorded workload, measured first, as recorded
     allow_busy: bool = False  # calibrate on a too-busy machine (widened timer); not part of the id
-    active_rounds: int = 0  # rounds measuring the problems bootstrap fits disagree on most
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -78,8 +67,6 @@ class CalibrationConfig:
             raise ValueError(f"the budget must be a positive number of seconds, got {self.budget_s}")
         if self.memory_budget is not None and self.memory_budget <= 0:
             raise ValueError(f"the memory budget must be positive, got {self.memory_budget} bytes")
-        if self.active_rounds < 0:
-            raise ValueError(f"--active-rounds must be 0 or more, got {self.active_rounds}")
         if self.problems is not None and self.problems < 1:
             raise ValueError(f"--problems must be at least 1, got {self.problems}")
 
@@ -118,8 +105,6 @@ class CalibrationConfig:
         }
         if self.workload is not None:  # only then, so ids of calibrations without one stay as they were
             options["workload"] = workload_digest(self.workload)
-        if self.active_rounds:
-            options["active_rounds"] = self.active_rounds
         digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:CONFIG_HASH_HEX]
         return f"{PACKAGE}|{identity.key}|{digest}"
 

@@ -1,7 +1,6 @@
 """The end of a calibration: gather every measurement, apply the class-level numerics gate (a kernel
 that failed its tolerance on any point of a table class is unusable for the whole class), fit the
-cost model, build the threshold table and write it where the dispatcher looks (and to ``--out``),
-and keep the fitted cost model in the local cache (`models.cost_model`).
+cost model, build the threshold table and write it where the dispatcher looks (and to ``--out``).
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from attn_dispatch.calibration.noise import ALLOWED_REASON
-from attn_dispatch.calibration.results import unit_key
+from attn_dispatch.calibration.results import merge, unit_key  # noqa: F401 - merge: callers import it here
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.registry import kernel_from_name
@@ -66,23 +65,9 @@ class FitOutcome:
     """What the fit produced; `table_paths` is empty when no table was written."""
 
     table_paths: list[Path] = field(default_factory=list)
-    model_path: Path | None = None  # the fitted cost model in the local cache (None: not saved)
     quality: str = ""
     excluded: list[str] = field(default_factory=list)
     note: str = ""
-
-
-def merge(*sources: list[Measurement]) -> list[Measurement]:
-    """One measurement per unit (problem, kernel), the first source winning."""
-    seen: set[str] = set()
-    out = []
-    for source in sources:
-        for m in source:
-            key = unit_key(m.problem, m.kernel)
-            if key not in seen:
-                seen.add(key)
-                out.append(m)
-    return out
 
 
 def known_kernel(name: str) -> bool:
@@ -107,7 +92,6 @@ def fit_and_write(measurements: list[Measurement], identity: DeviceIdentity, *, 
     the CPU threads the points were timed with (the table's provenance)."""
     from attn_dispatch.models.fit import fit_and_build
     from attn_dispatch.models.quality import Guard
-    from attn_dispatch.models.cost_model import save_model
     from attn_dispatch.models.sharing import store_table
     from attn_dispatch.models.table_io import save_table
 
@@ -128,7 +112,7 @@ def fit_and_write(measurements: list[Measurement], identity: DeviceIdentity, *, 
         return outcome
     # unsupported pairs were never run: they carry nothing to learn and are not "points measured"
     measured = [m for m in gated if m.status != "unsupported"]
-    table, model, quality = fit_and_build(measured, identity, kernel_names=kernel_names, seed=seed,
+    table, _, quality = fit_and_build(measured, identity, kernel_names=kernel_names, seed=seed,
                                           holdout_fraction=HOLDOUT_FRACTION, calibration_wall_s=wall_s)
     if timing_threads:
         table = replace(table, provenance=replace(
@@ -148,8 +132,4 @@ def fit_and_write(measurements: list[Measurement], identity: DeviceIdentity, *, 
     outcome.table_paths = [Path(store_table(table))]
     if out is not None and Path(out).resolve() != outcome.table_paths[0].resolve():
         outcome.table_paths.append(save_table(table, out))
-    try:  # beside the tables (the same cache home); the table is what matters if this fails
-        outcome.model_path = save_model(model, identity)
-    except OSError as error:
-        outcome.note += f"the fitted cost model was not saved to the local cache ({error}). "
     return outcome

@@ -238,27 +238,25 @@ def change_words(start: Noise, end: Noise) -> str:
 def too_busy_cause(start: Noise | None, end: Noise | None) -> str | None:
     """Why the timings cannot be trusted (``"the machine ..."``: measured under ``--allow-busy``, or
     it became too busy while measuring), or None when neither probe said "too busy"."""
-    if start is not None and start.too_busy:
-        return ALLOWED_CAUSE
-    if end is None or not end.too_busy:
-        return None
-    return "the machine " + _became(start, end)
+    return _too_busy(start, end, ALLOWED_CAUSE, "the machine ")
 
 
 def too_busy_reason(start: Noise | None, end: Noise | None) -> str | None:
     """The reason a too-busy calibration's table guard stores, or None."""
+    return _too_busy(start, end, ALLOWED_REASON, "measured on a machine that ")
+
+
+def _too_busy(start: Noise | None, end: Noise | None, allowed: str, became: str) -> str | None:
+    """`allowed` when the probe before measuring said "too busy"; `became` + how the machine became
+    too busy (``"became too busy to time kernels while measuring (CPU share 96% before, 69% after)"``)
+    when only the probe after did; else None."""
     if start is not None and start.too_busy:
-        return ALLOWED_REASON
+        return allowed
     if end is None or not end.too_busy:
         return None
-    return "measured on a machine that " + _became(start, end)
-
-
-def _became(start: Noise | None, end: Noise) -> str:
-    """``"became too busy to time kernels while measuring (CPU share 96% before, 69% after)"``."""
     if start is None:
-        return "was too busy to time kernels after measuring"
-    return f"became too busy to time kernels while measuring ({change_words(start, end)})"
+        return became + "was too busy to time kernels after measuring"
+    return became + f"became too busy to time kernels while measuring ({change_words(start, end)})"
 
 
 @dataclass(frozen=True)

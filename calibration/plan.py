@@ -1,7 +1,6 @@
 """Which problems a calibration measures, in which order: the sweep (a fixed, seeded sample ordered
 cheapest first within each round), then refinement rounds: midpoints between neighbours won by
-different kernel families (crossovers), and active rounds (the problems bootstrap cost models
-disagree on most). Every plan is published once through the shared storage (the first worker's
+different kernel families (crossovers). Every plan is published once through the shared storage (the first worker's
 wins; a resumed run reloads it), so all workers follow the same one.
 """
 
@@ -24,13 +23,8 @@ from attn_dispatch.calibration.finish import problem_class
 from attn_dispatch.calibration.results import study_name
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.models.cost_model import CostModel
-from attn_dispatch.models.dataset import training_set
 from attn_dispatch.models.decision_plot import family_of
-from attn_dispatch.models.features import feature_matrix
-from attn_dispatch.models.identity import CardSpec
 from attn_dispatch.models.measurement import Measurement
-from attn_dispatch.models.priors import kernel_named
 
 # Sequence lengths above `EXACT_BELOW` are rounded to a multiple of `LENGTH_MULTIPLE`.
 LENGTH_MULTIPLE = 8
@@ -340,77 +334,3 @@ def crossover_problems(measurements: list[Measurement], *, count: int) -> list[P
             if len(chosen) >= count:
                 break
     return chosen
-
-
-def _rows_by_group(groups: np.ndarray) -> dict[int, np.ndarray]:
-    order = np.argsort(groups, kind="stable")
-    values, starts = np.unique(groups[order], return_index=True)
-    return {int(g): rows for g, rows in zip(values, np.split(order, starts[1:]), strict=True)}
-
-
-def bagged_regret(groups: np.ndarray, predicted_log: np.ndarray, *, linear: bool = False) -> dict[int, float]:
-    """Problem id -> mean over bags of (the bag's log time of the consensus pick, the lowest mean
-    prediction, minus its best), or the slowdown with `linear`; ``predicted_log [bags, n]``."""
-    predicted_log = np.atleast_2d(predicted_log)
-    out = {}
-    for group, rows in _rows_by_group(np.asarray(groups)).items():
-        block = predicted_log[:, rows]  # [bags, kernels of this problem]
-        consensus = int(np.argmin(block.mean(axis=0)))
-        regret = block[:, consensus] - block.min(axis=1)
-        out[group] = float(np.mean(np.expm1(regret) if linear else regret))
-    return out
-
-
-def most_uncertain(scores: dict[int, float], count: int, *, higher_is_less_sure: bool) -> list[int]:
-    """The `count` problem ids the model is least sure of (ties: smaller id first)."""
-    sign = -1.0 if higher_is_less_sure else 1.0
-    ranked = sorted(scores, key=lambda group: (sign * scores[group], group))
-    return ranked[:max(0, count)]
-
-
-# Bootstrap fits per active round and their boosting iterations.
-BAGS = 4
-BAG_ITERATIONS = 100
-# Score the bags' mean slowdown of their consensus pick rather than their mean log regret.
-LINEAR_REGRET = True
-# At least this many measured problems before an active round is worth fitting.
-MIN_PROBLEMS = 16
-
-
-def _registry_names(kernels: list[Kernel]) -> list[str]:
-    """Names of `kernels` the cost model can featurise (a test's own kernels are left out)."""
-    names = []
-    for kernel in kernels:
-        try:
-            kernel_named(kernel.name)
-        except ValueError:
-            continue
-        names.append(kernel.name)
-    return names
-
-
-def uncertain_problems(measurements: list[Measurement], candidates: list[Problem], kernels: list[Kernel],
-                       spec: CardSpec, *, count: int, seed: int) -> list[Problem]:
-    """Up to `count` of `candidates` ranked by bagged regret (deterministic for a seed); [] when
-    fewer than `MIN_PROBLEMS` problems were measured or nothing can be featurised."""
-    names = set(_registry_names(kernels))
-    usable = [m for m in measurements if m.kernel in names]
-    if not candidates or len({m.problem for m in usable if m.ok}) < MIN_PROBLEMS:
-        return []
-    data = training_set(usable, spec)
-    pairs = [(i, kernel.name) for i, problem in enumerate(candidates) for kernel in kernels
-             if kernel.name in names and not kernel.reasons(problem)]
-    if not pairs:
-        return []
-    groups = np.array([i for i, _ in pairs])
-    X = feature_matrix([candidates[i] for i, _ in pairs], [name for _, name in pairs], spec)
-    rng = np.random.default_rng(seed)
-    problems = np.unique(data.groups)
-    predictions = []
-    for bag in range(BAGS):
-        resample = rng.choice(problems, size=len(problems), replace=True)
-        rows = np.concatenate([np.flatnonzero(data.groups == g) for g in resample])
-        model = CostModel(random_state=bag, max_iter=BAG_ITERATIONS).fit(data.X[rows], data.y[rows])
-        predictions.append(model.predict(X))
-    regrets = bagged_regret(groups, np.array(predictions), linear=LINEAR_REGRET)
-    return [candidates[i] for i in most_uncertain(regrets, count, higher_is_less_sure=True)]

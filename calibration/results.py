@@ -255,21 +255,28 @@ class ResultsStore:
 
     def measurements(self, *, run: str | None = None) -> list[Measurement]:
         """Measurements of calibration `run` (all runs when None), one per unit (the first)."""
-        seen: set[str] = set()
         out = []
         for record in self.read():
             if run is not None and record.get("run") != run:
                 continue
             try:
-                measurement = Measurement.from_dict(record)
+                out.append(Measurement.from_dict(record))
             except ValueError:
                 self.skipped_lines += 1
-                continue
-            key = unit_key(measurement.problem, measurement.kernel)
+        return merge(out)
+
+
+def merge(*sources: list[Measurement]) -> list[Measurement]:
+    """One measurement per unit (problem, kernel), the first source winning."""
+    seen: set[str] = set()
+    out = []
+    for source in sources:
+        for m in source:
+            key = unit_key(m.problem, m.kernel)
             if key not in seen:
                 seen.add(key)
-                out.append(measurement)
-        return out
+                out.append(m)
+    return out
 
 
 class Recorder:

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from attn_dispatch.calibration.claims import ClaimBoard, Owner
 from attn_dispatch.calibration.config import CalibrationConfig, default_results, default_storage
-from attn_dispatch.calibration.finish import TOO_BUSY_REASON, FitOutcome, fit_and_write, merge
+from attn_dispatch.calibration.finish import TOO_BUSY_REASON, FitOutcome, fit_and_write
 from attn_dispatch.calibration.noise import (
     ALLOWED_CAUSE,
     WIDE_BUDGET_FACTOR,
@@ -32,6 +32,7 @@ from attn_dispatch.calibration.plan import agreed, for_device, read_workload
 from attn_dispatch.calibration.results import (
     ResultsStore,
     describe_storage,
+    merge,
     open_storage,
     problem_id,
     storage_measurements,
@@ -236,8 +237,6 @@ class CalibrationSummary:
         out += [f"numerics gate: {line}" for line in self.fit.excluded]
         if self.fit.table_paths:
             out.append("table: " + ", ".join(str(p) for p in self.fit.table_paths))
-        if self.fit.model_path:
-            out.append(f"cost model (local cache, joblib): {self.fit.model_path}")
         if self.fit.quality:
             out.append(f"held-out quality: {self.fit.quality}")
         if self.fit.note:
@@ -284,8 +283,7 @@ def calibrate(config: CalibrationConfig, *, out: str | os.PathLike | None = None
             check_quiet(summary.noise_start, allow_busy=config.allow_busy)
             storage = open_storage(config.storage, default_journal=journal)
             stages = (["workload"] if config.workload else []) + ["sweep"] + [
-                f"refine{i}" for i in range(1, config.refine_rounds + 1)] + [
-                f"active{i}" for i in range(1, config.active_rounds + 1)]
+                f"refine{i}" for i in range(1, config.refine_rounds + 1)]
             poller = StoragePoller(progress, ResultsStore(store.path), storage, calibration_id, stages=stages)
             summary.reports = launch_workers(config, calibration_id=calibration_id, deadline=deadline, poll=poller)
     finally:

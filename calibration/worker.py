@@ -22,7 +22,6 @@ import torch
 from attn_dispatch.calibration.candidates import CostEstimator, kernel_set, triage
 from attn_dispatch.calibration.claims import ClaimBoard, Owner
 from attn_dispatch.calibration.config import (
-    ACTIVE_POOL_FACTOR,
     REFINE_SHARE,
     CalibrationConfig,
     default_results,
@@ -39,8 +38,6 @@ from attn_dispatch.calibration.plan import (
     for_device,
     profile_for,
     read_workload,
-    sample_problems,
-    uncertain_problems,
 )
 from attn_dispatch.calibration.results import (
     Recorder,
@@ -138,8 +135,7 @@ class Worker:
         self.kernels = kernels if kernels is not None else kernel_set(config.kernels, policy=self.policy)
         self.memory_budget = effective_memory_budget(config, self.identity)
         spec = spec_for(self.identity)
-        self.spec = replace(spec, memory_bytes=self.memory_budget) if self.memory_budget else spec
-        self.estimator = CostEstimator(self.spec)
+        self.estimator = CostEstimator(replace(spec, memory_bytes=self.memory_budget) if self.memory_budget else spec)
         self.settings = config.timer
         self.storage = open_storage(config.storage, default_journal=default_storage(calibration_id))
         store = ResultsStore(config.results or default_results(calibration_id))
@@ -180,24 +176,8 @@ class Worker:
         fresh = [p for p in dict.fromkeys(self._fit(p) for p in found) if p not in planned]
         return agree_on(self.storage, self.calibration_id, f"refine{round_index}", fresh)
 
-    def active_plan(self, done: list[Problem], round_index: int) -> list[Problem]:
-        """The next points of the seeded sample the bootstrap fits disagree on most."""
-        profile = profile_for(self.device.type, quick=self.config.quick)
-        planned = set(done)
-        pool = sample_problems(
-            profile, device_type=self.device.type, memory_bytes=self.memory_budget or self.identity.memory_bytes,
-            seed=self.config.seed, count=ACTIVE_POOL_FACTOR * (self.config.problems or profile.problems),
-            fastest_s=self._fastest,
-        )
-        chosen = uncertain_problems(
-            storage_measurements(self.storage, self.calibration_id), [p for p in pool if p not in planned],
-            self.kernels, self.spec, count=max(1, int(REFINE_SHARE * len(done))), seed=self.config.seed + round_index,
-        )
-        return agree_on(self.storage, self.calibration_id, f"active{round_index}", chosen)
-
     def run(self) -> WorkerReport:
-        """The recorded workload first, then the sweep, then crossover and active refinement
-        rounds; stops cleanly at the deadline."""
+        """The recorded workload first, then the sweep, then crossover refinement rounds; stops cleanly at the deadline."""
         started = time.time()
         noise = self.noise if self.noise is not None else probe_noise(self.device)
         self.report.noise_spread, self.report.noise_cpu_share = noise.spread, noise.cpu_share
@@ -212,13 +192,11 @@ class Worker:
             sweep = self.sweep_plan()
             self._process(sweep, phase="sweep")
             done = done + sweep
-            rounds = [(self.refine_plan, f"refine{i}", i) for i in range(1, self.config.refine_rounds + 1)]
-            rounds += [(self.active_plan, f"active{i}", i) for i in range(1, self.config.active_rounds + 1)]
-            for make_plan, phase, index in rounds:
+            for index in range(1, self.config.refine_rounds + 1):
                 if not self._wait_for(done):
                     break
-                new = make_plan(done, index)
-                self._process(new, phase=phase)
+                new = self.refine_plan(done, index)
+                self._process(new, phase=f"refine{index}")
                 done = done + new
         except DeadlineReached:
             self.report.stopped = "deadline"

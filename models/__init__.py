@@ -4,7 +4,7 @@ names are `__all__`, each imported from its submodule on first use (`_SUBMODULE_
 import importlib
 
 _SUBMODULE_OF = {
-    **dict.fromkeys(('CostModel', 'ModelVersionError', 'load_model', 'save_model'), 'cost_model'),
+    **dict.fromkeys(('CostModel',), 'cost_model'),
     **dict.fromkeys(('TrainingSet', 'training_set'), 'dataset'),
     **dict.fromkeys(('FEATURE_NAMES', 'feature_matrix'), 'features'),
     **dict.fromkeys(('fit_and_build',), 'fit'),
@@ -12,7 +12,7 @@ _SUBMODULE_OF = {
     **dict.fromkeys(('ClassKey', 'MeasuredEntry', 'bucket_of', 'class_key', 'entry_key', 'length_bucket'), 'measured'),
     **dict.fromkeys(('Measurement',), 'measurement'),
     **dict.fromkeys(('card_scale', 'merge_tables'), 'merge'),
-    **dict.fromkeys(('home', 'journals_dir', 'models_dir', 'tables_dir'), 'paths'),
+    **dict.fromkeys(('home', 'journals_dir', 'tables_dir'), 'paths'),
     **dict.fromkeys(('PriorRanker', 'Ranker', 'prior_seconds', 'roofline_seconds'), 'priors'),
     **dict.fromkeys(('ChoiceQuality', 'Guard', 'Quality', 'holdout_quality'), 'quality'),
     **dict.fromkeys(('TableLookup', 'TableWarning', 'export_table', 'import_table', 'local_table_path',

@@ -28,10 +28,8 @@ FAMILY_SEPARATOR = "["
 
 def family_of(name: str) -> str:
     """``small_q[splits=8]`` -> ``small_q``; ``convert[bf16->fp32]+sdpa_flash`` -> ``convert+sdpa_flash``."""
-    if name.startswith("convert["):
-        inner = name.split("]+", 1)[1] if "]+" in name else name
-        return "convert+" + inner.split(FAMILY_SEPARATOR, 1)[0]
-    return name.split(FAMILY_SEPARATOR, 1)[0]
+    family = inner_kernel(name).split(FAMILY_SEPARATOR, 1)[0]
+    return "convert+" + family if name.startswith("convert[") else family
 
 
 @dataclass(frozen=True)

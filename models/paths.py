@@ -1,4 +1,4 @@
-"""Where attn-dispatch keeps its per-user files (tables, cost models, journals, tunings): under
+"""Where attn-dispatch keeps its per-user files (tables, journals, probe stores, tunings): under
 ``$ATTN_DISPATCH_HOME``, else ``platformdirs.user_cache_dir("attn-dispatch")``; directories made
 on demand, files written atomically (`write_text_atomically`) with their library versions.
 """
@@ -47,12 +47,6 @@ def tables_dir(override: str | os.PathLike | None = None, *, create: bool = True
     return _sub("tables", override, create)
 
 
-def models_dir(override: str | os.PathLike | None = None) -> Path:
-    """Fitted cost models (joblib, local only: never shared, never loaded from elsewhere):
-    calibration saves the card's model here (`models.cost_model.save_model`)."""
-    return _sub("models", override)
-
-
 def journals_dir(override: str | os.PathLike | None = None) -> Path:
     """Calibration journals (JSON lines of measurements, optuna journals)."""
     return _sub("journals", override)
@@ -68,11 +62,6 @@ def tunings_dir(override: str | os.PathLike | None = None) -> Path:
     """First-call tunings the dispatcher keeps across processes (JSON lines, one file per device
     and kernel set: `dispatcher.measured_store`)."""
     return _sub("tunings", override)
-
-
-MODEL_FORMAT = 2
-"""Version of the saved-cost-model layout (`models.cost_model`); bump when features change (2: the
-prior's version 2, `models.priors.PRIOR_VERSION`)."""
 
 
 def package_version() -> str:
@@ -99,15 +88,6 @@ def software_versions() -> dict[str, str]:
         "attn_dispatch": package_version(), "torch": torch.__version__, "numpy": numpy.__version__,
         "scikit_learn": _module_version("sklearn", "scikit-learn"), "joblib": _module_version("joblib", "joblib"),
         "python": platform.python_version(),
-    }
-
-
-def model_versions() -> dict[str, str]:
-    """What must match for a pickled cost model to be trusted: its libraries and our format."""
-    versions = software_versions()
-    return {
-        "scikit_learn": versions["scikit_learn"], "numpy": versions["numpy"], "joblib": versions["joblib"],
-        "model_format": str(MODEL_FORMAT),
     }
 
 

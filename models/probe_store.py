@@ -52,19 +52,26 @@ def probe_file(identity: DeviceIdentity, cudnn_version: str, root: str | os.Path
     return folder / f"{identity.key}__cudnn-{cudnn_version or 'none'}__attn-dispatch-{slug(package_version())}.json"
 
 
+def _read_document(path: Path, max_bytes: int, **expected: object) -> dict | None:
+    """The JSON object at `path` when it is a file of at most `max_bytes` in our `FORMAT` whose
+    fields hold the `expected` values; None otherwise (missing, too large, damaged, another's)."""
+    try:
+        if not path.is_file() or path.stat().st_size > max_bytes:
+            return None
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(document, dict) or any(document.get(k) != v for k, v in {"format": FORMAT, **expected}.items()):
+        return None
+    return document
+
+
 def load_passed(identity: DeviceIdentity, cudnn_version: str, root: str | os.PathLike | None = None) -> set[ProbeKey]:
     """The probe keys that passed on this identity and cuDNN version; empty where none were kept or
     the file is damaged or another stack's."""
-    path = probe_file(identity, cudnn_version, root)
-    try:
-        if not path.is_file() or path.stat().st_size > PASSED_MAX_BYTES:
-            return set()
-        document = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return set()
-    if (not isinstance(document, dict) or document.get("format") != FORMAT
-            or document.get("identity_key") != identity.key or document.get("cudnn") != cudnn_version
-            or document.get("attn_dispatch") != package_version()):
+    document = _read_document(probe_file(identity, cudnn_version, root), PASSED_MAX_BYTES, identity_key=identity.key,
+                              cudnn=cudnn_version, attn_dispatch=package_version())
+    if document is None:
         return set()
     passed = document.get("passed")
     if not isinstance(passed, list) or len(passed) > MAX_KEYS:
@@ -106,18 +113,13 @@ def load_cpu_rates(identity: DeviceIdentity, threads: int, template: CardSpec,
                    root: str | os.PathLike | None = None) -> CardSpec | None:
     """The rates kept for this machine, as `template` with them filled in; None where none are kept
     or the file is damaged or another machine's."""
-    path = probe_path(identity, threads, root)
+    document = _read_document(probe_path(identity, threads, root), RATES_MAX_BYTES, machine=machine_key(identity, threads))
     try:
-        if not path.is_file() or path.stat().st_size > RATES_MAX_BYTES:
-            return None
-        document = json.loads(path.read_text(encoding="utf-8"))
-        if document.get("format") != FORMAT or document.get("machine") != machine_key(identity, threads):
-            return None
         spec = document["spec"]
         matrix = {str(dtype): _rate(value) for dtype, value in spec["matrix_flops"].items()}
         rates = {name: _rate(spec[name]) for name in RATE_FIELDS}
         source = str(spec["source"])[:200]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):  # none kept (TypeError), or damaged
         return None
     return replace(template, matrix_flops=MappingProxyType(matrix), compute_units=threads, source=source, estimated=False,
                    **rates)
@@ -311,9 +313,7 @@ def save_cold_costs(identity: DeviceIdentity, seconds: Mapping[str, Mapping[str,
     path = folder / f"{identity.key}.json"
     document = {"format": FORMAT, "model_key": identity.model_key, "identity_key": identity.key,
                 "measured": measured, "seconds": clean, "floor_seconds": floor_seconds, "conditions": dict(conditions)}
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(document, indent=1, sort_keys=True))
-    temporary.replace(path)
+    write_text_atomically(path, json.dumps(document, indent=1, sort_keys=True))
     return path
 
 
@@ -327,22 +327,12 @@ def load_cold_costs(identity: DeviceIdentity, *, home: str | os.PathLike | None 
         candidates += sorted(path for path in own.glob("*.json") if path != candidates[0])
     candidates.append(BUNDLED_DIR / f"{slug(identity.model_key)}.json")
     for path in candidates:
-        costs = _read(path, identity.model_key, field)
-        if costs is not None:
-            return costs
+        document = _read_document(path, COLD_MAX_BYTES, model_key=identity.model_key)
+        try:
+            return _checked_seconds(document.get(field, {}))
+        except (ValueError, AttributeError):  # no document, or a damaged one: the next candidate
+            continue
     return {}
-
-
-def _read(path: Path, model_key: str, field: str) -> Costs | None:
-    try:
-        if not path.is_file() or path.stat().st_size > COLD_MAX_BYTES:
-            return None
-        document = json.loads(path.read_text())
-        if document.get("format") != FORMAT or document.get("model_key") != model_key:
-            return None
-        return _checked_seconds(document.get(field, {}))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 def _checked_seconds(seconds: object) -> Costs:

@@ -167,18 +167,11 @@ def held_out_lines(q: Mapping[str, object]) -> list[str]:
     return [header, *(row for row in rows if row is not None)]
 
 
-def timing_threads(table: ThresholdTable) -> int | None:
-    """The threads `table`'s CPU timings were taken with; None for a GPU table or where unrecorded."""
-    if table.identity.device_type != "cpu":
-        return None
-    return table.provenance.timing_threads
-
-
 def threads_line(table: ThresholdTable, threads: int) -> str | None:
     """What `table`'s timings hold for, against `threads` (this process's
     ``torch.get_num_threads()``): ``"timing threads: 2 torch threads, as this process runs"``, or
     the two counts and what matches them; None for a GPU table or one that records no count."""
-    timed = timing_threads(table)
+    timed = table.provenance.timing_threads if table.identity.device_type == "cpu" else None
     if timed is None:
         return None
     if timed == threads:

@@ -44,9 +44,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--problems", type=int, default=None, metavar="N", help="problems in the sweep (default: by profile)")
     parser.add_argument("--tune-trials", type=int, default=None, metavar="N", help="optuna trials per tuned kernel family and problem")
     parser.add_argument("--refine-rounds", type=int, default=None, metavar="N", help="crossover refinement rounds after the sweep")
-    parser.add_argument("--active-rounds", type=int, default=0, metavar="N",
-                        help="rounds after the sweep measuring the next sample points that bootstrap cost-model fits "
-                        "disagree on most (off by default; docs/RESULTS.md#calibration)")
     parser.add_argument("--workload", default=None, metavar="PATH",
                         help="measure first the problems a real run recorded (ATTN_DISPATCH_RECORD=PATH or "
                         "attn_dispatch.record(PATH)), as recorded, then the sweep")
@@ -89,7 +86,7 @@ def _config(args: argparse.Namespace):
         allow_lossy=tuple(args.allow_lossy), problems=args.problems, tune_trials=args.tune_trials,
         refine_rounds=REFINE_ROUNDS if args.refine_rounds is None else args.refine_rounds,
         seed=args.seed, threads=args.threads, workload=args.workload,
-        allow_busy=args.allow_busy, active_rounds=args.active_rounds,
+        allow_busy=args.allow_busy,
     )
 
 

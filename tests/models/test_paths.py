@@ -9,7 +9,7 @@ from attn_dispatch.models.environment import HOME
 def test_env_override_and_subdirectories(tmp_path, monkeypatch):
     monkeypatch.setenv(HOME.name, str(tmp_path / "home"))
     assert paths.home() == tmp_path / "home"
-    for make, name in ((paths.tables_dir, "tables"), (paths.models_dir, "models"), (paths.journals_dir, "journals")):
+    for make, name in ((paths.tables_dir, "tables"), (paths.journals_dir, "journals")):
         directory = make()
         assert directory == tmp_path / "home" / name and directory.is_dir()
 
