@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from attn_dispatch.calibration.noise import ALLOWED_REASON
-from attn_dispatch.calibration.results import merge, unit_key  # noqa: F401 - merge: callers import it here
+from attn_dispatch.calibration.results import unit_key
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.registry import kernel_from_name

@@ -335,6 +335,19 @@ H200 = CardSpec(
     "4.3 TB/s measured on this workplace's H200",
 )
 
+# NVIDIA H100 datasheet: SXM 989 TFLOPS dense fp16/bf16 tensor, 67 fp32, 67 fp64 tensor, 3.35 TB/s HBM3,
+# 80 GB, 132 SMs; PCIe 756 / 51 / 51 TFLOPS, 2.0 TB/s HBM2e, 80 GB, 114 SMs.
+H100_SXM = CardSpec(
+    name="NVIDIA H100 SXM", matrix_flops=_rates(989 * TERA, 989 * TERA, 67 * TERA, 67 * TERA),
+    vector_flops=67 * TERA, bandwidth=3350 * GB, memory_bytes=80 * GB, compute_units=132,
+    launch_overhead_s=CUDA_LAUNCH_OVERHEAD_S, source="NVIDIA H100 SXM datasheet",
+)
+H100_PCIE = CardSpec(
+    name="NVIDIA H100 PCIe", matrix_flops=_rates(756 * TERA, 756 * TERA, 51 * TERA, 51 * TERA),
+    vector_flops=51 * TERA, bandwidth=2000 * GB, memory_bytes=80 * GB, compute_units=114,
+    launch_overhead_s=CUDA_LAUNCH_OVERHEAD_S, source="NVIDIA H100 PCIe datasheet",
+)
+
 KNOWN_CARDS: dict[str, CardSpec] = {
     spec.name: spec for spec in (MI50_16GB, MI50_32GB, MI60, RADEON_VII, RADEON_PRO_VII)
 }
@@ -376,4 +389,7 @@ def spec_for(identity: DeviceIdentity, *, probe: bool = True, home: str | os.Pat
         return KNOWN_CARDS[model]
     if "H200" in identity.name.upper() and identity.arch_base == "sm_90":
         return replace(H200, name=model, memory_bytes=identity.memory_bytes or H200.memory_bytes)
+    if "H100" in identity.name.upper() and identity.arch_base == "sm_90":
+        spec = H100_PCIE if identity.compute_units == H100_PCIE.compute_units else H100_SXM
+        return replace(spec, name=model, memory_bytes=identity.memory_bytes or spec.memory_bytes)
     return generic_gpu_spec(identity)

@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attn_dispatch.calibration.drift import base_points, check_table
-    from attn_dispatch.calibration.finish import fit_and_write, merge
+    from attn_dispatch.calibration.finish import fit_and_write
+    from attn_dispatch.calibration.results import merge
     from attn_dispatch.dispatcher.commands.show import resolve_table
     from attn_dispatch.dispatcher.decision import parse_memory_size
     from attn_dispatch.models import DeviceIdentity, TableError

@@ -8,6 +8,8 @@ import pytest
 
 from attn_dispatch.kernels import Problem, all_kernels, kernel_from_name, portable_kernels
 from attn_dispatch.models.identity import (
+    H100_PCIE,
+    H100_SXM,
     H200,
     KNOWN_CARDS,
     MI50_16GB,
@@ -28,6 +30,14 @@ def test_spec_for_faked_cards():
     assert spec_for(fake_identity("mi60")) is MI60
     assert spec_for(fake_identity("radeon_vii")) is RADEON_VII
     assert spec_for(fake_identity("h200")).bandwidth == H200.bandwidth
+
+
+def test_an_h100_is_priced_from_its_datasheet_not_the_generic_guess():
+    sxm = DeviceIdentity("cuda", "NVIDIA H100 80GB HBM3", "NVIDIA", "sm_90", 132, 80 * 2**30)
+    pcie = DeviceIdentity("cuda", "NVIDIA H100 PCIe", "NVIDIA", "sm_90", 114, 80 * 2**30)
+    assert not spec_for(sxm).estimated and spec_for(sxm).bandwidth == H100_SXM.bandwidth
+    assert spec_for(pcie).bandwidth == H100_PCIE.bandwidth
+    assert spec_for(sxm).flops("bfloat16") == H200.flops("bfloat16")
 
 
 def test_every_spec_is_sane_and_sourced():
