@@ -285,7 +285,7 @@ def default_zeroes_dead_rows(device: torch.device, dtype: torch.dtype, bool_mask
 
 
 def _probe_dead_rows(dtype: torch.dtype, bool_mask: bool) -> bool:
-    query, key, value, mask = _probe_inputs(torch.device("cpu"), dtype, "mask")  # row 1 blocked
+    query, key, value, mask = _probe_inputs(dtype, "mask")  # row 1 blocked
     if not bool_mask:
         mask = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
     try:
@@ -296,13 +296,14 @@ def _probe_dead_rows(dtype: torch.dtype, bool_mask: bool) -> bool:
     return bool(torch.all(out[:, :, 1] == 0)) and bool(torch.isfinite(out).all())
 
 
-def _probe_inputs(device: torch.device, dtype: torch.dtype, feature: str):
+def _probe_inputs(dtype: torch.dtype, feature: str):
+    """A probe's query, key, value and mask (or None), on the host."""
     generator = torch.Generator().manual_seed(1234)
     kv_heads = PROBE_HEADS // 2 if feature == "gqa" else PROBE_HEADS
     q_len = PROBE_KV_LEN if feature == "causal_square" else PROBE_Q_LEN
 
     def randn(*shape):
-        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+        return torch.randn(*shape, generator=generator).to(dtype=dtype)
 
     query = randn(1, PROBE_HEADS, q_len, PROBE_HEAD_DIM)
     key = randn(1, kv_heads, PROBE_KV_LEN, PROBE_HEAD_DIM)
@@ -311,7 +312,6 @@ def _probe_inputs(device: torch.device, dtype: torch.dtype, feature: str):
     if feature == "mask":
         mask = torch.rand(q_len, PROBE_KV_LEN, generator=generator) > 0.3
         mask[1] = False  # one fully masked row
-        mask = mask.to(device)
     return query, key, value, mask
 
 
@@ -321,7 +321,8 @@ def _run_probe(kernel: SdpaBackendKernel, device_type: str, dtype: str, feature:
     device = torch.device(device_type)
     where = f"{device_type} {dtype}"
     try:
-        query, key, value, mask = _probe_inputs(device, DTYPES_BY_NAME[dtype], feature)
+        on_cpu = _probe_inputs(DTYPES_BY_NAME[dtype], feature)
+        query, key, value, mask = (None if t is None else t.to(device) for t in on_cpu)
         causal = feature.startswith("causal")
         gqa = feature == "gqa"
         with torch.no_grad():
@@ -330,7 +331,8 @@ def _run_probe(kernel: SdpaBackendKernel, device_type: str, dtype: str, feature:
             else:
                 problem = Problem.from_tensors(query, key, value, mask, causal)
                 out = kernel.run(query, key, value, mask, None, False, problem)
-        reference = reference_attention(query, key, value, mask, causal, enable_gqa=gqa)
+        out = out.cpu()  # judged on the host: no float64 kernels to load on the device for a probe
+        reference = reference_attention(*on_cpu, causal, enable_gqa=gqa)
     except Exception as error:  # noqa: BLE001 - any failure means "not available"
         message = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
         return f"{kernel.family} failed its {feature} probe on {where}: {type(error).__name__}: {message}"

@@ -297,7 +297,7 @@ class ThresholdTable:
             return foreign
         seconds = self.model_seconds([problem] * len(names), names)
         ranked = sorted(zip(names, (float(s) for s in seconds), strict=True), key=lambda item: (item[1], item[0]))
-        return ranked + foreign
+        return _prior_priced_behind_default(ranked, models) + foreign
 
     # ------------------------------------------------------------------ transforms
     def scaled(self, factor: float, *, spec: CardSpec, note: str) -> ThresholdTable:
@@ -360,6 +360,23 @@ def _mapped(items, function):
     if isinstance(items, Mapping):
         return {key: function(value) for key, value in items.items()}
     return tuple(map(function, items))
+
+
+def _prior_priced_behind_default(ranked: list[tuple[str, float]],
+                                 models: Sequence[EmbeddedModel]) -> list[tuple[str, float]]:
+    """`ranked` with the kernels no model knows (priced by the prior, never measured on the card) that come before
+    PyTorch's default moved to just behind it, keeping their order and seconds: the prior, unchecked on this card,
+    does not displace the card's measured choice (docs/RESULTS.md#table-quality)."""
+    names = [name for name, _ in ranked]
+    if DEFAULT_KERNEL not in names:
+        return ranked
+    ahead = ranked[:names.index(DEFAULT_KERNEL)]
+    moved = [item for item in ahead if not any(model.knows(item[0]) for model in models)]
+    if not moved:
+        return ranked
+    rest = [item for item in ranked if item not in moved]
+    at = rest.index(next(item for item in rest if item[0] == DEFAULT_KERNEL)) + 1
+    return rest[:at] + moved + rest[at:]
 
 
 def _default_first(ranked: list[tuple[str, float]]) -> list[tuple[str, float]]:

@@ -121,3 +121,30 @@ def test_the_triton_kernels_rank_beside_the_models_kernels_where_triton_runs(h20
     assert "triton_decode[splits=16,bn=64,w=4,s=2]" in ranked and "sdpa_default" in ranked
     names = list(ranked)
     assert np.allclose([ranked[n] for n in names], h200_table.model_seconds([problem] * len(names), names))
+
+
+def test_a_kernel_priced_only_by_the_prior_never_ranks_ahead_of_pytorchs_default(h200_table, monkeypatch):
+    """The prior, unchecked on the card, prices `triton_flash[bm=64,bn=32,...]` under PyTorch's default at D256
+    (measured there 2.5x slower on the H200): it ranks just behind the default, its seconds unchanged, and the
+    kernels the model knows keep their order."""
+    monkeypatch.setattr(support, "gpu_architecture", lambda device_index=None: ("sm_90", (9, 0)))
+    monkeypatch.setattr(support, "shared_memory_limit", lambda device_index=None: 227 * 1024)
+    monkeypatch.setattr(support, "triton_version", lambda: (3, 6))
+    monkeypatch.setattr(support.torch.version, "hip", None)
+    import attn_dispatch.kernels.triton_flash as flash_module
+
+    monkeypatch.setattr(flash_module, "shared_memory_limit", lambda device_index=None: 227 * 1024)
+    from attn_dispatch.kernels import all_kernels
+
+    problem = cuda_problem(batch=2, q_heads=32, kv_heads=32, q_len=372, kv_len=28489, head_dim=256, value_dim=256)
+    kernels = all_kernels(policy=AccuracyPolicy())
+    ranked = h200_table.rank_by_model(problem, kernels, None)
+    names = [name for name, _ in ranked]
+    (model,) = h200_table.models
+    default_at = names.index("sdpa_default")
+    prior_priced = [name for name in names if name.startswith("triton_flash")]
+    assert prior_priced and all(names.index(name) > default_at for name in prior_priced)
+    seconds = dict(ranked)
+    assert min(seconds[name] for name in prior_priced) < seconds["sdpa_default"]  # the prior alone would put it first
+    known = [name for name in names if model.knows(name)]
+    assert [seconds[name] for name in known] == sorted(seconds[name] for name in known)
