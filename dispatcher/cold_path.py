@@ -20,14 +20,9 @@ from attn_dispatch.dispatcher.decision import (
     log_settled,
     release_cached_memory,
 )
-from attn_dispatch.dispatcher.device_planner import (
-    DevicePlanner,
-    DeviceState,
-    PlannerConfig,
-    ProbeCache,
-    measured_costs,
-)
+from attn_dispatch.dispatcher.device_planner import DevicePlanner, PlannerConfig
 from attn_dispatch.dispatcher.device_ranking import resolve_ranking, say_once
+from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.hot_path import HotSlots
 from attn_dispatch.dispatcher.plans import (
     MAX_PLANS,
@@ -43,6 +38,7 @@ from attn_dispatch.kernels import Problem
 from attn_dispatch.kernels.base import is_out_of_memory
 from attn_dispatch.kernels.registry import uses_fused_backend
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
+from attn_dispatch.models.probe_store import ProbeCache, measured_costs
 
 TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
 """`stats` key of training-route calls that went to PyTorch's SDPA."""
@@ -155,7 +151,7 @@ class ColdPath:
 
     def evicted(self, key_: tuple, plan: Plan) -> None:
         """`plan` left the plan cache: its calls stay in `stats`, it leaves the hot path, and its calls toward
-        settling carry to the shape's next plan (`device_planner.SpentCalls`)."""
+        settling carry to the shape's next plan (`plans.SpentCalls`)."""
         self.counts.fold(plan)
         if plan.settle_at and plan.count[0]:
             planner = self.planners.get(plan.device)

@@ -4,8 +4,10 @@ and one dict lookup, then the plan's `run` (validated when the plan was made); a
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 import torch
@@ -20,7 +22,7 @@ from attn_dispatch.dispatcher.decision import (
     parse_memory_size,
     with_lossy_gain,
 )
-from attn_dispatch.dispatcher.device_planner import PlannerConfig, kernel_set_signature
+from attn_dispatch.dispatcher.device_planner import PlannerConfig
 from attn_dispatch.dispatcher.fast_path import attach
 from attn_dispatch.dispatcher.hot_path import (
     HOT_AFTER,
@@ -385,3 +387,9 @@ def kernel_set(kernels: str | Sequence[Kernel | str], policy: AccuracyPolicy) ->
     for kernel in chosen:
         by_name.setdefault(kernel.name, kernel)
     return by_name
+
+
+def kernel_set_signature(names: Iterable[str], policy: str) -> str:
+    """A kernel set and accuracy policy's name for its tunings (`measured_store`)."""
+    text = json.dumps([sorted(names), policy])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

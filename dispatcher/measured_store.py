@@ -10,10 +10,10 @@ import math
 import os
 from pathlib import Path
 
-from attn_dispatch.dispatcher.device_planner import tuning_path
 from attn_dispatch.dispatcher.measuring import ROUNDS
 from attn_dispatch.dispatcher.selection import Tuned
 from attn_dispatch.models.measured import MeasuredEntry, entry_from_tuning
+from attn_dispatch.models.paths import tuning_path
 
 BUCKET_FIELDS = 14
 """Length of a `selection.failure_bucket` key (another length: another version's line)."""
