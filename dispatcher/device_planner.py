@@ -36,6 +36,7 @@ from attn_dispatch.dispatcher.selection import (
     over_limit_reason,
     put_first,
     shape_setup_seconds,
+    workspace_bound,
 )
 from attn_dispatch.dispatcher.waiting_ranking import Waiting, WaitingRanking
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
@@ -263,12 +264,6 @@ class DevicePlanner:
 
     def forget_bucket(self, problem: Problem) -> None:
         self.buckets.pop(decision_bucket(problem))
-
-
-def workspace_bound(kernel: Kernel, problem: Problem) -> int:
-    """`kernel`'s workspace without running a probe (`sdpa_default.probes_deferred`): never under the call's."""
-    with probes_deferred():
-        return int(kernel.workspace_bytes(problem))
 
 
 class Bucket:

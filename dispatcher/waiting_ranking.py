@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING
 from attn_dispatch.dispatcher.device_ranking import FALLBACK_FIRST
 from attn_dispatch.dispatcher.plans import Plan, mask_ndim_of
 from attn_dispatch.dispatcher.selection import (
-    UNMEASURED_LEVELS,
     Option,
     compile_seconds,
+    default_kept_first,
     measuring_wanted,
     needs_recheck,
     over_limit_reason,
     shape_setup_seconds,
+    workspace_bound,
 )
 from attn_dispatch.kernels import Problem
-from attn_dispatch.kernels.sdpa_default import probes_deferred
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher.device_planner import Asked, Bucket, DevicePlanner
@@ -45,17 +45,16 @@ class WaitingRanking:
         self.planner = planner
 
     def default_first(self, asked: Asked) -> Option | None:
-        """PyTorch's default as the option `selection.decide` would put first, where that needs no ranking: nothing
-        measured on this card (`selection.keep_default_unmeasured`), no result measured on the bucket's calls, not the
-        portable set, and the default runs the problem, has not failed on it, fits and compiles nothing; else None."""
+        """PyTorch's default as the option `selection.decide` would put first, where that needs no ranking: stage 3
+        keeps it first (`selection.default_kept_first`), no result measured on the bucket's calls, not the portable
+        set, and the default runs the problem, has not failed on it, fits and compiles nothing; else None."""
         planner = self.planner
         kernel, problem = planner.config.kernels.get(FALLBACK_FIRST), asked.problem
         if (kernel is None or planner.portable or asked.tuned is not None or kernel.name in asked.failed
-                or planner.state.ranking.source.level not in UNMEASURED_LEVELS or compile_seconds(kernel, problem)
-                or kernel.reasons(problem)):
+                or not default_kept_first(kernel, planner.state.ranking.source.level)
+                or compile_seconds(kernel, problem) or kernel.reasons(problem)):
             return None
-        with probes_deferred():  # the workspace the ranking finds
-            option = Option(kernel, None, int(kernel.workspace_bytes(problem)))
+        option = Option(kernel, None, workspace_bound(kernel, problem))  # the workspace the ranking finds
         return option if over_limit_reason(option.workspace_bytes, asked.free, asked.budget) is None else None
 
     def wait(self, bucket: Bucket, asked: Asked, default: Option) -> None:
