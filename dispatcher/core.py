@@ -77,6 +77,13 @@ def read_environment() -> None:
     sdpa_context.follow_environment()
 
 
+def all_strided(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    """A call's tensors are all strided (not sparse or mkldnn); the others go to PyTorch's SDPA."""
+    strided = torch.strided
+    return (query.layout is strided and key.layout is strided and value.layout is strided
+            and (attn_mask is None or attn_mask.layout is strided))
+
+
 class Dispatcher:
     """Runs each attention call with the fastest kernel that fits in memory on its device.
 
@@ -224,7 +231,7 @@ class Dispatcher:
                 plan = None
             if plan is None or plan.recheck:
                 if (query.is_meta or key.is_nested or value.is_nested
-                        or not sdpa_context.all_strided(query, key, value, attn_mask)):
+                        or not all_strided(query, key, value, attn_mask)):
                     # shapes only, nested K/V with a dense query, or a sparse or mkldnn tensor (PyTorch's errors,
                     # not failures remembered against the bucket's kernels): PyTorch's SDPA (`sdpa_context`), no plan kept
                     return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -254,7 +261,7 @@ class Dispatcher:
         except Exception as error:  # noqa: BLE001 - any kernel failure falls back to the next kernel
             if flags is not None and sdpa_context.backends_restricted():
                 raise  # restricted backends: PyTorch's own call, its own error (as `route` gives)
-            if not sdpa_context.all_strided(query, key, value, attn_mask):  # sparse/mkldnn hit a warm plan: no
+            if not all_strided(query, key, value, attn_mask):  # sparse/mkldnn hit a warm plan: no
                 return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)  # failure kept
             return self._cold.recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa)
 
