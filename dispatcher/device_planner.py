@@ -9,12 +9,12 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import torch
 
 from attn_dispatch.dispatcher.decision import Candidate, Decision, free_bytes
 from attn_dispatch.dispatcher.device_ranking import no_table_line
+from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.measuring import Trial, clock_for
 from attn_dispatch.dispatcher.plans import MAX_BUCKETS, BoundedCache, Plan, SeenShapes, SpentCalls, mask_ndim_of
 from attn_dispatch.dispatcher.selection import (
@@ -42,10 +42,7 @@ from attn_dispatch.dispatcher.waiting_ranking import Waiting, WaitingRanking
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
 from attn_dispatch.kernels.sdpa_default import probes_deferred
 from attn_dispatch.models.environment import RECORD
-
-if TYPE_CHECKING:
-    from attn_dispatch.dispatcher.device_state import DeviceState
-    from attn_dispatch.models.probe_store import ProbeCache
+from attn_dispatch.models.probe_store import ProbeCache
 
 
 def _record(problem: Problem) -> None:
@@ -163,17 +160,11 @@ class DevicePlanner:
             if kernel.name in failed:
                 skipped.append((kernel.name, f"failed at run time on a problem of this size: {failed[kernel.name]}"))
                 continue
-            if own_problem and not (bucket.unprobed and kernel.reasons(problem)):  # what runs is probed first
-                workspace = option.workspace_bytes
-            elif own_problem:
-                skipped.append((kernel.name, "; ".join(kernel.reasons(problem))))
+            why = kernel.reasons(problem) if bucket.unprobed or not own_problem else ()  # what runs is probed first
+            if why:
+                skipped.append((kernel.name, "; ".join(why)))
                 continue
-            else:
-                why = kernel.reasons(problem)
-                if why:
-                    skipped.append((kernel.name, "; ".join(why)))
-                    continue
-                workspace = workspace_bound(kernel, problem)
+            workspace = option.workspace_bytes if own_problem else workspace_bound(kernel, problem)
             if needs_recheck(workspace, free) and not first:  # first: `free` was read by the decision just made
                 free = free_bytes(self.device)
             over = over_limit_reason(workspace, free, budget)
@@ -201,8 +192,7 @@ class DevicePlanner:
                defer_probes: bool = True, defer_ranking: bool = False) -> Bucket:
         """`problem`'s bucket by `selection.decide`, with a `measuring.Trial` where wanted; `defer_probes`:
         `sdpa_default.probes_deferred`; `defer_ranking`: where PyTorch's default comes first whatever the ranking
-        (`WaitingRanking.default_first`), the bucket waits for its second call to rank (`Waiting`). Raises
-        `NoKernelError`."""
+        (`WaitingRanking.default_first`), the bucket waits for its second call to rank. Raises `NoKernelError`."""
         state, config = self.state, self.config
         bucket_key = failure_bucket(problem)
         free = free_bytes(self.device)
@@ -274,10 +264,10 @@ class Bucket:
     None; `free`: bytes free when decided; `budget`: the memory budget decided under; `history`: call counters of
     recent exact shapes; `unprobed`: ranked with probes deferred, so `Kernel.reasons` is asked again before a run;
     `waiting`: while the ranking waits for the bucket's second call, what decides it then (`Waiting`), else None.
-    Reading `ranked`, `options`, `decision`, `warm` or `measured` of a waiting bucket ranks it first."""
+    Reading `ranked`, `options`, `decision`, `warm` or `measured` of a waiting bucket (unset) ranks it first."""
 
-    __slots__ = ("key", "free", "budget", "unprobed", "history", "trial", "waited", "waiting", "_ranked", "_options",
-                 "_decision", "_warm", "_measured", "_cold", "_wait_calls")
+    __slots__ = ("key", "free", "budget", "unprobed", "history", "trial", "waited", "waiting", "ranked", "options",
+                 "decision", "warm", "measured", "_cold", "_wait_calls")
 
     def __init__(self, key: tuple, *, free: int | None, budget: int | None, unprobed: bool = False) -> None:
         self.key = key
@@ -287,54 +277,30 @@ class Bucket:
         self.history: deque[list[int]] = deque(maxlen=HISTORY)
         self.trial = None
         self.waited: list[list[int]] = []
-        self.waiting: Waiting | None = None
-        self._cold: tuple[float, ...] | None = None
-        self._wait_calls: int | None = None
+        self.waiting: Waiting | None = None  # `_cold`, `_wait_calls`: set with the decided fields (`_follow`)
 
     def decided(self, ranked: Ranked, options: tuple[Option, ...], decision: Decision,
                 seconds: Mapping[str, float]) -> None:
         """Take the bucket's decision (`DevicePlanner.decide`)."""
-        self._ranked = ranked
+        self.ranked = ranked
         self._follow(options, decision, seconds)
 
     def _follow(self, options: tuple[Option, ...], decision: Decision, seconds: Mapping[str, float]) -> None:
-        self._options = options
-        self._decision = decision
-        self._warm = tuple(seconds.get(o.kernel.name, o.predicted_s) for o in options)
-        self._measured = frozenset(seconds)
+        self.options = options
+        self.decision = decision
+        self.warm = tuple(seconds.get(o.kernel.name, o.predicted_s) for o in options)
+        self.measured = frozenset(seconds)
         self._cold: tuple[float, ...] | None = None
         self._wait_calls: int | None = None  # `compile_wait`'s calls for the bucket, once priced
 
-    def rank_if_waiting(self) -> None:
-        """Rank a waiting bucket now (`Waiting.rank`)."""
+    def __getattr__(self, name: str):
+        """An unset slot: a decided field of a waiting bucket, read after ranking it (`Waiting.rank`)."""
+        if name not in ("ranked", "options", "decision", "warm", "measured"):
+            raise AttributeError(name)
         waiting = self.waiting
         if waiting is not None:
             waiting.rank()
-
-    @property
-    def ranked(self) -> Ranked:
-        self.rank_if_waiting()
-        return self._ranked
-
-    @property
-    def options(self) -> tuple[Option, ...]:
-        self.rank_if_waiting()
-        return self._options
-
-    @property
-    def decision(self) -> Decision:
-        self.rank_if_waiting()
-        return self._decision
-
-    @property
-    def warm(self) -> tuple[float | None, ...]:
-        self.rank_if_waiting()
-        return self._warm
-
-    @property
-    def measured(self) -> frozenset[str]:
-        self.rank_if_waiting()
-        return self._measured
+        return object.__getattribute__(self, name)
 
     def measured_by(self, trial) -> None:
         """Follow a decided `trial`: its kernel first, its medians as warm times, failed candidates dropped, a note."""

@@ -27,9 +27,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Waiting:
-    """A bucket whose ranking waits for its second call (`DevicePlanner.decide`): what its first call asked,
-    PyTorch's default (which that call runs, the ranking putting it first anyway), `rank()` to rank it now, and the
-    plans made meanwhile."""
+    """A bucket whose ranking waits for its second call: what its first call asked, PyTorch's default (which that call
+    runs, the ranking putting it first anyway), `rank()` to rank it now (`WaitingRanking.rank`), the plans meanwhile."""
 
     asked: Asked
     default: Option
@@ -65,7 +64,7 @@ class WaitingRanking:
         ranking = planner.state.ranking
         if asked.trial and measuring_wanted(planner.device, entry_decides=ranking.entry_decides(asked.problem),
                                             level=ranking.source.level):
-            bucket.trial = planner.trial(bucket, (default,), asked, rank_rest=bucket.rank_if_waiting)
+            bucket.trial = planner.trial(bucket, (default,), asked, rank_rest=bucket.waiting.rank)
 
     def rank(self, bucket: Bucket) -> None:
         """Rank a waiting bucket as its first call would have (`Waiting`): its trial gets the other candidates; where
