@@ -73,7 +73,8 @@ class ColdPath:
 
     # ------------------------------------------------------------------ planning
     def plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa) -> Plan:
-        """A new exact shape's plan (deciding its bucket where new), or a re-checked plan."""
+        """`key_`'s kept plan where it needs no re-check, else a new exact shape's plan (deciding its bucket where new)
+        or a re-checked plan."""
         plan = self.plans.get(key_)
         if plan is not None and not plan.recheck:
             return plan
@@ -249,9 +250,7 @@ class ColdPath:
         if query.is_meta:  # as in `attention`: PyTorch's SDPA, no plan
             return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if dropout_p == 0.0 and not (attn_mask is not None and attn_mask.requires_grad):
-            plan = self.plans.get(key_)
-            if plan is None or plan.recheck:
-                plan = self.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+            plan = self.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
             choice = self.training_route.choose(plan, budget)
             if choice.kernel is not None:
                 count = self.counts.cell(choice.kernel.name)

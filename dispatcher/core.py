@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -103,7 +103,8 @@ class Dispatcher:
             raise TypeError(f"policy must be an AccuracyPolicy (e.g. AccuracyPolicy.allowing('fp32->bf16')), got {policy!r}")
         self.policy = policy
         self._kernels = kernel_set(kernels, policy)
-        self._signature = kernel_set_signature(self._kernels, policy.describe())  # names its tuning store
+        signature = json.dumps([sorted(self._kernels), policy.describe()])  # the kernel set's: names its tunings
+        self._signature = hashlib.sha256(signature.encode()).hexdigest()[:16]
         self._budget = None if memory_budget is None else parse_memory_size(memory_budget, name="memory_budget")
         read_environment()  # a bad ATTN_DISPATCH_* value fails here, not at a model's first call
         self._home = home
@@ -279,9 +280,7 @@ class Dispatcher:
             Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
             raise
         check_scale(scale)
-        plan = self._plans.get(key_)
-        if plan is None or plan.recheck:
-            plan = self._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+        plan = self._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         return PreparedAttention(self, plan, key_, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
     # ------------------------------------------------------------------ explaining
@@ -298,9 +297,7 @@ class Dispatcher:
         if cast is not None:  # under torch.autocast: the inputs `attention` runs (`sdpa_context`)
             query, key, value, attn_mask = cast
         key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
-        plan = self._plans.get(key_)
-        if plan is None or plan.recheck:
-            plan = self._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+        plan = self._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         from attn_dispatch.dispatcher.training_route import pytorch_route_reason
 
         grad = _grad_enabled()
@@ -394,9 +391,3 @@ def kernel_set(kernels: str | Sequence[Kernel | str], policy: AccuracyPolicy) ->
     for kernel in chosen:
         by_name.setdefault(kernel.name, kernel)
     return by_name
-
-
-def kernel_set_signature(names: Iterable[str], policy: str) -> str:
-    """A kernel set and accuracy policy's name for its tunings (`measured_store`)."""
-    text = json.dumps([sorted(names), policy])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

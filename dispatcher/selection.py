@@ -263,8 +263,7 @@ def keep_default_unmeasured(options: tuple[Option, ...], level: str) -> tuple[tu
     (docs/RESULTS.md#h100-without-tables)."""
     if not any(default_kept_first(o.kernel, level) for o in options[1:]):
         return options, None
-    kept = (*(o for o in options if is_default(o.kernel)), *(o for o in options if not is_default(o.kernel)))
-    return kept, DEFAULT_KEPT_UNMEASURED
+    return tuple(sorted(options, key=lambda o: not is_default(o.kernel))), DEFAULT_KEPT_UNMEASURED  # a stable sort
 
 
 # ------------------------------------------------------------------------------------ stage 4: measured on calls

@@ -100,8 +100,7 @@ def save_passed(identity: DeviceIdentity, cudnn_version: str, passed: Iterable[P
 class ProbeCache:
     """One device's kept probe results (`for_device`), and what this process has written since."""
 
-    def __init__(self, identity: DeviceIdentity, cudnn_version: str, home: str | None, kept: set,
-                 index: int | None = None) -> None:
+    def __init__(self, identity, cudnn_version: str, home: str | None, kept: set, index: int | None = None) -> None:
         self.identity = identity
         self.device_type = identity.device_type
         self.index = index  # the device's CUDA index (None: the current device, or a CPU)
@@ -133,7 +132,6 @@ class ProbeCache:
         try:
             if self.device_type == "cuda" and self.index is not None and self.index != torch.cuda.current_device():
                 return
-
             save_passed(self.identity, self.cudnn_version, passed, self.home)
         except Exception:  # noqa: BLE001 - an unwritable home costs the next process its probes, nothing else
             return
