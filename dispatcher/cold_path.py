@@ -20,14 +20,9 @@ from attn_dispatch.dispatcher.decision import (
     log_settled,
     release_cached_memory,
 )
-from attn_dispatch.dispatcher.device_planner import (
-    DevicePlanner,
-    DeviceState,
-    PlannerConfig,
-    ProbeCache,
-    measured_costs,
-)
+from attn_dispatch.dispatcher.device_planner import DevicePlanner, PlannerConfig
 from attn_dispatch.dispatcher.device_ranking import resolve_ranking, say_once
+from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.hot_path import HotSlots
 from attn_dispatch.dispatcher.plans import (
     MAX_PLANS,
@@ -43,6 +38,7 @@ from attn_dispatch.kernels import Problem
 from attn_dispatch.kernels.base import is_out_of_memory
 from attn_dispatch.kernels.registry import uses_fused_backend
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
+from attn_dispatch.models.probe_store import ProbeCache, measured_costs
 
 TRAINING_COUNT = f"{TRAINING_KERNEL} (training)"
 """`stats` key of training-route calls that went to PyTorch's SDPA."""
@@ -77,7 +73,8 @@ class ColdPath:
 
     # ------------------------------------------------------------------ planning
     def plan_for(self, key_, query, key, value, attn_mask, is_causal, enable_gqa) -> Plan:
-        """A new exact shape's plan (deciding its bucket where new), or a re-checked plan."""
+        """`key_`'s kept plan where it needs no re-check, else a new exact shape's plan (deciding its bucket where new)
+        or a re-checked plan."""
         plan = self.plans.get(key_)
         if plan is not None and not plan.recheck:
             return plan
@@ -155,7 +152,7 @@ class ColdPath:
 
     def evicted(self, key_: tuple, plan: Plan) -> None:
         """`plan` left the plan cache: its calls stay in `stats`, it leaves the hot path, and its calls toward
-        settling carry to the shape's next plan (`device_planner.SpentCalls`)."""
+        settling carry to the shape's next plan (`plans.SpentCalls`)."""
         self.counts.fold(plan)
         if plan.settle_at and plan.count[0]:
             planner = self.planners.get(plan.device)
@@ -253,9 +250,7 @@ class ColdPath:
         if query.is_meta:  # as in `attention`: PyTorch's SDPA, no plan
             return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if dropout_p == 0.0 and not (attn_mask is not None and attn_mask.requires_grad):
-            plan = self.plans.get(key_)
-            if plan is None or plan.recheck:
-                plan = self.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+            plan = self.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
             choice = self.training_route.choose(plan, budget)
             if choice.kernel is not None:
                 count = self.counts.cell(choice.kernel.name)

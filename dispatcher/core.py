@@ -4,6 +4,8 @@ and one dict lookup, then the plan's `run` (validated when the plan was made); a
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,7 +22,7 @@ from attn_dispatch.dispatcher.decision import (
     parse_memory_size,
     with_lossy_gain,
 )
-from attn_dispatch.dispatcher.device_planner import PlannerConfig, kernel_set_signature
+from attn_dispatch.dispatcher.device_planner import PlannerConfig
 from attn_dispatch.dispatcher.fast_path import attach
 from attn_dispatch.dispatcher.hot_path import (
     HOT_AFTER,
@@ -75,6 +77,13 @@ def read_environment() -> None:
     sdpa_context.follow_environment()
 
 
+def all_strided(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    """A call's tensors are all strided (not sparse or mkldnn); the others go to PyTorch's SDPA."""
+    strided = torch.strided
+    return (query.layout is strided and key.layout is strided and value.layout is strided
+            and (attn_mask is None or attn_mask.layout is strided))
+
+
 class Dispatcher:
     """Runs each attention call with the fastest kernel that fits in memory on its device.
 
@@ -94,7 +103,8 @@ class Dispatcher:
             raise TypeError(f"policy must be an AccuracyPolicy (e.g. AccuracyPolicy.allowing('fp32->bf16')), got {policy!r}")
         self.policy = policy
         self._kernels = kernel_set(kernels, policy)
-        self._signature = kernel_set_signature(self._kernels, policy.describe())  # names its tuning store
+        signature = json.dumps([sorted(self._kernels), policy.describe()])  # the kernel set's: names its tunings
+        self._signature = hashlib.sha256(signature.encode()).hexdigest()[:16]
         self._budget = None if memory_budget is None else parse_memory_size(memory_budget, name="memory_budget")
         read_environment()  # a bad ATTN_DISPATCH_* value fails here, not at a model's first call
         self._home = home
@@ -222,7 +232,7 @@ class Dispatcher:
                 plan = None
             if plan is None or plan.recheck:
                 if (query.is_meta or key.is_nested or value.is_nested
-                        or not sdpa_context.all_strided(query, key, value, attn_mask)):
+                        or not all_strided(query, key, value, attn_mask)):
                     # shapes only, nested K/V with a dense query, or a sparse or mkldnn tensor (PyTorch's errors,
                     # not failures remembered against the bucket's kernels): PyTorch's SDPA (`sdpa_context`), no plan kept
                     return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -252,7 +262,7 @@ class Dispatcher:
         except Exception as error:  # noqa: BLE001 - any kernel failure falls back to the next kernel
             if flags is not None and sdpa_context.backends_restricted():
                 raise  # restricted backends: PyTorch's own call, its own error (as `route` gives)
-            if not sdpa_context.all_strided(query, key, value, attn_mask):  # sparse/mkldnn hit a warm plan: no
+            if not all_strided(query, key, value, attn_mask):  # sparse/mkldnn hit a warm plan: no
                 return _pytorch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)  # failure kept
             return self._cold.recover(plan, key_, error, query, key, value, attn_mask, scale, enable_gqa)
 
@@ -270,9 +280,7 @@ class Dispatcher:
             Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)
             raise
         check_scale(scale)
-        plan = self._plans.get(key_)
-        if plan is None or plan.recheck:
-            plan = self._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+        plan = self._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         return PreparedAttention(self, plan, key_, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
     # ------------------------------------------------------------------ explaining
@@ -289,9 +297,7 @@ class Dispatcher:
         if cast is not None:  # under torch.autocast: the inputs `attention` runs (`sdpa_context`)
             query, key, value, attn_mask = cast
         key_ = cache_key(query, key, value, attn_mask, is_causal, enable_gqa)
-        plan = self._plans.get(key_)
-        if plan is None or plan.recheck:
-            plan = self._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
+        plan = self._cold.plan_for(key_, query, key, value, attn_mask, is_causal, enable_gqa)
         from attn_dispatch.dispatcher.training_route import pytorch_route_reason
 
         grad = _grad_enabled()

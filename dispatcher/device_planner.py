@@ -4,26 +4,23 @@ as a `Bucket`) and planning each exact shape from its bucket. Nothing here is on
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 import torch
 
-from attn_dispatch.dispatcher.decision import Candidate, Decision, failure_message, free_bytes
-from attn_dispatch.dispatcher.device_ranking import FALLBACK_FIRST, DeviceRanking, no_table_line
+from attn_dispatch.dispatcher.decision import Candidate, Decision, free_bytes
+from attn_dispatch.dispatcher.device_ranking import no_table_line
+from attn_dispatch.dispatcher.device_state import DeviceState
 from attn_dispatch.dispatcher.measuring import Trial, clock_for
-from attn_dispatch.dispatcher.plans import MAX_BUCKETS, BoundedCache, Plan, mask_ndim_of
+from attn_dispatch.dispatcher.plans import MAX_BUCKETS, BoundedCache, Plan, SeenShapes, SpentCalls, mask_ndim_of
 from attn_dispatch.dispatcher.selection import (
     FASTER_DID_NOT_FIT,
     HISTORY,
     SETTLED,
-    UNMEASURED_LEVELS,
     Option,
     Ranked,
     Tuned,
@@ -34,17 +31,18 @@ from attn_dispatch.dispatcher.selection import (
     decision_bucket,
     failure_bucket,
     may_replace_first,
-    measuring_wanted,
     needs_recheck,
     new_shape_order,
     over_limit_reason,
     put_first,
     shape_setup_seconds,
+    workspace_bound,
 )
+from attn_dispatch.dispatcher.waiting_ranking import Waiting, WaitingRanking
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
-from attn_dispatch.kernels.sdpa_default import passed_probes, probes_deferred, seed_passed_probes
-from attn_dispatch.models.probe_store import load_cold_costs
+from attn_dispatch.kernels.sdpa_default import probes_deferred
 from attn_dispatch.models.environment import RECORD
+from attn_dispatch.models.probe_store import ProbeCache
 
 
 def _record(problem: Problem) -> None:
@@ -82,18 +80,6 @@ class Asked:
     on_failure: Callable[[str, BaseException], None]
 
 
-@dataclass(frozen=True)
-class Waiting:
-    """A bucket whose ranking waits for its second call (`DevicePlanner.decide`): what its first call asked,
-    PyTorch's default (which that call runs, the ranking putting it first anyway), `rank()` to rank it now, and the
-    plans made meanwhile."""
-
-    asked: Asked
-    default: Option
-    rank: Callable[[], None]
-    plans: list[Plan] = field(default_factory=list)
-
-
 class DevicePlanner:
     """Decisions for one device: per size bucket, and per exact shape from its bucket.
 
@@ -112,6 +98,7 @@ class DevicePlanner:
         self.buckets: BoundedCache[tuple, Bucket] = BoundedCache(MAX_BUCKETS)
         self.seen = SeenShapes()
         self.spent = SpentCalls()  # calls of evicted plans still waiting to settle
+        self.waiting_ranking = WaitingRanking(self)  # buckets whose ranking waits for their second call
         self.cold_costs = {name: dict(by_kind) for name, by_kind in (cold_costs or {}).items()}
         self.floors = {name: dict(by_kind) for name, by_kind in (floors or {}).items()}
         # the portable set (gfx906's): PyTorch's default is its last resort, not a contender (`selection.measured_candidates`)
@@ -152,7 +139,7 @@ class DevicePlanner:
         """The first of the bucket's options (new-shape order; decided order when `first` or `settled`) that runs
         `problem` and fits, else None."""
         if first and bucket.waiting is not None:
-            return self._plan_default(bucket, problem, shape_key)
+            return self.waiting_ranking.plan_default(bucket, problem, shape_key)
         settle_at = 0
         if first:
             order, notes = bucket.options, ()
@@ -173,17 +160,11 @@ class DevicePlanner:
             if kernel.name in failed:
                 skipped.append((kernel.name, f"failed at run time on a problem of this size: {failed[kernel.name]}"))
                 continue
-            if own_problem and not (bucket.unprobed and kernel.reasons(problem)):  # what runs is probed first
-                workspace = option.workspace_bytes
-            elif own_problem:
-                skipped.append((kernel.name, "; ".join(kernel.reasons(problem))))
+            why = kernel.reasons(problem) if bucket.unprobed or not own_problem else ()  # what runs is probed first
+            if why:
+                skipped.append((kernel.name, "; ".join(why)))
                 continue
-            else:
-                why = kernel.reasons(problem)
-                if why:
-                    skipped.append((kernel.name, "; ".join(why)))
-                    continue
-                workspace = workspace_bound(kernel, problem)
+            workspace = option.workspace_bytes if own_problem else workspace_bound(kernel, problem)
             if needs_recheck(workspace, free) and not first:  # first: `free` was read by the decision just made
                 free = free_bytes(self.device)
             over = over_limit_reason(workspace, free, budget)
@@ -205,27 +186,13 @@ class DevicePlanner:
             return plan
         return None
 
-    def _plan_default(self, bucket: Bucket, problem: Problem, shape_key: tuple) -> Plan:
-        """The first call's plan of a waiting bucket (`Waiting`): PyTorch's default, as `_plan_in` plans a decided
-        bucket's first option on its own problem."""
-        waiting = bucket.waiting
-        kernel, workspace = waiting.default.kernel, waiting.default.workspace_bytes
-        if shape_setup_seconds(kernel, problem, self.cold_costs):
-            self.seen.add(kernel.name, shape_key)
-        plan = Plan(problem, self.device, kernel, workspace, needs_recheck(workspace, bucket.free), bucket,
-                    mask_ndim=mask_ndim_of(shape_key))
-        if bucket.trial is not None:
-            plan.measure_with(bucket.trial)
-        waiting.plans.append(plan)
-        return plan
-
     # ------------------------------------------------------------------ per bucket
     def decide(self, problem: Problem, *, budget: int | None, measure: bool,
                on_failure: Callable[[str, BaseException], None], trial: bool = True,
                defer_probes: bool = True, defer_ranking: bool = False) -> Bucket:
         """`problem`'s bucket by `selection.decide`, with a `measuring.Trial` where wanted; `defer_probes`:
         `sdpa_default.probes_deferred`; `defer_ranking`: where PyTorch's default comes first whatever the ranking
-        (`default_first`), the bucket waits for its second call to rank (`Waiting`). Raises `NoKernelError`."""
+        (`WaitingRanking.default_first`), the bucket waits for its second call to rank. Raises `NoKernelError`."""
         state, config = self.state, self.config
         bucket_key = failure_bucket(problem)
         free = free_bytes(self.device)
@@ -233,16 +200,16 @@ class DevicePlanner:
         asked = Asked(problem, budget, measure, measure and trial, free, dict(state.failures.get(bucket_key, {})),
                       state.tuned.get(bucket_key), on_failure)
         bucket = Bucket(bucket_key, free=free, budget=budget, unprobed=defer_probes)
-        default = self.default_first(asked) if defer_ranking else None
+        default = self.waiting_ranking.default_first(asked) if defer_ranking else None
         if default is None:
-            candidates = self._rank(bucket, asked, defer_probes=defer_probes)
+            candidates = self.rank(bucket, asked, defer_probes=defer_probes)
             if candidates:
-                bucket.trial = self._trial(bucket, candidates, asked)
+                bucket.trial = self.trial(bucket, candidates, asked)
         else:
-            self._wait(bucket, asked, default)
+            self.waiting_ranking.wait(bucket, asked, default)
         return bucket
 
-    def _rank(self, bucket: Bucket, asked: Asked, *, defer_probes: bool) -> tuple[Option, ...]:
+    def rank(self, bucket: Bucket, asked: Asked, *, defer_probes: bool) -> tuple[Option, ...]:
         """Decide `bucket` by `selection.decide`; returns the candidates its calls measure."""
         state, config, problem = self.state, self.config, asked.problem
         with probes_deferred() if defer_probes else contextlib.nullcontext():  # `_plan_in` probes what runs
@@ -260,60 +227,15 @@ class DevicePlanner:
         bucket.decided(selected.ranked, options, decision, selected.seconds)
         return selected.candidates
 
-    def _trial(self, bucket: Bucket, candidates: tuple[Option, ...], asked: Asked, **more) -> Trial:
+    def trial(self, bucket: Bucket, candidates: tuple[Option, ...], asked: Asked, **more) -> Trial:
         """The measuring of `bucket`'s `candidates` on its calls (`more`: further `measuring.Trial` arguments)."""
         return Trial(candidates, clock_for(self.device), fits=lambda kernel, exact: self._fits(bucket, kernel, exact),
-                     cold_s=self._setup_seconds(candidates, asked.problem),
+                     cold_s=self.setup_seconds(candidates, asked.problem),
                      on_close=lambda trial: self._measured(bucket, trial), on_failure=asked.on_failure,
                      count_cell=self.config.count_cell, **more)
 
-    def _setup_seconds(self, options: tuple[Option, ...], problem: Problem) -> dict[str, float]:
+    def setup_seconds(self, options: tuple[Option, ...], problem: Problem) -> dict[str, float]:
         return {o.kernel.name: cold_seconds(o.kernel, problem, self.cold_costs) for o in options}
-
-    def default_first(self, asked: Asked) -> Option | None:
-        """PyTorch's default as the option `selection.decide` would put first, where that needs no ranking: nothing
-        measured on this card (`selection.keep_default_unmeasured`), no result measured on the bucket's calls, not the
-        portable set, and the default runs the problem, has not failed on it, fits and compiles nothing; else None."""
-        kernel, problem = self.config.kernels.get(FALLBACK_FIRST), asked.problem
-        if (kernel is None or self.portable or asked.tuned is not None or kernel.name in asked.failed
-                or self.state.ranking.source.level not in UNMEASURED_LEVELS or compile_seconds(kernel, problem)
-                or kernel.reasons(problem)):
-            return None
-        with probes_deferred():  # the workspace the ranking finds
-            option = Option(kernel, None, int(kernel.workspace_bytes(problem)))
-        return option if over_limit_reason(option.workspace_bytes, asked.free, asked.budget) is None else None
-
-    def _wait(self, bucket: Bucket, asked: Asked, default: Option) -> None:
-        """Make `bucket` wait for its second call to rank (`Waiting`), its first call running `default`; that call is
-        the baseline's first in the trial the ranking would begin (it gets the other candidates from the ranking)."""
-        bucket.waiting = Waiting(asked, default, rank=lambda: self._rank_waiting(bucket))
-        ranking = self.state.ranking
-        if asked.trial and measuring_wanted(self.device, entry_decides=ranking.entry_decides(asked.problem),
-                                            level=ranking.source.level):
-            bucket.trial = self._trial(bucket, (default,), asked, rank_rest=bucket.rank_if_waiting)
-
-    def _rank_waiting(self, bucket: Bucket) -> None:
-        """Rank a waiting bucket as its first call would have (`Waiting`): its trial gets the other candidates; where
-        the ranking measures nothing against the default, the trial ends and the first call's plan runs plainly; where
-        the ranking puts another kernel first (the device's state changed since), that plan is planned again."""
-        with self.lock:
-            waiting = bucket.waiting
-            if waiting is None:  # ranked meanwhile
-                return
-            candidates = self._rank(bucket, waiting.asked, defer_probes=True)
-            bucket.waiting = None
-            trial = bucket.trial
-            if trial is not None and candidates and candidates[0].kernel is waiting.default.kernel:
-                trial.add_candidates(candidates, self._setup_seconds(candidates, waiting.asked.problem))
-                return
-            if trial is not None:
-                trial.cancel()
-                for plan in trial.plans:
-                    plan.stop_measuring()
-            bucket.trial = self._trial(bucket, candidates, waiting.asked) if candidates else None
-            for plan in waiting.plans:
-                if plan.kernel is not bucket.options[0].kernel:
-                    plan.recheck = True
 
     def _fits(self, bucket: Bucket, kernel: Kernel, problem: Problem) -> bool:
         """Whether `kernel` runs this exact problem within the memory `bucket` was decided under."""
@@ -334,12 +256,6 @@ class DevicePlanner:
         self.buckets.pop(decision_bucket(problem))
 
 
-def workspace_bound(kernel: Kernel, problem: Problem) -> int:
-    """`kernel`'s workspace without running a probe (`sdpa_default.probes_deferred`): never under the call's."""
-    with probes_deferred():
-        return int(kernel.workspace_bytes(problem))
-
-
 class Bucket:
     """One size bucket's decision on one device.
 
@@ -348,10 +264,10 @@ class Bucket:
     None; `free`: bytes free when decided; `budget`: the memory budget decided under; `history`: call counters of
     recent exact shapes; `unprobed`: ranked with probes deferred, so `Kernel.reasons` is asked again before a run;
     `waiting`: while the ranking waits for the bucket's second call, what decides it then (`Waiting`), else None.
-    Reading `ranked`, `options`, `decision`, `warm` or `measured` of a waiting bucket ranks it first."""
+    Reading `ranked`, `options`, `decision`, `warm` or `measured` of a waiting bucket (unset) ranks it first."""
 
-    __slots__ = ("key", "free", "budget", "unprobed", "history", "trial", "waited", "waiting", "_ranked", "_options",
-                 "_decision", "_warm", "_measured", "_cold", "_wait_calls")
+    __slots__ = ("key", "free", "budget", "unprobed", "history", "trial", "waited", "waiting", "ranked", "options",
+                 "decision", "warm", "measured", "_cold", "_wait_calls")
 
     def __init__(self, key: tuple, *, free: int | None, budget: int | None, unprobed: bool = False) -> None:
         self.key = key
@@ -361,54 +277,30 @@ class Bucket:
         self.history: deque[list[int]] = deque(maxlen=HISTORY)
         self.trial = None
         self.waited: list[list[int]] = []
-        self.waiting: Waiting | None = None
-        self._cold: tuple[float, ...] | None = None
-        self._wait_calls: int | None = None
+        self.waiting: Waiting | None = None  # `_cold`, `_wait_calls`: set with the decided fields (`_follow`)
 
     def decided(self, ranked: Ranked, options: tuple[Option, ...], decision: Decision,
                 seconds: Mapping[str, float]) -> None:
         """Take the bucket's decision (`DevicePlanner.decide`)."""
-        self._ranked = ranked
+        self.ranked = ranked
         self._follow(options, decision, seconds)
 
     def _follow(self, options: tuple[Option, ...], decision: Decision, seconds: Mapping[str, float]) -> None:
-        self._options = options
-        self._decision = decision
-        self._warm = tuple(seconds.get(o.kernel.name, o.predicted_s) for o in options)
-        self._measured = frozenset(seconds)
+        self.options = options
+        self.decision = decision
+        self.warm = tuple(seconds.get(o.kernel.name, o.predicted_s) for o in options)
+        self.measured = frozenset(seconds)
         self._cold: tuple[float, ...] | None = None
         self._wait_calls: int | None = None  # `compile_wait`'s calls for the bucket, once priced
 
-    def rank_if_waiting(self) -> None:
-        """Rank a waiting bucket now (`Waiting.rank`)."""
+    def __getattr__(self, name: str):
+        """An unset slot: a decided field of a waiting bucket, read after ranking it (`Waiting.rank`)."""
+        if name not in ("ranked", "options", "decision", "warm", "measured"):
+            raise AttributeError(name)
         waiting = self.waiting
         if waiting is not None:
             waiting.rank()
-
-    @property
-    def ranked(self) -> Ranked:
-        self.rank_if_waiting()
-        return self._ranked
-
-    @property
-    def options(self) -> tuple[Option, ...]:
-        self.rank_if_waiting()
-        return self._options
-
-    @property
-    def decision(self) -> Decision:
-        self.rank_if_waiting()
-        return self._decision
-
-    @property
-    def warm(self) -> tuple[float | None, ...]:
-        self.rank_if_waiting()
-        return self._warm
-
-    @property
-    def measured(self) -> frozenset[str]:
-        self.rank_if_waiting()
-        return self._measured
+        return object.__getattribute__(self, name)
 
     def measured_by(self, trial) -> None:
         """Follow a decided `trial`: its kernel first, its medians as warm times, failed candidates dropped, a note."""
@@ -485,170 +377,3 @@ class Bucket:
             notes=(*decision.notes, *(n for n in notes if n not in decision.notes),
                    f"decided for its size bucket on a first shape of Lq={first.q_len} Lk={first.kv_len} B={first.batch}"),
         )
-
-
-class DeviceState:
-    """One device's ranker, run-time failures per bucket (`out_of_memory`: transient) and measured buckets (`tuned`)."""
-
-    def __init__(self, ranking: DeviceRanking) -> None:
-        self.ranking = ranking
-        self.failures: dict[tuple, dict[str, str]] = {}
-        self.out_of_memory: dict[tuple, set[str]] = {}
-        self.tuned: dict[tuple, Tuned] = {}
-        self._store = None
-        self._store_path: Path | None = None
-        self._store_opened = False
-
-    # ------------------------------------------------------------------ failures
-    def remember(self, problem: Problem, name: str, error: BaseException, out_of_memory: bool) -> None:
-        """Kernel `name` raised on `problem`: not tried again in its bucket (out of memory: until forgotten)."""
-        bucket = failure_bucket(problem)
-        self.failures.setdefault(bucket, {})[name] = failure_message(error)
-        if out_of_memory:
-            self.out_of_memory.setdefault(bucket, set()).add(name)
-
-    def forget_failure(self, problem: Problem, name: str) -> None:
-        bucket = failure_bucket(problem)
-        self.failures.get(bucket, {}).pop(name, None)
-        self.out_of_memory.get(bucket, set()).discard(name)
-
-    def forget_out_of_memory(self, problem: Problem) -> None:
-        """Forget the bucket's out-of-memory failures (when nothing is left to try)."""
-        bucket = failure_bucket(problem)
-        failures = self.failures.get(bucket, {})
-        for name in self.out_of_memory.pop(bucket, ()):
-            failures.pop(name, None)
-
-    # ------------------------------------------------------------------ tunings
-    def open_store(self, root_of_stores: Callable[[], object] | None, signature: str) -> None:
-        """Load the tuning store on first use (nothing without a root, a device identity or a usable folder)."""
-        if not self._store_opened:
-            self._store_opened = True
-            device_key = self.ranking.source.identity
-            if root_of_stores is not None and device_key:
-                try:
-                    self._store_path = tuning_path(root_of_stores(), device_key, signature)
-                    if self._store_path.exists():
-                        self.tuned.update({**self.store.load(), **self.tuned})
-                except OSError:
-                    self._store_path = None
-
-    @property
-    def store(self):
-        """The `measured_store.TuningStore` (None: memory only)."""
-        if self._store is None and self._store_path is not None:
-            from attn_dispatch.dispatcher.measured_store import TuningStore
-
-            self._store = TuningStore(self._store_path)
-        return self._store
-
-    def keep_measured(self, bucket: tuple, tuned: Tuned, *, store: bool = True) -> None:
-        self.tuned[bucket] = tuned
-        if store and self.store is not None:
-            self.store.append(bucket, tuned)
-
-
-def kernel_set_signature(names: Iterable[str], policy: str) -> str:
-    text = json.dumps([sorted(names), policy])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def tuning_path(root, device_key: str, signature: str) -> Path:
-    return Path(root) / device_key / f"{signature}.jsonl"
-
-
-MAX_SEEN_SHAPES = 1 << 16
-"""Exact shapes remembered per kernel (and in `SpentCalls`); past it new shapes count as unseen."""
-
-
-class SeenShapes:
-    """Per kernel, the exact shapes (plan cache keys) it has run in this process, its per-shape set-up paid."""
-
-    def __init__(self) -> None:
-        self._seen: dict[str, set] = {}
-
-    def add(self, kernel_name: str, shape_key: tuple) -> None:
-        seen = self._seen.setdefault(kernel_name, set())
-        if len(seen) < MAX_SEEN_SHAPES:
-            seen.add(shape_key)
-
-    def has(self, kernel_name: str, shape_key: tuple) -> bool:
-        return shape_key in self._seen.get(kernel_name, ())
-
-
-class SpentCalls:
-    """Calls of shapes whose plans were evicted before settling: the shape's next plan settles that much sooner."""
-
-    def __init__(self) -> None:
-        self._calls: dict[tuple, int] = {}
-
-    def add(self, shape_key: tuple, calls: int) -> None:
-        if calls > 0 and (shape_key in self._calls or len(self._calls) < MAX_SEEN_SHAPES):
-            self._calls[shape_key] = self._calls.get(shape_key, 0) + calls
-
-    def settle_at(self, shape_key: tuple, settle_at: int) -> int:
-        """`settle_at` less the calls spent on `shape_key` before (at least 1)."""
-        spent = self._calls.pop(shape_key, 0)
-        return max(1, settle_at - spent) if settle_at and spent else settle_at
-
-
-def measured_costs(device: torch.device, home: str | None, field: str = "seconds") -> dict[str, dict[str, float]]:
-    """Measured per-shape set-up seconds (``field="floor_seconds"``: per-call floors) of this GPU's card; {}
-    otherwise."""
-    if device.type != "cuda":
-        return {}
-    try:
-        from attn_dispatch.models.identity import DeviceIdentity
-
-        return load_cold_costs(DeviceIdentity.detect(device), home=home, field=field)
-    except Exception:  # noqa: BLE001 - a missing or damaged file never fails a call: the priors serve
-        return {}
-
-
-
-
-class ProbeCache:
-    """One device's kept probe results (`for_device`), and what this process has written since."""
-
-    def __init__(self, identity, cudnn_version: str, home: str | None, kept: set, index: int | None = None) -> None:
-        self.identity = identity
-        self.device_type = identity.device_type
-        self.index = index  # the device's CUDA index (None: the current device, or a CPU)
-        self.cudnn_version = cudnn_version
-        self.home = home
-        self.kept = kept
-
-    @classmethod
-    def for_device(cls, device: torch.device, home: str | None) -> ProbeCache | None:
-        """Seed probe results from the device's file; None off CPU/CUDA, on error, or for a non-current GPU."""
-        if device.type not in ("cpu", "cuda"):
-            return None
-        try:
-            from attn_dispatch.models.identity import DeviceIdentity
-            from attn_dispatch.models.probe_store import load_passed
-
-            if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
-                return None
-            identity = DeviceIdentity.detect(device)
-            cudnn_version = str(torch.backends.cudnn.version() or "") if device.type == "cuda" else ""
-            kept = {key for key in load_passed(identity, cudnn_version, home) if key[1] == device.type}
-        except Exception:  # noqa: BLE001 - no kept probes: they run as before
-            return None
-        seed_passed_probes(kept)
-        return cls(identity, cudnn_version, home, kept, device.index)
-
-    def save_new(self) -> None:
-        """Write the passes the file lacks (not when the current device has changed)."""
-        passed = passed_probes(self.device_type) | self.kept
-        if passed == self.kept:
-            return
-        try:
-            from attn_dispatch.models.probe_store import save_passed
-
-            if self.device_type == "cuda" and self.index is not None and self.index != torch.cuda.current_device():
-                return
-
-            save_passed(self.identity, self.cudnn_version, passed, self.home)
-        except Exception:  # noqa: BLE001 - an unwritable home costs the next process its probes, nothing else
-            return
-        self.kept = passed

@@ -10,7 +10,6 @@ import math
 import os
 from pathlib import Path
 
-from attn_dispatch.dispatcher.device_planner import tuning_path
 from attn_dispatch.dispatcher.measuring import ROUNDS
 from attn_dispatch.dispatcher.selection import Tuned
 from attn_dispatch.models.measured import MeasuredEntry, entry_from_tuning
@@ -41,10 +40,6 @@ class TuningStore:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-
-    @classmethod
-    def at(cls, root: Path, device_key: str, signature: str) -> TuningStore:
-        return cls(tuning_path(root, device_key, signature))
 
     def load(self) -> dict[tuple, Tuned]:
         """Every valid tuning in the file, by bucket (empty when absent or unreadable)."""

@@ -1,5 +1,6 @@
 """What the warm path reads: an exact shape's cached decision (`Plan`), its cache key, the bounded caches
-(`BoundedCache`), and `PreparedAttention` (planned once by `Dispatcher.plan`, run with no lookup)."""
+(`BoundedCache`), and `PreparedAttention` (planned once by `Dispatcher.plan`, run with no lookup); and what a process
+counts per exact shape: calls (`CallCounts`, `SpentCalls`) and set-up paid (`SeenShapes`)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,41 @@ class CallCounts:
 
     def clear(self) -> None:
         self._cells.clear()
+
+
+MAX_SEEN_SHAPES = 1 << 16
+"""Exact shapes remembered per kernel (and in `SpentCalls`); past it new shapes count as unseen."""
+
+
+class SeenShapes:
+    """Per kernel, the exact shapes (plan cache keys) it has run in this process, its per-shape set-up paid."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, set] = {}
+
+    def add(self, kernel_name: str, shape_key: tuple) -> None:
+        seen = self._seen.setdefault(kernel_name, set())
+        if len(seen) < MAX_SEEN_SHAPES:
+            seen.add(shape_key)
+
+    def has(self, kernel_name: str, shape_key: tuple) -> bool:
+        return shape_key in self._seen.get(kernel_name, ())
+
+
+class SpentCalls:
+    """Calls of shapes whose plans were evicted before settling: the shape's next plan settles that much sooner."""
+
+    def __init__(self) -> None:
+        self._calls: dict[tuple, int] = {}
+
+    def add(self, shape_key: tuple, calls: int) -> None:
+        if calls > 0 and (shape_key in self._calls or len(self._calls) < MAX_SEEN_SHAPES):
+            self._calls[shape_key] = self._calls.get(shape_key, 0) + calls
+
+    def settle_at(self, shape_key: tuple, settle_at: int) -> int:
+        """`settle_at` less the calls spent on `shape_key` before (at least 1)."""
+        spent = self._calls.pop(shape_key, 0)
+        return max(1, settle_at - spent) if settle_at and spent else settle_at
 
 
 class Plan:

@@ -99,11 +99,6 @@ def check_mask_with_causal(query, key, value, attn_mask, enable_gqa) -> None:
         raise RuntimeError(MASK_WITH_CAUSAL)
 
 
-def all_strided(*tensors) -> bool:
-    """Every tensor given is strided (not sparse or mkldnn); the others go to PyTorch's SDPA."""
-    return all(t is None or t.layout is torch.strided for t in tensors)
-
-
 def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """PyTorch's SDPA with the arguments as given (a `CausalBias` through its own handling)."""
     if is_causal_bias(attn_mask):

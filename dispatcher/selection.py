@@ -16,7 +16,7 @@ from attn_dispatch.dispatcher.device_ranking import FALLBACK_FIRST, DeviceRankin
 from attn_dispatch.kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
 from attn_dispatch.kernels._blocks import key_count_aligned
 from attn_dispatch.kernels.registry import uses_fused_backend, working_family
-from attn_dispatch.kernels.sdpa_default import default_backend_choice
+from attn_dispatch.kernels.sdpa_default import default_backend_choice, probes_deferred
 from attn_dispatch.models.measured import entry_key, length_bucket
 from attn_dispatch.models.probe_store import kind_of
 
@@ -86,9 +86,9 @@ def put_first(options: tuple[Option, ...], name: str) -> tuple[Option, ...]:
     return tuple(chosen + [o for o in options if o.kernel.name != name])
 
 
-def is_default(option: Option) -> bool:
+def is_default(kernel: Kernel) -> bool:
     """PyTorch's own choice as a contender (not the portable set's last resort)."""
-    return option.kernel.name == FALLBACK_FIRST and not getattr(option.kernel, "last_resort", False)
+    return kernel.name == FALLBACK_FIRST and not getattr(kernel, "last_resort", False)
 
 
 # ------------------------------------------------------------------------------------ the buckets
@@ -181,6 +181,12 @@ def needs_recheck(workspace: int, free: int | None) -> bool:
     return free is not None and workspace > RECHECK_FRACTION * free
 
 
+def workspace_bound(kernel: Kernel, problem: Problem) -> int:
+    """`kernel`'s workspace without running a probe (`sdpa_default.probes_deferred`): never under the call's."""
+    with probes_deferred():
+        return int(kernel.workspace_bytes(problem))
+
+
 def fit(ranked: Ranked, *, free: int | None, budget: int | None, ranking: DeviceRanking,
         failed: Mapping[str, str]) -> Fit:
     """Stage 2: options fitting free memory and the budget, else a shrunk chunked kernel; last-resort options last."""
@@ -246,12 +252,18 @@ DEFAULT_KEPT_UNMEASURED = ("no table measured on this card: PyTorch's own choice
                            "behind it")
 
 
+def default_kept_first(kernel: Kernel, level: str) -> bool:
+    """Whether stage 3 puts `kernel` first where it fits (stage 2): PyTorch's own choice (`is_default`), with nothing
+    measured on this card (`level`)."""
+    return level in UNMEASURED_LEVELS and is_default(kernel)
+
+
 def keep_default_unmeasured(options: tuple[Option, ...], level: str) -> tuple[tuple[Option, ...], str | None]:
-    """Stage 3: with nothing measured on this card, PyTorch's own choice first, with a note
+    """Stage 3: with nothing measured on this card, PyTorch's own choice first (`default_kept_first`), with a note
     (docs/RESULTS.md#h100-without-tables)."""
-    if level not in UNMEASURED_LEVELS or not any(is_default(o) for o in options[1:]):
+    if not any(default_kept_first(o.kernel, level) for o in options[1:]):
         return options, None
-    return (*(o for o in options if is_default(o)), *(o for o in options if not is_default(o))), DEFAULT_KEPT_UNMEASURED
+    return tuple(sorted(options, key=lambda o: not is_default(o.kernel))), DEFAULT_KEPT_UNMEASURED  # a stable sort
 
 
 # ------------------------------------------------------------------------------------ stage 4: measured on calls
@@ -295,7 +307,7 @@ def measured_candidates(options: tuple[Option, ...], device: torch.device, probl
     - GPU decode with PyTorch's backends ranked by this card's own table (`own_table`): only the ranking's first,
       when not the default; ranked by the prior or another card's table, decode is measured like any shape.
     At most `MAX_CANDIDATES`."""
-    default = next((option for option in options if is_default(option)), None)
+    default = next((option for option in options if is_default(option.kernel)), None)
     baseline = options[0] if portable or default is None else default
     others = [option for option in options if option is not baseline]
     if device.type == "cuda" and problem.q_len == 1 and not portable and own_table:

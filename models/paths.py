@@ -64,6 +64,11 @@ def tunings_dir(override: str | os.PathLike | None = None) -> Path:
     return _sub("tunings", override)
 
 
+def tuning_path(root, device_key: str, signature: str) -> Path:
+    """One device's tunings of one kernel set (`signature`) under `root` (`tunings_dir`)."""
+    return Path(root) / device_key / f"{signature}.jsonl"
+
+
 def package_version() -> str:
     try:
         return metadata.version("attn-dispatch")

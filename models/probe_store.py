@@ -4,6 +4,7 @@
   ``<home>/probes/<identity key>__cudnn-<version>__attn-dispatch-<version>.json``, holding
   ``{"format": 1, "identity_key", "cudnn", "attn_dispatch", "passed": [[backend, device, dtype,
   layout], ...]}``. Failures are never kept (they may be transient); a damaged file is ignored.
+  A dispatcher seeds and writes them per device through `ProbeCache`.
 - A CPU's probed rates (`probe_cpu_spec`), once per machine:
   ``<home>/probes/cpu__<identity key>__mem-<bytes>__threads-<n>.json``. The dispatcher never
   probes inside a call (``now=False``: `FALLBACK_CPU_SPEC` until the probe runs at exit).
@@ -28,6 +29,7 @@ from types import MappingProxyType
 
 import torch
 
+from attn_dispatch.kernels.sdpa_default import passed_probes, seed_passed_probes
 from attn_dispatch.models.identity import CardSpec, DeviceIdentity, slug, torch_threads
 from attn_dispatch.models.paths import cold_shape_dir, home, package_version, write_text_atomically
 
@@ -93,6 +95,47 @@ def save_passed(identity: DeviceIdentity, cudnn_version: str, passed: Iterable[P
                 "attn_dispatch": package_version(), "passed": sorted(list(key) for key in passed)[:MAX_KEYS]}
     write_text_atomically(path, json.dumps(document, indent=1))
     return path
+
+
+class ProbeCache:
+    """One device's kept probe results (`for_device`), and what this process has written since."""
+
+    def __init__(self, identity, cudnn_version: str, home: str | None, kept: set, index: int | None = None) -> None:
+        self.identity = identity
+        self.device_type = identity.device_type
+        self.index = index  # the device's CUDA index (None: the current device, or a CPU)
+        self.cudnn_version = cudnn_version
+        self.home = home
+        self.kept = kept
+
+    @classmethod
+    def for_device(cls, device: torch.device, home: str | None) -> ProbeCache | None:
+        """Seed probe results from the device's file; None off CPU/CUDA, on error, or for a non-current GPU."""
+        if device.type not in ("cpu", "cuda"):
+            return None
+        try:
+            if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+                return None
+            identity = DeviceIdentity.detect(device)
+            cudnn_version = str(torch.backends.cudnn.version() or "") if device.type == "cuda" else ""
+            kept = {key for key in load_passed(identity, cudnn_version, home) if key[1] == device.type}
+        except Exception:  # noqa: BLE001 - no kept probes: they run as before
+            return None
+        seed_passed_probes(kept)
+        return cls(identity, cudnn_version, home, kept, device.index)
+
+    def save_new(self) -> None:
+        """Write the passes the file lacks (not when the current device has changed)."""
+        passed = passed_probes(self.device_type) | self.kept
+        if passed == self.kept:
+            return
+        try:
+            if self.device_type == "cuda" and self.index is not None and self.index != torch.cuda.current_device():
+                return
+            save_passed(self.identity, self.cudnn_version, passed, self.home)
+        except Exception:  # noqa: BLE001 - an unwritable home costs the next process its probes, nothing else
+            return
+        self.kept = passed
 
 
 RATES_MAX_BYTES = 1 << 14
@@ -333,6 +376,16 @@ def load_cold_costs(identity: DeviceIdentity, *, home: str | os.PathLike | None 
         except (ValueError, AttributeError):  # no document, or a damaged one: the next candidate
             continue
     return {}
+
+
+def measured_costs(device: torch.device, home: str | None, field: str = "seconds") -> Costs:
+    """`load_cold_costs` of this GPU's card (``field="floor_seconds"``: per-call floors); {} otherwise."""
+    if device.type != "cuda":
+        return {}
+    try:
+        return load_cold_costs(DeviceIdentity.detect(device), home=home, field=field)
+    except Exception:  # noqa: BLE001 - a missing or damaged file never fails a call: the priors serve
+        return {}
 
 
 def _checked_seconds(seconds: object) -> Costs:

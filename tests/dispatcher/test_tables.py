@@ -101,13 +101,13 @@ def test_export_carries_the_remembered_tunings_as_measured_entries(monkeypatch, 
     from attn_dispatch.dispatcher.selection import Tuned
     from attn_dispatch.kernels import Problem
     from attn_dispatch.models.measured import entry_key
-    from attn_dispatch.models.paths import tunings_dir
+    from attn_dispatch.models.paths import tuning_path, tunings_dir
     from attn_dispatch.models.table_io import load_table, save_table
 
     identity, table = cpu_table
     home = _home(monkeypatch, tmp_path)
     bucket = entry_key(Problem(1, 4, 2, 8, 8, 64, 64, "float32"))
-    store = TuningStore.at(tunings_dir(home), identity.key, "set")
+    store = TuningStore(tuning_path(tunings_dir(home), identity.key, "set"))
     assert store.append(bucket, Tuned("math", (("math", 1e-5), ("sdpa_default", 3e-5))))
     (entry,) = tuning_entries(tunings_dir(home), identity.key)
     assert entry.key == bucket and entry.winner == "math" and entry.source == "tuning"

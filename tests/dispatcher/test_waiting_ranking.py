@@ -1,5 +1,5 @@
 """With no table measured on the card, PyTorch's default runs a bucket's first call whatever the ranking, so the
-ranking waits for the bucket's second call (`device_planner.Waiting`): that first call ranks nothing, and the bucket
+ranking waits for the bucket's second call (`waiting_ranking.Waiting`): that first call ranks nothing, and the bucket
 then decides, measures and explains as if it had ranked at once."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from attn_dispatch.dispatcher import Dispatcher, cold_path, measuring
-from attn_dispatch.dispatcher.device_planner import DevicePlanner
 from attn_dispatch.dispatcher.device_ranking import DeviceRanking
+from attn_dispatch.dispatcher.waiting_ranking import WaitingRanking
 from tests.dispatcher.helpers import PRIOR_SOURCE, TEST_SOURCE, FixedRanker, assert_matches_reference, qkv
 
 pytestmark = pytest.mark.measuring
@@ -27,7 +27,7 @@ def _ranked_by(monkeypatch, ranker: FixedRanker, source=PRIOR_SOURCE) -> None:
 
 def _ranked_at_once(monkeypatch) -> None:
     """The dispatcher as it was before the ranking could wait: every bucket ranks on its first call."""
-    monkeypatch.setattr(DevicePlanner, "default_first", lambda self, asked: None)
+    monkeypatch.setattr(WaitingRanking, "default_first", lambda self, asked: None)
     monkeypatch.setattr(measuring, "_variants_run", set())
 
 

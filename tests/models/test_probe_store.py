@@ -1,4 +1,4 @@
-"""Backend probes kept across processes (`models.probe_store`, `dispatcher.device_planner.ProbeCache`): only
+"""Backend probes kept across processes (`models.probe_store`, its `ProbeCache`): only
 passes are kept, per device identity and cuDNN version; a damaged or foreign file is ignored."""
 
 from __future__ import annotations
@@ -8,11 +8,10 @@ import json
 import pytest
 import torch
 
-from attn_dispatch.dispatcher import device_planner as probe_cache
 from attn_dispatch.kernels import sdpa_default
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.priors import kernel_named
-from attn_dispatch.models.probe_store import load_passed, probe_file, save_passed
+from attn_dispatch.models.probe_store import ProbeCache, load_passed, probe_file, save_passed
 
 CARD = DeviceIdentity("cuda", "NVIDIA H200", "NVIDIA", "sm_90", 132, 140 * 2**30, torch_version="2.11.0")
 OTHER_STACK = DeviceIdentity("cuda", "NVIDIA H200", "NVIDIA", "sm_90", 132, 140 * 2**30, torch_version="2.12.0")
@@ -61,7 +60,7 @@ def test_the_dispatchers_cache_seeds_and_writes_only_new_passes(clean_probes, mo
     monkeypatch.setattr(DeviceIdentity, "detect", classmethod(lambda cls, device: CARD))
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
     save_passed(CARD, "91002", PASSED, tmp_path)
-    cache = probe_cache.ProbeCache.for_device(torch.device("cuda"), str(tmp_path))
+    cache = ProbeCache.for_device(torch.device("cuda"), str(tmp_path))
     assert sdpa_default.passed_probes("cuda") == PASSED  # seeded
     stamp = probe_file(CARD, "91002", tmp_path).stat().st_mtime_ns
     cache.save_new()  # nothing new: no write
@@ -75,24 +74,24 @@ def test_the_dispatchers_cache_seeds_and_writes_only_new_passes(clean_probes, mo
 
 
 def test_a_cpus_passes_are_kept_too(clean_probes, tmp_path):
-    cache = probe_cache.ProbeCache.for_device(torch.device("cpu"), str(tmp_path))
+    cache = ProbeCache.for_device(torch.device("cpu"), str(tmp_path))
     key = ("sdpa_flash", "cpu", "float32", "plain")
     sdpa_default._results[key] = None
     cache.save_new()
     assert key in load_passed(DeviceIdentity.cpu(), "", tmp_path)
     sdpa_default.clear_probe_cache()
-    probe_cache.ProbeCache.for_device(torch.device("cpu"), str(tmp_path))  # the next process
+    ProbeCache.for_device(torch.device("cpu"), str(tmp_path))  # the next process
     assert key in sdpa_default.passed_probes("cpu")
 
 
 def test_no_cache_on_other_devices_or_when_the_device_cannot_be_identified(monkeypatch, tmp_path):
-    assert probe_cache.ProbeCache.for_device(torch.device("meta"), str(tmp_path)) is None
+    assert ProbeCache.for_device(torch.device("meta"), str(tmp_path)) is None
 
     def fails(cls, device):
         raise RuntimeError("no driver")
 
     monkeypatch.setattr(DeviceIdentity, "detect", classmethod(fails))
-    assert probe_cache.ProbeCache.for_device(torch.device("cuda"), str(tmp_path)) is None
+    assert ProbeCache.for_device(torch.device("cuda"), str(tmp_path)) is None
 
 
 

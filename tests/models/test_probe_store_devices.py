@@ -9,10 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_dispatch.dispatcher import device_planner as probe_cache
 from attn_dispatch.kernels import sdpa_default
 from attn_dispatch.models.identity import DeviceIdentity
-from attn_dispatch.models.probe_store import load_passed, save_passed
+from attn_dispatch.models.probe_store import ProbeCache, load_passed, save_passed
 
 FIRST = DeviceIdentity("cuda", "NVIDIA H200", "NVIDIA", "sm_90", 132, 140 * 2**30, torch_version="2.11.0")
 SECOND = DeviceIdentity("cuda", "Tesla V100-SXM2-32GB", "NVIDIA", "sm_70", 80, 32 * 2**30, torch_version="2.11.0")
@@ -31,8 +30,8 @@ def two_cards(monkeypatch, tmp_path):
 
 
 def test_passes_made_on_the_current_card_are_not_kept_as_another_cards(two_cards):
-    probe_cache.ProbeCache.for_device(torch.device("cuda", 0), two_cards)
-    second = probe_cache.ProbeCache.for_device(torch.device("cuda", 1), two_cards)
+    ProbeCache.for_device(torch.device("cuda", 0), two_cards)
+    second = ProbeCache.for_device(torch.device("cuda", 1), two_cards)
     sdpa_default._results[FLASH] = None  # flash passed its probe, which ran on cuda:0
     if second is not None:
         second.save_new()
@@ -41,12 +40,12 @@ def test_passes_made_on_the_current_card_are_not_kept_as_another_cards(two_cards
 
 def test_another_cards_file_does_not_vouch_for_the_current_card(two_cards):
     save_passed(SECOND, "91002", {FLASH}, two_cards)
-    probe_cache.ProbeCache.for_device(torch.device("cuda", 1), two_cards)
+    ProbeCache.for_device(torch.device("cuda", 1), two_cards)
     assert sdpa_default.passed_probes("cuda") == set()
 
 
 def test_a_files_entries_for_another_device_type_are_not_seeded(two_cards):
     save_passed(FIRST, "91002", {FLASH, ("sdpa_flash", "cpu", "float32", "plain")}, two_cards)
-    probe_cache.ProbeCache.for_device(torch.device("cuda", 0), two_cards)
+    ProbeCache.for_device(torch.device("cuda", 0), two_cards)
     assert sdpa_default.passed_probes("cuda") == {FLASH}
     assert sdpa_default.passed_probes("cpu") == set()
