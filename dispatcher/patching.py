@@ -4,8 +4,9 @@ serves. Our kernels call `torch._C._nn.scaled_dot_product_attention`, so patchin
 
 Not reached (PyTorch's SDPA serves, uncounted): a name bound before patching (``from torch.nn.functional import
 scaled_dot_product_attention``; ``F.scaled_dot_product_attention(...)`` looked up at call time is reached), and
-``torch._C._nn.scaled_dot_product_attention`` itself (left alone on purpose). Transformers:
-`register_transformers()`."""
+``torch._C._nn.scaled_dot_product_attention`` itself (left alone on purpose), and TorchScript: `torch.jit.script`
+compiles the patched name as PyTorch's own ``aten::scaled_dot_product_attention`` (as it does unpatched), since
+it cannot compile the dispatcher. Transformers: `register_transformers()`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import torch.jit._builtins as script_builtins
 import torch.nn.functional as F
 
 from attn_dispatch.dispatcher.core import Dispatcher, read_environment
@@ -22,6 +24,22 @@ _lock = threading.Lock()
 _active: list[tuple[int, Dispatcher]] = []  # (install token, dispatcher), oldest first
 _original: Callable | None = None
 _tokens = itertools.count(1)
+
+
+SCRIPTED_AS = "aten::scaled_dot_product_attention"
+"""What `torch.jit.script` compiles the patched function to: PyTorch's own operator."""
+
+
+def _serve(function: Callable) -> None:
+    """Make `function` what `F.scaled_dot_product_attention` names, scripted as `SCRIPTED_AS` (the builtin table is
+    keyed by object id: the replaced function's entry goes with it)."""
+    table = script_builtins._get_builtin_table()
+    current = F.scaled_dot_product_attention
+    if current is not _original:
+        table.pop(id(current), None)
+    F.scaled_dot_product_attention = function
+    if function is not _original:
+        table[id(function)] = SCRIPTED_AS
 
 
 def _default() -> Dispatcher:
@@ -43,7 +61,7 @@ def install(dispatcher: Dispatcher | None = None) -> int:
             _original = F.scaled_dot_product_attention
         token = next(_tokens)
         _active.append((token, dispatcher))
-        F.scaled_dot_product_attention = dispatcher.fast_attention  # `fast_path`, else `attention`
+        _serve(dispatcher.fast_attention)  # `fast_path`, else `attention`
     return token
 
 
@@ -62,9 +80,9 @@ def uninstall(token: int | None = None) -> None:
                 raise RuntimeError(f"uninstall({token!r}): no active install has this token")
             del _active[index]
         if _active:
-            F.scaled_dot_product_attention = _active[-1][1].fast_attention
+            _serve(_active[-1][1].fast_attention)
         else:
-            F.scaled_dot_product_attention = _original
+            _serve(_original)
             _original = None
 
 

@@ -141,6 +141,29 @@ def test_torch_compile_under_patched_traces_pytorch_sdpa():
     assert_matches_reference(out, inputs)
 
 
+def test_torchscript_under_patched_compiles_pytorch_sdpa_and_leaves_no_trace():
+    """`torch.jit.script` cannot compile the dispatcher: under `patched()` it compiles the patched name as PyTorch's
+    own operator (as unpatched), nested installs included, and after the last uninstall nothing of ours is left in
+    TorchScript's builtin table (a failed compile would break every later script of the module)."""
+    import torch.jit._builtins as script_builtins
+
+    torch.manual_seed(0)
+    attention = torch.nn.MultiheadAttention(embed_dim=8, num_heads=2).eval()
+    x = torch.randn(5, 1, 8)
+    expected = attention(x, x, x)[0]
+    with patched():
+        scripted = torch.jit.script(attention)
+        with patched(Dispatcher()):
+            encoder = torch.jit.script(torch.nn.TransformerEncoderLayer(8, 2).eval())
+            inner = F.scaled_dot_product_attention
+        outer = F.scaled_dot_product_attention
+    torch.testing.assert_close(scripted(x, x, x)[0], expected)
+    assert encoder(x).shape == x.shape
+    table = script_builtins._get_builtin_table()
+    assert id(inner) not in table and id(outer) not in table and F.scaled_dot_product_attention is ORIGINAL
+    torch.jit.script(torch.nn.MultiheadAttention(embed_dim=8, num_heads=2))
+
+
 def test_what_patching_reaches_and_what_it_cannot():
     """The documented limit (patching module docstring, docs/USAGE.md): a name bound before patching and
     the C++ binding go to PyTorch's SDPA and are not counted; `F.scaled_dot_product_attention` is."""
