@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,10 +50,17 @@ def export_table(table: ThresholdTable, path: str | os.PathLike) -> Path:
     return save_table(table, path)
 
 
+HASHED_CREATED = "1970-01-01T00:00:00Z"
+"""The creation time a merged table is hashed with (`_stored_name`): one for all."""
+
+
 def _stored_name(table: ThresholdTable) -> str:
+    """A merged table's file name: a hash of its content less its creation time, so merging the same tables again
+    names the same file (and `merge` asks for --force), whenever it runs."""
     from attn_dispatch.models.table_io import dumps_table
 
-    digest = hashlib.sha256(dumps_table(table).encode()).hexdigest()[:12]
+    timeless = replace(table, provenance=replace(table.provenance, created=HASHED_CREATED))
+    digest = hashlib.sha256(dumps_table(timeless).encode()).hexdigest()[:12]
     return f"merged-{digest}.json"
 
 

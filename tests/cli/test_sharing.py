@@ -148,3 +148,24 @@ def test_merge_with_force_says_what_it_replaced(cli, tmp_path):
     assert code == 2 and "a stored table is already at " in err and "--force" in err
     code, out, _ = cli("merge", "--force", first, second)
     assert code == 0 and f"  replaced {describe(stored)}" in out
+
+
+def test_merging_the_same_tables_again_names_the_same_file_whenever_it_runs(cli, tmp_path, monkeypatch):
+    """The stored name hashes the merged content less its creation time: a later second is the same merge."""
+    import attn_dispatch.models.merge as merge_module
+
+    first = save_table(honest_table(identity=fake_identity("mi50_32")), tmp_path / "a.json")
+    other = fake_identity("mi50_32", torch_version="2.6.0+rocm6.3", hip_version="6.3.42131", cuda_version=None)
+    second = save_table(honest_table(identity=other, created="2026-11-30T01:00:00Z"), tmp_path / "b.json")
+    code, out, _ = cli("merge", first, second)
+    written = out.split("written to ")[1].splitlines()[0].strip()
+
+    class Later(merge_module.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return merge_module.datetime(2030, 1, 1, tzinfo=tz)
+
+    monkeypatch.setattr(merge_module, "datetime", Later)
+    code, out, _ = cli("merge", "--force", first, second)
+    assert code == 0 and out.split("written to ")[1].splitlines()[0].strip() == written
+    assert load_table(written).provenance.created.startswith("2030-01-01")
