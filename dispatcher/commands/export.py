@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from attn_dispatch.dispatcher.commands._common import CommandError, check_folder, one_line
 from attn_dispatch.dispatcher.commands.show import resolve_table

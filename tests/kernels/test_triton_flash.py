@@ -25,7 +25,6 @@ from attn_dispatch.kernels import (
     relative_errors,
 )
 from attn_dispatch.kernels import _triton_flash_config as flash_config
-from attn_dispatch.kernels import _triton_support as support
 from attn_dispatch.kernels import base
 from attn_dispatch.kernels.accuracy import Tolerance
 from attn_dispatch.kernels.registry import interpreted
