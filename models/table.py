@@ -366,17 +366,14 @@ def _prior_priced_behind_default(ranked: list[tuple[str, float]],
                                  models: Sequence[EmbeddedModel]) -> list[tuple[str, float]]:
     """`ranked` with the kernels no model knows (priced by the prior, never measured on the card) that come before
     PyTorch's default moved to just behind it, keeping their order and seconds: the prior, unchecked on this card,
-    does not displace the card's measured choice (docs/RESULTS.md#table-quality)."""
+    does not displace the card's measured choice (docs/RESULTS.md#held-out-draws)."""
     names = [name for name, _ in ranked]
     if DEFAULT_KERNEL not in names:
         return ranked
-    ahead = ranked[:names.index(DEFAULT_KERNEL)]
-    moved = [item for item in ahead if not any(model.knows(item[0]) for model in models)]
-    if not moved:
-        return ranked
-    rest = [item for item in ranked if item not in moved]
-    at = rest.index(next(item for item in rest if item[0] == DEFAULT_KERNEL)) + 1
-    return rest[:at] + moved + rest[at:]
+    at = names.index(DEFAULT_KERNEL)
+    ahead = ranked[:at]
+    known = [item for item in ahead if any(model.knows(item[0]) for model in models)]
+    return known + [ranked[at]] + [item for item in ahead if item not in known] + ranked[at + 1:]
 
 
 def _default_first(ranked: list[tuple[str, float]]) -> list[tuple[str, float]]:
