@@ -19,11 +19,12 @@ def one_line(error: BaseException) -> str:
 
 def resolve_device(text: str | None):
     """``--device`` -> a `torch.device` this machine has (default ``cuda`` where PyTorch sees a GPU, else ``cpu``); a
-    one-line `CommandError` otherwise."""
+    one-line `CommandError` otherwise. A GPU without an index is the current one (``cuda`` -> ``cuda:0``): PyTorch's
+    per-device calls (``set_device``, memory caps) need the index."""
     import torch
 
     if text is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        text = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError) as error:
@@ -40,7 +41,7 @@ def resolve_device(text: str | None):
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
             raise CommandError(f"--device {text}: only {count} GPU(s) visible (cuda:0 .. cuda:{count - 1})")
-        return device
+        return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
     backend = getattr(torch, device.type, None)
     is_available = getattr(backend, "is_available", None)
     if is_available is None or not is_available():

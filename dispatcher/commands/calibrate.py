@@ -74,9 +74,9 @@ def _config(args: argparse.Namespace):
     from attn_dispatch.kernels import AccuracyPolicy
 
     if args.devices:
-        devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
+        devices = tuple(str(resolve_device(d.strip())) for d in args.devices.split(",") if d.strip())
     else:
-        devices = (args.device or str(resolve_device(None)),)
+        devices = (str(resolve_device(args.device)),)
     kernel_set(args.kernels, policy=AccuracyPolicy.allowing(*args.allow_lossy) if args.allow_lossy else AccuracyPolicy())
     return CalibrationConfig(
         devices=devices, quick=args.quick,
