@@ -88,6 +88,9 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write the refitted table here")
     parser.add_argument("--grid", nargs="*", default=[],
                         help="recorded LLM grid runs (`bench.llm_grid` JSON lines) whose points join the calibration's")
+    parser.add_argument("--calibrations", nargs="*", default=[], metavar="FILE",
+                        help="more calibration results (`calibrate --results`, JSON lines, .gz or not) of the same card "
+                             "whose points join the calibration's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", type=json.loads, default={}, metavar="JSON",
                         help='cost model settings other than the default\'s, e.g. \'{"max_leaf_nodes": 31}\'')
@@ -97,9 +100,14 @@ def main() -> None:
     args = parser.parse_args()
     with open(f"{args.run}_summary.json") as handle:
         summary = json.load(handle)
-    with gzip.open(f"{args.run}_measurements.jsonl.gz", "rt") as handle:
-        points = [Measurement.from_dict(json.loads(line)) for line in handle]
+    points = []
+    for path in (f"{args.run}_measurements.jsonl.gz", *args.calibrations):
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt") as handle:
+            points += [Measurement.from_dict(json.loads(line)) for line in handle if line.strip()]
     identity = DeviceIdentity.from_dict(summary["identity"])
+    foreign = {m.device_key for m in points} - {identity.key}
+    if foreign:
+        parser.error(f"--calibrations: points of another card or software stack ({', '.join(sorted(foreign))})")
     points += grid_measurements(args.grid, identity.key)
     before = load_table(args.before) if args.before else None  # read before --out may replace it
     gated, _ = apply_numerics_gate(points)  # calibrate's own steps (`calibration.finish.fit_and_write`)

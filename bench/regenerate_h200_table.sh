@@ -12,8 +12,8 @@
 # barred from causal L != S). Off the card, with them, the refit equals a refit on the card in
 # everything but its provenance (models, guard, entries, decision map).
 # EXTRA_GRIDS: more recorded `bench.llm_grid` files to fit on (.jsonl or .jsonl.gz; never the seed-1
-# draw, which the table is scored on).
-#   [EXTRA_GRIDS="file ..."] bash bench/regenerate_h200_table.sh
+# draw, which the table is scored on). CALIBRATIONS: more `calibrate --results` files of the card.
+#   [EXTRA_GRIDS="file ..."] [CALIBRATIONS="file ..."] bash bench/regenerate_h200_table.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
@@ -23,12 +23,13 @@ R=bench/results
 # thousand points; 31 leaves and 500 trees won grouped cross-validation here (docs/RESULTS.md#table-quality).
 REFIT_MODEL=${REFIT_MODEL:-'{"max_leaf_nodes": 31, "max_iter": 500}'}
 read -r -a EXTRA <<< "${EXTRA_GRIDS:-}"
+read -r -a CALIBS <<< "${CALIBRATIONS:-}"
 for extra in "${EXTRA[@]}"; do
   [[ "$extra" -ef "$HELDOUT" ]] && { echo "EXTRA_GRIDS: $extra is the draw the table is scored on" >&2; exit 2; }
 done
 EXTRA_NOTE=()
-if ((${#EXTRA[@]})); then EXTRA_NOTE=(--note "with the points of ${EXTRA[*]}"); fi
-"$PYTHON" -m bench.guard_rescore $R/h200_calibrations/run6_more_problems \
+if ((${#EXTRA[@]} + ${#CALIBS[@]})); then EXTRA_NOTE=(--note "with the points of ${EXTRA[*]} ${CALIBS[*]}"); fi
+"$PYTHON" -m bench.guard_rescore $R/h200_calibrations/run6_more_problems --calibrations "${CALIBS[@]}" \
   --bench $R/h200_session3/bench_heldout.json.gz $R/h200_session3/bench_all.json.gz \
   --grid $R/h200_session6/run1_llm_grid.jsonl.gz $R/h200_session7/run1_llm_grid.jsonl.gz \
     $R/h200_session7/run5_llm_grid.jsonl.gz $R/h200_session8/run3_llm_grid.jsonl.gz \
