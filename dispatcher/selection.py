@@ -414,10 +414,11 @@ def cold_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mappin
 
 
 def compile_seconds(kernel: Kernel, problem: Problem) -> float:
-    """Seconds the next run spends compiling in this process (`Kernel.setup_seconds`), else 0."""
+    """Seconds the next run spends compiling in this process (`Kernel.setup_seconds`), else 0; a
+    conversion's inner kernel compiles for the converted inputs."""
     inner = getattr(kernel, "inner", None)
     if inner is not None:
-        return compile_seconds(inner, problem)
+        return compile_seconds(inner, kernel.converted(problem))
     setup = getattr(kernel, "setup_seconds", None)
     return setup(problem) if setup is not None else 0.0
 

@@ -115,9 +115,18 @@ def triton_reasons(device_type: str, dtype: str) -> list[str]:
 
 
 COMPILE_PRIOR_S = 1.0
-"""Seconds a Triton kernel's first run of a configuration takes in a process that has not run it:
-Triton compiles it (or loads it from its disk cache). About 1 s on an H100 with Triton 3.6
-(docs/RESULTS.md#end-to-end); what the dispatcher weighs before it lets a call pay it."""
+"""Seconds a Triton kernel's first run of a configuration takes in a process that has not run it
+(Triton compiles it, or loads it from its disk cache): half precision, head dims up to
+`WIDE_HEAD_DIM`. What the dispatcher weighs before it lets a call pay it."""
+WIDE_HEAD_DIM = 128
+COMPILE_SECONDS = {
+    # (family, fp32, a head dim over WIDE_HEAD_DIM): seconds; medians of a calibration's first runs on
+    # the H200, Triton 3.6 (docs/RESULTS.md#calibration-with-the-triton-tunables-h200)
+    ("triton_flash", False, False): COMPILE_PRIOR_S, ("triton_flash", False, True): 1.8,
+    ("triton_flash", True, False): 6.0, ("triton_flash", True, True): 27.0,
+    ("triton_decode", False, False): COMPILE_PRIOR_S, ("triton_decode", False, True): 1.7,
+    ("triton_decode", True, False): 2.0, ("triton_decode", True, True): 8.0,
+}
 INTEGER_SPECIALISATION = 16
 """Triton compiles one variant of a kernel per integer argument divisible by 16 and one for the rest."""
 
@@ -134,10 +143,12 @@ def triton_variant_key(kernel, problem) -> tuple:
 
 def compile_seconds(kernel, problem) -> float:
     """Seconds `kernel`'s next run of `problem` spends compiling: 0 where this process has run that
-    variant, or under the interpreter (nothing compiles); else `COMPILE_PRIOR_S`."""
+    variant, or under the interpreter (nothing compiles); else `COMPILE_SECONDS` for its family, dtype
+    and head dims."""
     if interpreting() or problem.device_type != "cuda" or kernel.variant_key(problem) in _compiled:
         return 0.0
-    return COMPILE_PRIOR_S
+    wide = max(problem.head_dim, problem.value_dim) > WIDE_HEAD_DIM
+    return COMPILE_SECONDS.get((kernel.family, problem.dtype == "float32", wide), COMPILE_PRIOR_S)
 
 
 def mark_compiled(kernel, problem) -> None:

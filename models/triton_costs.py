@@ -37,6 +37,7 @@ NO_MATRIX_BF16_SLOWDOWN = 2.69  # bf16 against fp16 products without matrix core
 TRITON_FLASH_TIME_VS_FLASH = 0.8  # PLACEHOLDER: Triton FA forward time over PyTorch's flash (H100, published)
 TRITON_FLASH_EFFICIENCY = FUSED_EFFICIENCY["sdpa_flash"] / TRITON_FLASH_TIME_VS_FLASH
 VECTOR_DOT_EFFICIENCY = 0.5  # of the packed-math peak `tl.dot` reaches without matrix cores (PREDICTED)
+IEEE_FP32_FLASH_SLOWDOWN = 12.0  # fp32 `triton_flash` products (IEEE precision) on matrix-core cards (H200)
 GFX906_MEASURED_BANDWIDTH = 886e9  # public gfx906 copy measurements
 GFX906_BANDWIDTH_EFFICIENCY = GFX906_MEASURED_BANDWIDTH / GFX906_BANDWIDTH
 TRITON_LAUNCH_OPS = 2.0  # eager-op launch costs of one Triton launch (argument binding in Python; unmeasured)
@@ -65,6 +66,12 @@ def triton_matrix_flops(spec: CardSpec, dtype: str) -> float:
     if dtype == "bfloat16":
         return spec.flops("float16") / NO_MATRIX_BF16_SLOWDOWN
     return spec.vector_flops
+
+
+def flash_product_slowdown(spec: CardSpec, dtype: str) -> float:
+    """How much slower `triton_flash`'s fp32 products run than the card's fp32 rate on a card with
+    matrix cores: IEEE precision keeps them off the tensor cores (`IEEE_FP32_FLASH_SLOWDOWN`); 1 elsewhere."""
+    return IEEE_FP32_FLASH_SLOWDOWN if dtype == "float32" and has_matrix_cores(spec) else 1.0
 
 
 def _bandwidth(spec: CardSpec) -> float:
@@ -97,7 +104,7 @@ def triton_flash_seconds(problem: Problem, kernel: TritonFlashKernel, spec: Card
     keys = math.ceil(S / config.block_n) * config.block_n * fraction
     heads = problem.batch * problem.q_heads
     scores = heads * rows * keys
-    product_flops = 2 * scores * (head_dim + value_dim)
+    product_flops = 2 * scores * (head_dim + value_dim) * flash_product_slowdown(spec, problem.dtype)
     compute = _compute_seconds(spec, problem.dtype, product_flops, scores)
     seen_keys = S * fraction  # padded keys are masked loads: never read
     # K and V come from memory once per wave of a head's query blocks (L2 serves the rest: RESULTS)

@@ -108,3 +108,24 @@ def test_a_compiled_variant_is_the_kernels_variant_key(monkeypatch):
     support.mark_compiled(flash, even)
     assert support.compile_seconds(flash, even) == 0.0
     assert support.compile_seconds(flash, odd) == support.COMPILE_PRIOR_S
+
+
+def test_a_first_run_costs_what_its_dtype_and_head_dims_compile(monkeypatch):
+    """fp32 configurations and head dims over 128 compile longer (`COMPILE_SECONDS`, measured on the
+    H200); a conversion's inner Triton kernel compiles for the converted dtype."""
+    from attn_dispatch.dispatcher.selection import compile_seconds
+    from attn_dispatch.kernels import Problem, TritonFlashKernel, kernel_from_name
+
+    monkeypatch.setattr(support, "_compiled", set())
+    monkeypatch.setattr(support, "interpreting", lambda: False)
+    flash = TritonFlashKernel()
+
+    def first_run(dtype, head_dim=64, kernel=flash):
+        return compile_seconds(kernel, Problem(1, 8, 8, 64, 1024, head_dim, head_dim, dtype, device_type="cuda"))
+
+    assert first_run("float16") == support.COMPILE_PRIOR_S
+    assert first_run("float16") < first_run("float16", head_dim=256) < first_run("float32") < first_run("float32", 256)
+    converted = kernel_from_name("convert[bf16->fp32]+" + flash.name)
+    assert first_run("bfloat16", kernel=converted) == first_run("float32")
+    support.mark_compiled(flash, Problem(1, 8, 8, 64, 1024, 64, 64, "float32", device_type="cuda"))
+    assert first_run("bfloat16", kernel=converted) == 0.0

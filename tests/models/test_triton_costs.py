@@ -56,6 +56,17 @@ def test_the_h200_placeholder_is_the_published_ratio_to_pytorchs_flash():
     assert ours / flash == pytest.approx(triton_costs.TRITON_FLASH_TIME_VS_FLASH, rel=0.05)
 
 
+def test_fp32_flash_products_run_off_the_matrix_cores_where_a_card_has_them():
+    """IEEE-precision fp32 products: on the H200 a compute-bound fp32 forward costs the measured
+    slowdown over its fp32 rate; on gfx906 (no matrix cores) fp32 stays at the vector rate."""
+    fp32 = problem(dtype="float32")
+    h200 = triton_costs.triton_flash_seconds(fp32, FLASH, H200)
+    at_fp32_rate = fp32.flops / (H200.flops("float32") * 0.8 * triton_costs.TRITON_FLASH_EFFICIENCY)
+    assert h200 == pytest.approx(triton_costs.IEEE_FP32_FLASH_SLOWDOWN * at_fp32_rate, rel=0.05)
+    assert triton_costs.flash_product_slowdown(MI50_32GB, "float32") == 1.0
+    assert triton_costs.flash_product_slowdown(H200, "bfloat16") == 1.0
+
+
 def test_padded_head_dims_cost_their_padding():
     d80 = triton_costs.triton_flash_seconds(problem(head_dim=80, value_dim=80), FLASH, MI50_32GB)
     d128 = triton_costs.triton_flash_seconds(problem(), FLASH, MI50_32GB)
