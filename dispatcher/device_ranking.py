@@ -254,7 +254,7 @@ logger = logging.getLogger("attn_dispatch")
 MEASURED_LEVELS = ("exact", "model")
 """Lookup levels measured on this card model."""
 
-CALIBRATE_TIME = ("`attn-dispatch calibrate --quick` takes 2-3 minutes on a 2-core CPU, a full "
+CALIBRATE_TIME = ("`attn-dispatch calibrate --quick` measures for 30-100 s on a 2-core CPU, a full "
                   "`attn-dispatch calibrate` about 10 minutes on a GPU")
 """How long calibrating takes (`calibration.config.QUICK_BUDGET_S`, `FULL_BUDGET_S`, plus start-up and fit)."""
 

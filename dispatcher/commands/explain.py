@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+from contextlib import contextmanager
 
 from attn_dispatch.dispatcher.commands._common import CommandError, one_line, resolve_device
 
@@ -72,6 +74,21 @@ def given_table(path: str):
         raise CommandError(f"--table {error}") from None
 
 
+@contextmanager
+def _notice_in_output_only():
+    """The no-table notice is one of the decision's notes: not logged again on stderr."""
+    from attn_dispatch.dispatcher.device_ranking import logger
+
+    def not_the_notice(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("attn_dispatch: no table measured")
+
+    logger.addFilter(not_the_notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(not_the_notice)
+
+
 def run(args: argparse.Namespace) -> int:
     from attn_dispatch.dispatcher.core import Dispatcher
     from attn_dispatch.dispatcher.decision import BUDGET_FIX, NoKernelError
@@ -87,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
         dispatcher = Dispatcher(kernels=args.kernels, policy=policy, memory_budget=budget)
         if table is not None:
             dispatcher.use_table(table, args.table)
-        decision = dispatcher.decide(problem, device=device)
+        with _notice_in_output_only():
+            decision = dispatcher.decide(problem, device=device)
     except NoKernelError as error:
         raise CommandError(error.cause.replace(BUDGET_FIX, "raise --memory-budget")) from None
     except (ValueError, RuntimeError) as error:

@@ -76,3 +76,15 @@ def test_devices_says_a_matching_count_and_nothing_for_an_older_table(cli):
     store_table(honest_table())  # no count recorded: replaces it
     code, out, _ = cli("devices")
     assert code == 0 and "torch thread" not in out
+
+
+def test_the_no_table_notice_is_printed_once_in_the_explanation(cli, caplog, monkeypatch):
+    """Without a table the explanation carries the one-line notice; it is not logged again."""
+    from attn_dispatch.dispatcher import device_ranking
+
+    monkeypatch.setattr(device_ranking, "_said", set())  # as in a fresh process
+    with caplog.at_level("WARNING", logger="attn_dispatch"):
+        code, out, err = cli("explain", *SHAPE)
+    notice = "no table measured on this card for cpu"
+    assert code == 0 and out.count(notice) == 1
+    assert notice not in err + caplog.text
