@@ -53,11 +53,6 @@ def build_parser(full: Iterable[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _command_in(argv: list[str]) -> str | None:
-    """The command word of `argv` (its first argument that is not an option)."""
-    return next((word for word in argv if not word.startswith("-")), None)
-
-
 def _stdout_to_devnull() -> None:
     """After a broken pipe, point stdout at /dev/null (the exit flush would raise again)."""
     try:
@@ -68,7 +63,7 @@ def _stdout_to_devnull() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = _command_in(argv)
+    command = next((word for word in argv if not word.startswith("-")), None)  # the first that is not an option
     args = build_parser(full=[command] if command else []).parse_args(argv)
     from attn_dispatch.dispatcher.commands._common import CommandError, check_devices, one_line
 

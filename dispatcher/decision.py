@@ -13,15 +13,15 @@ import torch
 
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
 from attn_dispatch.kernels.convert import ConvertKernel
-from attn_dispatch.models.identity import CardSpec
-from attn_dispatch.models.environment import LOG, MEMORY_BUDGET
-from attn_dispatch.models.priors import prior_seconds
-from attn_dispatch.models.priors import kernel_named
 from attn_dispatch.models.environment import (  # noqa: F401 (public here too: `ad.parse_memory_size`, `format_bytes`)
+    LOG,
     MAX_MEMORY_BUDGET,
+    MEMORY_BUDGET,
     format_bytes,
     parse_memory_size,
 )
+from attn_dispatch.models.identity import CardSpec
+from attn_dispatch.models.priors import kernel_named, prior_seconds
 
 ROUTE_DISPATCH = "dispatch"
 ROUTE_TRAINING = "training"
@@ -80,10 +80,7 @@ class Decision:
 
     @property
     def predicted_s(self) -> float | None:
-        for candidate in self.candidates:
-            if candidate.name == self.kernel:
-                return candidate.predicted_s
-        return None
+        return next((c.predicted_s for c in self.candidates if c.name == self.kernel), None)
 
     def reason_dropped(self, name: str) -> str | None:
         return dict(self.dropped).get(name)
@@ -121,8 +118,10 @@ class Decision:
                          f"{format_bytes(candidate.workspace_bytes)}")
         if self.dropped:
             lines.append("  dropped:")
-            for reason, names in _group_by_reason(self.dropped):
-                lines.append(f"    {_compact(names)}: {reason}")
+            by_reason: dict[str, list[str]] = {}
+            for name, reason in self.dropped:
+                by_reason.setdefault(reason, []).append(name)
+            lines.extend(f"    {_compact(names)}: {reason}" for reason, names in by_reason.items())
         for note in (*self.notes, *self.source.warnings):
             lines.append(f"  note: {note}")
         return "\n".join(lines)
@@ -138,14 +137,6 @@ def format_seconds(seconds: float | None) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
-def _group_by_reason(dropped: tuple[tuple[str, str], ...]) -> list[tuple[str, list[str]]]:
-    """``[(name, reason)]`` -> ``[(reason, [names])]`` in first-seen order."""
-    groups: dict[str, list[str]] = {}
-    for name, reason in dropped:
-        groups.setdefault(reason, []).append(name)
-    return list(groups.items())
-
-
 def _compact(names: list[str]) -> str:
     """``["convert[x]+a", "convert[x]+b", "math"]`` -> ``"convert[x]+{a, b}, math"``."""
     by_prefix: dict[str, list[str]] = {}
@@ -153,13 +144,8 @@ def _compact(names: list[str]) -> str:
         prefix, plus, inner = name.partition("]+")
         key, rest = (prefix + plus, inner) if plus else (name, "")
         by_prefix.setdefault(key, []).append(rest)
-    parts = []
-    for key, inners in by_prefix.items():
-        if len(inners) == 1:
-            parts.append(key + inners[0])
-        else:
-            parts.append(key + "{" + ", ".join(inners) + "}")
-    return ", ".join(parts)
+    return ", ".join(key + (inners[0] if len(inners) == 1 else "{" + ", ".join(inners) + "}")
+                     for key, inners in by_prefix.items())
 
 
 # memory
@@ -361,10 +347,6 @@ logger = logging.getLogger("attn_dispatch")
 _TOP_CANDIDATES = 3  # candidates shown in the one-line log of a decision (explain shows them all)
 
 
-def _log_enabled() -> bool:
-    return LOG.read()
-
-
 def _ensure_handler() -> None:
     """Give the logger a stderr INFO handler when nothing would print its records."""
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
@@ -377,7 +359,7 @@ def _ensure_handler() -> None:
 
 def _decision_level() -> int:
     """The level a new decision is logged at: INFO with ``ATTN_DISPATCH_LOG=1`` (a handler made sure of), else DEBUG."""
-    if _log_enabled():
+    if LOG.read():
         _ensure_handler()
         return logging.INFO
     return logging.DEBUG
@@ -404,8 +386,5 @@ def log_fallback(failed: str, error: BaseException, replacement: str) -> None:
 
 def log_settled(kernel: str, previous: str, calls: int) -> None:
     """An exact shape called `calls` times moves from `previous` to `kernel` (`selection.settle_after`)."""
-    level = logging.INFO if _log_enabled() else logging.DEBUG
-    if _log_enabled():
-        _ensure_handler()
-    logger.log(level, "a shape called %d times now runs %s instead of %s (its per-shape set-up pays off)",
+    logger.log(_decision_level(), "a shape called %d times now runs %s instead of %s (its per-shape set-up pays off)",
                calls, kernel, previous)

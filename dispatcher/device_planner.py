@@ -146,8 +146,9 @@ class DevicePlanner:
         elif settled:
             order, notes = bucket.options, (SETTLED,)
         else:
-            order, notes, settle_at = bucket.order_for_new_shape(
-                lambda name: self.seen.has(name, shape_key), self.cold_costs, self.floors)
+            order, notes, settle_at = new_shape_order(
+                bucket.options, bucket.warm, bucket.cold(self.cold_costs), bucket.measured,
+                (cell[0] for cell in bucket.history), lambda name: self.seen.has(name, shape_key), self.floors)
             settle_at = self.spent.settle_at(shape_key, settle_at)
         waiting = None if settled else bucket.compile_wait(problem, self.cold_costs)
         if waiting is not None:  # the first option would compile now: a set-up-free one runs until it paid
@@ -346,12 +347,6 @@ class Bucket:
             self._wait_calls = calls
         left = max(1, self._wait_calls - sum(cell[0] for cell in self.waited))
         return order, notes, left
-
-    def order_for_new_shape(self, is_set_up: Callable[[str], bool], measured_cold: Mapping[str, float],
-                            floors: Mapping[str, Mapping[str, float]] | None = None,
-                            ) -> tuple[tuple[Option, ...], tuple[str, ...], int]:
-        return new_shape_order(self.options, self.warm, self.cold(measured_cold), self.measured,
-                               (cell[0] for cell in self.history), is_set_up, floors or {})
 
     def new_shapes_run_first(self, measured_cold: Mapping[str, float]) -> bool:
         """Whether every new shape keeps the decided order, whatever the history and set-up state."""

@@ -59,13 +59,12 @@ def follow_environment() -> None:
         RESPECTING[0] = not ignore
 
 
-def _every_backend_enabled():
-    """``() -> bool``: are all of PyTorch's SDPA backends on? (runs on every call: one expression)"""
-    flash, efficient, math, cudnn = BACKEND_SWITCHES
-    return lambda: flash() and efficient() and math() and cudnn()
+_flash_on, _efficient_on, _math_on, _cudnn_on = BACKEND_SWITCHES
 
 
-_all_enabled = _every_backend_enabled()
+def _all_enabled() -> bool:
+    """Whether all of PyTorch's SDPA backends are on (runs on every call: one expression)."""
+    return _flash_on() and _efficient_on() and _math_on() and _cudnn_on()
 
 
 def backends_restricted() -> bool:
@@ -108,6 +107,12 @@ def pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
     return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa)
 
 
+def _training(query, key, value, dropout_p) -> bool:
+    """Whether a call takes the training route: dropout, or inputs requiring grad with grad enabled."""
+    return dropout_p != 0.0 or (torch.is_grad_enabled() and (
+        query.requires_grad or key.requires_grad or value.requires_grad))
+
+
 def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor | None:
     """The output where the context decides the call, else None (the dispatcher goes on)."""
     if query.is_meta or query.is_nested:
@@ -115,8 +120,7 @@ def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale,
     if backends_restricted() or (is_causal is True and attn_mask is not None and some_backend_off()):
         # the caller's choice (a mask with is_causal: PyTorch's in any case, `check_mask_with_causal`); said
         # once where it goes over the budget (`sdpa_context`)
-        training = dropout_p != 0.0 or (torch.is_grad_enabled() and (
-            query.requires_grad or key.requires_grad or value.requires_grad))
+        training = _training(query, key, value, dropout_p)
         warn_if_over_budget(dispatcher.memory_budget, query, key, value, attn_mask, is_causal, enable_gqa, training)
         return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if not is_causal_bias(attn_mask):
@@ -124,10 +128,7 @@ def route(dispatcher, query, key, value, attn_mask, dropout_p, is_causal, scale,
     alignment = causal_bias_alignment(attn_mask, is_causal, query.shape[-2], key.shape[-2])  # ValueError with is_causal
     if alignment == "top_left":
         return dispatcher.attention(query, key, value, None, dropout_p, True, scale=scale, enable_gqa=enable_gqa)
-    training = dropout_p != 0.0 or (
-        torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
-    )
-    if training:
+    if _training(query, key, value, dropout_p):
         return pytorch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return None
 
