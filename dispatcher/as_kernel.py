@@ -53,7 +53,8 @@ class DispatchedKernel(Kernel):
 
     def tolerance(self, problem: Problem) -> Tolerance:
         """The tolerance of the kernel the dispatcher runs (an allowed lossy conversion: its target dtype's)."""
-        kernel = self._plan_kernel(problem)
+        plan = self._plan(problem)
+        kernel = None if plan is None else plan.kernel
         if kernel is None:
             try:
                 kernel = self.dispatcher._kernels.get(self.dispatcher.decide(problem, device=self.device).kernel)
@@ -61,23 +62,19 @@ class DispatchedKernel(Kernel):
                 kernel = None
         return kernel.tolerance(problem) if kernel is not None else super().tolerance(problem)
 
-    def _plan_kernel(self, problem: Problem) -> Kernel | None:
-        for plan in self.dispatcher._plans.values():
-            if plan.problem == problem:
-                return plan.kernel
-        return None
+    def _plan(self, problem: Problem):
+        """The dispatcher's first cached plan for `problem`, else None."""
+        return next((plan for plan in self.dispatcher._plans.values() if plan.problem == problem), None)
 
     def notes(self, problem: Problem) -> tuple[str, ...]:
-        for plan in self.dispatcher._plans.values():
-            if plan.problem == problem:
-                return tuple(plan.decision.notes)
-        return ()
+        plan = self._plan(problem)
+        return () if plan is None else tuple(plan.decision.notes)
 
     def chosen(self, problem: Problem) -> str | None:
         """The kernel the dispatcher runs for `problem` (after fallbacks), else would choose now, else None."""
-        for plan in self.dispatcher._plans.values():
-            if plan.problem == problem:
-                return plan.kernel.name
+        plan = self._plan(problem)
+        if plan is not None:
+            return plan.kernel.name
         try:
             return self.dispatcher.decide(problem, device=self.device).kernel
         except NoKernelError:

@@ -21,7 +21,7 @@ from attn_dispatch.dispatcher.decision import (
     logger,
 )
 from attn_dispatch.dispatcher.selection import Option, memory_limit, over_limit_reason, shrink_chunked
-from attn_dispatch.kernels import ChunkedKernel, Kernel, Problem
+from attn_dispatch.kernels import Kernel, Problem
 from attn_dispatch.kernels.base import training_bytes
 from attn_dispatch.models.training_times import TrainingTimes
 
@@ -73,11 +73,6 @@ def in_decided_order(plan) -> tuple[Option, ...]:
     return tuple(sorted(ranked, key=lambda o: position.get(o.kernel.name, len(decided))))
 
 
-def shrink_for_training(problem: Problem, limit: int, failed: Mapping[str, str]) -> ChunkedKernel | None:
-    """`selection.shrink_chunked` by forward+backward bound (`training_bytes`)."""
-    return shrink_chunked(problem, limit, failed, training_bytes)
-
-
 def choose_training(options: Sequence[Option], problem: Problem, *, free: int | None, budget: int | None,
                     failed: Mapping[str, str] | None = None,
                     measured: Mapping[str, float] | None = None) -> TrainingChoice:
@@ -111,7 +106,7 @@ def choose_training(options: Sequence[Option], problem: Problem, *, free: int | 
     order = "measured forward+backward times" if measured else "the inference ranking"
     notes: list[str] = []
     if not fitting and over and limit is not None:  # kernels with a backward run, none fits: smaller chunks
-        shrunk = shrink_for_training(problem, limit, failed)
+        shrunk = shrink_chunked(problem, limit, failed, training_bytes)  # by the forward+backward bound
         if shrunk is not None:
             fitting.append((Option(shrunk, None, int(shrunk.workspace_bytes(problem))), training_bytes(shrunk, problem)))
             notes.append(f"training: no ranked kernel's backward fits; {shrunk.name} uses smaller chunks to fit")
