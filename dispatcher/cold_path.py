@@ -186,10 +186,8 @@ class ColdPath:
         with self.lock:
             for problem, name in switched:
                 self.state(plan.device).forget_failure(problem, name)
-            old = self.plans.pop(key_, None)
-            self.hot.drop(key_)
+            old = self._drop(key_)
             if old is not None:
-                self.counts.fold(old)
                 self._drop_bucket_plans(old.bucket)
             self.planner(plan.device).forget_bucket(plan.problem)
 
@@ -204,10 +202,7 @@ class ColdPath:
                 switched.append((plan.problem, failed))
             try:
                 with self.lock:
-                    old = self.plans.pop(key_, None)
-                    self.hot.drop(key_)
-                    if old is not None:
-                        self.counts.fold(old)
+                    self._drop(key_)
                     self._drop_bucket_plans(plan.bucket)
                     planner.forget_bucket(plan.problem)
                     plan, _ = planner.plan(plan.problem, key_, settings=self.settings,
@@ -224,6 +219,14 @@ class ColdPath:
             except Exception as next_error:  # noqa: BLE001
                 plan.count[0] -= 1
                 error = next_error
+
+    def _drop(self, key_: tuple) -> Plan | None:
+        """`key_`'s plan leaves the cache and hot path (its calls kept in `stats`); returns it, if any."""
+        old = self.plans.pop(key_, None)
+        self.hot.drop(key_)
+        if old is not None:
+            self.counts.fold(old)
+        return old
 
     def _drop_bucket_plans(self, bucket) -> None:
         """A kernel of `bucket` failed: all its shapes' plans leave the cache and hot path (calls kept in `stats`)."""

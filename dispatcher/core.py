@@ -114,7 +114,8 @@ class Dispatcher:
         self.compile_id = dispatcher_id(self)
         self._fast = attach(self)  # `fast_path`'s C++ entry where it is built, else None
         # the parts: plans per exact shape, the hot slots over them, call counts, and the cold path
-        self._plans: BoundedCache[tuple, Plan] = BoundedCache(MAX_PLANS, on_evict=self._evicted)
+        self._plans: BoundedCache[tuple, Plan] = BoundedCache(
+            MAX_PLANS, on_evict=lambda key_, plan: self._cold.evicted(key_, plan))
         self._plan_table = self._plans.table  # the warm path's lookup
         self._counts = CallCounts(self._lock)
         self._hot_path = HotSlots(self._plan_table, self._lock, {}, enabled=hot_path_enabled(), fast=self._fast)
@@ -344,9 +345,6 @@ class Dispatcher:
 
     def _settings(self) -> tuple[int | None, bool]:
         return self.memory_budget, self.measure
-
-    def _evicted(self, key_: tuple, plan: Plan) -> None:
-        self._cold.evicted(key_, plan)
 
     def reset(self) -> None:
         """Forget every decision, table, remembered failure and count (after recalibrating or changing the

@@ -4,6 +4,7 @@ time the larger of device and host time. ``ATTN_DISPATCH_MEASURE=0`` or ``Dispat
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import threading
@@ -204,12 +205,7 @@ class Trial:
     # ------------------------------------------------------------------ what the bucket's plans run
     def runner(self, plan) -> Callable:
         """A measuring plan's `run`: this call's candidate, or the plan's own kernel when nothing is timed."""
-        own = plan.kernel.runner(plan.problem)
-
-        def run(query, key, value, attn_mask, scale, enable_gqa, problem):
-            return self.call(plan, own, query, key, value, attn_mask, scale, enable_gqa, problem)
-
-        return run
+        return functools.partial(self.call, plan, plan.kernel.runner(plan.problem))
 
     def call(self, plan, own: Callable, query, key, value, attn_mask, scale, enable_gqa, problem):
         if not self.open:
