@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -55,15 +56,13 @@ def build_parser(full: Iterable[str] | None = None) -> argparse.ArgumentParser:
 
 def _stdout_to_devnull() -> None:
     """After a broken pipe, point stdout at /dev/null (the exit flush would raise again)."""
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no file descriptor (a test's capture)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # no file descriptor behind it (a test's capture)
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = next((word for word in argv if not word.startswith("-")), None)  # the first that is not an option
+    command = next((word for word in argv if not word.startswith("-")), None)  # the first non-option
     args = build_parser(full=[command] if command else []).parse_args(argv)
     from attn_dispatch.dispatcher.commands._common import CommandError, check_devices, one_line
 

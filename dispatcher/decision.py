@@ -4,6 +4,7 @@ fallbacks WARNING)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -178,13 +179,10 @@ def _cuda_free_bytes(device: torch.device) -> int:
 
 
 def _cpu_available_bytes() -> int | None:
-    try:
-        with open(MEMINFO_PATH) as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # the file counts kB (KiB)
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open(MEMINFO_PATH) as handle:
+        for line in handle:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # the file counts kB (KiB)
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
@@ -200,10 +198,8 @@ def release_cached_memory(device: torch.device) -> None:
     backend = getattr(torch, device.type, None)
     empty_cache = getattr(backend, "empty_cache", None)
     if empty_cache is not None:
-        try:
+        with contextlib.suppress(RuntimeError):
             empty_cache()
-        except RuntimeError:
-            pass
 
 
 # the error an attention call raises when no kernel can run it: the cause first, then the problem
@@ -386,5 +382,6 @@ def log_fallback(failed: str, error: BaseException, replacement: str) -> None:
 
 def log_settled(kernel: str, previous: str, calls: int) -> None:
     """An exact shape called `calls` times moves from `previous` to `kernel` (`selection.settle_after`)."""
-    logger.log(_decision_level(), "a shape called %d times now runs %s instead of %s (its per-shape set-up pays off)",
+    logger.log(_decision_level(),
+               "a shape called %d times now runs %s instead of %s (its per-shape set-up pays off)",
                calls, kernel, previous)

@@ -82,14 +82,14 @@ def install(built: Path, library: Path) -> None:
 
 
 @contextlib.contextmanager
-def install_lock(folder: Path, name: str = LOCK_NAME):
-    """An exclusive `fcntl.flock` on ``folder/<name>``, yielding True; without fcntl no lock, yielding False."""
+def install_lock(folder: Path):
+    """An exclusive `fcntl.flock` on ``folder/LOCK_NAME``, yielding True; without fcntl no lock, yielding False."""
     try:
         import fcntl
     except ImportError:
         yield False
         return
-    with open(folder / name, "a") as handle:
+    with open(folder / LOCK_NAME, "a") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
             yield True
@@ -154,12 +154,10 @@ def missing_tool() -> str:
 def _put_ninja_on_path() -> None:
     """Add the ninja wheel's and this interpreter's script folders to PATH (torch's loader runs ``ninja``)."""
     extra = [os.path.dirname(sys.executable)]
-    try:
+    with contextlib.suppress(ImportError, AttributeError):
         import ninja  # the PyPI wheel (a dependency)
 
         extra.insert(0, ninja.BIN_DIR)
-    except (ImportError, AttributeError):
-        pass
     path = os.environ.get("PATH", "").split(os.pathsep)
     os.environ["PATH"] = os.pathsep.join([p for p in extra if p not in path] + path)
 

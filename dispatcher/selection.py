@@ -163,8 +163,7 @@ FASTER_DID_NOT_FIT = "a faster kernel did not fit in the memory free now; dispat
 
 def memory_limit(free: int | None, budget: int | None) -> int | None:
     """The most workspace one call may use: the smaller of free memory and the budget."""
-    limits = [value for value in (free, budget) if value is not None]
-    return min(limits) if limits else None
+    return min((value for value in (free, budget) if value is not None), default=None)
 
 
 def over_limit_reason(workspace: int, free: int | None, budget: int | None) -> str | None:

@@ -4,6 +4,7 @@ conditions of the run. Imported by the bench command only (it pulls in calibrati
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import subprocess
 from collections.abc import Callable
@@ -69,11 +70,9 @@ def shape_paths(problem: Problem, device: torch.device, dispatcher: Dispatcher, 
     """The dispatcher, the baseline (`baseline_path`), then every single kernel (the set but its last resort, the
     table's variants, math), fastest predicted first."""
     predicted: dict[str, float | None] = {}
-    try:
+    with contextlib.suppress(NoKernelError):
         for candidate in dispatcher.decide(problem, device=device).candidates:
             predicted[candidate.name] = candidate.predicted_s
-    except NoKernelError:
-        pass
     last_resort = {k.name for k in dispatcher.kernels if getattr(k, "last_resort", False)}
     names = [n for n in dict.fromkeys([*predicted, *(k.name for k in dispatcher.kernels), MathKernel().name])
              if n not in last_resort]
