@@ -5,7 +5,6 @@ on its card says so once per process (`say_once`, `no_table_line`)."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import warnings
 from collections.abc import Sequence
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from attn_dispatch.dispatcher.decision import RankingSource
+from attn_dispatch.dispatcher.decision import RankingSource, logger
 from attn_dispatch.kernels import Kernel, Problem, kernel_from_name
 from attn_dispatch.kernels._blocks import KEY_COUNT_MULTIPLE, key_count_aligned
 from attn_dispatch.kernels.registry import uses_fused_backend
@@ -249,8 +248,6 @@ def _prior(identity: object, key: str, none_source: RankingSource,
 
 
 # ------------------------------------------------------------------ the one line about no table
-logger = logging.getLogger("attn_dispatch")
-
 MEASURED_LEVELS = ("exact", "model")
 """Lookup levels measured on this card model."""
 

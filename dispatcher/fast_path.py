@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
-import logging
 import os
 import sys
 import sysconfig
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from attn_dispatch.dispatcher.compiled import when_imported
+from attn_dispatch.dispatcher.decision import logger
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from attn_dispatch.models.environment import FAST_PATH
 
@@ -36,7 +36,6 @@ BUILD_COMMAND = "build-fast-path"
 WITHOUT_IT = ("without it, calls the fast path would serve take the Python path: about 1.5-3.5 us more per call "
               "than PyTorch's SDPA on the CPU and on an H200's host (docs/RESULTS.md#warm-parity)")
 """What a user without the fast path loses (`status`, ``attn-dispatch devices``; docs/RESULTS.md#warm-parity)."""
-logger = logging.getLogger("attn_dispatch")
 _loaded: dict[str, tuple[ModuleType, Path]] = {}  # module name -> the module and its library, once per process
 _checks: dict[tuple, str] = {}  # the library's and manifest's (path, inode, size, mtime) -> `rejection`
 _rejected: dict[str, str] = {}  # library path -> why it was not loaded (for `status`)
