@@ -148,7 +148,8 @@ class DevicePlanner:
         else:
             order, notes, settle_at = new_shape_order(
                 bucket.options, bucket.warm, bucket.cold(self.cold_costs), bucket.measured,
-                (cell[0] for cell in bucket.history), lambda name: self.seen.has(name, shape_key), self.floors)
+                (cell[0] for cell in bucket.history), lambda name: self.seen.has(name, shape_key),
+                self.floors)
             settle_at = self.spent.settle_at(shape_key, settle_at)
         waiting = None if settled else bucket.compile_wait(problem, self.cold_costs)
         if waiting is not None:  # the first option would compile now: a set-up-free one runs until it paid

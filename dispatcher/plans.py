@@ -195,10 +195,6 @@ class Plan:
         trial.plans.append(self)
 
     @property
-    def ranked(self):
-        return self.bucket.ranked
-
-    @property
     def decision(self) -> Decision:
         """The bucket's decision as it applies to this shape (`explain`; while measuring, with what is measured)."""
         if self._decision is not None:

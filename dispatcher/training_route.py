@@ -67,10 +67,9 @@ def order_for_training(options: Sequence[Option], measured: Mapping[str, float] 
 
 def in_decided_order(plan) -> tuple[Option, ...]:
     """`plan`'s ranked options in its bucket's decided order, then the rest (docs/RESULTS.md#training-memory)."""
-    decided = [option.kernel.name for option in plan.bucket.options]
-    ranked = plan.ranked.options
-    position = {name: i for i, name in enumerate(decided)}
-    return tuple(sorted(ranked, key=lambda o: position.get(o.kernel.name, len(decided))))
+    decided = plan.bucket.options
+    position = {option.kernel.name: i for i, option in enumerate(decided)}
+    return tuple(sorted(plan.bucket.ranked.options, key=lambda o: position.get(o.kernel.name, len(decided))))
 
 
 def choose_training(options: Sequence[Option], problem: Problem, *, free: int | None, budget: int | None,

@@ -91,8 +91,7 @@ def _notice_in_output_only():
 
 def run(args: argparse.Namespace) -> int:
     from attn_dispatch.dispatcher.core import Dispatcher
-    from attn_dispatch.dispatcher.decision import BUDGET_FIX, NoKernelError
-    from attn_dispatch.dispatcher.decision import parse_memory_size
+    from attn_dispatch.dispatcher.decision import BUDGET_FIX, NoKernelError, parse_memory_size
     from attn_dispatch.kernels import AccuracyPolicy
 
     try:
