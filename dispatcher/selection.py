@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from attn_dispatch.dispatcher.decision import Candidate, NoKernelError, format_bytes, format_seconds
-from attn_dispatch.dispatcher.device_ranking import FALLBACK_FIRST, DeviceRanking
+from attn_dispatch.dispatcher.device_ranking import FALLBACK_FIRST, MEASURED_LEVELS, DeviceRanking
 from attn_dispatch.kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
 from attn_dispatch.kernels._blocks import key_count_aligned
 from attn_dispatch.kernels.registry import uses_fused_backend, working_family
@@ -282,16 +282,12 @@ SETUP_FREE_MEASURED = 1
 MAX_CANDIDATES = 7
 """Candidates of one bucket at most, the baseline included."""
 
-SAME_CARD_LEVELS = ("exact", "model")
-"""Lookup levels whose measured entries are this card model's own."""
-
-
 def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -> bool:
     """Whether a bucket measures on its calls: its device can be timed without waiting and no same-card entry decides
     it."""
     from attn_dispatch.dispatcher.measuring import clock_for  # measuring imports this module
 
-    return clock_for(device) is not None and not (entry_decides and level in SAME_CARD_LEVELS)
+    return clock_for(device) is not None and not (entry_decides and level in MEASURED_LEVELS)
 
 
 def measured_candidates(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
@@ -368,7 +364,7 @@ def decide(problem: Problem, *, kernels: Mapping[str, Kernel], policy: AccuracyP
             notes = (*notes, f"{measured}: {doubt}")
         candidates = measured_candidates(options, device, problem, portable=portable,
                                          sets_up=costly_setups(options, problem, cold_costs),
-                                         own_table=ranking.source.level in SAME_CARD_LEVELS)
+                                         own_table=ranking.source.level in MEASURED_LEVELS)
         if candidates:  # the baseline serves until the measuring decides (`measuring.Trial`)
             options = put_first(options, candidates[0].kernel.name)
     return Selection(ranked, options, (*fitted.dropped, *ranked.dropped), notes, seconds, candidates)
