@@ -171,7 +171,8 @@ class ColdPath:
         """`plan`'s kernel raised: remember it for the bucket, run the next candidate (repeatedly)."""
         plan.count[0] -= 1  # count calls that returned, not attempts (a bad `scale` raises here, uncounted)
         if carries_tangent(query, key, value, attn_mask):  # PyTorch's answer to a dual tensor, nothing remembered
-            return pytorch_dual_call(key_, query, key, value, attn_mask, scale, enable_gqa)
+            is_causal = key_[-2]  # `plans.cache_key`'s second-to-last field
+            return pytorch_attention(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
         check_scale(scale)
         switched: list[tuple[Problem, str]] = []
         try:
@@ -273,9 +274,3 @@ class ColdPath:
 def carries_tangent(*tensors: torch.Tensor | None) -> bool:
     """Whether any plain tensor given is a forward-AD dual at the current level (a tensor subclass counts as none)."""
     return any(t.__class__ is torch.Tensor and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
-
-
-def pytorch_dual_call(key_: tuple, query, key, value, attn_mask, scale, enable_gqa) -> torch.Tensor:
-    """PyTorch's SDPA for an inference call planned under `key_` (whose second-to-last field is ``is_causal``)."""
-    is_causal = key_[-2]
-    return sdpa_context.pytorch_attention(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
