@@ -45,8 +45,7 @@ def _reject_constant(name: str) -> float:
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    """One JSON object as a dict, refusing a key given twice (the dict is built first: a key list
-    per object doubled the parse)."""
+    """One JSON object as a dict, refusing a key given twice."""
     result = dict(pairs)
     if len(result) != len(pairs):
         keys = [key for key, _ in pairs]
@@ -281,8 +280,6 @@ def _spec(value: object, p: str = "spec") -> CardSpec:
         source=_str(data.get("source", ""), f"{p}.source"),
         estimated=_bool(data.get("estimated", False), f"{p}.estimated"),
     )
-
-
 
 
 def _spec_dict(spec: CardSpec) -> dict:

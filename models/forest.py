@@ -256,9 +256,9 @@ def _tree(data: dict, t: int, path: str, n_features: int) -> None:
 
 
 def _trees_valid(data: dict, count: int, n_features: int) -> bool:
-    """Every check of `_tree` (and `_leaf`) on all trees at once, in numpy: True only when all hold
-    (False also for some forms `_tree` accepts, e.g. a leaf's feature written 0.0: it decides then).
-    Checking hundreds of trees node by node would weigh on a first call's table load; False sends the table to `_tree`, which raises on the first fault."""
+    """Every check of `_tree` (and `_leaf`) on all trees at once, in numpy: True only when all hold.
+    False (also for some forms `_tree` accepts, e.g. a leaf's feature written 0.0) leaves the
+    verdict to `_tree`, which raises on the first fault."""
     sizes = []
     for t in range(count):
         lengths = {len(tree) if isinstance(tree := data[name][t], list) else -1 for name in ARRAYS}

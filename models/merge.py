@@ -147,20 +147,17 @@ def merge_tables(tables: Sequence[ThresholdTable]) -> ThresholdTable:
     if len(models) > MAX_MODELS:
         raise TableError(f"merging {len(models)} cost models is over the {MAX_MODELS}-model cap of one table; merge fewer tables")
     classes = {key: _merge_class(key, parts, spec, device_type, limit) for key, parts in sorted(by_class.items())}
-    seen = {first.identity.key}
-    merged_from = []
+    cards: dict = {}  # each card once, by key, in order: the first table's own identity first
     for identity in (i for t in tables for i in t.provenance.identities):
-        if identity.key not in seen:
-            seen.add(identity.key)
-            merged_from.append(identity)
+        cards.setdefault(identity.key, identity)
     walls = [t.provenance.calibration_wall_s for t in tables]
     threads = {t.provenance.timing_threads for t in tables}  # kept where every part was timed alike
     provenance = Provenance(
         identity=first.identity, created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         points_measured=sum(t.provenance.points_measured for t in tables),
         calibration_wall_s=None if None in walls else sum(walls), software=software_versions(),
-        merged_from=tuple(merged_from),
-        notes=(f"merged from {len(tables)} tables of {len(seen)} cards; times carried to {first.identity.model_key}",),
+        merged_from=tuple(cards.values())[1:],
+        notes=(f"merged from {len(tables)} tables of {len(cards)} cards; times carried to {first.identity.model_key}",),
         timing_threads=threads.pop() if len(threads) == 1 else None,
     )
     entries = union(entry.scaled(card_scale(t.spec, spec)) if t.identity.model_key != first.identity.model_key else entry

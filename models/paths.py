@@ -10,7 +10,6 @@ import os
 import platform
 import sys
 import tempfile
-from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -96,29 +95,20 @@ def software_versions() -> dict[str, str]:
     }
 
 
-def replace_atomically(path: Path, write: Callable[[str], object]) -> None:
-    """``write(temporary path)``, then move the result to `path` in one step; the temporary file is
-    removed if anything fails (also KeyboardInterrupt)."""
+def write_text_atomically(path: Path, text: str, *, mode: int | None = None) -> None:
+    """`text` (UTF-8) to `path`, flushed to disk before the rename; `mode`: its permission bits
+    (a temporary file is created 0600). The temporary file is removed if anything fails (also
+    KeyboardInterrupt)."""
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(handle)
     try:
-        write(temp)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomically(path: Path, text: str, *, mode: int | None = None) -> None:
-    """`text` (UTF-8) to `path`, flushed to disk before the rename; `mode`: its permission bits
-    (a temporary file is created 0600)."""
-
-    def write(temp: str) -> None:
         with open(temp, "w", encoding="utf-8") as out:
             out.write(text)
             out.flush()
             os.fsync(out.fileno())
         if mode is not None:
             os.chmod(temp, mode)
-
-    replace_atomically(path, write)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise

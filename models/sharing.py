@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -195,7 +196,7 @@ HEAD_BYTES = 64 * 1024
 """Bytes of a file's head read for its provenance (a few KiB even for a merged table)."""
 
 _decoder = json.JSONDecoder()
-_SPACE = " \t\n\r"
+_SPACE = re.compile(r"[ \t\n\r]*")
 
 
 def head_identities(path: str | os.PathLike) -> tuple[DeviceIdentity, ...] | None:
@@ -236,6 +237,4 @@ def _top_level_member(text: str, wanted: str) -> object | None:
 
 
 def _skip_space(text: str, index: int) -> int:
-    while index < len(text) and text[index] in _SPACE:
-        index += 1
-    return index
+    return _SPACE.match(text, index).end()

@@ -39,8 +39,7 @@ from attn_dispatch.models.priors import (
 from attn_dispatch.models.quality import Guard
 
 FORMAT_VERSION = 2
-"""The one version read and written. Version 1 (before measured entries and the quality guard) is
-refused: `attn-dispatch calibrate` writes version 2, and so does `export` from a newer install."""
+"""The one version read and written (version 1 is refused)."""
 TABLE_KIND = "attn-dispatch threshold table"
 Candidate = tuple[str, float]
 # Measured statuses that bar a kernel from a bucket (it ran and was wrong, or it raised): a

@@ -176,7 +176,7 @@ def build_table(
 
 
 # The embedded trees are checked against the estimator on at most this many grid rows (evenly
-# spread): a wrong export shows on any row, and checking ~10^5 rows cost a minute of fitting.
+# spread): a wrong export shows on any row.
 EXPORT_CHECK_ROWS = 2000
 
 

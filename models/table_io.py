@@ -146,7 +146,6 @@ def save_table(table: ThresholdTable, path: str | os.PathLike) -> Path:
     return path
 
 
-
 def _cell_dict(bucket: tuple[int, int], cell: Cell) -> dict:
     out: dict = {"q": bucket[0], "kv": bucket[1], "ranking": [[n, s] for n, s in cell.ranking]}
     if cell.measured:

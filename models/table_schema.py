@@ -7,6 +7,7 @@ A line-layout table's classes and measured entries are validated on first use (`
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 
 from attn_dispatch.kernels.problem import ITEMSIZE, MASK_KINDS
@@ -69,6 +70,8 @@ HEADER_KEYS = (
 OPTIONAL_HEADER_KEYS = ("measured_entries", "guard")
 """Absent where a calibration measured too few problems for a held-out verdict, or none was kept."""
 __all__ = ["TableError", "table_from_dict", "FIX"]
+REPEATED_CLASS = "repeats the class of an earlier entry"
+REPEATED_ENTRY = "repeats the key of an earlier entry (merge them)"
 
 
 # ---------------------------------------------------------------------------------- sections
@@ -201,15 +204,29 @@ def _class(value: object, path: str, fields: tuple[str, ...]) -> TableClass:
         raise _fail(f"{path}.template", f"q_heads ({template.q_heads}) must be kv_heads ({template.kv_heads}) x the class's GQA ratio")
     if key.head_dim and template.head_dim != key.head_dim:
         raise _fail(f"{path}.template.head_dim", f"must equal the class head_dim {key.head_dim}")
-    cells = {}
-    for i, raw in enumerate(_list(data["cells"], f"{path}.cells", MAX_CELLS_PER_CLASS, min_length=1)):
-        bucket, cell = _cell(raw, f"{path}.cells[{i}]")
-        if bucket in cells:
-            raise _fail(f"{path}.cells[{i}]", f"bucket {bucket} appears twice")
-        cells[bucket] = cell
+    cells = _keyed(data["cells"], f"{path}.cells", MAX_CELLS_PER_CLASS, _cell, "bucket {key} appears twice",
+                   min_length=1)
     thresholds = tuple(_threshold(v, f"{path}.thresholds[{i}]")
                        for i, v in enumerate(_list(data.get("thresholds", []), f"{path}.thresholds", MAX_LIST)))
     return TableClass(key=key, template=template, cells=cells, thresholds=thresholds)
+
+
+def _class_item(value: object, path: str, fields: tuple[str, ...]) -> tuple[ClassKey, TableClass]:
+    table_class = _class(value, path, fields)
+    return table_class.key, table_class
+
+
+def _keyed(value: object, path: str, limit: int, build: Callable[[object, str], tuple], repeated: str, *,
+           min_length: int = 0) -> dict:
+    """The JSON array `value` as ``{key: value}`` of ``build(item, its path)`` -> (key, value) for
+    each item, refusing a key given twice (`repeated`, formatted with ``{key}``)."""
+    result: dict = {}
+    for i, item in enumerate(_list(value, path, limit, min_length=min_length)):
+        key, value = build(item, f"{path}[{i}]")
+        if key in result:
+            raise _fail(f"{path}[{i}]", repeated.format(key=key))
+        result[key] = value
+    return result
 
 
 def table_from_dict(data: object, *, sections: dict[str, list[str]] | None = None, source: str = "") -> ThresholdTable:
@@ -244,14 +261,11 @@ def table_from_dict(data: object, *, sections: dict[str, list[str]] | None = Non
         return ThresholdTable(**header, models=LazyModels(sections.get("models", []), source=source),
                               classes=_lazy_classes(sections.get("classes", []), fields, source),
                               entries=_lazy_entries(sections.get("measured_entries", []), source))
-    classes = {}
-    for i, raw in enumerate(_list(data["classes"], "classes", MAX_CLASSES)):
-        table_class = _class(raw, f"classes[{i}]", fields)
-        if table_class.key in classes:
-            raise _fail(f"classes[{i}]", "repeats the class of an earlier entry")
-        classes[table_class.key] = table_class
-    return ThresholdTable(**header, classes=classes, models=parse_models(data["models"]),
-                          entries=parse_entries(data.get("measured_entries", [])))
+    classes = _keyed(data["classes"], "classes", MAX_CLASSES, lambda value, path: _class_item(value, path, fields),
+                     REPEATED_CLASS)
+    models = parse_models(data["models"])  # before the entries: the first fault is the one named
+    entries = _keyed(data.get("measured_entries", []), "measured_entries", MAX_ENTRIES, _entry_item, REPEATED_ENTRY)
+    return ThresholdTable(**header, classes=classes, models=models, entries=entries)
 
 
 def _lazy_classes(lines: list[str], fields: tuple[str, ...], source: str) -> LazySection:
@@ -267,14 +281,9 @@ def _lazy_classes(lines: list[str], fields: tuple[str, ...], source: str) -> Laz
             head = None
         key = _class_key(head, path, fields) if head is not None else _class(parse_json_at(line, path), path, fields).key
         if key in pending:
-            raise _fail(path, "repeats the class of an earlier entry")
+            raise _fail(path, REPEATED_CLASS)
         pending[key] = (i, line)
-
-    def build(value: object, path: str) -> tuple[ClassKey, TableClass]:
-        table_class = _class(value, path, fields)
-        return table_class.key, table_class
-
-    return LazySection(pending, build, path="classes", source=source)
+    return LazySection(pending, lambda value, path: _class_item(value, path, fields), path="classes", source=source)
 
 
 _ENTRY_START = '{"key":{'
@@ -294,14 +303,9 @@ def _lazy_entries(lines: list[str], source: str) -> LazySection:
         end = line.find("}") if line.startswith(_ENTRY_START) else -1
         index = line[len(_ENTRY_START) - 1:end + 1] if end > 0 else ("unindexed", i)
         if index in pending:
-            raise _fail(f"measured_entries[{i}]", "repeats the key of an earlier entry (merge them)")
+            raise _fail(f"measured_entries[{i}]", REPEATED_ENTRY)
         pending[index] = (i, line)
-
-    def build(value: object, path: str) -> tuple[tuple, MeasuredEntry]:
-        entry = _entry(value, path)
-        return entry.key, entry
-
-    return LazySection(pending, build, path="measured_entries", source=source, index=entry_key_text)
+    return LazySection(pending, _entry_item, path="measured_entries", source=source, index=entry_key_text)
 
 
 MAX_ENTRIES = 20000
@@ -365,15 +369,9 @@ def _entry(value: object, path: str) -> MeasuredEntry:
     )
 
 
-def parse_entries(value: object) -> dict[tuple, MeasuredEntry]:
-    """``measured_entries`` -> entries by key (a key listed twice is refused)."""
-    entries: dict[tuple, MeasuredEntry] = {}
-    for i, raw in enumerate(_list(value, "measured_entries", MAX_ENTRIES)):
-        entry = _entry(raw, f"measured_entries[{i}]")
-        if entry.key in entries:
-            raise _fail(f"measured_entries[{i}]", "repeats the key of an earlier entry (merge them)")
-        entries[entry.key] = entry
-    return entries
+def _entry_item(value: object, path: str) -> tuple[tuple, MeasuredEntry]:
+    entry = _entry(value, path)
+    return entry.key, entry
 
 
 def entries_to_list(entries: dict[tuple, MeasuredEntry]) -> list[dict]:

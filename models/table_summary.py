@@ -44,14 +44,12 @@ def _rate(value: float, unit: str) -> str:
 def card_lines(table: ThresholdTable) -> list[str]:
     """The card and its software stack, and any other cards merged in."""
     i = table.identity
-    lines = [
+    return [
         f"card: {i.model_key} ({i.vendor or 'unknown vendor'}, {i.arch or 'unknown arch'}, {i.compute_units} compute units, "
         f"{i.memory_bytes / GIB:.1f} GiB) - family {i.family_key}",
         f"software: {i.software_key}",
+        *(f"merged with: {other.model_key} ({other.software_key})" for other in table.provenance.merged_from),
     ]
-    for other in table.provenance.merged_from:
-        lines.append(f"merged with: {other.model_key} ({other.software_key})")
-    return lines
 
 
 def provenance_lines(table: ThresholdTable) -> list[str]:
