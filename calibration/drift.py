@@ -7,6 +7,7 @@ its first choice is measurably slower than the fastest there, confirmed by timin
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import defaultdict
@@ -103,12 +104,8 @@ def sample_buckets(table: ThresholdTable, count: int, *, seed: int = 0,
         rest = [b for b in quick if not cells[b].measured]
         order = [measured[i] for i in rng.permutation(len(measured))] + [rest[i] for i in rng.permutation(len(rest))]
         per_class.append([(key, bucket) for bucket in order])
-    chosen: list[tuple[ClassKey, tuple[int, int]]] = []
-    depth = 0
-    while len(chosen) < count and any(depth < len(c) for c in per_class):
-        chosen += [c[depth] for c in per_class if depth < len(c)][: count - len(chosen)]
-        depth += 1
-    return chosen
+    layers = itertools.zip_longest(*per_class)  # each class's first bucket, then each one's second...
+    return [bucket for layer in layers for bucket in layer if bucket is not None][:max(count, 0)]
 
 
 def _measure_into(point: PointCheck, name: str, problem, device, settings, memory_budget, device_key, seed, cache,

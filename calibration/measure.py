@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from attn_dispatch.calibration.inputs import AttentionInputs, InputCache, gate_errors, rotation_count
-from attn_dispatch.calibration.timer import DEFAULT, TimerSettings, time_repetitions
+from attn_dispatch.calibration.timer import DEFAULT, TimerSettings, synchronize, time_repetitions
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.base import is_out_of_memory
@@ -165,8 +165,7 @@ def measure(kernel: Kernel, problem: Problem, device: torch.device | str, *, set
                 peak, out = measure_peak_bytes(lambda: _run(kernel, input_sets[0], problem), device)
             else:
                 peak, out = None, _run(kernel, input_sets[0], problem)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(device)
             first_call_s = time.perf_counter() - began
             errors = gate_errors(out, references)
             del out
@@ -227,8 +226,6 @@ SELF_CHECK_SHAPES = (
 
 
 def on_device(shape: NamedShape, device: torch.device) -> NamedShape:
-    from dataclasses import replace
-
     return NamedShape(shape.suite, replace(shape.problem, device_type=device.type))
 
 

@@ -144,14 +144,11 @@ class Worker:
         self.report = WorkerReport(worker, str(self.device))
         self._current: str | None = None
 
-    def _fastest(self, problem: Problem) -> float:
-        return self.estimator.fastest(problem, self.kernels)
-
     def _fit(self, problem: Problem) -> Problem:
         profile = profile_for(self.device.type, quick=self.config.quick)
         return fit_problem(problem, memory_bytes=self.memory_budget or self.identity.memory_bytes,
                            fraction=profile.input_memory_fraction, max_fastest_s=profile.max_fastest_s,
-                           fastest_s=self._fastest)
+                           fastest_s=lambda p: self.estimator.fastest(p, self.kernels))
 
     def sweep_plan(self) -> list[Problem]:
         problems = build_sweep(
