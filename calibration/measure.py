@@ -128,10 +128,8 @@ def measure(kernel: Kernel, problem: Problem, device: torch.device | str, *, set
 
     `memory_budget`: bytes the point may use (inputs + workspace; over it: infeasible without
     running). `cache` reuses input sets and references across the kernels of one problem.
-    `should_stop` goes to `time_repetitions`. A kernel whose first call takes longer than
-    `single_shot_above_s` gets one warm-up and one batched sample (``stopped == "early"``) unless
-    that shows it is no loser. `extra` is copied into ``Measurement.extra``.
-    """
+    `should_stop` goes to `time_repetitions`; `single_shot_above_s`: see `_timing`. `extra` is
+    copied into ``Measurement.extra``."""
     device = torch.device(device)
     base = {"problem": problem, "kernel": kernel.name, "device_key": device_key, "timestamp": time.time()}
     info = dict(extra or {})

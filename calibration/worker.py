@@ -211,10 +211,11 @@ class Worker:
                 raise DeadlineReached
             self._try(problem, phase)
 
-    def _try(self, problem: Problem, phase: str) -> bool:
+    def _try(self, problem: Problem, phase: str) -> None:
+        """Measure `problem` unless another worker holds or finished it."""
         key = problem_id(problem)
         if not self.board.try_claim(key):
-            return False
+            return
         self._current = key
         try:
             self.report.timed += self.run_problem(problem, phase)
@@ -226,7 +227,6 @@ class Worker:
         self.board.finish(key)
         self.report.problems += 1
         self.on_problem()
-        return True
 
     def _wait_for(self, problems: list[Problem]) -> bool:
         """Until every problem is done (taking over stale claims); False at the deadline."""
