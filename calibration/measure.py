@@ -24,6 +24,7 @@ from attn_dispatch.kernels.registry import all_kernels
 from attn_dispatch.models.gc_pause import cyclic_collection_paused
 from attn_dispatch.models.measurement import Measurement
 
+
 class StoragePeakTracker(TorchDispatchMode):
     """Tracks the bytes of storages created inside the mode that are still alive."""
 

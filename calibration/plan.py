@@ -223,9 +223,12 @@ ROUND_SIZE = 16
 def problem_cost(problem: Problem, kernels: list[Kernel], estimator: CostEstimator, point_budget_s: float) -> float:
     """Predicted seconds to decide `problem`: its supported kernels' predictions, each capped at the
     per-point budget (unknown predictions count as one budget)."""
-    guesses = (estimator.seconds(problem, kernel) for kernel in kernels if not kernel.reasons(problem))
-    capped = (min(guess, point_budget_s) if math.isfinite(guess) else point_budget_s for guess in guesses)
-    return sum(capped, 0.0)
+    total = 0.0  # added in order (Python 3.12's `sum` rounds floats differently)
+    for kernel in kernels:
+        if not kernel.reasons(problem):
+            guess = estimator.seconds(problem, kernel)
+            total += min(guess, point_budget_s) if math.isfinite(guess) else point_budget_s
+    return total
 
 
 def order_rounds(problems: list[Problem], cost) -> list[Problem]:

@@ -193,8 +193,7 @@ def parse_lines(lines: Iterable[bytes]) -> tuple[list[dict], int]:
         try:
             record = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            bad += 1
-            continue
+            record = None
         if isinstance(record, dict):
             records.append(record)
         else:
