@@ -66,9 +66,8 @@ class CostEstimator:
 
     def fastest(self, problem: Problem, kernels: list[Kernel]) -> float:
         """The smallest prediction among `kernels` that support `problem` (inf if none)."""
-        times = [self.seconds(problem, k) for k in kernels if not k.reasons(problem)]
-        finite = [t for t in times if math.isfinite(t)]
-        return min(finite, default=math.inf)
+        times = (self.seconds(problem, k) for k in kernels if not k.reasons(problem))
+        return min((t for t in times if math.isfinite(t)), default=math.inf)
 
 
 @dataclass
@@ -101,8 +100,7 @@ def triage(problem: Problem, kernels: list[Kernel], *, estimator: CostEstimator,
             continue
         supported.append(kernel)
     predicted = {k.name: estimator.seconds(problem, k) for k in supported}
-    finite = [t for t in predicted.values() if math.isfinite(t)]
-    fastest = min(finite, default=math.inf)
+    fastest = min((t for t in predicted.values() if math.isfinite(t)), default=math.inf)
     to_time = []
     for kernel in supported:
         guess = predicted[kernel.name]

@@ -15,11 +15,11 @@ from pathlib import Path
 from optuna.storages import BaseStorage
 
 from attn_dispatch.calibration.results import (
-    StudyIds,
     add_record_trial,
     ensure_study,
     find_study,
     record_trials,
+    study_ids,
     study_name,
 )
 
@@ -109,7 +109,7 @@ class ClaimBoard:
         self.owner = owner
         self.lease_s = lease_s
         self._held: dict[str, tuple[int, int, float]] = {}  # key -> (study id, generation, last beat)
-        self._ids = StudyIds(storage)
+        self._ids = study_ids(storage)
 
     def _records(self, study_id: int) -> list[dict]:
         return [t.user_attrs for t in record_trials(self.storage, study_id)]

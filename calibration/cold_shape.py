@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 import torch
 
 from attn_dispatch.calibration.inputs import make_inputs
+from attn_dispatch.calibration.timer import synchronize
 from attn_dispatch.kernels import Kernel, Problem, kernel_from_name
 from attn_dispatch.models.probe_store import save_cold_costs
 
@@ -39,11 +40,6 @@ def probe_problems(dtype: str = "bfloat16") -> dict[str, Problem]:
     }
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed_call(kernel: Kernel, problem: Problem, device: torch.device) -> tuple[float, float, float]:
     """(first call seconds, second call seconds, seconds per call of `BACK_TO_BACK` more) of
     `kernel` on new inputs of `problem` (the run the dispatcher's warm path calls)."""
@@ -52,15 +48,15 @@ def _timed_call(kernel: Kernel, problem: Problem, device: torch.device) -> tuple
     run = kernel.runner(problem)
     times = []
     for _ in range(2):
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         run(*args)
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     start = time.perf_counter()
     for _ in range(BACK_TO_BACK):
         run(*args)
-    _sync(device)
+    synchronize(device)
     return times[0], times[1], (time.perf_counter() - start) / BACK_TO_BACK
 
 

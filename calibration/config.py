@@ -9,7 +9,7 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from attn_dispatch.calibration.timer import DEFAULT, QUICK, TimerSettings
@@ -56,7 +56,7 @@ class CalibrationConfig:
     tune_trials: int | None = None  # optuna trials per tuned study (None: by profile)
     refine_rounds: int = REFINE_ROUNDS  # crossover refinement rounds after the sweep
     seed: int = 0  # the sample's and the samplers' seed
-    threads: int | None = field(default=None)
+    threads: int | None = None  # torch threads while timing (None: torch's default)
     workload: str | None = None  # a recorded workload, measured first, as recorded
     allow_busy: bool = False  # calibrate on a too-busy machine (widened timer); not part of the id
 

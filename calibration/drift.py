@@ -7,6 +7,7 @@ its first choice is measurably slower than the fastest there, confirmed by timin
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import defaultdict
@@ -15,11 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from attn_dispatch.calibration.finish import ANY_LOSSY
 from attn_dispatch.calibration.inputs import InputCache
 from attn_dispatch.calibration.measure import measure
 from attn_dispatch.calibration.results import ResultsStore
 from attn_dispatch.calibration.timer import QUICK, TimerSettings
-from attn_dispatch.kernels.accuracy import AccuracyPolicy
+from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.registry import kernel_from_name
 from attn_dispatch.models.measured import ClassKey
 from attn_dispatch.models.measurement import Measurement
@@ -33,7 +35,6 @@ DECISION_TOLERANCE = 0.10
 # [1 / DRIFT_FACTOR, DRIFT_FACTOR] (the model's own error is of this order).
 DRIFT_FACTOR = 1.5
 MAX_POINT_SECONDS = 0.25  # buckets whose predicted winner takes longer are not re-measured
-ANY_LOSSY = AccuracyPolicy.allowing("any")
 
 
 @dataclass
@@ -103,28 +104,8 @@ def sample_buckets(table: ThresholdTable, count: int, *, seed: int = 0,
         rest = [b for b in quick if not cells[b].measured]
         order = [measured[i] for i in rng.permutation(len(measured))] + [rest[i] for i in rng.permutation(len(rest))]
         per_class.append([(key, bucket) for bucket in order])
-    chosen: list[tuple[ClassKey, tuple[int, int]]] = []
-    depth = 0
-    while len(chosen) < count and any(depth < len(c) for c in per_class):
-        chosen += [c[depth] for c in per_class if depth < len(c)][: count - len(chosen)]
-        depth += 1
-    return chosen
-
-
-def _measure_into(point: PointCheck, name: str, problem, device, settings, memory_budget, device_key, seed, cache,
-                  report: DriftReport) -> None:
-    """Measure one kernel of a bucket; a repeated kernel keeps its faster run (interference on a
-    shared machine only ever slows a run down)."""
-    m = measure(kernel_from_name(name, policy=ANY_LOSSY), problem, device, settings=settings,
-                memory_budget=memory_budget, device_key=device_key, seed=seed, cache=cache, extra={"phase": "check"})
-    earlier = next((i for i, e in enumerate(report.measurements) if e.problem == problem and e.kernel == name), None)
-    if earlier is None:
-        report.measurements.append(m)
-    elif m.ok and m.median_s < report.measurements[earlier].median_s:
-        report.measurements[earlier] = m
-    point.statuses[name] = m.status
-    if m.ok:
-        point.measured[name] = min(m.median_s, point.measured.get(name, math.inf))
+    layers = itertools.zip_longest(*per_class)  # each class's first bucket, then each one's second...
+    return [bucket for layer in layers for bucket in layer if bucket is not None][:max(count, 0)]
 
 
 def check_table(table: ThresholdTable, device: torch.device | str, *, points: int, seed: int = 0,
@@ -140,15 +121,32 @@ def check_table(table: ThresholdTable, device: torch.device | str, *, points: in
         )
     report = DriftReport(points=[], measurements=[])
     cache = InputCache()
+
+    def measure_into(point: PointCheck, name: str, problem: Problem) -> None:
+        """Measure one kernel of a bucket; a repeated kernel keeps its faster run (interference on
+        a shared machine only ever slows a run down)."""
+        m = measure(kernel_from_name(name, policy=ANY_LOSSY), problem, device, settings=settings,
+                    memory_budget=memory_budget, device_key=device_key, seed=seed, cache=cache,
+                    extra={"phase": "check"})
+        earlier = next((i for i, e in enumerate(report.measurements) if e.problem == problem and e.kernel == name),
+                       None)
+        if earlier is None:
+            report.measurements.append(m)
+        elif m.ok and m.median_s < report.measurements[earlier].median_s:
+            report.measurements[earlier] = m
+        point.statuses[name] = m.status
+        if m.ok:
+            point.measured[name] = min(m.median_s, point.measured.get(name, math.inf))
+
     for key, bucket in sample_buckets(table, points, seed=seed, max_seconds=max_seconds):
         table_class = table.classes[key]
         problem = table_class.problem_at(bucket, device.type)
         point = PointCheck(key, bucket, predicted=dict(table_class.cells[bucket].ranking))
         for name in point.predicted:
-            _measure_into(point, name, problem, device, settings, memory_budget, device_key, seed, cache, report)
+            measure_into(point, name, problem)
         if point.changed:  # confirm: time both kernels again, keep each one's faster run
             for name in {point.table_winner, point.measured_winner}:
-                _measure_into(point, name, problem, device, settings, memory_budget, device_key, seed, cache, report)
+                measure_into(point, name, problem)
         cache.clear()
         report.points.append(point)
     return report

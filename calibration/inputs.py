@@ -83,15 +83,12 @@ class InputCache:
         self._sets: list[AttentionInputs] = []
         self._references: list | None = None
 
-    def _select(self, problem: Problem, device: torch.device, seed: int) -> None:
+    def input_sets(self, problem: Problem, device: torch.device, seed: int, count: int) -> list[AttentionInputs]:
+        """`count` input sets for `problem` (set ``i`` drawn with seed ``seed + i``)."""
         key = (problem, str(device), seed)
         if key != self._key:
             self.clear()
             self._key = key
-
-    def input_sets(self, problem: Problem, device: torch.device, seed: int, count: int) -> list[AttentionInputs]:
-        """`count` input sets for `problem` (set ``i`` drawn with seed ``seed + i``)."""
-        self._select(problem, device, seed)
         while len(self._sets) < count:
             self._sets.append(make_inputs(problem, device, seed + len(self._sets)))
         return self._sets[:count]

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from attn_dispatch.calibration.inputs import AttentionInputs, InputCache, gate_errors, rotation_count
-from attn_dispatch.calibration.timer import DEFAULT, TimerSettings, time_repetitions
+from attn_dispatch.calibration.timer import DEFAULT, TimerSettings, synchronize, time_repetitions
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.base import is_out_of_memory
@@ -23,6 +23,7 @@ from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.registry import all_kernels
 from attn_dispatch.models.gc_pause import cyclic_collection_paused
 from attn_dispatch.models.measurement import Measurement
+
 
 class StoragePeakTracker(TorchDispatchMode):
     """Tracks the bytes of storages created inside the mode that are still alive."""
@@ -128,10 +129,8 @@ def measure(kernel: Kernel, problem: Problem, device: torch.device | str, *, set
 
     `memory_budget`: bytes the point may use (inputs + workspace; over it: infeasible without
     running). `cache` reuses input sets and references across the kernels of one problem.
-    `should_stop` goes to `time_repetitions`. A kernel whose first call takes longer than
-    `single_shot_above_s` gets one warm-up and one batched sample (``stopped == "early"``) unless
-    that shows it is no loser. `extra` is copied into ``Measurement.extra``.
-    """
+    `should_stop` goes to `time_repetitions`; `single_shot_above_s`: see `_timing`. `extra` is
+    copied into ``Measurement.extra``."""
     device = torch.device(device)
     base = {"problem": problem, "kernel": kernel.name, "device_key": device_key, "timestamp": time.time()}
     info = dict(extra or {})
@@ -165,8 +164,7 @@ def measure(kernel: Kernel, problem: Problem, device: torch.device | str, *, set
                 peak, out = measure_peak_bytes(lambda: _run(kernel, input_sets[0], problem), device)
             else:
                 peak, out = None, _run(kernel, input_sets[0], problem)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(device)
             first_call_s = time.perf_counter() - began
             errors = gate_errors(out, references)
             del out
@@ -227,8 +225,6 @@ SELF_CHECK_SHAPES = (
 
 
 def on_device(shape: NamedShape, device: torch.device) -> NamedShape:
-    from dataclasses import replace
-
     return NamedShape(shape.suite, replace(shape.problem, device_type=device.type))
 
 

@@ -6,11 +6,13 @@ wins; a resumed run reloads it), so all workers follow the same one.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -59,14 +61,6 @@ class SpaceProfile:
     input_memory_fraction: float
     max_fastest_s: float
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> SpaceProfile:
-        tuples = {k: tuple(v) for k, v in data.items() if isinstance(v, list)}
-        return cls(**{**data, **tuples})
-
 
 ALL_HEAD_DIMS = (64, 80, 96, 128, 256)
 ALL_DTYPES = ("float16", "bfloat16", "float32")
@@ -101,12 +95,9 @@ def _pick(options: tuple, u: float):
 
 def _share(shares: tuple[float, ...], u: float) -> int:
     """Index of the share interval `u` falls into."""
-    total, edge = sum(shares), 0.0
-    for index, share in enumerate(shares):
-        edge += share / total
-        if u < edge:
-            return index
-    return len(shares) - 1
+    total = sum(shares)
+    edges = list(itertools.accumulate(share / total for share in shares))
+    return min(bisect.bisect_right(edges, u), len(shares) - 1)
 
 
 def _length(u: float, top: int, bottom: int = 1) -> int:
@@ -182,17 +173,12 @@ def sample_problems(profile: SpaceProfile, *, device_type: str, memory_bytes: in
     card, duplicates removed, in sample order (each prefix covers the space)."""
     count = profile.problems if count is None else count
     sampler = qmc.Halton(d=len(DIMENSIONS), scramble=True, seed=seed)
-    problems: list[Problem] = []
-    seen: set[Problem] = set()
-    for u in sampler.random(count):
-        problem = fit_problem(
-            _point(u, profile, device_type), memory_bytes=memory_bytes,
-            fraction=profile.input_memory_fraction, max_fastest_s=profile.max_fastest_s, fastest_s=fastest_s,
-        )
-        if problem not in seen:
-            seen.add(problem)
-            problems.append(problem)
-    return problems
+    return list(dict.fromkeys(
+        fit_problem(_point(u, profile, device_type), memory_bytes=memory_bytes,
+                    fraction=profile.input_memory_fraction, max_fastest_s=profile.max_fastest_s,
+                    fastest_s=fastest_s)
+        for u in sampler.random(count)
+    ))
 
 
 WORKLOAD_FORMAT = 1
@@ -237,12 +223,11 @@ ROUND_SIZE = 16
 def problem_cost(problem: Problem, kernels: list[Kernel], estimator: CostEstimator, point_budget_s: float) -> float:
     """Predicted seconds to decide `problem`: its supported kernels' predictions, each capped at the
     per-point budget (unknown predictions count as one budget)."""
-    total = 0.0
+    total = 0.0  # added in order (Python 3.12's `sum` rounds floats differently)
     for kernel in kernels:
-        if kernel.reasons(problem):
-            continue
-        guess = estimator.seconds(problem, kernel)
-        total += min(guess, point_budget_s) if math.isfinite(guess) else point_budget_s
+        if not kernel.reasons(problem):
+            guess = estimator.seconds(problem, kernel)
+            total += min(guess, point_budget_s) if math.isfinite(guess) else point_budget_s
     return total
 
 

@@ -8,8 +8,10 @@ study names start with the calibration id.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib.util
+import itertools
 import json
 import logging
 import math
@@ -117,17 +119,9 @@ def ensure_study(storage: BaseStorage, name: str) -> int:
         return storage.get_study_id_from_name(name)
 
 
-class StudyIds:
+def study_ids(storage: BaseStorage) -> Callable[[str], int]:
     """`ensure_study` with the ids remembered (a study is never deleted during a calibration)."""
-
-    def __init__(self, storage: BaseStorage) -> None:
-        self.storage = storage
-        self._ids: dict[str, int] = {}
-
-    def __call__(self, name: str) -> int:
-        if name not in self._ids:
-            self._ids[name] = ensure_study(self.storage, name)
-        return self._ids[name]
+    return functools.cache(functools.partial(ensure_study, storage))
 
 
 def add_record_trial(storage: BaseStorage, study_id: int, attrs: dict, value: float | None = None) -> int:
@@ -199,8 +193,7 @@ def parse_lines(lines: Iterable[bytes]) -> tuple[list[dict], int]:
         try:
             record = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            bad += 1
-            continue
+            record = None
         if isinstance(record, dict):
             records.append(record)
         else:
@@ -268,15 +261,10 @@ class ResultsStore:
 
 def merge(*sources: list[Measurement]) -> list[Measurement]:
     """One measurement per unit (problem, kernel), the first source winning."""
-    seen: set[str] = set()
-    out = []
-    for source in sources:
-        for m in source:
-            key = unit_key(m.problem, m.kernel)
-            if key not in seen:
-                seen.add(key)
-                out.append(m)
-    return out
+    kept: dict[str, Measurement] = {}
+    for m in itertools.chain(*sources):
+        kept.setdefault(unit_key(m.problem, m.kernel), m)
+    return list(kept.values())
 
 
 class Recorder:
@@ -295,8 +283,7 @@ class Recorder:
         self.on_record = on_record
         self._local: dict[str, dict] = {}  # unit -> record, from the results store
         self._pending: dict[Problem, list[dict]] = {}  # timed records not yet in the storage
-        self._ids = StudyIds(storage)
-        self.written = 0
+        self._ids = study_ids(storage)
         self.write_through = isinstance(storage, RDBStorage)
 
     def _points_study(self, problem: Problem) -> int:
@@ -336,13 +323,9 @@ class Recorder:
         record = measurement_record(measurement, run=self.calibration_id, worker=self.worker)
         if self.write_through:
             add_record_trial(self.storage, self._points_study(measurement.problem), {"measurements": [record]})
-        self.store.append([record])
-        self._local.setdefault(record["unit"], record)
+        self._append([record])
         if not self.write_through:
             self._pending.setdefault(measurement.problem, []).append(record)
-        self.written += 1
-        if self.on_record is not None:
-            self.on_record(record)
         return record
 
     def record_decided(self, measurements: list[Measurement]) -> None:
@@ -353,12 +336,15 @@ class Recorder:
         shared = [r for r in records if r.get("status") != "unsupported"]
         if self.write_through and shared:
             add_record_trial(self.storage, self._points_study(measurements[0].problem), {"measurements": shared})
+        self._append(records)
+
+    def _append(self, records: list[dict]) -> None:
+        """Append `records` to the results store and note them as known."""
         self.store.append(records)
         for record in records:
             self._local.setdefault(record["unit"], record)
             if self.on_record is not None:
                 self.on_record(record)
-        self.written += len(records)
 
     def flush(self, problem: Problem) -> None:
         """Write `problem`'s timed points not yet in the storage (one storage write)."""

@@ -14,7 +14,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -191,9 +191,6 @@ class BenchSettings:
         """What `measure` runs per path: warm-up, then one timed repetition."""
         return TimerSettings(warmup=self.warmup, min_reps=1, max_reps=1, target_relative_iqr=math.inf,
                              budget_s=self.shape_budget_s)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -424,11 +421,8 @@ def summarise(shapes: list[ShapeResult]) -> dict:
     worst_oracle, worst_oracle_shape = _worst(shapes, "oracle")
     worst_pytorch, worst_pytorch_shape = _worst(shapes, "pytorch")
     to_pytorch = [s.ratio("pytorch") for s in shapes if s.ratio("pytorch") is not None]
-    failures: Counter = Counter()
-    for shape in shapes:
-        for path in shape.paths:
-            if path.status in NOT_OK:
-                failures[(path.label, path.status)] += 1
+    failures = Counter((path.label, path.status) for shape in shapes for path in shape.paths
+                       if path.status in NOT_OK)
     return {
         "shapes": len(shapes),
         "oracle_geomean": geometric_mean([s.ratio("oracle") for s in shapes]),

@@ -58,7 +58,8 @@ def interquartile_range(samples: list[float]) -> float:
     return quartiles[2] - quartiles[0]
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for `device`'s queued work (a no-op on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -82,7 +83,7 @@ def time_repetitions(run: Callable[[int], object], device: torch.device, setting
         for i in range(settings.warmup):
             begin = time.perf_counter()
             run(i)
-            _synchronize(device)
+            synchronize(device)
             single = min(single, time.perf_counter() - begin)
             if time.perf_counter() - started > settings.budget_s:
                 break  # a slow kernel is warm after one call; keep the budget for timed runs

@@ -68,12 +68,10 @@ def effective_values(family: str, problem: Problem) -> dict[str, list[int]]:
 
 def _distinct(values: list[int], effect: Callable[[int], object]) -> list[int]:
     """The first of `values` (ascending) for each distinct `effect`."""
-    seen, kept = set(), []
+    first: dict[object, int] = {}
     for value in values:
-        if effect(value) not in seen:
-            seen.add(effect(value))
-            kept.append(value)
-    return kept
+        first.setdefault(effect(value), value)
+    return list(first.values())
 
 
 def configurations(values: dict[str, list[int]]) -> list[dict[str, int]]:

@@ -144,14 +144,11 @@ class Worker:
         self.report = WorkerReport(worker, str(self.device))
         self._current: str | None = None
 
-    def _fastest(self, problem: Problem) -> float:
-        return self.estimator.fastest(problem, self.kernels)
-
     def _fit(self, problem: Problem) -> Problem:
         profile = profile_for(self.device.type, quick=self.config.quick)
         return fit_problem(problem, memory_bytes=self.memory_budget or self.identity.memory_bytes,
                            fraction=profile.input_memory_fraction, max_fastest_s=profile.max_fastest_s,
-                           fastest_s=self._fastest)
+                           fastest_s=lambda p: self.estimator.fastest(p, self.kernels))
 
     def sweep_plan(self) -> list[Problem]:
         problems = build_sweep(
@@ -214,10 +211,11 @@ class Worker:
                 raise DeadlineReached
             self._try(problem, phase)
 
-    def _try(self, problem: Problem, phase: str) -> bool:
+    def _try(self, problem: Problem, phase: str) -> None:
+        """Measure `problem` unless another worker holds or finished it."""
         key = problem_id(problem)
         if not self.board.try_claim(key):
-            return False
+            return
         self._current = key
         try:
             self.report.timed += self.run_problem(problem, phase)
@@ -229,7 +227,6 @@ class Worker:
         self.board.finish(key)
         self.report.problems += 1
         self.on_problem()
-        return True
 
     def _wait_for(self, problems: list[Problem]) -> bool:
         """Until every problem is done (taking over stale claims); False at the deadline."""
