@@ -274,6 +274,10 @@ def no_table_line(level: str, device: str, *, measure: bool) -> str | None:
             f"kernel over a sweep of shapes ahead of time instead: {CALIBRATE_TIME}")
 
 
+NO_TABLE_NOTICE = "attn_dispatch_no_table_notice"
+"""Attribute set on the log record of `say_once`'s line (a command that prints the line itself filters it)."""
+
+
 def say_once(key: str, level: str, device: str, *, measure: bool) -> None:
     """Log `no_table_line` once per process for the device identity `key`."""
     line = no_table_line(level, device, measure=measure)
@@ -283,4 +287,4 @@ def say_once(key: str, level: str, device: str, *, measure: bool) -> None:
         if key in _said:
             return
         _said.add(key)
-    logger.warning("attn_dispatch: %s", line)
+    logger.warning("attn_dispatch: %s", line, extra={NO_TABLE_NOTICE: True})

@@ -282,6 +282,7 @@ SETUP_FREE_MEASURED = 1
 MAX_CANDIDATES = 7
 """Candidates of one bucket at most, the baseline included."""
 
+
 def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -> bool:
     """Whether a bucket measures on its calls: its device can be timed without waiting and no same-card entry decides
     it."""

@@ -121,7 +121,7 @@ COMPILE_PRIOR_S = 1.0
 WIDE_HEAD_DIM = 128
 COMPILE_SECONDS = {
     # (family, fp32, a head dim over WIDE_HEAD_DIM): seconds; medians of a calibration's first runs on
-    # the H200, Triton 3.6 (docs/RESULTS.md#calibration-with-the-triton-tunables-h200)
+    # the H200, Triton 3.6 (docs/RESULTS.md#where-the-priors-constants-come-from)
     ("triton_flash", False, False): COMPILE_PRIOR_S, ("triton_flash", False, True): 1.8,
     ("triton_flash", True, False): 6.0, ("triton_flash", True, True): 27.0,
     ("triton_decode", False, False): COMPILE_PRIOR_S, ("triton_decode", False, True): 1.7,

@@ -77,10 +77,10 @@ def given_table(path: str):
 @contextmanager
 def _notice_in_output_only():
     """The no-table notice is one of the decision's notes: not logged again on stderr."""
-    from attn_dispatch.dispatcher.device_ranking import logger
+    from attn_dispatch.dispatcher.device_ranking import NO_TABLE_NOTICE, logger
 
     def not_the_notice(record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("attn_dispatch: no table measured")
+        return not getattr(record, NO_TABLE_NOTICE, False)
 
     logger.addFilter(not_the_notice)
     try:

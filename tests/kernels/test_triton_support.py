@@ -91,7 +91,6 @@ def test_asking_does_not_import_triton_on_a_plain_cpu():
     assert done.stdout.strip() == "False"
 
 
-
 def test_a_compiled_variant_is_the_kernels_variant_key(monkeypatch):
     """What the compile wait and the measuring's first-run exemption share: `Kernel.variant_key`; a
     Triton kernel's also fixes the lengths' divisibility (a new one compiles), a chunked kernel's not."""
@@ -121,10 +120,12 @@ def test_a_first_run_costs_what_its_dtype_and_head_dims_compile(monkeypatch):
     flash = TritonFlashKernel()
 
     def first_run(dtype, head_dim=64, kernel=flash):
-        return compile_seconds(kernel, Problem(1, 8, 8, 64, 1024, head_dim, head_dim, dtype, device_type="cuda"))
+        problem = Problem(1, 8, 8, 64, 1024, head_dim, head_dim, dtype, device_type="cuda")
+        return compile_seconds(kernel, problem)
 
     assert first_run("float16") == support.COMPILE_PRIOR_S
-    assert first_run("float16") < first_run("float16", head_dim=256) < first_run("float32") < first_run("float32", 256)
+    half, half_wide = first_run("float16"), first_run("float16", head_dim=256)
+    assert half < half_wide < first_run("float32") < first_run("float32", head_dim=256)
     converted = kernel_from_name("convert[bf16->fp32]+" + flash.name)
     assert first_run("bfloat16", kernel=converted) == first_run("float32")
     support.mark_compiled(flash, Problem(1, 8, 8, 64, 1024, 64, 64, "float32", device_type="cuda"))
