@@ -17,7 +17,9 @@ runs before session 10 called ``attention``, the Python method):
 - ``table``: ``Dispatcher(measure=False)``, the table (or prior) alone;
 - ``shipped``: ``Dispatcher(remember_tunings=False)`` as installed: the table, and each bucket no
   measured entry of this card decides measured on its own calls (`dispatcher/measuring.py`), afresh
-  in every run.
+  in every run;
+- ``shipped_b`` (with ``--home-b DIR``): the same, served from the tables imported into DIR (`import`):
+  two tables side by side on the same inputs.
 
 Each path's first call is timed alone (`cold_s`: the dispatchers decide there, PyTorch builds its
 per-shape plan); a second call estimates the per-call time; kernels `LOSER_FACTOR` x slower than the
@@ -68,7 +70,7 @@ SMALL_Q_ROWS = (2, 64)  # the issue's "Lq 2-64" slice (speculative decoding, chu
 ROUNDS = 5
 LOSER_FACTOR = 4.0  # a kernel this much slower than the best so far cannot be the oracle whatever the noise
 FULL_MATRIX_LIMIT = 1 << 30  # score-matrix bytes (fp32) past which `math` / `sdpa_math` are not run
-DISPATCHERS = ("table", "shipped")
+DISPATCHERS = ("table", "shipped", "shipped_b")
 CONTROL = "pytorch_again"
 """An A/A control path (only where ``--paths`` names it): PyTorch's call again, timed as the
 dispatchers are, so its paired ratios to ``pytorch`` show how many shapes the measurement alone
@@ -311,6 +313,8 @@ def run(args) -> None:
     if fast_path.fast_path_enabled() and fast_path.load() is None:
         print(f"building the fast path ... {fast_path.build()}", flush=True)
     dispatchers = {"table": ad.Dispatcher(measure=False), "shipped": ad.Dispatcher(remember_tunings=False)}
+    if args.home_b:
+        dispatchers["shipped_b"] = ad.Dispatcher(remember_tunings=False, home=args.home_b)
     started = time.perf_counter()
     with open(args.out, "a") as out:
         out.write(json.dumps({"conditions": conditions(device, args.rounds, sorted(args.paths) if args.paths else None), "shapes": len(problems)}) + "\n")
@@ -362,6 +366,8 @@ def summarize(path: str) -> None:
                 f"best fused {_geomean([median(r, 'pytorch') / b for r, b in fused_pairs]):.3f}x"]
         for name in DISPATCHERS:
             mine = [(r, median(r, name)) for r in chosen if median(r, name)]
+            if not mine:
+                continue
             speed = [median(r, "pytorch") / m for r, m in mine]
             to_oracle = [m / oracle(r) for r, m in mine]
             slower = sum(1 for s in speed if 1 / s > SLOWER_MARGIN)
@@ -465,6 +471,8 @@ def main() -> None:
                         help="time only these paths, comma-separated: pytorch, table, shipped, kernels (every "
                              "kernel:<name>), pytorch_again (PyTorch's call again: an A/A control of the paired ratio); "
                              "e.g. pytorch,pytorch_again,shipped with --rounds 21 checks the 3%% bound on 20-40 us calls")
+    parser.add_argument("--home-b", metavar="DIR", default=None,
+                        help="also time `shipped_b`: the shipped dispatcher served from the tables imported into DIR")
     parser.add_argument("--summarize", metavar="FILE", help="print the summary of a results file and stop")
     args = parser.parse_args()
     if args.summarize:
