@@ -41,6 +41,14 @@ class Reading:
         start, end = self._events
         return max(self._host_s, start.elapsed_time(end) / MS_PER_S)
 
+    def device_excess(self) -> float | None:
+        """Seconds the device's events spanned beyond the host's call (negative: the host took longer); None on a host
+        clock."""
+        if self._events is None:
+            return None
+        start, end = self._events
+        return start.elapsed_time(end) / MS_PER_S - self._host_s
+
 
 class HostClock:
     """A CPU's clock: the host's, around the call."""
@@ -98,6 +106,12 @@ BUDGET_CALLS = 3.0
 """What a bucket may spend on slower candidates, in baseline calls (summed excess over the baseline's median)."""
 MAX_PENDING = 2
 """Readings that may wait for their device events before calls go untimed."""
+DEVICE_BACKED_MARGIN = 0.15
+"""On a device with events, a candidate replaces the baseline only where the part of its saving that the baseline's
+device time can account for (the baseline's event time beyond its host time, median) is over this share of the
+baseline's time. The rest of a saving is host time of the measuring's Python path, which the C++ fast path that
+serves the decided bucket does not carry: on an H100, savings backed 5-11% of the baseline were losses of 1.16-1.19x
+in a loop, those backed 23-63% wins (docs/RESULTS.md#h100-without-tables)."""
 
 _variants_run: set[tuple] = set()
 """Kernel variants (`Kernel.variant_key`) that have run a warm-up in this process."""
@@ -122,11 +136,13 @@ def measure_from_env() -> bool:
 
 @dataclass
 class Contender:
-    """One candidate in a trial: calls, samples (no warm-ups), why it left (`out`) and its failure."""
+    """One candidate in a trial: calls, samples (no warm-ups), each sample's device time beyond its host time
+    (`excess`, where events timed it), why it left (`out`) and its failure."""
 
     option: Option
     calls: int = 0
     samples: list[float] = field(default_factory=list)
+    excess: list[float] = field(default_factory=list)
     out: str | None = None
     failure: str | None = None
 
@@ -147,7 +163,8 @@ class Trial:
     - The excess of candidates' calls over the baseline's median is spent from `BUDGET_CALLS`; a candidate predicted
       over what is left never runs; once spent, only candidates faster than the baseline stay.
     - After `ROUNDS` samples, the baseline stays unless a candidate beat it in every paired round and by more than
-      `MIN_WIN_MARGIN` at the median.
+      `MIN_WIN_MARGIN` at the median, with a saving that is device time where events time the calls
+      (`DEVICE_BACKED_MARGIN`).
     - At most `MAX_PENDING` readings wait on a GPU (then calls run untimed); nothing is timed during CUDA graph
       capture.
     - A candidate that raises is out (`on_failure`) and the call runs the plan's own kernel.
@@ -180,6 +197,7 @@ class Trial:
         self.first_runs_s = 0.0  # warm-ups that were their variant's first run in the process (not charged)
         self.plans: list = []  # the measuring plans of the bucket (`planner`): re-planned once decided
         self.result: Tuned | None = None
+        self.host_bound: list[str] = []  # faster on the readings by host time only (`device_backed`): not taken
         self._pending: list[tuple[Contender, object, bool, bool]] = []
         self._runners: dict[tuple[str, Problem], Callable | None] = {}
         self._lock = threading.Lock()
@@ -298,9 +316,10 @@ class Trial:
         """Record every ready pending reading, oldest first (events complete in stream order)."""
         while self._pending and self._pending[0][1].ready():
             contender, reading, warm_up, charged = self._pending.pop(0)
-            self._record(contender, reading.seconds(), warm_up, charged)
+            self._record(contender, reading.seconds(), warm_up, charged, reading.device_excess())
 
-    def _record(self, contender: Contender, seconds: float, warm_up: bool, charged: bool = True) -> None:
+    def _record(self, contender: Contender, seconds: float, warm_up: bool, charged: bool = True,
+                excess: float | None = None) -> None:
         """One reading: a sample unless a warm-up, and its cost over the baseline (none when not `charged`)."""
         if contender is self.baseline:
             if warm_up:
@@ -315,6 +334,8 @@ class Trial:
                 self.spent_s += max(0.0, seconds - reference)
         if not warm_up:
             contender.samples.append(seconds)
+            if excess is not None:
+                contender.excess.append(excess)
         self._judge()
 
     def _judge(self) -> None:
@@ -339,7 +360,8 @@ class Trial:
             self._decide()
 
     def _decide(self) -> None:
-        """Close: the baseline, unless a candidate won every paired round and by `MIN_WIN_MARGIN` at the median."""
+        """Close: the baseline, unless a candidate won every paired round and by `MIN_WIN_MARGIN` at the median, with
+        a saving the baseline's device time backs (`device_backed`)."""
         baseline, best, best_ratio = self.baseline, self.baseline, 1.0 / (1.0 + MIN_WIN_MARGIN)
         self.open = False
         if baseline.out is not None:  # it failed: nothing measured against it decides; the bucket decides again
@@ -350,8 +372,21 @@ class Trial:
             ratios = [c / b for c, b in zip(contender.samples, baseline.samples, strict=False)]  # paired by round
             median = statistics.median(ratios)
             if all(r < 1.0 for r in ratios) and median < best_ratio:
+                if not self.device_backed(contender):
+                    self.host_bound.append(contender.name)
+                    continue
                 best, best_ratio = contender, median
         self.result = Tuned(best.name, tuple((c.name, c.median()) for c in self.contenders if c.samples))
+
+    def device_backed(self, contender: Contender) -> bool:
+        """Whether `contender`'s saving over the baseline is device time (`DEVICE_BACKED_MARGIN`); always where the
+        clock has no events (a CPU's host clock times the work itself)."""
+        baseline = self.baseline
+        if not baseline.samples or len(baseline.excess) < len(baseline.samples):
+            return True
+        reference = baseline.median()
+        backed = min(reference - contender.median(), statistics.median(baseline.excess))
+        return backed > DEVICE_BACKED_MARGIN * reference
 
     def _close_if_decided(self) -> None:
         if not self.open and self.on_close is not None:
@@ -409,4 +444,7 @@ class Trial:
             winner = self.result.kernel if self.result is not None else self.baseline.name
             outcome = ("the baseline stays" if winner == self.baseline.name
                        else f"{winner} beat {self.baseline.name} in every round")
+            if self.host_bound:
+                outcome += (f" ({', '.join(self.host_bound)} faster on the readings by host time of the measuring "
+                            "path, not device time: not taken)")
             return "measured on this bucket's calls: " + "; ".join(parts) + f"; {outcome}"

@@ -127,6 +127,48 @@ def test_a_faster_candidate_wins_after_its_rounds_and_serves_the_bucket(monkeypa
     assert len(fast.outputs) == served + 1 and ours.explain(**sibling).kernel == "fast"
 
 
+class _DeviceReading(_LateReading):
+    """A reading whose events spanned `excess` seconds beyond the host's call."""
+
+    __slots__ = ("excess",)
+
+    def __init__(self, seconds: float, clock: VirtualClock, excess: float) -> None:
+        super().__init__(seconds, clock)
+        self.excess = excess
+
+    def device_excess(self) -> float:
+        return self.excess
+
+
+class _HostBound(Timed):
+    """A `Timed` kernel whose calls the device outlasts by `excess` seconds (a clock with events reads it)."""
+
+    def __init__(self, label: str, seconds: float, clock: VirtualClock, excess: float) -> None:
+        super().__init__(label, seconds, clock)
+        self.excess = excess
+
+    def run(self, *args):
+        self.clock.excess = self.excess
+        return super().run(*args)
+
+
+@pytest.mark.parametrize(("baseline_excess", "winner"), [(0.02 * BASE_S, "base"), (0.6 * BASE_S, "fast")])
+def test_on_a_device_a_saving_counts_only_as_far_as_the_baseline_s_device_time_backs_it(
+        monkeypatch, clock, baseline_excess, winner):
+    """Readings that are the host's call (the device done before the host) compare the measuring's Python path,
+    not the fast path that serves the decided bucket: a candidate faster only there does not replace the baseline."""
+    clock.excess = 0.0
+    monkeypatch.setattr(clock, "stop", lambda started: _DeviceReading(clock.now - started, clock, clock.excess))
+    base = _HostBound("base", BASE_S, clock, baseline_excess)
+    fast = _HostBound("fast", BASE_S / 2, clock, 0.0)
+    ours = _dispatcher(monkeypatch, [base, fast])
+    inputs, _ = _calls(ours, BASELINE_CALLS + 2 * (ROUNDS + 1) + 2)
+    decision = ours.explain(**inputs)
+    assert decision.kernel == winner
+    note = next(n for n in decision.notes if n.startswith("measured on this bucket's calls"))
+    assert ("not device time: not taken" in note) == (winner == "base")
+
+
 def test_the_baseline_stays_unless_beaten_in_every_round(monkeypatch, clock):
     base = Timed("base", BASE_S, clock)
     # 30% faster on four calls in five, 2x slower on the fifth: a lower median, but not every round
