@@ -86,14 +86,16 @@ class Decision:
     def reason_dropped(self, name: str) -> str | None:
         return dict(self.dropped).get(name)
 
-    def summary(self) -> str:
+    def summary(self, *, source: bool = True) -> str:
+        """One line: device, shape, kernel, predicted time and (`source`) what ranked it."""
         p = self.problem
         shape = (
             f"B={p.batch} Hq={p.q_heads} Hkv={p.kv_heads} Lq={p.q_len} Lk={p.kv_len} D={p.head_dim} "
             f"{p.dtype}{' causal' if p.causal else ''}{'' if p.mask_kind == 'none' else ' mask=' + p.mask_kind}"
         )
         predicted = format_seconds(self.predicted_s)
-        return f"{self.device} [{shape}] -> {self.kernel} (predicted {predicted}; {self.source.description})"
+        ranked = f"; {self.source.description}" if source else ""
+        return f"{self.device} [{shape}] -> {self.kernel} (predicted {predicted}{ranked})"
 
     def to_dict(self) -> dict:
         return {"kernel": self.kernel, "params": dict(self.params), "route": self.route,
@@ -103,7 +105,7 @@ class Decision:
                 "free_bytes": self.free_bytes, "budget_bytes": self.budget_bytes, "notes": list(self.notes)}
 
     def __str__(self) -> str:
-        lines = [f"attention on {self.device}: {self.summary()}"]
+        lines = [f"attention on {self.device}: {self.summary(source=False)}"]  # the source has its own line
         if self.route == ROUTE_TRAINING:
             lines.append("  route: training (dropout or inputs requiring grad)")
         lines.append(f"  ranked by: {self.source.description}")
@@ -138,15 +140,25 @@ def format_seconds(seconds: float | None) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
+MAX_INNER_NAMED = 3
+"""A conversion over more inner kernels than this is listed with their count, not their names."""
+
+
 def _compact(names: list[str]) -> str:
-    """``["convert[x]+a", "convert[x]+b", "math"]`` -> ``"convert[x]+{a, b}, math"``."""
+    """``["convert[x]+a", "convert[x]+b", "math"]`` -> ``"convert[x]+{a, b}, math"``; more than `MAX_INNER_NAMED`
+    inner kernels -> ``"convert[x]+{7 kernels}"``."""
     by_prefix: dict[str, list[str]] = {}
     for name in names:
         prefix, plus, inner = name.partition("]+")
         key, rest = (prefix + plus, inner) if plus else (name, "")
         by_prefix.setdefault(key, []).append(rest)
-    return ", ".join(key + (inners[0] if len(inners) == 1 else "{" + ", ".join(inners) + "}")
-                     for key, inners in by_prefix.items())
+
+    def inner_text(inners: list[str]) -> str:
+        if len(inners) == 1:
+            return inners[0]
+        return "{" + (", ".join(inners) if len(inners) <= MAX_INNER_NAMED else f"{len(inners)} kernels") + "}"
+
+    return ", ".join(key + inner_text(inners) for key, inners in by_prefix.items())
 
 
 # memory
