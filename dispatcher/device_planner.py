@@ -15,7 +15,8 @@ import torch
 from attn_dispatch.dispatcher.decision import Candidate, Decision, free_bytes
 from attn_dispatch.dispatcher.device_ranking import no_table_line
 from attn_dispatch.dispatcher.device_state import DeviceState
-from attn_dispatch.dispatcher.measuring import Trial, clock_for
+from attn_dispatch.dispatcher.call_clock import clock_for
+from attn_dispatch.dispatcher.measuring import Trial
 from attn_dispatch.dispatcher.plans import MAX_BUCKETS, BoundedCache, Plan, SeenShapes, SpentCalls, mask_ndim_of
 from attn_dispatch.dispatcher.selection import (
     FASTER_DID_NOT_FIT,

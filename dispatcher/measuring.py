@@ -1,6 +1,5 @@
-"""A size bucket's kernels measured on its own calls (`Trial`): each call runs one candidate, timed without waiting,
-and its output is the call's. `clock_for`: host clock on a CPU; on CUDA / ROCm, stream events read once complete, the
-time the larger of device and host time. ``ATTN_DISPATCH_MEASURE=0`` or ``Dispatcher(measure=False)``: off."""
+"""A size bucket's kernels measured on its own calls (`Trial`): each call runs one candidate, timed without waiting
+(`call_clock`), and its output is the call's. ``ATTN_DISPATCH_MEASURE=0`` or ``Dispatcher(measure=False)``: off."""
 
 from __future__ import annotations
 
@@ -8,91 +7,13 @@ import functools
 import math
 import statistics
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-
-import torch
 
 from attn_dispatch.dispatcher.decision import failure_message, format_seconds
 from attn_dispatch.dispatcher.selection import MIN_WIN_MARGIN, Option, Tuned
 from attn_dispatch.kernels import Kernel, Problem
 from attn_dispatch.models import environment
-
-_now = time.perf_counter
-MS_PER_S = 1e3
-
-
-class Reading:
-    """One call's time: ``seconds()`` once ``ready()`` (readable without waiting)."""
-
-    __slots__ = ("_host_s", "_events")
-
-    def __init__(self, host_s: float, events: tuple | None = None) -> None:
-        self._host_s = host_s
-        self._events = events
-
-    def ready(self) -> bool:
-        return self._events is None or self._events[1].query()
-
-    def seconds(self) -> float:
-        if self._events is None:
-            return self._host_s
-        start, end = self._events
-        return max(self._host_s, start.elapsed_time(end) / MS_PER_S)
-
-    def device_excess(self) -> float | None:
-        """Seconds the device's events spanned beyond the host's call (negative: the host took longer); None on a host
-        clock."""
-        if self._events is None:
-            return None
-        start, end = self._events
-        return start.elapsed_time(end) / MS_PER_S - self._host_s
-
-
-class HostClock:
-    """A CPU's clock: the host's, around the call."""
-
-    def can_time(self) -> bool:
-        return True
-
-    def start(self) -> object:
-        return _now()
-
-    def stop(self, started: object) -> Reading:
-        return Reading(_now() - started)
-
-
-class CudaEventClock:
-    """A CUDA / ROCm device's clock: events on its current stream, and the host's."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def can_time(self) -> bool:
-        with torch.cuda.device(self.device):
-            return not torch.cuda.is_current_stream_capturing()
-
-    def start(self) -> object:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(self.device))
-        return event, _now()
-
-    def stop(self, started: object) -> Reading:
-        begin, host_start = started
-        end = torch.cuda.Event(enable_timing=True)
-        end.record(torch.cuda.current_stream(self.device))
-        return Reading(_now() - host_start, (begin, end))
-
-
-def clock_for(device: torch.device) -> HostClock | CudaEventClock | None:
-    """The clock that times calls on `device`; None where calls cannot be timed without waiting."""
-    if device.type == "cpu":
-        return HostClock()
-    if device.type == "cuda":
-        return CudaEventClock(device)
-    return None
-
 
 ROUNDS = 5
 """Samples of each candidate still in before the bucket is decided."""

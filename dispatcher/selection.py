@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attn_dispatch.dispatcher.call_clock import clock_for
 from attn_dispatch.dispatcher.decision import Candidate, NoKernelError, format_bytes, format_seconds
 from attn_dispatch.dispatcher.device_ranking import FALLBACK_FIRST, MEASURED_LEVELS, DeviceRanking
 from attn_dispatch.kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
@@ -286,8 +287,6 @@ MAX_CANDIDATES = 7
 def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -> bool:
     """Whether a bucket measures on its calls: its device can be timed without waiting and no same-card entry decides
     it."""
-    from attn_dispatch.dispatcher.measuring import clock_for  # measuring imports this module
-
     return clock_for(device) is not None and not (entry_decides and level in MEASURED_LEVELS)
 
 

@@ -12,7 +12,7 @@ import torch
 
 from attn_dispatch.dispatcher import Dispatcher, measuring
 from attn_dispatch.dispatcher import device_planner as planner
-from attn_dispatch.dispatcher.measuring import Reading
+from attn_dispatch.dispatcher.call_clock import Reading
 from attn_dispatch.dispatcher.measuring import BASELINE_CALLS, BUDGET_CALLS, ROUNDS, Trial
 from attn_dispatch.dispatcher.selection import Option
 from attn_dispatch.kernels import MathKernel, Problem
