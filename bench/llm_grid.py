@@ -52,7 +52,7 @@ import torch
 from attn_dispatch.calibration.inputs import make_inputs
 from attn_dispatch.calibration.timer import calls_per_sample, interquartile_range, time_batch
 from attn_dispatch.dispatcher.plans import cache_key
-from attn_dispatch.kernels import Problem
+from attn_dispatch.kernels import Problem, kernel_from_name
 from attn_dispatch.kernels.convert import ConvertKernel
 from attn_dispatch.kernels.sdpa_backends import pytorch_sdpa
 from bench.grid_measurements import grid_lines
@@ -75,6 +75,8 @@ CONTROL = "pytorch_again"
 """An A/A control path (only where ``--paths`` names it): PyTorch's call again, timed as the
 dispatchers are, so its paired ratios to ``pytorch`` show how many shapes the measurement alone
 puts over `SLOWER_MARGIN`."""
+TRITON_PREFIXES = ("kernel:triton_flash[", "kernel:triton_decode[")
+"""Labels of the ``triton`` path group."""
 SLOWER_MARGIN = 1.03  # "slower than the default by more than 3%" (the issue's wording)
 SETTLE_BUDGET_S = 3.0
 """Most seconds of back-to-back calls a dispatcher path may spend on one shape to reach its settle
@@ -141,11 +143,12 @@ def heldout_problems(count: int, seed: int, device_type: str = "cuda") -> list[P
     return problems
 
 
-def oracle_kernels(dispatcher, problem: Problem) -> dict:
-    """Kernels of the dispatcher's set worth timing on `problem` (see the module docstring)."""
+def oracle_kernels(dispatcher, problem: Problem, extra: tuple = ()) -> dict:
+    """Kernels of the dispatcher's set and `extra` (``--extra-kernels``) worth timing on `problem` (see the module
+    docstring)."""
     score_bytes = problem.batch * problem.q_heads * problem.q_len * problem.kv_len * 4
     chosen = {}
-    for kernel in dispatcher.kernels:
+    for kernel in (*dispatcher.kernels, *extra):
         if isinstance(kernel, ConvertKernel) or kernel.name == "sdpa_default" or kernel.reasons(problem):
             continue
         if kernel.family in ("math", "sdpa_math") and score_bytes > FULL_MATRIX_LIMIT:
@@ -154,15 +157,18 @@ def oracle_kernels(dispatcher, problem: Problem) -> dict:
     return chosen
 
 
-def make_paths(problem: Problem, inputs, dispatchers: dict, only: frozenset[str] | None = None) -> dict:
+def make_paths(problem: Problem, inputs, dispatchers: dict, only: frozenset[str] | None = None,
+               extra_kernels: tuple = ()) -> dict:
     """label -> ``() -> tensor`` for every path of `problem` (those `only` names where given:
-    ``pytorch``, the dispatchers' names, ``kernels`` for every ``kernel:<name>``)."""
+    ``pytorch``, the dispatchers' names, ``kernels`` for every ``kernel:<name>``, ``triton`` for those of the
+    Triton families). Kernel paths come before the dispatchers: a Triton variant a kernel path compiled is
+    compiled for the dispatchers too, as in a process that has run it before."""
     q, k, v, gqa = inputs.query, inputs.key, inputs.value, inputs.enable_gqa
     extra = {"enable_gqa": True} if gqa else {}
     paths = {"pytorch": lambda: pytorch_sdpa(q, k, v, is_causal=problem.causal, **extra)}  # as users call it
     if only is not None and CONTROL in only:  # the same call again: the paired ratio's own noise
         paths[CONTROL] = lambda: pytorch_sdpa(q, k, v, is_causal=problem.causal, **extra)
-    for label, kernel in oracle_kernels(dispatchers["table"], problem).items():
+    for label, kernel in oracle_kernels(dispatchers["table"], problem, extra_kernels).items():
         run = kernel.runner(problem)
         paths[label] = lambda run=run: run(q, k, v, None, None, gqa, problem)
     for name, ours in dispatchers.items():
@@ -170,7 +176,8 @@ def make_paths(problem: Problem, inputs, dispatchers: dict, only: frozenset[str]
     if only is None:
         return paths
     return {label: call for label, call in paths.items()
-            if label in only or ("kernels" in only and label.startswith("kernel:"))}
+            if label in only or ("kernels" in only and label.startswith("kernel:"))
+            or ("triton" in only and label.startswith(TRITON_PREFIXES))}
 
 
 def _timed_call(call, device) -> float:
@@ -182,12 +189,12 @@ def _timed_call(call, device) -> float:
 
 
 def measure_shape(problem: Problem, device: torch.device, dispatchers: dict, rounds: int,
-                  only: frozenset[str] | None = None) -> dict:
+                  only: frozenset[str] | None = None, extra_kernels: tuple = ()) -> dict:
     """One shape: cold call, estimate, pruning, interleaved rounds (module docstring); each timed
     path keeps its per-round seconds (``samples_s``, in round order: round i of two paths ran
     side by side, so their ratio per round pairs out the host's drift)."""
     inputs = make_inputs(problem, device)
-    paths = make_paths(problem, inputs, dispatchers, only)
+    paths = make_paths(problem, inputs, dispatchers, only, extra_kernels)
     cold, estimate, failed = {}, {}, {}
     for label, call in paths.items():
         try:
@@ -304,7 +311,7 @@ def run(args) -> None:
     device = torch.device(args.device)
     shapes = (grid_problems(device.type, args.batch) if args.heldout == 0
               else heldout_problems(args.heldout, args.seed + 1, device.type))
-    problems = [p for p in shapes if p.kv_len <= args.max_kv and p.head_dim <= args.max_head_dim]
+    problems = [p for p in shapes if args.min_kv <= p.kv_len <= args.max_kv and p.head_dim <= args.max_head_dim]
     random.Random(args.seed).shuffle(problems)
     if args.limit:
         problems = problems[: args.limit]
@@ -315,6 +322,7 @@ def run(args) -> None:
     dispatchers = {"table": ad.Dispatcher(measure=False), "shipped": ad.Dispatcher(remember_tunings=False)}
     if args.home_b:
         dispatchers["shipped_b"] = ad.Dispatcher(remember_tunings=False, home=args.home_b)
+    extra_kernels = tuple(kernel_from_name(name) for name in args.extra_kernels)
     started = time.perf_counter()
     with open(args.out, "a") as out:
         out.write(json.dumps({"conditions": conditions(device, args.rounds, sorted(args.paths) if args.paths else None), "shapes": len(problems)}) + "\n")
@@ -322,7 +330,7 @@ def run(args) -> None:
             if time.perf_counter() - started > args.budget_s:
                 print(f"budget spent after {index} of {len(problems)} shapes", flush=True)
                 break
-            row = measure_shape(problem, device, dispatchers, args.rounds, args.paths)
+            row = measure_shape(problem, device, dispatchers, args.rounds, args.paths, extra_kernels)
             out.write(json.dumps(row) + "\n")
             out.flush()
             if device.type == "cuda":
@@ -445,9 +453,9 @@ def paired_lines(rows: list[dict]) -> list[str]:
 
 def _path_names(text: str) -> frozenset[str]:
     names = frozenset(part.strip() for part in text.split(",") if part.strip())
-    unknown = names - {"pytorch", "kernels", CONTROL, *DISPATCHERS}
+    unknown = names - {"pytorch", "kernels", "triton", CONTROL, *DISPATCHERS}
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"--paths: unknown {sorted(unknown)}; use pytorch, kernels, {CONTROL}, "
+        raise argparse.ArgumentTypeError(f"--paths: unknown {sorted(unknown)}; use pytorch, kernels, triton, {CONTROL}, "
                                          f"{', '.join(DISPATCHERS)}")
     return names
 
@@ -460,6 +468,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=math.inf, help="no new shape after this many seconds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=0, help="only the first N shapes of the shuffled grid")
+    parser.add_argument("--min-kv", type=int, default=0, help="only shapes with at least this many keys")
     parser.add_argument("--max-kv", type=int, default=max(GRID_KV_LENS), help="only shapes with at most this many keys")
     parser.add_argument("--max-head-dim", type=int, default=max(GRID_HEAD_DIMS), help="only shapes with at most this head dim")
     parser.add_argument("--batch", type=int, default=BATCH,
@@ -469,8 +478,12 @@ def main() -> None:
                         help="N shapes off the grid instead of the grid (`heldout_problems`, drawn with --seed + 1)")
     parser.add_argument("--paths", type=_path_names, default=None, metavar="LABELS",
                         help="time only these paths, comma-separated: pytorch, table, shipped, kernels (every "
-                             "kernel:<name>), pytorch_again (PyTorch's call again: an A/A control of the paired ratio); "
+                             "kernel:<name>), triton (the Triton kernels' kernel:<name> paths), pytorch_again (PyTorch's call again: an A/A control of the paired ratio); "
                              "e.g. pytorch,pytorch_again,shipped with --rounds 21 checks the 3%% bound on 20-40 us calls")
+    parser.add_argument("--extra-kernels", type=lambda text: [n.strip() for n in text.split(";") if n.strip()],
+                        default=[], metavar="NAMES",
+                        help="more kernels timed as kernel:<name> paths, ';'-separated (e.g. Triton configurations: "
+                             "\"triton_flash[bm=128,bn=128,w=8,s=3];triton_decode[splits=32,bn=128,w=4,s=2]\")")
     parser.add_argument("--home-b", metavar="DIR", default=None,
                         help="also time `shipped_b`: the shipped dispatcher served from the tables imported into DIR")
     parser.add_argument("--summarize", metavar="FILE", help="print the summary of a results file and stop")
