@@ -58,20 +58,33 @@ class Progress:
 
     @property
     def _bar(self) -> tqdm:
-        if self._made is None:
-            self._made = tqdm(total=0, unit="problem", desc="calibrating", file=sys.stderr,
-                              disable=not self._enabled, dynamic_ncols=True, smoothing=0.1)
+        return self._made if self._made is not None else self._make(total=0)
+
+    def _make(self, total: int) -> tqdm:
+        self._made = tqdm(total=total, unit="problem", desc="calibrating", file=sys.stderr,
+                          disable=not self._enabled, dynamic_ncols=True, smoothing=0.1)
         return self._made
 
     def plan(self, added: int) -> None:
-        self._bar.total = (self._bar.total or 0) + added
-        self._bar.refresh()
+        """Add `added` problems to the bar's total; the first plan makes the bar with its total (a bar
+        made with none draws an empty "0problem" line)."""
+        if self._made is None:
+            self._make(total=added)
+        else:
+            self._made.total = (self._made.total or 0) + added
+        self._show_points()
+        self._made.refresh()
 
     def problem(self, count: int = 1) -> None:
         self._bar.update(count)
 
     def record(self, record: dict) -> None:
+        """Count a point; shown once a plan made the bar (a point before any plan draws no empty bar)."""
         self.points[record.get("status", "?")] += 1
+        if self._made is not None:
+            self._show_points()
+
+    def _show_points(self) -> None:
         timed = sum(n for s, n in self.points.items() if s != "unsupported")
         self._bar.set_postfix(points=timed, infeasible=self.points["infeasible"], refresh=False)
 
