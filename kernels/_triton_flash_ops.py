@@ -19,7 +19,7 @@ from attn_dispatch.kernels._triton_flash_backward import launch_backward
 from attn_dispatch.kernels._triton_flash_config import FlashConfig, backward_blocks, mask_element_bytes
 from attn_dispatch.kernels._triton_flash_forward import launch_forward
 from attn_dispatch.kernels._triton_ops import TORCH_HAS_TRITON_OP as HAS_TRITON_OP
-from attn_dispatch.kernels._triton_ops import on_device
+from attn_dispatch.kernels._triton_ops import eager_tensors, on_device, wrap_triton
 from attn_dispatch.kernels._triton_support import shared_memory_limit
 
 FORWARD_OP = "attn_dispatch::triton_flash_forward"
@@ -31,11 +31,6 @@ def _mask_bytes(mask: torch.Tensor | None, query: torch.Tensor) -> int:
     if mask is None:
         return 0
     return mask_element_bytes("bool" if mask.dtype == torch.bool else "float", query.element_size())
-
-
-def _launcher(kernel):
-    """A kernel as a custom operator must launch it (`wrap_triton`), or as it is."""
-    return torch.library.wrap_triton(kernel) if HAS_TRITON_OP else kernel
 
 
 def _forward(
@@ -59,7 +54,7 @@ def _forward(
     out = query.new_empty(batch, q_heads, q_len, value.shape[-1])
     lse = query.new_empty((batch, q_heads, q_len) if store_lse else (1,), dtype=torch.float32)
     with on_device(query):
-        launch_forward(_launcher, query, key, value, mask, out, lse, scale, causal, causal_offset,
+        launch_forward(wrap_triton, query, key, value, mask, out, lse, scale, causal, causal_offset,
                        FlashConfig(block_m, block_n, warps, stages), store_lse)
     return out, lse
 
@@ -89,7 +84,7 @@ def _backward_op(
     blocks = backward_blocks(FlashConfig(block_m, block_n, warps, stages), query.shape[-1], value.shape[-1],
                              query.element_size(), limit, _mask_bytes(mask, query))
     with on_device(query):
-        launch_backward(_launcher, grad_out, query, key, value, mask, out, lse, delta, d_query, d_key, d_value,
+        launch_backward(wrap_triton, grad_out, query, key, value, mask, out, lse, delta, d_query, d_key, d_value,
                         scale, causal, causal_offset, blocks, warps)
     return d_query, d_key, d_value
 
@@ -131,7 +126,11 @@ def flash_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     scale: float, causal: bool, causal_offset: int, config: FlashConfig,
                     with_backward: bool) -> torch.Tensor:
     """`triton_flash` on canonical inputs -> ``[B, Hq, L, Ev]`` in the input dtype; differentiable
-    in query, key and value when `with_backward` (the log-sum-exp is then kept for the backward)."""
-    run = differentiable_forward if with_backward else forward_op
+    in query, key and value when `with_backward` (the log-sum-exp is then kept for the backward).
+    An inference call on eager tensors runs the forward directly, without the operator's dispatch."""
+    if with_backward:
+        run = differentiable_forward
+    else:
+        run = _forward if eager_tensors(query, key, value, mask) else forward_op
     out, _ = run(query, key, value, mask, float(scale), bool(causal), int(causal_offset), *config, with_backward)
     return out
