@@ -8,6 +8,7 @@ e.g. ``chunked[q=256,kv=4096]``, ``small_q[splits=16]``, ``convert[fp32->bf16]+s
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from attn_dispatch.kernels.base import interpreting
 from attn_dispatch.kernels.accuracy import LOSSLESS, AccuracyPolicy, parse_conversion
@@ -128,6 +129,27 @@ def serving(kernels: list[Kernel]) -> list[Kernel]:
 def working_family(kernel: Kernel) -> str:
     """The family of the kernel that does the work: a conversion's inner kernel's, else its own."""
     return (kernel.inner if isinstance(kernel, ConvertKernel) else kernel).family
+
+
+def tuned_siblings(names: Iterable[str], kernels: Iterable[Kernel]) -> list[Kernel]:
+    """The kernels `names` holds that `kernels` lacks but whose plain family it has: configurations a
+    calibration tuned (``small_q[splits=64]`` beside ``small_q[splits=8]``) for the set to run.
+    Conversions and names this version does not build are left out."""
+    kernels = list(kernels)
+    have = {kernel.name for kernel in kernels}
+    families = {kernel.family for kernel in kernels if not isinstance(kernel, ConvertKernel)}
+    siblings = []
+    for name in names:
+        if name in have or _CONVERT.match(name):
+            continue
+        try:
+            kernel = _plain_from_name(name)
+        except ValueError:
+            continue
+        if kernel.family in families and kernel.name == name:
+            have.add(name)
+            siblings.append(kernel)
+    return siblings
 
 
 def param_space(family: str) -> dict[str, list[int]]:

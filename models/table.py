@@ -14,6 +14,7 @@ import numpy as np
 
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
+from attn_dispatch.kernels.registry import tuned_siblings
 from attn_dispatch.models._json_checks import LazySection, _spec_dict
 from attn_dispatch.models.features import feature_matrix
 from attn_dispatch.models.forest import EmbeddedModel, LazyModels
@@ -259,12 +260,14 @@ class ThresholdTable:
         return self.entries.get(entry_key(problem)) if self.entries else None
 
     def rank_measured(self, problem: Problem, kernels: Iterable[Kernel]) -> list[tuple[str, float]]:
-        """The kernels the problem's measured entry timed that `kernels` holds and can run here,
+        """The kernels the problem's measured entry timed that `kernels` holds (or tuned configurations of its
+        families, `kernels.registry.tuned_siblings`) and can run here,
         the entry's winner first (`models.measured.pick`), seconds carried from the measured
         problem by the prior's ratio; empty without an entry."""
         entry = self.measured_entry(problem)
         if entry is None:
             return []
+        kernels = [*kernels, *tuned_siblings((t.kernel for t in entry.times), kernels)]
         usable = {kernel.name: kernel for kernel in supported(problem, kernels) if priceable(kernel)}
         source = entry.problem()
         return [(t.kernel, carried_seconds(t.median_s, usable[t.kernel], source, problem, self.spec))

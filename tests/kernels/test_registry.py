@@ -13,6 +13,7 @@ from attn_dispatch.kernels import (
     param_space,
     portable_kernels,
 )
+from attn_dispatch.kernels.registry import tuned_siblings
 from attn_dispatch.kernels.sdpa_backends import SdpaEfficientKernel, SdpaFlashKernel
 from attn_dispatch.kernels.sdpa_default import clear_probe_cache, probe_backend
 
@@ -72,3 +73,10 @@ def test_probe_is_cached_and_reports_failures():
     reason = probe_backend(Broken(), "cpu", "float32", "base")
     assert reason and "wrong results" in reason
     clear_probe_cache()
+
+
+def test_tuned_siblings_are_configurations_of_families_in_the_set():
+    kernels = [kernel_from_name("small_q[splits=8]"), kernel_from_name("sdpa_flash")]
+    names = ["small_q[splits=64]", "small_q[splits=8]", "chunked[q=64,kv=512]",
+             "convert[bf16->fp16]+small_q[splits=64]", "not_a_kernel[x=1]", "small_q[splits=64]"]
+    assert [kernel.name for kernel in tuned_siblings(names, kernels)] == ["small_q[splits=64]"]

@@ -67,6 +67,18 @@ def test_a_measured_entry_comes_before_the_model(cpu_fit):
     assert measured.rank(outside, kernels) == table.rank(outside, kernels)
 
 
+def test_a_tuned_configuration_an_entry_names_is_served_beside_the_set(cpu_fit):
+    """An entry's winner that is a configuration of a family in the set (a calibration's tuned
+    ``small_q[splits=64]``) is ranked first though the set holds only ``small_q[splits=8]``; a family
+    the set lacks is not added."""
+    table = replace(cpu_fit[0], entries={})
+    kernels = [kernel_named(name) for name in ("math", "small_q[splits=8]", DEFAULT_KERNEL)]
+    entry = _entry(_time("small_q[splits=64]", 1e-4), _time("chunked[q=64,kv=512]", 2e-4), _time("math", 5e-4))
+    ranked = [name for name, _ in table.with_entries([entry]).rank(PROBLEM, kernels)]
+    assert ranked[:2] == ["small_q[splits=64]", "math"]
+    assert "chunked[q=64,kv=512]" not in ranked
+
+
 def test_entries_from_calibration_points_keep_the_fastest_and_the_default():
     names = [f"chunked[q={q},kv={kv}]" for q in (16, 32, 64, 128) for kv in (256, 512, 1024)]
     points = [Measurement(PROBLEM, name, median_s=(i + 1) * 1e-4, iqr_s=1e-6, reps=20) for i, name in enumerate(names)]
