@@ -311,7 +311,8 @@ def run(args) -> None:
     device = torch.device(args.device)
     shapes = (grid_problems(device.type, args.batch) if args.heldout == 0
               else heldout_problems(args.heldout, args.seed + 1, device.type))
-    problems = [p for p in shapes if args.min_kv <= p.kv_len <= args.max_kv and p.head_dim <= args.max_head_dim]
+    problems = [p for p in shapes if args.min_kv <= p.kv_len <= args.max_kv and p.head_dim <= args.max_head_dim
+                and p.q_len >= args.min_q]
     random.Random(args.seed).shuffle(problems)
     if args.limit:
         problems = problems[: args.limit]
@@ -469,6 +470,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=0, help="only the first N shapes of the shuffled grid")
     parser.add_argument("--min-kv", type=int, default=0, help="only shapes with at least this many keys")
+    parser.add_argument("--min-q", type=int, default=0, help="only shapes with at least this many query rows")
     parser.add_argument("--max-kv", type=int, default=max(GRID_KV_LENS), help="only shapes with at most this many keys")
     parser.add_argument("--max-head-dim", type=int, default=max(GRID_HEAD_DIMS), help="only shapes with at most this head dim")
     parser.add_argument("--batch", type=int, default=BATCH,
