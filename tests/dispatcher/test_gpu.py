@@ -90,6 +90,10 @@ def test_cpu_and_cuda_in_one_process():
     assert len(ours._cold.planners) == 2 and cpu.identity != cuda.identity
 
 
+LATE_READING_CALLS = 40
+"""Calls after the measured ones that may take the readings a busy GPU had not finished."""
+
+
 def _measuring_plan(ours, q, k, v):
     from attn_dispatch.dispatcher.plans import cache_key
 
@@ -105,6 +109,14 @@ def test_a_bucket_measures_on_its_calls_with_cuda_events_and_never_syncs(monkeyp
     torch.cuda.synchronize()
     for out in outs:
         torch.testing.assert_close(out, pytorch_sdpa(q, k, v), rtol=2e-2, atol=2e-3)
+    # a GPU shared with other test workers may not have reached the readings by the 80th call: the
+    # readings are taken on later calls once their events complete
+    for _ in range(LATE_READING_CALLS):
+        plan = _measuring_plan(ours, q, k, v)
+        if plan is not None and plan.trial is None:
+            break
+        ours.attention(q, k, v)
+        torch.cuda.synchronize()
     plan = _measuring_plan(ours, q, k, v)
     assert plan is not None and plan.trial is None  # decided, and planned again from the decided bucket
     assert any(note.startswith("measured on this bucket's calls") for note in ours.explain(q, k, v).notes)

@@ -125,7 +125,7 @@ def test_backward_workspace_bounds_measured_peak(kernel, name):
 
     train_step()  # warm-up
     device = leaves[0].device
-    allocated_before = _bytes_allocated_so_far(device)
+    allocated_before = bytes_allocated_so_far(device)
     peak, grads = measure_peak_bytes(train_step, device)
     bound = kernel.backward_workspace_bytes(problem)
     if device.type == "cuda":
@@ -135,12 +135,14 @@ def test_backward_workspace_bounds_measured_peak(kernel, name):
     # the measurement saw the backward run: it allocated the gradients. On CUDA the allocator's running
     # total, not the peak: memory another test left and freed during the call (a pytest-xdist worker runs
     # many) lowers the peak over the start, never the total allocated.
-    allocated = peak if allocated_before is None else _bytes_allocated_so_far(device) - allocated_before
+    allocated = peak if allocated_before is None else bytes_allocated_so_far(device) - allocated_before
     assert allocated > problem.q_bytes + problem.kv_bytes, f"{kernel.name}: {allocated} B allocated"
 
 
-def _bytes_allocated_so_far(device: torch.device) -> int | None:
-    """The CUDA caching allocator's running total of bytes allocated (None off CUDA)."""
+def bytes_allocated_so_far(device: torch.device) -> int | None:
+    """The CUDA caching allocator's running total of bytes allocated (None off CUDA). Unlike the peak over
+    the start, memory another test left and freed during a measured call (a pytest-xdist worker runs many)
+    never lowers it."""
     if device.type != "cuda":
         return None
     return torch.cuda.memory_stats(device)["allocated_bytes.all.allocated"]
