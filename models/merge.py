@@ -28,11 +28,11 @@ from attn_dispatch.models.table import (
     ThresholdTable,
     carried_seconds,
     quality_kind,
-    thresholds_for,
 )
 from attn_dispatch.models.table_build import round_seconds
 from attn_dispatch.models.table_io import MAX_TABLE_BYTES, table_bytes
 from attn_dispatch.models.table_schema import TableError
+from attn_dispatch.models.thresholds import thresholds_for
 
 # A card's attention time scales with both its matrix rate and its bandwidth (the unfused
 # kernels gfx906 runs are partly each): the scale is their geometric mean (weight 1/2 each).

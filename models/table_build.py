@@ -35,8 +35,8 @@ from attn_dispatch.models.table import (
     TableClass,
     Template,
     ThresholdTable,
-    thresholds_for,
 )
+from attn_dispatch.models.thresholds import thresholds_for
 
 if TYPE_CHECKING:  # the fitted model comes from the caller: building a table never imports scikit-learn here
     from attn_dispatch.models.cost_model import CostModel

@@ -93,7 +93,7 @@ def guard_lines(table: ThresholdTable) -> list[str]:
 
 def threshold_lines(table: ThresholdTable) -> list[str]:
     """Per class, where each kernel wins (most buckets first)."""
-    from attn_dispatch.models.table import thresholds_for
+    from attn_dispatch.models.thresholds import thresholds_for
 
     unused = len(table.models) - len(table.usable_models)
     lines = [f"winning kernels: {len(table.classes)} kinds of problem (dtype, causality, mask) over "

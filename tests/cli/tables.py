@@ -8,7 +8,8 @@ from dataclasses import replace
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.measured import ClassKey
 from attn_dispatch.models.probe_store import FALLBACK_CPU_SPEC
-from attn_dispatch.models.table import Cell, Provenance, TableClass, Template, ThresholdTable, thresholds_for
+from attn_dispatch.models.table import Cell, Provenance, TableClass, Template, ThresholdTable
+from attn_dispatch.models.thresholds import thresholds_for
 
 # The representative problem of every tiny class: small enough that each kernel runs in
 # microseconds to milliseconds on a CI core.
