@@ -5,7 +5,7 @@
   ``{"format": 1, "identity_key", "cudnn", "attn_dispatch", "passed": [[backend, device, dtype,
   layout], ...]}``. Failures are never kept (they may be transient); a damaged file is ignored.
   A dispatcher seeds and writes them per device through `ProbeCache`.
-- A CPU's probed rates (`probe_cpu_spec`), once per machine:
+- A CPU's probed rates (`probe_cpu_spec`, measured by `models.cpu_probe`), once per machine:
   ``<home>/probes/cpu__<identity key>__mem-<bytes>__threads-<n>.json``. The dispatcher never
   probes inside a call (``now=False``: `FALLBACK_CPU_SPEC` until the probe runs at exit).
 - Per-shape set-up costs (`calibration.cold_shape`): ``<home>/cold_shape/<card model>/<device
@@ -19,9 +19,7 @@ import atexit
 import json
 import math
 import os
-import statistics
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +28,7 @@ from types import MappingProxyType
 import torch
 
 from attn_dispatch.kernels.sdpa_default import passed_probes, seed_passed_probes
-from attn_dispatch.models.identity import CardSpec, DeviceIdentity, slug, torch_threads
+from attn_dispatch.models.identity import CardSpec, DeviceIdentity, slug
 from attn_dispatch.models.paths import cold_shape_dir, home, package_version, write_text_atomically
 
 FORMAT = 1
@@ -186,23 +184,6 @@ def _rate(value: object) -> float:
     return float(value)
 
 
-# Matrix sizes: 384^3 fp32 products take a few ms on one modern core (enough to reach MKL/oneDNN's
-# steady rate); half-precision products can be 10-50x slower on CPUs without native support, so
-# they use 192^3 to keep the probe short.
-FP32_MATMUL_N = 384
-HALF_MATMUL_N = 192
-MATMUL_REPEATS = 3
-# Copy bandwidth: 32 MiB is past most per-core L2 and shared L3 slices of CI-sized machines.
-COPY_BYTES = 32 * 2**20
-COPY_REPEATS = 5
-# Per-op overhead: the median of many tiny adds.
-OVERHEAD_REPEATS = 200
-
-# The elementwise (softmax) rate, on a 1024 x 1024 fp32 softmax (4 MiB, past per-core L2): a guess
-# from the matrix rate was 10x off (docs/RESULTS.md#where-the-priors-constants-come-from).
-SOFTMAX_N = 1024
-SOFTMAX_REPEATS = 5
-
 # Probe-free fallback (tests, or a probe that failed): the probe's rates on the project's dev machine,
 # rounded down, marked as an estimate (docs/RESULTS.md#where-the-priors-constants-come-from).
 FALLBACK_CPU_SPEC = CardSpec(
@@ -212,48 +193,6 @@ FALLBACK_CPU_SPEC = CardSpec(
     launch_overhead_s=1e-6, source="probe-free fallback constants (the project's 2-core dev machine, rounded)",
     estimated=True,
 )
-
-
-def _best_seconds(run, repeats: int) -> float:
-    run()  # warm-up
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - start)
-    return min(samples)
-
-
-def _matmul_rate(dtype: torch.dtype, n: int) -> float:
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
-    return 2 * n**3 / _best_seconds(lambda: torch.matmul(a, b), MATMUL_REPEATS)
-
-
-def _copy_bandwidth() -> float:
-    src = torch.empty(COPY_BYTES // 4, dtype=torch.float32).fill_(1.0)
-    dst = torch.empty_like(src)
-    return 2 * COPY_BYTES / _best_seconds(lambda: dst.copy_(src), COPY_REPEATS)
-
-
-def _softmax_rate() -> float:
-    """FLOP/s of `torch.softmax` on fp32 rows, counted as the prior counts them."""
-    from attn_dispatch.models.priors import (
-        SOFTMAX_FLOPS_PER_ELEMENT,  # priors imports cards, which imports this lazily
-    )
-
-    scores = torch.randn(SOFTMAX_N, SOFTMAX_N)
-    return SOFTMAX_N * SOFTMAX_N * SOFTMAX_FLOPS_PER_ELEMENT / _best_seconds(lambda: torch.softmax(scores, -1), SOFTMAX_REPEATS)
-
-
-def _op_overhead() -> float:
-    x = torch.ones(1)
-    samples = []
-    for _ in range(OVERHEAD_REPEATS):
-        start = time.perf_counter()
-        torch.add(x, x)
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 PROBE_AT_EXIT = " (this machine's probe runs when the process exits and serves the next process)"
@@ -291,9 +230,11 @@ def probe_cpu_spec(identity: DeviceIdentity | None = None, root: str | os.PathLi
 
 
 def _probe_and_keep(identity: DeviceIdentity, threads: int, root: str | os.PathLike | None) -> CardSpec:
-    """Measure this CPU (`measure_cpu_spec`) and keep the rates for this machine (not the constants
-    a failed probe gives); torch's thread count is set to `threads` for the probe (an exit may come
-    after the program changed it)."""
+    """Measure this CPU (`cpu_probe.measure_cpu_spec`) and keep the rates for this machine (not the
+    constants a failed probe gives); torch's thread count is set to `threads` for the probe (an exit
+    may come after the program changed it)."""
+    from attn_dispatch.models.cpu_probe import measure_cpu_spec  # imported where a probe runs
+
     previous = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
@@ -306,29 +247,6 @@ def _probe_and_keep(identity: DeviceIdentity, threads: int, root: str | os.PathL
         except OSError:
             pass
     return spec
-
-
-def measure_cpu_spec() -> CardSpec:
-    """This CPU's rates, measured now with torch's current thread count (the constants where a
-    dtype cannot be multiplied)."""
-    try:
-        with torch.inference_mode():
-            rates = {
-                "float32": _matmul_rate(torch.float32, FP32_MATMUL_N),
-                "float64": _matmul_rate(torch.float64, HALF_MATMUL_N),
-                "bfloat16": _matmul_rate(torch.bfloat16, HALF_MATMUL_N),
-                "float16": _matmul_rate(torch.float16, HALF_MATMUL_N),
-            }
-            bandwidth, overhead, vector = _copy_bandwidth(), _op_overhead(), _softmax_rate()
-    except RuntimeError:  # a dtype this build cannot multiply: keep the constants
-        return FALLBACK_CPU_SPEC
-    threads = torch.get_num_threads()
-    return CardSpec(
-        name="CPU", matrix_flops=MappingProxyType(rates), vector_flops=vector,
-        bandwidth=bandwidth, memory_bytes=FALLBACK_CPU_SPEC.memory_bytes,
-        compute_units=threads, launch_overhead_s=overhead,
-        source=f"measured by this machine's probe with {torch_threads(threads)}",
-    )
 
 
 KINDS = ("decode", "prefill")

@@ -1,5 +1,5 @@
-"""The CPU probe kept in the home per machine (`models.probe_store`), and never run inside a
-dispatcher's call (`models.probe_store.probe_cpu_spec` with ``now=False``)."""
+"""The CPU probe (`models.cpu_probe`) kept in the home per machine (`models.probe_store`), and never run
+inside a dispatcher's call (`models.probe_store.probe_cpu_spec` with ``now=False``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from attn_dispatch.models import probe_store
+from attn_dispatch.models import cpu_probe, probe_store
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.probe_store import (
     FALLBACK_CPU_SPEC,
@@ -57,12 +57,12 @@ def test_a_damaged_or_foreign_file_is_ignored(tmp_path, text):
 def test_the_dispatchers_probe_waits_for_the_exit(tmp_path, monkeypatch):
     registered = []
     monkeypatch.setattr(probe_store.atexit, "register", lambda *args: registered.append(args))
-    monkeypatch.setattr(probe_store, "measure_cpu_spec", lambda: pytest.fail("probed inside a call"))
+    monkeypatch.setattr(cpu_probe, "measure_cpu_spec", lambda: pytest.fail("probed inside a call"))
     spec = probe_cpu_spec(root=tmp_path, now=False)
     assert spec.estimated and spec.source.endswith(PROBE_AT_EXIT)
     probe_cpu_spec(root=tmp_path, now=False)
     assert len(registered) == 1  # one probe at exit per home and thread count
-    monkeypatch.setattr(probe_store, "measure_cpu_spec", lambda: MEASURED)
+    monkeypatch.setattr(cpu_probe, "measure_cpu_spec", lambda: MEASURED)
     function, *args = registered[0]
     function(*args)  # the exit
     assert probe_path(DeviceIdentity.cpu(), torch.get_num_threads(), tmp_path).is_file()
@@ -71,13 +71,13 @@ def test_the_dispatchers_probe_waits_for_the_exit(tmp_path, monkeypatch):
 
 
 def test_calibration_probes_now_and_keeps_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(probe_store, "measure_cpu_spec", lambda: MEASURED)
+    monkeypatch.setattr(cpu_probe, "measure_cpu_spec", lambda: MEASURED)
     assert probe_cpu_spec(root=tmp_path).bandwidth == MEASURED.bandwidth
-    monkeypatch.setattr(probe_store, "measure_cpu_spec", lambda: pytest.fail("probed twice"))
+    monkeypatch.setattr(cpu_probe, "measure_cpu_spec", lambda: pytest.fail("probed twice"))
     assert probe_cpu_spec(root=tmp_path).bandwidth == MEASURED.bandwidth
 
 
 def test_a_failed_probe_is_not_kept(tmp_path, monkeypatch):
-    monkeypatch.setattr(probe_store, "measure_cpu_spec", lambda: FALLBACK_CPU_SPEC)
+    monkeypatch.setattr(cpu_probe, "measure_cpu_spec", lambda: FALLBACK_CPU_SPEC)
     probe_cpu_spec(root=tmp_path)
     assert not probe_path(DeviceIdentity.cpu(), torch.get_num_threads(), tmp_path).exists()
