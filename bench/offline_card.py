@@ -64,7 +64,7 @@ H200_FAILED_PROBES = {
 
 @dataclass(frozen=True)
 class OfflineCard:
-    """A card's recorded answers (`kernels.sdpa_default.AssumedCard`) and which tables they fit:
+    """A card's recorded answers (`kernels.assumed_backends.AssumedCard`) and which tables they fit:
     identities whose device key starts with `device_key` and whose torch version starts with
     `torch_prefix`."""
 

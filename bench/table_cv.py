@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from attn_dispatch.calibration.finish import HOLDOUT_FRACTION, apply_numerics_gate
+from attn_dispatch.kernels.assumed_backends import assume_backends_available
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.kernels.sdpa_default import assume_backends_available
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.fit import fit_and_build
 from attn_dispatch.models.identity import DeviceIdentity

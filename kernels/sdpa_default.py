@@ -9,7 +9,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Protocol
 
 import torch
 
@@ -181,6 +180,7 @@ _results: dict[tuple[str, str, str, str], str | None] = {}
 _lock = threading.Lock()
 
 
+# set by `assumed_backends.assume_backends_available`
 _ASSUME_AVAILABLE = ContextVar("assume_backends_available", default=False)
 _ASSUMED_CARD = ContextVar("assumed_card", default=None)
 _DEFERRED = ContextVar("probes_deferred", default=False)
@@ -199,29 +199,6 @@ def probes_deferred() -> Iterator[None]:
         yield
     finally:
         _DEFERRED.reset(token)
-
-
-class AssumedCard(Protocol):
-    """What a card answered that this machine cannot ask (`bench.offline_card` records them)."""
-
-    def default_backend(self, problem: Problem) -> str | None:
-        """The family `default_backend_choice` gave on the card, or None."""
-
-    def probe_failure(self, family: str, dtype: str, feature: str) -> str | None:
-        """Why that probe failed on the card, or None."""
-
-
-@contextmanager
-def assume_backends_available(card: AssumedCard | None = None) -> Iterator[None]:
-    """Inside: a probe for a device type this process has none of answers "works" (or as recorded on `card`, also for
-    `default_backend_choice`; without `card`, an enclosing block's), for building or scoring a card's table
-    elsewhere. Static kernel limits still apply; a machine with such a device probes its own."""
-    tokens = _ASSUME_AVAILABLE.set(True), _ASSUMED_CARD.set(card if card is not None else _ASSUMED_CARD.get())
-    try:
-        yield
-    finally:
-        _ASSUMED_CARD.reset(tokens[1])
-        _ASSUME_AVAILABLE.reset(tokens[0])
 
 
 def _device_absent(device_type: str) -> bool:
@@ -350,7 +327,7 @@ _choices: dict[tuple, str] = {}
 def default_backend_choice(problem: Problem) -> str:
     """The backend family `F.scaled_dot_product_attention` picks for problems of this kind, asked of PyTorch once
     with tiny inputs and cached; "sdpa_math" when it cannot be asked. Off the card, inside
-    `assume_backends_available(card)`, the card's recorded answer."""
+    `assumed_backends.assume_backends_available(card)`, the card's recorded answer."""
     card = _ASSUMED_CARD.get()
     if card is not None and _device_absent(problem.device_type):
         recorded = card.default_backend(problem)

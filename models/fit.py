@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 from sklearn.base import clone
 
-from attn_dispatch.kernels.sdpa_default import assume_backends_available
+from attn_dispatch.kernels.assumed_backends import assume_backends_available
 from attn_dispatch.models.cost_model import CostModel
 from attn_dispatch.models.dataset import TrainingSet, training_set
 from attn_dispatch.models.identity import CardSpec, DeviceIdentity, spec_for

@@ -5,13 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attn_dispatch.kernels.assumed_backends import assume_backends_available
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.sdpa_backends import FORCED_BACKENDS
-from attn_dispatch.kernels.sdpa_default import (
-    SdpaDefaultKernel,
-    assume_backends_available,
-    default_backend_choice,
-)
+from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel, default_backend_choice
 from attn_dispatch.models.identity import DeviceIdentity
 from attn_dispatch.models.priors import kernel_named
 from bench.offline_card import H200_TORCH_2_11, offline_card_for

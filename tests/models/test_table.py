@@ -188,7 +188,7 @@ def test_a_model_fitted_before_new_kernel_families_still_serves():
     to the features: it still predicts the kernels it was fitted on (their rows are zero in the new
     columns), and a kernel of a family it never saw is priced by the prior carried onto the model's
     scale (`ThresholdTable.model_seconds`), not left unpriced."""
-    from attn_dispatch.kernels.sdpa_default import assume_backends_available
+    from attn_dispatch.kernels.assumed_backends import assume_backends_available
     from attn_dispatch.models.features import FEATURE_NAMES
     from attn_dispatch.models.priors import kernel_named
     from attn_dispatch.models.table_io import load_table
