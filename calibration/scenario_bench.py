@@ -1,5 +1,5 @@
-"""`attn-dispatch bench`: the scenarios' shapes (docs/COMMANDS.md), the harness that times every
-path of a shape, and the report (Markdown and JSON) with its verdict.
+"""`attn-dispatch bench`: the scenarios' shapes (docs/COMMANDS.md) and the harness that times every
+path of a shape; the report, with its verdict, is `calibration.bench_report`'s.
 
 A *path* has the kernel protocol: the dispatcher, `PytorchDefault` (SDPA as a user calls it) and
 every single kernel (so the oracle is known). Per shape, paths that cannot run, do not fit or are
@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -20,7 +19,6 @@ import torch
 
 from attn_dispatch.calibration.inputs import InputCache, rotation_count
 from attn_dispatch.calibration.measure import SINGLE_SHOT, NamedShape, empty_cache, measure, on_device
-from attn_dispatch.calibration.noise import MachineState
 from attn_dispatch.calibration.timer import (
     TimerSettings,
     calls_per_sample,
@@ -395,150 +393,3 @@ def bench_shape(shape: Shape, device: torch.device | str, paths: Sequence[BenchP
         cache.clear()
         empty_cache(device)
     return ShapeResult(shape, results, rounds=rounds, wall_s=time.perf_counter() - started)
-
-
-FORMAT_VERSION = 1
-MS = 1e3  # seconds -> milliseconds
-NOT_OK = ("infeasible", "failed", "inaccurate", "skipped")
-VERDICT_MARGIN = 0.03  # a geo-mean within this fraction of PyTorch's default time: no gain, no loss
-
-
-def geometric_mean(values: list[float]) -> float | None:
-    """Geometric mean of positive finite values (None when there are none)."""
-    values = [v for v in values if v is not None and math.isfinite(v) and v > 0]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
-def _worst(shapes: list[ShapeResult], role: str, paired: bool = False) -> tuple[float | None, str | None]:
-    ratio = ShapeResult.paired_ratio if paired else ShapeResult.ratio
-    rated = [(r, s.shape.label) for s in shapes if (r := ratio(s, role)) is not None]
-    return max(rated) if rated else (None, None)
-
-
-def summarise(shapes: list[ShapeResult]) -> dict:
-    """Ratios of the dispatcher to the oracle and to PyTorch's default over `shapes` (of the
-    medians, and paired per round: ``*_paired_*``)."""
-    worst_oracle, worst_oracle_shape = _worst(shapes, "oracle")
-    worst_pytorch, worst_pytorch_shape = _worst(shapes, "pytorch")
-    to_pytorch = [s.ratio("pytorch") for s in shapes if s.ratio("pytorch") is not None]
-    failures = Counter((path.label, path.status) for shape in shapes for path in shape.paths
-                       if path.status in NOT_OK)
-    return {
-        "shapes": len(shapes),
-        "oracle_geomean": geometric_mean([s.ratio("oracle") for s in shapes]),
-        "oracle_worst": worst_oracle, "oracle_worst_shape": worst_oracle_shape,
-        "pytorch_geomean": geometric_mean(to_pytorch),
-        "pytorch_best": min(to_pytorch) if to_pytorch else None,
-        "pytorch_worst": worst_pytorch, "pytorch_worst_shape": worst_pytorch_shape,
-        "oracle_paired_geomean": geometric_mean([s.paired_ratio("oracle") for s in shapes]),
-        "oracle_paired_worst": _worst(shapes, "oracle", paired=True)[0],
-        "pytorch_paired_geomean": geometric_mean([s.paired_ratio("pytorch") for s in shapes]),
-        "pytorch_paired_worst": _worst(shapes, "pytorch", paired=True)[0],
-        "chose_oracle": sum(1 for s in shapes if s.oracle is not None and s.chosen == _kernel_of(s.oracle.label)),
-        "dispatcher_failures": sum(1 for s in shapes if (p := s.path("dispatcher")) is not None and p.status != "ok"),
-        "pytorch_failures": sum(1 for s in shapes if (p := s.path("pytorch")) is not None and p.status != "ok"),
-        "failures": [{"path": label, "status": status, "shapes": count}
-                     for (label, status), count in sorted(failures.items())],
-    }
-
-
-def _kernel_of(label: str) -> str:
-    """The kernel a path label stands for."""
-    return {"pytorch_default": "sdpa_default", "pytorch_math": "sdpa_math"}.get(label, label)
-
-
-@dataclass
-class BenchReport:
-    """A whole bench run: its conditions and every shape's result."""
-
-    conditions: dict
-    shapes: list[ShapeResult] = field(default_factory=list)
-    machine: MachineState | None = None
-
-    def scenarios(self) -> list[str]:
-        return list(dict.fromkeys(s.shape.suite for s in self.shapes))
-
-    def summaries(self) -> dict[str, dict]:
-        out = {name: summarise([s for s in self.shapes if s.shape.suite == name]) for name in self.scenarios()}
-        out["all"] = summarise(self.shapes)
-        return out
-
-    def to_dict(self) -> dict:
-        return {"format_version": FORMAT_VERSION, "kind": "attn-dispatch bench", "conditions": self.conditions,
-                "machine": None if self.machine is None else self.machine.to_dict(),
-                "summary": self.summaries(), "shapes": [s.to_dict() for s in self.shapes], "verdict": self.verdict()}
-
-    def verdict(self) -> str:
-        """One line: gain or no gain on this machine over PyTorch's default, and why."""
-        return verdict(self.shapes, self.machine, self.conditions.get("table used"))
-
-    def markdown(self) -> str:
-        lines = ["# attn-dispatch bench", "", "Conditions:", ""]
-        lines += [f"- {key}: {value}" for key, value in self.conditions.items()]
-        lines += ["", "Ratios are dispatcher time / other time (below 1: the dispatcher is faster). Oracle = the "
-                  "fastest single kernel measured on that shape (PyTorch's default included).", "",
-                  "| scenario | shapes | dispatcher / oracle (geo-mean) | worst | dispatcher / PyTorch default "
-                  "(geo-mean) | best | worst | chose the oracle |", "|---|---|---|---|---|---|---|---|"]
-        for name, s in self.summaries().items():
-            lines.append(f"| {name} | {s['shapes']} | {_x(s['oracle_geomean'])} | {_x(s['oracle_worst'])} | "
-                         f"{_x(s['pytorch_geomean'])} | {_x(s['pytorch_best'])} | {_x(s['pytorch_worst'])} | "
-                         f"{s['chose_oracle']}/{s['shapes']} |")
-        for name in self.scenarios():
-            lines += ["", f"## {name}", "", "| shape | dispatcher chose | dispatcher ms (spread) | oracle | oracle ms | "
-                      "PyTorch default ms | math ms | / oracle | / PyTorch | not run or failed |",
-                      "|---|---|---|---|---|---|---|---|---|---|"]
-            lines += [_row(s) for s in self.shapes if s.shape.suite == name]
-        lines += ["", f"**Verdict:** {self.verdict()}"]
-        return "\n".join(lines) + "\n"
-
-
-def verdict(shapes: list[ShapeResult], machine: MachineState | None, table: str | None = None) -> str:
-    """``gain on this machine: ...`` or ``no gain on this machine: ...``, with the reason (the
-    geo-mean over `shapes` against `VERDICT_MARGIN`, the shapes that kept PyTorch's own call, a
-    busy machine)."""
-    rated = [s for s in shapes if s.ratio("pytorch") is not None]
-    busy = machine is not None and machine.busy
-    caveat = (f"; the machine was {machine.words().split(' (')[0]}, so these ratios carry its noise: run it again "
-              "when it is quieter") if busy else ""
-    if not rated:
-        return f"no verdict: no shape timed both the dispatcher and PyTorch's default{caveat}"
-    ratio = geometric_mean([s.ratio("pytorch") for s in rated])
-    kept = sum(1 for s in rated if s.chosen == _kernel_of(s.path("pytorch").label))
-    measured = f"{ratio:.2f}x PyTorch's default time (geo-mean over {len(rated)} shapes)"
-    if kept == len(rated):
-        why = (f"it kept PyTorch's own call on all {len(rated)} shapes, so it runs what PyTorch runs and the "
-               f"{ratio:.2f}x is its call overhead and timing noise")
-        if table and table.startswith("analytic prior"):
-            why += " (no calibrated table here: `attn-dispatch calibrate` measures this machine's)"
-        return f"no gain on this machine: {why}{caveat}"
-    if ratio < 1 - VERDICT_MARGIN:
-        return (f"gain on this machine: the dispatcher took {measured}; it ran another kernel than PyTorch's on "
-                f"{len(rated) - kept} of them{caveat}")
-    if ratio <= 1 + VERDICT_MARGIN:
-        return (f"no gain on this machine: the dispatcher took {measured}, within {VERDICT_MARGIN:.0%} of it, "
-                f"the bench's noise{caveat}")
-    return (f"no gain on this machine: the dispatcher took {measured}; its other kernels (on {len(rated) - kept} "
-            f"shapes) ran slower here{caveat or ' (`attn-dispatch check` re-measures its table on this machine)'}")
-
-
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def _ms(shape: ShapeResult, role: str | None = None, label: str | None = None) -> str:
-    path = shape.path(role) if role else next((p for p in shape.paths if p.label == label), None)
-    if path is None:
-        return "-"
-    if path.status != "ok":
-        return path.status
-    text = f"{path.median_s * MS:.3f}"
-    return f"{text} ({path.spread:.0%})" if role == "dispatcher" else text
-
-
-def _row(shape: ShapeResult) -> str:
-    oracle = shape.oracle
-    problems = sorted({f"{p.label}: {p.status}" for p in shape.paths if p.status in NOT_OK})
-    oracle_ms = f"{oracle.median_s * MS:.3f}" if oracle else "-"
-    return (f"| {shape.shape.label} | {shape.chosen or '-'} | {_ms(shape, 'dispatcher')} | "
-            f"{oracle.label if oracle else '-'} | {oracle_ms} | {_ms(shape, 'pytorch')} | {_ms(shape, label='math')} | "
-            f"{_x(shape.ratio('oracle'))} | {_x(shape.ratio('pytorch'))} | {'; '.join(problems) or '-'} |")

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
+from attn_dispatch.calibration.bench_report import BenchReport
 from attn_dispatch.calibration.noise import MachineWatch
 from attn_dispatch.calibration.scenario_bench import (
     BenchPath,
-    BenchReport,
     BenchSettings,
     PytorchDefault,
     Shape,

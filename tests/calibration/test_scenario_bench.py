@@ -1,6 +1,6 @@
-"""`attn-dispatch bench` (`calibration.scenario_bench`): the held-out scenario really is held out, the
-ratios from fixed samples (of the medians, and paired round by round), and the closing verdict.
-No timing: the samples are written out.
+"""`attn-dispatch bench` (`calibration.scenario_bench`, `calibration.bench_report`): the held-out
+scenario really is held out, the ratios from fixed samples (of the medians, and paired round by
+round), and the closing verdict. No timing: the samples are written out.
 """
 
 from __future__ import annotations
@@ -12,19 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from attn_dispatch.calibration.bench_report import VERDICT_MARGIN, BenchReport, summarise, verdict
 from attn_dispatch.calibration.noise import BUSY_CPU_SHARE, MachineState, Noise
 from attn_dispatch.calibration.plan import FULL_GPU, sample_problems
 from attn_dispatch.calibration.scenario_bench import (
     EXTRA_SCENARIOS,
     SCENARIOS,
-    VERDICT_MARGIN,
-    BenchReport,
     PathResult,
     Shape,
     ShapeResult,
     scenario_shapes,
-    summarise,
-    verdict,
 )
 from attn_dispatch.kernels import Problem
 from attn_dispatch.kernels.problem import Problem

@@ -10,8 +10,9 @@ import re
 import pytest
 
 from attn_dispatch.calibration import noise as noise_module
+from attn_dispatch.calibration.bench_report import geometric_mean
 from attn_dispatch.calibration.noise import BUSY_CPU_SHARE, Noise
-from attn_dispatch.calibration.scenario_bench import SCENARIOS, geometric_mean, scenario_shapes
+from attn_dispatch.calibration.scenario_bench import SCENARIOS, scenario_shapes
 from attn_dispatch.models.environment import COMMIT
 
 FAST = ("--size", "small", "--rounds", "1", "--shape-budget", "0.2", "--quiet")
