@@ -1,6 +1,7 @@
-"""Backend probes answered off the card: inside `assume_backends_available`, a probe for a device type this
-process has none of answers "works", or as a card recorded it (`AssumedCard`), for building or scoring a card's table
-elsewhere (`models.fit`, `bench.offline_card`); `kernels.sdpa_default`'s probes read what is assumed."""
+"""Backend probes answered off the card: inside `assume_backends_available`, a probe for a device type
+this process has none of answers "works", or as a card recorded it (`AssumedCard`), for building or
+scoring a card's table elsewhere (`models.fit`, `bench.offline_card`); `kernels.sdpa_default`'s probes
+read what is assumed."""
 
 from __future__ import annotations
 
