@@ -14,6 +14,11 @@
 #   overhead     bench/dispatch_overhead.py (dispatcher vs F.sdpa, interleaved)
 #   settled      bench/decode_settled.py at batch 1 and 8 (warm parity: every plan PyTorch's own call)
 #   grid         bench/llm_grid.py: the 580-shape LLM grid, warm (GRID_FLAGS, e.g. "--paths pytorch,pytorch_again,shipped --rounds 15")
+#   tritongrid   the grid's shapes with >= 8k keys and Lq >= TRITON_MIN_Q (default 128), every kernel and the TRITON_CONFIGS
+#                timed (`llm_grid --paths pytorch,kernels --extra-kernels`): the points a refit takes the Triton kernels from
+#   refitcheck   refit the bundled table with tritongrid's points (EXTRA_GRIDS), import it, and time the same shapes with
+#                it (shipped) against the bundled table (shipped_b), an A/A control and the Triton paths (run first: their
+#                variants compiled, as in a process that ran them before)
 #   heldout      the same on HELDOUT_SHAPES shapes off the grid (llm_grid --heldout, draw HELDOUT_SEED), then the tables (the one
 #                before the `table` stage, the bundled one) scored on them off their timings (bench/table_cv.py --folds 0)
 #   decode       bench/decode_loop.py: 32 layers per token, contexts 1k/8k/32k, batch 1 and 8
@@ -26,6 +31,8 @@ OUT=${OUT:?set OUT to the output folder}
 export ATTN_DISPATCH_HOME=${ATTN_DISPATCH_HOME:-$OUT/home} PYTHONUNBUFFERED=1
 export PYTHONPATH=/tmp/site:$PWD  # $PWD for bench/; attn_dispatch itself comes from the wheel in /tmp/site
 mkdir -p "$OUT/stages"
+TRITON_CONFIGS=${TRITON_CONFIGS:-"triton_flash[bm=128,bn=128,w=8,s=3];triton_flash[bm=64,bn=64,w=4,s=3];triton_decode[splits=32,bn=128,w=4,s=2];triton_decode[splits=8,bn=64,w=4,s=2]"}
+TRITON_SHAPES=(--min-kv 8192 --min-q "${TRITON_MIN_Q:-128}" --seed 21 --extra-kernels "$TRITON_CONFIGS")
 LOG="$OUT/stages/log.txt"
 run() { echo "== $(date +%T) $*" | tee -a "$LOG" >&2; "$@" 2>&1 | tee -a "$LOG"; }
 # `attn-dispatch bench` on both scenarios, with and without tuning:
@@ -62,6 +69,16 @@ for stage in "$@"; do
     settled) for batch in 1 8; do run timeout 200 python3 -m bench.decode_settled --device cuda --passes 12 --batch $batch; done ;;
     grid) run timeout ${GRID_TIMEOUT:-480} python3 -m bench.llm_grid --device cuda --budget-s ${GRID_BUDGET:-400} ${GRID_FLAGS:-} \
             --out "$OUT/stages/llm_grid.jsonl" ;;
+    tritongrid) run timeout ${GRID_TIMEOUT:-480} python3 -m bench.llm_grid --device cuda --budget-s ${GRID_BUDGET:-400} --rounds 3 \
+                  --paths pytorch,kernels "${TRITON_SHAPES[@]}" --out "$OUT/stages/grid_triton.jsonl" ;;
+    refitcheck) cp models/tables/nvidia-h200-140gb.json "$OUT/stages/table_before.json"
+                EXTRA_GRIDS="$OUT/stages/grid_triton.jsonl" PYTHON=python3 run timeout 240 bash bench/regenerate_h200_table.sh \
+                  && cp models/tables/nvidia-h200-140gb.json "$OUT/stages/table_refit.json" || continue
+                bundled_home=$(mktemp -d)
+                run python3 -m attn_dispatch import models/tables/nvidia-h200-140gb.json > /dev/null
+                run timeout ${GRID_TIMEOUT:-480} python3 -m bench.llm_grid --device cuda --budget-s ${GRID_BUDGET:-400} --rounds 7 \
+                  --paths pytorch,pytorch_again,shipped,shipped_b,triton --home-b "$bundled_home" "${TRITON_SHAPES[@]}" \
+                  --out "$OUT/stages/grid_refit.jsonl" ;;
     heldout) run timeout ${HELDOUT_TIMEOUT:-330} python3 -m bench.llm_grid --device cuda --heldout ${HELDOUT_SHAPES:-300} \
                --seed ${HELDOUT_SEED:-0} --budget-s ${HELDOUT_BUDGET:-240} --out "$OUT/stages/heldout_grid.jsonl"
              run timeout 120 python3 -m bench.table_cv bench/results/h200_calibrations/run6_more_problems --folds 0 \
