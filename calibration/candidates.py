@@ -1,6 +1,6 @@
 """Which kernels a problem's sweep times, cheapest first (a cut-short run decides the most), and
-which it records untimed: refused (unsupported), over the memory budget or hopeless by the prior
-(infeasible).
+which it records untimed: refused (unsupported), over the memory budget, hopeless by the prior, or
+not worth their compile (infeasible).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
-from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.base import Kernel, compile_seconds
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.registry import all_kernels, kernel_from_name, portable_kernels, serving
 from attn_dispatch.models.identity import CardSpec
@@ -21,6 +21,11 @@ KERNEL_SETS = ("all", "portable")
 # A kernel predicted this many times slower than the problem's fastest candidate, and slower than
 # the per-point budget, is not timed.
 HOPELESS_FACTOR = 50.0
+COMPILE_WORTH_FACTOR = 2.0
+"""A kernel whose first run here compiles for longer than the per-point budget (a Triton variant: 1-27 s
+on the H200) is timed only if predicted within this factor of the problem's fastest candidate.
+Replayed on the H200 calibration with the Triton tunables, it leaves out 33 of its points and 242 of its
+493 s, none within 10% of its problem's fastest (docs/RESULTS.md#calibration-with-the-triton-tunables-h200)."""
 
 
 def split_names(text: str) -> list[str]:
@@ -104,11 +109,18 @@ def triage(problem: Problem, kernels: list[Kernel], *, estimator: CostEstimator,
     to_time = []
     for kernel in supported:
         guess = predicted[kernel.name]
+        compiling = compile_seconds(kernel, problem)
         if math.isfinite(guess) and guess > point_budget_s and guess > HOPELESS_FACTOR * fastest:
             decided.append(Measurement(
                 **base, kernel=kernel.name, status="infeasible", extra={"predicted_s": guess, "skipped": "hopeless"},
                 reason=f"not timed: predicted {guess:.3g} s per call, over {HOPELESS_FACTOR:.0f}x the fastest "
                 f"candidate ({fastest:.3g} s) and over the per-point budget ({point_budget_s:g} s)",
+            ))
+        elif compiling > point_budget_s and math.isfinite(guess) and guess > COMPILE_WORTH_FACTOR * fastest:
+            decided.append(Measurement(
+                **base, kernel=kernel.name, status="infeasible", extra={"predicted_s": guess, "skipped": "compile"},
+                reason=f"not timed: its first run here compiles (~{compiling:.3g} s, over the per-point budget of "
+                f"{point_budget_s:g} s) and it is predicted {guess / fastest:.3g}x the fastest candidate",
             ))
         else:
             to_time.append(kernel)

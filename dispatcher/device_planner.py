@@ -27,7 +27,6 @@ from attn_dispatch.dispatcher.selection import (
     Tuned,
     cold_seconds,
     compile_deferred_order,
-    compile_seconds,
     decide,
     decision_bucket,
     failure_bucket,
@@ -41,6 +40,7 @@ from attn_dispatch.dispatcher.selection import (
 )
 from attn_dispatch.dispatcher.waiting_ranking import Waiting, WaitingRanking
 from attn_dispatch.kernels import AccuracyPolicy, Kernel, Problem
+from attn_dispatch.kernels.base import compile_seconds
 from attn_dispatch.kernels.sdpa_default import probes_deferred
 from attn_dispatch.models.environment import RECORD
 from attn_dispatch.models.probe_store import ProbeCache

@@ -16,6 +16,7 @@ from attn_dispatch.dispatcher.decision import Candidate, NoKernelError, format_b
 from attn_dispatch.dispatcher.device_ranking import FALLBACK_FIRST, MEASURED_LEVELS, DeviceRanking
 from attn_dispatch.kernels import AccuracyPolicy, ChunkedKernel, Kernel, Problem, kernel_from_name
 from attn_dispatch.kernels._blocks import key_count_aligned
+from attn_dispatch.kernels.base import compile_seconds
 from attn_dispatch.kernels.registry import uses_fused_backend, working_family
 from attn_dispatch.kernels.sdpa_default import default_backend_choice, probes_deferred
 from attn_dispatch.models.measured import entry_key, length_bucket
@@ -406,16 +407,6 @@ def cold_kernel_family(kernel: Kernel, problem: Problem) -> str | None:
 def cold_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mapping[str, float]]) -> float:
     """First-call set-up seconds at a new exact shape: `shape_setup_seconds` plus `compile_seconds`."""
     return shape_setup_seconds(kernel, problem, measured) + compile_seconds(kernel, problem)
-
-
-def compile_seconds(kernel: Kernel, problem: Problem) -> float:
-    """Seconds the next run spends compiling in this process (`Kernel.setup_seconds`), else 0; a
-    conversion's inner kernel compiles for the converted inputs."""
-    inner = getattr(kernel, "inner", None)
-    if inner is not None:
-        return compile_seconds(inner, kernel.converted(problem))
-    setup = getattr(kernel, "setup_seconds", None)
-    return setup(problem) if setup is not None else 0.0
 
 
 def shape_setup_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str, Mapping[str, float]]) -> float:

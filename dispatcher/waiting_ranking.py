@@ -11,7 +11,6 @@ from attn_dispatch.dispatcher.device_ranking import FALLBACK_FIRST
 from attn_dispatch.dispatcher.plans import Plan, mask_ndim_of
 from attn_dispatch.dispatcher.selection import (
     Option,
-    compile_seconds,
     default_kept_first,
     measuring_wanted,
     needs_recheck,
@@ -20,6 +19,7 @@ from attn_dispatch.dispatcher.selection import (
     workspace_bound,
 )
 from attn_dispatch.kernels import Problem
+from attn_dispatch.kernels.base import compile_seconds
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher.device_planner import Asked, Bucket, DevicePlanner

@@ -198,6 +198,16 @@ MATH_BACKWARD_SCORE_MATRICES = 4
 """Score-sized fp32 tensors assumed for a backward declaring no bound (docs/RESULTS.md#training-memory)."""
 
 
+def compile_seconds(kernel: Kernel, problem: Problem) -> float:
+    """Seconds the next run spends compiling in this process (`Kernel.setup_seconds`), else 0; a
+    conversion's inner kernel compiles for the converted inputs."""
+    inner = getattr(kernel, "inner", None)
+    if inner is not None:
+        return compile_seconds(inner, kernel.converted(problem))
+    setup = getattr(kernel, "setup_seconds", None)
+    return setup(problem) if setup is not None else 0.0
+
+
 def training_bytes(kernel: Kernel, problem: Problem) -> int:
     """Extra peak memory of forward plus backward on `kernel`, never allocating: its `backward_workspace_bytes`, else
     an estimate (fused backends: forward, row statistics, gradients, fp32 dQ, K/V repeated; others:

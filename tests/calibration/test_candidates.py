@@ -45,3 +45,40 @@ def test_triage_decides_unsupported_and_over_budget_points_without_timing():
     assert decided["math"].status == "infeasible" and "memory budget" in decided["math"].reason
     assert [k.name for k in plan.to_time] == ["chunked[q=128,kv=1024]"]
     assert all(m.device_key == "k" for m in plan.decided)
+
+
+class Compiling:
+    """A kernel stand-in: supported, predicted `seconds`, compiling for `compile_s` on its next run."""
+
+    def __init__(self, name: str, compile_s: float) -> None:
+        self.name, self.compile_s = name, compile_s
+
+    def reasons(self, problem):
+        return []
+
+    def workspace_bytes(self, problem):
+        return 0
+
+    def setup_seconds(self, problem):
+        return self.compile_s
+
+
+class Predicted:
+    """An estimator answering fixed seconds per kernel name."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.table = seconds
+
+    def seconds(self, problem, kernel):
+        return self.table[kernel.name]
+
+
+def test_triage_leaves_out_a_compile_that_costs_more_than_the_point_unless_predicted_near_the_fastest():
+    kernels = [Compiling("fast", 0.0), Compiling("near", 5.0), Compiling("far", 5.0), Compiling("far_compiled", 0.0),
+               Compiling("far_quick_compile", 0.5)]
+    estimator = Predicted({"fast": 1e-4, "near": 1.5e-4, "far": 3e-4, "far_compiled": 3e-4, "far_quick_compile": 3e-4})
+    plan = triage(problem(), kernels, estimator=estimator, memory_budget=None, point_budget_s=1.0, device_key="k")
+    assert [k.name for k in plan.to_time] == ["fast", "near", "far_compiled", "far_quick_compile"]
+    (skipped,) = plan.decided
+    assert skipped.kernel == "far" and skipped.status == "infeasible" and skipped.extra["skipped"] == "compile"
+    assert "compiles" in skipped.reason and "3x the fastest" in skipped.reason

@@ -112,7 +112,7 @@ def test_a_compiled_variant_is_the_kernels_variant_key(monkeypatch):
 def test_a_first_run_costs_what_its_dtype_and_head_dims_compile(monkeypatch):
     """fp32 configurations and head dims over 128 compile longer (`COMPILE_SECONDS`, measured on the
     H200); a conversion's inner Triton kernel compiles for the converted dtype."""
-    from attn_dispatch.dispatcher.selection import compile_seconds
+    from attn_dispatch.kernels.base import compile_seconds
     from attn_dispatch.kernels import Problem, TritonFlashKernel, kernel_from_name
 
     monkeypatch.setattr(support, "_compiled", set())
