@@ -12,6 +12,11 @@ run is recorded as failed, with its error, and the run goes on. The table comes 
 holds every number. ``--quick`` runs tiny shapes (a smoke test of the script, CPU included: there
 the kernels need ``TRITON_INTERPRET=1`` and timings mean nothing).
 
+``--launch-floor``: instead, the host floor of one call on a tiny shape (B1, 8 heads, 16 rows over 256
+keys, D64, fp16), eager and back to back, paths in interleaved rounds: PyTorch's SDPA, `triton_flash`'s
+forward through its custom operator (every eager call before `cd471a9`) and called directly (eager
+inference since), both kernels' runners (what the dispatcher calls).
+
 Targets (issue 32): forward <= 1.25x flash on every shape in both dtypes, peak memory <= inputs
 + output + 10%; forward + backward on the Wan shape <= 2x flash's, under 16 GiB.
 """
@@ -408,6 +413,46 @@ def table(forward: list[dict], training: list[dict], compiled: dict | None) -> s
     return "\n".join(lines)
 
 
+LAUNCH_FLOOR_SHAPE = (1, 8, 16, 256, 64)  # batch, heads, query rows, keys, head dim
+LAUNCH_FLOOR_CALLS, LAUNCH_FLOOR_ROUNDS = 200, 15
+
+
+def launch_floor_record(device: torch.device, calls: int = LAUNCH_FLOOR_CALLS, rounds: int = LAUNCH_FLOOR_ROUNDS) -> dict:
+    """Median and quartiles of each path's seconds per call on `LAUNCH_FLOOR_SHAPE` (see the module docstring):
+    `rounds` interleaved rounds of `calls` back-to-back calls."""
+    from attn_dispatch.kernels import Problem, kernel_from_name
+    from attn_dispatch.kernels import _triton_flash_ops as flash_ops
+    from attn_dispatch.kernels._triton_flash_config import FlashConfig
+
+    batch, heads, rows, keys, dim = LAUNCH_FLOOR_SHAPE
+    query = torch.randn(batch, heads, rows, dim, device=device, dtype=torch.float16)
+    key, value = (torch.randn(batch, heads, keys, dim, device=device, dtype=torch.float16) for _ in range(2))
+    problem = Problem.from_tensors(query, key, value)
+    config, scale = FlashConfig(64, 32, 4, 2), dim ** -0.5
+    paths: dict[str, Callable] = {
+        "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(query, key, value),
+        "triton_flash_operator": lambda: flash_ops.forward_op(query, key, value, None, scale, False, 0, *config, False),
+        "triton_flash_direct": lambda: flash_ops._forward(query, key, value, None, scale, False, 0, *config, False),
+    }
+    for name in ("triton_flash[bm=64,bn=32,w=4,s=2]", "triton_decode[splits=16,bn=64,w=4,s=2]"):
+        run = kernel_from_name(name).runner(problem)
+        paths[name] = lambda run=run: run(query, key, value, None, None, False, problem)
+    samples: dict[str, list[float]] = {name: [] for name in paths}
+    for call in paths.values():
+        call()
+    for index in range(rounds):
+        for name in list(paths)[index % len(paths):] + list(paths)[: index % len(paths)]:
+            torch.cuda.synchronize(device) if device.type == "cuda" else None
+            start = time.perf_counter()
+            for _ in range(calls):
+                paths[name]()
+            torch.cuda.synchronize(device) if device.type == "cuda" else None
+            samples[name].append((time.perf_counter() - start) / calls)
+    return {name: {"median_us": statistics.median(values) * 1e6,
+                   "q1_q3_us": [q * 1e6 for q in statistics.quantiles(values, n=4)[::2]]}
+            for name, values in samples.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
@@ -420,6 +465,7 @@ def main() -> None:
     parser.add_argument("--rep-ms", type=int, default=100, help="do_bench's measuring time per timing")
     parser.add_argument("--skip-compile", action="store_true", help="skip torch.compile and CUDA graphs")
     parser.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test of this script")
+    parser.add_argument("--launch-floor", action="store_true", help="only the host floor of one call (module docstring)")
     parser.add_argument("--portable", action="store_true",
                         help=f"also time the portable dispatcher ({PORTABLE_BUDGET} budget) and name what it chose")
     args = parser.parse_args()
@@ -442,6 +488,13 @@ def main() -> None:
         report["elapsed_s"] = time.time() - started
         with open(args.out, "w") as sink:
             json.dump(report, sink, indent=1)
+
+    if args.launch_floor:
+        report["launch_floor"] = launch_floor_record(device, *((2, 2) if args.quick else ()))
+        save()
+        for name, row in report["launch_floor"].items():
+            print(f"{name:40s} {row['median_us']:8.1f} us [{row['q1_q3_us'][0]:.1f}-{row['q1_q3_us'][1]:.1f}]")
+        return
 
     portable = None
     if args.portable:
