@@ -26,7 +26,7 @@
 #   llm | llm-batch | llm-static | llm-interleaved | dit | portable | fp32   bench/e2e.py matrices (llm-interleaved:
 #                sdpa and dispatch models in one process, generations alternating: warm against warm)
 # Wheels: pip download into .whl (see /work/.library/device/README.md) plus `pip wheel --no-deps -w .whl .`.
-set -u
+set -u -o pipefail  # `run`'s status is the command's, not tee's
 OUT=${OUT:?set OUT to the output folder}
 export ATTN_DISPATCH_HOME=${ATTN_DISPATCH_HOME:-$OUT/home} PYTHONUNBUFFERED=1
 export PYTHONPATH=/tmp/site:$PWD  # $PWD for bench/; attn_dispatch itself comes from the wheel in /tmp/site
