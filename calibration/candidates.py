@@ -22,10 +22,9 @@ KERNEL_SETS = ("all", "portable")
 # the per-point budget, is not timed.
 HOPELESS_FACTOR = 50.0
 COMPILE_WORTH_FACTOR = 2.0
-"""A kernel whose first run here compiles for longer than the per-point budget (a Triton variant: 1-27 s
-on the H200) is timed only if predicted within this factor of the problem's fastest candidate.
-Replayed on the H200 calibration with the Triton tunables, it leaves out 33 of its points and 242 of its
-493 s, none within 10% of its problem's fastest (docs/RESULTS.md#calibration-with-the-triton-tunables-h200)."""
+"""A kernel whose first run here compiles for longer than the per-point budget (a Triton variant) is timed
+only if predicted within this factor of the problem's fastest candidate
+(docs/RESULTS.md#calibration-with-the-triton-tunables-h200)."""
 
 
 def split_names(text: str) -> list[str]:
