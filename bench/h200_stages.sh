@@ -14,7 +14,7 @@
 #   overhead     bench/dispatch_overhead.py (dispatcher vs F.sdpa, interleaved)
 #   settled      bench/decode_settled.py at batch 1 and 8 (warm parity: every plan PyTorch's own call)
 #   grid         bench/llm_grid.py: the 580-shape LLM grid, warm (GRID_FLAGS, e.g. "--paths pytorch,pytorch_again,shipped --rounds 15")
-#   tritongrid   the grid's shapes with >= 8k keys and Lq >= TRITON_MIN_Q (default 128), every kernel and the TRITON_CONFIGS
+#   tritongrid   the grid's shapes with >= 8k keys and Lq >= TRITON_MIN_Q (default 2), every kernel and the TRITON_CONFIGS
 #                timed (`llm_grid --paths pytorch,kernels --extra-kernels`): the points a refit takes the Triton kernels from
 #   refitcheck   refit the bundled table with tritongrid's points (EXTRA_GRIDS), import it, and time the same shapes with
 #                it (shipped) against the bundled table (shipped_b), an A/A control and the Triton paths (run first: their
@@ -32,7 +32,7 @@ export ATTN_DISPATCH_HOME=${ATTN_DISPATCH_HOME:-$OUT/home} PYTHONUNBUFFERED=1
 export PYTHONPATH=/tmp/site:$PWD  # $PWD for bench/; attn_dispatch itself comes from the wheel in /tmp/site
 mkdir -p "$OUT/stages"
 TRITON_CONFIGS=${TRITON_CONFIGS:-"triton_flash[bm=128,bn=128,w=8,s=3];triton_flash[bm=64,bn=64,w=4,s=3];triton_decode[splits=32,bn=128,w=4,s=2];triton_decode[splits=8,bn=64,w=4,s=2]"}
-TRITON_SHAPES=(--min-kv 8192 --min-q "${TRITON_MIN_Q:-128}" --seed 21 --extra-kernels "$TRITON_CONFIGS")
+TRITON_SHAPES=(--min-kv 8192 --min-q "${TRITON_MIN_Q:-2}" --seed 21 --extra-kernels "$TRITON_CONFIGS")
 LOG="$OUT/stages/log.txt"
 run() { echo "== $(date +%T) $*" | tee -a "$LOG" >&2; "$@" 2>&1 | tee -a "$LOG"; }
 # `attn-dispatch bench` on both scenarios, with and without tuning:
