@@ -18,6 +18,7 @@ from attn_dispatch.kernels._triton_ops import (
     mask_kind,
     mask_operand,
     on_device,
+    tracing,
     triton_operator,
     wrap_triton,
 )
@@ -58,8 +59,10 @@ def launch_decode(
         part_max = partials[partial_rows * value_dim: partial_rows * (value_dim + 1)]
         part_sum = partials[partial_rows * (value_dim + 1):]
     grid = (batch * kv_heads, layout.splits, layout.row_blocks)
+    traced = tracing()
+    split, merge = (wrap_triton(split_kernel), wrap_triton(merge_kernel)) if traced else (split_kernel, merge_kernel)
     with on_device(query):
-        wrap_triton(split_kernel)[grid](
+        split[grid](
             query, key, value, mask_operand(mask, query), part_out, part_max, part_sum, out,
             *query.stride(), *key.stride(), *value.stride(), *broadcast_strides(mask), *out.stride(),
             kv_heads, group, q_len, layout.key_count, layout.rows,
@@ -71,7 +74,7 @@ def launch_decode(
         )
         if not layout.direct:
             merge_grid = (grid[0], -(-layout.rows // layout.merge_block_rows))
-            wrap_triton(merge_kernel)[merge_grid](
+            merge[merge_grid](
                 part_out, part_max, part_sum, out, *out.stride(),
                 kv_heads, group, q_len, layout.rows, layout.splits,
                 VALUE_DIM=value_dim, BLOCK_R=layout.merge_block_rows, BLOCK_S=layout.merge_block_splits,

@@ -6,6 +6,7 @@ read it without compiling anything, the launch follows it exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.triton_decode import MAX_BLOCK_ROWS, MIN_DOT_SIZE
@@ -16,6 +17,8 @@ MERGE_BLOCK_ELEMENTS = 4096
 """Partial-output elements the merge kernel holds per step (rows x splits x value dim): 32 fp32
 registers per thread at 4 warps."""
 FP32_BYTES = 4
+LAYOUTS_KEPT = 64
+"""Layouts remembered (`from_sizes`): a decode step's layers share one; the key count moves every step."""
 
 
 def next_power_of_two(n: int) -> int:
@@ -65,7 +68,13 @@ class DecodeLayout:
     @classmethod
     def from_sizes(cls, rows: int, head_dim: int, value_dim: int, key_count: int, splits: int,
                    block_n: int) -> DecodeLayout:
-        """The layout from the sizes the launch sees (`of` for a `Problem`)."""
+        """The layout from the sizes the launch sees (`of` for a `Problem`); the same sizes give the same
+        (immutable) layout object, computed once."""
+        return _layout_of(cls, rows, head_dim, value_dim, key_count, splits, block_n)
+
+    @classmethod
+    def _computed(cls, rows: int, head_dim: int, value_dim: int, key_count: int, splits: int,
+                  block_n: int) -> DecodeLayout:
         block_m = min(max(MIN_DOT_SIZE, next_power_of_two(rows)), MAX_BLOCK_ROWS)
         per_split = -(-max(key_count, 1) // splits)
         keys_per_split = -(-per_split // block_n) * block_n
@@ -81,12 +90,12 @@ class DecodeLayout:
             splits=max(1, -(-key_count // keys_per_split)),
         )
 
-    @property
+    @cached_property
     def merge_block_rows(self) -> int:
         """Rows per merge program (a power of two, at least 2: no block dimension of size 1)."""
         return max(2, min(next_power_of_two(self.rows), MERGE_BLOCK_ROWS))
 
-    @property
+    @cached_property
     def merge_block_splits(self) -> int:
         """Splits the merge program reads per step (a power of two)."""
         fit = max(1, MERGE_BLOCK_ELEMENTS // (self.merge_block_rows * self.block_dv))
@@ -109,3 +118,10 @@ class DecodeLayout:
         query block, and the probabilities staged for the second product."""
         kv_block = self.block_n * (self.block_d + self.block_dv) * itemsize
         return max(stages, 1) * kv_block + self.block_m * (self.block_d + self.block_n) * itemsize
+
+
+@lru_cache(maxsize=LAYOUTS_KEPT)
+def _layout_of(cls, rows: int, head_dim: int, value_dim: int, key_count: int, splits: int,
+               block_n: int) -> DecodeLayout:
+    """`DecodeLayout.from_sizes`, remembered: a decode step's layers launch the same sizes."""
+    return cls._computed(rows, head_dim, value_dim, key_count, splits, block_n)
