@@ -66,15 +66,11 @@ class DecodeLayout:
                               visible_key_count(problem), splits, block_n)
 
     @classmethod
+    @lru_cache(maxsize=LAYOUTS_KEPT)
     def from_sizes(cls, rows: int, head_dim: int, value_dim: int, key_count: int, splits: int,
                    block_n: int) -> DecodeLayout:
         """The layout from the sizes the launch sees (`of` for a `Problem`); the same sizes give the same
         (immutable) layout object, computed once."""
-        return _layout_of(cls, rows, head_dim, value_dim, key_count, splits, block_n)
-
-    @classmethod
-    def _computed(cls, rows: int, head_dim: int, value_dim: int, key_count: int, splits: int,
-                  block_n: int) -> DecodeLayout:
         block_m = min(max(MIN_DOT_SIZE, next_power_of_two(rows)), MAX_BLOCK_ROWS)
         per_split = -(-max(key_count, 1) // splits)
         keys_per_split = -(-per_split // block_n) * block_n
@@ -118,10 +114,3 @@ class DecodeLayout:
         query block, and the probabilities staged for the second product."""
         kv_block = self.block_n * (self.block_d + self.block_dv) * itemsize
         return max(stages, 1) * kv_block + self.block_m * (self.block_d + self.block_n) * itemsize
-
-
-@lru_cache(maxsize=LAYOUTS_KEPT)
-def _layout_of(cls, rows: int, head_dim: int, value_dim: int, key_count: int, splits: int,
-               block_n: int) -> DecodeLayout:
-    """`DecodeLayout.from_sizes`, remembered: a decode step's layers launch the same sizes."""
-    return cls._computed(rows, head_dim, value_dim, key_count, splits, block_n)
