@@ -284,6 +284,9 @@ SETUP_FREE_MEASURED = 1
 MAX_CANDIDATES = 7
 """Candidates of one bucket at most, the baseline included."""
 
+BUDGET_CALLS = 3.0
+"""What a bucket may spend on slower candidates, in baseline calls (summed excess over the baseline's median)."""
+
 
 def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -> bool:
     """Whether a bucket measures on its calls: its device can be timed without waiting and no same-card entry decides
@@ -302,10 +305,12 @@ def measured_candidates(options: tuple[Option, ...], device: torch.device, probl
     - where the baseline sets up per shape (`sets_up`): flash, else the first set-up-free option;
     - GPU decode with PyTorch's backends ranked by this card's own table (`own_table`): only the ranking's first,
       when not the default; ranked by the prior or another card's table, decode is measured like any shape.
-    At most `MAX_CANDIDATES`."""
+    At most `MAX_CANDIDATES`. An option whose first run would compile for longer than the bucket's measuring budget
+    (`compiles_past_budget`) takes no place: the trial would set it aside unmeasured."""
     default = next((option for option in options if is_default(option.kernel)), None)
     baseline = options[0] if portable or default is None else default
-    others = [option for option in options if option is not baseline]
+    others = [option for option in options
+              if option is not baseline and not compiles_past_budget(option, baseline, problem)]
     if device.type == "cuda" and problem.q_len == 1 and not portable and own_table:
         picked = [options[0]] if options[0] is not baseline else []
     else:
@@ -320,6 +325,14 @@ def measured_candidates(options: tuple[Option, ...], device: torch.device, probl
     names = {option.kernel.name for option in picked}
     chosen = (baseline, *(option for option in others if option.kernel.name in names))[:MAX_CANDIDATES]
     return chosen if len(chosen) > 1 else ()
+
+
+def compiles_past_budget(option: Option, baseline: Option, problem: Problem) -> bool:
+    """Whether `option`'s first run compiles for longer than `BUDGET_CALLS` of the baseline's predicted time (a
+    Triton variant new to the process, docs/RESULTS.md#h100-without-tables); False where nothing is predicted."""
+    if baseline.predicted_s is None:
+        return False
+    return compile_seconds(option.kernel, problem) > BUDGET_CALLS * baseline.predicted_s
 
 
 def own_family_options(options: list[Option], picked: list[Option]) -> list[Option]:
