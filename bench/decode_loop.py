@@ -71,7 +71,10 @@ def child(args) -> dict:
         attends["sdpa"] = torch.nn.functional.scaled_dot_product_attention
     if args.impl in ("dispatch", "both"):
         import attn_dispatch as ad
-        ours = ad.Dispatcher(kernels=args.kernels, memory_budget=args.memory_budget)
+        from attn_dispatch.dispatcher.core import KERNEL_SETS
+
+        kernels = args.kernels if args.kernels in KERNEL_SETS else args.kernels.split(";")
+        ours = ad.Dispatcher(kernels=kernels, memory_budget=args.memory_budget)
         attends["dispatch"], stats = ours.fast_attention, ours.stats  # what patched() and transformers call
 
     def one_pass(attend) -> list[float]:
@@ -133,7 +136,9 @@ def main() -> int:
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--kernels", default="all", help="the dispatcher's kernel set: all or portable")
+    parser.add_argument("--kernels", default="all",
+                        help="the dispatcher's kernel set: all, portable, or kernel names separated by ';' (e.g. "
+                             "\"triton_decode[splits=16,bn=128,w=4,s=2]\": the dispatcher serving that kernel alone)")
     parser.add_argument("--memory-budget", default=None)
     parser.add_argument("--repeats", type=int, default=2, help="fresh processes per implementation and shape")
     parser.add_argument("--layout", choices=["slice", "contiguous"], default="slice",
