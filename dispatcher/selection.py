@@ -296,7 +296,7 @@ def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -
 
 def measured_candidates(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
                         portable: bool = False, sets_up: frozenset[str] = frozenset(),
-                        own_table: bool = True) -> tuple[Option, ...]:
+                        setup_s: Mapping[str, float] | None = None, own_table: bool = True) -> tuple[Option, ...]:
     """The options a bucket measures on its calls, baseline first, then ranking order; empty when nothing to choose:
 
     - baseline: PyTorch's default where a contender, else the ranking's first (portable set);
@@ -305,12 +305,13 @@ def measured_candidates(options: tuple[Option, ...], device: torch.device, probl
     - where the baseline sets up per shape (`sets_up`): flash, else the first set-up-free option;
     - GPU decode with PyTorch's backends ranked by this card's own table (`own_table`): only the ranking's first,
       when not the default; ranked by the prior or another card's table, decode is measured like any shape.
-    At most `MAX_CANDIDATES`. An option whose first run would compile for longer than the bucket's measuring budget
-    (`compiles_past_budget`) takes no place: the trial would set it aside unmeasured."""
+    At most `MAX_CANDIDATES`. An option whose first call's set-up (`setup_s`: seconds by name, a compile or a
+    per-shape plan) is over the bucket's measuring budget takes no place (`sets_up_past_budget`): the trial would set
+    it aside unmeasured."""
     default = next((option for option in options if is_default(option.kernel)), None)
     baseline = options[0] if portable or default is None else default
     others = [option for option in options
-              if option is not baseline and not compiles_past_budget(option, baseline, problem)]
+              if option is not baseline and not sets_up_past_budget(option, baseline, setup_s or {})]
     if device.type == "cuda" and problem.q_len == 1 and not portable and own_table:
         picked = [options[0]] if options[0] is not baseline else []
     else:
@@ -327,12 +328,13 @@ def measured_candidates(options: tuple[Option, ...], device: torch.device, probl
     return chosen if len(chosen) > 1 else ()
 
 
-def compiles_past_budget(option: Option, baseline: Option, problem: Problem) -> bool:
-    """Whether `option`'s first run compiles for longer than `BUDGET_CALLS` of the baseline's predicted time (a
-    Triton variant new to the process, docs/RESULTS.md#h100-without-tables); False where nothing is predicted."""
+def sets_up_past_budget(option: Option, baseline: Option, setup_s: Mapping[str, float]) -> bool:
+    """Whether `option`'s first call sets up (`setup_s`) for longer than `BUDGET_CALLS` of the baseline's predicted
+    time, as a Triton variant new to the process does (docs/RESULTS.md#h100-without-tables); False where nothing is
+    predicted."""
     if baseline.predicted_s is None:
         return False
-    return compile_seconds(option.kernel, problem) > BUDGET_CALLS * baseline.predicted_s
+    return setup_s.get(option.kernel.name, 0.0) > BUDGET_CALLS * baseline.predicted_s
 
 
 def own_family_options(options: list[Option], picked: list[Option]) -> list[Option]:
@@ -378,6 +380,8 @@ def decide(problem: Problem, *, kernels: Mapping[str, Kernel], policy: AccuracyP
             notes = (*notes, f"{measured}: {doubt}")
         candidates = measured_candidates(options, device, problem, portable=portable,
                                          sets_up=costly_setups(options, problem, cold_costs),
+                                         setup_s={o.kernel.name: cold_seconds(o.kernel, problem, cold_costs)
+                                                  for o in options},
                                          own_table=ranking.source.level in MEASURED_LEVELS)
         if candidates:  # the baseline serves until the measuring decides (`measuring.Trial`)
             options = put_first(options, candidates[0].kernel.name)
