@@ -12,12 +12,19 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from attn_dispatch.dispatcher.call_clock import clock_for
 from attn_dispatch.dispatcher.decision import Candidate, Decision, free_bytes
 from attn_dispatch.dispatcher.device_ranking import no_table_line
 from attn_dispatch.dispatcher.device_state import DeviceState
-from attn_dispatch.dispatcher.call_clock import clock_for
 from attn_dispatch.dispatcher.measuring import Trial
-from attn_dispatch.dispatcher.plans import MAX_BUCKETS, BoundedCache, Plan, SeenShapes, SpentCalls, mask_ndim_of
+from attn_dispatch.dispatcher.plans import (
+    MAX_BUCKETS,
+    BoundedCache,
+    Plan,
+    SeenShapes,
+    SpentCalls,
+    mask_ndim_of,
+)
 from attn_dispatch.dispatcher.selection import (
     FASTER_DID_NOT_FIT,
     HISTORY,
@@ -25,11 +32,11 @@ from attn_dispatch.dispatcher.selection import (
     Option,
     Ranked,
     Tuned,
-    cold_seconds,
     compile_deferred_order,
     decide,
     decision_bucket,
     failure_bucket,
+    first_call_setups,
     may_replace_first,
     needs_recheck,
     new_shape_order,
@@ -238,7 +245,7 @@ class DevicePlanner:
                      count_cell=self.config.count_cell, **more)
 
     def setup_seconds(self, options: tuple[Option, ...], problem: Problem) -> dict[str, float]:
-        return {o.kernel.name: cold_seconds(o.kernel, problem, self.cold_costs) for o in options}
+        return first_call_setups(options, problem, self.cold_costs)
 
     def _fits(self, bucket: Bucket, kernel: Kernel, problem: Problem) -> bool:
         """Whether `kernel` runs this exact problem within the memory `bucket` was decided under."""

@@ -295,23 +295,25 @@ def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -
 
 
 def measured_candidates(options: tuple[Option, ...], device: torch.device, problem: Problem, *,
-                        portable: bool = False, sets_up: frozenset[str] = frozenset(),
-                        setup_s: Mapping[str, float] | None = None, own_table: bool = True) -> tuple[Option, ...]:
+                        portable: bool = False, setup_s: Mapping[str, float] | None = None,
+                        own_table: bool = True) -> tuple[Option, ...]:
     """The options a bucket measures on its calls, baseline first, then ranking order; empty when nothing to choose:
 
     - baseline: PyTorch's default where a contender, else the ranking's first (portable set);
     - the first `RANKED_CANDIDATES` others; GPU: `GPU_ALSO_MEASURED`; CPU: each own family's first
       (`own_family_options`);
-    - where the baseline sets up per shape (`sets_up`): flash, else the first set-up-free option;
+    - where the baseline sets up per shape (`costly_setups` of `setup_s`, seconds by name): flash, else the first
+      set-up-free option;
     - GPU decode with PyTorch's backends ranked by this card's own table (`own_table`): only the ranking's first,
       when not the default; ranked by the prior or another card's table, decode is measured like any shape.
-    At most `MAX_CANDIDATES`. An option whose first call's set-up (`setup_s`: seconds by name, a compile or a
-    per-shape plan) is over the bucket's measuring budget takes no place (`sets_up_past_budget`): the trial would set
-    it aside unmeasured."""
+    At most `MAX_CANDIDATES`. An option whose first call's set-up (a compile or a per-shape plan) is over the
+    bucket's measuring budget takes no place (`sets_up_past_budget`): the trial would set it aside unmeasured."""
+    setup_s = setup_s or {}
+    sets_up = costly_setups(setup_s)
     default = next((option for option in options if is_default(option.kernel)), None)
     baseline = options[0] if portable or default is None else default
     others = [option for option in options
-              if option is not baseline and not sets_up_past_budget(option, baseline, setup_s or {})]
+              if option is not baseline and not sets_up_past_budget(option, baseline, setup_s)]
     if device.type == "cuda" and problem.q_len == 1 and not portable and own_table:
         picked = [options[0]] if options[0] is not baseline else []
     else:
@@ -379,9 +381,7 @@ def decide(problem: Problem, *, kernels: Mapping[str, Kernel], policy: AccuracyP
         if measured is not None and doubt is not None:  # an entry that does not decide: say why
             notes = (*notes, f"{measured}: {doubt}")
         candidates = measured_candidates(options, device, problem, portable=portable,
-                                         sets_up=costly_setups(options, problem, cold_costs),
-                                         setup_s={o.kernel.name: cold_seconds(o.kernel, problem, cold_costs)
-                                                  for o in options},
+                                         setup_s=first_call_setups(options, problem, cold_costs),
                                          own_table=ranking.source.level in MEASURED_LEVELS)
         if candidates:  # the baseline serves until the measuring decides (`measuring.Trial`)
             options = put_first(options, candidates[0].kernel.name)
@@ -438,10 +438,15 @@ def shape_setup_seconds(kernel: Kernel, problem: Problem, measured: Mapping[str,
     return measured.get(family, {}).get(kind, CUDNN_COLD_SHAPE_PRIOR_S)
 
 
-def costly_setups(options: Iterable[Option], problem: Problem,
-                  measured: Mapping[str, Mapping[str, float]]) -> frozenset[str]:
-    """Names of `options` whose per-shape set-up is at least `MATERIAL_SETUP_S`."""
-    return frozenset(o.kernel.name for o in options if cold_seconds(o.kernel, problem, measured) >= MATERIAL_SETUP_S)
+def first_call_setups(options: Iterable[Option], problem: Problem,
+                      measured: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Each option's first-call set-up seconds at a new exact shape (`cold_seconds`), by kernel name."""
+    return {o.kernel.name: cold_seconds(o.kernel, problem, measured) for o in options}
+
+
+def costly_setups(setup_s: Mapping[str, float]) -> frozenset[str]:
+    """Names whose set-up (`first_call_setups`) is at least `MATERIAL_SETUP_S`."""
+    return frozenset(name for name, seconds in setup_s.items() if seconds >= MATERIAL_SETUP_S)
 
 
 def calls_per_shape(counts: Iterable[int]) -> float | None:

@@ -295,14 +295,15 @@ def test_only_a_material_set_up_counts_as_one():
     stay among the options a bucket may measure as set-up-free (`selection.measured_candidates`)."""
     from types import SimpleNamespace
 
-    from attn_dispatch.dispatcher.selection import costly_setups
+    from attn_dispatch.dispatcher.selection import costly_setups, first_call_setups
     from attn_dispatch.kernels import kernel_from_name
 
     options = [SimpleNamespace(kernel=kernel_from_name(name)) for name in ("sdpa_default", "sdpa_flash", "math")]
     decode = Problem(8, 32, 8, 1, 1024, 128, 128, "bfloat16", device_type="cuda")
     measured = {"sdpa_default": {"decode": 0.036}, "sdpa_flash": {"decode": 2e-6}}
-    assert costly_setups(options, decode, measured) == {"sdpa_default"}
-    assert costly_setups(options[1:], decode, {"sdpa_flash": {"decode": 0.002}}) == {"sdpa_flash"}
+    assert costly_setups(first_call_setups(options, decode, measured)) == {"sdpa_default"}
+    flash_measured = {"sdpa_flash": {"decode": 0.002}}
+    assert costly_setups(first_call_setups(options[1:], decode, flash_measured)) == {"sdpa_flash"}
 
 
 class TiedRanker(FixedRanker):

@@ -67,10 +67,10 @@ def test_where_the_default_sets_up_per_shape_flash_or_a_set_up_free_option_is_me
     options = _options(monkeypatch, ["sdpa_default", "small_q[splits=8]", "math", "sdpa_flash"])
     decode = Problem(1, 4, 4, 1, 64, 16, 16, "float16", device_type="cuda")
     assert measured_candidates(options, CUDA, decode) == ()
-    setup = frozenset({"sdpa_default"})
-    assert _names(measured_candidates(options, CUDA, decode, sets_up=setup)) == ["sdpa_default", "sdpa_flash"]
+    setup = {"sdpa_default": 1.0}  # PyTorch's default sets up per shape
+    assert _names(measured_candidates(options, CUDA, decode, setup_s=setup)) == ["sdpa_default", "sdpa_flash"]
     no_flash = tuple(o for o in options if o.kernel.name != "sdpa_flash")
-    assert _names(measured_candidates(no_flash, CUDA, decode, sets_up=setup)) == ["sdpa_default", "small_q[splits=8]"]
+    assert _names(measured_candidates(no_flash, CUDA, decode, setup_s=setup)) == ["sdpa_default", "small_q[splits=8]"]
 
 
 def test_the_portable_set_measures_its_rankings_choices_first_one_as_baseline(monkeypatch):
