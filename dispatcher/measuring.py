@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from attn_dispatch.dispatcher.decision import failure_message, format_seconds
-from attn_dispatch.dispatcher.selection import BUDGET_CALLS, MIN_WIN_MARGIN, Option, Tuned
+from attn_dispatch.dispatcher.selection import MIN_WIN_MARGIN, Option, Tuned
 from attn_dispatch.kernels import Kernel, Problem
 from attn_dispatch.models import environment
 
@@ -23,6 +23,8 @@ WARM_UP_CALLS = 1
 """A candidate's first call is not a sample (backends set up lazily)."""
 CLEARLY_SLOWER = 0.10
 """A candidate whose fastest sample is this much slower than the slowest sample of the fastest so far leaves."""
+BUDGET_CALLS = 3.0
+"""What a bucket may spend on slower candidates, in baseline calls (summed excess over the baseline's median)."""
 MAX_PENDING = 2
 """Readings that may wait for their device events before calls go untimed."""
 DEVICE_BACKED_MARGIN = 0.15

@@ -284,9 +284,6 @@ SETUP_FREE_MEASURED = 1
 MAX_CANDIDATES = 7
 """Candidates of one bucket at most, the baseline included."""
 
-BUDGET_CALLS = 3.0
-"""What a bucket may spend on slower candidates, in baseline calls (summed excess over the baseline's median)."""
-
 
 def measuring_wanted(device: torch.device, *, entry_decides: bool, level: str) -> bool:
     """Whether a bucket measures on its calls: its device can be timed without waiting and no same-card entry decides
@@ -306,14 +303,12 @@ def measured_candidates(options: tuple[Option, ...], device: torch.device, probl
       set-up-free option;
     - GPU decode with PyTorch's backends ranked by this card's own table (`own_table`): only the ranking's first,
       when not the default; ranked by the prior or another card's table, decode is measured like any shape.
-    At most `MAX_CANDIDATES`. An option whose first call's set-up (a compile or a per-shape plan) is over the
-    bucket's measuring budget takes no place (`sets_up_past_budget`): the trial would set it aside unmeasured."""
+    At most `MAX_CANDIDATES`."""
     setup_s = setup_s or {}
     sets_up = costly_setups(setup_s)
     default = next((option for option in options if is_default(option.kernel)), None)
     baseline = options[0] if portable or default is None else default
-    others = [option for option in options
-              if option is not baseline and not sets_up_past_budget(option, baseline, setup_s)]
+    others = [option for option in options if option is not baseline]
     if device.type == "cuda" and problem.q_len == 1 and not portable and own_table:
         picked = [options[0]] if options[0] is not baseline else []
     else:
@@ -328,15 +323,6 @@ def measured_candidates(options: tuple[Option, ...], device: torch.device, probl
     names = {option.kernel.name for option in picked}
     chosen = (baseline, *(option for option in others if option.kernel.name in names))[:MAX_CANDIDATES]
     return chosen if len(chosen) > 1 else ()
-
-
-def sets_up_past_budget(option: Option, baseline: Option, setup_s: Mapping[str, float]) -> bool:
-    """Whether `option`'s first call sets up (`setup_s`) for longer than `BUDGET_CALLS` of the baseline's predicted
-    time, as a Triton variant new to the process does (docs/RESULTS.md#h100-without-tables); False where nothing is
-    predicted."""
-    if baseline.predicted_s is None:
-        return False
-    return setup_s.get(option.kernel.name, 0.0) > BUDGET_CALLS * baseline.predicted_s
 
 
 def own_family_options(options: list[Option], picked: list[Option]) -> list[Option]:

@@ -9,7 +9,6 @@ import torch
 
 from attn_dispatch.dispatcher import Dispatcher
 from attn_dispatch.dispatcher.selection import (
-    BUDGET_CALLS,
     Option,
     measured_candidates,
     measuring_wanted,
@@ -89,20 +88,6 @@ def test_on_a_cpu_each_family_of_ours_is_measured_once(monkeypatch):
     options = [Option(kernel_from_name(name), 1e-3, 0) for name in names]
     own = own_family_options(options, options[:2])  # a conversion counts as its inner kernel's family
     assert _names(own) == ["convert[fp32->bf16]+math", "small_q[splits=1]"]
-
-
-def test_an_option_setting_up_past_the_budget_leaves_its_place_to_the_next():
-    """A kernel whose first call would set up (compile) for longer than the bucket's measuring budget
-    (`BUDGET_CALLS` of the baseline's predicted time) would be set aside unmeasured: the next option is measured."""
-    names = ("sdpa_default", "triton_flash[bm=64,bn=64,w=4,s=2]", "small_q[splits=8]", "math", "chunked[q=128,kv=1024]")
-    options = tuple(Option(kernel_from_name(name), 1e-4, 0) for name in names)
-    past = {names[1]: 1.0, names[0]: 1.0}  # the baseline's own set-up takes no one's place
-    assert _names(measured_candidates(options, CUDA, GPU_PREFILL, setup_s=past)) == [
-        "sdpa_default", "small_q[splits=8]", "math"]
-    within = {names[1]: BUDGET_CALLS * 1e-4 / 2}
-    assert _names(measured_candidates(options, CUDA, GPU_PREFILL, setup_s=within))[:3] == list(names[:3])
-    unpredicted = tuple(Option(o.kernel, None, 0) for o in options)
-    assert _names(measured_candidates(unpredicted, CUDA, GPU_PREFILL, setup_s=past))[:3] == list(names[:3])
 
 
 def test_one_candidate_alone_is_nothing_to_measure(monkeypatch):
