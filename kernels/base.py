@@ -4,6 +4,7 @@ with nothing to tile (`direct_attention`), `is_out_of_memory` and forward-plus-b
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from abc import ABC, abstractmethod
@@ -64,8 +65,9 @@ class Kernel(ABC):
         """Tunable parameters, in name order."""
         return {}
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
+        """``family[params]``; made once (a kernel's parameters never change), as every lookup hashes it."""
         return self.family + format_params(self.params)
 
     def __repr__(self) -> str:

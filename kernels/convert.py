@@ -4,6 +4,8 @@ naming them."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from attn_dispatch.kernels.accuracy import (
@@ -46,7 +48,7 @@ class ConvertKernel(Kernel):
     def conversion(self) -> str:
         return CONTIGUOUS if self.source is None else format_conversion(self.source, self.target)
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         return f"convert[{self.conversion}]+{self.inner.name}"
 
