@@ -15,7 +15,8 @@ the kernels need ``TRITON_INTERPRET=1`` and timings mean nothing).
 ``--launch-floor``: instead, the host floor of one call on a tiny shape (B1, 8 heads, 16 rows over 256
 keys, D64, fp16), eager and back to back, paths in interleaved rounds: PyTorch's SDPA, `triton_flash`'s
 forward through its custom operator (every eager call before `cd471a9`) and called directly (eager
-inference since), both kernels' runners (what the dispatcher calls).
+inference since), both kernels' runners (what the dispatcher calls). On a CPU the Triton launches are
+stubbed out (`stubbed_launches`): each Triton path's time is then our own Python before the launcher.
 
 Targets (issue 32): forward <= 1.25x flash on every shape in both dtypes, peak memory <= inputs
 + output + 10%; forward + backward on the Wan shape <= 2x flash's, under 16 GiB.
@@ -24,6 +25,7 @@ Targets (issue 32): forward <= 1.25x flash on every shape in both dtypes, peak m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -31,6 +33,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -248,7 +251,7 @@ def forward_records(shape: Shape, dtype: torch.dtype, configs: list[str], device
             record["chosen"] = portable.explain(**input_sets[0]).kernel
             record["relative_l2_vs_flash"] = relative_l2(out, reference)
             del out
-            record["peak_extra_bytes"] = peak_extra_bytes(lambda: portable.attention(**input_sets[0]), device)
+            record["peak_extra_bytes"] = peak_extra_bytes(lambda first=input_sets[0]: portable.attention(**first), device)
             contenders[PORTABLE] = rotating([lambda inputs=inputs: portable.attention(**inputs) for inputs in input_sets])
         except Exception as error:  # noqa: BLE001
             record.update(status="failed", error=first_line(error))
@@ -417,9 +420,30 @@ LAUNCH_FLOOR_SHAPE = (1, 8, 16, 256, 64)  # batch, heads, query rows, keys, head
 LAUNCH_FLOOR_CALLS, LAUNCH_FLOOR_ROUNDS = 200, 15
 
 
+@contextlib.contextmanager
+def stubbed_launches():
+    """Every Triton launch of the two forward kernels a no-op (their outputs left unwritten): what a call
+    then costs is our own Python up to Triton's launcher."""
+    from attn_dispatch.kernels import _triton_decode_launch as decode
+    from attn_dispatch.kernels import _triton_flash_forward as forward
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    with mock.patch.object(forward, "flash_forward_kernel", NoLaunch()), \
+            mock.patch.object(decode, "split_kernel", NoLaunch()), mock.patch.object(decode, "merge_kernel", NoLaunch()):
+        yield
+
+
 def launch_floor_record(device: torch.device, calls: int = LAUNCH_FLOOR_CALLS, rounds: int = LAUNCH_FLOOR_ROUNDS) -> dict:
     """Median and quartiles of each path's seconds per call on `LAUNCH_FLOOR_SHAPE` (see the module docstring):
-    `rounds` interleaved rounds of `calls` back-to-back calls."""
+    `rounds` interleaved rounds of `calls` back-to-back calls; on a CPU with the launches stubbed out."""
+    with stubbed_launches() if device.type == "cpu" else contextlib.nullcontext():
+        return _launch_floor(device, calls, rounds)
+
+
+def _launch_floor(device: torch.device, calls: int, rounds: int) -> dict:
     from attn_dispatch.kernels import Problem, kernel_from_name
     from attn_dispatch.kernels import _triton_flash_ops as flash_ops
     from attn_dispatch.kernels._triton_flash_config import FlashConfig
