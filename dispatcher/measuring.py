@@ -356,6 +356,8 @@ class Trial:
             for contender in self.contenders:
                 if contender.samples:
                     text = f"{contender.name} {format_seconds(contender.median())} ({len(contender.samples)} samples)"
+                elif contender.calls:
+                    text = f"{contender.name} warmed up, no sample yet"
                 else:
                     text = f"{contender.name} not yet timed"
                 if contender.out is not None:
@@ -364,8 +366,9 @@ class Trial:
             if self.open:
                 spent = (f"; spent {format_seconds(self.spent_s)} of {format_seconds(self.budget_s())} on slower "
                          "candidates" if self.baseline.samples else "")
-                return (f"measurement pending: this bucket's calls each run one candidate, {self.baseline.name} "
-                        f"first, until each has {ROUNDS} samples: " + "; ".join(parts) + spent)
+                return (f"measurement pending (no entry measured on this card decides this bucket): its calls each "
+                        f"run one candidate, {self.baseline.name} first, until each has {ROUNDS} samples: "
+                        + "; ".join(parts) + spent)
             winner = self.result.kernel if self.result is not None else self.baseline.name
             outcome = ("the baseline stays" if winner == self.baseline.name
                        else f"{winner} beat {self.baseline.name} in every round")
