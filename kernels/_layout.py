@@ -175,13 +175,21 @@ def describe_inputs(cls, query, key, value, attn_mask, is_causal, enable_gqa) ->
 
 
 def canonicalisation_bytes(problem: Problem) -> int:
-    """Upper bound of the extra bytes `canonicalise` may allocate: a batch-wide mask, a rebased float mask
-    (`rebase_bytes`), materialised broadcast inputs or one copy of unmergeable strided inputs."""
+    """Upper bound of the extra bytes `canonicalise` may allocate: `materialised_bytes` and one copy of unmergeable
+    strided inputs (only inputs of another rank than 4 whose leading dimensions cannot merge are copied)."""
+    extra = materialised_bytes(problem)
+    if problem.strided and not problem.broadcast_inputs:
+        extra += problem.q_bytes + problem.kv_bytes
+    return extra
+
+
+def materialised_bytes(problem: Problem) -> int:
+    """The extra bytes `canonicalise` allocates whatever the inputs' strides: a batch-wide mask, a rebased float
+    mask (`rebase_bytes`) and materialised broadcast inputs. Kernels reading the canonical views through their strides
+    copy nothing more on 4-D inputs, strided or not."""
     extra = problem.mask_bytes if problem.mask_shape and problem.mask_shape[0] > 1 else 0
     extra += rebase_bytes(problem)
     if problem.broadcast_inputs:
-        extra += problem.q_bytes + problem.kv_bytes
-    elif problem.strided:
         extra += problem.q_bytes + problem.kv_bytes
     return extra
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels._layout import materialised_bytes
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.triton_flash import padded_dim
 from attn_dispatch.models.identity import GFX906_BANDWIDTH, CardSpec
@@ -111,7 +111,7 @@ def triton_flash_seconds(problem: Problem, kernel: TritonFlashKernel, spec: Card
     kv_reads = heads * rates.waves(query_blocks) * seen_keys * (problem.head_dim + problem.value_dim) * problem.itemsize
     mask_reads = heads * L * seen_keys * MASK_ITEMSIZE[problem.mask_kind]  # every visited tile reads its mask
     streamed = (problem.q_bytes + problem.out_bytes + kv_reads + mask_reads
-                + 2 * Kernel.input_copy_bytes(problem))
+                + 2 * materialised_bytes(problem))
     programs = heads * query_blocks
     return (max(compute, streamed / _bandwidth(spec)) / rates.wave_occupancy(programs)
             + _launches(spec, 1, FLASH_ALLOCATIONS))
@@ -124,7 +124,7 @@ def triton_decode_seconds(problem: Problem, kernel: TritonDecodeKernel, spec: Ca
     programs = problem.batch * problem.kv_heads * layout.splits * layout.row_blocks
     visible = layout.key_count / max(problem.kv_len, 1)
     streamed = (problem.kv_bytes * visible * layout.row_blocks + problem.q_bytes + problem.out_bytes
-                + problem.mask_bytes + 2 * layout.partial_bytes(problem) + 2 * Kernel.input_copy_bytes(problem))
+                + problem.mask_bytes + 2 * layout.partial_bytes(problem) + 2 * materialised_bytes(problem))
     padded_rows = layout.block_m * layout.row_blocks / max(layout.rows, 1)
     scores = problem.batch * problem.q_heads * problem.q_len * layout.key_count * padded_rows
     product_flops = problem.flops * visible * padded_rows

@@ -99,3 +99,22 @@ def test_the_prior_keeps_pytorchs_fused_choice_unless_triton_is_clearly_faster()
     assert prior_seconds(p, FLASH, H200) == pytest.approx(
         FORCED_BACKEND_FACTOR * triton_costs.triton_flash_seconds(p, FLASH, H200))
     assert prior_seconds(p, FLASH, MI50_32GB) == triton_costs.triton_flash_seconds(p, FLASH, MI50_32GB)
+
+
+def test_a_strided_cache_slice_is_read_in_place_not_priced_a_copy():
+    """K/V slices of a longer cache are strided 4-D views: canonicalising them allocates nothing and the Triton
+    kernels read them through their strides, so the prior prices them as contiguous inputs; broadcast inputs are
+    materialised and priced."""
+    import torch
+
+    from attn_dispatch.kernels._layout import canonicalise, describe_inputs
+
+    cache = torch.zeros(2, 2, 40, 16)
+    query, key = torch.zeros(2, 4, 1, 16), cache[:, :, :33]
+    sliced = describe_inputs(Problem, query, key, key, None, False, True)
+    views = canonicalise(query, key, key, None, sliced, True)
+    assert sliced.strided and views.key.data_ptr() == key.data_ptr() and views.key.stride() == key.stride()
+    step = problem(batch=8, q_heads=32, kv_heads=8, q_len=1, kv_len=32768, dtype="bfloat16")
+    for kernel, seconds in ((DECODE, triton_costs.triton_decode_seconds), (FLASH, triton_costs.triton_flash_seconds)):
+        assert seconds(replace(step, strided=True), kernel, H200) == seconds(step, kernel, H200)
+        assert seconds(replace(step, broadcast_inputs=True), kernel, H200) > seconds(step, kernel, H200)
