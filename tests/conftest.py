@@ -9,7 +9,10 @@ before its own directory's conftest runs. ``HYPOTHESIS_PROFILE=explore`` draws m
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # Triton's interpreter runs the Triton kernels on CPU tensors, so the CPU suite checks their
 # numerics; Triton reads the switch when it decorates a kernel, so it is set before anything imports
@@ -19,6 +22,12 @@ import os
 if not os.environ.get("ATTN_DISPATCH_TEST_DEVICE", "cpu").startswith("cuda"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+# No test writes into the user's own cache (`~/.cache/attn-dispatch`: probes, tables, measurements) or reads
+# what is there: each test process gets a private home, removed when it exits; tests that need one of
+# their own set it themselves.
+os.environ["ATTN_DISPATCH_HOME"] = tempfile.mkdtemp(prefix="attn-dispatch-test-home-")
+atexit.register(shutil.rmtree, os.environ["ATTN_DISPATCH_HOME"], ignore_errors=True)
 
 import pytest
 from hypothesis import HealthCheck, settings
