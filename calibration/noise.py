@@ -124,8 +124,10 @@ class Noise:
     def describe(self) -> str:
         """``verdict: the numbers it was decided on, with their thresholds`` (one line)."""
         verdict = "too busy to calibrate" if self.too_busy else "busy" if self.busy else "quiet"
+        as_multiple = math.isfinite(self.spread) and self.spread >= SPREAD_AS_MULTIPLE  # thresholds in the same unit
+        busy, stop = (f"{BUSY_SPREAD:.1f}x", f"{STOP_SPREAD:.1f}x") if as_multiple else (f"{BUSY_SPREAD:.0%}", f"{STOP_SPREAD:.0%}")
         parts = [f"reference point {self.median_s * 1e3:.2f} ms, spread {spread_words(self.spread)} "
-                 f"(busy over {BUSY_SPREAD:.0%}, stop over {STOP_SPREAD:.0%})"]
+                 f"(busy over {busy}, stop over {stop})"]
         if self.cpu_share is None:
             parts.append("CPU share not measured")
         elif self.host_only:
@@ -188,12 +190,16 @@ class MachineBusy(ValueError):
 
 
 def threads_left_free(noise: Noise) -> int | None:
-    """The torch threads to suggest after a refusal: the whole cores this process's CPU share
-    amounts to, at least 1 and fewer than it used; None where fewer cannot help or it is unknown."""
+    """The torch threads to suggest after a refusal: the most, fewer than it used, that would each get at least
+    `BUSY_CPU_SHARE` of a core if the CPU went round evenly between them and the other work (as many busy threads as
+    this process's share says: ``cores / share - cores``); None where no such count exists (other work fills every
+    core) or it is unknown."""
     cores = noise.cores or 1
-    if noise.cpu_share is None or noise.host_only or cores <= 1:
+    if noise.cpu_share is None or noise.host_only or cores <= 1 or noise.cpu_share <= 0:
         return None
-    return max(1, min(cores - 1, round(noise.cpu_share * cores)))
+    others = cores / min(noise.cpu_share, 1.0) - cores
+    threads = min(cores - 1, math.floor(cores / BUSY_CPU_SHARE - others))
+    return threads if threads >= 1 else None
 
 
 def check_quiet(noise: Noise, *, allow_busy: bool) -> None:
@@ -206,7 +212,7 @@ def check_quiet(noise: Noise, *, allow_busy: bool) -> None:
                  f"work leaves free (this process got {noise.cpu_share:.0%} of the {noise.cores} cores its threads "
                  "used: a thread off its core stalls the others), or ")
         raise MachineBusy(
-            f"this machine is too busy to calibrate ({noise.describe().split(': ', 1)[-1]}): nothing was measured and no "
+            f"this machine is too busy to calibrate ({noise.describe().split(': ', 1)[-1]}): no kernel was timed and no "
             f"table was written, and PyTorch's default keeps serving. Next: {fewer}run it again when the machine is "
             "quieter (stop other jobs); --allow-busy always measures, with widened samples (the table it stores keeps "
             "PyTorch's default outside the buckets it measured, and the summary says the timings are noisy)"

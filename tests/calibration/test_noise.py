@@ -62,14 +62,22 @@ def test_too_busy_stops_with_what_to_do_unless_allowed():
     check_quiet(BUSY, allow_busy=False)
 
 
-def test_a_starved_multi_threaded_probe_suggests_a_thread_count_that_fits_its_share():
+def test_a_starved_probe_suggests_fewer_threads_only_where_a_core_is_left_free():
+    one_of_two = Noise(median_s=0.2, spread=STOP_SPREAD * 2, cpu_share=2 / 3, cores=2)  # one other busy thread
     with pytest.raises(MachineBusy, match="try --threads 1 to measure on the core other work leaves free") as raised:
-        check_quiet(STARVED, allow_busy=False)
+        check_quiet(one_of_two, allow_busy=False)
     assert "of the 2 cores its threads used" in str(raised.value) and len(str(raised.value).splitlines()) == 1
     assert "--allow-busy always measures" in str(raised.value) and "PyTorch's default keeps serving" in str(raised.value)
-    half_of_eight = Noise(median_s=0.2, spread=0.0, cpu_share=0.5, cores=8)
-    with pytest.raises(MachineBusy, match="try --threads 4 to measure on the 4 cores"):
+    half_of_eight = Noise(median_s=0.2, spread=0.0, cpu_share=0.8 * STOP_CPU_SHARE, cores=8)  # ~11 others on 8 cores
+    with pytest.raises(MachineBusy) as raised:
         check_quiet(half_of_eight, allow_busy=False)
+    assert "--threads" not in str(raised.value)  # every core is taken: fewer threads would be starved as well
+    with pytest.raises(MachineBusy) as raised:
+        check_quiet(STARVED, allow_busy=False)
+    assert "--threads" not in str(raised.value) and "--allow-busy" in str(raised.value)
+    most_of_sixteen = Noise(median_s=0.2, spread=0.0, cpu_share=0.5, cores=16)  # 16 others: a few cores' share left
+    with pytest.raises(MachineBusy, match="try --threads 2 to measure on the 2 cores"):
+        check_quiet(most_of_sixteen, allow_busy=False)
     jittery_but_fed = Noise(median_s=0.2, spread=STOP_SPREAD * 2, cpu_share=1.0, cores=2)
     with pytest.raises(MachineBusy, match="try --threads 1 "):  # fewer than it used, whatever its share
         check_quiet(jittery_but_fed, allow_busy=False)
@@ -273,7 +281,7 @@ def test_a_very_busy_probe_reads_as_a_multiple_and_still_stops():
     assert noise.spread == pytest.approx(8.32)
     assert noise.too_busy and noise.busy
     text = noise.describe()
-    assert "spread 8.3x the median time (busy over 30%, stop over 50%)" in text
+    assert "spread 8.3x the median time (busy over 0.3x, stop over 0.5x)" in text
     assert "832%" not in text
     with pytest.raises(MachineBusy, match=r"spread 8\.3x the median time"):
         check_quiet(noise, allow_busy=False)

@@ -28,3 +28,21 @@ def test_replace_block_keeps_the_text_around_it():
     replaced = replace_block(markdown, "x", "$ attn-dispatch x\nnew")
     assert replaced.startswith("intro\n") and replaced.endswith("after\n")
     assert blocks(replaced) == {"x": "$ attn-dispatch x\nnew"}
+
+
+def test_the_command_table_names_every_option_of_every_command():
+    """The table at the top of docs/COMMANDS.md lists each command's options as `--help` has them (a new user
+    found `calibrate --allow-busy`, which the refusal line recommends, missing there)."""
+    from attn_dispatch.dispatcher.cli import build_parser
+
+    rows = {line.split("|")[1].strip().strip("`"): line for line in DOC.read_text().splitlines()
+            if line.startswith("| `")}
+    subparsers = next(action for action in build_parser()._actions if action.dest == "command")
+    missing = {}
+    for name, parser in subparsers.choices.items():
+        options = {option for action in parser._actions for option in action.option_strings
+                   if option.startswith("--") and option != "--help"}
+        absent = sorted(option for option in options if f"`{option}" not in rows.get(name, ""))
+        if absent:
+            missing[name] = absent
+    assert not missing, f"docs/COMMANDS.md's command table lacks these options: {missing}"
