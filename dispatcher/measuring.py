@@ -366,8 +366,8 @@ class Trial:
             if self.open:
                 spent = (f"; spent {format_seconds(self.spent_s)} of {format_seconds(self.budget_s())} on slower "
                          "candidates" if self.baseline.samples else "")
-                return (f"measurement pending (no entry measured on this card decides this bucket): its calls each "
-                        f"run one candidate, {self.baseline.name} first, until each has {ROUNDS} samples: "
+                return (f"measurement pending (the ranking above is predicted, not measured for this bucket): its calls "
+                        f"each run one candidate, {self.baseline.name} first, until each has {ROUNDS} samples: "
                         + "; ".join(parts) + spent)
             winner = self.result.kernel if self.result is not None else self.baseline.name
             outcome = ("the baseline stays" if winner == self.baseline.name
