@@ -125,9 +125,12 @@ def verdict(shapes: list[ShapeResult], machine: MachineState | None, table: str 
         if table and table.startswith("analytic prior"):
             why += " (no calibrated table here: `attn-dispatch calibrate` measures this machine's)"
         return f"no gain on this machine: {why}{caveat}"
+    if ratio < 1 - VERDICT_MARGIN and busy:  # a gain read off a busy machine's noise is not claimed
+        return (f"no verdict while this machine is busy: the dispatcher took {measured} and ran another kernel than "
+                f"PyTorch's on {len(rated) - kept} of them{caveat}")
     if ratio < 1 - VERDICT_MARGIN:
         return (f"gain on this machine: the dispatcher took {measured}; it ran another kernel than PyTorch's on "
-                f"{len(rated) - kept} of them{caveat}")
+                f"{len(rated) - kept} of them")
     if ratio <= 1 + VERDICT_MARGIN:
         return (f"no gain on this machine: the dispatcher took {measured}, within {VERDICT_MARGIN:.0%} of it, "
                 f"the bench's noise{caveat}")
@@ -154,5 +157,5 @@ def _row(shape: ShapeResult) -> str:
     problems = sorted({f"{p.label}: {p.status}" for p in shape.paths if p.status in NOT_OK})
     oracle_ms = f"{oracle.median_s * MS:.3f}" if oracle else "-"
     return (f"| {shape.shape.label} | {shape.chosen or '-'} | {_ms(shape, 'dispatcher')} | "
-            f"{oracle.label if oracle else '-'} | {oracle_ms} | {_ms(shape, 'pytorch')} | {_ms(shape, label='math')} | "
+            f"{_kernel_of(oracle.label) if oracle else '-'} | {oracle_ms} | {_ms(shape, 'pytorch')} | {_ms(shape, label='math')} | "
             f"{_x(shape.ratio('oracle'))} | {_x(shape.ratio('pytorch'))} | {'; '.join(problems) or '-'} |")
