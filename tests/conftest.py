@@ -23,14 +23,14 @@ if not os.environ.get("ATTN_DISPATCH_TEST_DEVICE", "cpu").startswith("cuda"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import pytest
+from hypothesis import HealthCheck, settings
+
 # No test writes into the user's own cache (`~/.cache/attn-dispatch`: probes, tables, measurements) or reads
 # what is there: each test process gets a private home, removed when it exits; tests that need one of
 # their own set it themselves.
 os.environ["ATTN_DISPATCH_HOME"] = tempfile.mkdtemp(prefix="attn-dispatch-test-home-")
 atexit.register(shutil.rmtree, os.environ["ATTN_DISPATCH_HOME"], ignore_errors=True)
-
-import pytest
-from hypothesis import HealthCheck, settings
 
 # Draws per property in CI: enough to cover the case strategies' corners, small enough for 2 cores.
 CI_EXAMPLES = 12
