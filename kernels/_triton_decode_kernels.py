@@ -1,5 +1,6 @@
-"""The Triton programs of `triton_decode` (flash-decoding): a split-KV pass and the exact merge of
-its splits. Imported only when a `triton_decode` kernel first runs (importing Triton is slow).
+"""The Triton program of `triton_decode` (flash-decoding): a split-KV pass whose last split to
+finish merges the splits exactly, in one launch. Imported only when a `triton_decode` kernel first
+runs (importing Triton is slow).
 
 Split pass: one program per (batch x K/V head, split of the keys, block of packed rows). The
 packed rows of a K/V head are its GQA group's query heads times their query positions: row
@@ -7,8 +8,9 @@ packed rows of a K/V head are its GQA group's query heads times their query posi
 whole group. The program reduces its keys in blocks of ``BLOCK_N`` with an online softmax in fp32
 (FlashAttention-2's recurrence, in natural-log units so that finite mask penalties as low as
 fp32's lowest value stay finite) and writes either the normalised output directly (one split) or
-the split's normalised partial output, row maximum and row sum (fp32), which the merge program
-combines.
+the split's normalised partial output, row maximum and row sum (fp32), then takes a ticket: the
+program that takes a block's last ticket merges every split of that block (`merge_rows`), so no
+second launch waits for the splits.
 
 Semantics: bool masks (nonzero = attend) and float masks (added), broadcast through stride-0
 dimensions; causality with the diagonal shifted by ``causal_offset`` (query ``i`` sees keys
@@ -30,8 +32,50 @@ LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E)
 
 
 @triton.jit
+def merge_rows(
+    PartOut, PartMax, PartSum, Out,
+    stride_ob, stride_oh, stride_ol, stride_od,
+    bh, b, h, group, q_len, rows, splits, first_row,
+    VALUE_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    """Rows ``first_row .. first_row + BLOCK_R`` of K/V head ``bh``: each row's splits weighted by
+    their share of its softmax, ``sum * exp(max - overall max)`` (exactly the softmax over all keys),
+    ``BLOCK_S`` splits at a time, written to ``Out``; a row no split saw gives zeros."""
+    offs_r = first_row + tl.arange(0, BLOCK_R)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_r < rows
+    dv_ok = offs_dv < VALUE_DIM
+
+    overall = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, splits, BLOCK_S):
+        part = (bh * splits + s0 + offs_s[None, :]) * rows + offs_r[:, None]  # [BLOCK_R, BLOCK_S]
+        ok = row_ok[:, None] & (s0 + offs_s[None, :] < splits)
+        overall = tl.maximum(overall, tl.max(tl.load(PartMax + part, mask=ok, other=float("-inf")), 1))
+    overall = tl.where(overall == float("-inf"), 0.0, overall)  # a row no split saw: weights of 0
+
+    acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
+    total = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for s0 in range(0, splits, BLOCK_S):
+        part = (bh * splits + s0 + offs_s[None, :]) * rows + offs_r[:, None]
+        ok = row_ok[:, None] & (s0 + offs_s[None, :] < splits)
+        weight = (tl.exp2((tl.load(PartMax + part, mask=ok, other=float("-inf")) - overall[:, None]) * LOG2E)
+                  * tl.load(PartSum + part, mask=ok, other=0.0))  # [BLOCK_R, BLOCK_S]
+        partial = tl.load(PartOut + part[:, :, None] * VALUE_DIM + offs_dv[None, None, :],
+                          mask=ok[:, :, None] & dv_ok[None, None, :], other=0.0)  # [BLOCK_R, BLOCK_S, BLOCK_DV]
+        acc += tl.sum(weight[:, :, None] * partial, 1)
+        total += tl.sum(weight, 1)
+    out = acc / tl.where(total > 0.0, total, 1.0)[:, None]
+    positions = offs_r % q_len
+    heads = h * group + offs_r // q_len
+    out_ptrs = (Out + b * stride_ob + heads[:, None] * stride_oh + positions[:, None] * stride_ol
+                + offs_dv[None, :] * stride_od)
+    tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+
+
+@triton.jit
 def split_kernel(
-    Q, K, V, Mask, PartOut, PartMax, PartSum, Out,
+    Q, K, V, Mask, PartOut, PartMax, PartSum, Tickets, Out,
     stride_qb, stride_qh, stride_ql, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
@@ -42,11 +86,14 @@ def split_kernel(
     HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
 ):
     """Grid ``(B * Hkv, splits, row blocks)``; ``kv_len`` is the count of keys any row can see
     (`_triton_decode_layout.visible_key_count`). ``DIRECT`` (one split): writes ``Out`` in its dtype;
     else ``PartOut [B * Hkv, splits, rows, Ev]`` (normalised), ``PartMax`` and ``PartSum``
-    ``[B * Hkv, splits, rows]`` (the row's largest score and its sum of exp(score - max), fp32)."""
+    ``[B * Hkv, splits, rows]`` (the row's largest score and its sum of exp(score - max), fp32), and
+    ``Tickets [B * Hkv, row blocks]`` (int32, zeros): the last of a block's splits to take its ticket
+    merges the block's rows into ``Out``, ``MERGE_ROWS`` rows and ``MERGE_SPLITS`` splits per step."""
     scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64
     bh = tl.program_id(0).to(tl.int64)  # every offset below that grows with a size is int64
     split = tl.program_id(1)
@@ -112,48 +159,11 @@ def split_kernel(
         tl.store(PartOut + part[:, None] * VALUE_DIM + offs_dv[None, :], out, mask=out_ok)
         tl.store(PartMax + part, m_i, mask=row_ok)  # kept apart from the sum: max + log(sum) loses the
         tl.store(PartSum + part, l_i, mask=row_ok)  # sum next to fp32's largest finite mask penalties
-
-
-@triton.jit
-def merge_kernel(
-    PartOut, PartMax, PartSum, Out,
-    stride_ob, stride_oh, stride_ol, stride_od,
-    kv_heads, group, q_len, rows, splits,
-    VALUE_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
-):
-    """Grid ``(B * Hkv, row blocks of BLOCK_R)``: each row's splits weighted by their share of its
-    softmax, ``sum * exp(max - overall max)`` (exactly the softmax over all keys), ``BLOCK_S``
-    splits at a time; a row no split saw gives zeros."""
-    bh = tl.program_id(0).to(tl.int64)
-    b = bh // kv_heads
-    h = bh % kv_heads
-    offs_r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    row_ok = offs_r < rows
-    dv_ok = offs_dv < VALUE_DIM
-
-    overall = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, splits, BLOCK_S):
-        part = (bh * splits + s0 + offs_s[None, :]) * rows + offs_r[:, None]  # [BLOCK_R, BLOCK_S]
-        ok = row_ok[:, None] & (s0 + offs_s[None, :] < splits)
-        overall = tl.maximum(overall, tl.max(tl.load(PartMax + part, mask=ok, other=float("-inf")), 1))
-    overall = tl.where(overall == float("-inf"), 0.0, overall)  # a row no split saw: weights of 0
-
-    acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
-    total = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for s0 in range(0, splits, BLOCK_S):
-        part = (bh * splits + s0 + offs_s[None, :]) * rows + offs_r[:, None]
-        ok = row_ok[:, None] & (s0 + offs_s[None, :] < splits)
-        weight = (tl.exp2((tl.load(PartMax + part, mask=ok, other=float("-inf")) - overall[:, None]) * LOG2E)
-                  * tl.load(PartSum + part, mask=ok, other=0.0))  # [BLOCK_R, BLOCK_S]
-        partial = tl.load(PartOut + part[:, :, None] * VALUE_DIM + offs_dv[None, None, :],
-                          mask=ok[:, :, None] & dv_ok[None, None, :], other=0.0)  # [BLOCK_R, BLOCK_S, BLOCK_DV]
-        acc += tl.sum(weight[:, :, None] * partial, 1)
-        total += tl.sum(weight, 1)
-    out = acc / tl.where(total > 0.0, total, 1.0)[:, None]
-    positions = offs_r % q_len
-    heads = h * group + offs_r // q_len
-    out_ptrs = (Out + b * stride_ob + heads[:, None] * stride_oh + positions[:, None] * stride_ol
-                + offs_dv[None, :] * stride_od)
-    tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+        tl.debug_barrier()  # every thread's partials stored before the ticket (acquire-release) publishes them
+        block = tl.program_id(2)
+        ticket = tl.atomic_add(Tickets + bh * tl.num_programs(2) + block, 1, sem="acq_rel", scope="gpu")
+        if ticket == tl.num_programs(1) - 1:  # every other split of this block has stored its partials
+            for first in range(block * BLOCK_M, tl.minimum(block * BLOCK_M + BLOCK_M, rows), MERGE_ROWS):
+                merge_rows(PartOut, PartMax, PartSum, Out, stride_ob, stride_oh, stride_ol, stride_od,
+                           bh, b, h, group, q_len, rows, tl.num_programs(1), first,
+                           VALUE_DIM, MERGE_ROWS, MERGE_SPLITS, BLOCK_DV)
