@@ -445,6 +445,7 @@ def launch_floor_record(device: torch.device, calls: int = LAUNCH_FLOOR_CALLS, r
 
 def _launch_floor(device: torch.device, calls: int, rounds: int) -> dict:
     from attn_dispatch.kernels import Problem, kernel_from_name
+    from attn_dispatch.kernels import _triton_flash_operators as flash_operators
     from attn_dispatch.kernels import _triton_flash_ops as flash_ops
     from attn_dispatch.kernels._triton_flash_config import FlashConfig
 
@@ -455,8 +456,8 @@ def _launch_floor(device: torch.device, calls: int, rounds: int) -> dict:
     config, scale = FlashConfig(64, 32, 4, 2), dim ** -0.5
     paths: dict[str, Callable] = {
         "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(query, key, value),
-        "triton_flash_operator": lambda: flash_ops.forward_op(query, key, value, None, scale, False, 0, *config, False),
-        "triton_flash_direct": lambda: flash_ops._forward(query, key, value, None, scale, False, 0, *config, False),
+        "triton_flash_operator": lambda: flash_operators.forward_op(query, key, value, None, scale, False, 0, *config, False),
+        "triton_flash_direct": lambda: flash_ops.forward(query, key, value, None, scale, False, 0, *config, False),
     }
     for name in ("triton_flash[bm=64,bn=32,w=4,s=2]", "triton_decode[splits=16,bn=64,w=4,s=2]"):
         run = kernel_from_name(name).runner(problem)

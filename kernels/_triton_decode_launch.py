@@ -1,6 +1,7 @@
-"""Launching `triton_decode`'s Triton programs (`_triton_decode_kernels`) on canonical inputs, as the
-operator ``torch.ops.attn_dispatch.triton_decode`` (`_triton_ops.triton_operator`: traced by
-`torch.compile`, captured by CUDA graphs). Imported on the kernel's first run: it imports Triton.
+"""Launching `triton_decode`'s Triton program (`_triton_decode_kernels`) on canonical inputs: directly
+on eager tensors, else as the operator ``torch.ops.attn_dispatch.triton_decode``
+(`_triton_decode_operator`: traced by `torch.compile`). Imported on the kernel's first run: it
+imports Triton.
 """
 
 from __future__ import annotations
@@ -18,12 +19,8 @@ from attn_dispatch.kernels._triton_ops import (
     mask_kind,
     mask_operand,
     on_device,
-    triton_operator,
     wrap_triton,
 )
-
-OPERATOR = "attn_dispatch::triton_decode"
-
 
 def launch_decode(
     query: torch.Tensor,
@@ -75,11 +72,11 @@ def launch_decode(
     return out
 
 
-triton_decode_operator = triton_operator(OPERATOR)(launch_decode)
-
-
 def run_decode(query, key, value, mask, scale: float, causal: bool, causal_offset: int, splits: int,
                block_n: int, warps: int, stages: int) -> torch.Tensor:
     """`launch_decode`, called directly on eager tensors and through its operator while PyTorch traces."""
-    launch = launch_decode if eager_tensors(query, key, value, mask) else triton_decode_operator
+    if eager_tensors(query, key, value, mask):
+        launch = launch_decode
+    else:
+        from attn_dispatch.kernels._triton_decode_operator import triton_decode_operator as launch
     return launch(query, key, value, mask, scale, causal, causal_offset, splits, block_n, warps, stages)

@@ -1,12 +1,8 @@
-"""`triton_flash`'s kernels as PyTorch operators with a backward (imported on the first run).
-
-Where PyTorch has `torch.library.triton_op` (torch >= 2.6), the forward and the backward are
-custom operators built the way PyTorch documents for user-defined Triton kernels: each launch is
-wrapped by `torch.library.wrap_triton`, so `torch.compile` traces them with no graph break and
-Inductor sees the kernels, and the forward's autograd formula is registered with
-`register_autograd`. On an older torch the same functions run as plain calls under a
-`torch.autograd.Function`. Nothing on the launch path synchronises with the device, so the
-calls can be captured in CUDA (HIP) graphs.
+"""`triton_flash`'s forward and backward on canonical inputs (imported on the first run), and
+`flash_attention`, which runs an eager inference call's forward directly and anything traced or
+differentiated through the operators of `_triton_flash_operators`. Each launch goes through
+`torch.library.wrap_triton` while PyTorch traces. Nothing on the launch path synchronises with
+the device, so the calls can be captured in CUDA (HIP) graphs.
 """
 
 from __future__ import annotations
@@ -18,13 +14,8 @@ import torch
 from attn_dispatch.kernels._triton_flash_backward import launch_backward
 from attn_dispatch.kernels._triton_flash_config import FlashConfig, backward_blocks, mask_element_bytes
 from attn_dispatch.kernels._triton_flash_forward import launch_forward
-from attn_dispatch.kernels._triton_ops import TORCH_HAS_TRITON_OP as HAS_TRITON_OP
 from attn_dispatch.kernels._triton_ops import eager_tensors, on_device, wrap_triton
 from attn_dispatch.kernels._triton_support import shared_memory_limit
-
-FORWARD_OP = "attn_dispatch::triton_flash_forward"
-BACKWARD_OP = "attn_dispatch::triton_flash_backward"
-
 
 def _mask_bytes(mask: torch.Tensor | None, query: torch.Tensor) -> int:
     """`mask_element_bytes` of the mask a kernel reads (None: no mask)."""
@@ -33,7 +24,7 @@ def _mask_bytes(mask: torch.Tensor | None, query: torch.Tensor) -> int:
     return mask_element_bytes("bool" if mask.dtype == torch.bool else "float", query.element_size())
 
 
-def _forward(
+def forward(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -59,7 +50,7 @@ def _forward(
     return out, lse
 
 
-def _backward_op(
+def backward_launch(
     grad_out: torch.Tensor,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -89,37 +80,20 @@ def _backward_op(
     return d_query, d_key, d_value
 
 
-def _setup_context(ctx, inputs, output) -> None:
+def setup_context(ctx, inputs, output) -> None:
     query, key, value, mask, scale, causal, causal_offset, block_m, block_n, warps, stages, _ = inputs
     out, lse = output
     ctx.save_for_backward(query, key, value, mask, out, lse)
     ctx.settings = (scale, causal, causal_offset, block_m, block_n, warps, stages)
 
 
-def _backward(ctx, grad_out, _grad_lse):
+def backward(ctx, grad_out, _grad_lse):
+    """The forward's autograd formula: the backward operator on what `setup_context` saved."""
+    from attn_dispatch.kernels._triton_flash_operators import backward_op
+
     query, key, value, mask, out, lse = ctx.saved_tensors
     d_query, d_key, d_value = backward_op(grad_out, query, key, value, mask, out, lse, *ctx.settings)
     return (d_query, d_key, d_value) + (None,) * 9
-
-
-if HAS_TRITON_OP:
-    forward_op = torch.library.triton_op(FORWARD_OP, _forward, mutates_args=())
-    backward_op = torch.library.triton_op(BACKWARD_OP, _backward_op, mutates_args=())
-    forward_op.register_autograd(_backward, setup_context=_setup_context)
-    differentiable_forward = forward_op
-else:  # torch < 2.6: plain calls
-
-    class _FlashAttention(torch.autograd.Function):
-        @staticmethod
-        def forward(*inputs):
-            return _forward(*inputs)
-
-        setup_context = staticmethod(_setup_context)
-        backward = staticmethod(_backward)
-
-    forward_op = _forward
-    backward_op = _backward_op
-    differentiable_forward = _FlashAttention.apply
 
 
 def flash_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
@@ -127,10 +101,13 @@ def flash_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     with_backward: bool) -> torch.Tensor:
     """`triton_flash` on canonical inputs -> ``[B, Hq, L, Ev]`` in the input dtype; differentiable
     in query, key and value when `with_backward` (the log-sum-exp is then kept for the backward).
-    An inference call on eager tensors runs the forward directly, without the operator's dispatch."""
-    if with_backward:
-        run = differentiable_forward
+    An inference call on eager tensors runs the forward directly, without the operator's dispatch
+    (or its registration)."""
+    if not with_backward and eager_tensors(query, key, value, mask):
+        run = forward
     else:
-        run = _forward if eager_tensors(query, key, value, mask) else forward_op
+        from attn_dispatch.kernels import _triton_flash_operators as operators
+
+        run = operators.differentiable_forward if with_backward else operators.forward_op
     out, _ = run(query, key, value, mask, float(scale), bool(causal), int(causal_offset), *config, with_backward)
     return out

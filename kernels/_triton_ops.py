@@ -35,7 +35,11 @@ def wrap_triton(kernel):
 def triton_operator(name: str) -> Callable[[Callable], Callable]:
     """Decorator: register `fn` (tensors in, a new tensor out, launching Triton kernels through
     `wrap_triton`) as the operator ``torch.ops.<name>`` with `torch.library.triton_op` and
-    return that operator; on a torch without it return `fn` unchanged."""
+    return that operator; on a torch without it return `fn` unchanged. Registering reads `fn`'s
+    source with Inductor's helpers, whose import takes about a second: the operators live in their
+    own modules (`_triton_decode_operator`, `_triton_flash_operators`), imported only where a call
+    is traced or differentiated (under `torch.compile`, Dynamo runs an import inside the traced
+    code as a plain import), never by an eager inference call."""
 
     def register(fn: Callable) -> Callable:
         if not TORCH_HAS_TRITON_OP:

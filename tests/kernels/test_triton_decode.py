@@ -288,6 +288,20 @@ def test_importing_the_kernels_does_not_import_triton():
     assert result.stdout.strip() == "False"
 
 
+def test_an_eager_call_registers_no_operator():
+    """Eager inference calls of both Triton families launch directly: the operators (whose registration
+    imports Inductor, about a second) are left for traced calls."""
+    code = ("import sys, torch, attn_dispatch.kernels as k\n"
+            "q, kv = torch.randn(1, 4, 2, 16), torch.randn(1, 2, 40, 16)\n"
+            "k.TritonDecodeKernel(splits=4, bn=16)(q, kv, kv, enable_gqa=True)\n"
+            "k.TritonFlashKernel()(q, kv, kv, enable_gqa=True)\n"
+            "print(sorted({'attn_dispatch.kernels._triton_decode_operator', 'torch._inductor',"
+            " 'attn_dispatch.kernels._triton_flash_operators'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert result.stdout.strip() == "[]"
+
+
 def test_the_dispatcher_runs_it_when_named():
     from attn_dispatch.dispatcher import Dispatcher
 

@@ -1,4 +1,4 @@
-"""`triton_flash`'s kernels compile for GPU targets on a CPU machine: Triton builds them ahead of time
+"""The Triton kernels (`triton_flash`'s and `triton_decode`'s) compile for GPU targets on a CPU machine: Triton builds them ahead of time
 for an H100/H200 (sm_90) and for gfx906 without a GPU, so CI catches what the interpreter cannot
 (types of loop-carried values, layouts, a shared-memory need past the card's)."""
 
@@ -20,6 +20,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from attn_dispatch.kernels import _triton_flash_backward as backward, _triton_flash_forward as forward
+from attn_dispatch.kernels import _triton_decode_kernels as decode
 from attn_dispatch.kernels._triton_flash_config import BOOL_MASK, FLOAT_MASK
 from attn_dispatch.kernels.triton_flash import padded_dim
 
@@ -28,7 +29,8 @@ target = GPUTarget(backend, int(arch) if arch.isdigit() else arch, warp_size)
 element = "*fp16"
 mask = {BOOL_MASK: "*u8", FLOAT_MASK: element}.get(mask_kind, element)
 pointers = dict(Q=element, K=element, V=element, Mask=mask, Out=element, GradOut=element, DK=element, DV=element,
-                DQ=element, Lse="*fp32", Delta="*fp32")
+                DQ=element, Lse="*fp32", Delta="*fp32", PartOut="*fp32", PartMax="*fp32", PartSum="*fp32",
+                Tickets="*i32")
 head_dim = 80  # padded to 128: masked loads along the head dim
 shared = dict(HEAD_DIM=head_dim, VALUE_DIM=head_dim, BLOCK_D=padded_dim(head_dim), BLOCK_DV=padded_dim(head_dim),
               MASK_KIND=mask_kind, CAUSAL=True, DOT_PRECISION=None)
@@ -45,6 +47,8 @@ sizes = [
     build(backward.key_grad_kernel, {**shared, "BLOCK_M": 32, "BLOCK_N": 64}, 4),
     build(backward.query_grad_kernel, {**shared, "BLOCK_M": 64, "BLOCK_N": 32}, 4),
     build(backward.delta_kernel, {"VALUE_DIM": head_dim, "BLOCK_DV": padded_dim(head_dim), "BLOCK_M": 64}, 4),
+    build(decode.split_kernel, {**shared, "BLOCK_M": 16, "BLOCK_N": 64, "DIRECT": False, "MERGE_ROWS": 4,
+                                "MERGE_SPLITS": 4}, 4),
 ]
 print(" ".join(map(str, sizes)))
 """
@@ -53,8 +57,8 @@ print(" ".join(map(str, sizes)))
 @pytest.mark.parametrize(("target", "mask_kind"), [(("cuda", "90", "32"), "2"), (("hip", "gfx906", "64"), "1")],
                          ids=["sm_90-float-mask", "gfx906-bool-mask"])
 def test_kernels_compile_for_gpu_targets(target, mask_kind):
-    """Forward, dK/dV, dQ and delta kernels, causal, head dim 80, fp16, 2 stages, in a fresh process
-    without the interpreter; each fits gfx906's 64 KiB of LDS."""
+    """Forward, dK/dV, dQ and delta kernels and the split-KV decode kernel with its merge, causal, head
+    dim 80, fp16, 2 stages, in a fresh process without the interpreter; each fits gfx906's 64 KiB of LDS."""
     oldest = MIN_TRITON_FOR_ARCH.get(target[1])
     if oldest is not None and triton_version() < oldest:
         pytest.skip(f"Triton {triton_version()} does not compile for {target[1]} (needs {oldest})")
@@ -65,4 +69,4 @@ def test_kernels_compile_for_gpu_targets(target, mask_kind):
         pytest.skip(f"this Triton's ahead-of-time API differs: {done.stderr.strip().splitlines()[-1]}")
     assert done.returncode == 0, done.stderr[-3000:]
     sizes = [int(size) for size in done.stdout.split()]
-    assert len(sizes) == 4 and all(size <= 64 * 1024 for size in sizes), sizes
+    assert len(sizes) == 5 and all(size <= 64 * 1024 for size in sizes), sizes
