@@ -432,7 +432,7 @@ def stubbed_launches():
             return lambda *args, **kwargs: None
 
     with mock.patch.object(forward, "flash_forward_kernel", NoLaunch()), \
-            mock.patch.object(decode, "split_kernel", NoLaunch()):
+            mock.patch.object(decode, "split_kernel", NoLaunch()), mock.patch.object(decode, "merge_kernel", NoLaunch()):
         yield
 
 

@@ -1,5 +1,6 @@
-"""The Triton program of `triton_decode` (flash-decoding): a split-KV pass whose last split to
-finish merges the splits exactly, in one launch. Imported only when a `triton_decode` kernel first
+"""The Triton programs of `triton_decode` (flash-decoding): a split-KV pass and the exact merge of
+its splits, which the split pass's last program does itself where one merge step covers every row
+(a decode step's GQA group), saving a launch. Imported only when a `triton_decode` kernel first
 runs (importing Triton is slow).
 
 Split pass: one program per (batch x K/V head, split of the keys, block of packed rows). The
@@ -8,9 +9,10 @@ packed rows of a K/V head are its GQA group's query heads times their query posi
 whole group. The program reduces its keys in blocks of ``BLOCK_N`` with an online softmax in fp32
 (FlashAttention-2's recurrence, in natural-log units so that finite mask penalties as low as
 fp32's lowest value stay finite) and writes either the normalised output directly (one split) or
-the split's normalised partial output, row maximum and row sum (fp32), then takes a ticket: the
-program that takes a block's last ticket merges every split of that block (`merge_rows`), so no
-second launch waits for the splits.
+the split's normalised partial output, row maximum and row sum (fp32). With ``FUSED_MERGE`` each
+program then takes a ticket and the one that takes the last merges the splits (`merge_rows`);
+otherwise the merge program (`merge_kernel`) runs after the split pass, one program per
+``BLOCK_R`` rows (merging many rows in one program would serialise them).
 
 Semantics: bool masks (nonzero = attend) and float masks (added), broadcast through stride-0
 dimensions; causality with the diagonal shifted by ``causal_offset`` (query ``i`` sees keys
@@ -86,14 +88,15 @@ def split_kernel(
     HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
+    FUSED_MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
 ):
     """Grid ``(B * Hkv, splits, row blocks)``; ``kv_len`` is the count of keys any row can see
     (`_triton_decode_layout.visible_key_count`). ``DIRECT`` (one split): writes ``Out`` in its dtype;
     else ``PartOut [B * Hkv, splits, rows, Ev]`` (normalised), ``PartMax`` and ``PartSum``
-    ``[B * Hkv, splits, rows]`` (the row's largest score and its sum of exp(score - max), fp32), and
-    ``Tickets [B * Hkv, row blocks]`` (int32, zeros): the last of a block's splits to take its ticket
-    merges the block's rows into ``Out``, ``MERGE_ROWS`` rows and ``MERGE_SPLITS`` splits per step."""
+    ``[B * Hkv, splits, rows]`` (the row's largest score and its sum of exp(score - max), fp32); with
+    ``FUSED_MERGE`` (one row block of at most ``MERGE_ROWS`` rows) and ``Tickets [B * Hkv]`` (int32,
+    zeros), the last split of a K/V head to take its ticket merges its rows into ``Out``,
+    ``MERGE_SPLITS`` splits per step."""
     scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64
     bh = tl.program_id(0).to(tl.int64)  # every offset below that grows with a size is int64
     split = tl.program_id(1)
@@ -159,11 +162,24 @@ def split_kernel(
         tl.store(PartOut + part[:, None] * VALUE_DIM + offs_dv[None, :], out, mask=out_ok)
         tl.store(PartMax + part, m_i, mask=row_ok)  # kept apart from the sum: max + log(sum) loses the
         tl.store(PartSum + part, l_i, mask=row_ok)  # sum next to fp32's largest finite mask penalties
-        tl.debug_barrier()  # every thread's partials stored before the ticket (acquire-release) publishes them
-        block = tl.program_id(2)
-        ticket = tl.atomic_add(Tickets + bh * tl.num_programs(2) + block, 1, sem="acq_rel", scope="gpu")
-        if ticket == tl.num_programs(1) - 1:  # every other split of this block has stored its partials
-            for first in range(block * BLOCK_M, tl.minimum(block * BLOCK_M + BLOCK_M, rows), MERGE_ROWS):
+        if FUSED_MERGE:
+            tl.debug_barrier()  # every thread's partials stored before the ticket (acquire-release) publishes them
+            ticket = tl.atomic_add(Tickets + bh, 1, sem="acq_rel", scope="gpu")
+            if ticket == tl.num_programs(1) - 1:  # every other split of this head has stored its partials
                 merge_rows(PartOut, PartMax, PartSum, Out, stride_ob, stride_oh, stride_ol, stride_od,
-                           bh, b, h, group, q_len, rows, tl.num_programs(1), first,
+                           bh, b, h, group, q_len, rows, tl.num_programs(1), 0,
                            VALUE_DIM, MERGE_ROWS, MERGE_SPLITS, BLOCK_DV)
+
+
+@triton.jit
+def merge_kernel(
+    PartOut, PartMax, PartSum, Out,
+    stride_ob, stride_oh, stride_ol, stride_od,
+    kv_heads, group, q_len, rows, splits,
+    VALUE_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    """Grid ``(B * Hkv, row blocks of BLOCK_R)``: `merge_rows` of each block, after the split pass."""
+    bh = tl.program_id(0).to(tl.int64)
+    merge_rows(PartOut, PartMax, PartSum, Out, stride_ob, stride_oh, stride_ol, stride_od,
+               bh, bh // kv_heads, bh % kv_heads, group, q_len, rows, splits, tl.program_id(1) * BLOCK_R,
+               VALUE_DIM, BLOCK_R, BLOCK_S, BLOCK_DV)

@@ -11,15 +11,18 @@ from functools import cached_property, lru_cache
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.triton_decode import MAX_BLOCK_ROWS, MIN_DOT_SIZE
 
-MERGE_BLOCK_ROWS = 4
+MERGE_BLOCK_ROWS = 8
 """Most rows the merge (`_triton_decode_kernels.merge_rows`) takes per step: a decode step's GQA
-group (4 rows at 32/8 heads)."""
+group (4 rows at 32/8 heads, 8 at 64/8). Where one step covers every row, the split pass merges
+(`DecodeLayout.fused_merge`)."""
 MERGE_ELEMENTS_PER_WARP = 1024
 """Partial-output elements the merge holds per step (rows x splits x value dim) per warp of the
 program: 32 fp32 registers per thread."""
+MERGE_WARPS = 4
+"""Warps of a merge program launched on its own (Triton's default)."""
 FP32_BYTES = 4
 TICKET_BYTES = 4
-"""One int32 ticket counter per (batch x K/V head, row block) of a split launch."""
+"""One int32 ticket counter per batch x K/V head of a `fused_merge`."""
 LAYOUTS_KEPT = 64
 """Layouts remembered (`from_sizes`): a decode step's layers share one; the key count moves every step."""
 
@@ -100,17 +103,25 @@ class DecodeLayout:
         return min(next_power_of_two(self.splits), fit)
 
     @property
+    def fused_merge(self) -> bool:
+        """Several splits whose rows one merge step covers: the split pass's last program merges them
+        (one launch, not two). With more rows a separate merge spreads them over programs: merging
+        16 steps in one program ran up to 2.8x slower on the GPU (docs/RESULTS.md#triton-kernels)."""
+        return not self.direct and self.rows <= self.merge_block_rows
+
+    @property
     def direct(self) -> bool:
         """One split: the split program writes the output itself (no partials, no merge)."""
         return self.splits == 1
 
     def partial_bytes(self, problem: Problem) -> int:
-        """The splits' fp32 partial outputs, row maxima and row sums, and the tickets (0 when `direct`)."""
+        """The splits' fp32 partial outputs, row maxima and row sums, and the tickets of a
+        `fused_merge` (0 when `direct`)."""
         if self.direct:
             return 0
         per_row = (problem.value_dim + 2) * FP32_BYTES
         heads = problem.batch * problem.kv_heads
-        return heads * self.splits * self.rows * per_row + heads * self.row_blocks * TICKET_BYTES
+        return heads * self.splits * self.rows * per_row + (heads * TICKET_BYTES if self.fused_merge else 0)
 
     def shared_memory_bytes(self, itemsize: int, stages: int) -> int:
         """Estimated shared memory of one split program: K and V blocks per pipeline stage, the

@@ -17,8 +17,8 @@ PATHS = {"sdpa", "triton_flash_operator", "triton_flash_direct", "triton_flash[b
 
 
 def test_every_path_is_timed_on_a_cpu_and_the_launches_are_restored():
-    kernels = (forward.flash_forward_kernel, decode.split_kernel)
+    kernels = (forward.flash_forward_kernel, decode.split_kernel, decode.merge_kernel)
     record = launch_floor_record(torch.device("cpu"), calls=2, rounds=2)
     assert set(record) == PATHS
     assert all(row["median_us"] > 0 and len(row["q1_q3_us"]) == 2 for row in record.values())
-    assert (forward.flash_forward_kernel, decode.split_kernel) == kernels
+    assert (forward.flash_forward_kernel, decode.split_kernel, decode.merge_kernel) == kernels
