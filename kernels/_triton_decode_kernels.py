@@ -1,7 +1,7 @@
 """The Triton programs of `triton_decode` (flash-decoding): a split-KV pass and the exact merge of
 its splits, which the split pass's last program does itself where one merge step covers every row
-(a decode step's GQA group), saving a launch. Imported only when a `triton_decode` kernel first
-runs (importing Triton is slow).
+(a decode step's GQA group of up to 4 rows), saving a launch. Imported only when a `triton_decode`
+kernel first runs (importing Triton is slow).
 
 Split pass: one program per (batch x K/V head, split of the keys, block of packed rows). The
 packed rows of a K/V head are its GQA group's query heads times their query positions: row

@@ -11,10 +11,11 @@ from functools import cached_property, lru_cache
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.triton_decode import MAX_BLOCK_ROWS, MIN_DOT_SIZE
 
-MERGE_BLOCK_ROWS = 8
+MERGE_BLOCK_ROWS = 4
 """Most rows the merge (`_triton_decode_kernels.merge_rows`) takes per step: a decode step's GQA
-group (4 rows at 32/8 heads, 8 at 64/8). Where one step covers every row, the split pass merges
-(`DecodeLayout.fused_merge`)."""
+group at 32/8 heads. Where one step covers every row, the split pass merges
+(`DecodeLayout.fused_merge`). 8 rows per step (64/8 heads fused) cost the merge 2-4 us of GPU
+time a call on an H200 (docs/RESULTS.md#triton-kernels)."""
 MERGE_ELEMENTS_PER_WARP = 1024
 """Partial-output elements the merge holds per step (rows x splits x value dim) per warp of the
 program: 32 fp32 registers per thread."""
@@ -105,8 +106,9 @@ class DecodeLayout:
     @property
     def fused_merge(self) -> bool:
         """Several splits whose rows one merge step covers: the split pass's last program merges them
-        (one launch, not two). With more rows a separate merge spreads them over programs: merging
-        16 steps in one program ran up to 2.8x slower on the GPU (docs/RESULTS.md#triton-kernels)."""
+        (one launch, not two: 7-9 us less host time a call on an H200). With more rows a separate
+        merge spreads them over programs: merging 16 steps in one program ran up to 2.8x slower on
+        the GPU (docs/RESULTS.md#triton-kernels)."""
         return not self.direct and self.rows <= self.merge_block_rows
 
     @property
