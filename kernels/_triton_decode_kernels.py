@@ -1,7 +1,5 @@
 """The Triton programs of `triton_decode` (flash-decoding): a split-KV pass and the exact merge of
-its splits, which the split pass's last program does itself where one merge step covers every row
-(a decode step's GQA group of up to 4 rows), saving a launch. Imported only when a `triton_decode`
-kernel first runs (importing Triton is slow).
+its splits. Imported only when a `triton_decode` kernel first runs (importing Triton is slow).
 
 Split pass: one program per (batch x K/V head, split of the keys, block of packed rows). The
 packed rows of a K/V head are its GQA group's query heads times their query positions: row
@@ -9,10 +7,8 @@ packed rows of a K/V head are its GQA group's query heads times their query posi
 whole group. The program reduces its keys in blocks of ``BLOCK_N`` with an online softmax in fp32
 (FlashAttention-2's recurrence, in natural-log units so that finite mask penalties as low as
 fp32's lowest value stay finite) and writes either the normalised output directly (one split) or
-the split's normalised partial output, row maximum and row sum (fp32). With ``FUSED_MERGE`` each
-program then takes a ticket and the one that takes the last merges the splits (`merge_rows`);
-otherwise the merge program (`merge_kernel`) runs after the split pass, one program per
-``BLOCK_R`` rows (merging many rows in one program would serialise them).
+the split's normalised partial output, row maximum and row sum (fp32), which the merge program
+combines.
 
 Semantics: bool masks (nonzero = attend) and float masks (added), broadcast through stride-0
 dimensions; causality with the diagonal shifted by ``causal_offset`` (query ``i`` sees keys
@@ -34,50 +30,8 @@ LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E)
 
 
 @triton.jit
-def merge_rows(
-    PartOut, PartMax, PartSum, Out,
-    stride_ob, stride_oh, stride_ol, stride_od,
-    bh, b, h, group, q_len, rows, splits, first_row,
-    VALUE_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
-):
-    """Rows ``first_row .. first_row + BLOCK_R`` of K/V head ``bh``: each row's splits weighted by
-    their share of its softmax, ``sum * exp(max - overall max)`` (exactly the softmax over all keys),
-    ``BLOCK_S`` splits at a time, written to ``Out``; a row no split saw gives zeros."""
-    offs_r = first_row + tl.arange(0, BLOCK_R)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    row_ok = offs_r < rows
-    dv_ok = offs_dv < VALUE_DIM
-
-    overall = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, splits, BLOCK_S):
-        part = (bh * splits + s0 + offs_s[None, :]) * rows + offs_r[:, None]  # [BLOCK_R, BLOCK_S]
-        ok = row_ok[:, None] & (s0 + offs_s[None, :] < splits)
-        overall = tl.maximum(overall, tl.max(tl.load(PartMax + part, mask=ok, other=float("-inf")), 1))
-    overall = tl.where(overall == float("-inf"), 0.0, overall)  # a row no split saw: weights of 0
-
-    acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
-    total = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for s0 in range(0, splits, BLOCK_S):
-        part = (bh * splits + s0 + offs_s[None, :]) * rows + offs_r[:, None]
-        ok = row_ok[:, None] & (s0 + offs_s[None, :] < splits)
-        weight = (tl.exp2((tl.load(PartMax + part, mask=ok, other=float("-inf")) - overall[:, None]) * LOG2E)
-                  * tl.load(PartSum + part, mask=ok, other=0.0))  # [BLOCK_R, BLOCK_S]
-        partial = tl.load(PartOut + part[:, :, None] * VALUE_DIM + offs_dv[None, None, :],
-                          mask=ok[:, :, None] & dv_ok[None, None, :], other=0.0)  # [BLOCK_R, BLOCK_S, BLOCK_DV]
-        acc += tl.sum(weight[:, :, None] * partial, 1)
-        total += tl.sum(weight, 1)
-    out = acc / tl.where(total > 0.0, total, 1.0)[:, None]
-    positions = offs_r % q_len
-    heads = h * group + offs_r // q_len
-    out_ptrs = (Out + b * stride_ob + heads[:, None] * stride_oh + positions[:, None] * stride_ol
-                + offs_dv[None, :] * stride_od)
-    tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
-
-
-@triton.jit
 def split_kernel(
-    Q, K, V, Mask, PartOut, PartMax, PartSum, Tickets, Out,
+    Q, K, V, Mask, PartOut, PartMax, PartSum, Out,
     stride_qb, stride_qh, stride_ql, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
@@ -88,15 +42,11 @@ def split_kernel(
     HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FUSED_MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
 ):
     """Grid ``(B * Hkv, splits, row blocks)``; ``kv_len`` is the count of keys any row can see
     (`_triton_decode_layout.visible_key_count`). ``DIRECT`` (one split): writes ``Out`` in its dtype;
     else ``PartOut [B * Hkv, splits, rows, Ev]`` (normalised), ``PartMax`` and ``PartSum``
-    ``[B * Hkv, splits, rows]`` (the row's largest score and its sum of exp(score - max), fp32); with
-    ``FUSED_MERGE`` (one row block of at most ``MERGE_ROWS`` rows) and ``Tickets [B * Hkv]`` (int32,
-    zeros), the last split of a K/V head to take its ticket merges its rows into ``Out``,
-    ``MERGE_SPLITS`` splits per step."""
+    ``[B * Hkv, splits, rows]`` (the row's largest score and its sum of exp(score - max), fp32)."""
     scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64
     bh = tl.program_id(0).to(tl.int64)  # every offset below that grows with a size is int64
     split = tl.program_id(1)
@@ -162,13 +112,6 @@ def split_kernel(
         tl.store(PartOut + part[:, None] * VALUE_DIM + offs_dv[None, :], out, mask=out_ok)
         tl.store(PartMax + part, m_i, mask=row_ok)  # kept apart from the sum: max + log(sum) loses the
         tl.store(PartSum + part, l_i, mask=row_ok)  # sum next to fp32's largest finite mask penalties
-        if FUSED_MERGE:
-            tl.debug_barrier()  # every thread's partials stored before the ticket (acquire-release) publishes them
-            ticket = tl.atomic_add(Tickets + bh, 1, sem="acq_rel", scope="gpu")
-            if ticket == tl.num_programs(1) - 1:  # every other split of this head has stored its partials
-                merge_rows(PartOut, PartMax, PartSum, Out, stride_ob, stride_oh, stride_ol, stride_od,
-                           bh, b, h, group, q_len, rows, tl.num_programs(1), 0,
-                           VALUE_DIM, MERGE_ROWS, MERGE_SPLITS, BLOCK_DV)
 
 
 @triton.jit
@@ -178,8 +121,39 @@ def merge_kernel(
     kv_heads, group, q_len, rows, splits,
     VALUE_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
-    """Grid ``(B * Hkv, row blocks of BLOCK_R)``: `merge_rows` of each block, after the split pass."""
+    """Grid ``(B * Hkv, row blocks of BLOCK_R)``: each row's splits weighted by their share of its
+    softmax, ``sum * exp(max - overall max)`` (exactly the softmax over all keys), ``BLOCK_S``
+    splits at a time; a row no split saw gives zeros."""
     bh = tl.program_id(0).to(tl.int64)
-    merge_rows(PartOut, PartMax, PartSum, Out, stride_ob, stride_oh, stride_ol, stride_od,
-               bh, bh // kv_heads, bh % kv_heads, group, q_len, rows, splits, tl.program_id(1) * BLOCK_R,
-               VALUE_DIM, BLOCK_R, BLOCK_S, BLOCK_DV)
+    b = bh // kv_heads
+    h = bh % kv_heads
+    offs_r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_r < rows
+    dv_ok = offs_dv < VALUE_DIM
+
+    overall = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, splits, BLOCK_S):
+        part = (bh * splits + s0 + offs_s[None, :]) * rows + offs_r[:, None]  # [BLOCK_R, BLOCK_S]
+        ok = row_ok[:, None] & (s0 + offs_s[None, :] < splits)
+        overall = tl.maximum(overall, tl.max(tl.load(PartMax + part, mask=ok, other=float("-inf")), 1))
+    overall = tl.where(overall == float("-inf"), 0.0, overall)  # a row no split saw: weights of 0
+
+    acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
+    total = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for s0 in range(0, splits, BLOCK_S):
+        part = (bh * splits + s0 + offs_s[None, :]) * rows + offs_r[:, None]
+        ok = row_ok[:, None] & (s0 + offs_s[None, :] < splits)
+        weight = (tl.exp2((tl.load(PartMax + part, mask=ok, other=float("-inf")) - overall[:, None]) * LOG2E)
+                  * tl.load(PartSum + part, mask=ok, other=0.0))  # [BLOCK_R, BLOCK_S]
+        partial = tl.load(PartOut + part[:, :, None] * VALUE_DIM + offs_dv[None, None, :],
+                          mask=ok[:, :, None] & dv_ok[None, None, :], other=0.0)  # [BLOCK_R, BLOCK_S, BLOCK_DV]
+        acc += tl.sum(weight[:, :, None] * partial, 1)
+        total += tl.sum(weight, 1)
+    out = acc / tl.where(total > 0.0, total, 1.0)[:, None]
+    positions = offs_r % q_len
+    heads = h * group + offs_r // q_len
+    out_ptrs = (Out + b * stride_ob + heads[:, None] * stride_oh + positions[:, None] * stride_ol
+                + offs_dv[None, :] * stride_od)
+    tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])

@@ -1,4 +1,4 @@
-"""Launching `triton_decode`'s Triton program (`_triton_decode_kernels`) on canonical inputs: directly
+"""Launching `triton_decode`'s Triton programs (`_triton_decode_kernels`) on canonical inputs: directly
 on eager tensors, else as the operator ``torch.ops.attn_dispatch.triton_decode``
 (`_triton_decode_operator`: traced by `torch.compile`). Imported on the kernel's first run: it
 imports Triton.
@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from attn_dispatch.kernels._triton_decode_kernels import merge_kernel, split_kernel
-from attn_dispatch.kernels._triton_decode_layout import MERGE_WARPS, DecodeLayout, key_limit
+from attn_dispatch.kernels._triton_decode_layout import DecodeLayout, key_limit
 from attn_dispatch.kernels._triton_ops import (
     broadcast_strides,
     dot_precision,
@@ -46,34 +46,34 @@ def launch_decode(
     layout = DecodeLayout.from_sizes(group * q_len, head_dim, value_dim,
                                      key_limit(kv_len, q_len, causal, causal_offset), splits, block_n)
     out = query.new_empty(batch, q_heads, q_len, value_dim)
-    grid = (batch * kv_heads, layout.splits, layout.row_blocks)
-    part_out = part_max = part_sum = tickets = out  # `direct`: the split program writes `out`, nothing else
-    if not layout.direct:  # one allocation: [B * Hkv, splits, rows] x (Ev outputs, the max, the sum)
+    if layout.direct:  # the split program writes `out`; the partial buffers are never touched
+        part_out = part_max = part_sum = out
+    else:  # one allocation: [B * Hkv, splits, rows] x (Ev outputs, the max, the sum)
         partial_rows = batch * kv_heads * layout.splits * layout.rows
         partials = query.new_empty(partial_rows * (value_dim + 2), dtype=torch.float32)
         part_out = partials[: partial_rows * value_dim]
         part_max = partials[partial_rows * value_dim: partial_rows * (value_dim + 1)]
         part_sum = partials[partial_rows * (value_dim + 1):]
-    if layout.fused_merge:
-        tickets = torch.zeros(grid[0], dtype=torch.int32, device=query.device)
+    grid = (batch * kv_heads, layout.splits, layout.row_blocks)
+    split, merge = wrap_triton(split_kernel), wrap_triton(merge_kernel)
     with on_device(query):
-        wrap_triton(split_kernel)[grid](
-            query, key, value, mask_operand(mask, query), part_out, part_max, part_sum, tickets, out,
+        split[grid](
+            query, key, value, mask_operand(mask, query), part_out, part_max, part_sum, out,
             *query.stride(), *key.stride(), *value.stride(), *broadcast_strides(mask), *out.stride(),
             kv_heads, group, q_len, layout.key_count, layout.rows,
             scale, causal_offset, layout.keys_per_split,
             HEAD_DIM=head_dim, VALUE_DIM=value_dim,
             BLOCK_M=layout.block_m, BLOCK_N=layout.block_n, BLOCK_D=layout.block_d, BLOCK_DV=layout.block_dv,
             MASK_KIND=mask_kind(mask), CAUSAL=causal, DIRECT=layout.direct, DOT_PRECISION=dot_precision(query.dtype),
-            FUSED_MERGE=layout.fused_merge, MERGE_ROWS=layout.merge_block_rows,
-            MERGE_SPLITS=layout.merge_block_splits(warps), num_warps=warps, num_stages=stages,
+            num_warps=warps, num_stages=stages,
         )
-        if not layout.direct and not layout.fused_merge:
-            wrap_triton(merge_kernel)[(grid[0], -(-layout.rows // layout.merge_block_rows))](
+        if not layout.direct:
+            merge_grid = (grid[0], -(-layout.rows // layout.merge_block_rows))
+            merge[merge_grid](
                 part_out, part_max, part_sum, out, *out.stride(),
                 kv_heads, group, q_len, layout.rows, layout.splits,
-                VALUE_DIM=value_dim, BLOCK_R=layout.merge_block_rows, BLOCK_S=layout.merge_block_splits(MERGE_WARPS),
-                BLOCK_DV=layout.block_dv, num_warps=MERGE_WARPS,
+                VALUE_DIM=value_dim, BLOCK_R=layout.merge_block_rows, BLOCK_S=layout.merge_block_splits,
+                BLOCK_DV=layout.block_dv,
             )
     return out
 

@@ -12,18 +12,11 @@ from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.triton_decode import MAX_BLOCK_ROWS, MIN_DOT_SIZE
 
 MERGE_BLOCK_ROWS = 4
-"""Most rows the merge (`_triton_decode_kernels.merge_rows`) takes per step: a decode step's GQA
-group at 32/8 heads. Where one step covers every row, the split pass merges
-(`DecodeLayout.fused_merge`). 8 rows per step (64/8 heads fused) cost the merge 2-4 us of GPU
-time a call on an H200 (docs/RESULTS.md#triton-kernels)."""
-MERGE_ELEMENTS_PER_WARP = 1024
-"""Partial-output elements the merge holds per step (rows x splits x value dim) per warp of the
-program: 32 fp32 registers per thread."""
-MERGE_WARPS = 4
-"""Warps of a merge program launched on its own (Triton's default)."""
+"""Most rows per program of the merge kernel: a decode step's GQA group (4 rows at 32/8 heads)."""
+MERGE_BLOCK_ELEMENTS = 4096
+"""Partial-output elements the merge kernel holds per step (rows x splits x value dim): 32 fp32
+registers per thread at 4 warps."""
 FP32_BYTES = 4
-TICKET_BYTES = 4
-"""One int32 ticket counter per batch x K/V head of a `fused_merge`."""
 LAYOUTS_KEPT = 64
 """Layouts remembered (`from_sizes`): a decode step's layers share one; the key count moves every step."""
 
@@ -95,21 +88,14 @@ class DecodeLayout:
 
     @cached_property
     def merge_block_rows(self) -> int:
-        """Rows per merge step (a power of two, at least 2: no block dimension of size 1)."""
+        """Rows per merge program (a power of two, at least 2: no block dimension of size 1)."""
         return max(2, min(next_power_of_two(self.rows), MERGE_BLOCK_ROWS))
 
-    def merge_block_splits(self, warps: int) -> int:
-        """Splits a merge step reads (a power of two) in a program of `warps` warps."""
-        fit = max(1, MERGE_ELEMENTS_PER_WARP * warps // (self.merge_block_rows * self.block_dv))
+    @cached_property
+    def merge_block_splits(self) -> int:
+        """Splits the merge program reads per step (a power of two)."""
+        fit = max(1, MERGE_BLOCK_ELEMENTS // (self.merge_block_rows * self.block_dv))
         return min(next_power_of_two(self.splits), fit)
-
-    @property
-    def fused_merge(self) -> bool:
-        """Several splits whose rows one merge step covers: the split pass's last program merges them
-        (one launch, not two: 7-9 us less host time a call on an H200). With more rows a separate
-        merge spreads them over programs: merging 16 steps in one program ran up to 2.8x slower on
-        the GPU (docs/RESULTS.md#triton-kernels)."""
-        return not self.direct and self.rows <= self.merge_block_rows
 
     @property
     def direct(self) -> bool:
@@ -117,13 +103,11 @@ class DecodeLayout:
         return self.splits == 1
 
     def partial_bytes(self, problem: Problem) -> int:
-        """The splits' fp32 partial outputs, row maxima and row sums, and the tickets of a
-        `fused_merge` (0 when `direct`)."""
+        """The splits' fp32 partial outputs, row maxima and row sums (0 when `direct`)."""
         if self.direct:
             return 0
         per_row = (problem.value_dim + 2) * FP32_BYTES
-        heads = problem.batch * problem.kv_heads
-        return heads * self.splits * self.rows * per_row + (heads * TICKET_BYTES if self.fused_merge else 0)
+        return problem.batch * problem.kv_heads * self.splits * self.rows * per_row
 
     def shared_memory_bytes(self, itemsize: int, stages: int) -> int:
         """Estimated shared memory of one split program: K and V blocks per pipeline stage, the

@@ -5,9 +5,8 @@ cache.
 The GQA group's query heads and their query rows are packed into the rows of one block, so K and V
 are read once per group, never repeated. The keys are cut into at most ``P`` splits of whole
 ``N``-key blocks; one program per (batch x K/V head, split) reduces its keys with an online softmax
-in fp32 (``W`` warps, ``T`` pipeline stages); the splits are merged exactly by their row maxima
-and sums, by the split pass's last program where one merge step covers every row (a decode step:
-one launch), else by a second small program. Exact SDPA semantics on the canonical views, read through their strides
+in fp32 (``W`` warps, ``T`` pipeline stages) and a second small program merges the splits exactly
+by their row maxima and sums. Exact SDPA semantics on the canonical views, read through their strides
 (a sliced KV cache is never copied): bool and float masks with broadcast dimensions, causal
 top-left and bottom-right, ``scale``, zeros for rows with every key blocked, head dims up to 256
 (value dim may differ), fp16/bf16/fp32 (fp32 products in IEEE precision).
@@ -106,7 +105,7 @@ class TritonDecodeKernel(Kernel):
 
     def workspace_bytes(self, problem: Problem) -> int:
         """The output, the splits' fp32 partial outputs, row maxima and sums (none with one split),
-        a fused merge's tickets, and canonicalisation's copies."""
+        and canonicalisation's copies."""
         return problem.out_bytes + self.layout(problem).partial_bytes(problem) + self.input_copy_bytes(problem)
 
     def setup_seconds(self, problem: Problem) -> float:

@@ -167,8 +167,7 @@ def test_many_splits_merge_exactly_in_fp32():
     query = torch.randn(1, 8, 1, 64, generator=generator).to(TEST_DEVICE)
     key, value = (torch.randn(1, 2, 2390, 64, generator=generator).to(TEST_DEVICE) for _ in range(2))
     kernel = TritonDecodeKernel(splits=150, bn=16, w=4, s=1)
-    layout = kernel.layout(Problem.from_tensors(query, key, value, enable_gqa=True))
-    assert (layout.splits, layout.fused_merge) == (150, True)  # 16 keys each; the split pass merges 4 rows
+    assert kernel.layout(Problem.from_tensors(query, key, value, enable_gqa=True)).splits == 150  # 16 keys each
     out = kernel(query, key, value, enable_gqa=True)
     rel_l2, rel_max = relative_errors(out, reference_attention(query, key, value, enable_gqa=True))
     assert TOLERANCES["float32"].accepts(rel_l2, rel_max), (rel_l2, rel_max)
@@ -176,14 +175,13 @@ def test_many_splits_merge_exactly_in_fp32():
 
 @pytest.mark.parametrize("warps", [1, 8])
 def test_each_row_block_merges_its_own_splits(warps):
-    """128 packed rows (two row blocks), 5 splits: the merge program merges each block's rows, a few
-    splits per step."""
+    """128 packed rows (two row blocks), 5 splits, each program's warps: every row merged."""
     generator = torch.Generator().manual_seed(5)
     query = torch.randn(1, 16, 8, 64, generator=generator).to(TEST_DEVICE)
     key, value = (torch.randn(1, 1, 300, 64, generator=generator).to(TEST_DEVICE) for _ in range(2))
     kernel = TritonDecodeKernel(splits=5, bn=16, w=warps, s=1)
     layout = kernel.layout(Problem.from_tensors(query, key, value, enable_gqa=True))
-    assert (layout.row_blocks, layout.splits, layout.fused_merge) == (2, 5, False)
+    assert (layout.row_blocks, layout.splits) == (2, 5)
     out = kernel(query, key, value, enable_gqa=True)
     rel_l2, rel_max = relative_errors(out, reference_attention(query, key, value, enable_gqa=True))
     assert TOLERANCES["float32"].accepts(rel_l2, rel_max), (rel_l2, rel_max)
@@ -227,13 +225,12 @@ def test_packed_rows_take_several_row_blocks_up_to_the_limit():
     assert any("packs GQA group x query rows" in reason for reason in TritonDecodeKernel().reasons(too_many))
 
 
-def test_workspace_counts_the_partials_of_every_split_and_a_fused_merges_tickets():
+def test_workspace_counts_the_partials_of_every_split():
     problem = Problem(2, 32, 8, 1, 32768, 128, 128, "bfloat16")
     one, many = TritonDecodeKernel(splits=1), TritonDecodeKernel(splits=16)
     assert one.workspace_bytes(problem) == problem.out_bytes
     partials = 2 * 8 * 16 * 4 * (128 + 2) * 4  # B x Hkv x splits x rows x (Ev + max + sum) x fp32
-    tickets = 2 * 8 * 4  # B x Hkv x int32: 4 rows, one merge step, merged by the split pass
-    assert many.workspace_bytes(problem) == problem.out_bytes + partials + tickets
+    assert many.workspace_bytes(problem) == problem.out_bytes + partials
 
 
 # ---------------------------------------------------------------------- names, reasons, sets

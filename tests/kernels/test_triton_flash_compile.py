@@ -29,8 +29,7 @@ target = GPUTarget(backend, int(arch) if arch.isdigit() else arch, warp_size)
 element = "*fp16"
 mask = {BOOL_MASK: "*u8", FLOAT_MASK: element}.get(mask_kind, element)
 pointers = dict(Q=element, K=element, V=element, Mask=mask, Out=element, GradOut=element, DK=element, DV=element,
-                DQ=element, Lse="*fp32", Delta="*fp32", PartOut="*fp32", PartMax="*fp32", PartSum="*fp32",
-                Tickets="*i32")
+                DQ=element, Lse="*fp32", Delta="*fp32", PartOut="*fp32", PartMax="*fp32", PartSum="*fp32")
 head_dim = 80  # padded to 128: masked loads along the head dim
 shared = dict(HEAD_DIM=head_dim, VALUE_DIM=head_dim, BLOCK_D=padded_dim(head_dim), BLOCK_DV=padded_dim(head_dim),
               MASK_KIND=mask_kind, CAUSAL=True, DOT_PRECISION=None)
@@ -47,8 +46,7 @@ sizes = [
     build(backward.key_grad_kernel, {**shared, "BLOCK_M": 32, "BLOCK_N": 64}, 4),
     build(backward.query_grad_kernel, {**shared, "BLOCK_M": 64, "BLOCK_N": 32}, 4),
     build(backward.delta_kernel, {"VALUE_DIM": head_dim, "BLOCK_DV": padded_dim(head_dim), "BLOCK_M": 64}, 4),
-    build(decode.split_kernel, {**shared, "BLOCK_M": 16, "BLOCK_N": 64, "DIRECT": False, "FUSED_MERGE": True,
-                                "MERGE_ROWS": 4, "MERGE_SPLITS": 4}, 4),
+    build(decode.split_kernel, {**shared, "BLOCK_M": 16, "BLOCK_N": 64, "DIRECT": False}, 4),
     build(decode.merge_kernel, {"VALUE_DIM": head_dim, "BLOCK_DV": padded_dim(head_dim), "BLOCK_R": 8, "BLOCK_S": 4}, 4),
 ]
 print(" ".join(map(str, sizes)))
@@ -58,7 +56,7 @@ print(" ".join(map(str, sizes)))
 @pytest.mark.parametrize(("target", "mask_kind"), [(("cuda", "90", "32"), "2"), (("hip", "gfx906", "64"), "1")],
                          ids=["sm_90-float-mask", "gfx906-bool-mask"])
 def test_kernels_compile_for_gpu_targets(target, mask_kind):
-    """Forward, dK/dV, dQ and delta kernels, the split-KV decode kernel merging its splits and the merge kernel, causal, head
+    """Forward, dK/dV, dQ and delta kernels, the split-KV decode kernel and its merge kernel, causal, head
     dim 80, fp16, 2 stages, in a fresh process without the interpreter; each fits gfx906's 64 KiB of LDS."""
     oldest = MIN_TRITON_FOR_ARCH.get(target[1])
     if oldest is not None and triton_version() < oldest:
