@@ -22,6 +22,7 @@ from attn_dispatch.kernels._triton_ops import (
     wrap_triton,
 )
 
+
 def launch_decode(
     query: torch.Tensor,
     key: torch.Tensor,
