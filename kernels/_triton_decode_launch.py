@@ -19,6 +19,7 @@ from attn_dispatch.kernels._triton_ops import (
     mask_kind,
     mask_operand,
     on_device,
+    tracing,
     wrap_triton,
 )
 
@@ -56,7 +57,8 @@ def launch_decode(
         part_max = partials[partial_rows * value_dim: partial_rows * (value_dim + 1)]
         part_sum = partials[partial_rows * (value_dim + 1):]
     grid = (batch * kv_heads, layout.splits, layout.row_blocks)
-    split, merge = wrap_triton(split_kernel), wrap_triton(merge_kernel)
+    traced = tracing()
+    split, merge = (wrap_triton(split_kernel), wrap_triton(merge_kernel)) if traced else (split_kernel, merge_kernel)
     with on_device(query):
         split[grid](
             query, key, value, mask_operand(mask, query), part_out, part_max, part_sum, out,

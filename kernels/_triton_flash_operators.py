@@ -34,5 +34,3 @@ else:  # torch < 2.6: plain calls
     forward_op = forward
     backward_op = backward_launch
     differentiable_forward = _FlashAttention.apply
-
-

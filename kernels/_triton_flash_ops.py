@@ -17,6 +17,7 @@ from attn_dispatch.kernels._triton_flash_forward import launch_forward
 from attn_dispatch.kernels._triton_ops import eager_tensors, on_device, wrap_triton
 from attn_dispatch.kernels._triton_support import shared_memory_limit
 
+
 def _mask_bytes(mask: torch.Tensor | None, query: torch.Tensor) -> int:
     """`mask_element_bytes` of the mask a kernel reads (None: no mask)."""
     if mask is None:

@@ -1,6 +1,6 @@
-"""The Triton kernels (`triton_flash`'s and `triton_decode`'s) compile for GPU targets on a CPU machine: Triton builds them ahead of time
-for an H100/H200 (sm_90) and for gfx906 without a GPU, so CI catches what the interpreter cannot
-(types of loop-carried values, layouts, a shared-memory need past the card's)."""
+"""The Triton kernels (`triton_flash`'s and `triton_decode`'s) compile for GPU targets on a CPU machine:
+Triton builds them ahead of time for an H100/H200 (sm_90) and for gfx906 without a GPU, so CI catches
+what the interpreter cannot (types of loop-carried values, layouts, a shared-memory need past the card's)."""
 
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ print(" ".join(map(str, sizes)))
 @pytest.mark.parametrize(("target", "mask_kind"), [(("cuda", "90", "32"), "2"), (("hip", "gfx906", "64"), "1")],
                          ids=["sm_90-float-mask", "gfx906-bool-mask"])
 def test_kernels_compile_for_gpu_targets(target, mask_kind):
-    """Forward, dK/dV, dQ and delta kernels, the split-KV decode kernel and its merge kernel, causal, head
-    dim 80, fp16, 2 stages, in a fresh process without the interpreter; each fits gfx906's 64 KiB of LDS."""
+    """Forward, dK/dV, dQ and delta kernels, the split-KV decode kernel and its merge kernel, causal,
+    head dim 80, fp16, 2 stages, in a fresh process without the interpreter; each fits gfx906's 64 KiB
+    of LDS."""
     oldest = MIN_TRITON_FOR_ARCH.get(target[1])
     if oldest is not None and triton_version() < oldest:
         pytest.skip(f"Triton {triton_version()} does not compile for {target[1]} (needs {oldest})")
