@@ -300,6 +300,25 @@ def test_an_eager_call_registers_no_operator():
     assert result.stdout.strip() == "[]"
 
 
+def test_a_traced_call_registers_and_records_the_operators():
+    """After eager calls (no operator registered), tracing (`make_fx`, as AOTAutograd and export trace)
+    imports the operators on the spot: the graph holds them and replays the eager outputs exactly."""
+    code = ("import torch\n"
+            "from torch.fx.experimental.proxy_tensor import make_fx\n"
+            "import attn_dispatch.kernels as k\n"
+            "q, kv = torch.randn(1, 4, 2, 16), torch.randn(1, 2, 40, 16)\n"
+            "for kernel in (k.TritonDecodeKernel(splits=4, bn=16), k.TritonFlashKernel()):\n"
+            "    attend = lambda q, kv: kernel(q, kv, kv, enable_gqa=True)\n"
+            "    eager = attend(q, kv)\n"
+            "    graph = make_fx(attend, tracing_mode='real')(q, kv)\n"
+            "    ops = [str(n.target) for n in graph.graph.nodes if 'attn_dispatch' in str(n.target)]\n"
+            "    print(ops, torch.equal(graph(q, kv), eager))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert result.stdout.split("\n")[:2] == ["['attn_dispatch.triton_decode.default'] True",
+                                              "['attn_dispatch.triton_flash_forward.default'] True"]
+
+
 def test_the_dispatcher_runs_it_when_named():
     from attn_dispatch.dispatcher import Dispatcher
 
