@@ -279,11 +279,15 @@ def test_interpreted_kernels_serve_no_call_and_time_nothing():
     assert kernel.name in kernel_set([kernel.name], AccuracyPolicy())  # named explicitly: tests run it
 
 
+def _fresh_interpreted(code: str) -> str:
+    """What `code` prints in a fresh Python process under Triton's interpreter."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}).stdout
+
+
 def test_importing_the_kernels_does_not_import_triton():
     code = "import sys, attn_dispatch.kernels as k; k.TritonDecodeKernel(); print('triton' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert result.stdout.strip() == "False"
+    assert _fresh_interpreted(code).strip() == "False"
 
 
 def test_an_eager_call_registers_no_operator():
@@ -295,9 +299,7 @@ def test_an_eager_call_registers_no_operator():
             "k.TritonFlashKernel()(q, kv, kv, enable_gqa=True)\n"
             "print(sorted({'attn_dispatch.kernels._triton_decode_operator', 'torch._inductor',"
             " 'attn_dispatch.kernels._triton_flash_operators'} & set(sys.modules)))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert result.stdout.strip() == "[]"
+    assert _fresh_interpreted(code).strip() == "[]"
 
 
 def test_a_traced_call_registers_and_records_the_operators():
@@ -313,10 +315,8 @@ def test_a_traced_call_registers_and_records_the_operators():
             "    graph = make_fx(attend, tracing_mode='real')(q, kv)\n"
             "    ops = [str(n.target) for n in graph.graph.nodes if 'attn_dispatch' in str(n.target)]\n"
             "    print(ops, torch.equal(graph(q, kv), eager))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert result.stdout.split("\n")[:2] == ["['attn_dispatch.triton_decode.default'] True",
-                                              "['attn_dispatch.triton_flash_forward.default'] True"]
+    assert _fresh_interpreted(code).split("\n")[:2] == ["['attn_dispatch.triton_decode.default'] True",
+                                                          "['attn_dispatch.triton_flash_forward.default'] True"]
 
 
 def test_the_dispatcher_runs_it_when_named():
