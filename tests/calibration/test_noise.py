@@ -5,7 +5,11 @@ table) when too busy unless the user allows it.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -289,3 +293,25 @@ def test_a_very_busy_probe_reads_as_a_multiple_and_still_stops():
 
 def test_an_ordinary_spread_keeps_its_percentage():
     assert "spread 68% (busy over 30%" in Noise(median_s=6.29e-3, spread=0.68).describe()
+
+
+REFUSED_IN_A_FRESH_PROCESS = """
+import json, sys
+import attn_dispatch.calibration.session as session
+from attn_dispatch.calibration.noise import Noise, STOP_SPREAD
+from attn_dispatch.dispatcher.cli import main
+
+session.probe_noise = lambda device: Noise(median_s=2e-3, spread=STOP_SPREAD * 2)
+code = main(["calibrate", "--quick", "--device", "cpu", "--quiet"])
+print(json.dumps({"code": code, "scipy.stats": "scipy.stats" in sys.modules}))
+"""
+
+
+def test_a_refused_calibration_does_not_import_the_sweeps_sampler_first(tmp_path):
+    """The busy refusal comes before the sweep's problem sampler (`scipy.stats.qmc`) is imported: that import
+    is left to the sweep, so a refused run does not wait for it."""
+    env = {**os.environ, "ATTN_DISPATCH_HOME": str(tmp_path / "home"), "ATTN_DISPATCH_FAST_PATH": "0"}
+    done = subprocess.run([sys.executable, "-c", REFUSED_IN_A_FRESH_PROCESS], capture_output=True, text=True,
+                          env=env, timeout=300, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"code": 2, "scipy.stats": False}
+    assert "too busy to calibrate" in done.stderr
