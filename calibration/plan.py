@@ -170,7 +170,8 @@ def sample_problems(profile: SpaceProfile, *, device_type: str, memory_bytes: in
                     fastest_s: Callable[[Problem], float], seed: int = 0, count: int | None = None) -> list[Problem]:
     """The first `count` (default ``profile.problems``) points of the seeded sample, fitted to the
     card, duplicates removed, in sample order (each prefix covers the space)."""
-    from scipy.stats import qmc  # imported where the sweep samples: a calibration refused as busy never imports it
+    # Imported where the sweep samples: a calibration refused as busy never imports it.
+    from scipy.stats import qmc
 
     count = profile.problems if count is None else count
     sampler = qmc.Halton(d=len(DIMENSIONS), scramble=True, seed=seed)
