@@ -161,6 +161,21 @@ def test_the_report_ends_with_its_verdict_and_keeps_it_in_json():
     assert data["verdict"] == report.verdict() and data["machine"]["busy"] is False
 
 
+def test_a_ratio_of_pytorchs_own_kernel_is_never_shown_as_the_best_gain():
+    """A shape where the dispatcher ran PyTorch's own kernel times the same kernel twice (0.25x is noise): the best
+    ratio is over the other shapes, "same kernel" where there are none, and its row says so."""
+    noisy_same, other = shape(0.25, 1.0, "sdpa_default"), shape(0.9, 1.0, "small_q[splits=8]")
+    summary = summarise([noisy_same, other])
+    assert summary["pytorch_best"] == pytest.approx(0.9) and summary["pytorch_same_kernel"] == 1
+    report = BenchReport({}, [noisy_same, noisy_same], BUSY)
+    assert report.summaries()["all"]["pytorch_best"] is None
+    lines = report.markdown().splitlines()
+    (row,) = [line for line in lines if line.startswith("| all |")]
+    assert row.split(" | ")[5] == "same kernel" and "0.25x" not in row.split(" | ")[5]
+    rows = [line for line in lines if line.startswith(f"| {SHAPE.label} |")]
+    assert len(rows) == 2 and all("| same kernel (0.25x) | same kernel (0.25x) |" in line for line in rows)
+
+
 def test_machine_words():
     assert QUIET.words() == "quiet before and after timing" and QUIET.note() is None
     assert BUSY.words().startswith("busy after timing (reference point")
