@@ -113,7 +113,7 @@ class Decision:
             lines.append(f"  table: {self.source.path} (lookup level: {self.source.level})")
         lines.append(f"  memory: free {format_bytes(self.free_bytes)}, budget "
                      f"{format_bytes(self.budget_bytes) if self.budget_bytes is not None else 'none'}")
-        lines.append("  candidates, in the order they are tried:")
+        lines.append(f"  candidates, in the order they are tried{self._order_remark()}:")
         width = max((len(c.name) for c in self.candidates), default=0)
         for rank, candidate in enumerate(self.candidates, 1):
             lines.append(f"    {rank:2d}. {candidate.name:<{width}}  "
@@ -128,6 +128,16 @@ class Decision:
         for note in (*self.notes, *self.source.warnings):
             lines.append(f"  note: {note}")
         return "\n".join(lines)
+
+    def _order_remark(self) -> str:
+        """Where the first candidate is not the fastest predicted: which one is, and where the reason is written."""
+        timed = [c for c in self.candidates if c.predicted_s is not None]
+        if not self.candidates or self.candidates[0].predicted_s is None or not timed:
+            return ""
+        first, fastest = self.candidates[0], min(timed, key=lambda c: c.predicted_s)
+        if first.predicted_s <= fastest.predicted_s:
+            return ""
+        return f" ({first.name} first although {fastest.name} is predicted faster: the ranked-by line or a note says why)"
 
 
 def format_seconds(seconds: float | None) -> str:

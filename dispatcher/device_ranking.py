@@ -218,12 +218,21 @@ def _with_threads(notes: tuple[str, ...], table: object) -> tuple[str, ...]:
     return notes if threads is None else (*notes, threads)
 
 
+LEVEL_WORDS = {
+    "exact": "calibrated on this card",
+    "model": "calibrated on this card model under another software stack",
+    "family": "of another card of its family, times scaled",
+    ANOTHER_CARD: "another card's",
+}
+"""Whose a table is, by lookup level, in `table_description`."""
+
+
 def table_description(table: object, level: str, *, given: bool = False) -> str:
-    """``threshold table (exact match, 254 measured entries)``, plus the quality guard's line where the model lost on
-    held-out data. `given`: a file named with ``explain --table``."""
+    """``threshold table (calibrated on this card, 254 measured entries)``, plus the quality guard's line where the
+    model lost on held-out data. `given`: a file named with ``explain --table``."""
     entries = len(getattr(table, "entries", None) or ())
     what = "threshold table given with --table" if given else "threshold table"
-    match = "another card's" if level == ANOTHER_CARD else f"{level} match"
+    match = LEVEL_WORDS.get(level, f"{level} match")
     text = f"{what} ({match}, {entries} measured entries)" if entries else f"{what} ({match})"
     guard = getattr(table, "guard", None)
     if guard is not None and guard.verdict != "table":

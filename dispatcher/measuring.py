@@ -366,8 +366,9 @@ class Trial:
             if self.open:
                 spent = (f"; spent {format_seconds(self.spent_s)} of {format_seconds(self.budget_s())} on slower "
                          "candidates" if self.baseline.samples else "")
-                return (f"measurement pending (the ranking above is predicted, not measured for this bucket): its calls "
-                        f"each run one candidate, {self.baseline.name} first, until each has {ROUNDS} samples: "
+                return (f"measurement pending: until this bucket's calls have timed each candidate {ROUNDS} times (one "
+                        f"candidate a call), {self.baseline.name} serves them, so it is tried first; then the bucket "
+                        "keeps the measured winner. The times above are predictions, not these timings: "
                         + "; ".join(parts) + spent)
             winner = self.result.kernel if self.result is not None else self.baseline.name
             outcome = ("the baseline stays" if winner == self.baseline.name

@@ -28,11 +28,26 @@ def test_explain_uses_the_table_file_given(cli, tmp_path):
     path = save_table(tiny_table(PLANTED), tmp_path / "planted.json")
     code, out, _ = cli("explain", *SHAPE, "--table", path)
     assert code == 0 and "-> sdpa_math (" in out.splitlines()[0]
-    assert "ranked by: threshold table given with --table (exact match)" in out
+    assert "ranked by: threshold table given with --table (calibrated on this card)" in out
     assert f"table: {path} (lookup level: exact)" in out
     code, out, _ = cli("explain", *SHAPE, "--table", path, "--json")
     decision = json.loads(out)
     assert decision["kernel"] == "sdpa_math" and decision["source"]["path"] == str(path)
+
+
+@pytest.mark.measuring  # explain times nothing: only what a pending measurement is said to be
+def test_a_pending_measurement_under_this_cards_table_reads_consistently(cli, tmp_path):
+    """With this card's own table and measuring on, the ranked-by line says whose table it is (not "exact match",
+    read as a match of the bucket beside "measurement pending"), and the pending note says what serves the calls
+    meanwhile and that the times listed are predictions."""
+    path = save_table(tiny_table(PLANTED), tmp_path / "planted.json")
+    code, out, _ = cli("explain", *SHAPE, "--table", path)
+    assert code == 0 and "exact match" not in out and "not measured for this bucket" not in out
+    assert "ranked by: threshold table given with --table (calibrated on this card)" in out
+    (pending,) = [line for line in out.splitlines() if line.startswith("  note: measurement pending: ")]
+    assert "sdpa_default serves them, so it is tried first" in pending
+    assert "The times above are predictions, not these timings" in pending
+    assert "     1. sdpa_default " in out
 
 
 def test_explain_names_another_cards_table(cli, tmp_path):

@@ -12,8 +12,9 @@ import attn_dispatch as dispatcher
 from attn_dispatch.dispatcher import Dispatcher
 from attn_dispatch.dispatcher.cli import main
 from attn_dispatch.dispatcher.cold_path import TRAINING_COUNT
-from attn_dispatch.dispatcher.decision import TRAINING_KERNEL, logger
-from tests.dispatcher.helpers import FixedRanker, qkv, use_ranking
+from attn_dispatch.dispatcher.decision import TRAINING_KERNEL, Candidate, Decision, logger
+from attn_dispatch.kernels import Problem
+from tests.dispatcher.helpers import TEST_SOURCE, FixedRanker, qkv, use_ranking
 
 
 def test_explain_does_not_run_and_matches_what_runs(monkeypatch):
@@ -28,6 +29,20 @@ def test_explain_does_not_run_and_matches_what_runs(monkeypatch):
     assert decision.free_bytes and decision.budget_bytes is None
     assert "convert[fp32->bf16]" in str(decision)  # why lossy conversions were dropped
     assert "accuracy policy" in decision.reason_dropped("convert[fp32->bf16]+small_q[splits=8]")
+
+
+def test_the_candidates_header_says_when_the_first_is_not_the_fastest_predicted():
+    def listed(*times: tuple[str, float | None]) -> str:
+        decision = Decision(kernel=times[0][0], params={}, problem=Problem(1, 4, 4, 8, 8, 16, 16, "float32"),
+                            device="cpu", source=TEST_SOURCE, candidates=tuple(Candidate(n, t, 0) for n, t in times))
+        (header,) = [line for line in str(decision).splitlines() if line.startswith("  candidates")]
+        return header
+
+    assert listed(("sdpa_default", 2e-6), ("math", 1e-6), ("sdpa_math", 3e-6)) == (
+        "  candidates, in the order they are tried (sdpa_default first although math is predicted faster: the "
+        "ranked-by line or a note says why):")
+    assert listed(("math", 1e-6), ("sdpa_default", 2e-6)) == "  candidates, in the order they are tried:"
+    assert listed(("math", None), ("sdpa_default", 2e-6)) == "  candidates, in the order they are tried:"
 
 
 def test_log_each_new_decision_once(monkeypatch, caplog):
