@@ -147,8 +147,17 @@ def verdict(shapes: list[ShapeResult], machine: MachineState | None, table: str 
     if ratio <= 1 + VERDICT_MARGIN:
         return (f"no gain on this machine: the dispatcher took {measured}, within {VERDICT_MARGIN:.0%} of it, "
                 f"the bench's noise{caveat}")
-    return (f"no gain on this machine: the dispatcher took {measured}; its other kernels (on {len(rated) - kept} "
-            f"shapes) ran slower here{caveat or ' (`attn-dispatch check` re-measures its table on this machine)'}")
+    other = geometric_mean([s.ratio("pytorch") for s in rated if not ran_pytorchs_kernel(s)])
+    other_words = f"its other kernels ran {other:.2f}x PyTorch's time on the {_shapes(len(rated) - kept)} where it chose them"
+    if other <= 1 + VERDICT_MARGIN:  # the slow reading is on the shapes where it ran PyTorch's own kernel
+        return (f"no gain on this machine: the dispatcher took {measured}; {other_words}, and the rest is its call "
+                f"overhead and timing noise on the {_shapes(kept)} where it kept PyTorch's call{caveat}")
+    return (f"no gain on this machine: the dispatcher took {measured}; {other_words}"
+            f"{caveat or ' (`attn-dispatch check` re-measures its table on this machine)'}")
+
+
+def _shapes(count: int) -> str:
+    return f"{count} shape{'' if count == 1 else 's'}"
 
 
 def _x(value: float | None) -> str:

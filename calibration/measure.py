@@ -17,8 +17,7 @@ from torch.utils._pytree import tree_flatten
 from attn_dispatch.calibration.inputs import AttentionInputs, InputCache, gate_errors, rotation_count
 from attn_dispatch.calibration.timer import DEFAULT, TimerSettings, synchronize, time_repetitions
 from attn_dispatch.kernels.accuracy import AccuracyPolicy
-from attn_dispatch.kernels.base import Kernel
-from attn_dispatch.kernels.base import is_out_of_memory
+from attn_dispatch.kernels.base import Kernel, is_out_of_memory
 from attn_dispatch.kernels.problem import Problem
 from attn_dispatch.kernels.registry import all_kernels
 from attn_dispatch.models.gc_pause import cyclic_collection_paused

@@ -1,5 +1,8 @@
 """Clocks that time one attention call without waiting for it (`clock_for`): the host's clock on a CPU; on CUDA /
-ROCm, stream events around the call, read once complete, the time the larger of device and host time."""
+ROCm, stream events around the call, read once complete. A call that began on an idle stream takes the larger of
+device and host time (a host-bound call costs its host time); one queued behind earlier work takes its device time:
+the host's time there is hidden behind the queue, or is the host waiting for room in a full launch queue, which is
+other calls' device time."""
 
 from __future__ import annotations
 
@@ -14,11 +17,12 @@ MS_PER_S = 1e3
 class Reading:
     """One call's time: ``seconds()`` once ``ready()`` (readable without waiting)."""
 
-    __slots__ = ("_host_s", "_events", "_device_s")
+    __slots__ = ("_host_s", "_events", "_queued", "_device_s")
 
-    def __init__(self, host_s: float, events: tuple | None = None) -> None:
+    def __init__(self, host_s: float, events: tuple | None = None, queued: bool = False) -> None:
         self._host_s = host_s
         self._events = events
+        self._queued = queued  # the stream still had work when the call began
         self._device_s: float | None = None
 
     def ready(self) -> bool:
@@ -27,13 +31,17 @@ class Reading:
     def seconds(self) -> float:
         if self._events is None:
             return self._host_s
+        if self._queued:
+            return self._elapsed_s()
         return max(self._host_s, self._elapsed_s())
 
     def device_excess(self) -> float | None:
-        """Seconds the device's events spanned beyond the host's call (negative: the host took longer); None on a host
-        clock."""
+        """Seconds of the call that are device time beyond the host's call (negative: the host took longer): all of
+        them for a call queued behind earlier work; None on a host clock."""
         if self._events is None:
             return None
+        if self._queued:
+            return self._elapsed_s()
         return self._elapsed_s() - self._host_s
 
     def _elapsed_s(self) -> float:
@@ -67,15 +75,17 @@ class CudaEventClock:
             return not torch.cuda.is_current_stream_capturing()
 
     def start(self) -> object:
+        stream = torch.cuda.current_stream(self.device)
+        queued = not stream.query()
         event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(self.device))
-        return event, _now()
+        event.record(stream)
+        return event, _now(), queued
 
     def stop(self, started: object) -> Reading:
-        begin, host_start = started
+        begin, host_start, queued = started
         end = torch.cuda.Event(enable_timing=True)
         end.record(torch.cuda.current_stream(self.device))
-        return Reading(_now() - host_start, (begin, end))
+        return Reading(_now() - host_start, (begin, end), queued)
 
 
 def clock_for(device: torch.device) -> HostClock | CudaEventClock | None:

@@ -41,12 +41,12 @@ from attn_dispatch.dispatcher.plans import (
     cache_key,
     check_scale,
 )
+from attn_dispatch.dispatcher.sdpa_context import any_autocast as _any_autocast
 from attn_dispatch.dispatcher.sdpa_context import (
     attention_under_autocast,
     autocast_inputs,
     restricted_decision,
 )
-from attn_dispatch.dispatcher.sdpa_context import any_autocast as _any_autocast
 from attn_dispatch.kernels import (
     LOSSLESS,
     AccuracyPolicy,

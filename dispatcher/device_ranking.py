@@ -244,7 +244,8 @@ def _prior(identity: object, key: str, none_source: RankingSource,
            home: str | Path | None) -> tuple[Ranker | None, RankingSource]:
     """The device's analytic prior and its source (never probes inside a call)."""
     try:
-        from attn_dispatch.models.priors import PriorRanker, spec_for
+        from attn_dispatch.models.identity import spec_for
+        from attn_dispatch.models.priors import PriorRanker
 
         spec = spec_for(identity, home=home, probe_now=False)
         prior = PriorRanker(spec)

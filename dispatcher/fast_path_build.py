@@ -20,7 +20,13 @@ from types import ModuleType
 
 import torch
 
-from attn_dispatch.dispatcher.fast_path import SOURCE, build_directory, library_path, manifest_path, module_name
+from attn_dispatch.dispatcher.fast_path import (
+    SOURCE,
+    build_directory,
+    library_path,
+    manifest_path,
+    module_name,
+)
 from attn_dispatch.models.paths import write_text_atomically
 
 LOCK_NAME = "install.lock"

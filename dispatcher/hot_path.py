@@ -20,8 +20,8 @@ from attn_dispatch.dispatcher.selection import (
     over_limit_reason,
 )
 from attn_dispatch.kernels.registry import uses_fused_backend
-from attn_dispatch.models.measured import length_bucket
 from attn_dispatch.models.environment import HOT_PATH
+from attn_dispatch.models.measured import length_bucket
 
 if TYPE_CHECKING:
     from attn_dispatch.dispatcher.device_planner import DevicePlanner

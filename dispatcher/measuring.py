@@ -261,7 +261,7 @@ class Trial:
 
     def _judge(self) -> None:
         """Drop the clearly slower (or, budget spent, the not faster); decide once every candidate in has its rounds."""
-        if self._rank_rest is not None:  # the other candidates are not known yet
+        if self._rank_rest is not None or not self.open:  # the others not known yet; or decided (a late reading)
             return
         live = [c for c in self.contenders if c.out is None]
         sampled = [c for c in live if c.samples]

@@ -10,9 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from attn_dispatch.kernels.base import interpreting
 from attn_dispatch.kernels.accuracy import LOSSLESS, AccuracyPolicy, parse_conversion
-from attn_dispatch.kernels.base import Kernel
+from attn_dispatch.kernels.base import Kernel, interpreting
 from attn_dispatch.kernels.chunked import ChunkedKernel
 from attn_dispatch.kernels.convert import CONTIGUOUS, ConvertKernel
 from attn_dispatch.kernels.math_kernel import MathKernel

@@ -24,7 +24,7 @@ from attn_dispatch.kernels.registry import kernel_from_name
 from attn_dispatch.kernels.sdpa_default import SdpaDefaultKernel
 from attn_dispatch.kernels.sdpa_gqa_fold import SdpaGqaFoldKernel, folded_problem
 from attn_dispatch.kernels.small_q import SmallQKernel, effective_splits
-from attn_dispatch.models.identity import CardSpec, spec_for
+from attn_dispatch.models.identity import CardSpec
 from attn_dispatch.models.rates import (
     FUSED_EFFICIENCY,
     MATMUL_TILE,

@@ -12,10 +12,14 @@ import attn_dispatch.calibration.session as session
 from attn_dispatch.calibration.noise import (
     ALLOWED_CAUSE,
     ALLOWED_REASON,
+    BUSY_SPREAD,
+    STOP_CPU_SHARE,
+    STOP_SPREAD,
+    Noise,
+    spread_words,
     too_busy_cause,
     too_busy_reason,
 )
-from attn_dispatch.calibration.noise import BUSY_SPREAD, STOP_CPU_SHARE, STOP_SPREAD, Noise, spread_words
 from attn_dispatch.calibration.session import calibrate
 from attn_dispatch.kernels.math_kernel import MathKernel
 from attn_dispatch.models.table_io import load_table

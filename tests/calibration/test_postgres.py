@@ -19,12 +19,16 @@ from collections import Counter
 import pytest
 
 from attn_dispatch.calibration.claims import ClaimBoard, Owner
-from attn_dispatch.calibration.worker import worker_command
 from attn_dispatch.calibration.plan import agree_on, agreed
-from attn_dispatch.calibration.results import storage_measurements
-from attn_dispatch.calibration.results import ResultsStore, problem_id, unit_key
+from attn_dispatch.calibration.results import (
+    ResultsStore,
+    open_storage,
+    problem_id,
+    storage_measurements,
+    unit_key,
+)
 from attn_dispatch.calibration.session import calibrate
-from attn_dispatch.calibration.results import open_storage
+from attn_dispatch.calibration.worker import worker_command
 from attn_dispatch.models.identity import DeviceIdentity
 from tests.calibration.helpers import small_config
 

@@ -11,11 +11,10 @@ import time
 from collections import Counter
 
 from attn_dispatch.calibration.claims import ClaimBoard, Owner
-from attn_dispatch.calibration.worker import worker_command
 from attn_dispatch.calibration.plan import agreed
-from attn_dispatch.calibration.results import ResultsStore, problem_id
+from attn_dispatch.calibration.results import ResultsStore, open_storage, problem_id
 from attn_dispatch.calibration.session import calibrate
-from attn_dispatch.calibration.results import open_storage
+from attn_dispatch.calibration.worker import worker_command
 from attn_dispatch.models.identity import DeviceIdentity
 from tests.calibration.helpers import small_config
 

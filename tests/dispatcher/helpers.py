@@ -94,10 +94,8 @@ def fake_gfx906(monkeypatch, *, triton: tuple[int, int] | None) -> None:
     from attn_dispatch.dispatcher import device_planner as planner
     from attn_dispatch.dispatcher.decision import RankingSource
     from attn_dispatch.kernels import _triton_support as support
-    from attn_dispatch.kernels import base
-    from attn_dispatch.kernels import triton_decode, triton_flash
-    from attn_dispatch.models.identity import MI50_32GB
-    from attn_dispatch.models.identity import DeviceIdentity
+    from attn_dispatch.kernels import base, triton_decode, triton_flash
+    from attn_dispatch.models.identity import MI50_32GB, DeviceIdentity
     from attn_dispatch.models.priors import PriorRanker
     from tests.models.conftest import fake_identity
 

@@ -174,6 +174,35 @@ def test_on_a_device_a_saving_counts_only_as_far_as_the_baseline_s_device_time_b
     assert ("not device time: not taken" in note) == (winner == "base")
 
 
+def test_a_reading_that_completes_after_the_decision_changes_nothing(monkeypatch, clock):
+    """Readings wait for their events (`MAX_PENDING`): one collected after the bucket decided is not judged
+    again, so the outcome and its account stay as decided."""
+    clock.excess = 0.0
+    monkeypatch.setattr(clock, "stop", lambda started: _DeviceReading(clock.now - started, clock, clock.excess))
+    base = _HostBound("base", BASE_S, clock, 0.02 * BASE_S)
+    fast = _HostBound("fast", 0.7 * BASE_S, clock, 0.0)  # faster by host time only: not taken
+    trial = Trial((Option(base, None, 0), Option(fast, None, 0)), clock, fits=lambda kernel, problem: True)
+    inputs = qkv()
+    problem = Problem.from_tensors(inputs["query"], inputs["key"], inputs["value"], None, False, True)
+
+    class Plan:  # what a measuring plan gives its trial
+        kernel, count = base, [0]
+
+    Plan.problem = problem
+    run = trial.runner(Plan)
+    clock.late = True  # every reading waits: two pending at a time, then calls run untimed
+    while trial.open:
+        run(inputs["query"], inputs["key"], inputs["value"], None, None, True, problem)
+        if len(clock.held) % 2 == 0:
+            clock.release()
+            run(inputs["query"], inputs["key"], inputs["value"], None, None, True, problem)
+            clock.late = True
+    decided = (trial.result, list(trial.host_bound))
+    trial._collect()  # a reading still pending at the decision
+    trial._record(trial.contenders[1], 0.1 * BASE_S, warm_up=False, excess=0.0)
+    assert (trial.result, trial.host_bound) == decided and trial.host_bound == ["fast"]
+
+
 def test_the_baseline_stays_unless_beaten_in_every_round(monkeypatch, clock):
     base = Timed("base", BASE_S, clock)
     # 30% faster on four calls in five, 2x slower on the fifth: a lower median, but not every round

@@ -11,8 +11,10 @@ from attn_dispatch.dispatcher import (
     Dispatcher,
     NoKernelError,
     core,
-    device_planner as planner,
     parse_memory_size,
+)
+from attn_dispatch.dispatcher import (
+    device_planner as planner,
 )
 from attn_dispatch.dispatcher.decision import MAX_MEMORY_BUDGET, format_bytes, free_bytes
 from attn_dispatch.dispatcher.patching import install, is_installed, patched

@@ -9,8 +9,7 @@ import torch
 
 from attn_dispatch.calibration.candidates import kernel_set
 from attn_dispatch.dispatcher import Dispatcher
-from attn_dispatch.kernels import AccuracyPolicy, Problem, portable_kernels
-from attn_dispatch.kernels import base
+from attn_dispatch.kernels import AccuracyPolicy, Problem, base, portable_kernels
 from attn_dispatch.kernels.registry import TRITON_FAMILIES, working_family
 from tests.dispatcher.helpers import fake_gfx906
 

@@ -24,8 +24,8 @@ from attn_dispatch.kernels import (
 from attn_dispatch.kernels._triton_decode_layout import DecodeLayout, visible_key_count
 from attn_dispatch.kernels._triton_support import INTERPRETER_BF16_REASON
 from attn_dispatch.kernels.accuracy import TOLERANCES
-from attn_dispatch.kernels.triton_decode import MAX_PACKED_ROWS, MIN_DOT_SIZE
 from attn_dispatch.kernels.registry import interpreted, serving
+from attn_dispatch.kernels.triton_decode import MAX_PACKED_ROWS, MIN_DOT_SIZE
 from tests.kernels.contract import TEST_DEVICE
 
 ON_GPU = torch.device(TEST_DEVICE).type == "cuda"

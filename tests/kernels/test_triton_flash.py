@@ -19,13 +19,13 @@ from attn_dispatch.kernels import (
     MathKernel,
     Problem,
     TritonFlashKernel,
+    base,
     kernel_from_name,
     portable_kernels,
     reference_attention,
     relative_errors,
 )
 from attn_dispatch.kernels import _triton_flash_config as flash_config
-from attn_dispatch.kernels import base
 from attn_dispatch.kernels.accuracy import Tolerance
 from attn_dispatch.kernels.registry import interpreted
 from tests.kernels.cases import LARGE_MAGNITUDE, Case

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 from attn_dispatch.kernels import _triton_support as support
-
 from attn_dispatch.kernels import base
 
 
@@ -112,8 +111,8 @@ def test_a_compiled_variant_is_the_kernels_variant_key(monkeypatch):
 def test_a_first_run_costs_what_its_dtype_and_head_dims_compile(monkeypatch):
     """fp32 configurations and head dims over 128 compile longer (`COMPILE_SECONDS`, measured on the
     H200); a conversion's inner Triton kernel compiles for the converted dtype."""
-    from attn_dispatch.kernels.base import compile_seconds
     from attn_dispatch.kernels import Problem, TritonFlashKernel, kernel_from_name
+    from attn_dispatch.kernels.base import compile_seconds
 
     monkeypatch.setattr(support, "_compiled", set())
     monkeypatch.setattr(support, "interpreting", lambda: False)

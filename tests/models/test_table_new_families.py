@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from attn_dispatch.kernels import AccuracyPolicy, Problem, _triton_support as support
+from attn_dispatch.kernels import AccuracyPolicy, Problem
+from attn_dispatch.kernels import _triton_support as support
 from attn_dispatch.models.features import FEATURE_NAMES
 from attn_dispatch.models.priors import kernel_named, prior_seconds
 from attn_dispatch.models.table_io import load_table

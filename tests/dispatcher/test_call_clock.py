@@ -1,0 +1,52 @@
+"""A device reading (`dispatcher.call_clock.Reading`): a call begun on an idle stream costs the larger of its host
+and device time; one queued behind earlier work costs its device time, whatever the host waited for. Events are
+stood in for: no GPU needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from attn_dispatch.dispatcher.call_clock import Reading
+
+MS = 1e-3
+
+
+class _Event:
+    """A completed event at `at_ms` on the device's timeline."""
+
+    def __init__(self, at_ms: float) -> None:
+        self.at_ms = at_ms
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: _Event) -> float:
+        return end.at_ms - self.at_ms
+
+
+def _reading(host_ms: float, device_ms: float, *, queued: bool) -> Reading:
+    return Reading(host_ms * MS, (_Event(0.0), _Event(device_ms)), queued)
+
+
+@pytest.mark.parametrize(("host_ms", "device_ms", "seconds", "excess"), [
+    (0.05, 0.3, 0.3, 0.25),  # device-bound: the kernel outlasts its launch
+    (0.05, 0.02, 0.05, -0.03),  # host-bound: the device waits for the host
+])
+def test_a_call_on_an_idle_stream_costs_the_larger_of_host_and_device_time(host_ms, device_ms, seconds, excess):
+    reading = _reading(host_ms, device_ms, queued=False)
+    assert reading.ready()
+    assert reading.seconds() == pytest.approx(seconds * MS)
+    assert reading.device_excess() == pytest.approx(excess * MS)
+
+
+def test_a_call_queued_behind_other_work_costs_its_device_time_even_where_the_host_waited():
+    """A host that waits for room in a full launch queue times other calls' device work: 1.5 ms of the host's
+    call against 0.4 ms of its own on the device."""
+    reading = _reading(1.5, 0.4, queued=True)
+    assert reading.seconds() == pytest.approx(0.4 * MS)
+    assert reading.device_excess() == pytest.approx(0.4 * MS)  # all of it device time
+
+
+def test_a_host_clock_reading_is_the_host_s_time():
+    reading = Reading(0.2 * MS)
+    assert reading.ready() and reading.seconds() == pytest.approx(0.2 * MS) and reading.device_excess() is None
