@@ -6,6 +6,7 @@ slow candidates cost a bounded few calls; results persist in the home. The clock
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -96,6 +97,19 @@ def _calls(ours, n, **shape):
     return inputs, outs
 
 
+def _plan_call(trial: Trial, kernel) -> Callable[[], torch.Tensor]:
+    """One call of a measuring plan of `kernel` whose trial is `trial` (what the dispatcher's plan runs)."""
+    inputs = qkv()
+    problem = Problem.from_tensors(inputs["query"], inputs["key"], inputs["value"], None, False, True)
+
+    class Plan:  # what a measuring plan gives its trial
+        count = [0]
+
+    Plan.kernel, Plan.problem = kernel, problem
+    run = trial.runner(Plan)
+    return lambda: run(inputs["query"], inputs["key"], inputs["value"], None, None, True, problem)
+
+
 def test_each_call_runs_one_candidate_and_returns_its_output(monkeypatch, clock):
     base, other = Timed("base", BASE_S, clock), Timed("other", 2 * BASE_S, clock)
     ours = _dispatcher(monkeypatch, [base, other])
@@ -182,20 +196,13 @@ def test_a_reading_that_completes_after_the_decision_changes_nothing(monkeypatch
     base = _HostBound("base", BASE_S, clock, 0.02 * BASE_S)
     fast = _HostBound("fast", 0.7 * BASE_S, clock, 0.0)  # faster by host time only: not taken
     trial = Trial((Option(base, None, 0), Option(fast, None, 0)), clock, fits=lambda kernel, problem: True)
-    inputs = qkv()
-    problem = Problem.from_tensors(inputs["query"], inputs["key"], inputs["value"], None, False, True)
-
-    class Plan:  # what a measuring plan gives its trial
-        kernel, count = base, [0]
-
-    Plan.problem = problem
-    run = trial.runner(Plan)
+    call = _plan_call(trial, base)
     clock.late = True  # every reading waits: two pending at a time, then calls run untimed
     while trial.open:
-        run(inputs["query"], inputs["key"], inputs["value"], None, None, True, problem)
+        call()
         if len(clock.held) % 2 == 0:
             clock.release()
-            run(inputs["query"], inputs["key"], inputs["value"], None, None, True, problem)
+            call()
             clock.late = True
     decided = (trial.result, list(trial.host_bound))
     trial._collect()  # a reading still pending at the decision
@@ -373,16 +380,9 @@ def test_a_trial_reports_its_result_with_every_median(clock):
     closed = []
     trial = Trial((Option(base, None, 0), Option(fast, None, 0)), clock, fits=lambda kernel, problem: True,
                   on_close=closed.append)
-    inputs = qkv()
-    problem = Problem.from_tensors(inputs["query"], inputs["key"], inputs["value"], None, False, True)
-
-    class Plan:  # what a measuring plan gives its trial
-        kernel, count = base, [0]
-
-    Plan.problem = problem
-    run = trial.runner(Plan)
+    call = _plan_call(trial, base)
     for _ in range(40):
-        run(inputs["query"], inputs["key"], inputs["value"], None, None, True, problem)
+        call()
     assert closed == [trial] and trial.result.kernel == "fast"
     assert dict(trial.result.seconds) == pytest.approx({"base": BASE_S, "fast": BASE_S / 2})
     assert all(math.isfinite(s) for _, s in trial.result.seconds)
