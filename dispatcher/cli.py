@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib
 import os
 import sys
@@ -44,6 +45,7 @@ def build_parser(full: Iterable[str] | None = None) -> argparse.ArgumentParser:
                            description="Adaptive attention dispatcher: calibrate a card, inspect and share its tables.")
     parser.add_argument("--version", action="version", version=f"attn-dispatch {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.commands = subparsers.choices  # name -> the command's parser
     wanted = None if full is None else set(full)
     for name in COMMAND_MODULES:
         module = _module(name)
@@ -52,6 +54,15 @@ def build_parser(full: Iterable[str] | None = None) -> argparse.ArgumentParser:
         else:
             subparsers.add_parser(module.NAME, help=module.HELP, add_help=False)
     return parser
+
+
+def _unrecognized(command: argparse.ArgumentParser, words: list[str]) -> None:
+    """Exit with one line naming `words` and, for an option that is a misspelling of one of the command's, that one."""
+    options = [option for action in command._actions for option in action.option_strings]
+    meant = [match for word in words if word.startswith("-")
+             for match in difflib.get_close_matches(word.split("=")[0], options, n=1)]
+    hint = f" (did you mean {' '.join(meant)}?)" if meant else ""
+    command.error(f"unrecognized arguments: {' '.join(words)}{hint}")
 
 
 def _stdout_to_devnull() -> None:
@@ -63,7 +74,10 @@ def _stdout_to_devnull() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((word for word in argv if not word.startswith("-")), None)  # the first non-option
-    args = build_parser(full=[command] if command else []).parse_args(argv)
+    parser = build_parser(full=[command] if command else [])
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own parser says it, naming the command and the option meant
+        _unrecognized(parser.commands[args.command], unknown)
     from attn_dispatch.dispatcher.commands._common import CommandError, check_devices, one_line
 
     try:

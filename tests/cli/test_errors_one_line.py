@@ -13,6 +13,10 @@ from attn_dispatch.dispatcher.cli import ERROR_EXIT, main
     (["explain", "--lq", "x"], "argument --lq: expected a whole number, got 'x'"),
     ([], "the following arguments are required: COMMAND"),
     (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
+    (["calibrate", "--quikc"],
+     "attn-dispatch calibrate: error: unrecognized arguments: --quikc (did you mean --quick?) (see attn-dispatch calibrate "
+     "--help)"),
+    (["devices", "stray"], "attn-dispatch devices: error: unrecognized arguments: stray (see attn-dispatch devices --help)"),
 ])
 def test_usage_errors_are_one_line(capsys, argv, names):
     with pytest.raises(SystemExit) as exit_:
