@@ -50,3 +50,43 @@ def test_a_call_queued_behind_other_work_costs_its_device_time_even_where_the_ho
 def test_a_host_clock_reading_is_the_host_s_time():
     reading = Reading(0.2 * MS)
     assert reading.ready() and reading.seconds() == pytest.approx(0.2 * MS) and reading.device_excess() is None
+
+
+class _Stream:
+    def __init__(self, busy: bool) -> None:
+        self.busy = busy
+
+    def query(self) -> bool:
+        return not self.busy
+
+
+class _RecordedEvent(_Event):
+    """An event that takes its device time from the fake device's clock when recorded."""
+
+    device_ms = 0.0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        super().__init__(0.0)
+
+    def record(self, stream: _Stream) -> None:
+        self.at_ms = _RecordedEvent.device_ms
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_the_cuda_clock_marks_a_call_that_began_behind_queued_work(monkeypatch, busy):
+    """`CudaEventClock` asks the stream whether earlier work is still in flight when the call begins."""
+    import torch
+
+    from attn_dispatch.dispatcher import call_clock
+
+    stream = _Stream(busy)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    monkeypatch.setattr(torch.cuda, "Event", _RecordedEvent)
+    host = iter([0.0, 2.0 * MS])  # the host's call: 2 ms (it waited)
+    monkeypatch.setattr(call_clock, "_now", lambda: next(host))
+    clock = call_clock.CudaEventClock(torch.device("cuda", 0))
+    monkeypatch.setattr(_RecordedEvent, "device_ms", 0.0)
+    started = clock.start()
+    _RecordedEvent.device_ms = 0.5  # the call's own device time
+    reading = clock.stop(started)
+    assert reading.seconds() == pytest.approx((0.5 if busy else 2.0) * MS)
