@@ -1,8 +1,8 @@
 """Clocks that time one attention call without waiting for it (`clock_for`): the host's clock on a CPU; on CUDA /
-ROCm, stream events around the call, read once complete. A call that began on an idle stream takes the larger of
-device and host time (a host-bound call costs its host time); one queued behind earlier work takes its device time:
-the host's time there is hidden behind the queue, or is the host waiting for room in a full launch queue, which is
-other calls' device time."""
+ROCm, stream events around the call, read once complete: the larger of device and host time (a host-bound call costs
+its host time), except for a call whose start event was still queued behind earlier work when the host's call
+returned. That call costs its device time: the device never waited for its host, whose time there is hidden, or is
+its wait for room in a full launch queue (other calls' device time)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class Reading:
     def __init__(self, host_s: float, events: tuple | None = None, queued: bool = False) -> None:
         self._host_s = host_s
         self._events = events
-        self._queued = queued  # the stream still had work when the call began
+        self._queued = queued  # the start event had not run when the host's call returned
         self._device_s: float | None = None
 
     def ready(self) -> bool:
@@ -75,17 +75,16 @@ class CudaEventClock:
             return not torch.cuda.is_current_stream_capturing()
 
     def start(self) -> object:
-        stream = torch.cuda.current_stream(self.device)
-        queued = not stream.query()
         event = torch.cuda.Event(enable_timing=True)
-        event.record(stream)
-        return event, _now(), queued
+        event.record(torch.cuda.current_stream(self.device))
+        return event, _now()
 
     def stop(self, started: object) -> Reading:
-        begin, host_start, queued = started
+        begin, host_start = started
         end = torch.cuda.Event(enable_timing=True)
         end.record(torch.cuda.current_stream(self.device))
-        return Reading(_now() - host_start, (begin, end), queued)
+        host_s = _now() - host_start
+        return Reading(host_s, (begin, end), queued=not begin.query())
 
 
 def clock_for(device: torch.device) -> HostClock | CudaEventClock | None:

@@ -59,7 +59,7 @@ def build_parser(full: Iterable[str] | None = None) -> argparse.ArgumentParser:
 def _unrecognized(command: argparse.ArgumentParser, words: list[str]) -> None:
     """Exit with one line naming `words` and, for an option that is a misspelling of one of the command's, that one."""
     options = [option for action in command._actions for option in action.option_strings]
-    meant = [match for word in words if word.startswith("-")
+    meant = [match for word in words if word.startswith("-") and word != "--"
              for match in difflib.get_close_matches(word.split("=")[0], options, n=1)]
     hint = f" (did you mean {' '.join(meant)}?)" if meant else ""
     command.error(f"unrecognized arguments: {' '.join(words)}{hint}")

@@ -241,7 +241,10 @@ class Trial:
 
     def _record(self, contender: Contender, seconds: float, warm_up: bool, charged: bool = True,
                 excess: float | None = None) -> None:
-        """One reading: a sample unless a warm-up, and its cost over the baseline (none when not `charged`)."""
+        """One reading: a sample unless a warm-up, and its cost over the baseline (none when not `charged`). A reading
+        that completes after the trial decided is left out: what was decided, and its account, stand."""
+        if not self.open:
+            return
         if contender is self.baseline:
             if warm_up:
                 self.baseline_first_s = seconds
@@ -261,7 +264,10 @@ class Trial:
 
     def _judge(self) -> None:
         """Drop the clearly slower (or, budget spent, the not faster); decide once every candidate in has its rounds."""
-        if self._rank_rest is not None or not self.open:  # the others not known yet; or decided (a late reading)
+        if self._rank_rest is not None or not self.open:  # the other candidates are not known yet; or decided
+            return
+        if self.baseline.out is not None:  # it failed: nothing can be measured against it; the bucket decides again
+            self._decide()
             return
         live = [c for c in self.contenders if c.out is None]
         sampled = [c for c in live if c.samples]

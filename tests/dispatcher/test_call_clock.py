@@ -1,6 +1,6 @@
-"""A device reading (`dispatcher.call_clock.Reading`): a call begun on an idle stream costs the larger of its host
-and device time; one queued behind earlier work costs its device time, whatever the host waited for. Events are
-stood in for: no GPU needed."""
+"""A device reading (`dispatcher.call_clock.Reading`): a call costs the larger of its host and device time, except one
+whose start event still waited behind earlier work when the host's call returned, which costs its device time,
+whatever the host waited for. Events are stood in for: no GPU needed."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _reading(host_ms: float, device_ms: float, *, queued: bool) -> Reading:
     (0.05, 0.3, 0.3, 0.25),  # device-bound: the kernel outlasts its launch
     (0.05, 0.02, 0.05, -0.03),  # host-bound: the device waits for the host
 ])
-def test_a_call_on_an_idle_stream_costs_the_larger_of_host_and_device_time(host_ms, device_ms, seconds, excess):
+def test_a_call_costs_the_larger_of_host_and_device_time(host_ms, device_ms, seconds, excess):
     reading = _reading(host_ms, device_ms, queued=False)
     assert reading.ready()
     assert reading.seconds() == pytest.approx(seconds * MS)
@@ -52,41 +52,41 @@ def test_a_host_clock_reading_is_the_host_s_time():
     assert reading.ready() and reading.seconds() == pytest.approx(0.2 * MS) and reading.device_excess() is None
 
 
-class _Stream:
-    def __init__(self, busy: bool) -> None:
-        self.busy = busy
-
-    def query(self) -> bool:
-        return not self.busy
-
-
 class _RecordedEvent(_Event):
-    """An event that takes its device time from the fake device's clock when recorded."""
+    """An event that takes the fake device's time when recorded; `pending`: recorded events have not run yet."""
 
     device_ms = 0.0
+    pending = False
 
     def __init__(self, enable_timing: bool = False) -> None:
         super().__init__(0.0)
 
-    def record(self, stream: _Stream) -> None:
+    def record(self, stream=None) -> None:
         self.at_ms = _RecordedEvent.device_ms
 
+    def query(self) -> bool:
+        return not _RecordedEvent.pending
 
-@pytest.mark.parametrize("busy", [False, True])
-def test_the_cuda_clock_marks_a_call_that_began_behind_queued_work(monkeypatch, busy):
-    """`CudaEventClock` asks the stream whether earlier work is still in flight when the call begins."""
+
+@pytest.mark.parametrize("behind_earlier_work", [False, True])
+def test_the_cuda_clock_times_a_call_whose_start_event_waited_behind_earlier_work_by_its_device_time(
+        monkeypatch, behind_earlier_work):
+    """The host's call took 2 ms, the call's own device work 0.5 ms. Where the start event had not run when the host
+    returned (earlier work ahead in the queue), the host's 2 ms were its wait, not this call's cost."""
     import torch
 
     from attn_dispatch.dispatcher import call_clock
 
-    stream = _Stream(busy)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "Event", _RecordedEvent)
-    host = iter([0.0, 2.0 * MS])  # the host's call: 2 ms (it waited)
+    monkeypatch.setattr(_RecordedEvent, "device_ms", 0.0)
+    monkeypatch.setattr(_RecordedEvent, "pending", behind_earlier_work)
+    host = iter([0.0, 2.0 * MS])
     monkeypatch.setattr(call_clock, "_now", lambda: next(host))
     clock = call_clock.CudaEventClock(torch.device("cuda", 0))
-    monkeypatch.setattr(_RecordedEvent, "device_ms", 0.0)
     started = clock.start()
-    _RecordedEvent.device_ms = 0.5  # the call's own device time
+    _RecordedEvent.device_ms = 0.5
     reading = clock.stop(started)
-    assert reading.seconds() == pytest.approx((0.5 if busy else 2.0) * MS)
+    monkeypatch.setattr(_RecordedEvent, "pending", False)  # the events have run by the time they are read
+    assert reading.seconds() == pytest.approx((0.5 if behind_earlier_work else 2.0) * MS)
+    assert reading.device_excess() == pytest.approx((0.5 if behind_earlier_work else -1.5) * MS)

@@ -14,7 +14,14 @@ import torch
 from attn_dispatch.dispatcher import Dispatcher, measuring
 from attn_dispatch.dispatcher import device_planner as planner
 from attn_dispatch.dispatcher.call_clock import Reading
-from attn_dispatch.dispatcher.measuring import BASELINE_CALLS, BUDGET_CALLS, ROUNDS, Trial
+from attn_dispatch.dispatcher.measuring import (
+    BASELINE_CALLS,
+    BUDGET_CALLS,
+    MAX_PENDING,
+    ROUNDS,
+    WARM_UP_CALLS,
+    Trial,
+)
 from attn_dispatch.dispatcher.selection import Option
 from attn_dispatch.kernels import MathKernel, Problem
 from tests.dispatcher.helpers import FixedRanker, assert_matches_reference, qkv, use_ranking
@@ -188,26 +195,55 @@ def test_on_a_device_a_saving_counts_only_as_far_as_the_baseline_s_device_time_b
     assert ("not device time: not taken" in note) == (winner == "base")
 
 
+def _held(clock: VirtualClock, reading: Reading) -> Reading:
+    clock.held.append(reading)
+    return reading
+
+
 def test_a_reading_that_completes_after_the_decision_changes_nothing(monkeypatch, clock):
-    """Readings wait for their events (`MAX_PENDING`): one collected after the bucket decided is not judged
-    again, so the outcome and its account stay as decided."""
+    """Readings wait for their events (`MAX_PENDING`) and are collected together: one that completes after the bucket
+    decided is left out, so the outcome and its account stay as decided."""
     clock.excess = 0.0
-    monkeypatch.setattr(clock, "stop", lambda started: _DeviceReading(clock.now - started, clock, clock.excess))
+    monkeypatch.setattr(clock, "stop", lambda started: _held(clock, _DeviceReading(clock.now - started, clock, clock.excess)))
     base = _HostBound("base", BASE_S, clock, 0.02 * BASE_S)
     fast = _HostBound("fast", 0.7 * BASE_S, clock, 0.0)  # faster by host time only: not taken
     trial = Trial((Option(base, None, 0), Option(fast, None, 0)), clock, fits=lambda kernel, problem: True)
     call = _plan_call(trial, base)
-    clock.late = True  # every reading waits: two pending at a time, then calls run untimed
+    decided_with = []
+    monkeypatch.setattr(trial, "on_close", lambda closed: decided_with.append(
+        ([len(c.samples) for c in closed.contenders], closed.result, list(closed.host_bound))))
+    call()
+    call()  # the baseline's warm-up and first sample, collected as they come: its reference is known
+    clock.late = True  # every reading waits until released: two pending, then calls run untimed
     while trial.open:
         call()
-        if len(clock.held) % 2 == 0:
+        if len(trial._pending) == MAX_PENDING:
             clock.release()
-            call()
+            call()  # collects both: the first may decide, the second then comes late
             clock.late = True
-    decided = (trial.result, list(trial.host_bound))
-    trial._collect()  # a reading still pending at the decision
-    trial._record(trial.contenders[1], 0.1 * BASE_S, warm_up=False, excess=0.0)
-    assert (trial.result, trial.host_bound) == decided and trial.host_bound == ["fast"]
+    recorded = WARM_UP_CALLS * len(trial.contenders) + sum(len(c.samples) for c in trial.contenders)
+    assert len(clock.held) > recorded  # a reading was still out when the trial decided
+    clock.release()
+    trial._collect()
+    assert decided_with == [([len(c.samples) for c in trial.contenders], trial.result, trial.host_bound)]
+    assert trial.host_bound == ["fast"] and trial.result.kernel == "base"
+
+
+def test_a_baseline_that_fails_closes_its_trial_deciding_nothing(clock):
+    """Nothing can be measured against a baseline that raised: the trial closes with no result (its bucket decides
+    again, without it), instead of staying open with every call untimed."""
+
+    class Failing(Timed):
+        def run(self, *args):
+            raise RuntimeError("no kernel image for this device")
+
+    base, other = Failing("base", BASE_S, clock), Timed("other", BASE_S, clock)
+    failed = []
+    trial = Trial((Option(base, None, 0), Option(other, None, 0)), clock, fits=lambda kernel, problem: True,
+                  on_failure=lambda name, error: failed.append(name))
+    out = _plan_call(trial, other)()  # the plan's own kernel is another: it serves the call
+    assert out is other.outputs[-1] and failed == ["base"]
+    assert not trial.open and trial.result is None
 
 
 def test_the_baseline_stays_unless_beaten_in_every_round(monkeypatch, clock):
