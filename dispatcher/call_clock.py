@@ -17,12 +17,11 @@ MS_PER_S = 1e3
 class Reading:
     """One call's time: ``seconds()`` once ``ready()`` (readable without waiting)."""
 
-    __slots__ = ("_host_s", "_events", "_queued", "_device_s")
+    __slots__ = ("_host_s", "_events", "_device_s")
 
-    def __init__(self, host_s: float, events: tuple | None = None, queued: bool = False) -> None:
+    def __init__(self, host_s: float, events: tuple | None = None) -> None:
         self._host_s = host_s
         self._events = events
-        self._queued = queued  # the start event had not run when the host's call returned
         self._device_s: float | None = None
 
     def ready(self) -> bool:
@@ -31,17 +30,13 @@ class Reading:
     def seconds(self) -> float:
         if self._events is None:
             return self._host_s
-        if self._queued:
-            return self._elapsed_s()
         return max(self._host_s, self._elapsed_s())
 
     def device_excess(self) -> float | None:
-        """Seconds of the call that are device time beyond the host's call (negative: the host took longer): all of
-        them for a call queued behind earlier work; None on a host clock."""
+        """Seconds the device's events spanned beyond the host's call (negative: the host took longer); None on a host
+        clock."""
         if self._events is None:
             return None
-        if self._queued:
-            return self._elapsed_s()
         return self._elapsed_s() - self._host_s
 
     def _elapsed_s(self) -> float:
@@ -84,7 +79,9 @@ class CudaEventClock:
         end = torch.cuda.Event(enable_timing=True)
         end.record(torch.cuda.current_stream(self.device))
         host_s = _now() - host_start
-        return Reading(host_s, (begin, end), queued=not begin.query())
+        if not begin.query():  # queued behind earlier work the whole call: its host time is hidden, or was a wait
+            host_s = 0.0
+        return Reading(host_s, (begin, end))
 
 
 def clock_for(device: torch.device) -> HostClock | CudaEventClock | None:
