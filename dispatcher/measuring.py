@@ -82,7 +82,9 @@ class Trial:
     - A candidate's first call is a warm-up; a variant's first run in the process (`first_run`) is not charged.
     - A candidate `CLEARLY_SLOWER` than the fastest so far leaves at once.
     - The excess of candidates' calls over the baseline's median is spent from `BUDGET_CALLS`; a candidate predicted
-      over what is left never runs; once spent, only candidates faster than the baseline stay.
+      over what is left never runs; once spent, only candidates faster than the baseline stay, and one whose warm-up
+      ran keeps its first sample: a warm-up's one-off costs (another candidate's or its own) do not decide that it
+      is slower (docs/RESULTS.md#h100-without-tables).
     - After `ROUNDS` samples, the baseline stays unless a candidate beat it in every paired round and by more than
       `MIN_WIN_MARGIN` at the median, with a saving that is device time where events time the calls
       (`DEVICE_BACKED_MARGIN`).
@@ -280,7 +282,8 @@ class Trial:
         if self.spent_s >= self.budget_s() > 0:
             reference = self.baseline.median()
             for contender in live[1:]:
-                if contender.out is None and not contender.median() < reference:
+                waiting = contender.calls > 0 and not contender.samples  # its warm-up ran: one sample decides
+                if contender.out is None and not waiting and not contender.median() < reference:
                     contender.out = "the bucket's measuring budget was spent"
         others = [c for c in self.contenders[1:] if c.out is None]
         if not others or not any(len(c.samples) < ROUNDS for c in (self.baseline, *others) if c.out is None):

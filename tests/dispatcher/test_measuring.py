@@ -281,7 +281,8 @@ def test_a_variant_run_before_in_the_process_pays_its_warm_up_from_the_budget(mo
     ours = _dispatcher(monkeypatch, [base, *slow])
     _calls(ours, 100)
     spent = sum(len(k.outputs) * (k.seconds - BASE_S) for k in slow)
-    assert spent <= (BUDGET_CALLS + 1) * BASE_S
+    assert all(len(k.outputs) <= WARM_UP_CALLS + 1 for k in slow)  # warmed up before it was spent: one sample each
+    assert spent <= (BUDGET_CALLS + 1) * BASE_S + len(slow) * (slow[0].seconds - BASE_S)
 
 
 def test_a_first_run_in_the_process_is_not_charged_to_the_bucket(monkeypatch, clock):
@@ -425,13 +426,26 @@ def test_a_trial_reports_its_result_with_every_median(clock):
 
 
 def test_a_trial_that_compared_nothing_is_not_kept_for_other_processes(monkeypatch, clock, tmp_path):
-    base = Timed("base", BASE_S, clock)
-    first_calls = Timed("cold", 0.0, clock, seconds_by_call=lambda n: 100 * BASE_S if n == 0 else BASE_S / 2)
-    monkeypatch.setattr(measuring, "first_run", lambda kernel, problem: False)  # its code was loaded before
-    ours = _dispatcher(monkeypatch, [base, first_calls], home=tmp_path)  # its first call spends the budget at once
+    base, huge = Timed("base", BASE_S, clock), Timed("huge", 100 * BASE_S, clock)
+    use_ranking(monkeypatch, _Predicting({"base": 1e-3, "huge": 1e-1}))  # predicted over the budget: never runs
+    ours = Dispatcher(kernels=[base, huge], home=tmp_path)
     _calls(ours, 10)
-    assert len(first_calls.outputs) == 1 and ours.explain(**qkv()).kernel == "base"
+    assert huge.outputs == [] and ours.explain(**qkv()).kernel == "base"
     assert not list((tmp_path / "tunings").rglob("*.jsonl"))  # the next process measures again
+
+
+def test_a_warm_up_that_spends_the_budget_leaves_started_candidates_their_first_sample(monkeypatch, clock, tmp_path):
+    """One-off costs of a first call at a new shape (memory, lazy set-up) are charged, but they do not count as being
+    slower: a candidate whose warm-up ran, its own or another's spending the budget, is judged on its first sample."""
+    base = Timed("base", BASE_S, clock)
+    fast = Timed("fast", BASE_S / 2, clock)
+    costly = Timed("costly", 0.0, clock, seconds_by_call=lambda n: 10 * BASE_S if n == 0 else 2 * BASE_S)
+    monkeypatch.setattr(measuring, "first_run", lambda kernel, problem: False)  # their code was loaded before
+    ours = _dispatcher(monkeypatch, [base, fast, costly], home=tmp_path)  # costly's warm-up follows fast's
+    _calls(ours, BASELINE_CALLS + 2 * WARM_UP_CALLS + 2 * ROUNDS + 2)
+    assert len(costly.outputs) == WARM_UP_CALLS + 1  # its sample is slower: out
+    assert ours.explain(**qkv()).kernel == "fast"
+    assert list((tmp_path / "tunings").rglob("*.jsonl"))
 
 
 def test_a_candidate_whose_deferred_probe_fails_leaves_the_trial_unrun(monkeypatch, clock):
