@@ -58,12 +58,14 @@ def measure_from_env() -> bool:
 @dataclass
 class Contender:
     """One candidate in a trial: calls, samples (no warm-ups), each sample's device time beyond its host time
-    (`excess`, where events timed it), why it left (`out`) and its failure."""
+    (`excess`, where events timed it), what its warm-up cost over the baseline (`warm_up_spent`), why it left (`out`)
+    and its failure."""
 
     option: Option
     calls: int = 0
     samples: list[float] = field(default_factory=list)
     excess: list[float] = field(default_factory=list)
+    warm_up_spent: float = 0.0
     out: str | None = None
     failure: str | None = None
 
@@ -83,8 +85,7 @@ class Trial:
     - A candidate `CLEARLY_SLOWER` than the fastest so far leaves at once.
     - The excess of candidates' calls over the baseline's median is spent from `BUDGET_CALLS`; a candidate predicted
       over what is left never runs; once spent, only candidates faster than the baseline stay, and one whose warm-up
-      ran keeps its first sample: a warm-up's one-off costs (another candidate's or its own) do not decide that it
-      is slower (docs/RESULTS.md#h100-without-tables).
+      ran gets its first sample (`_sample_owed`; docs/RESULTS.md#h100-without-tables).
     - After `ROUNDS` samples, the baseline stays unless a candidate beat it in every paired round and by more than
       `MIN_WIN_MARGIN` at the median, with a saving that is device time where events time the calls
       (`DEVICE_BACKED_MARGIN`).
@@ -257,7 +258,10 @@ class Trial:
             if warm_up:
                 reference = max(reference, self.baseline_first_s)
             if math.isfinite(reference):
-                self.spent_s += max(0.0, seconds - reference)
+                cost = max(0.0, seconds - reference)
+                self.spent_s += cost
+                if warm_up:
+                    contender.warm_up_spent = cost
         if not warm_up:
             contender.samples.append(seconds)
             if excess is not None:
@@ -282,12 +286,17 @@ class Trial:
         if self.spent_s >= self.budget_s() > 0:
             reference = self.baseline.median()
             for contender in live[1:]:
-                waiting = contender.calls > 0 and not contender.samples  # its warm-up ran: one sample decides
-                if contender.out is None and not waiting and not contender.median() < reference:
+                if contender.out is None and not self._sample_owed(contender) and not contender.median() < reference:
                     contender.out = "the bucket's measuring budget was spent"
         others = [c for c in self.contenders[1:] if c.out is None]
         if not others or not any(len(c.samples) < ROUNDS for c in (self.baseline, *others) if c.out is None):
             self._decide()
+
+    def _sample_owed(self, contender: Contender) -> bool:
+        """Whether `contender`, its warm-up run and no sample yet, gets one once the budget is spent: unless its own
+        warm-up cost the whole budget, the one-off costs of first calls at a new shape (memory, lazy set-up) are no
+        sign that it is slower, whichever candidate's spent the budget."""
+        return contender.calls > 0 and not contender.samples and contender.warm_up_spent < self.budget_s()
 
     def _decide(self) -> None:
         """Close: the baseline, unless a candidate won every paired round and by `MIN_WIN_MARGIN` at the median, with

@@ -434,18 +434,28 @@ def test_a_trial_that_compared_nothing_is_not_kept_for_other_processes(monkeypat
     assert not list((tmp_path / "tunings").rglob("*.jsonl"))  # the next process measures again
 
 
-def test_a_warm_up_that_spends_the_budget_leaves_started_candidates_their_first_sample(monkeypatch, clock, tmp_path):
-    """One-off costs of a first call at a new shape (memory, lazy set-up) are charged, but they do not count as being
-    slower: a candidate whose warm-up ran, its own or another's spending the budget, is judged on its first sample."""
+def test_warm_ups_that_spend_the_budget_leave_started_candidates_their_first_sample(monkeypatch, clock, tmp_path):
+    """One-off costs of first calls at a new shape (memory, lazy set-up) are charged, but they are no sign of being
+    slower: a candidate whose warm-up ran gets its first sample, whichever warm-ups spent the budget."""
     base = Timed("base", BASE_S, clock)
-    fast = Timed("fast", BASE_S / 2, clock)
-    costly = Timed("costly", 0.0, clock, seconds_by_call=lambda n: 10 * BASE_S if n == 0 else 2 * BASE_S)
+    fast = Timed("fast", 0.0, clock, seconds_by_call=lambda n: 2.5 * BASE_S if n == 0 else BASE_S / 2)
+    slow = Timed("slow", 0.0, clock, seconds_by_call=lambda n: 2.5 * BASE_S if n == 0 else 2 * BASE_S)
     monkeypatch.setattr(measuring, "first_run", lambda kernel, problem: False)  # their code was loaded before
-    ours = _dispatcher(monkeypatch, [base, fast, costly], home=tmp_path)  # costly's warm-up follows fast's
+    use_ranking(monkeypatch, _Predicting({"base": BASE_S, "fast": BASE_S, "slow": BASE_S}))  # each within the budget
+    ours = Dispatcher(kernels=[base, fast, slow], home=tmp_path)  # the two warm-ups spend 3 baseline calls
     _calls(ours, BASELINE_CALLS + 2 * WARM_UP_CALLS + 2 * ROUNDS + 2)
-    assert len(costly.outputs) == WARM_UP_CALLS + 1  # its sample is slower: out
+    assert len(slow.outputs) == WARM_UP_CALLS + 1  # its sample is slower: out
     assert ours.explain(**qkv()).kernel == "fast"
     assert list((tmp_path / "tunings").rglob("*.jsonl"))
+
+
+def test_a_warm_up_that_costs_the_whole_budget_alone_ends_its_candidate(monkeypatch, clock):
+    base = Timed("base", BASE_S, clock)
+    costly = Timed("costly", 0.0, clock, seconds_by_call=lambda n: (BUDGET_CALLS + 2) * BASE_S if n == 0 else BASE_S / 2)
+    monkeypatch.setattr(measuring, "first_run", lambda kernel, problem: False)
+    ours = _dispatcher(monkeypatch, [base, costly])
+    _calls(ours, 20)
+    assert len(costly.outputs) == WARM_UP_CALLS and ours.explain(**qkv()).kernel == "base"
 
 
 def test_a_candidate_whose_deferred_probe_fails_leaves_the_trial_unrun(monkeypatch, clock):
