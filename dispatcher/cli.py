@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((word for word in argv if not word.startswith("-")), None)  # the first non-option
     parser = build_parser(full=[command] if command else [])
+    meant = difflib.get_close_matches(command, parser.commands, n=1) if command not in (None, *parser.commands) else []
+    if meant:  # argparse alone lists every command
+        parser.error(f"unknown command {command!r} (did you mean {meant[0]}?)")
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own parser says it, naming the command and the option meant
         _unrecognized(parser.commands[args.command], unknown)

@@ -133,21 +133,37 @@ CHOOSERS = (
 )
 
 
+SLOWDOWN_AS_RATIO = 1.0
+"""A slowdown from this on (twice the fastest's time) reads as a ratio, ``"7.49x the fastest's time"``."""
+
+
 def _percent(value: object) -> str:
-    return f"{value:.1%}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "?"
+    return f"{value:.1%}" if _is_number(value) else "?"
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _slowdown(value: object) -> str:
+    """``"11.9% slower"``, or from `SLOWDOWN_AS_RATIO` on ``"7.49x the fastest's time"``."""
+    if _is_number(value) and value >= SLOWDOWN_AS_RATIO:
+        return f"{1.0 + value:.3g}x the fastest's time"
+    return f"{_percent(value)} slower"
 
 
 def chooser_line(q: Mapping[str, object], prefix: str, who: str) -> str | None:
-    """``"  who: fastest on 62.5%, 11.9% slower on average, 56.2% at worst"``; None when `q` has no
+    """``"  who: fastest on 62.5%, 11.9% slower on average, 56.2% at worst"`` (a slowdown of 100% or more as a
+    ratio to the fastest's time); None when `q` has no
     score for `prefix` (an older table, or no problem with a timed PyTorch default)."""
     if q.get(f"{prefix}mean_slowdown") is None or not q.get(f"{prefix}n_problems", 1):
         return None
     fastest = f"fastest on {_percent(q.get(f'{prefix}top1_accuracy'))}"
     if prefix == "" and q.get("top1_within_noise") is not None:
         fastest += f" ({_percent(q['top1_within_noise'])} within measurement noise)"
-    line = f"  {who}: {fastest}, {_percent(q[f'{prefix}mean_slowdown'])} slower on average"
+    line = f"  {who}: {fastest}, {_slowdown(q[f'{prefix}mean_slowdown'])} on average"
     if prefix in ("guarded_", "") and q.get(f"{prefix}worst_slowdown") is not None:
-        line += f", {_percent(q[f'{prefix}worst_slowdown'])} at worst"
+        line += f", {_slowdown(q[f'{prefix}worst_slowdown']).removesuffix(' slower')} at worst"
     spearman = q.get("spearman")
     if prefix == "" and isinstance(spearman, (int, float)):
         line += f"; rank correlation {spearman:.2f}"

@@ -48,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kv-heads", type=size, default=None, help="key/value heads (GQA; default: --heads)")
     parser.add_argument("--head-dim", type=size, default=128, help="query/key head dim (default: 128)")
     parser.add_argument("--value-dim", type=size, default=None, help="value head dim (default: --head-dim)")
-    parser.add_argument("--dtype", default="float16", choices=dtype_choices(), help="input dtype (default: float16)")
+    parser.add_argument("--dtype", default=None, choices=dtype_choices(),
+                        help="input dtype (default: float32 on a CPU, float16 on a GPU)")
     parser.add_argument("--causal", action="store_true", help="causal attention, is_causal=True (default: not causal)")
     parser.add_argument("--mask", default="none", choices=MASK_KINDS, help="attention mask kind, shape [B, 1, Lq, Lk] (default: none)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -123,7 +124,8 @@ def problem_from_args(args: argparse.Namespace, device_type: str):
     kv_heads = args.heads if args.kv_heads is None else args.kv_heads
     if kv_heads < 1 or args.heads % kv_heads:
         raise ValueError(f"--kv-heads ({kv_heads}) must divide --heads ({args.heads})")
-    dtype = LONG_DTYPE_NAMES.get(args.dtype, args.dtype)
+    name = args.dtype or ("float32" if device_type == "cpu" else "float16")
+    dtype = LONG_DTYPE_NAMES.get(name, name)
     mask_shape = () if args.mask == "none" else (args.batch, 1, args.lq, kv_len)
     return Problem(batch=args.batch, q_heads=args.heads, kv_heads=kv_heads, q_len=args.lq, kv_len=kv_len,
                    head_dim=args.head_dim, value_dim=args.value_dim or args.head_dim, dtype=dtype,

@@ -13,6 +13,7 @@ from attn_dispatch.dispatcher.cli import ERROR_EXIT, main
     (["explain", "--lq", "x"], "argument --lq: expected a whole number, got 'x'"),
     ([], "the following arguments are required: COMMAND"),
     (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
+    (["explian", "--lq", "1"], "attn-dispatch: error: unknown command 'explian' (did you mean explain?)"),
     (["calibrate", "--quikc"],
      "attn-dispatch calibrate: error: unrecognized arguments: --quikc (did you mean --quick?) (see attn-dispatch calibrate "
      "--help)"),

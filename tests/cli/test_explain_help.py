@@ -21,3 +21,13 @@ def test_every_optional_option_of_explain_says_its_default():
         if action.default not in (None, False, []):
             assert f"default: {action.default})" in action.help, f"{name}: the help does not name {action.default!r}"
     assert "batch size (default: 1)" in explain_parser().format_help()
+
+
+def test_explain_s_dtype_follows_the_device_unless_given():
+    from attn_dispatch.dispatcher.commands.explain import problem_from_args
+
+    args = explain_parser().parse_args(["--lq", "4"])
+    assert problem_from_args(args, "cpu").dtype == "float32"  # what CPU tensors are made of
+    assert problem_from_args(args, "cuda").dtype == "float16"
+    given = explain_parser().parse_args(["--lq", "4", "--dtype", "bfloat16"])
+    assert problem_from_args(given, "cpu").dtype == "bfloat16"
