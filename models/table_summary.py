@@ -154,8 +154,8 @@ def _slowdown(value: object) -> str:
 
 def chooser_line(q: Mapping[str, object], prefix: str, who: str) -> str | None:
     """``"  who: fastest on 62.5%, 11.9% slower on average, 56.2% at worst"`` (a slowdown of 100% or more as a
-    ratio to the fastest's time); None when `q` has no
-    score for `prefix` (an older table, or no problem with a timed PyTorch default)."""
+    ratio to the fastest's time); None when `q` has no score for `prefix` (an older table, or no problem with a
+    timed PyTorch default)."""
     if q.get(f"{prefix}mean_slowdown") is None or not q.get(f"{prefix}n_problems", 1):
         return None
     fastest = f"fastest on {_percent(q.get(f'{prefix}top1_accuracy'))}"
