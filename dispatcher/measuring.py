@@ -58,14 +58,14 @@ def measure_from_env() -> bool:
 @dataclass
 class Contender:
     """One candidate in a trial: calls, samples (no warm-ups), each sample's device time beyond its host time
-    (`excess`, where events timed it), what its warm-up cost over the baseline (`warm_up_spent`), why it left (`out`)
-    and its failure."""
+    (`excess`, where events timed it), what its warm-up cost over the baseline (`warm_up_spent`; None until its
+    reading is in), why it left (`out`) and its failure."""
 
     option: Option
     calls: int = 0
     samples: list[float] = field(default_factory=list)
     excess: list[float] = field(default_factory=list)
-    warm_up_spent: float = 0.0
+    warm_up_spent: float | None = None
     out: str | None = None
     failure: str | None = None
 
@@ -207,6 +207,8 @@ class Trial:
             if contender.out is None and contender.calls == 0:
                 contender.out = self._over_budget_at_once(contender)
         live = [c for c in self.contenders if c.out is None and len(c.samples) < ROUNDS]
+        if self.spent_s >= self.budget_s() > 0:  # one owed sample each, once the candidate's warm-up reading is in
+            live = [c for c in live if c.samples or (c.warm_up_spent is not None and c.calls <= WARM_UP_CALLS)]
         if not live:
             return None
         return min(live, key=lambda c: (c.calls, self.contenders.index(c)))
@@ -253,15 +255,15 @@ class Trial:
                 self.baseline_first_s = seconds
         elif not charged:
             self.first_runs_s += seconds
+            contender.warm_up_spent = 0.0
         else:
             reference = self.baseline.median()
             if warm_up:
                 reference = max(reference, self.baseline_first_s)
-            if math.isfinite(reference):
-                cost = max(0.0, seconds - reference)
-                self.spent_s += cost
-                if warm_up:
-                    contender.warm_up_spent = cost
+            cost = max(0.0, seconds - reference) if math.isfinite(reference) else 0.0
+            self.spent_s += cost
+            if warm_up:
+                contender.warm_up_spent = cost
         if not warm_up:
             contender.samples.append(seconds)
             if excess is not None:
@@ -293,10 +295,12 @@ class Trial:
             self._decide()
 
     def _sample_owed(self, contender: Contender) -> bool:
-        """Whether `contender`, its warm-up run and no sample yet, gets one once the budget is spent: unless its own
-        warm-up cost the whole budget, the one-off costs of first calls at a new shape (memory, lazy set-up) are no
-        sign that it is slower, whichever candidate's spent the budget."""
-        return contender.calls > 0 and not contender.samples and contender.warm_up_spent < self.budget_s()
+        """Whether `contender`, its warm-up run and no sample yet, stays once the budget is spent, for one sample
+        (`_next` gives it once its warm-up's reading is in): unless its own warm-up cost the whole budget, the one-off
+        costs of first calls at a new shape (memory, lazy set-up) are no sign that it is slower, whichever candidate's
+        spent the budget."""
+        spent = contender.warm_up_spent
+        return contender.calls > 0 and not contender.samples and (spent is None or spent < self.budget_s())
 
     def _decide(self) -> None:
         """Close: the baseline, unless a candidate won every paired round and by `MIN_WIN_MARGIN` at the median, with

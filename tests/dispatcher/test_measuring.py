@@ -426,11 +426,12 @@ def test_a_trial_reports_its_result_with_every_median(clock):
 
 
 def test_a_trial_that_compared_nothing_is_not_kept_for_other_processes(monkeypatch, clock, tmp_path):
-    base, huge = Timed("base", BASE_S, clock), Timed("huge", 100 * BASE_S, clock)
-    use_ranking(monkeypatch, _Predicting({"base": 1e-3, "huge": 1e-1}))  # predicted over the budget: never runs
-    ours = Dispatcher(kernels=[base, huge], home=tmp_path)
+    base = Timed("base", BASE_S, clock)
+    first_calls = Timed("cold", 0.0, clock, seconds_by_call=lambda n: 100 * BASE_S if n == 0 else BASE_S / 2)
+    monkeypatch.setattr(measuring, "first_run", lambda kernel, problem: False)  # its code was loaded before
+    ours = _dispatcher(monkeypatch, [base, first_calls], home=tmp_path)  # its first call spends the budget at once
     _calls(ours, 10)
-    assert huge.outputs == [] and ours.explain(**qkv()).kernel == "base"
+    assert len(first_calls.outputs) == 1 and ours.explain(**qkv()).kernel == "base"
     assert not list((tmp_path / "tunings").rglob("*.jsonl"))  # the next process measures again
 
 
@@ -449,13 +450,52 @@ def test_warm_ups_that_spend_the_budget_leave_started_candidates_their_first_sam
     assert list((tmp_path / "tunings").rglob("*.jsonl"))
 
 
-def test_a_warm_up_that_costs_the_whole_budget_alone_ends_its_candidate(monkeypatch, clock):
-    base = Timed("base", BASE_S, clock)
-    costly = Timed("costly", 0.0, clock, seconds_by_call=lambda n: (BUDGET_CALLS + 2) * BASE_S if n == 0 else BASE_S / 2)
+class _Gated(Reading):
+    """A reading that is ready once `open` (its events done on the device)."""
+
+    __slots__ = ("open",)
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.open = False
+
+    def ready(self) -> bool:
+        return self.open
+
+
+def test_a_warm_up_still_on_the_device_when_the_budget_is_spent_waits_for_its_reading(monkeypatch, clock):
+    """A GPU's readings come in call order: another candidate's may spend the budget while this one's warm-up is
+    still on the device. It stays, without a call, until that reading is in: then it gets its sample, unless its
+    own warm-up cost the whole budget."""
+    gated: list[_Gated] = []
+    monkeypatch.setattr(clock, "stop", lambda started: gated.append(_Gated(clock.now - started)) or gated[-1])
     monkeypatch.setattr(measuring, "first_run", lambda kernel, problem: False)
-    ours = _dispatcher(monkeypatch, [base, costly])
-    _calls(ours, 20)
-    assert len(costly.outputs) == WARM_UP_CALLS and ours.explain(**qkv()).kernel == "base"
+    base = Timed("base", BASE_S, clock)
+    costly = Timed("costly", 0.0, clock, seconds_by_call=lambda n: 100 * BASE_S if n == 0 else 2 * BASE_S)
+    fast = Timed("fast", BASE_S / 2, clock)
+    huge = Timed("huge", 100 * BASE_S, clock)
+    trial = Trial(tuple(Option(k, None, 0) for k in (base, costly, fast, huge)), clock, fits=lambda kernel, problem: True)
+    call = _plan_call(trial, base)
+
+    def call_released():
+        for reading in gated:
+            reading.open = True
+        call()
+
+    for _ in range(BASELINE_CALLS):
+        call_released()  # the baseline's warm-up and sample
+    call_released()  # the baseline's sample is in (its reference known); costly's warm-up
+    call()  # fast's warm-up: both still on the device (MAX_PENDING)
+    assert len(gated) == BASELINE_CALLS + 2 and len(trial._pending) == MAX_PENDING
+    gated[2].open = True  # costly's reading comes in: the budget is spent
+    call()
+    costly_c, fast_c = trial.contenders[1], trial.contenders[2]
+    assert costly_c.out is not None and fast_c.out is None  # fast's warm-up is not in yet: no call, not out
+    assert (len(costly.outputs), len(fast.outputs)) == (WARM_UP_CALLS, WARM_UP_CALLS)
+    while trial.open:
+        call_released()
+    assert trial.result.kernel == "fast" and len(costly.outputs) == WARM_UP_CALLS
+    assert huge.outputs == []  # not run when the budget was spent: it leaves
 
 
 def test_a_candidate_whose_deferred_probe_fails_leaves_the_trial_unrun(monkeypatch, clock):
