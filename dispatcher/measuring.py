@@ -31,8 +31,7 @@ DEVICE_BACKED_MARGIN = 0.15
 """On a device with events, a candidate replaces the baseline only where the part of its saving that the baseline's
 device time can account for (the baseline's event time beyond its host time, median) is over this share of the
 baseline's time. The rest of a saving is host time of the measuring's Python path, which the C++ fast path that
-serves the decided bucket does not carry: on an H100, savings backed 5-11% of the baseline were losses of 1.16-1.19x
-in a loop, those backed 23-63% wins (docs/RESULTS.md#h100-without-tables)."""
+serves the decided bucket does not carry (docs/RESULTS.md#h100-without-tables)."""
 
 _variants_run: set[tuple] = set()
 """Kernel variants (`Kernel.variant_key`) that have run a warm-up in this process."""
@@ -58,8 +57,7 @@ def measure_from_env() -> bool:
 @dataclass
 class Contender:
     """One candidate in a trial: calls, samples (no warm-ups), each sample's device time beyond its host time
-    (`excess`, where events timed it), what its warm-up cost over the baseline (`warm_up_spent`; None until its
-    reading is in), why it left (`out`) and its failure."""
+    (`excess`, events), its warm-up's cost (`warm_up_spent`, None until read), why it left (`out`), its failure."""
 
     option: Option
     calls: int = 0
@@ -207,7 +205,7 @@ class Trial:
             if contender.out is None and contender.calls == 0:
                 contender.out = self._over_budget_at_once(contender)
         live = [c for c in self.contenders if c.out is None and len(c.samples) < ROUNDS]
-        if self.spent_s >= self.budget_s() > 0:  # one owed sample each, once the candidate's warm-up reading is in
+        if self._budget_spent():  # one owed sample each, once the candidate's warm-up reading is in
             live = [c for c in live if c.samples or (c.warm_up_spent is not None and c.calls <= WARM_UP_CALLS)]
         if not live:
             return None
@@ -237,6 +235,9 @@ class Trial:
     def budget_s(self) -> float:
         reference = self.baseline.median()
         return BUDGET_CALLS * reference if math.isfinite(reference) else 0.0
+
+    def _budget_spent(self) -> bool:
+        return self.spent_s >= self.budget_s() > 0
 
     def _collect(self) -> None:
         """Record every ready pending reading, oldest first (events complete in stream order)."""
@@ -285,7 +286,7 @@ class Trial:
             for contender in sampled:
                 if contender is not best and contender is not self.baseline and min(contender.samples) > ceiling:
                     contender.out = f"clearly slower than {best.name}"
-        if self.spent_s >= self.budget_s() > 0:
+        if self._budget_spent():
             reference = self.baseline.median()
             for contender in live[1:]:
                 if contender.out is None and not self._sample_owed(contender) and not contender.median() < reference:
@@ -295,10 +296,8 @@ class Trial:
             self._decide()
 
     def _sample_owed(self, contender: Contender) -> bool:
-        """Whether `contender`, its warm-up run and no sample yet, stays once the budget is spent, for one sample
-        (`_next` gives it once its warm-up's reading is in): unless its own warm-up cost the whole budget, the one-off
-        costs of first calls at a new shape (memory, lazy set-up) are no sign that it is slower, whichever candidate's
-        spent the budget."""
+        """Whether `contender` (warm-up run, no sample) stays for one sample once the budget is spent: unless its own
+        warm-up cost the whole budget, first calls' one-off costs at a new shape are no sign of being slower."""
         spent = contender.warm_up_spent
         return contender.calls > 0 and not contender.samples and (spent is None or spent < self.budget_s())
 

@@ -145,11 +145,11 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _slowdown(value: object) -> str:
-    """``"11.9% slower"``, or from `SLOWDOWN_AS_RATIO` on ``"7.49x the fastest's time"``."""
+def _slowdown(value: object, words: str = " slower") -> str:
+    """``"11.9%"`` + `words`, or from `SLOWDOWN_AS_RATIO` on ``"7.49x the fastest's time"``."""
     if _is_number(value) and value >= SLOWDOWN_AS_RATIO:
         return f"{1.0 + value:.3g}x the fastest's time"
-    return f"{_percent(value)} slower"
+    return f"{_percent(value)}{words}"
 
 
 def chooser_line(q: Mapping[str, object], prefix: str, who: str) -> str | None:
@@ -163,7 +163,7 @@ def chooser_line(q: Mapping[str, object], prefix: str, who: str) -> str | None:
         fastest += f" ({_percent(q['top1_within_noise'])} within measurement noise)"
     line = f"  {who}: {fastest}, {_slowdown(q[f'{prefix}mean_slowdown'])} on average"
     if prefix in ("guarded_", "") and q.get(f"{prefix}worst_slowdown") is not None:
-        line += f", {_slowdown(q[f'{prefix}worst_slowdown']).removesuffix(' slower')} at worst"
+        line += f", {_slowdown(q[f'{prefix}worst_slowdown'], words='')} at worst"
     spearman = q.get("spearman")
     if prefix == "" and isinstance(spearman, (int, float)):
         line += f"; rank correlation {spearman:.2f}"
