@@ -24,9 +24,6 @@ FULL_BUDGET_S = 480.0
 # Optuna trials per tuned (problem, family) study, the sweep's defaults included.
 QUICK_TUNE_TRIALS = 5
 FULL_TUNE_TRIALS = 10
-# Refinement: rounds after the sweep, and new problems per round as a share of those so far.
-REFINE_ROUNDS = 1
-REFINE_SHARE = 0.25
 
 
 def workload_digest(path: str | None) -> str | None:
@@ -54,7 +51,6 @@ class CalibrationConfig:
     allow_lossy: tuple[str, ...] = ()  # lossy conversions the accuracy policy accepts
     problems: int | None = None  # overrides the profile's sweep size
     tune_trials: int | None = None  # optuna trials per tuned study (None: by profile)
-    refine_rounds: int = REFINE_ROUNDS  # crossover refinement rounds after the sweep
     seed: int = 0  # the sample's and the samplers' seed
     threads: int | None = None  # torch threads while timing (None: torch's default)
     workload: str | None = None  # a recorded workload, measured first, as recorded
@@ -101,7 +97,7 @@ class CalibrationConfig:
             "version": package_version(), "kernels": self.kernels, "memory_budget": self.memory_budget,
             "allow_lossy": sorted(self.allow_lossy), "quick": self.quick, "timer": self.timer.to_dict(),
             "problems": self.problems, "seed": self.seed, "tune_trials": self.effective_tune_trials,
-            "refine_rounds": self.refine_rounds, "threads": self.threads,
+            "threads": self.threads,
         }
         if self.workload is not None:  # only then, so ids of calibrations without one stay as they were
             options["workload"] = workload_digest(self.workload)

@@ -1,6 +1,5 @@
 """Which problems a calibration measures, in which order: the sweep (a fixed, seeded sample ordered
-cheapest first within each round), then refinement rounds: midpoints between neighbours won by
-different kernel families (crossovers). Every plan is published once through the shared storage (the first worker's
+cheapest first within each round). Every plan is published once through the shared storage (the first worker's
 wins; a resumed run reloads it), so all workers follow the same one.
 """
 
@@ -20,12 +19,9 @@ from optuna.storages import BaseStorage
 
 from attn_dispatch.calibration.candidates import CostEstimator
 from attn_dispatch.calibration.claims import publish_once, published
-from attn_dispatch.calibration.finish import problem_class
 from attn_dispatch.calibration.results import study_name
 from attn_dispatch.kernels.base import Kernel
 from attn_dispatch.kernels.problem import Problem
-from attn_dispatch.models.decision_plot import family_of
-from attn_dispatch.models.measurement import Measurement
 
 # Sequence lengths above `EXACT_BELOW` are rounded to a multiple of `LENGTH_MULTIPLE`.
 LENGTH_MULTIPLE = 8
@@ -263,61 +259,3 @@ def agreed(storage: BaseStorage, calibration_id: str, stage: str) -> list[Proble
     """Stage `stage`'s plan if one was published."""
     value = published(storage, plan_name(calibration_id, stage))
     return None if value is None else [Problem.from_dict(p) for p in value["problems"]]
-
-
-# Problems at most this far apart (octaves, in log2 length space) are neighbours whose winners
-# bracket a crossover; farther pairs say little about where it lies.
-NEIGHBOUR_OCTAVES = 4.0
-# A midpoint within this distance (octaves) of a measured problem adds nothing.
-MIN_GAP_OCTAVES = 0.5
-
-
-def winners(measurements: list[Measurement]) -> dict[Problem, tuple[str, float]]:
-    """problem -> (winning kernel family, its time) among "ok" points."""
-    best: dict[Problem, tuple[str, float]] = {}
-    for m in measurements:
-        if m.ok and (m.problem not in best or m.median_s < best[m.problem][1]):
-            best[m.problem] = (family_of(m.kernel), m.median_s)
-    return best
-
-
-def _coords(problem: Problem) -> tuple[float, float]:
-    return math.log2(max(problem.q_len, 1)), math.log2(max(problem.kv_len, 1))
-
-
-def _distance(a: Problem, b: Problem) -> float:
-    (qa, ka), (qb, kb) = _coords(a), _coords(b)
-    return math.hypot(qa - qb, ka - kb)
-
-
-def _midpoint(a: Problem, b: Problem) -> Problem:
-    q = max(1, round(math.sqrt(a.q_len * b.q_len)))
-    kv = q if a.q_len == a.kv_len and b.q_len == b.kv_len else max(1, round(math.sqrt(a.kv_len * b.kv_len)))
-    return resized(a, q_len=q, kv_len=kv)
-
-
-def crossover_problems(measurements: list[Measurement], *, count: int) -> list[Problem]:
-    """Up to `count` new problems between neighbours with different winners, widest gaps first
-    (deterministic: the same measurements give the same list on every worker)."""
-    best = winners(measurements)
-    by_class: dict[tuple, list[Problem]] = {}
-    for problem in sorted(best, key=lambda p: p.key()):
-        by_class.setdefault(problem_class(problem), []).append(problem)
-    pairs = []
-    for problems in by_class.values():
-        for i, a in enumerate(problems):
-            for b in problems[i + 1:]:
-                distance = _distance(a, b)
-                if best[a][0] != best[b][0] and MIN_GAP_OCTAVES * 2 < distance <= NEIGHBOUR_OCTAVES:
-                    pairs.append((distance, a.key(), b.key(), a, b))
-    pairs.sort(key=lambda item: (-item[0], item[1], item[2]))
-    chosen: list[Problem] = []
-    measured = list(best)
-    for _, _, _, a, b in pairs:
-        candidate = _midpoint(a, b)
-        near = [p for p in measured + chosen if problem_class(p) == problem_class(candidate)]
-        if all(_distance(candidate, p) >= MIN_GAP_OCTAVES for p in near):
-            chosen.append(candidate)
-            if len(chosen) >= count:
-                break
-    return chosen

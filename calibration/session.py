@@ -295,8 +295,7 @@ def calibrate(config: CalibrationConfig, *, out: str | os.PathLike | None = None
             summary.noise_start = probe_noise(config.devices[0])  # each worker probes its own device too
             check_quiet(summary.noise_start, allow_busy=config.allow_busy)
             storage = open_storage(config.storage, default_journal=journal)
-            stages = (["workload"] if config.workload else []) + ["sweep"] + [
-                f"refine{i}" for i in range(1, config.refine_rounds + 1)]
+            stages = (["workload"] if config.workload else []) + ["sweep"]
             poller = StoragePoller(progress, ResultsStore(store.path), storage, calibration_id, stages=stages)
             summary.reports = launch_workers(config, calibration_id=calibration_id, deadline=deadline, poll=poller)
     finally:

@@ -1,5 +1,6 @@
 """Calibration workers, one per device (in-process for one device, else `launch_workers`), claim
-problems of the agreed plan until it is done or the deadline passes, then refinement rounds. Per
+problems of the agreed plan until it is done or the deadline passes, then wait for their peers' (taking
+over a dead one's). Per
 problem: triage, time the rest cheapest first, tune the competitive families with optuna;
 each point is recorded at once, and what a resumed run already holds is skipped.
 """
@@ -22,7 +23,6 @@ import torch
 from attn_dispatch.calibration.candidates import CostEstimator, kernel_set, triage
 from attn_dispatch.calibration.claims import ClaimBoard, Owner
 from attn_dispatch.calibration.config import (
-    REFINE_SHARE,
     CalibrationConfig,
     default_results,
     default_storage,
@@ -33,8 +33,6 @@ from attn_dispatch.calibration.noise import Noise, probe_noise, widened
 from attn_dispatch.calibration.plan import (
     agree_on,
     build_sweep,
-    crossover_problems,
-    fit_problem,
     for_device,
     profile_for,
     read_workload,
@@ -44,7 +42,6 @@ from attn_dispatch.calibration.results import (
     ResultsStore,
     open_storage,
     problem_id,
-    storage_measurements,
     study_name,
 )
 from attn_dispatch.calibration.tuning import PRUNE_RATIO, TUNABLE_FAMILIES, TUNE_WITHIN, tune_family
@@ -144,12 +141,6 @@ class Worker:
         self.report = WorkerReport(worker, str(self.device))
         self._current: str | None = None
 
-    def _fit(self, problem: Problem) -> Problem:
-        profile = profile_for(self.device.type, quick=self.config.quick)
-        return fit_problem(problem, memory_bytes=self.memory_budget or self.identity.memory_bytes,
-                           fraction=profile.input_memory_fraction, max_fastest_s=profile.max_fastest_s,
-                           fastest_s=lambda p: self.estimator.fastest(p, self.kernels))
-
     def sweep_plan(self) -> list[Problem]:
         problems = build_sweep(
             profile_for(self.device.type, quick=self.config.quick), kernels=self.kernels, estimator=self.estimator,
@@ -165,16 +156,9 @@ class Worker:
         problems = for_device(read_workload(self.config.workload), self.device.type)
         return agree_on(self.storage, self.calibration_id, "workload", problems)
 
-    def refine_plan(self, done: list[Problem], round_index: int) -> list[Problem]:
-        """Midpoints between neighbours won by different kernel families, fitted to the card."""
-        found = crossover_problems(storage_measurements(self.storage, self.calibration_id),
-                                   count=max(1, int(REFINE_SHARE * len(done))))
-        planned = set(done)
-        fresh = [p for p in dict.fromkeys(self._fit(p) for p in found) if p not in planned]
-        return agree_on(self.storage, self.calibration_id, f"refine{round_index}", fresh)
-
     def run(self) -> WorkerReport:
-        """The recorded workload first, then the sweep, then crossover refinement rounds; stops cleanly at the deadline."""
+        """The recorded workload first, then the sweep, then waits for its peers' problems (taking over a dead
+        peer's); stops cleanly at the deadline."""
         started = time.time()
         noise = self.noise if self.noise is not None else probe_noise(self.device)
         self.report.noise_spread, self.report.noise_cpu_share = noise.spread, noise.cpu_share
@@ -188,13 +172,7 @@ class Worker:
                 self._process(done, phase="workload")
             sweep = self.sweep_plan()
             self._process(sweep, phase="sweep")
-            done = done + sweep
-            for index in range(1, self.config.refine_rounds + 1):
-                if not self._wait_for(done):
-                    break
-                new = self.refine_plan(done, index)
-                self._process(new, phase=f"refine{index}")
-                done = done + new
+            self._wait_for(done + sweep)
         except DeadlineReached:
             self.report.stopped = "deadline"
         except (KeyboardInterrupt, SystemExit):

@@ -43,7 +43,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="measure a lossy conversion (e.g. fp32->bf16) and record its error; 'any' for all")
     parser.add_argument("--problems", type=int, default=None, metavar="N", help="problems in the sweep (default: by profile)")
     parser.add_argument("--tune-trials", type=int, default=None, metavar="N", help="optuna trials per tuned kernel family and problem")
-    parser.add_argument("--refine-rounds", type=int, default=None, metavar="N", help="crossover refinement rounds after the sweep")
     parser.add_argument("--workload", default=None, metavar="PATH",
                         help="measure first the problems a real run recorded (ATTN_DISPATCH_RECORD=PATH or "
                         "attn_dispatch.record(PATH)), as recorded, then the sweep")
@@ -69,7 +68,7 @@ def _config(args: argparse.Namespace):
     """The `CalibrationConfig` of the options; ValueError naming a bad one (an unknown kernel
     among them, before anything is measured)."""
     from attn_dispatch.calibration.candidates import kernel_set
-    from attn_dispatch.calibration.config import REFINE_ROUNDS, CalibrationConfig
+    from attn_dispatch.calibration.config import CalibrationConfig
     from attn_dispatch.dispatcher.decision import parse_memory_size
     from attn_dispatch.kernels import AccuracyPolicy
 
@@ -84,7 +83,6 @@ def _config(args: argparse.Namespace):
         storage=args.storage, results=args.results, kernels=args.kernels,
         memory_budget=None if args.memory_budget is None else parse_memory_size(args.memory_budget, name="--memory-budget"),
         allow_lossy=tuple(args.allow_lossy), problems=args.problems, tune_trials=args.tune_trials,
-        refine_rounds=REFINE_ROUNDS if args.refine_rounds is None else args.refine_rounds,
         seed=args.seed, threads=args.threads, workload=args.workload,
         allow_busy=args.allow_busy,
     )

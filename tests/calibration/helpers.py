@@ -15,7 +15,7 @@ TINY_KERNELS = "math,chunked[q=128,kv=1024],small_q[splits=8]"
 def small_config(tmp_path, **changes) -> CalibrationConfig:
     """A CPU calibration of a few problems with the QUICK timer, files under `tmp_path`."""
     options = dict(
-        devices=("cpu",), quick=True, kernels=TINY_KERNELS, problems=6, tune_trials=0, refine_rounds=0,
+        devices=("cpu",), quick=True, kernels=TINY_KERNELS, problems=6, tune_trials=0,
         threads=1, storage=str(tmp_path / "calibration.journal"), results=str(tmp_path / "results.jsonl"),
         budget_s=120.0, allow_busy=True,  # test machines are shared: noise must not stop a functional test
     )

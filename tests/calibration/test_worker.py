@@ -1,6 +1,6 @@
 """A calibration in-process on CPU with deliberately broken kernels: out-of-memory and
 unsupported kernels recorded as such, a wrong kernel excluded by the numerics gate, nothing raised;
-tuning and refinement run; a second run resumes without measuring anything again."""
+tuning runs; a second run resumes without measuring anything again."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ def test_broken_kernels_are_recorded_and_the_wrong_one_excluded(tmp_path):
     assert any("out of memory" in line for line in summary.lines())
 
 
-def test_tuning_refinement_and_a_resume_that_measures_nothing(tmp_path):
+def test_tuning_and_a_resume_that_measures_nothing(tmp_path):
     kernels = [MathKernel(), ChunkedKernel(q=128, kv=1024), SmallQKernel(splits=8)]
-    config = small_config(tmp_path, problems=8, tune_trials=4, refine_rounds=1)
+    config = small_config(tmp_path, problems=8, tune_trials=4)
     first = calibrate(config, show_progress=False, kernels=kernels, fit=False)
     phases = Counter(m.extra.get("phase") for m in first.measurements)
     assert phases["sweep"] > 0 and phases["tune"] > 0
