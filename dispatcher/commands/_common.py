@@ -27,9 +27,9 @@ def resolve_device(text: str | None):
         text = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(text)
-    except (RuntimeError, ValueError) as error:
-        raise CommandError(f"--device {text!r} is not a torch device ({one_line(error)}); "
-                           f"use e.g. cpu, cuda or cuda:1") from None
+    except (RuntimeError, ValueError):
+        raise CommandError(f"--device {text!r} is not a torch device: use cpu, or cuda (cuda:1, ...) for a GPU, "
+                           "NVIDIA or AMD alike") from None
     if device.type == "cpu":
         return device
     if device.type == "cuda":

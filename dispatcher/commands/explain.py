@@ -13,11 +13,21 @@ NAME = "explain"
 HELP = "show the kernel chosen for a problem shape, every candidate's predicted time and why others were dropped"
 
 
-def dtype_choices() -> tuple[str, ...]:
-    """Short dtype names and the long ``torch.float16``-style aliases."""
+# PyTorch's own aliases of the dtypes attention takes (``torch.half`` is ``torch.float16``).
+TORCH_DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64"}
+
+
+def dtype_name(text: str) -> str:
+    """An argparse type: a dtype as PyTorch users write it (``float16``, ``fp16``, ``half``, ``torch.float16``, any
+    case) -> its long name."""
     from attn_dispatch.kernels.accuracy import LONG_DTYPE_NAMES
 
-    return ("float16", "bfloat16", "float32", "float64", *LONG_DTYPE_NAMES)
+    name = text.strip().lower().removeprefix("torch.")
+    name = LONG_DTYPE_NAMES.get(name, TORCH_DTYPE_ALIASES.get(name, name))
+    if name not in LONG_DTYPE_NAMES.values():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a dtype attention takes: use float16 (fp16, half), "
+                                         "bfloat16 (bf16), float32 (fp32, float) or float64 (fp64, double)")
+    return name
 
 
 def size(text: str) -> int:
@@ -48,8 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kv-heads", type=size, default=None, help="key/value heads (GQA; default: --heads)")
     parser.add_argument("--head-dim", type=size, default=128, help="query/key head dim (default: 128)")
     parser.add_argument("--value-dim", type=size, default=None, help="value head dim (default: --head-dim)")
-    parser.add_argument("--dtype", default=None, choices=dtype_choices(),
-                        help="input dtype (default: float32 on a CPU, float16 on a GPU)")
+    parser.add_argument("--dtype", default=None, type=dtype_name,
+                        help="input dtype: float16, bfloat16, float32 or float64, or fp16, half, torch.float16, ... "
+                        "(default: float32 on a CPU, float16 on a GPU)")
     parser.add_argument("--causal", action="store_true", help="causal attention, is_causal=True (default: not causal)")
     parser.add_argument("--mask", default="none", choices=MASK_KINDS, help="attention mask kind, shape [B, 1, Lq, Lk] (default: none)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -118,14 +129,11 @@ def problem_from_args(args: argparse.Namespace, device_type: str):
     """The `Problem` the arguments describe on a `device_type` device (ValueError naming the bad
     option otherwise)."""
     from attn_dispatch.kernels import Problem
-    from attn_dispatch.kernels.accuracy import LONG_DTYPE_NAMES
-
     kv_len = args.lq if args.lk is None else args.lk
     kv_heads = args.heads if args.kv_heads is None else args.kv_heads
     if kv_heads < 1 or args.heads % kv_heads:
         raise ValueError(f"--kv-heads ({kv_heads}) must divide --heads ({args.heads})")
-    name = args.dtype or ("float32" if device_type == "cpu" else "float16")
-    dtype = LONG_DTYPE_NAMES.get(name, name)
+    dtype = args.dtype or ("float32" if device_type == "cpu" else "float16")
     mask_shape = () if args.mask == "none" else (args.batch, 1, args.lq, kv_len)
     return Problem(batch=args.batch, q_heads=args.heads, kv_heads=kv_heads, q_len=args.lq, kv_len=kv_len,
                    head_dim=args.head_dim, value_dim=args.value_dim or args.head_dim, dtype=dtype,

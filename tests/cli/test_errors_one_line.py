@@ -8,7 +8,7 @@ from attn_dispatch.dispatcher.cli import ERROR_EXIT, main
 
 
 @pytest.mark.parametrize(("argv", "names"), [
-    (["explain", "--lq", "1", "--dtype", "foo"], "argument --dtype: invalid choice: 'foo'"),
+    (["explain", "--lq", "1", "--dtype", "foo"], "argument --dtype: 'foo' is not a dtype attention takes: use float16"),
     (["explain", "--lq", "-1"], "argument --lq: must be 0 or more, got -1"),
     (["explain", "--lq", "x"], "argument --lq: expected a whole number, got 'x'"),
     ([], "the following arguments are required: COMMAND"),
@@ -35,6 +35,13 @@ def test_a_memory_budget_error_names_the_flag(capsys, budget, names):
     code = main(["explain", "--lq", "1", "--lk", "4096", "--device", "cpu", "--memory-budget", budget])
     err = capsys.readouterr().err
     assert code == ERROR_EXIT and err.count("\n") == 1 and names in err and "Dispatcher(" not in err
+
+
+def test_a_device_that_is_no_torch_device_names_the_ones_to_use(capsys):
+    code = main(["explain", "--lq", "1", "--device", "gpu"])
+    err = capsys.readouterr().err
+    assert code == ERROR_EXIT and err.count("\n") == 1
+    assert "--device 'gpu' is not a torch device: use cpu, or cuda" in err and "privateuseone" not in err
 
 
 def test_a_reader_that_leaves_the_pipe_is_no_error(monkeypatch, capsys):

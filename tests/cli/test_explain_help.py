@@ -31,3 +31,12 @@ def test_explain_s_dtype_follows_the_device_unless_given():
     assert problem_from_args(args, "cuda").dtype == "float16"
     given = explain_parser().parse_args(["--lq", "4", "--dtype", "bfloat16"])
     assert problem_from_args(given, "cpu").dtype == "bfloat16"
+
+
+def test_explain_takes_dtypes_as_pytorch_users_write_them():
+    from attn_dispatch.dispatcher.commands.explain import problem_from_args
+
+    for text, name in (("half", "float16"), ("torch.float16", "float16"), ("Float16", "float16"), ("bf16", "bfloat16"),
+                       ("torch.bfloat16", "bfloat16"), ("float", "float32"), ("double", "float64")):
+        args = explain_parser().parse_args(["--lq", "4", "--dtype", text])
+        assert problem_from_args(args, "cpu").dtype == name, text

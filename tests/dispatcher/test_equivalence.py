@@ -85,6 +85,9 @@ BAD_INPUTS = {
     "integer_inputs": lambda q, k, v: ((q.long(), k.long(), v.long()), {}),
     "query_not_a_tensor": lambda q, k, v: ((q.tolist(), k, v), {}),
     "mask_not_a_tensor": lambda q, k, v: ((q, k, v), {"attn_mask": [[True]]}),
+    "zero_dim_inputs": lambda q, k, v: ((q[0, 0, 0, 0], k[0, 0, 0, 0], v[0, 0, 0, 0]), {}),
+    "zero_dim_key_value": lambda q, k, v: ((q, k[0, 0, 0, 0], v[0, 0, 0, 0]), {}),
+    "one_dim_inputs": lambda q, k, v: ((q[0, 0, 0], k[0, 0, 0], v[0, 0, 0]), {}),
 }
 
 
