@@ -121,12 +121,18 @@ class Noise:
     def too_busy(self) -> bool:
         return self.spread > STOP_SPREAD or self.starved_to_stop
 
-    def describe(self) -> str:
-        """``verdict: the numbers it was decided on, with their thresholds`` (one line)."""
+    @property
+    def wide(self) -> bool:
+        """Whether the spread reads best as a multiple of the median (`spread_words`)."""
+        return math.isfinite(self.spread) and self.spread >= SPREAD_AS_MULTIPLE
+
+    def describe(self, *, as_multiple: bool | None = None) -> str:
+        """``verdict: the numbers it was decided on, with their thresholds`` (one line); the spread and its
+        thresholds as a multiple of the median or in percent (`as_multiple`, default: `wide`)."""
         verdict = "too busy to calibrate" if self.too_busy else "busy" if self.busy else "quiet"
-        as_multiple = math.isfinite(self.spread) and self.spread >= SPREAD_AS_MULTIPLE  # thresholds in the same unit
+        as_multiple = self.wide if as_multiple is None else as_multiple  # thresholds in the same unit
         busy, stop = (f"{BUSY_SPREAD:.1f}x", f"{STOP_SPREAD:.1f}x") if as_multiple else (f"{BUSY_SPREAD:.0%}", f"{STOP_SPREAD:.0%}")
-        parts = [f"reference point {self.median_s * 1e3:.2f} ms, spread {spread_words(self.spread)} "
+        parts = [f"reference point {self.median_s * 1e3:.2f} ms, spread {spread_words(self.spread, as_multiple)} "
                  f"(busy over {busy}, stop over {stop})"]
         if self.cpu_share is None:
             parts.append("CPU share not measured")
@@ -142,12 +148,12 @@ class Noise:
         return f"{verdict}: " + ", ".join(parts)
 
 
-def spread_words(spread: float) -> str:
+def spread_words(spread: float, as_multiple: bool | None = None) -> str:
     """A probe's spread (interquartile range / median) in words: ``0.68`` -> ``"68%"``; from
-    `SPREAD_AS_MULTIPLE` on, ``8.32`` -> ``"8.3x the median time"``."""
+    `SPREAD_AS_MULTIPLE` on (or where `as_multiple`), ``8.32`` -> ``"8.3x the median time"``."""
     if not math.isfinite(spread):
         return "not measurable (a zero median time)"
-    if spread < SPREAD_AS_MULTIPLE:
+    if not (spread >= SPREAD_AS_MULTIPLE if as_multiple is None else as_multiple):
         return f"{spread:.0%}"
     return f"{spread:.1f}x the median time"
 
@@ -231,11 +237,12 @@ ALLOWED_REASON = "measured on a machine too busy to time kernels (calibrate --al
 
 def change_words(start: Noise, end: Noise) -> str:
     """The numbers that made the probe after measuring "too busy" (or busy), before and after:
-    ``"CPU share 96% before, 69% after"``, ``"spread 12% before, 3.2x the median time after"``,
-    or both joined by "; "."""
+    ``"CPU share 96% before, 69% after"``, ``"spread 0.1x the median time before, 3.2x the median time after"``
+    (both spreads in one unit), or both joined by "; "."""
     parts = []
     if end.spread > STOP_SPREAD or not end.starved_to_stop:
-        parts.append(f"spread {spread_words(start.spread)} before, {spread_words(end.spread)} after")
+        wide = start.wide or end.wide
+        parts.append(f"spread {spread_words(start.spread, wide)} before, {spread_words(end.spread, wide)} after")
     if end.starved and start.cpu_share is not None:
         parts.append(f"CPU share {start.cpu_share:.0%} before, {end.cpu_share:.0%} after")
     return "; ".join(parts)

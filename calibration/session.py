@@ -202,9 +202,10 @@ class CalibrationSummary:
     def noise_lines(self) -> list[str]:
         if self.noise_start is None:
             return []
-        out = [f"machine before measuring: {self.noise_start.describe()}"]
+        wide = self.noise_start.wide or (self.noise_end is not None and self.noise_end.wide)  # one unit for both
+        out = [f"machine before measuring: {self.noise_start.describe(as_multiple=wide)}"]
         if self.noise_end is not None:
-            out.append(f"machine after measuring: {self.noise_end.describe()}")
+            out.append(f"machine after measuring: {self.noise_end.describe(as_multiple=wide)}")
         if any(r.widened for r in self.reports):
             out.append(f"timer widened for a busy machine: at least {WIDE_MIN_REPS} samples per point, "
                        f"{WIDE_BUDGET_FACTOR:g}x the per-point budget")

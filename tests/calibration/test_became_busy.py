@@ -60,7 +60,7 @@ def test_a_spread_that_grew_names_the_spread_and_no_table_is_fitted(tmp_path, mo
                         kernels=[MathKernel()], fit=False)
     (warning,) = [line for line in summary.lines() if "too busy" in line and line.startswith("warning:")]
     assert warning.startswith(f"warning: the machine became too busy to time kernels while measuring (spread "
-                              f"{spread_words(QUIET.spread)} before, {spread_words(JITTERY.spread)} after); these timings may")
+                              f"{spread_words(QUIET.spread, True)} before, {spread_words(JITTERY.spread, True)} after); these timings may")
     assert "--allow-busy" not in warning and "CPU share" not in warning  # the share did not move
 
 

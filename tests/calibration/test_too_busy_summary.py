@@ -48,3 +48,13 @@ def test_a_busy_but_not_too_busy_summary_lets_the_scores_decide(tmp_path, monkey
     text = "\n".join(lines)
     assert "the held-out quality below says how the table compares" in text
     assert TOO_BUSY_STORED not in text and TOO_BUSY_SCORES not in text
+
+
+def test_the_probes_before_and_after_give_their_spreads_in_one_unit():
+    """A new user read "spread 2.0x the median time (busy over 0.3x ...)" before and "spread 0% (busy over 30% ...)"
+    after in one summary; both lines now use the unit the wider spread needs."""
+    summary = CalibrationSummary("test", DeviceIdentity.cpu(), ("cpu",), Path("results.jsonl"), "journal",
+                                 noise_start=Noise(median_s=1e-3, spread=2.0), noise_end=Noise(median_s=6e-2, spread=0.004))
+    before, after = summary.noise_lines()[:2]
+    assert "spread 2.0x the median time (busy over 0.3x, stop over 0.5x)" in before
+    assert "spread 0.0x the median time (busy over 0.3x, stop over 0.5x)" in after
