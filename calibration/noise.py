@@ -124,7 +124,7 @@ class Noise:
     @property
     def wide(self) -> bool:
         """Whether the spread reads best as a multiple of the median (`spread_words`)."""
-        return math.isfinite(self.spread) and self.spread >= SPREAD_AS_MULTIPLE
+        return _wide(self.spread)
 
     def describe(self, *, as_multiple: bool | None = None) -> str:
         """``verdict: the numbers it was decided on, with their thresholds`` (one line); the spread and its
@@ -148,12 +148,16 @@ class Noise:
         return f"{verdict}: " + ", ".join(parts)
 
 
+def _wide(spread: float) -> bool:
+    return math.isfinite(spread) and spread >= SPREAD_AS_MULTIPLE
+
+
 def spread_words(spread: float, as_multiple: bool | None = None) -> str:
     """A probe's spread (interquartile range / median) in words: ``0.68`` -> ``"68%"``; from
     `SPREAD_AS_MULTIPLE` on (or where `as_multiple`), ``8.32`` -> ``"8.3x the median time"``."""
     if not math.isfinite(spread):
         return "not measurable (a zero median time)"
-    if not (spread >= SPREAD_AS_MULTIPLE if as_multiple is None else as_multiple):
+    if not (_wide(spread) if as_multiple is None else as_multiple):
         return f"{spread:.0%}"
     return f"{spread:.1f}x the median time"
 

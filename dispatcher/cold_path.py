@@ -82,8 +82,11 @@ class ColdPath:
         if plan is not None:
             problem = plan.problem
         else:  # a sibling shape (another key length) spares the validation
-            family = family_key(query, key, value, attn_mask, is_causal, enable_gqa)
-            sibling = self.families.get(family)
+            try:
+                family = family_key(query, key, value, attn_mask, is_causal, enable_gqa)
+            except IndexError:  # a 0-D input: `Problem.from_tensors` raises SDPA's RuntimeError (or accepts a 0-D mask)
+                pass
+            sibling = None if family is None else self.families.get(family)
             problem = None if sibling is None else problem_at_key_length(sibling, key, value, attn_mask)
             if problem is None:
                 problem = Problem.from_tensors(query, key, value, attn_mask, is_causal, enable_gqa)

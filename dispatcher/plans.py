@@ -238,10 +238,10 @@ def cache_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
 def family_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
                is_causal: bool, enable_gqa: bool) -> tuple:
     """`cache_key` without the key length (`problem_at_key_length`), noting whether the mask's key dim broadcasts.
-    Slices, not indices: a 0-D input gets its key here and SDPA's RuntimeError from `Problem.from_tensors`."""
-    mask = None if attn_mask is None else (attn_mask.shape[:-1], attn_mask.shape[-1:] == (1,), attn_mask.dtype,
+    IndexError for a 0-D input or mask."""
+    mask = None if attn_mask is None else (attn_mask.shape[:-1], attn_mask.shape[-1] == 1, attn_mask.dtype,
                                            attn_mask.device, attn_mask.__class__)
-    return (query.shape, key.shape[:-2], key.shape[-1:], value.shape[:-2], value.shape[-1:], query.dtype,
+    return (query.shape, key.shape[:-2], key.shape[-1], value.shape[:-2], value.shape[-1], query.dtype,
             key.dtype, value.dtype, query.device, key.device, value.device,
             query.is_contiguous() and key.is_contiguous() and value.is_contiguous(), mask, is_causal,
             enable_gqa)

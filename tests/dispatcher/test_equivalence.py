@@ -126,3 +126,13 @@ def test_inference_mode():
         out_again = dispatcher.attention(**inputs)
     assert out.is_inference() and torch.equal(out, out_again)
     assert_matches_reference(out, inputs)
+
+
+@pytest.mark.parametrize("mask", [torch.tensor(True), torch.tensor(False), torch.tensor(-1.5)])
+def test_a_zero_dim_mask_broadcasts_as_a_one_dim_mask_does(mask):
+    """PyTorch's SDPA raises IndexError for a 0-D (or 1-D) mask; broadcasting gives it a meaning, as for 1-D."""
+    inputs = qkv(heads=2, kv_heads=2)
+    query, key, value = inputs["query"], inputs["key"], inputs["value"]
+    expanded = mask.expand(query.shape[-2], key.shape[-2])
+    torch.testing.assert_close(dispatcher.attention(query, key, value, attn_mask=mask),
+                               F.scaled_dot_product_attention(query, key, value, attn_mask=expanded))
